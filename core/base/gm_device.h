@@ -1,0 +1,42 @@
+/*
+ * gm_device.h - where memory lives (host or CUDA) and how to move it.
+ *
+ * The CPU-only build compiles the CUDA parts out: asking for GM_DEVICE_CUDA then fails with
+ * GM_ERR_DEVICE and a hint, it never crashes. A CUDA build (GM_HAVE_CUDA) forwards to
+ * kernels/cuda/gm_cuda.h.
+ *
+ * Ownership: gm_device_malloc returns a block the caller frees with gm_device_free on the same
+ * device. Errors: GM_ERR_NOMEM / GM_ERR_DEVICE with the size in the message.
+ */
+#ifndef GM_DEVICE_H
+#define GM_DEVICE_H
+
+#include "gm_arena.h"
+#include "gm_status.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+const char *gm_device_name(gm_device d);
+
+/* True when this build has CUDA and a device is present. */
+bool gm_device_cuda_available(void);
+
+gm_status gm_device_malloc(gm_device d, size_t bytes, void **out, gm_error *err);
+void gm_device_free(gm_device d, void *p);
+
+/* Copies `bytes` between any two devices (host<->device, device<->device). */
+gm_status gm_device_copy(gm_device dst_dev, void *dst, gm_device src_dev, const void *src,
+                         size_t bytes, gm_error *err);
+
+/* Device memory high-water mark since start (CUDA: bytes allocated through us; CPU: peak RSS). */
+size_t gm_device_peak_bytes(gm_device d);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_DEVICE_H */

@@ -1,0 +1,87 @@
+/*
+ * gm_mmap.c - POSIX mmap wrapper.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "gm_mmap.h"
+
+#include "gm_alloc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+gm_status gm_mmap_open(const char *path, gm_mapped_file *out, gm_error *err) {
+    memset(out, 0, sizeof *out);
+    int fd = open(path, O_RDONLY);
+    if (fd < 0)
+        return gm_error_set(err, GM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        return gm_error_set(err, GM_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return gm_error_set(err, GM_ERR_IO, "%s: not a regular file", path);
+    }
+    out->size = (size_t)st.st_size;
+    if (out->size > 0) {
+        void *p = mmap(NULL, out->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        if (p == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            return gm_error_set(err, GM_ERR_IO, "%s: cannot map: %s", path, strerror(e));
+        }
+        out->data = p;
+    }
+    close(fd);
+    out->path = gm_strdup(path);
+    if (!out->path) {
+        gm_mmap_close(out);
+        return gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory", path);
+    }
+    return GM_OK;
+}
+
+void gm_mmap_close(gm_mapped_file *f) {
+    if (!f) return;
+    if (f->data) munmap((void *)f->data, f->size);
+    gm_free(f->path);
+    memset(f, 0, sizeof *f);
+}
+
+gm_status gm_read_file(const char *path, char **out, size_t *len, gm_error *err) {
+    *out = NULL;
+    FILE *fp = fopen(path, "rb");
+    if (!fp) return gm_error_set(err, GM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fseek(fp, 0, SEEK_END) != 0) {
+        fclose(fp);
+        return gm_error_set(err, GM_ERR_IO, "%s: cannot seek", path);
+    }
+    long n = ftell(fp);
+    if (n < 0) {
+        fclose(fp);
+        return gm_error_set(err, GM_ERR_IO, "%s: cannot tell size", path);
+    }
+    rewind(fp);
+    char *buf = gm_malloc((size_t)n + 1);
+    if (!buf) {
+        fclose(fp);
+        return gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory (%ld bytes)", path, n);
+    }
+    size_t got = fread(buf, 1, (size_t)n, fp);
+    fclose(fp);
+    if (got != (size_t)n) {
+        gm_free(buf);
+        return gm_error_set(err, GM_ERR_IO, "%s: short read", path);
+    }
+    buf[n] = '\0';
+    *out = buf;
+    if (len) *len = (size_t)n;
+    return GM_OK;
+}

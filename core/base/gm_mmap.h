@@ -1,0 +1,36 @@
+/*
+ * gm_mmap.h - read-only memory-mapped files (model weights are mapped, never copied).
+ *
+ * Ownership: gm_mapped_file owns the mapping and a copy of the path; gm_mmap_close releases
+ * both. Pointers into `data` are valid until then.
+ * Errors: GM_ERR_IO naming the path and the system error (missing file, a directory,
+ * permission denied); an empty file maps to data == NULL, size 0 (callers report it as
+ * truncated).
+ */
+#ifndef GM_MMAP_H
+#define GM_MMAP_H
+
+#include "gm_status.h"
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gm_mapped_file {
+    const unsigned char *data;
+    size_t size;
+    char *path;
+} gm_mapped_file;
+
+gm_status gm_mmap_open(const char *path, gm_mapped_file *out, gm_error *err);
+void gm_mmap_close(gm_mapped_file *f);
+
+/* Reads a whole (small) file into a NUL-terminated gm_malloc'd buffer. */
+gm_status gm_read_file(const char *path, char **out, size_t *len, gm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_MMAP_H */

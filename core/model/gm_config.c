@@ -1,0 +1,1 @@
+#include "gm_config.h"

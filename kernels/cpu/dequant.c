@@ -1,0 +1,221 @@
+/*
+ * dequant.c - block-format dequantization to f32 (CPU reference).
+ *
+ * Layouts and formulas are formats.md §1.5 (ggml-common.h block structs,
+ * ggml-quants.c dequantize_row_*), restated per format below. All scales d/dmin/m are IEEE
+ * half unless noted; multi-byte fields are little-endian. Checked against ggml's own output
+ * (formats.md §1.7 test vectors) in tests/unit/test_dequant.c.
+ */
+#include "kernels.h"
+
+#include "gm_status.h"
+
+#include <string.h>
+
+static inline float h2f(const uint8_t *p) { return gm_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
+
+/* Q8_0 (34 B / 32): d, qs[32] int8.  w = d * q */
+static void dq_q8_0(const uint8_t *b, float *y) {
+    float d = h2f(b);
+    const int8_t *q = (const int8_t *)(b + 2);
+    for (int e = 0; e < 32; e++) y[e] = d * (float)q[e];
+}
+
+/* Q4_0 (18 B / 32): d, qs[16]. Element e<16 = low nibble of qs[e], e>=16 = high nibble of
+ * qs[e-16]. w = d * (nibble - 8) */
+static void dq_q4_0(const uint8_t *b, float *y) {
+    float d = h2f(b);
+    const uint8_t *qs = b + 2;
+    for (int l = 0; l < 16; l++) {
+        y[l] = d * (float)((qs[l] & 0xF) - 8);
+        y[l + 16] = d * (float)((qs[l] >> 4) - 8);
+    }
+}
+
+/* Q4_1 (20 B / 32): d, m, qs[16] (Q4_0 nibble placement). w = d * nibble + m */
+static void dq_q4_1(const uint8_t *b, float *y) {
+    float d = h2f(b), m = h2f(b + 2);
+    const uint8_t *qs = b + 4;
+    for (int l = 0; l < 16; l++) {
+        y[l] = d * (float)(qs[l] & 0xF) + m;
+        y[l + 16] = d * (float)(qs[l] >> 4) + m;
+    }
+}
+
+/* Q5_0 (22 B / 32): d, qh (u32 LE), qs[16]. q = nibble | (bit e of qh) << 4; w = d * (q - 16) */
+static void dq_q5_0(const uint8_t *b, float *y) {
+    float d = h2f(b);
+    uint32_t qh = (uint32_t)b[2] | ((uint32_t)b[3] << 8) | ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 24);
+    const uint8_t *qs = b + 6;
+    for (int l = 0; l < 16; l++) {
+        int lo = (qs[l] & 0xF) | (int)(((qh >> l) & 1u) << 4);
+        int hi = (qs[l] >> 4) | (int)(((qh >> (l + 16)) & 1u) << 4);
+        y[l] = d * (float)(lo - 16);
+        y[l + 16] = d * (float)(hi - 16);
+    }
+}
+
+/* Q5_1 (24 B / 32): d, m, qh, qs[16]. w = d * q + m */
+static void dq_q5_1(const uint8_t *b, float *y) {
+    float d = h2f(b), m = h2f(b + 2);
+    uint32_t qh = (uint32_t)b[4] | ((uint32_t)b[5] << 8) | ((uint32_t)b[6] << 16) | ((uint32_t)b[7] << 24);
+    const uint8_t *qs = b + 8;
+    for (int l = 0; l < 16; l++) {
+        int lo = (qs[l] & 0xF) | (int)(((qh >> l) & 1u) << 4);
+        int hi = (qs[l] >> 4) | (int)(((qh >> (l + 16)) & 1u) << 4);
+        y[l] = d * (float)lo + m;
+        y[l + 16] = d * (float)hi + m;
+    }
+}
+
+/* Q2_K (84 B / 256): scales[16], qs[64], d, dmin (d/dmin last). For element e: h = e/128,
+ * k = (e%128)/32, l = e%32; q = (qs[32h+l] >> 2k) & 3; sc = scales[e/16];
+ * w = d * (sc & 0xF) * q - dmin * (sc >> 4) */
+static void dq_q2_k(const uint8_t *b, float *y) {
+    const uint8_t *scales = b, *qs = b + 16;
+    float d = h2f(b + 80), dmin = h2f(b + 82);
+    for (int e = 0; e < 256; e++) {
+        int h = e / 128, k = (e % 128) / 32, l = e % 32;
+        int q = (qs[32 * h + l] >> (2 * k)) & 3;
+        int sc = scales[e / 16];
+        y[e] = d * (float)(sc & 0xF) * (float)q - dmin * (float)(sc >> 4);
+    }
+}
+
+/* Q3_K (110 B / 256): hmask[32], qs[64], scales[12], d. Low 2 bits as Q2_K; high bit =
+ * hmask[e%32] bit e/32, q = low2 - (high ? 0 : 4). 6-bit scale of sub-block j = e/16:
+ * low4 = j<8 ? scales[j]&0xF : scales[j-8]>>4; high2 = (scales[8 + j%4] >> 2(j/4)) & 3;
+ * S = (low4 | high2<<4) - 32; w = d * S * q */
+static void dq_q3_k(const uint8_t *b, float *y) {
+    const uint8_t *hmask = b, *qs = b + 32, *sc = b + 96;
+    float d = h2f(b + 108);
+    int S[16];
+    for (int j = 0; j < 16; j++) {
+        int low4 = j < 8 ? (sc[j] & 0xF) : (sc[j - 8] >> 4);
+        int high2 = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+        S[j] = (low4 | (high2 << 4)) - 32;
+    }
+    for (int e = 0; e < 256; e++) {
+        int h = e / 128, k = (e % 128) / 32, l = e % 32;
+        int low2 = (qs[32 * h + l] >> (2 * k)) & 3;
+        int hb = (hmask[e % 32] >> (e / 32)) & 1;
+        int q = low2 - (hb ? 0 : 4);
+        y[e] = d * (float)S[e / 16] * (float)q;
+    }
+}
+
+/* 6-bit scale/min packing shared by Q4_K and Q5_K (ggml get_scale_min_k4, formats.md §1.5). */
+static void scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0x0F) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K (144 B / 256): d, dmin, scales[12], qs[128]. Chunk c of 64 uses qs[32c..32c+31]:
+ * element 64c+l (l<32) = low nibble, 64c+32+l = high nibble. Sub-block j = e/32.
+ * w = d * S_j * q - dmin * M_j */
+static void dq_q4_k(const uint8_t *b, float *y) {
+    float d = h2f(b), dmin = h2f(b + 2);
+    const uint8_t *s = b + 4, *qs = b + 16;
+    for (int c = 0; c < 4; c++) {
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * c, s, &sc0, &m0);
+        scale_min_k4(2 * c + 1, s, &sc1, &m1);
+        float d0 = d * (float)sc0, mm0 = dmin * (float)m0;
+        float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+        for (int l = 0; l < 32; l++) {
+            y[64 * c + l] = d0 * (float)(qs[32 * c + l] & 0xF) - mm0;
+            y[64 * c + 32 + l] = d1 * (float)(qs[32 * c + l] >> 4) - mm1;
+        }
+    }
+}
+
+/* Q5_K (176 B / 256): d, dmin, scales[12], qh[32], qs[128]. Nibbles as Q4_K; fifth bit of
+ * element e = qh[e%32] bit e/32. w = d * S_j * q - dmin * M_j */
+static void dq_q5_k(const uint8_t *b, float *y) {
+    float d = h2f(b), dmin = h2f(b + 2);
+    const uint8_t *s = b + 4, *qh = b + 16, *qs = b + 48;
+    for (int c = 0; c < 4; c++) {
+        int sc0, m0, sc1, m1;
+        scale_min_k4(2 * c, s, &sc0, &m0);
+        scale_min_k4(2 * c + 1, s, &sc1, &m1);
+        float d0 = d * (float)sc0, mm0 = dmin * (float)m0;
+        float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+        for (int l = 0; l < 32; l++) {
+            int e0 = 64 * c + l, e1 = 64 * c + 32 + l;
+            int q0 = (qs[32 * c + l] & 0xF) + 16 * ((qh[e0 % 32] >> (e0 / 32)) & 1);
+            int q1 = (qs[32 * c + l] >> 4) + 16 * ((qh[e1 % 32] >> (e1 / 32)) & 1);
+            y[e0] = d0 * (float)q0 - mm0;
+            y[e1] = d1 * (float)q1 - mm1;
+        }
+    }
+}
+
+/* Q6_K (210 B / 256): ql[128], qh[64], scales[16] int8, d. Element e: h = e/128, r = e%128,
+ * k = r/32, l = r%32; low4 = nibble (k<2: low, else high) of ql[64h + l + 32(k&1)];
+ * high2 = (qh[32h + l] >> 2k) & 3; q = (low4 | high2<<4) - 32; w = d * scales[e/16] * q */
+static void dq_q6_k(const uint8_t *b, float *y) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *sc = (const int8_t *)(b + 192);
+    float d = h2f(b + 208);
+    for (int e = 0; e < 256; e++) {
+        int h = e / 128, r = e % 128, k = r / 32, l = r % 32;
+        uint8_t byte = ql[64 * h + l + 32 * (k & 1)];
+        int low4 = k < 2 ? (byte & 0xF) : (byte >> 4);
+        int high2 = (qh[32 * h + l] >> (2 * k)) & 3;
+        int q = (low4 | (high2 << 4)) - 32;
+        y[e] = d * (float)sc[e / 16] * (float)q;
+    }
+}
+
+void gm_dequant_row(gm_dtype type, const void *src, float *dst, int64_t n) {
+    const uint8_t *b = (const uint8_t *)src;
+    const gm_dtype_info *in = gm_dtype_get(type);
+    switch (type) {
+    case GM_F32: memcpy(dst, src, (size_t)n * sizeof(float)); return;
+    case GM_F16: {
+        const uint16_t *h = (const uint16_t *)src;
+        for (int64_t i = 0; i < n; i++) dst[i] = gm_f16_to_f32(h[i]);
+        return;
+    }
+    case GM_BF16: {
+        const uint16_t *h = (const uint16_t *)src;
+        for (int64_t i = 0; i < n; i++) dst[i] = gm_bf16_to_f32(h[i]);
+        return;
+    }
+    case GM_F64: {
+        const double *h = (const double *)src;
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)h[i];
+        return;
+    }
+    default: break;
+    }
+    GM_ASSERT(in->is_quantized && n % in->block_size == 0);
+    void (*fn)(const uint8_t *, float *) = NULL;
+    switch (type) {
+    case GM_Q4_0: fn = dq_q4_0; break;
+    case GM_Q4_1: fn = dq_q4_1; break;
+    case GM_Q5_0: fn = dq_q5_0; break;
+    case GM_Q5_1: fn = dq_q5_1; break;
+    case GM_Q8_0: fn = dq_q8_0; break;
+    case GM_Q2_K: fn = dq_q2_k; break;
+    case GM_Q3_K: fn = dq_q3_k; break;
+    case GM_Q4_K: fn = dq_q4_k; break;
+    case GM_Q5_K: fn = dq_q5_k; break;
+    case GM_Q6_K: fn = dq_q6_k; break;
+    default: GM_ASSERT(!"dtype has no dequantizer");
+    }
+    int64_t nb = n / in->block_size;
+    for (int64_t i = 0; i < nb; i++) fn(b + i * in->type_size, dst + i * in->block_size);
+}
+
+void gm_k_dequant_rows_cpu(const gm_kctx *ctx, float *out, const void *src, gm_dtype type,
+                           int64_t rows, int64_t cols, size_t src_row_bytes) {
+#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (rows * cols > 65536)
+    for (int64_t r = 0; r < rows; r++)
+        gm_dequant_row(type, (const uint8_t *)src + (size_t)r * src_row_bytes, out + r * cols, cols);
+}

@@ -1,0 +1,18 @@
+/*
+ * embed.c - token embedding lookup, scaled (gemma_architecture.md §1.3 step 1).
+ *
+ * out (N, C) = dequant(table[ids[n]]) * scale. The caller passes scale = sqrt(C) rounded to
+ * the weight dtype as Hugging Face does (exact f32 for f32 weights, bf16(sqrt(C)) for bf16).
+ */
+#include "kernels.h"
+
+void gm_k_embed_fwd_cpu(const gm_kctx *ctx, float *out, const int32_t *ids, const void *table,
+                        gm_dtype table_type, int64_t N, int64_t C, size_t table_row_bytes,
+                        float scale) {
+#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (N > 16)
+    for (int64_t n = 0; n < N; n++) {
+        float *o = out + n * C;
+        gm_dequant_row(table_type, (const uint8_t *)table + (size_t)ids[n] * table_row_bytes, o, C);
+        for (int64_t c = 0; c < C; c++) o[c] *= scale;
+    }
+}

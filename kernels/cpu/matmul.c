@@ -1,0 +1,85 @@
+/*
+ * matmul.c - out (M, N) = beta*out + x (M, K) . W^T for W (N, K) of any stored dtype.
+ *
+ * f32 weights go straight to OpenBLAS sgemm. Other dtypes (bf16, f16, GGUF block formats)
+ * stay as stored (mmapped) and are dequantized panel by panel into ctx->scratch:
+ *   - M <= GEMV_MAX_M (token-by-token generation): each thread dequantizes one weight row at a
+ *     time into its own K-float slice and dots it with the M inputs - memory-bound anyway;
+ *   - otherwise: GM_MATMUL_PANEL_ROWS rows at a time, dequantized in parallel, then one
+ *     multi-threaded sgemm per panel.
+ * Rejected: dequantizing whole matrices at load (a 262,144 x 640 embedding is 671 MB in f32).
+ */
+#include "kernels.h"
+
+#include "gm_status.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <string.h>
+
+#define GEMV_MAX_M 4
+
+size_t gm_k_matmul_scratch_floats(gm_dtype w_type, int64_t N, int64_t K, int n_threads) {
+    if (w_type == GM_F32) return 0;
+    int64_t panel = N < GM_MATMUL_PANEL_ROWS ? N : GM_MATMUL_PANEL_ROWS;
+    size_t gemm = (size_t)(panel * K);
+    size_t gemv = (size_t)n_threads * (size_t)K;
+    return gemm > gemv ? gemm : gemv;
+}
+
+void gm_kernels_set_threads(int n_threads) {
+    static int current = -1;
+    if (n_threads != current) {
+        openblas_set_num_threads(n_threads);
+        current = n_threads;
+    }
+}
+
+/* Dot product with 8 independent partial sums so the compiler can vectorize without
+ * reassociation flags; deterministic for a given n. */
+static float dot(const float *a, const float *b, int64_t n) {
+    float s[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
+    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const void *w,
+                         gm_dtype w_type, int64_t M, int64_t N, int64_t K, size_t w_row_bytes,
+                         float beta) {
+    GM_ASSERT(beta == 0.0f || beta == 1.0f);
+    gm_kernels_set_threads(ctx->n_threads);
+    if (w_type == GM_F32) {
+        GM_ASSERT(w_row_bytes % sizeof(float) == 0);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x,
+                    (int)K, (const float *)w, (int)(w_row_bytes / sizeof(float)), beta, out, (int)N);
+        return;
+    }
+    GM_ASSERT(ctx->scratch && ctx->scratch_floats >= gm_k_matmul_scratch_floats(w_type, N, K, ctx->n_threads));
+    const uint8_t *wb = (const uint8_t *)w;
+    if (M <= GEMV_MAX_M) {
+#pragma omp parallel num_threads(ctx->n_threads)
+        {
+            float *row = ctx->scratch + (size_t)omp_get_thread_num() * (size_t)K;
+#pragma omp for schedule(static)
+            for (int64_t n = 0; n < N; n++) {
+                gm_dequant_row(w_type, wb + (size_t)n * w_row_bytes, row, K);
+                for (int64_t m = 0; m < M; m++) {
+                    float v = dot(x + m * K, row, K);
+                    out[m * N + n] = beta != 0.0f ? out[m * N + n] + v : v;
+                }
+            }
+        }
+        return;
+    }
+    for (int64_t p0 = 0; p0 < N; p0 += GM_MATMUL_PANEL_ROWS) {
+        int64_t np = N - p0 < GM_MATMUL_PANEL_ROWS ? N - p0 : GM_MATMUL_PANEL_ROWS;
+        gm_k_dequant_rows_cpu(ctx, ctx->scratch, wb + (size_t)p0 * w_row_bytes, w_type, np, K,
+                              w_row_bytes);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)np, (int)K, 1.0f, x,
+                    (int)K, ctx->scratch, (int)K, beta, out + p0, (int)N);
+    }
+}

@@ -1,0 +1,33 @@
+/*
+ * rope.c - rotary position embedding, NeoX/half-split layout (gemma_architecture.md §1.5).
+ *
+ * For each head vector x = [x1 | x2] (halves of D/2) at position p:
+ *   inv_freq[i] = theta^(-2i/D), angle = (p * pos_scale) * inv_freq[i]   (f32, as HF computes it)
+ *   out = [x1*cos - x2*sin | x2*cos + x1*sin]
+ * pos_scale is 1/factor for linear RoPE scaling (Gemma 3 4B+ global layers), else 1.
+ */
+#include "kernels.h"
+
+#include <math.h>
+
+void gm_k_rope_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const int32_t *pos,
+                       int64_t N, int64_t NH, int64_t D, float theta, float pos_scale) {
+    int64_t half = D / 2;
+#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (N * NH * D > 32768)
+    for (int64_t n = 0; n < N; n++) {
+        float p = (float)pos[n] * pos_scale;
+        for (int64_t i = 0; i < half; i++) {
+            /* HF: inv_freq = 1 / (base ** (arange(0, dim, 2).float() / dim)), in f32 */
+            float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)D);
+            float ang = p * inv_freq;
+            float c = cosf(ang), s = sinf(ang);
+            for (int64_t h = 0; h < NH; h++) {
+                const float *xr = x + (n * NH + h) * D;
+                float *o = out + (n * NH + h) * D;
+                float x1 = xr[i], x2 = xr[i + half];
+                o[i] = x1 * c - x2 * s;
+                o[i + half] = x2 * c + x1 * s;
+            }
+        }
+    }
+}

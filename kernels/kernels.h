@@ -1,0 +1,100 @@
+/*
+ * kernels.h - raw-pointer compute kernels, CPU reference beside CUDA twin.
+ *
+ * Two layers (style guide §4.6): core/ validates gm_tensor shapes and devices and calls these;
+ * kernels trust their inputs (assert only) and do the math. Every kernel exists as
+ * gm_k_<name>_cpu (kernels/cpu/) and, in CUDA builds, gm_k_<name>_cuda (kernels/cuda/) with the
+ * identical parameter list; the list is kernels.def.
+ *
+ * Dimension letters (fixed project-wide): B batch, T tokens, C model dim (hidden_size),
+ * H query heads, KVH kv heads, D head_dim, F FFN width, V vocab, S kv-cache slots,
+ * M/N/K the GEMM dims. All activations are f32, row-major, contiguous.
+ *
+ * Shapes and contracts:
+ *   dequant_rows   out (rows, cols) f32 <- src rows of `type`, each src_row_bytes apart.
+ *   matmul_fwd     out (M, N) = beta*out + x (M, K) . W^T, W (N, K) of any dtype (rows
+ *                  w_row_bytes apart). beta is 0 or 1 (1 accumulates, used for LoRA and
+ *                  residual paths). Quantized W is dequantized panel by panel (never whole).
+ *   embed_fwd      out (N, C) = table[ids[n]] * scale; table (V, C) any dtype.
+ *   rmsnorm_fwd    out (N, C) = x / sqrt(mean(x^2) + eps) * w; w is the *effective* scale
+ *                  (Gemma's 1 + weight, already added at load). rstd (N) saved if not NULL.
+ *                  Statistics in f32 (gemma_architecture.md §1.4). out may alias x.
+ *   rope_fwd       out (N, NH, D) = rotate_half RoPE of x at positions pos[n] * pos_scale with
+ *                  inv_freq[i] = theta^(-2i/D) (NeoX half-split layout, §1.5). out may alias x.
+ *   attention_fwd  out (B, T, H, D) = softmax(q k^T * scale + mask) v, with q (B, T, H, D)
+ *                  at absolute positions pos0 .. pos0+T-1 and keys/values in caches
+ *                  (B, S, KVH, D) where position p lives in slot p % S. Query head h uses kv
+ *                  head h / (H / KVH). Causal; if window > 0 a key j is visible to query p
+ *                  only when j > p - window (sliding layers). Requires S >= min(window, pos0+T)
+ *                  for sliding and S >= pos0+T for full layers. Softmax in f32.
+ *   geglu_fwd      out (n) = gelu_tanh(gate) * up  (§1.6).
+ *   add_fwd        y (n) += x (n)   (residual stream).
+ *   softcap_fwd    out (n) = cap * tanh(x / cap).
+ *
+ * Gradient convention (for the backward kernels that join this list): parameter gradients
+ * accumulate (+=); activation gradients are assigned (=) except on the residual stream,
+ * where two paths meet and they accumulate.
+ *
+ * Ownership: kernels allocate nothing; scratch comes from gm_kctx (planned by the caller).
+ * Errors: none returned; misuse asserts. CUDA kernels are asynchronous on ctx->stream;
+ * errors surface at the next gm_cuda_sync.
+ */
+#ifndef GM_KERNELS_H
+#define GM_KERNELS_H
+
+#include "../core/base/gm_dtype.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Per-call execution context: threads, stream and the scratch the caller planned. */
+typedef struct gm_kctx {
+    int n_threads;        /* CPU threads for OpenMP loops and OpenBLAS */
+    void *stream;         /* cudaStream_t on CUDA, unused on CPU */
+    float *scratch;       /* workspace for dequantized weight panels etc. */
+    size_t scratch_floats; /* its size in floats */
+} gm_kctx;
+
+/* Workspace (floats) that matmul_fwd needs for a weight of N rows by K columns of `type`
+ * (0 for f32). Callers size gm_kctx.scratch as the max over the weights they use. */
+size_t gm_k_matmul_scratch_floats(gm_dtype w_type, int64_t N, int64_t K, int n_threads);
+
+/* Rows of W dequantized at once by matmul_fwd (the panel height). */
+#define GM_MATMUL_PANEL_ROWS 512
+
+/* Row dequantizer shared by the CPU kernels: dst (n) f32 <- one row of `type`. */
+void gm_dequant_row(gm_dtype type, const void *src, float *dst, int64_t n);
+
+/* Sets the OpenBLAS thread count (once per process; cheap to call again). */
+void gm_kernels_set_threads(int n_threads);
+
+#define GM_KERNEL(name, params, args) void gm_k_##name##_cpu params;
+#include "kernels.def"
+#undef GM_KERNEL
+
+#ifdef GM_HAVE_CUDA
+#define GM_KERNEL(name, params, args) void gm_k_##name##_cuda params;
+#include "kernels.def"
+#undef GM_KERNEL
+#endif
+
+/* One function table per device, filled from kernels.def. */
+typedef struct gm_kernel_table {
+#define GM_KERNEL(name, params, args) void(*name) params;
+#include "kernels.def"
+#undef GM_KERNEL
+} gm_kernel_table;
+
+extern const gm_kernel_table gm_kernels_cpu;
+#ifdef GM_HAVE_CUDA
+extern const gm_kernel_table gm_kernels_cuda;
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_KERNELS_H */

@@ -1,0 +1,96 @@
+/*
+ * test_util.h - the checks every test uses, the tolerance table, and fixture paths.
+ *
+ * A test program calls the CHECK macros, then `return gm_test_finish();`, which prints the
+ * closing "N passed, N failed" line and returns the exit code ctest reads (0 pass, 1 fail,
+ * 77 skipped). Output is terse on success and says the values on failure.
+ *
+ * Tolerances live in one table (below), each with the reason for its size. A test that needs a
+ * looser bound adds a row here with its reason; no ad-hoc literals in tests.
+ */
+#ifndef GM_TEST_UTIL_H
+#define GM_TEST_UTIL_H
+
+#include "gm_status.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+/* ---- tolerance table ------------------------------------------------------------------------
+ * name                      value   why
+ */
+/* Dequantized values vs. ggml's own reference output (formats.md §1.7): the reference printed
+ * 7 significant digits, and both sides compute d*q in f32 from the same f16 scale. */
+#define TOL_DEQUANT_ABS 2e-6
+/* f32 kernels vs. a double-precision loop over the same inputs: f32 rounding over sums of at
+ * most a few thousand terms of magnitude <= 10. */
+#define TOL_KERNEL_F32_REL 2e-5
+#define TOL_KERNEL_F32_ABS 2e-5
+/* Tiny random Gemma 3 (f32) logits vs. transformers on CPU in f32: identical math, different
+ * summation order (OpenBLAS vs. MKL-DNN/ATen blocking); logits of magnitude <= ~5. */
+#define TOL_TINY_LOGITS_ABS 2e-4
+/* Real Gemma 3 270M (dequantized weights, f32 compute) vs. transformers in f32: 18 layers with
+ * RMSNorm scales up to ~740 amplify summation-order differences; logits reach ~50. Measured
+ * max |diff| is reported by the test; this bound is ~5x the worst measured value. */
+#define TOL_REAL_LOGITS_ABS 2e-2
+/* Same comparison relative to the logit spread (max - min) of the position. */
+#define TOL_REAL_LOGITS_REL 1e-3
+/* log-sum-exp over the 262,144-entry vocabulary, same reasons as above. */
+#define TOL_REAL_LSE_ABS 2e-2
+/* Tokenizer, chat template, parsers: exact. */
+
+/* ---- checks ---- */
+extern int gm_test_passed, gm_test_failed;
+
+#define CHECK(cond, ...)                                                                     \
+    do {                                                                                     \
+        if (cond) {                                                                          \
+            gm_test_passed++;                                                                \
+        } else {                                                                             \
+            gm_test_failed++;                                                                \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                  \
+            fprintf(stderr, __VA_ARGS__);                                                    \
+            fprintf(stderr, "\n");                                                           \
+        }                                                                                    \
+    } while (0)
+
+#define CHECK_OK(expr, errp)                                                                 \
+    do {                                                                                     \
+        gm_status chk_s_ = (expr);                                                           \
+        CHECK(chk_s_ == GM_OK, "%s -> %s: %s", #expr, gm_status_name(chk_s_),               \
+              (errp) ? (errp)->msg : "");                                                    \
+    } while (0)
+
+#define CHECK_NEAR(a, b, tol, ...)                                                           \
+    do {                                                                                     \
+        double chk_a_ = (double)(a), chk_b_ = (double)(b);                                   \
+        CHECK(fabs(chk_a_ - chk_b_) <= (tol), "%.9g vs %.9g (tol %.3g): ", chk_a_, chk_b_,   \
+              (double)(tol));                                                                \
+        if (!(fabs(chk_a_ - chk_b_) <= (tol))) fprintf(stderr, __VA_ARGS__), fprintf(stderr, "\n"); \
+    } while (0)
+
+/* Compares two float arrays; on failure prints the first few values side by side and the
+ * worst element. Passes when every |a-b| <= abs_tol + rel_tol*|b|. Returns max |a-b|. */
+double gm_check_close(const char *what, const float *a, const float *b, size_t n,
+                      double abs_tol, double rel_tol);
+
+/* Prints "N passed, N failed" and returns the process exit code. */
+int gm_test_finish(void);
+
+/* Marks the whole test skipped (prints why) and returns 77. */
+int gm_test_skip(const char *why);
+
+/* Absolute path of a file under the source tree (tests/ref/..., etc.); static buffer. */
+const char *gm_test_path(const char *rel);
+
+/* Path of the real Gemma 3 270M GGUF in the cache, or NULL (with a message on stderr) if it is
+ * missing. Honors GEMMARUN_HOME. */
+const char *gm_test_real_model(void);
+
+/* A tiny deterministic PRNG for test inputs (xorshift64*): uniform in [-1, 1). */
+float gm_test_rand(uint64_t *state);
+
+#endif /* GM_TEST_UTIL_H */
