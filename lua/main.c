@@ -1,1 +1,342 @@
-int main(void) { return 0; }
+/*
+ * main.c - the `gemmarun` command line.
+ *
+ *   gemmarun                          run the embedded default experiment (experiments/quickstart.lua)
+ *   gemmarun FILE.lua [--allow-os]    run an experiment file
+ *   gemmarun inspect MODEL            config, tensors (dtype, shape, bytes), memory
+ *   gemmarun generate MODEL "prompt"  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
+ *                                     [--seed S] [--chat] [--threads N]
+ *   gemmarun fetch NAME               fetch an embedded default (e.g. gemma3-270m) into the cache
+ *
+ * MODEL is a .gguf file, a Hugging Face checkpoint folder, or a name known to `fetch`.
+ * Exit codes (DESIGN.md §2): 0 success, 1 a run failed, 2 bad usage or bad input file.
+ * This is the only place in gemmarun that decides the process exit code.
+ */
+#define _GNU_SOURCE
+#include "gm_alloc.h"
+#include "gm_decoder.h"
+#include "gm_fetch.h"
+#include "gm_generate.h"
+#include "gm_gguf.h"
+#include "gm_lua.h"
+#include "gm_model.h"
+#include "gm_tokenizer.h"
+
+#include <lauxlib.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define GM_VERSION "0.1.0"
+
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage:\n"
+            "  gemmarun                           run the embedded default experiment\n"
+            "  gemmarun EXPERIMENT.lua [--allow-os] [--threads N]\n"
+            "  gemmarun inspect MODEL\n"
+            "  gemmarun generate MODEL \"prompt\" [--max-tokens N] [--temperature T] [--top-k K]\n"
+            "                    [--top-p P] [--seed S] [--chat] [--threads N]\n"
+            "  gemmarun fetch NAME                (known: gemma3-270m)\n"
+            "MODEL is a .gguf file, a Hugging Face checkpoint folder, or a name known to fetch.\n");
+}
+
+static int fail(const gm_error *err, int code) {
+    fprintf(stderr, "gemmarun: error: %s\n", err->msg);
+    return code;
+}
+
+/* Exit code for a failed core call: bad input/usage is 2, everything else 1. */
+static int code_for(gm_status s) {
+    switch (s) {
+    case GM_ERR_FORMAT:
+    case GM_ERR_INVALID:
+    case GM_ERR_NOT_FOUND:
+    case GM_ERR_UNSUPPORTED:
+    case GM_ERR_IO: return 2;
+    default: return 1;
+    }
+}
+
+static bool parse_long(const char *s, long long *out) {
+    char *end;
+    long long v = strtoll(s, &end, 10);
+    if (!*s || *end) return false;
+    *out = v;
+    return true;
+}
+
+static bool parse_double(const char *s, double *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (!*s || *end) return false;
+    *out = v;
+    return true;
+}
+
+/* ---- inspect ---- */
+
+typedef struct inspect_acc {
+    size_t bytes[GM_DTYPE_COUNT];
+    int64_t count[GM_DTYPE_COUNT];
+    int64_t params;
+    bool verbose;
+} inspect_acc;
+
+static void inspect_tensor(const gm_tensor *t, void *user) {
+    inspect_acc *a = user;
+    char d[64];
+    size_t nb = gm_tensor_nbytes(t);
+    a->bytes[t->dtype] += nb;
+    a->count[t->dtype]++;
+    a->params += gm_tensor_numel(t);
+    if (a->verbose) printf("  %-52s %-22s %12zu\n", t->name, gm_tensor_describe(t, d, sizeof d), nb);
+}
+
+static int cmd_inspect(int argc, char **argv) {
+    if (argc < 1) {
+        usage(stderr);
+        return 2;
+    }
+    bool all = argc > 1 && strcmp(argv[1], "--all") == 0;
+    gm_error err = {0};
+    char path[1200];
+    if (gm_resolve_model(argv[0], path, sizeof path, &err) != GM_OK) return fail(&err, 2);
+    gm_model *m = NULL;
+    gm_status s = gm_model_load(path, NULL, &m, &err);
+    if (s != GM_OK) return fail(&err, code_for(s));
+    const gm_config *c = &m->cfg;
+    printf("model        %s\n", m->path);
+    printf("format       %s\n", m->format == GM_FORMAT_GGUF ? "GGUF" : "safetensors");
+    printf("arch         %s (%s)\n", gm_arch_name(c->arch), c->name);
+    printf("vocab_size %lld, hidden_size %lld, layers %lld, heads %lld, kv heads %lld, head_dim %lld,\n"
+           "intermediate_size %lld, sliding_window %lld, max_position_embeddings %lld,\n"
+           "rms_norm_eps %g, query_pre_attn_scalar %g, tied embeddings %s\n",
+           (long long)c->vocab_size, (long long)c->hidden_size, (long long)c->n_layers, (long long)c->n_heads,
+           (long long)c->n_kv_heads, (long long)c->head_dim, (long long)c->intermediate_size,
+           (long long)c->sliding_window, (long long)c->max_position_embeddings, (double)c->rms_norm_eps,
+           (double)c->query_pre_attn_scalar, c->tie_word_embeddings ? "yes" : "no");
+    printf("layers       ");
+    for (int64_t l = 0; l < c->n_layers; l++)
+        printf("%s", c->layer_type[l] == GM_LAYER_FULL ? "F" : "s");
+    printf("  (s = sliding, RoPE %g; F = full, RoPE %g)\n", (double)c->rope_theta[0],
+           (double)c->rope_theta[c->n_layers >= 6 ? 5 : 0]);
+    if (m->tok) printf("tokenizer    %lld tokens\n", (long long)gm_tokenizer_vocab_size(m->tok));
+    inspect_acc acc;
+    memset(&acc, 0, sizeof acc);
+    acc.verbose = true;
+    printf("tensors (%s):\n", all ? "all" : "all; names as in Hugging Face checkpoints");
+    gm_model_for_each_tensor(m, inspect_tensor, &acc);
+    printf("weights by dtype:\n");
+    size_t total = 0;
+    for (int t = 0; t < GM_DTYPE_COUNT; t++) {
+        if (!acc.count[t]) continue;
+        printf("  %-6s %4lld tensors %10.1f MiB\n", gm_dtype_name((gm_dtype)t), (long long)acc.count[t],
+               (double)acc.bytes[t] / 1048576.0);
+        total += acc.bytes[t];
+    }
+    printf("  total  %lld parameters, %.1f MiB (%.1f MiB memory-mapped, not copied)\n", (long long)acc.params,
+           (double)total / 1048576.0, (double)m->mapped_bytes / 1048576.0);
+    size_t by_kind[GM_MEM_KIND_COUNT];
+    gm_infer_opts io = {.batch = 1, .ctx = 2048, .max_tokens = 512, .n_threads = 2};
+    size_t plan = gm_infer_plan_bytes(c, &io, GM_Q8_0, by_kind);
+    printf("inference plan (batch 1, context 2048, prefill chunk 512): %.1f MiB\n", (double)plan / 1048576.0);
+    for (int k = 0; k < GM_MEM_KIND_COUNT; k++)
+        if (by_kind[k]) printf("  %-18s %10.1f MiB\n", gm_mem_kind_name((gm_mem_kind)k), (double)by_kind[k] / 1048576.0);
+    gm_model_free(m);
+    return 0;
+}
+
+/* ---- generate ---- */
+
+typedef struct stream_ctx {
+    const gm_tokenizer *tok;
+    const int32_t *stops;
+    int n_stop;
+} stream_ctx;
+
+static bool stream_token(int32_t tok, void *user) {
+    stream_ctx *sc = user;
+    for (int i = 0; i < sc->n_stop; i++)
+        if (tok == sc->stops[i]) return !interrupted;
+    char piece[256];
+    size_t n = gm_tokenizer_decode_piece(sc->tok, tok, false, piece, sizeof piece);
+    fwrite(piece, 1, n < sizeof piece ? n : sizeof piece - 1, stdout);
+    fflush(stdout);
+    return !interrupted;
+}
+
+static int cmd_generate(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *model_arg = argv[0], *prompt = argv[1];
+    long long max_tokens = 64, top_k = 0, seed = 0, threads = 2;
+    double temperature = 0, top_p = 1;
+    bool chat = false;
+    for (int i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        bool ok = true;
+        if (strcmp(a, "--max-tokens") == 0 && v) ok = parse_long(v, &max_tokens) && max_tokens > 0, i++;
+        else if (strcmp(a, "--temperature") == 0 && v) ok = parse_double(v, &temperature) && temperature >= 0, i++;
+        else if (strcmp(a, "--top-k") == 0 && v) ok = parse_long(v, &top_k) && top_k >= 0, i++;
+        else if (strcmp(a, "--top-p") == 0 && v) ok = parse_double(v, &top_p) && top_p > 0 && top_p <= 1, i++;
+        else if (strcmp(a, "--seed") == 0 && v) ok = parse_long(v, &seed), i++;
+        else if (strcmp(a, "--threads") == 0 && v) ok = parse_long(v, &threads) && threads > 0, i++;
+        else if (strcmp(a, "--chat") == 0) chat = true;
+        else {
+            fprintf(stderr, "gemmarun generate: unknown option or missing value: %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "gemmarun generate: bad value for %s: %s\n", a, v);
+            return 2;
+        }
+    }
+    gm_error err = {0};
+    char path[1200];
+    if (gm_resolve_model(model_arg, path, sizeof path, &err) != GM_OK) return fail(&err, 2);
+    gm_model *m = NULL;
+    gm_status s = gm_model_load(path, NULL, &m, &err);
+    if (s != GM_OK) return fail(&err, code_for(s));
+    if (!m->tok) {
+        fprintf(stderr, "gemmarun: error: %s has no tokenizer (tokenizer.json)\n", path);
+        gm_model_free(m);
+        return 2;
+    }
+    char *text = NULL;
+    if (chat) {
+        size_t n = strlen(prompt) + 128;
+        text = gm_malloc(n);
+        snprintf(text, n, "<start_of_turn>user\n%s<end_of_turn>\n<start_of_turn>model\n", prompt);
+    }
+    const char *in = text ? text : prompt;
+    size_t len = strlen(in);
+    int32_t *ids = gm_malloc((len + 8) * sizeof(int32_t));
+    int64_t n_prompt = 0;
+    s = gm_tokenizer_encode(m->tok, in, len, true, chat, ids, (int64_t)len + 8, &n_prompt, &err);
+    int rc = 0;
+    gm_infer *st = NULL;
+    int32_t *out = NULL;
+    if (s == GM_OK) {
+        gm_infer_opts io = {.batch = 1, .ctx = n_prompt + max_tokens, .max_tokens = n_prompt < 512 ? n_prompt : 512,
+                            .n_threads = (int)threads};
+        s = gm_infer_new(m, &io, &st, &err);
+    }
+    if (s == GM_OK) {
+        gm_special_ids sp = gm_tokenizer_special(m->tok);
+        int32_t stops[2];
+        int n_stop = 0;
+        if (sp.eos >= 0) stops[n_stop++] = sp.eos;
+        if (sp.end_of_turn >= 0) stops[n_stop++] = sp.end_of_turn;
+        gm_sample_opts so = {.max_new_tokens = max_tokens, .temperature = (float)temperature, .top_k = (int)top_k,
+                             .top_p = (float)top_p, .seed = (uint64_t)seed, .stop_ids = stops, .n_stop = n_stop};
+        stream_ctx sc = {m->tok, stops, n_stop};
+        out = gm_malloc((size_t)max_tokens * sizeof(int32_t));
+        int64_t n_out = 0;
+        gm_generate_stats stats = {0};
+        signal(SIGINT, on_sigint);
+        if (!chat) fputs(prompt, stdout);
+        s = gm_generate(st, ids, n_prompt, &so, stream_token, &sc, out, &n_out, &stats, &err);
+        signal(SIGINT, SIG_DFL);
+        printf("\n");
+        if (s == GM_OK) {
+            double dec = stats.n_generated > 1 ? (double)(stats.n_generated - 1) / stats.decode_seconds : 0;
+            fprintf(stderr,
+                    "gemmarun: %lld prompt tokens at %.1f tokens/s, %lld new tokens at %.1f tokens/s (%d threads), "
+                    "peak memory %.0f MiB%s\n",
+                    (long long)stats.n_prompt, (double)stats.n_prompt / stats.prefill_seconds,
+                    (long long)stats.n_generated, dec, (int)threads, (double)gm_process_peak_rss() / 1048576.0,
+                    interrupted ? " (interrupted)" : "");
+        }
+    }
+    if (s != GM_OK) rc = fail(&err, code_for(s));
+    gm_free(out);
+    gm_free(ids);
+    gm_free(text);
+    gm_infer_free(st);
+    gm_model_free(m);
+    return rc;
+}
+
+/* ---- fetch ---- */
+
+static int cmd_fetch(int argc, char **argv) {
+    if (argc < 1) {
+        fprintf(stderr, "usage: gemmarun fetch NAME (known:");
+        for (const char *const *n = gm_fetch_names(); *n; n++) fprintf(stderr, " %s", *n);
+        fprintf(stderr, ")\n");
+        return 2;
+    }
+    gm_error err = {0};
+    char path[1200];
+    gm_status s = gm_fetch(argv[0], true, path, sizeof path, &err);
+    if (s != GM_OK) return fail(&err, s == GM_ERR_NOT_FOUND ? 2 : 1);
+    printf("%s\n", path);
+    return 0;
+}
+
+/* ---- experiment files ---- */
+
+static int run_lua(const char *file, int argc, char **argv) {
+    gm_lua_opts lo = {.allow_os = false, .n_threads = 2};
+    const char *rest[64];
+    int nrest = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--allow-os") == 0) lo.allow_os = true;
+        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+            long long t;
+            if (!parse_long(argv[i + 1], &t) || t < 1) {
+                fprintf(stderr, "gemmarun: bad value for --threads: %s\n", argv[i + 1]);
+                return 2;
+            }
+            lo.n_threads = (int)t;
+            i++;
+        } else if (nrest < 64) rest[nrest++] = argv[i];
+    }
+    gm_error err = {0};
+    lua_State *L = NULL;
+    if (gm_lua_new(&lo, &L, &err) != GM_OK) return fail(&err, 1);
+    gm_status s;
+    if (file) {
+        s = gm_lua_run_file(L, file, rest, nrest, &err);
+    } else {
+        s = gm_lua_run_string(L, (const char *)gm_embedded_quickstart, gm_embedded_quickstart_len,
+                              "@experiments/quickstart.lua", &err);
+    }
+    int rc = 0;
+    if (s != GM_OK) rc = fail(&err, s == GM_ERR_IO ? 2 : 1);
+    gm_lua_close(L);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return run_lua(NULL, 0, NULL);
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(cmd, "--version") == 0) {
+        printf("gemmarun %s\n", GM_VERSION);
+        return 0;
+    }
+    if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
+    if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
+    if (strcmp(cmd, "fetch") == 0) return cmd_fetch(argc - 2, argv + 2);
+    size_t n = strlen(cmd);
+    if (n > 4 && strcmp(cmd + n - 4, ".lua") == 0) return run_lua(cmd, argc - 2, argv + 2);
+    fprintf(stderr, "gemmarun: unknown command '%s'\n", cmd);
+    usage(stderr);
+    return 2;
+}

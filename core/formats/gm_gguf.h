@@ -61,7 +61,7 @@ typedef struct gm_gguf_tensor {
     gm_dtype dtype;
     uint32_t ggml_type;      /* the raw ggml type id as stored */
     int ndim;
-    int64_t shape[4];        /* outermost first (reversed ne) */
+    int64_t shape[4];        /* outermost first (reversed ne); entries >= ndim are 1 */
     uint64_t offset;         /* relative to the data section */
     size_t nbytes;
     const void *data;        /* inside the mapping */
@@ -108,6 +108,10 @@ const gm_gguf_tensor *gm_gguf_find_tensor(const gm_gguf *g, const char *name); /
 
 /* Name of a ggml type id ("q4_K", "iq2_xxs", ...) for messages, or "unknown". */
 const char *gm_gguf_ggml_type_name(uint32_t ggml_type);
+
+/* Name of a metadata value type ("uint32", "string", ...) for messages, or "unknown". Lets
+ * callers say "key X has type string, expected an integer". */
+const char *gm_gguf_vtype_name(gm_gguf_vtype t);
 
 #ifdef __cplusplus
 }

@@ -1,1 +1,103 @@
-/* placeholder, replaced below */
+/*
+ * gm_config.h - the model configuration every Gemma graph is built from.
+ *
+ * One struct for Gemma 3 / 3n / 4 text decoders. Per-layer properties live in per-layer arrays
+ * (layer type, RoPE base and scale, FFN width, which layer's KV cache a layer reads), so Gemma 3n
+ * and Gemma 4 features (KV sharing between layers, per-layer FFN widths, per-layer embeddings,
+ * AltUp, mixture of experts) extend this struct instead of rewriting the graph. Fields that a
+ * Gemma 3 model does not use keep neutral values (0 / -1 / 1.0) and are documented as such.
+ *
+ * Sources, in order of precedence, each filling the same struct:
+ *   - GGUF metadata (gemma3.* keys, formats.md §1.9; llama.cpp's hard-coded Gemma 3 constants:
+ *     sliding-window pattern 6, local RoPE base 10,000, query scale 1/sqrt(head_dim));
+ *   - a Hugging Face config.json, old field names (rope_theta, rope_local_base_freq,
+ *     sliding_window_pattern, rope_scaling) and new ones (layer_types, rope_parameters), and the
+ *     multimodal wrapper's "text_config";
+ *   - built-in presets of the published sizes (gemma_architecture.md §1.1), for planning.
+ *
+ * Ownership: plain value struct, no pointers. Errors: the loaders return GM_ERR_FORMAT for a
+ * malformed file, GM_ERR_NOT_FOUND naming a missing required key (e.g. "config.json: missing
+ * key 'hidden_size'"), GM_ERR_UNSUPPORTED for an architecture we do not implement, and
+ * GM_ERR_INVALID when values contradict each other (heads not divisible by kv heads, ...).
+ */
+#ifndef GM_CONFIG_H
+#define GM_CONFIG_H
+
+#include "gm_status.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GM_MAX_LAYERS 128
+
+typedef enum gm_arch { GM_ARCH_GEMMA3 = 0, GM_ARCH_GEMMA3N, GM_ARCH_GEMMA4, GM_ARCH_COUNT } gm_arch;
+const char *gm_arch_name(gm_arch a);
+
+typedef enum gm_layer_type { GM_LAYER_SLIDING = 0, GM_LAYER_FULL = 1 } gm_layer_type;
+
+/* Where the checkpoint stores RMSNorm weights: Hugging Face keeps w (effective scale 1+w),
+ * GGUF keeps 1+w already (gemma_architecture.md §5.3; adding 1 again destroys the model). */
+typedef enum gm_norm_convention { GM_NORM_ONE_PLUS_W = 0, GM_NORM_DIRECT = 1 } gm_norm_convention;
+
+typedef struct gm_config {
+    gm_arch arch;
+    char name[64];                /* "gemma3-270m", or the file's general.name */
+    int64_t vocab_size;           /* V: rows of the embedding table */
+    int64_t hidden_size;          /* C (D in the architecture notes) */
+    int64_t n_layers;             /* L */
+    int64_t n_heads;              /* H */
+    int64_t n_kv_heads;           /* KVH */
+    int64_t head_dim;             /* D */
+    int64_t intermediate_size;    /* F (all layers, Gemma 3); see ffn_dim[] */
+    int64_t sliding_window;       /* W */
+    int64_t max_position_embeddings;
+    float rms_norm_eps;
+    float query_pre_attn_scalar;  /* attention scale = query_pre_attn_scalar^-0.5 */
+    float final_logit_softcap;    /* 0 = none (Gemma 3); 30 in Gemma 3n/4 */
+    float attn_logit_softcap;     /* 0 = none */
+    bool tie_word_embeddings;     /* LM head = embedding (all Gemma) */
+    gm_norm_convention norm_convention;
+    int32_t bos_id, eos_id, pad_id;
+
+    /* per layer */
+    gm_layer_type layer_type[GM_MAX_LAYERS];
+    float rope_theta[GM_MAX_LAYERS];      /* 10,000 sliding / 1,000,000 full */
+    float rope_pos_scale[GM_MAX_LAYERS];  /* 1/factor for linear RoPE scaling, else 1 */
+    int64_t ffn_dim[GM_MAX_LAYERS];       /* F per layer (Gemma 3: all = intermediate_size) */
+    int32_t kv_source[GM_MAX_LAYERS];     /* layer whose K/V this layer uses (itself for Gemma 3;
+                                             Gemma 3n/4 KV sharing points later layers back) */
+} gm_config;
+
+/* Fills the per-layer arrays from the scalar fields for a Gemma 3 model: layer i is full iff
+ * (i+1) % pattern == 0 (pattern 6 for Gemma 3), RoPE bases, kv_source[i] = i. */
+void gm_config_gemma3_layers(gm_config *cfg, int sliding_pattern, float theta_local,
+                             float theta_global, float global_pos_scale);
+
+/* Checks internal consistency (positive sizes, H % KVH == 0, layers <= GM_MAX_LAYERS, ...). */
+gm_status gm_config_validate(const gm_config *cfg, const char *source, gm_error *err);
+
+struct gm_gguf;
+/* From GGUF metadata (general.architecture must be "gemma3"). */
+gm_status gm_config_from_gguf(const struct gm_gguf *g, gm_config *cfg, gm_error *err);
+
+/* From a Hugging Face config.json file (Gemma3ForCausalLM, or a multimodal config with
+ * "text_config"). */
+gm_status gm_config_from_json_file(const char *path, gm_config *cfg, gm_error *err);
+/* Same, from JSON text in memory; `label` names it in messages. */
+gm_status gm_config_from_json(const char *json, const char *label, gm_config *cfg, gm_error *err);
+
+/* Built-in presets of the published sizes: "gemma3-270m", "gemma3-1b", "gemma3-4b",
+ * "gemma3-12b", "gemma3-27b". Returns GM_ERR_NOT_FOUND listing the known names. */
+gm_status gm_config_preset(const char *name, gm_config *cfg, gm_error *err);
+
+/* Number of parameters of the text decoder (embedding counted once; tied head). */
+int64_t gm_config_n_params(const gm_config *cfg);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_CONFIG_H */

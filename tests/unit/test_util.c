@@ -80,3 +80,59 @@ float gm_test_rand(uint64_t *s) {
     uint64_t r = x * 2685821657736338717ull;
     return (float)((double)(r >> 40) / (double)(1ull << 24) * 2.0 - 1.0);
 }
+
+#include "gm_alloc.h"
+
+#include <hdf5.h>
+
+void *gm_test_h5_read(const char *file, const char *dataset, int is_int, size_t *n, int64_t *dims, int *ndim) {
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    *n = 0;
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) {
+        CHECK(0, "cannot open reference file %s", file);
+        return NULL;
+    }
+    hid_t d = H5Dopen2(f, dataset, H5P_DEFAULT);
+    if (d < 0) {
+        H5Fclose(f);
+        CHECK(0, "%s: no dataset %s", file, dataset);
+        return NULL;
+    }
+    hid_t sp = H5Dget_space(d);
+    int nd = H5Sget_simple_extent_ndims(sp);
+    hsize_t dd[8] = {0};
+    H5Sget_simple_extent_dims(sp, dd, NULL);
+    size_t total = 1;
+    for (int i = 0; i < nd; i++) {
+        total *= (size_t)dd[i];
+        if (dims && i < 4) dims[i] = (int64_t)dd[i];
+    }
+    if (ndim) *ndim = nd;
+    void *buf = gm_malloc(total * 4 + 4);
+    herr_t rc = H5Dread(d, is_int ? H5T_NATIVE_INT32 : H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
+    H5Sclose(sp);
+    H5Dclose(d);
+    H5Fclose(f);
+    if (rc < 0) {
+        gm_free(buf);
+        CHECK(0, "%s: cannot read %s", file, dataset);
+        return NULL;
+    }
+    *n = total;
+    return buf;
+}
+
+bool gm_test_h5_attr_double(const char *file, const char *obj, const char *attr, double *out) {
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) return false;
+    bool ok = false;
+    hid_t a = H5Aopen_by_name(f, obj, attr, H5P_DEFAULT, H5P_DEFAULT);
+    if (a >= 0) {
+        ok = H5Aread(a, H5T_NATIVE_DOUBLE, out) >= 0;
+        H5Aclose(a);
+    }
+    H5Fclose(f);
+    return ok;
+}

@@ -34,12 +34,14 @@
 #define TOL_TINY_LOGITS_ABS 2e-4
 /* Real Gemma 3 270M (dequantized weights, f32 compute) vs. transformers in f32: 18 layers with
  * RMSNorm scales up to ~740 amplify summation-order differences; logits reach ~50. Measured
- * max |diff| is reported by the test; this bound is ~5x the worst measured value. */
-#define TOL_REAL_LOGITS_ABS 2e-2
-/* Same comparison relative to the logit spread (max - min) of the position. */
-#define TOL_REAL_LOGITS_REL 1e-3
-/* log-sum-exp over the 262,144-entry vocabulary, same reasons as above. */
-#define TOL_REAL_LSE_ABS 2e-2
+ * (2026-11-30, OpenBLAS 0.3.21, 2 threads): worst |diff| 2.9e-4 over 5 prompts x 1,056 ids x
+ * every position; the bound is ~5x that. test_decoder_model prints the measured value. */
+#define TOL_REAL_LOGITS_ABS 1.5e-3
+/* A logit passes if within the absolute bound OR within this fraction of the position's logit
+ * spread (max - min, ~30-60): measured worst 8.5e-6 of the spread. */
+#define TOL_REAL_LOGITS_REL 5e-5
+/* log-sum-exp over the 262,144-entry vocabulary, same reasons as above: measured 1.8e-4. */
+#define TOL_REAL_LSE_ABS 1e-3
 /* Tokenizer, chat template, parsers: exact. */
 
 /* ---- checks ---- */
@@ -60,8 +62,9 @@ extern int gm_test_passed, gm_test_failed;
 #define CHECK_OK(expr, errp)                                                                 \
     do {                                                                                     \
         gm_status chk_s_ = (expr);                                                           \
+        const gm_error *chk_e_ = (errp); /* a variable: `&err` in a test is never NULL */    \
         CHECK(chk_s_ == GM_OK, "%s -> %s: %s", #expr, gm_status_name(chk_s_),               \
-              (errp) ? (errp)->msg : "");                                                    \
+              chk_e_ ? chk_e_->msg : "");                                                    \
     } while (0)
 
 #define CHECK_NEAR(a, b, tol, ...)                                                           \
@@ -94,3 +97,10 @@ const char *gm_test_real_model(void);
 float gm_test_rand(uint64_t *state);
 
 #endif /* GM_TEST_UTIL_H */
+
+/* Reads a whole dataset of a reference HDF5 file into a gm_malloc'd buffer converted to
+ * float32 (is_int = 0) or int32 (is_int = 1). *n receives the element count; dims (up to 4) the
+ * shape if not NULL. Returns NULL (and counts a failed check) if the file or dataset is missing. */
+void *gm_test_h5_read(const char *file, const char *dataset, int is_int, size_t *n, int64_t *dims, int *ndim);
+/* Reads a numeric or string attribute of an object; returns false if absent. */
+bool gm_test_h5_attr_double(const char *file, const char *obj, const char *attr, double *out);

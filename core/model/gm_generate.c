@@ -1,0 +1,129 @@
+/*
+ * gm_generate.c - prefill + token-by-token decoding with greedy or top-k/top-p sampling.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "gm_generate.h"
+
+#include "gm_alloc.h"
+#include "gm_rng.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int32_t argmax(const float *x, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return (int32_t)best;
+}
+
+typedef struct cand {
+    float logit;
+    int32_t id;
+} cand;
+
+static int cand_cmp(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    if (x->logit != y->logit) return x->logit < y->logit ? 1 : -1;
+    return x->id - y->id;
+}
+
+int32_t gm_sample_token(const float *logits, int64_t V, const gm_sample_opts *o, uint64_t step,
+                        float *work) {
+    if (o->temperature <= 0) return argmax(logits, V);
+    cand *c = (cand *)work; /* caller provides V * sizeof(cand) bytes */
+    for (int64_t i = 0; i < V; i++) {
+        c[i].logit = logits[i] / o->temperature;
+        c[i].id = (int32_t)i;
+    }
+    int64_t n = V;
+    if (o->top_k > 0 && o->top_k < V) {
+        /* partial order: sort only the top_k (qsort of all V is fine at 262k, but cheaper: select) */
+        qsort(c, (size_t)V, sizeof *c, cand_cmp);
+        n = o->top_k;
+    } else {
+        qsort(c, (size_t)V, sizeof *c, cand_cmp);
+    }
+    double mx = c[0].logit, sum = 0;
+    for (int64_t i = 0; i < n; i++) sum += exp((double)c[i].logit - mx);
+    if (o->top_p > 0 && o->top_p < 1) {
+        double cum = 0;
+        int64_t keep = n;
+        for (int64_t i = 0; i < n; i++) {
+            cum += exp((double)c[i].logit - mx) / sum;
+            if (cum >= o->top_p) {
+                keep = i + 1;
+                break;
+            }
+        }
+        n = keep;
+        sum = 0;
+        for (int64_t i = 0; i < n; i++) sum += exp((double)c[i].logit - mx);
+    }
+    gm_rng r = gm_rng_seed(o->seed, step);
+    double u = (double)gm_rng_uniform(&r) * sum, acc = 0;
+    for (int64_t i = 0; i < n; i++) {
+        acc += exp((double)c[i].logit - mx);
+        if (u < acc) return c[i].id;
+    }
+    return c[n - 1].id;
+}
+
+static bool is_stop(const gm_sample_opts *o, int32_t t) {
+    for (int i = 0; i < o->n_stop; i++)
+        if (o->stop_ids[i] == t) return true;
+    return false;
+}
+
+gm_status gm_generate(gm_infer *st, const int32_t *prompt, int64_t n_prompt, const gm_sample_opts *o,
+                      gm_token_cb cb, void *user, int32_t *out_ids, int64_t *n_out,
+                      gm_generate_stats *stats, gm_error *err) {
+    *n_out = 0;
+    if (st->B != 1) return gm_error_set(err, GM_ERR_INVALID, "generation needs a state planned for batch 1");
+    if (n_prompt <= 0) return gm_error_set(err, GM_ERR_INVALID, "empty prompt");
+    if (n_prompt + o->max_new_tokens > st->ctx_max)
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "prompt (%lld tokens) + max new tokens (%lld) exceed the planned context (%lld)",
+                            (long long)n_prompt, (long long)o->max_new_tokens, (long long)st->ctx_max);
+    int64_t V = st->model->cfg.vocab_size;
+    void *work = NULL;
+    if (o->temperature > 0) {
+        work = gm_malloc((size_t)V * sizeof(cand));
+        if (!work) return gm_error_set(err, GM_ERR_NOMEM, "out of memory for the sampler");
+    }
+    gm_infer_reset(st);
+    gm_status s = GM_OK;
+    double t0 = now_s();
+    /* prefill in chunks of at most T_max tokens */
+    for (int64_t p = 0; p < n_prompt && s == GM_OK; p += st->T_max) {
+        int64_t n = n_prompt - p < st->T_max ? n_prompt - p : st->T_max;
+        s = gm_decoder_forward(st, prompt + p, n, false, err);
+    }
+    double t1 = now_s();
+    int64_t produced = 0;
+    while (s == GM_OK && produced < o->max_new_tokens) {
+        int32_t tok = gm_sample_token(st->logits, V, o, (uint64_t)produced, work);
+        out_ids[produced++] = tok;
+        if (cb && !cb(tok, user)) break;
+        if (is_stop(o, tok) || produced == o->max_new_tokens) break;
+        s = gm_decoder_forward(st, &tok, 1, false, err);
+    }
+    double t2 = now_s();
+    gm_free(work);
+    *n_out = produced;
+    if (stats) {
+        stats->n_prompt = n_prompt;
+        stats->n_generated = produced;
+        stats->prefill_seconds = t1 - t0;
+        stats->decode_seconds = t2 - t1;
+    }
+    return s;
+}

@@ -1,0 +1,56 @@
+/*
+ * gm_generate.h - text generation: prefill, then one token at a time, greedy or sampled.
+ *
+ * Sampling follows the usual order (as transformers' generate applies its logits processors):
+ * temperature, then top-k, then top-p (nucleus), then a draw from the renormalized
+ * distribution with the counter-based RNG (gm_rng.h), so a seed gives the same text whatever
+ * the thread count. temperature <= 0 means greedy (argmax; ties go to the lowest id).
+ *
+ * Ownership: the caller owns out_ids (capacity max_new_tokens). The gm_infer state is borrowed
+ * and reset at the start. Errors: GM_ERR_INVALID (prompt longer than the planned context),
+ * anything gm_decoder_forward returns; GM_ERR_INTERRUPTED when the callback asks to stop early
+ * is not an error: it returns GM_OK with the tokens so far.
+ */
+#ifndef GM_GENERATE_H
+#define GM_GENERATE_H
+
+#include "gm_decoder.h"
+#include "gm_status.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gm_sample_opts {
+    int64_t max_new_tokens;  /* stop after this many new tokens */
+    float temperature;       /* <= 0: greedy */
+    int top_k;               /* 0: off (default 64 in Gemma's generation_config) */
+    float top_p;             /* 1: off (Gemma default 0.95) */
+    uint64_t seed;
+    const int32_t *stop_ids; /* generation stops after emitting one of these (kept in the output) */
+    int n_stop;
+} gm_sample_opts;
+
+/* Called after each new token; return false to stop. */
+typedef bool (*gm_token_cb)(int32_t token, void *user);
+
+typedef struct gm_generate_stats {
+    int64_t n_prompt, n_generated;
+    double prefill_seconds, decode_seconds;
+} gm_generate_stats;
+
+/* Picks the next token from logits (V) according to opts; `step` indexes the RNG stream. */
+int32_t gm_sample_token(const float *logits, int64_t V, const gm_sample_opts *opts, uint64_t step,
+                        float *work);
+
+gm_status gm_generate(gm_infer *st, const int32_t *prompt, int64_t n_prompt, const gm_sample_opts *opts,
+                      gm_token_cb cb, void *user, int32_t *out_ids, int64_t *n_out,
+                      gm_generate_stats *stats, gm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_GENERATE_H */

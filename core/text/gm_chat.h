@@ -1,0 +1,72 @@
+/*
+ * gm_chat.h - Gemma's chat template (gemma_architecture.md §2.5, formats.md §2.4) and the
+ * response-start finder used by the training loss.
+ *
+ * Rendering follows the Gemma 3 Jinja template: per message
+ *   <start_of_turn>{user|model}\n{content, trimmed}<end_of_turn>\n
+ * with "assistant" renamed "model"; a leading system message is not a turn - its text (not
+ * trimmed, as in the template) plus "\n\n" is put in front of the first user turn's content;
+ * after it, roles must alternate user, model, user, ...; the optional generation prompt is
+ * <start_of_turn>model\n.
+ * The rendered text does NOT start with "<bos>" (the template's first token): encode it with
+ * gm_tokenizer_encode(..., add_bos = true, parse_special = true), which prepends BOS as an id.
+ * Writing "<bos>" into the text as well would give two BOS tokens. Note that parse_special also
+ * turns a literal "<start_of_turn>" typed inside a message into the control token, exactly as
+ * Hugging Face does.
+ *
+ * Ownership: gm_chat_render returns a gm_malloc'd string the caller frees with gm_free;
+ * gm_chat_encode returns a gm_malloc'd id array likewise. Messages are only read.
+ * Errors: GM_ERR_INVALID naming the message index for an unknown role, a system message that
+ * is not first or not followed by a user message, roles that do not alternate, or a NULL
+ * content; GM_ERR_NOT_FOUND when a sequence has no model turn. Reentrant.
+ */
+#ifndef GM_CHAT_H
+#define GM_CHAT_H
+
+#include "gm_status.h"
+#include "gm_tokenizer.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One chat message. role: "system", "user", "assistant" or "model"; content: UTF-8 text. */
+typedef struct gm_chat_msg {
+    const char *role;
+    const char *content;
+} gm_chat_msg;
+
+/* ---- rendering ---- */
+
+/* Renders msgs[0..n) as Gemma chat text (without <bos>, see above) into *out (gm_malloc'd,
+ * NUL-terminated; length in *len_out if not NULL). add_generation_prompt appends
+ * "<start_of_turn>model\n". n == 0 gives "" (or just the generation prompt). */
+gm_status gm_chat_render(const gm_chat_msg *msgs, int64_t n, bool add_generation_prompt,
+                         char **out, size_t *len_out, gm_error *err);
+
+/* Renders and encodes with BOS and parse_special: *ids is gm_malloc'd, *n_ids long. */
+gm_status gm_chat_encode(const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n,
+                         bool add_generation_prompt, int32_t **ids, int64_t *n_ids,
+                         gm_error *err);
+
+/* ---- response start ---- */
+
+/* Index just after the LAST occurrence of pat[0..m) in ids[0..n) (searching from the end), or
+ * -1 if it does not occur (or m <= 0). */
+int64_t gm_chat_find_after_last(const int32_t *ids, int64_t n, const int32_t *pat, int64_t m);
+
+/* Where the model's response starts in a chat token sequence: the position right after the
+ * last "<start_of_turn>model\n" (its token sequence under `tok`, e.g. 105 4368 107 for Gemma 3).
+ * The training loss covers ids[*start..n). GM_ERR_NOT_FOUND (and *start = -1) when the
+ * sequence has no model turn. */
+gm_status gm_chat_response_start(const gm_tokenizer *tok, const int32_t *ids, int64_t n,
+                                 int64_t *start, gm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_CHAT_H */

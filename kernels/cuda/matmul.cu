@@ -1,0 +1,56 @@
+/*
+ * matmul.cu - CUDA twin of kernels/cpu/matmul.c via cuBLAS.
+ *
+ * Row-major out (M, N) = x (M, K) . W^T is, in cuBLAS's column-major terms, out^T = W . x^T:
+ * cublasSgemm(T, N, N, M, K, W (ld K), x (ld K), out (ld N)). Non-f32 weights are dequantized
+ * panel by panel into ctx->scratch (device memory) first, as on the CPU.
+ */
+#include "common.cuh"
+
+#include <cublas_v2.h>
+
+extern "C" {
+#include "gm_log.h"
+}
+
+static cublasHandle_t handle;
+
+static cublasHandle_t get_handle(cudaStream_t s) {
+    if (!handle && cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+        gm_log(GM_LOG_ERROR, "cuBLAS initialisation failed");
+        return NULL;
+    }
+    cublasSetStream(handle, s);
+    return handle;
+}
+
+void gm_cuda_blas_shutdown(void) {
+    if (handle) cublasDestroy(handle);
+    handle = NULL;
+}
+
+static void sgemm(cudaStream_t s, float *out, const float *x, const float *w, int64_t M, int64_t N, int64_t K,
+                  int64_t ldw, int64_t ldc, float beta) {
+    cublasHandle_t h = get_handle(s);
+    if (!h) return;
+    const float one = 1.0f;
+    cublasStatus_t st = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, w, (int)ldw, x,
+                                    (int)K, &beta, out, (int)ldc);
+    if (st != CUBLAS_STATUS_SUCCESS) gm_log(GM_LOG_ERROR, "cublasSgemm failed (status %d)", (int)st);
+}
+
+extern "C" void gm_k_matmul_fwd_cuda(const gm_kctx *ctx, float *out, const float *x, const void *w,
+                                     gm_dtype w_type, int64_t M, int64_t N, int64_t K, size_t w_row_bytes,
+                                     float beta) {
+    cudaStream_t s = gm_stream(ctx);
+    if (w_type == GM_F32) {
+        sgemm(s, out, x, (const float *)w, M, N, K, (int64_t)(w_row_bytes / sizeof(float)), N, beta);
+        return;
+    }
+    const uint8_t *wb = (const uint8_t *)w;
+    for (int64_t p0 = 0; p0 < N; p0 += GM_MATMUL_PANEL_ROWS) {
+        int64_t np = N - p0 < GM_MATMUL_PANEL_ROWS ? N - p0 : GM_MATMUL_PANEL_ROWS;
+        gm_k_dequant_rows_cuda(ctx, ctx->scratch, wb + (size_t)p0 * w_row_bytes, w_type, np, K, w_row_bytes);
+        sgemm(s, out + p0, x, ctx->scratch, M, np, K, K, N, beta);
+    }
+}

@@ -1,0 +1,352 @@
+/*
+ * bind_model.c - Lua bindings for models: load, tokenize, detokenize, generate, config.
+ *
+ * A gm.Model userdata holds a handle (gm_model *) and, once generation is used, an inference
+ * state sized for the largest context asked so far. __gc and __close free both; a closed model
+ * raises a clean Lua error when used. Every binding checks all its arguments first, calls the
+ * core, releases what it acquired on failure and only then raises (style guide §4.8).
+ *
+ * Lua API (table `gm`):
+ *   gm.load_model(path_or_name [, {threads = n}])      -> model
+ *   model:tokenize(text [, {bos = true, special = false}]) -> {ids...}
+ *   model:detokenize(ids [, {special = false}])       -> string
+ *   model:generate(prompt [, opts])                   -> text, {prompt_tokens, new_tokens,
+ *        prefill_tokens_per_s, decode_tokens_per_s}
+ *        opts: max_tokens (64), temperature (0 = greedy), top_k (0), top_p (1), seed (0),
+ *              chat (false: wrap the prompt in Gemma's chat template), stop_at_eos (true)
+ *   model:config()                                     -> table of the config fields
+ *   model:close()
+ */
+#include "gm_lua.h"
+
+#include "gm_alloc.h"
+#include "gm_decoder.h"
+#include "gm_fetch.h"
+#include "gm_generate.h"
+#include "gm_model.h"
+#include "gm_tokenizer.h"
+
+#include <lauxlib.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define MODEL_MT "gm.Model"
+
+typedef struct lmodel {
+    gm_model *m;
+    gm_infer *st;
+    int64_t st_ctx;
+    int n_threads;
+} lmodel;
+
+static lmodel *check_model(lua_State *L, int idx) {
+    lmodel *lm = luaL_checkudata(L, idx, MODEL_MT);
+    if (!lm->m) luaL_error(L, "this model was closed");
+    return lm;
+}
+
+/* Raises a Lua error with the core's message (the caller released what it held). */
+static int raise(lua_State *L, const gm_error *err) { return luaL_error(L, "%s", err->msg); }
+
+/* Checks that every key of the options table at idx is one of `allowed`. */
+static void check_opts(lua_State *L, int idx, const char *fn, const char *const *allowed) {
+    if (lua_isnoneornil(L, idx)) return;
+    luaL_checktype(L, idx, LUA_TTABLE);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        lua_pop(L, 1);
+        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        bool ok = false;
+        for (int i = 0; k && allowed[i]; i++) ok = ok || strcmp(k, allowed[i]) == 0;
+        if (!ok) {
+            luaL_Buffer b;
+            luaL_buffinit(L, &b);
+            for (int i = 0; allowed[i]; i++) {
+                if (i) luaL_addstring(&b, ", ");
+                luaL_addstring(&b, allowed[i]);
+            }
+            luaL_pushresult(&b);
+            luaL_error(L, "%s: unknown option '%s' (allowed: %s)", fn, k ? k : luaL_typename(L, -2),
+                       lua_tostring(L, -1));
+        }
+    }
+}
+
+static lua_Integer opt_int(lua_State *L, int idx, const char *key, lua_Integer def) {
+    if (lua_isnoneornil(L, idx)) return def;
+    lua_getfield(L, idx, key);
+    lua_Integer v = def;
+    if (!lua_isnil(L, -1)) {
+        if (!lua_isinteger(L, -1)) luaL_error(L, "option '%s' must be an integer", key);
+        v = lua_tointeger(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+static lua_Number opt_num(lua_State *L, int idx, const char *key, lua_Number def) {
+    if (lua_isnoneornil(L, idx)) return def;
+    lua_getfield(L, idx, key);
+    lua_Number v = def;
+    if (!lua_isnil(L, -1)) {
+        if (!lua_isnumber(L, -1)) luaL_error(L, "option '%s' must be a number", key);
+        v = lua_tonumber(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+static bool opt_bool(lua_State *L, int idx, const char *key, bool def) {
+    if (lua_isnoneornil(L, idx)) return def;
+    lua_getfield(L, idx, key);
+    bool v = def;
+    if (!lua_isnil(L, -1)) {
+        if (!lua_isboolean(L, -1)) luaL_error(L, "option '%s' must be true or false", key);
+        v = lua_toboolean(L, -1);
+    }
+    lua_pop(L, 1);
+    return v;
+}
+
+static int l_load_model(lua_State *L) {
+    const char *arg = luaL_checkstring(L, 1);
+    static const char *const allowed[] = {"threads", NULL};
+    check_opts(L, 2, "load_model", allowed);
+    lua_getglobal(L, "GM_THREADS");
+    int def_threads = (int)luaL_optinteger(L, -1, 2);
+    lua_pop(L, 1);
+    int threads = (int)opt_int(L, 2, "threads", def_threads);
+    gm_error err = {0};
+    char path[1200];
+    if (gm_resolve_model(arg, path, sizeof path, &err) != GM_OK) return raise(L, &err);
+    lmodel *lm = lua_newuserdatauv(L, sizeof *lm, 0);
+    memset(lm, 0, sizeof *lm);
+    luaL_setmetatable(L, MODEL_MT);
+    if (gm_model_load(path, NULL, &lm->m, &err) != GM_OK) return raise(L, &err);
+    lm->n_threads = threads > 0 ? threads : 2;
+    return 1;
+}
+
+static const gm_tokenizer *need_tok(lua_State *L, lmodel *lm) {
+    if (!lm->m->tok) luaL_error(L, "%s has no tokenizer", lm->m->path);
+    return lm->m->tok;
+}
+
+/* Encodes text into a gm_malloc'd id array; raises on failure. */
+static int32_t *encode(lua_State *L, lmodel *lm, const char *text, size_t len, bool bos, bool special,
+                       int64_t *n) {
+    const gm_tokenizer *tok = need_tok(L, lm);
+    int64_t cap = (int64_t)len + 8;
+    int32_t *ids = gm_malloc((size_t)cap * sizeof(int32_t));
+    if (!ids) luaL_error(L, "out of memory");
+    gm_error err = {0};
+    if (gm_tokenizer_encode(tok, text, len, bos, special, ids, cap, n, &err) != GM_OK) {
+        gm_free(ids);
+        raise(L, &err);
+    }
+    return ids;
+}
+
+static int l_tokenize(lua_State *L) {
+    lmodel *lm = check_model(L, 1);
+    size_t len;
+    const char *text = luaL_checklstring(L, 2, &len);
+    static const char *const allowed[] = {"bos", "special", NULL};
+    check_opts(L, 3, "tokenize", allowed);
+    bool bos = opt_bool(L, 3, "bos", true), special = opt_bool(L, 3, "special", false);
+    int64_t n = 0;
+    int32_t *ids = encode(L, lm, text, len, bos, special, &n);
+    lua_createtable(L, (int)n, 0);
+    for (int64_t i = 0; i < n; i++) {
+        lua_pushinteger(L, ids[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    gm_free(ids);
+    return 1;
+}
+
+static int l_detokenize(lua_State *L) {
+    lmodel *lm = check_model(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    static const char *const allowed[] = {"special", NULL};
+    check_opts(L, 3, "detokenize", allowed);
+    bool special = opt_bool(L, 3, "special", false);
+    const gm_tokenizer *tok = need_tok(L, lm);
+    lua_Integer n = luaL_len(L, 2);
+    int64_t V = gm_tokenizer_vocab_size(tok);
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, 2, i);
+        if (!lua_isinteger(L, -1)) luaL_error(L, "detokenize: ids[%d] is not an integer", (int)i);
+        lua_Integer id = lua_tointeger(L, -1);
+        if (id < 0 || id >= V) luaL_error(L, "detokenize: ids[%d] = %d is outside the vocabulary", (int)i, (int)id);
+        lua_pop(L, 1);
+    }
+    int32_t *ids = gm_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
+    if (!ids) return luaL_error(L, "out of memory");
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, 2, i);
+        ids[i - 1] = (int32_t)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+    }
+    char *text = NULL;
+    gm_error err = {0};
+    gm_status s = gm_tokenizer_decode(tok, ids, n, special, &text, &err);
+    gm_free(ids);
+    if (s != GM_OK) return raise(L, &err);
+    lua_pushstring(L, text);
+    gm_free(text);
+    return 1;
+}
+
+/* Builds "<start_of_turn>user\n{prompt}<end_of_turn>\n<start_of_turn>model\n" (the Gemma chat
+ * template for one user turn, gemma_architecture.md §2.5); BOS is added by the encoder. */
+static void push_chat_prompt(lua_State *L, const char *prompt) {
+    lua_pushfstring(L, "<start_of_turn>user\n%s<end_of_turn>\n<start_of_turn>model\n", prompt);
+}
+
+typedef struct gen_sink {
+    const gm_tokenizer *tok;
+    luaL_Buffer *buf;
+} gen_sink;
+
+static int l_generate(lua_State *L) {
+    lmodel *lm = check_model(L, 1);
+    const char *prompt = luaL_checkstring(L, 2);
+    static const char *const allowed[] = {"max_tokens", "temperature", "top_k", "top_p", "seed", "chat",
+                                          "stop_at_eos", NULL};
+    check_opts(L, 3, "generate", allowed);
+    lua_Integer max_tokens = opt_int(L, 3, "max_tokens", 64);
+    lua_Number temp = opt_num(L, 3, "temperature", 0.0);
+    lua_Integer top_k = opt_int(L, 3, "top_k", 0);
+    lua_Number top_p = opt_num(L, 3, "top_p", 1.0);
+    lua_Integer seed = opt_int(L, 3, "seed", 0);
+    bool chat = opt_bool(L, 3, "chat", false), stop_eos = opt_bool(L, 3, "stop_at_eos", true);
+    if (max_tokens < 1) return luaL_error(L, "generate: max_tokens must be >= 1 (got %d)", (int)max_tokens);
+    if (temp < 0) return luaL_error(L, "generate: temperature must be >= 0");
+    if (top_p <= 0 || top_p > 1) return luaL_error(L, "generate: top_p must be in (0, 1]");
+    if (chat) {
+        push_chat_prompt(L, prompt);
+        prompt = lua_tostring(L, -1);
+    }
+    int64_t n_prompt = 0;
+    int32_t *ids = encode(L, lm, prompt, strlen(prompt), true, chat, &n_prompt);
+    int64_t ctx = n_prompt + max_tokens;
+    gm_error err = {0};
+    if (!lm->st || lm->st_ctx < ctx) {
+        gm_infer_free(lm->st);
+        lm->st = NULL;
+        gm_infer_opts io = {.batch = 1, .ctx = ctx, .max_tokens = n_prompt < 512 ? n_prompt : 512,
+                            .n_threads = lm->n_threads};
+        if (io.max_tokens < 1) io.max_tokens = 1;
+        if (gm_infer_new(lm->m, &io, &lm->st, &err) != GM_OK) {
+            gm_free(ids);
+            return raise(L, &err);
+        }
+        lm->st_ctx = ctx;
+    }
+    gm_special_ids sp = gm_tokenizer_special(lm->m->tok);
+    int32_t stops[2];
+    int n_stop = 0;
+    if (stop_eos) {
+        if (sp.eos >= 0) stops[n_stop++] = sp.eos;
+        if (sp.end_of_turn >= 0) stops[n_stop++] = sp.end_of_turn;
+    }
+    gm_sample_opts so = {.max_new_tokens = max_tokens, .temperature = (float)temp, .top_k = (int)top_k,
+                         .top_p = (float)top_p, .seed = (uint64_t)seed, .stop_ids = stops, .n_stop = n_stop};
+    int32_t *out = gm_malloc((size_t)max_tokens * sizeof(int32_t));
+    if (!out) {
+        gm_free(ids);
+        return luaL_error(L, "out of memory");
+    }
+    int64_t n_out = 0;
+    gm_generate_stats stats = {0};
+    gm_status s = gm_generate(lm->st, ids, n_prompt, &so, NULL, NULL, out, &n_out, &stats, &err);
+    gm_free(ids);
+    if (s != GM_OK) {
+        gm_free(out);
+        return raise(L, &err);
+    }
+    /* drop a final stop token from the text */
+    int64_t n_text = n_out;
+    if (n_text > 0 && n_stop > 0 && (out[n_text - 1] == stops[0] || (n_stop > 1 && out[n_text - 1] == stops[1])))
+        n_text--;
+    char *text = NULL;
+    s = gm_tokenizer_decode(lm->m->tok, out, n_text, false, &text, &err);
+    gm_free(out);
+    if (s != GM_OK) return raise(L, &err);
+    lua_pushstring(L, text);
+    gm_free(text);
+    lua_createtable(L, 0, 4);
+    lua_pushinteger(L, stats.n_prompt);
+    lua_setfield(L, -2, "prompt_tokens");
+    lua_pushinteger(L, stats.n_generated);
+    lua_setfield(L, -2, "new_tokens");
+    lua_pushnumber(L, stats.prefill_seconds > 0 ? (double)stats.n_prompt / stats.prefill_seconds : 0);
+    lua_setfield(L, -2, "prefill_tokens_per_s");
+    double dec_tokens = (double)(stats.n_generated > 1 ? stats.n_generated - 1 : 0);
+    lua_pushnumber(L, stats.decode_seconds > 0 ? dec_tokens / stats.decode_seconds : 0);
+    lua_setfield(L, -2, "decode_tokens_per_s");
+    return 2;
+}
+
+static int l_config(lua_State *L) {
+    lmodel *lm = check_model(L, 1);
+    const gm_config *c = &lm->m->cfg;
+    lua_createtable(L, 0, 16);
+#define SETI(k, v) (lua_pushinteger(L, (lua_Integer)(v)), lua_setfield(L, -2, k))
+#define SETN(k, v) (lua_pushnumber(L, (lua_Number)(v)), lua_setfield(L, -2, k))
+    lua_pushstring(L, gm_arch_name(c->arch));
+    lua_setfield(L, -2, "arch");
+    lua_pushstring(L, c->name);
+    lua_setfield(L, -2, "name");
+    SETI("vocab_size", c->vocab_size);
+    SETI("hidden_size", c->hidden_size);
+    SETI("num_hidden_layers", c->n_layers);
+    SETI("num_attention_heads", c->n_heads);
+    SETI("num_key_value_heads", c->n_kv_heads);
+    SETI("head_dim", c->head_dim);
+    SETI("intermediate_size", c->intermediate_size);
+    SETI("sliding_window", c->sliding_window);
+    SETI("max_position_embeddings", c->max_position_embeddings);
+    SETN("rms_norm_eps", c->rms_norm_eps);
+    SETN("query_pre_attn_scalar", c->query_pre_attn_scalar);
+    SETI("n_params", gm_config_n_params(c));
+#undef SETI
+#undef SETN
+    return 1;
+}
+
+static int l_close(lua_State *L) {
+    lmodel *lm = luaL_checkudata(L, 1, MODEL_MT);
+    gm_infer_free(lm->st);
+    gm_model_free(lm->m);
+    lm->st = NULL;
+    lm->m = NULL;
+    return 0;
+}
+
+static int l_tostring(lua_State *L) {
+    lmodel *lm = luaL_checkudata(L, 1, MODEL_MT);
+    if (!lm->m) lua_pushliteral(L, "gm.Model (closed)");
+    else lua_pushfstring(L, "gm.Model (%s, %s)", lm->m->cfg.name, lm->m->path);
+    return 1;
+}
+
+void gm_lua_open_model(lua_State *L) {
+    static const luaL_Reg methods[] = {{"tokenize", l_tokenize}, {"detokenize", l_detokenize},
+                                       {"generate", l_generate}, {"config", l_config},
+                                       {"close", l_close}, {NULL, NULL}};
+    luaL_newmetatable(L, MODEL_MT);
+    luaL_newlib(L, methods);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, l_close);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, l_close);
+    lua_setfield(L, -2, "__close");
+    lua_pushcfunction(L, l_tostring);
+    lua_setfield(L, -2, "__tostring");
+    lua_pop(L, 1);
+    static const luaL_Reg fns[] = {{"load_model", l_load_model}, {NULL, NULL}};
+    luaL_newlib(L, fns);
+    lua_setglobal(L, "gm");
+}

@@ -1,0 +1,156 @@
+/*
+ * gm_lua.c - sandboxed Lua state, error handling with tracebacks, the embedded prelude.
+ *
+ * The sandbox is an allow-list [Redis scripting]: we open only the libraries we want with
+ * luaL_requiref and then delete the dangerous members, instead of opening everything and hoping
+ * to remove enough.
+ */
+#include "gm_lua.h"
+
+#include <lauxlib.h>
+#include <lualib.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Message handler: append a traceback to the error message. */
+static int traceback(lua_State *L) {
+    const char *msg = lua_tostring(L, 1);
+    if (!msg) {
+        if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
+        msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    }
+    luaL_traceback(L, L, msg, 1);
+    return 1;
+}
+
+static void open_lib(lua_State *L, const char *name, lua_CFunction fn) {
+    luaL_requiref(L, name, fn, 1);
+    lua_pop(L, 1);
+}
+
+static void remove_field(lua_State *L, const char *table, const char *field) {
+    lua_getglobal(L, table);
+    if (lua_istable(L, -1)) {
+        lua_pushnil(L);
+        lua_setfield(L, -2, field);
+    }
+    lua_pop(L, 1);
+}
+
+static int denied(lua_State *L) {
+    return luaL_error(L, "%s is not allowed in experiment files (run gemmarun with --allow-os to permit it)",
+                      lua_tostring(L, lua_upvalueindex(1)));
+}
+
+static void deny(lua_State *L, const char *table, const char *field, const char *label) {
+    lua_getglobal(L, table);
+    if (lua_istable(L, -1)) {
+        lua_pushstring(L, label);
+        lua_pushcclosure(L, denied, 1);
+        lua_setfield(L, -2, field);
+    }
+    lua_pop(L, 1);
+}
+
+static gm_status pcall_tb(lua_State *L, int nargs, int nres, const char *what, gm_error *err) {
+    int base = lua_gettop(L) - nargs;
+    lua_pushcfunction(L, traceback);
+    lua_insert(L, base);
+    int rc = lua_pcall(L, nargs, nres, base);
+    lua_remove(L, base);
+    if (rc != LUA_OK) {
+        gm_error_set(err, GM_ERR_INVALID, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "(no message)");
+        lua_pop(L, 1);
+        (void)what;
+        return GM_ERR_INVALID;
+    }
+    return GM_OK;
+}
+
+gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err) {
+    *out = NULL;
+    lua_State *L = luaL_newstate();
+    if (!L) return gm_error_set(err, GM_ERR_NOMEM, "cannot create the Lua state");
+    open_lib(L, LUA_GNAME, luaopen_base);
+    open_lib(L, LUA_STRLIBNAME, luaopen_string);
+    open_lib(L, LUA_TABLIBNAME, luaopen_table);
+    open_lib(L, LUA_MATHLIBNAME, luaopen_math);
+    open_lib(L, LUA_UTF8LIBNAME, luaopen_utf8);
+    open_lib(L, LUA_OSLIBNAME, luaopen_os);
+    if (opts && opts->allow_os) {
+        open_lib(L, LUA_IOLIBNAME, luaopen_io);
+        open_lib(L, LUA_LOADLIBNAME, luaopen_package);
+    } else {
+        /* base: no file loading; load() takes text only */
+        lua_pushnil(L);
+        lua_setglobal(L, "dofile");
+        lua_pushnil(L);
+        lua_setglobal(L, "loadfile");
+        /* load() is wrapped by the prelude to accept text chunks only */
+        /* os: keep clock/time/date/getenv/difftime; deny the rest with a clear message */
+        deny(L, "os", "execute", "os.execute");
+        deny(L, "os", "exit", "os.exit");
+        deny(L, "os", "remove", "os.remove");
+        deny(L, "os", "rename", "os.rename");
+        deny(L, "os", "tmpname", "os.tmpname");
+        remove_field(L, "os", "setlocale");
+        /* io is absent; give a clear message if a file tries it */
+        lua_newtable(L);
+        static const char *io_fns[] = {"open", "popen", "write", "read", "lines", "output", "input", "tmpfile", NULL};
+        for (int i = 0; io_fns[i]; i++) {
+            char label[32];
+            snprintf(label, sizeof label, "io.%s", io_fns[i]);
+            lua_pushstring(L, label);
+            lua_pushcclosure(L, denied, 1);
+            lua_setfield(L, -2, io_fns[i]);
+        }
+        lua_setglobal(L, "io");
+    }
+    lua_pushinteger(L, opts && opts->n_threads > 0 ? opts->n_threads : 2);
+    lua_setglobal(L, "GM_THREADS");
+    lua_pushboolean(L, opts && opts->allow_os);
+    lua_setglobal(L, "GM_ALLOW_OS");
+    gm_lua_open_model(L);
+    gm_status s = gm_lua_run_string(L, (const char *)gm_embedded_prelude, gm_embedded_prelude_len,
+                                    "=prelude", err);
+    if (s != GM_OK) {
+        gm_error_prefix(err, "internal error in the embedded prelude");
+        lua_close(L);
+        return s;
+    }
+    lua_settop(L, 0);
+    *out = L;
+    return GM_OK;
+}
+
+void gm_lua_close(lua_State *L) {
+    if (L) lua_close(L);
+}
+
+gm_status gm_lua_run_file(lua_State *L, const char *path, const char *const *args, int nargs, gm_error *err) {
+    lua_createtable(L, nargs, 1);
+    lua_pushstring(L, path);
+    lua_rawseti(L, -2, 0);
+    for (int i = 0; i < nargs; i++) {
+        lua_pushstring(L, args[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setglobal(L, "arg");
+    int rc = luaL_loadfilex(L, path, "t");
+    if (rc != LUA_OK) {
+        gm_error_set(err, rc == LUA_ERRFILE ? GM_ERR_IO : GM_ERR_INVALID, "%s", lua_tostring(L, -1));
+        lua_pop(L, 1);
+        return err ? err->code : GM_ERR_INVALID;
+    }
+    return pcall_tb(L, 0, LUA_MULTRET, path, err);
+}
+
+gm_status gm_lua_run_string(lua_State *L, const char *src, size_t len, const char *name, gm_error *err) {
+    int rc = luaL_loadbufferx(L, src, len, name, "t");
+    if (rc != LUA_OK) {
+        gm_error_set(err, GM_ERR_INVALID, "%s", lua_tostring(L, -1));
+        lua_pop(L, 1);
+        return GM_ERR_INVALID;
+    }
+    return pcall_tb(L, 0, LUA_MULTRET, name, err);
+}

