@@ -20,6 +20,7 @@
 #include "gm_lua.h"
 
 #include "gm_alloc.h"
+#include "gm_chat.h"
 #include "gm_decoder.h"
 #include "gm_fetch.h"
 #include "gm_generate.h"
@@ -198,16 +199,16 @@ static int l_detokenize(lua_State *L) {
     return 1;
 }
 
-/* Builds "<start_of_turn>user\n{prompt}<end_of_turn>\n<start_of_turn>model\n" (the Gemma chat
- * template for one user turn, gemma_architecture.md §2.5); BOS is added by the encoder. */
+/* Pushes Gemma's chat template around one user turn (gemma_architecture.md §2.5); BOS is
+ * added by the encoder. */
 static void push_chat_prompt(lua_State *L, const char *prompt) {
-    lua_pushfstring(L, "<start_of_turn>user\n%s<end_of_turn>\n<start_of_turn>model\n", prompt);
+    gm_chat_msg msg = {"user", prompt};
+    char *text = NULL;
+    gm_error err = {0};
+    if (gm_chat_render(&msg, 1, true, &text, NULL, &err) != GM_OK) raise(L, &err);
+    lua_pushstring(L, text);
+    gm_free(text);
 }
-
-typedef struct gen_sink {
-    const gm_tokenizer *tok;
-    luaL_Buffer *buf;
-} gen_sink;
 
 static int l_generate(lua_State *L) {
     lmodel *lm = check_model(L, 1);

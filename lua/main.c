@@ -14,6 +14,7 @@
  */
 #define _GNU_SOURCE
 #include "gm_alloc.h"
+#include "gm_chat.h"
 #include "gm_decoder.h"
 #include "gm_fetch.h"
 #include "gm_generate.h"
@@ -105,7 +106,6 @@ static int cmd_inspect(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    bool all = argc > 1 && strcmp(argv[1], "--all") == 0;
     gm_error err = {0};
     char path[1200];
     if (gm_resolve_model(argv[0], path, sizeof path, &err) != GM_OK) return fail(&err, 2);
@@ -132,7 +132,7 @@ static int cmd_inspect(int argc, char **argv) {
     inspect_acc acc;
     memset(&acc, 0, sizeof acc);
     acc.verbose = true;
-    printf("tensors (%s):\n", all ? "all" : "all; names as in Hugging Face checkpoints");
+    printf("tensors (names as in Hugging Face checkpoints):\n");
     gm_model_for_each_tensor(m, inspect_tensor, &acc);
     printf("weights by dtype:\n");
     size_t total = 0;
@@ -215,10 +215,13 @@ static int cmd_generate(int argc, char **argv) {
         return 2;
     }
     char *text = NULL;
-    if (chat) {
-        size_t n = strlen(prompt) + 128;
-        text = gm_malloc(n);
-        snprintf(text, n, "<start_of_turn>user\n%s<end_of_turn>\n<start_of_turn>model\n", prompt);
+    if (chat) { /* Gemma's chat template around one user turn (gemma_architecture.md §2.5) */
+        gm_chat_msg msg = {"user", prompt};
+        s = gm_chat_render(&msg, 1, true, &text, NULL, &err);
+        if (s != GM_OK) {
+            gm_model_free(m);
+            return fail(&err, 2);
+        }
     }
     const char *in = text ? text : prompt;
     size_t len = strlen(in);
@@ -250,6 +253,7 @@ static int cmd_generate(int argc, char **argv) {
         s = gm_generate(st, ids, n_prompt, &so, stream_token, &sc, out, &n_out, &stats, &err);
         signal(SIGINT, SIG_DFL);
         printf("\n");
+        fflush(stdout);
         if (s == GM_OK) {
             double dec = stats.n_generated > 1 ? (double)(stats.n_generated - 1) / stats.decode_seconds : 0;
             fprintf(stderr,

@@ -202,13 +202,16 @@ static bool is_dir(const char *p) {
 
 static bool file_exists(const char *p) { return access(p, R_OK) == 0; }
 
-static bool has_gguf_magic(const char *p) {
-    FILE *f = fopen(p, "rb");
-    if (!f) return false;
-    char mg[4] = {0};
-    size_t n = fread(mg, 1, 4, f);
-    fclose(f);
-    return n == 4 && memcmp(mg, "GGUF", 4) == 0;
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+/* A folder, a .safetensors file or a .json index is a Hugging Face checkpoint; any other file is
+ * read as GGUF, so that a damaged GGUF gets the GGUF reader's precise message (bad magic,
+ * truncation) rather than "no config.json". */
+static bool is_hf_checkpoint(const char *p) {
+    return is_dir(p) || ends_with(p, ".safetensors") || ends_with(p, ".json");
 }
 
 static void dirname_of(const char *path, char *out, size_t cap) {
@@ -290,8 +293,7 @@ gm_status gm_model_load(const char *path, const gm_model_opts *opts, gm_model **
         gm_free(m);
         return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     }
-    gm_status s = (!is_dir(path) && has_gguf_magic(path)) ? load_gguf(m, path, &o, err)
-                                                          : load_hf(m, path, &o, err);
+    gm_status s = is_hf_checkpoint(path) ? load_hf(m, path, &o, err) : load_gguf(m, path, &o, err);
     if (s != GM_OK) {
         gm_model_free(m);
         return s;

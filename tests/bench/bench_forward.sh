@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Forward-pass speed and memory of gemmarun beside its peers, in one run, same prompt ids,
+# same thread count (docs/benchmarks.md records the results).
+#   tests/bench/bench_forward.sh [TOKENS] [THREADS]
+# Peers need the reference venv (tests/ref/README.md): GEMMARUN_REF_PY=/opt/refvenv/bin/python.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+T=${1:-128}
+N=${2:-2}
+PY=${GEMMARUN_REF_PY:-/opt/refvenv/bin/python}
+MODEL=$(build/gemmarun fetch gemma3-270m 2>/dev/null)
+echo "# $(date -u +%F) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "# prompt $T tokens, $N threads, model $MODEL"
+build/tests/bench/bench_forward "$MODEL" --tokens "$T" --threads "$N" --repeat 3 --decode 32
+if [ -x "$PY" ]; then
+  OMP_NUM_THREADS=$N "$PY" tests/bench/peer_forward.py "$MODEL" --tokens "$T" --threads "$N" --peer transformers
+  "$PY" tests/bench/peer_forward.py "$MODEL" --tokens "$T" --threads "$N" --peer llamacpp
+else
+  echo "peers skipped: no Python at $PY (set GEMMARUN_REF_PY)"
+fi

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Bad input through the command line: every case gives one clear message and the documented
+# exit code (2 = bad usage or bad input), never a crash.
+set -u
+source "$(dirname "$0")/lib.bash"
+MODEL=$(real_model) || { echo "0 passed, 1 failed"; exit 1; }
+
+expect_run "unknown command" 2 "unknown command 'frobnicate'" -- "$GM" frobnicate
+expect_run "help" 0 "usage:" -- "$GM" --help
+expect_run "inspect: missing file" 2 "/no/such/model.gguf: no such file" -- "$GM" inspect /no/such/model.gguf
+expect_run "inspect: missing config key" 2 "config.json: missing key 'head_dim'" -- "$GM" inspect tests/ref/bad/missing_key
+expect_run "inspect: weights do not match config" 2 "has shape \[100, 64\], but the config implies \[128, 64\]|shape" -- "$GM" inspect tests/ref/bad/shape_mismatch
+expect_run "fetch: unknown name" 2 "unknown model name 'gemma9' \(known: gemma3-270m\)" -- "$GM" fetch gemma9
+expect_run "generate: no tokenizer" 2 "has no tokenizer" -- "$GM" generate tests/ref/tiny_gemma3 "hello"
+expect_run "generate: bad option value" 2 "bad value for --max-tokens" -- "$GM" generate "$MODEL" "x" --max-tokens -3
+
+# Damaged copies of the real GGUF.
+head -c 3000000 "$MODEL" > "$TMP/truncated.gguf"
+expect_run "truncated GGUF" 2 "truncated.gguf.*(truncated|past the end)" -- "$GM" inspect "$TMP/truncated.gguf"
+{ printf 'GGUX'; tail -c +5 "$MODEL" | head -c 100000; } > "$TMP/badmagic.gguf"
+expect_run "wrong magic" 2 "badmagic.gguf.*magic" -- "$GM" inspect "$TMP/badmagic.gguf"
+cp tests/ref/tiny_gemma3/config.json "$TMP/config.json"
+head -c 5000 tests/ref/tiny_gemma3/model.safetensors > "$TMP/model.safetensors"
+expect_run "truncated safetensors" 2 "model.safetensors" -- "$GM" inspect "$TMP"
+printf 'not a model' > "$TMP/junk.gguf"
+expect_run "junk file" 2 "junk.gguf" -- "$GM" inspect "$TMP/junk.gguf"
+
+finish

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# The real Gemma 3 270M end to end through the command line and through Lua.
+set -u
+source "$(dirname "$0")/lib.bash"
+MODEL=$(real_model) || { echo "0 passed, 1 failed"; exit 1; }
+
+# Greedy text of the reference (transformers, tests/ref/gemma3_270m_ref.h5 /p0 greedy_text).
+expect_run "generate greedy" 0 "The capital of France is the capital of the country of France\. It is the largest city in France" \
+  -- "$GM" generate gemma3-270m "The capital of France is" --max-tokens 16
+expect_run "generate sampled is reproducible" 0 "." -- "$GM" generate gemma3-270m "Hello" --max-tokens 8 --temperature 1 --seed 7
+a=$("$GM" generate gemma3-270m "Hello" --max-tokens 12 --temperature 1 --top-k 64 --top-p 0.95 --seed 7 2>/dev/null)
+b=$("$GM" generate gemma3-270m "Hello" --max-tokens 12 --temperature 1 --top-k 64 --top-p 0.95 --seed 7 --threads 1 2>/dev/null)
+[ "$a" = "$b" ] && { pass=$((pass + 1)); echo "ok    same seed, different thread count: same text"; } \
+  || { fail=$((fail + 1)); echo "FAIL  sampled text depends on the thread count: '$a' vs '$b'"; }
+expect_run "inspect" 0 "q8_0\[262144, 640\]" -- "$GM" inspect gemma3-270m
+expect_run "lua API" 0 "lua api ok" -- "$GM" tests/lua/model_api.lua
+expect_run "embedded default experiment" 0 "The capital of France is the capital of the country of France" -- "$GM"
+
+finish
