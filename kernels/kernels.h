@@ -11,11 +11,11 @@
  * M/N/K the GEMM dims. All activations are f32, row-major, contiguous.
  *
  * Shapes and contracts:
- *   dequant_rows   out (rows, cols) f32 <- src rows of `type`, each src_row_bytes apart.
- *   matmul_fwd     out (M, N) = beta*out + x (M, K) . W^T, W (N, K) of any dtype (rows
- *                  w_row_bytes apart). beta is 0 or 1 (1 accumulates, used for LoRA and
- *                  residual paths). Quantized W is dequantized panel by panel (never whole).
- *   embed_fwd      out (N, C) = table[ids[n]] * scale; table (V, C) any dtype.
+ *   dequant_rows   out (rows, K) f32 <- rows row0 .. row0+rows-1 of the weight w (N, K).
+ *   matmul_fwd     out (M, N) = beta*out + x (M, K) . W^T for a weight view W (N, K) of any
+ *                  storage. beta is 0 or 1 (1 accumulates, used for LoRA and residual paths).
+ *                  Quantized W is dequantized panel by panel (never whole).
+ *   embed_fwd      out (N, C) = table[ids[n]] * scale; table (V, C) a weight view.
  *   rmsnorm_fwd    out (N, C) = x / sqrt(mean(x^2) + eps) * w; w is the *effective* scale
  *                  (Gemma's 1 + weight, already added at load). rstd (N) saved if not NULL.
  *                  Statistics in f32 (gemma_architecture.md §1.4). out may alias x.
@@ -51,6 +51,30 @@
 extern "C" {
 #endif
 
+/* A frozen weight matrix W (rows N, cols K) in whatever storage it has: the view kernels read.
+ *   f32 / f16 / bf16 / GGUF block formats: `data` is row 0, rows are row_bytes apart;
+ *   GM_NF4 (bitsandbytes, formats.md §5.1): `data` holds the packed codes of the flattened
+ *     tensor (element e in byte e/2, even e in the high nibble); block b = e/64 has absmax
+ *     GM_DYNAMIC_MAP_SIGNED[absmax_code[b]] * absmax2[b/256] + absmax_offset (double quant);
+ *   GM_I8 (vector-wise int8): int8 rows, w[r][k] = q[r][k] * row_scale[r].
+ * On CUDA every pointer is a device pointer. */
+typedef struct gm_wview {
+    gm_dtype type;
+    const void *data;
+    size_t row_bytes;
+    int64_t rows, cols;              /* N, K */
+    const uint8_t *absmax_code;      /* NF4 only */
+    const float *absmax2;            /* NF4 only */
+    float absmax_offset;             /* NF4 only */
+    const float *row_scale;          /* GM_I8 only */
+} gm_wview;
+
+/* A plain contiguous f32 matrix (N, K) as a weight view (LoRA A/B, tests). */
+static inline gm_wview gm_wview_f32(const float *data, int64_t rows, int64_t cols) {
+    gm_wview w = {GM_F32, data, (size_t)cols * sizeof(float), rows, cols, 0, 0, 0.0f, 0};
+    return w;
+}
+
 /* Per-call execution context: threads, stream and the scratch the caller planned. */
 typedef struct gm_kctx {
     int n_threads;        /* CPU threads for OpenMP loops and OpenBLAS */
@@ -59,15 +83,18 @@ typedef struct gm_kctx {
     size_t scratch_floats; /* its size in floats */
 } gm_kctx;
 
-/* Workspace (floats) that matmul_fwd needs for a weight of N rows by K columns of `type`
- * (0 for f32). Callers size gm_kctx.scratch as the max over the weights they use. */
+/* Workspace (floats) that matmul_fwd / matmul_bwd_input need for a weight of N rows by K
+ * columns of `type` (0 for f32). Callers size gm_kctx.scratch as the max over their weights. */
 size_t gm_k_matmul_scratch_floats(gm_dtype w_type, int64_t N, int64_t K, int n_threads);
 
 /* Rows of W dequantized at once by matmul_fwd (the panel height). */
 #define GM_MATMUL_PANEL_ROWS 512
 
-/* Row dequantizer shared by the CPU kernels: dst (n) f32 <- one row of `type`. */
+/* Row dequantizer shared by the CPU kernels: dst (n) f32 <- one row of `type` whose bytes start at
+ * src (self-contained formats: f32/f16/bf16/f64 and the GGUF blocks). */
 void gm_dequant_row(gm_dtype type, const void *src, float *dst, int64_t n);
+/* Row r of any weight view (including NF4 and int8) into dst (w->cols floats), CPU memory. */
+void gm_dequant_wrow(const gm_wview *w, int64_t r, float *dst);
 
 /* Sets the OpenBLAS thread count (once per process; cheap to call again). */
 void gm_kernels_set_threads(int n_threads);

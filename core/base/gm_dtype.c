@@ -28,6 +28,7 @@ static const gm_dtype_info infos[GM_DTYPE_COUNT] = {
     [GM_Q4_K] = {"q4_k", 256, 144, false, true},
     [GM_Q5_K] = {"q5_k", 256, 176, false, true},
     [GM_Q6_K] = {"q6_k", 256, 210, false, true},
+    [GM_NF4] = {"nf4", 64, 32, false, true},
 };
 
 const gm_dtype_info *gm_dtype_get(gm_dtype t) {

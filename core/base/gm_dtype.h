@@ -6,7 +6,8 @@
  * block_size 1. GGUF's own type ids are mapped in core/formats/gm_gguf.c, never used here.
  * Block layouts (field order, nibble placement) are documented where they are decoded:
  * kernels/cpu/dequant.c. NF4 follows bitsandbytes (formats.md §5.1) and is added by the
- * QLoRA work.
+ * QLoRA work. GM_I8 as a matrix dtype means LLM.int8-style vector-wise quantization: int8 rows
+ * with one f32 scale per row (held beside the rows, gm_wview.row_scale).
  *
  * Ownership: nothing here allocates. Errors: none (lookups of invalid values assert).
  */
@@ -42,6 +43,10 @@ typedef enum gm_dtype {
     GM_Q4_K,
     GM_Q5_K,
     GM_Q6_K,
+    /* bitsandbytes NF4 (formats.md §5.1): 64-element blocks of 4-bit codes, two per byte (even
+     * element in the high nibble); the per-block absmax lives outside the rows, double-quantized
+     * (see gm_wview in kernels/kernels.h). type_size counts only the packed nibbles. */
+    GM_NF4,
     GM_DTYPE_COUNT
 } gm_dtype;
 

@@ -139,9 +139,8 @@ void gm_infer_free(gm_infer *st) {
 void gm_infer_reset(gm_infer *st) { st->n_past = 0; }
 
 /* out (N, n) = x (N, K) . W^T for a weight view. */
-static void linear(gm_infer *st, float *out, const float *x, const gm_tensor *w, int64_t N, float beta) {
-    st->k->matmul_fwd(&st->kctx, out, x, w->data, w->dtype, N, w->shape[0], w->shape[1],
-                      gm_dtype_row_bytes(w->dtype, w->stride[0]), beta);
+static void linear(gm_infer *st, float *out, const float *x, const gm_wview *w, int64_t N, float beta) {
+    st->k->matmul_fwd(&st->kctx, out, x, w, N, beta);
 }
 
 static void capture(gm_infer *st, int64_t layer_index, int64_t N) {
@@ -154,17 +153,18 @@ static void capture(gm_infer *st, int64_t layer_index, int64_t N) {
 static void attention_block(gm_infer *st, int64_t l, int64_t T) {
     const gm_config *c = &st->model->cfg;
     const gm_layer_weights *lw = &st->model->layers[l];
+    const gm_wview *lin = st->model->views->lin[l];
     const gm_kctx *kc = &st->kctx;
     int64_t B = st->B, N = B * T, C = c->hidden_size, H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
     int64_t src = c->kv_source[l];
 
     st->k->rmsnorm_fwd(kc, st->xn, NULL, st->x, (const float *)lw->attn_norm.data, N, C, c->rms_norm_eps);
-    linear(st, st->q, st->xn, &lw->q, N, 0.0f);
+    linear(st, st->q, st->xn, &lin[GM_LIN_Q], N, 0.0f);
     st->k->rmsnorm_fwd(kc, st->q, NULL, st->q, (const float *)lw->q_norm.data, N * H, D, c->rms_norm_eps);
     st->k->rope_fwd(kc, st->q, st->q, st->pos, N, H, D, c->rope_theta[l], c->rope_pos_scale[l]);
     if (src == l) {
-        linear(st, st->kx, st->xn, &lw->k, N, 0.0f);
-        linear(st, st->vx, st->xn, &lw->v, N, 0.0f);
+        linear(st, st->kx, st->xn, &lin[GM_LIN_K], N, 0.0f);
+        linear(st, st->vx, st->xn, &lin[GM_LIN_V], N, 0.0f);
         st->k->rmsnorm_fwd(kc, st->kx, NULL, st->kx, (const float *)lw->k_norm.data, N * KVH, D, c->rms_norm_eps);
         st->k->rope_fwd(kc, st->kx, st->kx, st->pos, N, KVH, D, c->rope_theta[l], c->rope_pos_scale[l]);
         /* append to the cache: position p of sequence b goes to slot p % S */
@@ -181,20 +181,21 @@ static void attention_block(gm_infer *st, int64_t l, int64_t T) {
     float scale = 1.0f / sqrtf(c->query_pre_attn_scalar);
     st->k->attention_fwd(kc, st->att, st->q, st->k_cache[src], st->v_cache[src], B, T, H, KVH, D,
                          st->cache_slots[src], st->n_past, window, scale);
-    linear(st, st->tmp, st->att, &lw->o, N, 0.0f);
+    linear(st, st->tmp, st->att, &lin[GM_LIN_O], N, 0.0f);
 }
 
 /* MLP sub-block: st->x (N, C) -> st->tmp (N, C), before the post-norm. */
 static void mlp_block(gm_infer *st, int64_t l, int64_t N) {
     const gm_config *c = &st->model->cfg;
     const gm_layer_weights *lw = &st->model->layers[l];
+    const gm_wview *lin = st->model->views->lin[l];
     const gm_kctx *kc = &st->kctx;
     int64_t C = c->hidden_size, F = c->ffn_dim[l];
     st->k->rmsnorm_fwd(kc, st->xn, NULL, st->x, (const float *)lw->ffn_norm.data, N, C, c->rms_norm_eps);
-    linear(st, st->gate, st->xn, &lw->gate, N, 0.0f);
-    linear(st, st->up, st->xn, &lw->up, N, 0.0f);
+    linear(st, st->gate, st->xn, &lin[GM_LIN_GATE], N, 0.0f);
+    linear(st, st->up, st->xn, &lin[GM_LIN_UP], N, 0.0f);
     st->k->geglu_fwd(kc, st->gate, st->gate, st->up, N * F);
-    linear(st, st->tmp, st->gate, &lw->down, N, 0.0f);
+    linear(st, st->tmp, st->gate, &lin[GM_LIN_DOWN], N, 0.0f);
 }
 
 gm_status gm_decoder_forward(gm_infer *st, const int32_t *ids, int64_t T, bool all_logits, gm_error *err) {
@@ -220,8 +221,7 @@ gm_status gm_decoder_forward(gm_infer *st, const int32_t *ids, int64_t T, bool a
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++) st->pos[b * T + t] = (int32_t)(st->n_past + t);
 
-    st->k->embed_fwd(kc, st->x, st->ids, m->embed.data, m->embed.dtype, N, C,
-                     gm_dtype_row_bytes(m->embed.dtype, m->embed.stride[0]), gm_model_embed_scale(m));
+    st->k->embed_fwd(kc, st->x, st->ids, &m->views->embed, N, gm_model_embed_scale(m));
     capture(st, 0, N);
     for (int64_t l = 0; l < c->n_layers; l++) {
         const gm_layer_weights *lw = &m->layers[l];
@@ -240,7 +240,7 @@ gm_status gm_decoder_forward(gm_infer *st, const int32_t *ids, int64_t T, bool a
         memcpy(st->logit_in + r * C, st->x + src * C, (size_t)C * sizeof(float));
     }
     st->k->rmsnorm_fwd(kc, st->logit_in, NULL, st->logit_in, (const float *)m->final_norm.data, rows, C, c->rms_norm_eps);
-    linear(st, st->logits, st->logit_in, &m->lm_head, rows, 0.0f);
+    linear(st, st->logits, st->logit_in, &m->views->lm_head, rows, 0.0f);
     if (c->final_logit_softcap > 0)
         st->k->softcap_fwd(kc, st->logits, st->logits, rows * V, c->final_logit_softcap);
     st->n_logit_rows = rows;

@@ -195,6 +195,25 @@ static gm_status bind_all(gm_model *m, const char *hf_prefix, gm_error *err) {
     return GM_OK;
 }
 
+gm_wview gm_wview_of(const gm_tensor *t) {
+    gm_wview w;
+    memset(&w, 0, sizeof w);
+    w.type = t->dtype;
+    w.data = t->data;
+    w.rows = t->ndim == 2 ? t->shape[0] : 1;
+    w.cols = t->shape[t->ndim - 1];
+    w.row_bytes = gm_dtype_row_bytes(t->dtype, t->ndim == 2 ? t->stride[0] : w.cols);
+    return w;
+}
+
+static void build_views(gm_model *m) {
+    gm_weights_view *v = m->views;
+    v->embed = gm_wview_of(&m->embed);
+    v->lm_head = gm_wview_of(&m->lm_head);
+    for (int64_t l = 0; l < m->cfg.n_layers; l++)
+        for (int w = 0; w < GM_LIN_COUNT; w++) v->lin[l][w] = gm_wview_of(gm_layer_linear(&m->layers[l], (gm_linear)w));
+}
+
 static bool is_dir(const char *p) {
     struct stat st;
     return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
@@ -289,7 +308,10 @@ gm_status gm_model_load(const char *path, const gm_model_opts *opts, gm_model **
     if (!m) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     snprintf(m->path, sizeof m->path, "%s", path);
     m->layers = gm_calloc(GM_MAX_LAYERS, sizeof *m->layers);
-    if (!m->layers) {
+    m->views = gm_calloc(1, sizeof *m->views);
+    if (!m->layers || !m->views) {
+        gm_free(m->layers);
+        gm_free(m->views);
         gm_free(m);
         return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     }
@@ -298,6 +320,7 @@ gm_status gm_model_load(const char *path, const gm_model_opts *opts, gm_model **
         gm_model_free(m);
         return s;
     }
+    build_views(m);
     *out = m;
     return GM_OK;
 }
@@ -309,6 +332,7 @@ void gm_model_free(gm_model *m) {
     if (m->st) gm_safetensors_free(m->st);
     gm_arena_free(&m->arena);
     gm_free(m->layers);
+    gm_free(m->views);
     gm_free(m);
 }
 

@@ -26,6 +26,7 @@
 #include "gm_config.h"
 #include "gm_status.h"
 #include "gm_tensor.h"
+#include "kernels.h"
 
 #include <stdbool.h>
 
@@ -54,6 +55,17 @@ const char *gm_linear_name(gm_linear which);
 /* The view of that linear in a layer. */
 const gm_tensor *gm_layer_linear(const gm_layer_weights *lw, gm_linear which);
 
+/* The matrices a forward pass multiplies by, as kernel weight views (kernels/kernels.h). The model
+ * builds one set as stored; a training session may build another (e.g. NF4-quantized base). */
+typedef struct gm_weights_view {
+    gm_wview embed;                            /* (V, C) */
+    gm_wview lm_head;                          /* (V, C) */
+    gm_wview lin[GM_MAX_LAYERS][GM_LIN_COUNT]; /* per layer, per gm_linear */
+} gm_weights_view;
+
+/* The weight view of a tensor whose storage is self-contained (f32, f16, bf16, GGUF blocks). */
+gm_wview gm_wview_of(const gm_tensor *t);
+
 typedef enum gm_model_format { GM_FORMAT_GGUF = 0, GM_FORMAT_SAFETENSORS = 1 } gm_model_format;
 
 typedef struct gm_model {
@@ -65,6 +77,7 @@ typedef struct gm_model {
     gm_tensor final_norm;      /* (C) f32 effective scale */
     gm_layer_weights *layers;  /* [cfg.n_layers] */
     struct gm_tokenizer *tok;  /* NULL if the checkpoint has no tokenizer */
+    gm_weights_view *views;    /* the weights as stored, for the kernels */
     size_t mapped_bytes;       /* bytes of weights viewed in place (mmapped) */
     /* owned resources */
     struct gm_gguf *gguf;

@@ -7,6 +7,7 @@
  * (formats.md §1.7 test vectors) in tests/unit/test_dequant.c.
  */
 #include "kernels.h"
+#include "nf4_tables.h"
 
 #include "gm_status.h"
 
@@ -213,9 +214,41 @@ void gm_dequant_row(gm_dtype type, const void *src, float *dst, int64_t n) {
     for (int64_t i = 0; i < nb; i++) fn(b + i * in->type_size, dst + i * in->block_size);
 }
 
-void gm_k_dequant_rows_cpu(const gm_kctx *ctx, float *out, const void *src, gm_dtype type,
-                           int64_t rows, int64_t cols, size_t src_row_bytes) {
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (rows * cols > 65536)
-    for (int64_t r = 0; r < rows; r++)
-        gm_dequant_row(type, (const uint8_t *)src + (size_t)r * src_row_bytes, out + r * cols, cols);
+/* NF4 row r of a (N, K) tensor: elements r*K .. r*K+K-1 of the flattened tensor. The block
+ * absmax is decoded exactly as bitsandbytes dequantizes the nested statistics:
+ * dynmap[code] * absmax2 (f32 multiply), then + offset; the weight is nf4[nibble] * absmax. */
+static void dequant_nf4_row(const gm_wview *w, int64_t r, float *dst) {
+    const uint8_t *packed = (const uint8_t *)w->data;
+    int64_t K = w->cols, e0 = r * K;
+    int64_t b_prev = -1;
+    float absmax = 0.0f;
+    for (int64_t k = 0; k < K; k++) {
+        int64_t e = e0 + k, b = e / 64;
+        if (b != b_prev) {
+            absmax = GM_DYNAMIC_MAP_SIGNED[w->absmax_code[b]] * w->absmax2[b / 256] + w->absmax_offset;
+            b_prev = b;
+        }
+        uint8_t byte = packed[e / 2];
+        int nib = (e & 1) ? (byte & 0xF) : (byte >> 4);
+        dst[k] = GM_NF4_CODE[nib] * absmax;
+    }
+}
+
+void gm_dequant_wrow(const gm_wview *w, int64_t r, float *dst) {
+    switch (w->type) {
+    case GM_NF4: dequant_nf4_row(w, r, dst); return;
+    case GM_I8: {
+        const int8_t *q = (const int8_t *)w->data + (size_t)r * w->row_bytes;
+        float s = w->row_scale[r];
+        for (int64_t k = 0; k < w->cols; k++) dst[k] = (float)q[k] * s;
+        return;
+    }
+    default: gm_dequant_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, dst, w->cols);
+    }
+}
+
+void gm_k_dequant_rows_cpu(const gm_kctx *ctx, float *out, const gm_wview *w, int64_t row0, int64_t rows) {
+    int64_t K = w->cols;
+#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (rows * K > 65536)
+    for (int64_t r = 0; r < rows; r++) gm_dequant_wrow(w, row0 + r, out + r * K);
 }

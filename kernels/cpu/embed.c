@@ -6,13 +6,13 @@
  */
 #include "kernels.h"
 
-void gm_k_embed_fwd_cpu(const gm_kctx *ctx, float *out, const int32_t *ids, const void *table,
-                        gm_dtype table_type, int64_t N, int64_t C, size_t table_row_bytes,
+void gm_k_embed_fwd_cpu(const gm_kctx *ctx, float *out, const int32_t *ids, const gm_wview *table, int64_t N,
                         float scale) {
+    int64_t C = table->cols;
 #pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (N > 16)
     for (int64_t n = 0; n < N; n++) {
         float *o = out + n * C;
-        gm_dequant_row(table_type, (const uint8_t *)table + (size_t)ids[n] * table_row_bytes, o, C);
+        gm_dequant_wrow(table, ids[n], o);
         for (int64_t c = 0; c < C; c++) o[c] *= scale;
     }
 }

@@ -47,26 +47,25 @@ static float dot(const float *a, const float *b, int64_t n) {
     return r;
 }
 
-void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const void *w,
-                         gm_dtype w_type, int64_t M, int64_t N, int64_t K, size_t w_row_bytes,
+void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const gm_wview *w, int64_t M,
                          float beta) {
     GM_ASSERT(beta == 0.0f || beta == 1.0f);
+    int64_t N = w->rows, K = w->cols;
     gm_kernels_set_threads(ctx->n_threads);
-    if (w_type == GM_F32) {
-        GM_ASSERT(w_row_bytes % sizeof(float) == 0);
+    if (w->type == GM_F32) {
+        GM_ASSERT(w->row_bytes % sizeof(float) == 0);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)N, (int)K, 1.0f, x,
-                    (int)K, (const float *)w, (int)(w_row_bytes / sizeof(float)), beta, out, (int)N);
+                    (int)K, (const float *)w->data, (int)(w->row_bytes / sizeof(float)), beta, out, (int)N);
         return;
     }
-    GM_ASSERT(ctx->scratch && ctx->scratch_floats >= gm_k_matmul_scratch_floats(w_type, N, K, ctx->n_threads));
-    const uint8_t *wb = (const uint8_t *)w;
+    GM_ASSERT(ctx->scratch && ctx->scratch_floats >= gm_k_matmul_scratch_floats(w->type, N, K, ctx->n_threads));
     if (M <= GEMV_MAX_M) {
 #pragma omp parallel num_threads(ctx->n_threads)
         {
             float *row = ctx->scratch + (size_t)omp_get_thread_num() * (size_t)K;
 #pragma omp for schedule(static)
             for (int64_t n = 0; n < N; n++) {
-                gm_dequant_row(w_type, wb + (size_t)n * w_row_bytes, row, K);
+                gm_dequant_wrow(w, n, row);
                 for (int64_t m = 0; m < M; m++) {
                     float v = dot(x + m * K, row, K);
                     out[m * N + n] = beta != 0.0f ? out[m * N + n] + v : v;
@@ -77,8 +76,7 @@ void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const v
     }
     for (int64_t p0 = 0; p0 < N; p0 += GM_MATMUL_PANEL_ROWS) {
         int64_t np = N - p0 < GM_MATMUL_PANEL_ROWS ? N - p0 : GM_MATMUL_PANEL_ROWS;
-        gm_k_dequant_rows_cpu(ctx, ctx->scratch, wb + (size_t)p0 * w_row_bytes, w_type, np, K,
-                              w_row_bytes);
+        gm_k_dequant_rows_cpu(ctx, ctx->scratch, w, p0, np);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)M, (int)np, (int)K, 1.0f, x,
                     (int)K, ctx->scratch, (int)K, beta, out + p0, (int)N);
     }

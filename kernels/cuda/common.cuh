@@ -8,6 +8,7 @@
 #define GM_CUDA_COMMON_CUH
 
 #include "kernels.h"
+#include "nf4_tables.h"
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -115,6 +116,21 @@ static __device__ __forceinline__ float gm_dq_elem(gm_dtype type, const uint8_t 
     }
     default: return 0.0f; /* unreachable: the CPU side validates dtypes */
     }
+}
+
+/* Element (r, k) of any weight view (NF4 and int8 included); w is passed by value, its pointers
+ * are device pointers. */
+static __device__ __forceinline__ float gm_dq_welem(const gm_wview &w, int64_t r, int64_t k) {
+    if (w.type == GM_NF4) {
+        int64_t e = r * w.cols + k, b = e / 64;
+        float absmax = GM_DYNAMIC_MAP_SIGNED[w.absmax_code[b]] * w.absmax2[b / 256] + w.absmax_offset;
+        uint8_t byte = ((const uint8_t *)w.data)[e / 2];
+        int nib = (e & 1) ? (byte & 0xF) : (byte >> 4);
+        return GM_NF4_CODE[nib] * absmax;
+    }
+    if (w.type == GM_I8)
+        return (float)((const int8_t *)w.data)[(size_t)r * w.row_bytes + (size_t)k] * w.row_scale[r];
+    return gm_dq_elem(w.type, (const uint8_t *)w.data + (size_t)r * w.row_bytes, k);
 }
 
 /* Block-wide sum of v over blockDim.x threads (blockDim.x a multiple of 32, <= 1024). */

@@ -22,12 +22,10 @@ __global__ static void softcap_k(float *out, const float *x, int64_t n, float ca
     if (i < n) out[i] = cap * tanhf(x[i] / cap);
 }
 
-__global__ static void embed_k(float *out, const int32_t *ids, const uint8_t *table, gm_dtype type, int64_t N,
-                               int64_t C, size_t row_bytes, float scale) {
+__global__ static void embed_k(float *out, const int32_t *ids, gm_wview table, int64_t N, float scale) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N * C) return;
-    int64_t n = i / C, c = i % C;
-    out[i] = gm_dq_elem(type, table + (size_t)ids[n] * row_bytes, c) * scale;
+    if (i >= N * table.cols) return;
+    out[i] = gm_dq_welem(table, ids[i / table.cols], i % table.cols) * scale;
 }
 
 extern "C" void gm_k_geglu_fwd_cuda(const gm_kctx *ctx, float *out, const float *gate, const float *up, int64_t n) {
@@ -42,9 +40,8 @@ extern "C" void gm_k_softcap_fwd_cuda(const gm_kctx *ctx, float *out, const floa
     if (n) softcap_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(out, x, n, cap);
 }
 
-extern "C" void gm_k_embed_fwd_cuda(const gm_kctx *ctx, float *out, const int32_t *ids, const void *table,
-                                    gm_dtype table_type, int64_t N, int64_t C, size_t table_row_bytes, float scale) {
-    int64_t n = N * C;
-    if (n) embed_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(out, ids, (const uint8_t *)table, table_type, N, C,
-                                                                 table_row_bytes, scale);
+extern "C" void gm_k_embed_fwd_cuda(const gm_kctx *ctx, float *out, const int32_t *ids, const gm_wview *table,
+                                    int64_t N, float scale) {
+    int64_t n = N * table->cols;
+    if (n) embed_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(out, ids, *table, N, scale);
 }

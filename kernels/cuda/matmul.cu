@@ -39,18 +39,17 @@ static void sgemm(cudaStream_t s, float *out, const float *x, const float *w, in
     if (st != CUBLAS_STATUS_SUCCESS) gm_log(GM_LOG_ERROR, "cublasSgemm failed (status %d)", (int)st);
 }
 
-extern "C" void gm_k_matmul_fwd_cuda(const gm_kctx *ctx, float *out, const float *x, const void *w,
-                                     gm_dtype w_type, int64_t M, int64_t N, int64_t K, size_t w_row_bytes,
+extern "C" void gm_k_matmul_fwd_cuda(const gm_kctx *ctx, float *out, const float *x, const gm_wview *w, int64_t M,
                                      float beta) {
     cudaStream_t s = gm_stream(ctx);
-    if (w_type == GM_F32) {
-        sgemm(s, out, x, (const float *)w, M, N, K, (int64_t)(w_row_bytes / sizeof(float)), N, beta);
+    int64_t N = w->rows, K = w->cols;
+    if (w->type == GM_F32) {
+        sgemm(s, out, x, (const float *)w->data, M, N, K, (int64_t)(w->row_bytes / sizeof(float)), N, beta);
         return;
     }
-    const uint8_t *wb = (const uint8_t *)w;
     for (int64_t p0 = 0; p0 < N; p0 += GM_MATMUL_PANEL_ROWS) {
         int64_t np = N - p0 < GM_MATMUL_PANEL_ROWS ? N - p0 : GM_MATMUL_PANEL_ROWS;
-        gm_k_dequant_rows_cuda(ctx, ctx->scratch, wb + (size_t)p0 * w_row_bytes, w_type, np, K, w_row_bytes);
+        gm_k_dequant_rows_cuda(ctx, ctx->scratch, w, p0, np);
         sgemm(s, out + p0, x, ctx->scratch, M, np, K, K, N, beta);
     }
 }

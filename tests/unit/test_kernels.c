@@ -223,7 +223,8 @@ static void check_matmul(gm_dtype type, int64_t M, int64_t N, int64_t K, float b
             mag[m * N + n] = a + fabs(beta * ref[m * N + n]);
         }
     gm_kctx k = make_ctx(2, gm_k_matmul_scratch_floats(type, N, K, 2));
-    gm_k_matmul_fwd_cpu(&k, out, x, w, type, M, N, K, rb, beta);
+    gm_wview wv = {type, w, rb, N, K, 0, 0, 0.0f, 0};
+    gm_k_matmul_fwd_cpu(&k, out, x, &wv, M, beta);
     /* f32 dot products: |error| <= K * eps_f32 * sum|x_k w_k| in the worst case; blocked sums
      * stay far below that, so 1e-5 (~ 84 ulp of the magnitude) is a bound that still catches a
      * wrong element, a wrong panel or a wrong row stride. */
@@ -260,7 +261,8 @@ static void test_embed(void) {
     int32_t ids[6] = {0, 49, 3, 3, 17, 8};
     float *out = gm_malloc((size_t)(N * C) * 4), *ref = gm_malloc((size_t)(N * C) * 4);
     gm_kctx k = make_ctx(2, 0);
-    gm_k_embed_fwd_cpu(&k, out, ids, table, GM_Q8_0, N, C, rb, 8.0f);
+    gm_wview tv = {GM_Q8_0, table, rb, V, C, 0, 0, 0.0f, 0};
+    gm_k_embed_fwd_cpu(&k, out, ids, &tv, N, 8.0f);
     for (int64_t n = 0; n < N; n++) {
         gm_dequant_row(GM_Q8_0, (uint8_t *)table + (size_t)ids[n] * rb, ref + n * C, C);
         for (int64_t c = 0; c < C; c++) ref[n * C + c] *= 8.0f;
@@ -277,8 +279,9 @@ static void test_threads_deterministic(void) {
     void *w = encode_weight(GM_Q5_0, wf, N, K, &rb);
     float *o1 = gm_malloc((size_t)(M * N) * 4), *o2 = gm_malloc((size_t)(M * N) * 4);
     gm_kctx k = make_ctx(2, gm_k_matmul_scratch_floats(GM_Q5_0, N, K, 2));
-    gm_k_matmul_fwd_cpu(&k, o1, x, w, GM_Q5_0, M, N, K, rb, 0.0f);
-    gm_k_matmul_fwd_cpu(&k, o2, x, w, GM_Q5_0, M, N, K, rb, 0.0f);
+    gm_wview wv = {GM_Q5_0, w, rb, N, K, 0, 0, 0.0f, 0};
+    gm_k_matmul_fwd_cpu(&k, o1, x, &wv, M, 0.0f);
+    gm_k_matmul_fwd_cpu(&k, o2, x, &wv, M, 0.0f);
     CHECK(memcmp(o1, o2, (size_t)(M * N) * 4) == 0, "two identical matmuls differ");
     gm_free(wf), gm_free(x), gm_free(w), gm_free(o1), gm_free(o2), gm_free(k.scratch);
 }
