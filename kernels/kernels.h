@@ -31,9 +31,44 @@
  *   add_fwd        y (n) += x (n)   (residual stream).
  *   softcap_fwd    out (n) = cap * tanh(x / cap).
  *
- * Gradient convention (for the backward kernels that join this list): parameter gradients
- * accumulate (+=); activation gradients are assigned (=) except on the residual stream,
- * where two paths meet and they accumulate.
+ *
+ * Training kernels (whole sequences, no cache; row n = b*T + t):
+ *   attention_train_fwd  out (B, T, H, D), lse (B, H, T) = log-sum-exp of each query's scaled,
+ *                  masked scores (saved for the backward); q (B, T, H, D), k/v (B, T, KVH, D);
+ *                  causal, sliding if window > 0 (j > t - window). Scratch: gm_k_attention_
+ *                  scratch_floats. Softmax in f32 (scores materialized per head, T x T).
+ *   attention_bwd  dq (B, T, H, D), dk/dv (B, T, KVH, D) (all assigned) from dout and the
+ *                  forward's q, k, v, out, lse. With P = exp(S - lse): dV = P^T dO,
+ *                  dS = P * (dO V^T - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q;
+ *                  kv-head gradients sum over the query heads of their group.
+ *   matmul_bwd_input  dx (M, K) = beta*dx + dy (M, N) . W (N, K) for a weight view (frozen
+ *                  base or a LoRA matrix); quantized W dequantized panel by panel.
+ *   matmul_bwd_weight dw (N, K) = beta*dw + dy^T (N x M) . x (M, K), all f32 (LoRA gradients).
+ *   rmsnorm_bwd    with r = rstd, xh = x r, u = dy * w: dx = beta*dx + r (u - xh mean(u xh))
+ *                  (gemma_architecture.md §1.4); dw += sum_rows dy * xh when dw is not NULL.
+ *   rope_bwd       dx = rotation of dy by -angle (the transpose of rope_fwd). dx may alias dy.
+ *   geglu_bwd      dgate = dh * up * gelu'(gate), dup = dh * gelu(gate) (§1.6).
+ *   scale_fwd      out = s * x.
+ *   dropout_fwd    out = x * keep / (1 - p), keep[i] = uniform(key, i) >= p (Philox,
+ *                  kernels/philox.h): the same key gives the same mask on every device, so the
+ *                  backward applies this very kernel to the gradient.
+ *   xent_lse_update  one vocabulary chunk [v0, v0+Vc) of the chunked cross-entropy: for each of
+ *                  R rows, update the running max / sum of exp (online log-sum-exp) with the
+ *                  (optionally soft-capped) logits, and record the target's logit when the
+ *                  target falls in this chunk. Full (R x V) logits never exist.
+ *   xent_grad      dlogits (R, Vc) in place = grad_scale * (softmax - onehot(target)) for this
+ *                  chunk, times d(softcap)/dlogit when soft-capped. Rows with target < 0 get 0.
+ *   adamw          PyTorch AdamW (decoupled weight decay, Loshchilov & Hutter 2019), in the
+ *                  order torch's single-tensor implementation evaluates it:
+ *                  p *= decay (= 1 - lr wd); m += (1-b1) (g - m); v = b2 v + (1-b2) g g;
+ *                  p += -step_size * m / (sqrt(v) / bc2_sqrt + eps), with
+ *                  step_size = lr / (1 - b1^step), bc2_sqrt = sqrt(1 - b2^step) (computed by the
+ *                  caller in double and rounded to f32, as torch does with Python scalars).
+ *   sumsq          *out = sum x^2 (double accumulation; NaN/Inf propagate).
+ *
+ * Gradient convention: parameter gradients accumulate (+=, beta = 1); activation gradients are
+ * assigned (=, beta = 0) except on the residual stream, where two paths meet and they
+ * accumulate.
  *
  * Ownership: kernels allocate nothing; scratch comes from gm_kctx (planned by the caller).
  * Errors: none returned; misuse asserts. CUDA kernels are asynchronous on ctx->stream;
@@ -86,6 +121,9 @@ typedef struct gm_kctx {
 /* Workspace (floats) that matmul_fwd / matmul_bwd_input need for a weight of N rows by K
  * columns of `type` (0 for f32). Callers size gm_kctx.scratch as the max over their weights. */
 size_t gm_k_matmul_scratch_floats(gm_dtype w_type, int64_t N, int64_t K, int n_threads);
+
+/* Workspace (floats) attention_train_fwd / attention_bwd need for these sizes. */
+size_t gm_k_attention_scratch_floats(int64_t B, int64_t T, int64_t H, int64_t D, int n_threads);
 
 /* Rows of W dequantized at once by matmul_fwd (the panel height). */
 #define GM_MATMUL_PANEL_ROWS 512

@@ -31,7 +31,8 @@ gm_rng gm_rng_seed(uint64_t seed, uint64_t stream);
 uint32_t gm_rng_u32(gm_rng *r);
 /* Uniform in [0, 1) with 24 random bits (exactly representable in f32). */
 float gm_rng_uniform(gm_rng *r);
-/* Uniform float in [0,1) for element `i` of stream (key): stateless. */
+/* Uniform float in [0,1) for element `i` of stream (key): stateless; the same function as the
+ * kernels' gm_philox_uniform (dropout masks), so host and device agree. */
 float gm_rng_uniform_at(uint64_t key, uint64_t i);
 
 #ifdef __cplusplus

@@ -1,11 +1,13 @@
 /*
- * elementwise.c - GeGLU, residual add, soft-capping.
+ * elementwise.c - GeGLU (forward, backward), residual add, soft-capping, scaling, dropout.
  *
  * gelu_tanh(z) = 0.5 z (1 + tanh(c (z + 0.044715 z^3))), c = sqrt(2/pi)
  * (gemma_architecture.md §1.6; PyTorch gelu(approximate="tanh")).
  * softcap(x) = cap * tanh(x / cap) (§1.7; Gemma 3n/4 final logits).
  */
 #include "kernels.h"
+
+#include "gm_philox.h"
 
 #include <math.h>
 
@@ -29,4 +31,31 @@ void gm_k_add_fwd_cpu(const gm_kctx *ctx, float *y, const float *x, int64_t n) {
 void gm_k_softcap_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, int64_t n, float cap) {
 #pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (n > 65536)
     for (int64_t i = 0; i < n; i++) out[i] = cap * tanhf(x[i] / cap);
+}
+
+/* d gelu_tanh / dz = 0.5 (1 + t) + 0.5 z (1 - t^2) c (1 + 3 * 0.044715 z^2), t = tanh(c (z + 0.044715 z^3))
+ * (gemma_architecture.md §1.6). dgate may alias gate, dup may alias up: each element is read
+ * before it is written. */
+void gm_k_geglu_bwd_cpu(const gm_kctx *ctx, float *dgate, float *dup, const float *dh, const float *gate,
+                        const float *up, int64_t n) {
+#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) {
+        float z = gate[i], u = up[i], g = dh[i];
+        float t = tanhf(GELU_C * (z + 0.044715f * z * z * z));
+        float gelu = 0.5f * z * (1.0f + t);
+        float dgelu = 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * 0.044715f * z * z);
+        dgate[i] = g * u * dgelu;
+        dup[i] = g * gelu;
+    }
+}
+
+void gm_k_scale_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, int64_t n, float s) {
+#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (n > 262144)
+    for (int64_t i = 0; i < n; i++) out[i] = s * x[i];
+}
+
+void gm_k_dropout_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, int64_t n, float p, uint64_t key) {
+    float keep_scale = 1.0f / (1.0f - p);
+#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (n > 65536)
+    for (int64_t i = 0; i < n; i++) out[i] = gm_philox_uniform(key, (uint64_t)i) >= p ? x[i] * keep_scale : 0.0f;
 }

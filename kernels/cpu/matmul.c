@@ -81,3 +81,30 @@ void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const g
                     (int)K, ctx->scratch, (int)K, beta, out + p0, (int)N);
     }
 }
+
+void gm_k_matmul_bwd_input_cpu(const gm_kctx *ctx, float *dx, const float *dy, const gm_wview *w, int64_t M,
+                               float beta) {
+    GM_ASSERT(beta == 0.0f || beta == 1.0f);
+    int64_t N = w->rows, K = w->cols;
+    gm_kernels_set_threads(ctx->n_threads);
+    if (w->type == GM_F32) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)K, (int)N, 1.0f, dy, (int)N,
+                    (const float *)w->data, (int)(w->row_bytes / sizeof(float)), beta, dx, (int)K);
+        return;
+    }
+    GM_ASSERT(ctx->scratch && ctx->scratch_floats >= gm_k_matmul_scratch_floats(w->type, N, K, ctx->n_threads));
+    /* dx = sum over row panels of W: dy[:, panel] . W[panel, :] */
+    for (int64_t p0 = 0; p0 < N; p0 += GM_MATMUL_PANEL_ROWS) {
+        int64_t np = N - p0 < GM_MATMUL_PANEL_ROWS ? N - p0 : GM_MATMUL_PANEL_ROWS;
+        gm_k_dequant_rows_cpu(ctx, ctx->scratch, w, p0, np);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)M, (int)K, (int)np, 1.0f, dy + p0, (int)N,
+                    ctx->scratch, (int)K, p0 == 0 ? beta : 1.0f, dx, (int)K);
+    }
+}
+
+void gm_k_matmul_bwd_weight_cpu(const gm_kctx *ctx, float *dw, const float *dy, const float *x, int64_t M,
+                                int64_t N, int64_t K, float beta) {
+    gm_kernels_set_threads(ctx->n_threads);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, (int)M, 1.0f, dy, (int)N, x, (int)K, beta,
+                dw, (int)K);
+}

@@ -5,13 +5,15 @@
  *   inv_freq[i] = theta^(-2i/D), angle = (p * pos_scale) * inv_freq[i]   (f32, as HF computes it)
  *   out = [x1*cos - x2*sin | x2*cos + x1*sin]
  * pos_scale is 1/factor for linear RoPE scaling (Gemma 3 4B+ global layers), else 1.
+ * Backward: the rotation is orthogonal, so the gradient is rotated by -angle (sin negated).
  */
 #include "kernels.h"
 
 #include <math.h>
 
-void gm_k_rope_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const int32_t *pos,
-                       int64_t N, int64_t NH, int64_t D, float theta, float pos_scale) {
+/* sign = +1: the rotation; sign = -1: its transpose (the backward). */
+static void rope(const gm_kctx *ctx, float *out, const float *x, const int32_t *pos, int64_t N, int64_t NH,
+                 int64_t D, float theta, float pos_scale, float sign) {
     int64_t half = D / 2;
 #pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (N * NH * D > 32768)
     for (int64_t n = 0; n < N; n++) {
@@ -20,7 +22,7 @@ void gm_k_rope_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const int
             /* HF: inv_freq = 1 / (base ** (arange(0, dim, 2).float() / dim)), in f32 */
             float inv_freq = 1.0f / powf(theta, (float)(2 * i) / (float)D);
             float ang = p * inv_freq;
-            float c = cosf(ang), s = sinf(ang);
+            float c = cosf(ang), s = sign * sinf(ang);
             for (int64_t h = 0; h < NH; h++) {
                 const float *xr = x + (n * NH + h) * D;
                 float *o = out + (n * NH + h) * D;
@@ -30,4 +32,14 @@ void gm_k_rope_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const int
             }
         }
     }
+}
+
+void gm_k_rope_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const int32_t *pos, int64_t N, int64_t NH,
+                       int64_t D, float theta, float pos_scale) {
+    rope(ctx, out, x, pos, N, NH, D, theta, pos_scale, 1.0f);
+}
+
+void gm_k_rope_bwd_cpu(const gm_kctx *ctx, float *dx, const float *dy, const int32_t *pos, int64_t N, int64_t NH,
+                       int64_t D, float theta, float pos_scale) {
+    rope(ctx, dx, dy, pos, N, NH, D, theta, pos_scale, -1.0f);
 }

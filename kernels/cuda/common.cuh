@@ -10,6 +10,7 @@
 #include "kernels.h"
 #include "nf4_tables.h"
 
+#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -19,6 +20,15 @@
 void gm_cuda_check(cudaError_t e, const char *what, const char *file, int line);
 
 static inline cudaStream_t gm_stream(const gm_kctx *ctx) { return (cudaStream_t)ctx->stream; }
+
+/* The process's cuBLAS handle bound to stream s (created on first use; matmul.cu). */
+cublasHandle_t gm_cuda_blas(cudaStream_t s);
+
+/* Row-major C (M x N) = alpha op(A) op(B) + beta C with op(A) M x K, op(B) K x N and leading
+ * dimensions counted in row-major terms. cuBLAS is column-major, so this computes
+ * C^T = op(B)^T op(A)^T with the operands swapped; the transpose flags pass through unchanged. */
+void gm_cuda_sgemm_rm(cudaStream_t s, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc);
 
 static inline unsigned gm_blocks(int64_t n, unsigned threads) {
     return (unsigned)((n + threads - 1) / threads);

@@ -7,15 +7,13 @@
  */
 #include "common.cuh"
 
-#include <cublas_v2.h>
-
 extern "C" {
 #include "gm_log.h"
 }
 
 static cublasHandle_t handle;
 
-static cublasHandle_t get_handle(cudaStream_t s) {
+cublasHandle_t gm_cuda_blas(cudaStream_t s) {
     if (!handle && cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
         gm_log(GM_LOG_ERROR, "cuBLAS initialisation failed");
         return NULL;
@@ -31,7 +29,7 @@ void gm_cuda_blas_shutdown(void) {
 
 static void sgemm(cudaStream_t s, float *out, const float *x, const float *w, int64_t M, int64_t N, int64_t K,
                   int64_t ldw, int64_t ldc, float beta) {
-    cublasHandle_t h = get_handle(s);
+    cublasHandle_t h = gm_cuda_blas(s);
     if (!h) return;
     const float one = 1.0f;
     cublasStatus_t st = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, w, (int)ldw, x,
@@ -52,4 +50,34 @@ extern "C" void gm_k_matmul_fwd_cuda(const gm_kctx *ctx, float *out, const float
         gm_k_dequant_rows_cuda(ctx, ctx->scratch, w, p0, np);
         sgemm(s, out + p0, x, ctx->scratch, M, np, K, K, N, beta);
     }
+}
+
+void gm_cuda_sgemm_rm(cudaStream_t s, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                      const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
+    cublasHandle_t h = gm_cuda_blas(s);
+    if (!h) return;
+    cublasStatus_t st = cublasSgemm(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    (int)N, (int)M, (int)K, &alpha, B, (int)ldb, A, (int)lda, &beta, C, (int)ldc);
+    if (st != CUBLAS_STATUS_SUCCESS) gm_log(GM_LOG_ERROR, "cublasSgemm failed (status %d)", (int)st);
+}
+
+extern "C" void gm_k_matmul_bwd_input_cuda(const gm_kctx *ctx, float *dx, const float *dy, const gm_wview *w,
+                                           int64_t M, float beta) {
+    cudaStream_t s = gm_stream(ctx);
+    int64_t N = w->rows, K = w->cols;
+    if (w->type == GM_F32) {
+        gm_cuda_sgemm_rm(s, false, false, M, K, N, 1.0f, dy, N, (const float *)w->data,
+                         (int64_t)(w->row_bytes / sizeof(float)), beta, dx, K);
+        return;
+    }
+    for (int64_t p0 = 0; p0 < N; p0 += GM_MATMUL_PANEL_ROWS) {
+        int64_t np = N - p0 < GM_MATMUL_PANEL_ROWS ? N - p0 : GM_MATMUL_PANEL_ROWS;
+        gm_k_dequant_rows_cuda(ctx, ctx->scratch, w, p0, np);
+        gm_cuda_sgemm_rm(s, false, false, M, K, np, 1.0f, dy + p0, N, ctx->scratch, K, p0 == 0 ? beta : 1.0f, dx, K);
+    }
+}
+
+extern "C" void gm_k_matmul_bwd_weight_cuda(const gm_kctx *ctx, float *dw, const float *dy, const float *x,
+                                            int64_t M, int64_t N, int64_t K, float beta) {
+    gm_cuda_sgemm_rm(gm_stream(ctx), true, false, N, K, M, 1.0f, dy, N, x, K, beta, dw, K);
 }

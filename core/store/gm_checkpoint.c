@@ -1,0 +1,309 @@
+/*
+ * gm_checkpoint.c - training checkpoints: layout in gm_checkpoint.h, HDF5 through gm_h5.
+ *
+ * Save: validate the caller's tensor list (names usable as HDF5 link names, unique, ranks
+ * 0..4), write everything into <path>.tmp, close it (HDF5 flushes its metadata), fsync it,
+ * rename() it onto <path>, fsync the folder so the rename itself is durable (formats.md §7.3).
+ * rename() within one folder is atomic on POSIX file systems: a reader, or a run resumed after
+ * a kill -9 or a power cut, sees either the old file or the new one. A failed save removes its
+ * .tmp; a killed one leaves it, and the next save truncates it (H5F_ACC_TRUNC).
+ * Rejected: writing in place with H5Fflush (a crash mid-flush can damage the only copy,
+ * formats.md §7.2) and SWMR (needs libver=latest, whose status flag lingers after a crash).
+ *
+ * Load: open, check the root `format` and `version` attributes, then check every requested
+ * tensor (exists, f32, exactly the caller's shape) before reading any of them, so a mismatch
+ * leaves the caller's buffers and scalars untouched; then read the tensors, then set the
+ * scalars.
+ */
+#include "gm_checkpoint.h"
+
+#include "gm_alloc.h" // gm_malloc, gm_free, gm_strdup
+#include "gm_h5.h"    // the HDF5 layer
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CKPT_FORMAT "gemmarun-checkpoint"
+#define CKPT_VERSION 1
+/* Checklist: keep in step with GM_VERSION in lua/main.c and project(VERSION) in CMakeLists.txt. */
+#define CKPT_CREATED_BY "gemmarun 0.1.0"
+
+#define HINT_CONFIG                                                                           \
+    "hint: the checkpoint was saved by a run with another adapter configuration (model, LoRA " \
+    "rank or target modules); resume with that configuration or start a new run"
+
+/* The three tensor groups, in the order of gm_ckpt_tensor's data, m, v. */
+static const char *const group_of[3] = {"/adapter", "/optimizer/m", "/optimizer/v"};
+static const char *const role_of[3] = {"weights", "AdamW first moment", "AdamW second moment"};
+
+static float *buffer_of(const gm_ckpt_tensor *t, int k) {
+    return k == 0 ? t->data : k == 1 ? t->m : t->v;
+}
+
+/* gm_malloc'd concatenation a + sep + b (sep may be ""). */
+static char *join3(const char *a, const char *sep, const char *b) {
+    size_t la = strlen(a), ls = strlen(sep), lb = strlen(b);
+    char *s = gm_malloc(la + ls + lb + 1);
+    if (!s) return NULL;
+    memcpy(s, a, la);
+    memcpy(s + la, sep, ls);
+    memcpy(s + la + ls, b, lb + 1);
+    return s;
+}
+
+/* gm_malloc'd folder part of a path ("." when there is none). */
+static char *folder_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return gm_strdup(".");
+    if (slash == path) return gm_strdup("/");
+    return gm_strndup(path, (size_t)(slash - path));
+}
+
+static const char *shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
+    size_t len = (size_t)snprintf(buf, cap, "(");
+    for (int i = 0; i < ndim && len < cap; i++)
+        len += (size_t)snprintf(buf + len, cap - len, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (len < cap) snprintf(buf + len, cap - len, ")");
+    return buf;
+}
+
+/* The caller's tensor list: usable names, ranks, a data buffer each, no name twice. */
+static gm_status check_list(const char *path, const gm_ckpt *c, gm_error *err) {
+    if (!c || c->n_tensors < 0 || (c->n_tensors > 0 && !c->tensors))
+        return gm_error_set(err, GM_ERR_INVALID, "checkpoint %s: bad tensor list", path);
+    for (int i = 0; i < c->n_tensors; i++) {
+        const gm_ckpt_tensor *t = &c->tensors[i];
+        if (!t->name || !t->name[0] || strchr(t->name, '/') || strcmp(t->name, ".") == 0)
+            return gm_error_set(err, GM_ERR_INVALID, "checkpoint %s: tensor %d has an unusable "
+                                "name '%s' (empty, '.', or containing '/')", path, i,
+                                t->name ? t->name : "(null)");
+        if (t->ndim < 0 || t->ndim > GM_H5_MAX_DIMS)
+            return gm_error_set(err, GM_ERR_INVALID, "checkpoint %s: tensor '%s' has rank %d "
+                                "(0..%d)", path, t->name, t->ndim, GM_H5_MAX_DIMS);
+        for (int d = 0; d < t->ndim; d++)
+            if (t->shape[d] < 0)
+                return gm_error_set(err, GM_ERR_INVALID, "checkpoint %s: tensor '%s' has a "
+                                    "negative dimension", path, t->name);
+        if (!t->data)
+            return gm_error_set(err, GM_ERR_INVALID, "checkpoint %s: tensor '%s' has no data "
+                                "buffer", path, t->name);
+        for (int j = 0; j < i; j++)
+            if (strcmp(c->tensors[j].name, t->name) == 0)
+                return gm_error_set(err, GM_ERR_INVALID, "checkpoint %s: tensor '%s' is listed "
+                                    "twice", path, t->name);
+    }
+    return GM_OK;
+}
+
+/* open(2)s `p` and fsync(2)s it. Folders: EINVAL (a file system that cannot sync folders) is
+ * not an error. */
+static gm_status sync_path(const char *p, bool folder, gm_error *err) {
+    int fd = open(p, folder ? O_RDONLY | O_DIRECTORY : O_RDONLY);
+    if (fd < 0)
+        return gm_error_set(err, GM_ERR_IO, "%s: cannot open to fsync: %s", p, strerror(errno));
+    int rc = fsync(fd), e = errno;
+    close(fd);
+    if (rc != 0 && !(folder && e == EINVAL))
+        return gm_error_set(err, GM_ERR_IO, "%s: fsync failed: %s", p, strerror(e));
+    return GM_OK;
+}
+
+/* ---- save --------------------------------------------------------------------------------- */
+
+static gm_status write_contents(gm_h5_file *f, const gm_ckpt *c, gm_error *err) {
+    GM_TRY(gm_h5_attr_set_str(f, "/", "format", CKPT_FORMAT, err));
+    GM_TRY(gm_h5_attr_set_i64(f, "/", "version", CKPT_VERSION, err));
+    GM_TRY(gm_h5_attr_set_i64(f, "/", "step", c->step, err));
+    GM_TRY(gm_h5_attr_set_i64(f, "/", "epoch", c->epoch, err));
+    GM_TRY(gm_h5_attr_set_i64(f, "/", "data_pos", c->data_pos, err));
+    GM_TRY(gm_h5_attr_set_u64(f, "/", "rng_seed", c->rng_seed, err));
+    GM_TRY(gm_h5_attr_set_u64(f, "/", "rng_counter", c->rng_counter, err));
+    GM_TRY(gm_h5_attr_set_f64(f, "/", "loss", c->loss, err));
+    GM_TRY(gm_h5_attr_set_str(f, "/", "config_json", c->config_json ? c->config_json : "{}", err));
+    GM_TRY(gm_h5_attr_set_str(f, "/", "created_by", CKPT_CREATED_BY, err));
+    for (int k = 0; k < 3; k++) GM_TRY(gm_h5_group_create(f, group_of[k], err));
+    for (int i = 0; i < c->n_tensors; i++) {
+        const gm_ckpt_tensor *t = &c->tensors[i];
+        for (int k = 0; k < 3; k++) {
+            const float *buf = buffer_of(t, k);
+            if (!buf) continue;
+            char *name = join3(group_of[k], "/", t->name);
+            if (!name)
+                return gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory", gm_h5_path(f));
+            gm_status s = gm_h5_write(f, name, GM_F32, t->ndim, t->shape, buf, err);
+            gm_free(name);
+            if (s != GM_OK) return s;
+        }
+    }
+    return GM_OK;
+}
+
+gm_status gm_ckpt_save(const char *path, const gm_ckpt *c, gm_error *err) {
+    GM_TRY(check_list(path, c, err));
+    gm_status s = GM_OK;
+    gm_h5_file *f = NULL;
+    bool tmp_exists = false, renamed = false;
+    char *tmp = join3(path, "", ".tmp"), *folder = folder_of(path);
+    if (!tmp || !folder) {
+        s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        goto cleanup;
+    }
+    // 1. everything into <path>.tmp
+    if ((s = gm_h5_create(tmp, &f, err)) != GM_OK) goto cleanup;
+    tmp_exists = true;
+    if ((s = write_contents(f, c, err)) != GM_OK) goto cleanup;
+    // 2. close (HDF5 writes its metadata now), then make the bytes durable
+    if ((s = gm_h5_close(&f, err)) != GM_OK) goto cleanup;
+    if ((s = sync_path(tmp, false, err)) != GM_OK) goto cleanup;
+    // 3. the atomic switch, then make the new folder entry durable
+    if (rename(tmp, path) != 0) {
+        s = gm_error_set(err, GM_ERR_IO, "cannot rename %s onto %s: %s", tmp, path,
+                         strerror(errno));
+        goto cleanup;
+    }
+    renamed = true;
+    s = sync_path(folder, true, err);
+cleanup:
+    if (f) gm_h5_close(&f, NULL);
+    if (s != GM_OK) {
+        if (tmp_exists && !renamed) unlink(tmp);
+        if (renamed)
+            gm_error_prefix(err, "checkpoint %s was written but may not survive a power cut",
+                            path);
+        else
+            gm_error_prefix(err, "saving checkpoint %s failed (a previous file there is "
+                            "untouched)", path);
+    }
+    gm_free(tmp);
+    gm_free(folder);
+    return s;
+}
+
+/* ---- load --------------------------------------------------------------------------------- */
+
+/* A required root attribute: absent means "not a (complete) checkpoint", GM_ERR_FORMAT. */
+static gm_status need(gm_status s, gm_error *err) {
+    if (s == GM_ERR_NOT_FOUND) {
+        if (err) err->code = GM_ERR_FORMAT;
+        return GM_ERR_FORMAT;
+    }
+    return s;
+}
+
+/* Opens `path` read-only and checks that it is a checkpoint of the version this build reads. */
+static gm_status open_checkpoint(const char *path, gm_h5_file **out, gm_error *err) {
+    gm_h5_file *f = NULL;
+    GM_TRY(gm_h5_open(path, false, &f, err));
+    char *format = NULL;
+    int64_t version = 0;
+    gm_status s = gm_h5_attr_get_str(f, "/", "format", &format, err);
+    if (s == GM_ERR_NOT_FOUND || s == GM_ERR_FORMAT || (s == GM_OK && strcmp(format, CKPT_FORMAT))) {
+        s = gm_error_set(err, GM_ERR_FORMAT, "%s: an HDF5 file, but not a gemmarun checkpoint "
+                         "(root attribute format = %s%.64s%s, expected '%s')", path,
+                         format ? "'" : "", format ? format : "(none)", format ? "'" : "",
+                         CKPT_FORMAT);
+        goto cleanup;
+    }
+    if (s != GM_OK) goto cleanup;
+    if ((s = need(gm_h5_attr_get_i64(f, "/", "version", &version, err), err)) != GM_OK)
+        goto cleanup;
+    if (version != CKPT_VERSION) {
+        s = gm_error_set(err, GM_ERR_FORMAT, "%s: checkpoint version %lld, this build reads "
+                         "version %d; hint: resume with the gemmarun that wrote it", path,
+                         (long long)version, CKPT_VERSION);
+        goto cleanup;
+    }
+cleanup:
+    gm_free(format);
+    if (s != GM_OK) {
+        gm_h5_close(&f, NULL);
+        return s;
+    }
+    *out = f;
+    return GM_OK;
+}
+
+/* Every requested tensor exists, is f32 and has exactly the caller's shape. */
+static gm_status check_tensors(gm_h5_file *f, const char *path, const gm_ckpt *c, gm_error *err) {
+    for (int i = 0; i < c->n_tensors; i++) {
+        const gm_ckpt_tensor *t = &c->tensors[i];
+        for (int k = 0; k < 3; k++) {
+            if (!buffer_of(t, k)) continue;
+            char *name = join3(group_of[k], "/", t->name);
+            if (!name) return gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory", path);
+            gm_dtype dt;
+            int nd = 0;
+            int64_t shape[GM_H5_MAX_DIMS];
+            gm_status s = gm_h5_dataset_info(f, name, &dt, &nd, shape, err);
+            char a[128], b[128];
+            if (s == GM_ERR_NOT_FOUND || s == GM_ERR_FORMAT)
+                s = gm_error_set(err, GM_ERR_FORMAT, "%s: tensor '%s' is missing (no dataset %s "
+                                 "for its %s); " HINT_CONFIG, path, t->name, name, role_of[k]);
+            else if (s == GM_OK && dt != GM_F32)
+                s = gm_error_set(err, GM_ERR_FORMAT, "%s: tensor '%s' (%s) is stored as %s, "
+                                 "expected f32", path, t->name, name,
+                                 dt == GM_DTYPE_COUNT ? "a non-numeric type" : gm_dtype_name(dt));
+            else if (s == GM_OK && (nd != t->ndim || memcmp(shape, t->shape, (size_t)nd * sizeof *shape)))
+                s = gm_error_set(err, GM_ERR_FORMAT, "%s: tensor '%s' (%s) has shape %s in the "
+                                 "file, expected %s; " HINT_CONFIG, path, t->name, name,
+                                 shape_str(a, sizeof a, nd, shape),
+                                 shape_str(b, sizeof b, t->ndim, t->shape));
+            gm_free(name);
+            if (s != GM_OK) return s;
+        }
+    }
+    return GM_OK;
+}
+
+static gm_status read_tensors(gm_h5_file *f, const gm_ckpt *c, gm_error *err) {
+    for (int i = 0; i < c->n_tensors; i++) {
+        const gm_ckpt_tensor *t = &c->tensors[i];
+        for (int k = 0; k < 3; k++) {
+            float *buf = buffer_of(t, k);
+            if (!buf) continue;
+            char *name = join3(group_of[k], "/", t->name);
+            if (!name) return gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory", gm_h5_path(f));
+            gm_status s = gm_h5_read(f, name, GM_F32, t->ndim, t->shape, buf, err);
+            gm_free(name);
+            if (s != GM_OK) return s;
+        }
+    }
+    return GM_OK;
+}
+
+gm_status gm_ckpt_load(const char *path, gm_ckpt *c, gm_error *err) {
+    GM_TRY(check_list(path, c, err));
+    gm_h5_file *f = NULL;
+    GM_TRY(open_checkpoint(path, &f, err));
+    gm_ckpt got = *c;
+    gm_status s;
+    if ((s = need(gm_h5_attr_get_i64(f, "/", "step", &got.step, err), err)) != GM_OK ||
+        (s = need(gm_h5_attr_get_i64(f, "/", "epoch", &got.epoch, err), err)) != GM_OK ||
+        (s = need(gm_h5_attr_get_i64(f, "/", "data_pos", &got.data_pos, err), err)) != GM_OK ||
+        (s = need(gm_h5_attr_get_u64(f, "/", "rng_seed", &got.rng_seed, err), err)) != GM_OK ||
+        (s = need(gm_h5_attr_get_u64(f, "/", "rng_counter", &got.rng_counter, err), err)) != GM_OK ||
+        (s = need(gm_h5_attr_get_f64(f, "/", "loss", &got.loss, err), err)) != GM_OK ||
+        (s = check_tensors(f, path, c, err)) != GM_OK || (s = read_tensors(f, c, err)) != GM_OK)
+        goto cleanup;
+    c->step = got.step;
+    c->epoch = got.epoch;
+    c->data_pos = got.data_pos;
+    c->rng_seed = got.rng_seed;
+    c->rng_counter = got.rng_counter;
+    c->loss = got.loss;
+cleanup:
+    gm_h5_close(&f, NULL); // read-only: nothing to flush, a close failure changes nothing read
+    return s;
+}
+
+gm_status gm_ckpt_read_config(const char *path, char **out, gm_error *err) {
+    *out = NULL;
+    gm_h5_file *f = NULL;
+    GM_TRY(open_checkpoint(path, &f, err));
+    gm_status s = need(gm_h5_attr_get_str(f, "/", "config_json", out, err), err);
+    gm_h5_close(&f, NULL);
+    return s;
+}
