@@ -52,6 +52,7 @@ import safetensors  # noqa: E402
 import safetensors.torch  # noqa: E402
 import transformers  # noqa: E402
 from peft import LoraConfig, get_peft_model, get_peft_model_state_dict  # noqa: E402
+from peft.tuners.lora import LoraLayer  # noqa: E402
 from transformers import BitsAndBytesConfig, Gemma3ForCausalLM, get_linear_schedule_with_warmup  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -140,7 +141,9 @@ def h5_path(root, path):
 
 
 def h5_dset(group, name, arr, dtype):
-    arr = np.ascontiguousarray(np.asarray(arr), dtype=dtype)
+    arr = np.asarray(arr, dtype=dtype)
+    if arr.ndim:  # 0-d stays a true HDF5 scalar (np.ascontiguousarray would make it shape (1,))
+        arr = np.ascontiguousarray(arr)
     group.create_dataset(name, data=arr, track_times=False)
 
 
@@ -378,18 +381,81 @@ def dequant_formula(st, nf4, nested_code):
     return w.astype(np.float32).reshape(st["shape"]), a
 
 
+def _ceil_log2(x):
+    return 1 if x <= 2 else int(x - 1).bit_length()
+
+
+def _multi_row_sum(rows):
+    """torch aten/src/ATen/native/cpu/SumKernel.cpp multi_row_sum: 4-level cascade over axis 0."""
+    f = np.float32
+    size, nl = rows.shape[0], 4
+    lp = max(4, _ceil_log2(size) // nl)
+    step, lmask = 1 << lp, (1 << lp) - 1
+    acc = np.zeros((nl,) + rows.shape[1:], f)
+    i = 0
+    while i + step <= size:
+        for _ in range(step):
+            acc[0] = (acc[0] + rows[i]).astype(f)
+            i += 1
+        for j in range(1, nl):
+            acc[j] = (acc[j] + acc[j - 1]).astype(f)
+            acc[j - 1] = 0
+            if i & (lmask << (j * lp)):
+                break
+    while i < size:
+        acc[0] = (acc[0] + rows[i]).astype(f)
+        i += 1
+    for j in range(1, nl):
+        acc[0] = (acc[0] + acc[j]).astype(f)
+    return acc[0]
+
+
+def torch_sum_f32(x, lanes=8):
+    """Bit-exact replica of torch's 1-thread CPU float32 sum of a contiguous 1-D tensor
+    (vectorized_inner_sum: Vectorized<float> of 8 lanes - the AVX2 kernel, which torch also
+    dispatches on AVX512 CPUs -, row_sum with 4 interleaved accumulators + multi_row_sum cascade;
+    then scalar tail, then the 8 lanes added in order). Checked against torch below."""
+    f = np.float32
+    x = np.asarray(x, f).reshape(-1)
+    n = x.size
+    vs = n // lanes
+    if vs == 0:  # scalar path: 4 interleaved accumulators
+        si = n // 4
+        p = _multi_row_sum(x[:si * 4].reshape(si, 4)) if si else np.zeros(4, f)
+        for i in range(si * 4, n):
+            p[0] = f(p[0] + x[i])
+        for k in range(1, 4):
+            p[0] = f(p[0] + p[k])
+        return f(p[0])
+    vec = x[:vs * lanes].reshape(vs, lanes)
+    si = vs // 4
+    p = _multi_row_sum(vec[:si * 4].reshape(si, 4, lanes)) if si else np.zeros((4, lanes), f)
+    for i in range(si * 4, vs):
+        p[0] = (p[0] + vec[i]).astype(f)
+    for k in range(1, 4):
+        p[0] = (p[0] + p[k]).astype(f)
+    fin = f(0)
+    for k in range(vs * lanes, n):
+        fin = f(fin + x[k])
+    for lane in range(lanes):
+        fin = f(fin + p[0][lane])
+    return fin
+
+
 def quantize_replica(w, nf4, nested_code):
     """numpy re-implementation of bnb 0.50 CPU quantize_4bit(compress_statistics=True) (check only).
 
     Level 1 (bitsandbytes/backends/default/ops.py quantize_4bit): absmax_b = max|x| over 64;
     scaled = clamp(x * f32(1/absmax_b), -1, 1); q = bucketize(scaled, midpoints) (a value exactly on
     a midpoint goes to the lower index); pack (q[2i] << 4) | q[2i+1].
-    Level 2 (functional.quantize_4bit + csrc/common.cpp quantize_block): offset = f32 mean of absmax
-    (torch reduction; here: f64 sum of the f32 values rounded to f32 - see the returned flag);
-    d = absmax - offset (f32); absmax2_g = max|d| over 256; normed = d / absmax2_g (f32 divide);
-    code index = the nearest entry of the dynamic map (with entry 0 treated as -1.0 during the search,
-    as quantize_cpu does), ties to the LOWER index (binary search lands left, moves right only if
-    strictly closer)."""
+    Level 2 (functional.quantize_4bit, then bnb's native CPU quantize_blockwise, csrc/cpu_ops.cpp
+    quantize_cpu_impl + build_quantize_lut in bnb >= 0.50): offset = torch f32 mean of absmax =
+    f32(torch_sum_f32(absmax) / n_blocks); d = f32(absmax - offset); per group of 256:
+    absmax2 = max|d|, inv = f32(1 / absmax2), v = clamp(f32(d * inv), -1, 1),
+    j = trunc(f32(f32(f32(v + 1) * 0.5) * 65535) + 0.5)  (a 16-bit bin), code = lut[j] where
+    lut[i] = #{k : mid[k] < f32(-1 + f32(2*i) / 65535)}, mid[k] = f32(0.5 * f32(c[k] + c[k+1])),
+    c = the 256-entry dynamic map. NOTE: this LUT is NOT the exact nearest code: values within ~1/65535
+    of a midpoint (and everything near 0, where the map is finer than the bins) can get a neighbour."""
     x = w.reshape(-1).astype(np.float32)
     n = x.size
     nb = -(-n // NF4_BLOCK)
@@ -404,18 +470,19 @@ def quantize_replica(w, nf4, nested_code):
     if q.size % 2:
         q = np.append(q, np.uint8(0))
     packed = ((q[0::2] << 4) | q[1::2]).astype(np.uint8)
-    offset = np.float32(np.sum(absmax.astype(np.float64)) / absmax.size)
+    offset = np.float32(torch_sum_f32(absmax) / np.float32(absmax.size))
     d = (absmax - offset).astype(np.float32)
     ng = -(-nb // NESTED_BLOCK)
     absmax2 = np.array([np.abs(d[g * NESTED_BLOCK:(g + 1) * NESTED_BLOCK]).max() for g in range(ng)], np.float32)
-    normed = (d / absmax2[np.arange(nb) // NESTED_BLOCK]).astype(np.float32)
-    code = nested_code.astype(np.float32).copy()
-    code[0] = np.float32(-1.0)
-    idx = np.clip(np.searchsorted(code, normed, side="right") - 1, 0, 255)
-    right = np.minimum(idx + 1, 255)
-    dl = np.abs(normed - code[idx]).astype(np.float32)
-    dr = np.abs(normed - code[right]).astype(np.float32)
-    idx = np.where((idx < 255) & (dr < dl), right, idx).astype(np.uint8)
+    f = np.float32
+    c = nested_code.astype(f)
+    mid = (f(0.5) * (c[:-1] + c[1:]).astype(f)).astype(f)
+    grid = (f(-1.0) + ((f(2.0) * np.arange(65536).astype(f)).astype(f) / f(65535)).astype(f)).astype(f)
+    lut = np.searchsorted(mid, grid, side="left").astype(np.uint8)
+    inv = (f(1.0) / absmax2).astype(f)[np.arange(nb) // NESTED_BLOCK]
+    v = np.clip((d * inv).astype(f), f(-1), f(1)).astype(f)
+    j = (((((v + f(1)).astype(f) * f(0.5)).astype(f) * f(65535)).astype(f) + f(0.5)).astype(f)).astype(np.int64)
+    idx = lut[j]
     return {"packed": packed, "absmax_code": idx, "absmax2": absmax2, "offset": offset}
 
 
@@ -545,13 +612,15 @@ def run_base(kind, data, f32_weights):
     keys = list(params)  # keep state-dict (module) order
     res["keys"] = keys
     res["shapes"] = {k: list(v) for k, v in shapes.items()}
+    # target_modules is a set inside PEFT: its saved order depends on Python's string hashing
+    saved_cfg["target_modules"] = sorted(saved_cfg["target_modules"])
     res["saved_config"] = saved_cfg
     res["target_modules"] = sorted(pm.peft_config["default"].target_modules)
     res["targeted_module_names"] = list(pm.targeted_module_names)
-    scalings = {float(m.scaling["default"]) for m in pm.modules() if hasattr(m, "scaling") and "default" in m.scaling}
+    scalings = {float(m.scaling["default"]) for m in pm.modules() if isinstance(m, LoraLayer)}
     assert scalings == {LORA_ALPHA / LORA_R}, scalings
     res["lora_layer_types"] = sorted({type(m).__module__ + "." + type(m).__qualname__
-                                      for m in pm.modules() if hasattr(m, "lora_A")})
+                                      for m in pm.modules() if isinstance(m, LoraLayer)})
 
     # 1. init
     init = snapshot(params)
@@ -592,7 +661,7 @@ def run_rslora(data):
     base = load_base("f32")
     pm = make_peft(base, lora_config(r=RSLORA_R, alpha=RSLORA_ALPHA, rslora=True))
     params = adapter_params(pm)
-    scal = {float(m.scaling["default"]) for m in pm.modules() if hasattr(m, "scaling") and "default" in m.scaling}
+    scal = {float(m.scaling["default"]) for m in pm.modules() if isinstance(m, LoraLayer)}
     assert len(scal) == 1
     scaling = scal.pop()
     assert scaling == RSLORA_ALPHA / math.sqrt(RSLORA_R), scaling
@@ -708,7 +777,7 @@ def write_file(path, data, results, rslora, dropout):
         os.remove(tmp)
     f32 = results["f32"]
     with h5py.File(tmp, "w", libver="earliest", track_order=False) as f:
-        attrs = {f"version_{k}": v for k, v in versions().items()}
+        attrs = {f"version_{k}": str(v) for k, v in versions().items()}
         attrs.update({
             "generator": "tests/ref/make_lora_ref.py",
             "model_dir": "tests/ref/tiny_gemma3",
