@@ -42,10 +42,37 @@
 #define TOL_REAL_LOGITS_REL 5e-5
 /* log-sum-exp over the 262,144-entry vocabulary, same reasons as above: measured 1.8e-4. */
 #define TOL_REAL_LSE_ABS 1e-3
+/* LoRA training of the tiny Gemma 3 vs. PEFT (+ bitsandbytes NF4) on CPU, f32 both sides
+ * (tests/unit/test_train.c). Measured 2026-11-30: loss 1.5e-7 relative (loss ~57 nats),
+ * gradients 1.4e-6 of each tensor's largest element, adapter weights after 10 AdamW steps
+ * 9.1e-6 absolute (Adam's m/sqrt(v) turns tiny gradient differences of near-zero gradients into
+ * full-size updates, so weights diverge faster than losses). Bounds: ~10x the loss and gradient
+ * measurements, ~2x the weights. */
+#define TOL_PEFT_LOSS_REL 2e-6
+#define TOL_PEFT_GRAD_REL 2e-5
+#define TOL_PEFT_WEIGHT_ABS 2e-5
 /* CUDA kernel vs. its CPU twin on the same inputs: f32 both sides, but different reduction
  * order (warp trees vs. sequential/double sums) and __expf/__tanhf-class intrinsics. */
 #define TOL_CUDA_VS_CPU_ABS 1e-4
 #define TOL_CUDA_VS_CPU_REL 1e-4
+/* Base-weight re-encoding (core/quant, test_quant*.c). NF4 itself is compared with bitsandbytes
+ * *exactly* (bytes, f32 statistics, dequantized values); these rows bound the error of each format
+ * against the original f32 weight, per element, and a matmul through the encoded view is held to
+ * sum_k |x_k| * bound_k + TOL_KERNEL_F32_REL * sum_k |x_k| |w_k|.
+ * bf16: 8 significant bits (7 stored + the implicit one); round to nearest even is off by at most
+ * half an ulp, 2^(e-8) for 2^e <= |w| < 2^(e+1), so |w - bf16(w)| <= 2^-8 |w| (reached near 2^e). */
+#define TOL_QUANT_BF16_REL 0x1p-8
+/* int8 vector-wise: q = round(x * 127/a) is within half a step of x/s, s = a/127; the two f32
+ * roundings in 127/a = (1/a)*127 and s = a/127 add <= 4e-7 relative per step, times |q| <= 127:
+ * bound (0.5 + 1e-4) * s. */
+#define TOL_QUANT_INT8_STEPS 0.5001
+/* NF4, in units of the block absmax A: the nearest of 16 codes is within half the widest gap of
+ * the code book ((1 - 0.6961928) / 2 = 0.1519; +1e-4 for the f32 rounding of x * (1/A)). */
+#define TOL_QUANT_NF4_CODE 0.1520
+/* NF4 double quantization, in units of the group's absmax2: the dequantized absmax is within half
+ * the widest gap of the signed dynamic map (0.0140625 / 2 = 0.00703) plus half a bin of bnb's
+ * 65,536-bin code table (1/65535 = 1.5e-5) plus f32 roundings. */
+#define TOL_QUANT_NF4_ABSMAX2 0.0071
 /* Tokenizer, chat template, parsers: exact. */
 
 /* ---- checks ---- */

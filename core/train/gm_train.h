@@ -1,0 +1,132 @@
+/*
+ * gm_train.h - LoRA / QLoRA training of the Gemma 3 text decoder: forward with saved
+ * activations, backward into the adapters only, loss on response tokens, AdamW.
+ *
+ * One gm_trainer is one training run on one model: it owns the (optionally requantized) base
+ * weight views, the adapters with their gradients and AdamW moments, and every activation and
+ * workspace buffer, all laid out from the config and the options and allocated once in one arena
+ * (gm_arena.h protocol): nothing is allocated inside a step, and the peak does not depend on
+ * which examples a step draws. gm_train_plan gives the same itemized sizes without a model.
+ *
+ * The graph is gemma_architecture.md §1.3 (see core/model/gm_decoder.h) run on whole padded
+ * sequences (B, T <= max_length), with the backward formulas of §1.4-1.7 (kernels.h). The frozen
+ * base gets no weight gradients; the embedding is frozen too. Loss: cross-entropy of the
+ * supervised positions only (targets >= 0), computed chunk by chunk over rows and over the
+ * vocabulary so the (tokens x 262,144) logits never exist. Gradient accumulation divides by the
+ * number of supervised tokens of the whole accumulated batch, so batch 4 x accumulation 1 and
+ * batch 1 x accumulation 4 give the same loss and gradients (as the Hugging Face Trainer does
+ * with num_items_in_batch).
+ *
+ * Activation checkpointing (per decoder block): only each block's input is kept; the backward
+ * recomputes the block's activations (same kernels, same dropout masks) right before its
+ * backward, trading one extra forward for ~L-fold less activation memory.
+ *
+ * Ownership: the trainer borrows the model (which must outlive it) and owns everything else.
+ * Errors: gm_trainer_new: GM_ERR_INVALID (bad options, naming the field and allowed values),
+ * GM_ERR_NOMEM (with the planned size). gm_trainer_step: GM_ERR_INVALID for a batch that does not
+ * fit the plan or an example with no supervised token (naming the example), GM_ERR_NONFINITE
+ * when the loss or a gradient is NaN/Inf (naming the step and the tensor; the adapters are left
+ * as they were before the step). A failed step leaves the trainer usable (nothing is sticky).
+ */
+#ifndef GM_TRAIN_H
+#define GM_TRAIN_H
+
+#include "gm_arena.h"
+#include "gm_lora.h"
+#include "gm_model.h"
+#include "gm_quant.h"
+#include "gm_status.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum gm_schedule { GM_SCHED_CONSTANT = 0, GM_SCHED_LINEAR, GM_SCHED_COSINE } gm_schedule;
+const char *gm_schedule_name(gm_schedule s);
+bool gm_schedule_from_name(const char *name, gm_schedule *out);
+
+typedef struct gm_train_opts {
+    gm_lora_config lora;
+    gm_quant quant;          /* base weight precision */
+    int64_t batch;           /* sequences per micro-batch (B) */
+    int64_t max_length;      /* tokens per sequence (T), the plan's worst case */
+    int64_t grad_accum;      /* micro-batches per optimizer step */
+    float lr;
+    float weight_decay;
+    float beta1, beta2, eps;
+    float max_grad_norm;     /* 0 = no clipping */
+    gm_schedule schedule;
+    int64_t warmup_steps;
+    int64_t total_steps;     /* for the linear/cosine decay */
+    bool checkpointing;      /* activation checkpointing per decoder block */
+    int n_threads;
+} gm_train_opts;
+
+/* AdamW defaults of PyTorch (lr 2e-4, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant
+ * schedule, batch 1, max_length 256, no clipping, LoRA defaults, stored base weights. */
+gm_train_opts gm_train_opts_default(void);
+
+/* One micro-batch: B sequences of T tokens (T <= max_length, B <= batch), right-padded.
+ * targets[b*T + t] is the token position t must predict (normally ids[b*T + t + 1]) or -1 for
+ * positions without loss (prompt, padding, the last position). example_index (optional) names
+ * the examples in error messages. */
+typedef struct gm_batch {
+    int64_t B, T;
+    const int32_t *ids;
+    const int32_t *targets;
+    const int64_t *example_index;
+} gm_batch;
+
+typedef struct gm_step_stats {
+    double loss;             /* mean cross-entropy over the supervised tokens of the step */
+    int64_t n_tokens;        /* supervised tokens in the step */
+    double grad_norm;        /* total L2 norm of the adapter gradients before clipping */
+    double lr;               /* learning rate used for this step */
+    int64_t step;            /* optimizer steps completed after this one */
+} gm_step_stats;
+
+typedef struct gm_trainer gm_trainer;
+
+gm_status gm_trainer_new(const gm_model *m, const gm_train_opts *o, gm_trainer **out, gm_error *err);
+void gm_trainer_free(gm_trainer *tr);
+
+/* One optimizer step over n_micro micro-batches (gradient accumulation). */
+gm_status gm_trainer_step(gm_trainer *tr, const gm_batch *micro, int n_micro, gm_step_stats *st, gm_error *err);
+
+/* Forward only: sum of token losses and supervised token count (evaluation; no gradients). */
+gm_status gm_trainer_eval(gm_trainer *tr, const gm_batch *b, double *loss_sum, int64_t *n_tokens, gm_error *err);
+
+/* Lower-level pieces (tests): zero the gradients; run forward + backward on one micro-batch,
+ * accumulating gradients scaled by grad_scale (1 / supervised tokens of the whole step). */
+void gm_trainer_zero_grad(gm_trainer *tr);
+gm_status gm_trainer_forward_backward(gm_trainer *tr, const gm_batch *b, float grad_scale, double *loss_sum,
+                                      gm_error *err);
+
+/* The adapters (array owned by the trainer). */
+gm_lora_adapter *gm_trainer_adapters(gm_trainer *tr, int *n);
+const gm_train_opts *gm_trainer_opts(const gm_trainer *tr);
+int64_t gm_trainer_step_count(const gm_trainer *tr);
+/* Sets the step counter (restoring a checkpoint). */
+void gm_trainer_set_step(gm_trainer *tr, int64_t step);
+/* The trainer's arena (sizes per memory kind, for reports). */
+const gm_arena *gm_trainer_arena(const gm_trainer *tr);
+
+/* Learning rate at optimizer step `step` (0-based), Hugging Face get_scheduler semantics. */
+double gm_train_lr_at(const gm_train_opts *o, int64_t step);
+
+/* Bytes the trainer would allocate for this config and these options, by memory kind (the
+ * plan; loads nothing). `stored` is the stored dtype of the linear weights (for quant = stored). */
+size_t gm_train_plan(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, size_t by_kind[GM_MEM_KIND_COUNT]);
+
+/* Checkpoints (core/store/gm_checkpoint.h): adapters, AdamW moments, step, RNG and data position. */
+gm_status gm_trainer_save(gm_trainer *tr, const char *path, int64_t epoch, int64_t data_pos, double loss,
+                          const char *config_json, gm_error *err);
+gm_status gm_trainer_load(gm_trainer *tr, const char *path, int64_t *epoch, int64_t *data_pos, gm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_TRAIN_H */
