@@ -267,8 +267,8 @@ size_t gm_train_plan(const gm_config *cfg, const gm_train_opts *o, gm_dtype stor
     describe_adapters(tr, cfg);
     gm_arena_init(&tr->arena, "training", GM_DEVICE_CPU);
     gm_weights_view *wv = gm_calloc(1, sizeof *wv);
-    size_t qbytes = gm_quant_bytes(cfg, o->quant, stored);
-    gm_arena_alloc(&tr->arena, qbytes, GM_MEM_WEIGHTS);
+    /* base weights: nothing when the trained-on weights are the file's own (memory-mapped) */
+    if (!gm_quant_is_alias(o->quant, stored)) gm_arena_alloc(&tr->arena, gm_quant_bytes(cfg, o->quant, stored), GM_MEM_WEIGHTS);
     layout(tr, cfg, scratch_floats(cfg, o, NULL, stored));
     size_t total = tr->arena.used;
     if (by_kind) memcpy(by_kind, tr->arena.by_kind, sizeof tr->arena.by_kind);

@@ -216,8 +216,19 @@ void gm_dequant_row(gm_dtype type, const void *src, float *dst, int64_t n) {
 
 /* NF4 row r of a (N, K) tensor: elements r*K .. r*K+K-1 of the flattened tensor. The block
  * absmax is decoded exactly as bitsandbytes dequantizes the nested statistics:
- * dynmap[code] * absmax2 (f32 multiply), then + offset; the weight is nf4[nibble] * absmax. */
+ * dynmap[code] * absmax2 (f32 multiply), then + offset; the weight is nf4[nibble] * absmax.
+ * Two roundings, as in bnb (native multiply, then a separate torch add): the multiply-add must not
+ * be contracted into an FMA, which GCC does under -ffp-contract=fast (its default for gnu11) as
+ * soon as the target has FMA (-march=native, x86-64-v3) - then about 1 block in 200 is off by an ulp
+ * (tests/unit/test_quant.c, found with -march=native). Hence the local contraction switch. */
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=off")
+#endif
 static void dequant_nf4_row(const gm_wview *w, int64_t r, float *dst) {
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#endif
     const uint8_t *packed = (const uint8_t *)w->data;
     int64_t K = w->cols, e0 = r * K;
     int64_t b_prev = -1;
@@ -233,6 +244,9 @@ static void dequant_nf4_row(const gm_wview *w, int64_t r, float *dst) {
         dst[k] = GM_NF4_CODE[nib] * absmax;
     }
 }
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC pop_options
+#endif
 
 void gm_dequant_wrow(const gm_wview *w, int64_t r, float *dst) {
     switch (w->type) {

@@ -133,7 +133,8 @@ static __device__ __forceinline__ float gm_dq_elem(gm_dtype type, const uint8_t 
 static __device__ __forceinline__ float gm_dq_welem(const gm_wview &w, int64_t r, int64_t k) {
     if (w.type == GM_NF4) {
         int64_t e = r * w.cols + k, b = e / 64;
-        float absmax = GM_DYNAMIC_MAP_SIGNED[w.absmax_code[b]] * w.absmax2[b / 256] + w.absmax_offset;
+        /* multiply then add, each rounded (no FMA), as bitsandbytes computes it */
+        float absmax = __fadd_rn(__fmul_rn(GM_DYNAMIC_MAP_SIGNED[w.absmax_code[b]], w.absmax2[b / 256]), w.absmax_offset);
         uint8_t byte = ((const uint8_t *)w.data)[e / 2];
         int nib = (e & 1) ? (byte & 0xF) : (byte >> 4);
         return GM_NF4_CODE[nib] * absmax;
