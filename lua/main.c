@@ -29,7 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GM_VERSION "0.1.0"
+
 
 static volatile sig_atomic_t interrupted;
 static void on_sigint(int sig) {

@@ -2,11 +2,15 @@
  * gm_checkpoint.c - training checkpoints: layout in gm_checkpoint.h, HDF5 through gm_h5.
  *
  * Save: validate the caller's tensor list (names usable as HDF5 link names, unique, ranks
- * 0..4), write everything into <path>.tmp, close it (HDF5 flushes its metadata), fsync it,
- * rename() it onto <path>, fsync the folder so the rename itself is durable (formats.md §7.3).
- * rename() within one folder is atomic on POSIX file systems: a reader, or a run resumed after
- * a kill -9 or a power cut, sees either the old file or the new one. A failed save removes its
- * .tmp; a killed one leaves it, and the next save truncates it (H5F_ACC_TRUNC).
+ * 0..4), build the whole file in memory (HDF5 core driver), then gm_h5_save_atomic: the image
+ * into <path>.tmp with write(2), fsync, rename() onto <path>, fsync the folder (formats.md
+ * §7.3). rename() within one folder is atomic on POSIX file systems: a reader, or a run resumed
+ * after a kill -9 or a power cut, sees either the old file or the new one. A failed save
+ * removes its .tmp; a killed one leaves it, and the next save truncates it.
+ * Why in memory: HDF5 1.10.8 cannot survive a failing write during a flush or close of a disk
+ * file (disk full): it crashes the process at exit (gm_h5.h). With the image written by our own
+ * loop, disk errors are plain errno values. The cost is memory: the image plus a copy of it
+ * (2x the checkpoint size) during the save; LoRA checkpoints are small next to the model.
  * Rejected: writing in place with H5Fflush (a crash mid-flush can damage the only copy,
  * formats.md §7.2) and SWMR (needs libver=latest, whose status flag lingers after a crash).
  *
@@ -20,16 +24,13 @@
 #include "gm_alloc.h" // gm_malloc, gm_free, gm_strdup
 #include "gm_h5.h"    // the HDF5 layer
 
-#include <errno.h>
-#include <fcntl.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #define CKPT_FORMAT "gemmarun-checkpoint"
 #define CKPT_VERSION 1
 /* Checklist: keep in step with GM_VERSION in lua/main.c and project(VERSION) in CMakeLists.txt. */
-#define CKPT_CREATED_BY "gemmarun 0.1.0"
+#define CKPT_CREATED_BY "gemmarun " GM_VERSION
 
 #define HINT_CONFIG                                                                           \
     "hint: the checkpoint was saved by a run with another adapter configuration (model, LoRA " \
@@ -52,14 +53,6 @@ static char *join3(const char *a, const char *sep, const char *b) {
     memcpy(s + la, sep, ls);
     memcpy(s + la + ls, b, lb + 1);
     return s;
-}
-
-/* gm_malloc'd folder part of a path ("." when there is none). */
-static char *folder_of(const char *path) {
-    const char *slash = strrchr(path, '/');
-    if (!slash) return gm_strdup(".");
-    if (slash == path) return gm_strdup("/");
-    return gm_strndup(path, (size_t)(slash - path));
 }
 
 static const char *shape_str(char *buf, size_t cap, int ndim, const int64_t *shape) {
@@ -98,19 +91,6 @@ static gm_status check_list(const char *path, const gm_ckpt *c, gm_error *err) {
     return GM_OK;
 }
 
-/* open(2)s `p` and fsync(2)s it. Folders: EINVAL (a file system that cannot sync folders) is
- * not an error. */
-static gm_status sync_path(const char *p, bool folder, gm_error *err) {
-    int fd = open(p, folder ? O_RDONLY | O_DIRECTORY : O_RDONLY);
-    if (fd < 0)
-        return gm_error_set(err, GM_ERR_IO, "%s: cannot open to fsync: %s", p, strerror(errno));
-    int rc = fsync(fd), e = errno;
-    close(fd);
-    if (rc != 0 && !(folder && e == EINVAL))
-        return gm_error_set(err, GM_ERR_IO, "%s: fsync failed: %s", p, strerror(e));
-    return GM_OK;
-}
-
 /* ---- save --------------------------------------------------------------------------------- */
 
 static gm_status write_contents(gm_h5_file *f, const gm_ckpt *c, gm_error *err) {
@@ -141,55 +121,40 @@ static gm_status write_contents(gm_h5_file *f, const gm_ckpt *c, gm_error *err) 
     return GM_OK;
 }
 
+/* Expected file size: the tensor bytes plus HDF5's own structures (object headers, B-trees,
+ * heaps: about 1-2 KiB per dataset, measured with h5stat; 4 KiB each keeps a margin). */
+static size_t expected_size(const gm_ckpt *c) {
+    size_t bytes = (size_t)1 << 16;
+    for (int i = 0; i < c->n_tensors; i++) {
+        const gm_ckpt_tensor *t = &c->tensors[i];
+        size_t n = sizeof(float);
+        for (int d = 0; d < t->ndim; d++) n *= (size_t)t->shape[d];
+        for (int k = 0; k < 3; k++)
+            if (buffer_of(t, k)) bytes += n + 4096;
+    }
+    return bytes;
+}
+
 gm_status gm_ckpt_save(const char *path, const gm_ckpt *c, gm_error *err) {
     GM_TRY(check_list(path, c, err));
-    gm_status s = GM_OK;
     gm_h5_file *f = NULL;
-    bool tmp_exists = false, renamed = false;
-    char *tmp = join3(path, "", ".tmp"), *folder = folder_of(path);
-    if (!tmp || !folder) {
-        s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-        goto cleanup;
-    }
-    // 1. everything into <path>.tmp
-    if ((s = gm_h5_create(tmp, &f, err)) != GM_OK) goto cleanup;
-    tmp_exists = true;
-    if ((s = write_contents(f, c, err)) != GM_OK) goto cleanup;
-    // 2. close (HDF5 writes its metadata now), then make the bytes durable
-    if ((s = gm_h5_close(&f, err)) != GM_OK) goto cleanup;
-    if ((s = sync_path(tmp, false, err)) != GM_OK) goto cleanup;
-    // 3. the atomic switch, then make the new folder entry durable
-    if (rename(tmp, path) != 0) {
-        s = gm_error_set(err, GM_ERR_IO, "cannot rename %s onto %s: %s", tmp, path,
-                         strerror(errno));
-        goto cleanup;
-    }
-    renamed = true;
-    s = sync_path(folder, true, err);
-cleanup:
-    if (f) gm_h5_close(&f, NULL);
-    if (s != GM_OK) {
-        if (tmp_exists && !renamed) unlink(tmp);
-        if (renamed)
-            gm_error_prefix(err, "checkpoint %s was written but may not survive a power cut",
-                            path);
-        else
-            gm_error_prefix(err, "saving checkpoint %s failed (a previous file there is "
-                            "untouched)", path);
-    }
-    gm_free(tmp);
-    gm_free(folder);
+    // the whole file is built in memory (HDF5 never writes to the disk itself, see gm_h5.h),
+    // then put in place by <path>.tmp + fsync + rename + folder fsync
+    gm_status s = gm_h5_create_memory(path, expected_size(c), &f, err);
+    if (s == GM_OK) s = write_contents(f, c, err);
+    if (s == GM_OK) s = gm_h5_save_atomic(f, path, err);
+    gm_h5_close(&f, NULL); // a memory file: nothing to fail
+    if (s != GM_OK) gm_error_prefix(err, "saving checkpoint %s", path);
     return s;
 }
 
 /* ---- load --------------------------------------------------------------------------------- */
 
 /* A required root attribute: absent means "not a (complete) checkpoint", GM_ERR_FORMAT. */
-static gm_status need(gm_status s, gm_error *err) {
-    if (s == GM_ERR_NOT_FOUND) {
-        if (err) err->code = GM_ERR_FORMAT;
-        return GM_ERR_FORMAT;
-    }
+static gm_status need(gm_status s, const char *path, const char *name, gm_error *err) {
+    if (s == GM_ERR_NOT_FOUND)
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: not a complete gemmarun checkpoint: the root "
+                            "attribute '%s' is missing", path, name);
     return s;
 }
 
@@ -200,7 +165,8 @@ static gm_status open_checkpoint(const char *path, gm_h5_file **out, gm_error *e
     char *format = NULL;
     int64_t version = 0;
     gm_status s = gm_h5_attr_get_str(f, "/", "format", &format, err);
-    if (s == GM_ERR_NOT_FOUND || s == GM_ERR_FORMAT || (s == GM_OK && strcmp(format, CKPT_FORMAT))) {
+    bool other = s == GM_OK && strcmp(format, CKPT_FORMAT) != 0;
+    if (s == GM_ERR_NOT_FOUND || s == GM_ERR_FORMAT || other) {
         s = gm_error_set(err, GM_ERR_FORMAT, "%s: an HDF5 file, but not a gemmarun checkpoint "
                          "(root attribute format = %s%.64s%s, expected '%s')", path,
                          format ? "'" : "", format ? format : "(none)", format ? "'" : "",
@@ -208,8 +174,8 @@ static gm_status open_checkpoint(const char *path, gm_h5_file **out, gm_error *e
         goto cleanup;
     }
     if (s != GM_OK) goto cleanup;
-    if ((s = need(gm_h5_attr_get_i64(f, "/", "version", &version, err), err)) != GM_OK)
-        goto cleanup;
+    s = need(gm_h5_attr_get_i64(f, "/", "version", &version, err), path, "version", err);
+    if (s != GM_OK) goto cleanup;
     if (version != CKPT_VERSION) {
         s = gm_error_set(err, GM_ERR_FORMAT, "%s: checkpoint version %lld, this build reads "
                          "version %d; hint: resume with the gemmarun that wrote it", path,
@@ -239,14 +205,20 @@ static gm_status check_tensors(gm_h5_file *f, const char *path, const gm_ckpt *c
             int64_t shape[GM_H5_MAX_DIMS];
             gm_status s = gm_h5_dataset_info(f, name, &dt, &nd, shape, err);
             char a[128], b[128];
-            if (s == GM_ERR_NOT_FOUND || s == GM_ERR_FORMAT)
-                s = gm_error_set(err, GM_ERR_FORMAT, "%s: tensor '%s' is missing (no dataset %s "
-                                 "for its %s); " HINT_CONFIG, path, t->name, name, role_of[k]);
+            if ((s == GM_ERR_NOT_FOUND || s == GM_ERR_FORMAT) && k == 0)
+                s = gm_error_set(err, GM_ERR_FORMAT, "%s: tensor '%s' is missing (no dataset %s); "
+                                 HINT_CONFIG, path, t->name, name);
+            else if (s == GM_ERR_NOT_FOUND || s == GM_ERR_FORMAT) // weights present (k=0 passed)
+                s = gm_error_set(err, GM_ERR_FORMAT, "%s: tensor '%s' has no %s in the file (no "
+                                 "dataset %s); hint: it was saved without optimizer state: load "
+                                 "the weights only (m = v = NULL) and start the optimizer afresh",
+                                 path, t->name, role_of[k], name);
             else if (s == GM_OK && dt != GM_F32)
                 s = gm_error_set(err, GM_ERR_FORMAT, "%s: tensor '%s' (%s) is stored as %s, "
                                  "expected f32", path, t->name, name,
                                  dt == GM_DTYPE_COUNT ? "a non-numeric type" : gm_dtype_name(dt));
-            else if (s == GM_OK && (nd != t->ndim || memcmp(shape, t->shape, (size_t)nd * sizeof *shape)))
+            else if (s == GM_OK &&
+                     (nd != t->ndim || memcmp(shape, t->shape, (size_t)nd * sizeof *shape)))
                 s = gm_error_set(err, GM_ERR_FORMAT, "%s: tensor '%s' (%s) has shape %s in the "
                                  "file, expected %s; " HINT_CONFIG, path, t->name, name,
                                  shape_str(a, sizeof a, nd, shape),
@@ -274,18 +246,34 @@ static gm_status read_tensors(gm_h5_file *f, const gm_ckpt *c, gm_error *err) {
     return GM_OK;
 }
 
+/* The scalar fields from the root attributes, into `got` (the caller's copy). */
+static gm_status read_scalars(gm_h5_file *f, const char *path, gm_ckpt *got, gm_error *err) {
+    const struct {
+        const char *name;
+        char kind; // 'i' int64, 'u' uint64, 'f' float64
+        void *dst;
+    } rows[] = {
+        {"step", 'i', &got->step},          {"epoch", 'i', &got->epoch},
+        {"data_pos", 'i', &got->data_pos},  {"rng_seed", 'u', &got->rng_seed},
+        {"rng_counter", 'u', &got->rng_counter}, {"loss", 'f', &got->loss},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+        const char *name = rows[i].name;
+        gm_status s = rows[i].kind == 'i' ? gm_h5_attr_get_i64(f, "/", name, rows[i].dst, err)
+                      : rows[i].kind == 'u' ? gm_h5_attr_get_u64(f, "/", name, rows[i].dst, err)
+                                            : gm_h5_attr_get_f64(f, "/", name, rows[i].dst, err);
+        GM_TRY(need(s, path, name, err));
+    }
+    return GM_OK;
+}
+
 gm_status gm_ckpt_load(const char *path, gm_ckpt *c, gm_error *err) {
     GM_TRY(check_list(path, c, err));
     gm_h5_file *f = NULL;
     GM_TRY(open_checkpoint(path, &f, err));
     gm_ckpt got = *c;
     gm_status s;
-    if ((s = need(gm_h5_attr_get_i64(f, "/", "step", &got.step, err), err)) != GM_OK ||
-        (s = need(gm_h5_attr_get_i64(f, "/", "epoch", &got.epoch, err), err)) != GM_OK ||
-        (s = need(gm_h5_attr_get_i64(f, "/", "data_pos", &got.data_pos, err), err)) != GM_OK ||
-        (s = need(gm_h5_attr_get_u64(f, "/", "rng_seed", &got.rng_seed, err), err)) != GM_OK ||
-        (s = need(gm_h5_attr_get_u64(f, "/", "rng_counter", &got.rng_counter, err), err)) != GM_OK ||
-        (s = need(gm_h5_attr_get_f64(f, "/", "loss", &got.loss, err), err)) != GM_OK ||
+    if ((s = read_scalars(f, path, &got, err)) != GM_OK ||
         (s = check_tensors(f, path, c, err)) != GM_OK || (s = read_tensors(f, c, err)) != GM_OK)
         goto cleanup;
     c->step = got.step;
@@ -303,7 +291,8 @@ gm_status gm_ckpt_read_config(const char *path, char **out, gm_error *err) {
     *out = NULL;
     gm_h5_file *f = NULL;
     GM_TRY(open_checkpoint(path, &f, err));
-    gm_status s = need(gm_h5_attr_get_str(f, "/", "config_json", out, err), err);
+    gm_status s = gm_h5_attr_get_str(f, "/", "config_json", out, err);
+    s = need(s, path, "config_json", err);
     gm_h5_close(&f, NULL);
     return s;
 }

@@ -11,7 +11,19 @@
  * Extending it: a compound "table" dataset (pandas.read_hdf) would be one more pair of
  * functions here beside the series ones, built on gm_h5_raw_id + H5TB (hdf5_hl is linked).
  *
- * Ownership: gm_h5_create/gm_h5_open return an owned handle that gm_h5_close releases (the
+ * Two kinds of files. Disk files (gm_h5_create/gm_h5_open) are read and written by HDF5 itself.
+ * Memory files (gm_h5_create_memory) never touch the disk through HDF5: gm_h5_save_atomic puts
+ * a complete image in place with our own write + fsync + rename, so a reader (or a resumed run)
+ * sees either the previous snapshot or the new one, never a torn file, and no file lock is held
+ * between snapshots. Write checkpoints and logs that must survive crashes and disk-full that
+ * way. Why: HDF5 1.10.8 cannot recover from a failed write during a flush or close of a disk
+ * file: its metadata cache stays broken ("slist already enabled?"), every later flush and close
+ * fails, and the library's atexit clean-up then crashes the process (SIGSEGV), even when the
+ * file is never closed (measured here with ENOSPC; fixed upstream by HDFGroup/hdf5 PR #2291;
+ * h5py issue #914 is the same crash). Errors are still reported first; the crash comes at exit.
+ *
+ * Ownership: gm_h5_create/gm_h5_open/gm_h5_create_memory return an owned handle that
+ * gm_h5_close releases (the
  * handle keeps a copy of the path for messages). Every other function borrows the handle and
  * the caller's buffers; the functions that return memory say so (gm_malloc'd, gm_free it).
  * Errors: functions return gm_status and write a message into the caller's gm_error that starts
@@ -52,14 +64,43 @@ gm_status gm_h5_create(const char *path, gm_h5_file **out, gm_error *err);
  * file"), a file without the HDF5 signature GM_ERR_FORMAT ("not an HDF5 file"). */
 gm_status gm_h5_open(const char *path, bool writable, gm_h5_file **out, gm_error *err);
 
-/* Closes the file (flushing what HDF5 still buffers) and frees the handle; sets *f to NULL.
- * A failure here (disk full during the final flush) is GM_ERR_IO: for a writer, the file must
- * then be treated as damaged. gm_h5_close(NULL or &NULL) is a no-op returning GM_OK. */
+/* Creates an HDF5 file that lives in memory only (HDF5 core driver, no backing store); `name`
+ * labels it in messages (usually the path it will be saved to). gm_h5_save_atomic and
+ * gm_h5_write_image put it on disk, as often as wanted; gm_h5_close discards it. HDF5 never
+ * touches the disk for such a file, so disk errors come from our own write(2)/fsync(2) as plain
+ * errno values. `size_hint`: the expected final size in bytes (0: unknown); when right, HDF5
+ * allocates its buffer once (else it grows in 1 MiB steps). */
+gm_status gm_h5_create_memory(const char *name, size_t size_hint, gm_h5_file **out,
+                              gm_error *err);
+
+/* Crash-safe snapshot of a memory file (formats.md §7.3): the complete image goes to
+ * <path>.tmp (same folder), is fsync'd, rename()d onto `path`, and the folder is fsync'd. At
+ * every instant `path` holds the previous complete file or the new one; a kill leaves at most
+ * a stray <path>.tmp, which the next save overwrites. On failure before the rename the .tmp is
+ * removed and `path` is untouched (the message says so); a failure of the final folder fsync
+ * says that the new file is in place but may not survive a power cut. The memory file stays
+ * open and unchanged (keep appending, save again). Memory: a second copy of the image while it
+ * is written. Saves to one path must not run concurrently (they share <path>.tmp).
+ * Errors: GM_ERR_IO (errno text: ENOSPC, EFBIG, EIO, EACCES), GM_ERR_NOMEM, GM_ERR_INVALID (not
+ * a memory file). */
+gm_status gm_h5_save_atomic(gm_h5_file *f, const char *path, gm_error *err);
+
+/* The plain write under gm_h5_save_atomic: the complete current image of a memory file to
+ * `path` (created or truncated), fsync'd when `durable`. On failure `path` may hold part of the
+ * image and is the caller's to remove. Errors as gm_h5_save_atomic. */
+gm_status gm_h5_write_image(gm_h5_file *f, const char *path, bool durable, gm_error *err);
+
+/* Closes the series kept open and the file (for a disk file HDF5 writes what it still buffers;
+ * a memory file is discarded) and frees the handle; sets *f to NULL. A failure here is
+ * GM_ERR_IO and, for a disk file being written, means the file is damaged (and see above: HDF5
+ * 1.10.8 will crash at exit after a failed write). gm_h5_close(NULL or &NULL) is a no-op. */
 gm_status gm_h5_close(gm_h5_file **f, gm_error *err);
 
-/* H5Fflush(global): after it, the file on disk is consistent and survives the process being
- * killed (formats.md §7.2: unflushed default-libver files are lost whole). It does not fsync:
- * data may still be in the OS page cache if the machine itself crashes. */
+/* Disk files: H5Fflush(global), cached series chunks included: after it, the file on disk is
+ * consistent and survives the process being killed (formats.md §7.2: an unflushed
+ * default-libver file is lost whole; a kill *during* a flush can still damage it). It does not
+ * fsync: data may still be in the OS page cache if the machine itself crashes. Memory files:
+ * settles HDF5's caches into the image (nothing reaches the disk; use gm_h5_save_atomic). */
 gm_status gm_h5_flush(gm_h5_file *f, gm_error *err);
 
 /* The path given at create/open (borrowed, valid until gm_h5_close). */
@@ -69,8 +110,10 @@ const char *gm_h5_path(const gm_h5_file *f);
  * this layer does not wrap. Borrowed: do not close it. */
 int64_t gm_h5_raw_id(const gm_h5_file *f);
 
-/* Number of HDF5 identifiers (files, groups, datasets, types, spaces, attributes) open in the
- * whole process: tests use it to prove every path closes what it opened. */
+/* Number of HDF5 identifiers open in the whole process: files, groups, datasets, attributes
+ * (H5Fget_obj_count) plus datatypes, dataspaces and property lists. The library's predefined
+ * types and default property lists are counted too, so compare two counts (before/after) rather
+ * than with zero. Tests use it to prove every path closes what it opened. */
 int64_t gm_h5_open_objects(void);
 
 /* ---- groups and listing ----------------------------------------------------------------- */
@@ -159,9 +202,10 @@ gm_status gm_h5_series_create(gm_h5_file *f, const char *path, gm_dtype dtype, i
                               gm_error *err);
 
 /* Appends `n` values to series `path`, creating it (default chunk) when missing. The series
- * must be 1-D, extendible, and of the same class as `dtype`. Cost: one dataset open/extend/
- * write/close, i.e. tens of microseconds: fine per training step. Not durable until
- * gm_h5_flush or gm_h5_close. */
+ * must be 1-D, extendible, and of the same class (float/integer) as `dtype`. The handle keeps up
+ * to 16 series open between appends (closed by gm_h5_close), so a per-step append costs a few
+ * microseconds and the last chunk is compressed once, not on every append. Appended values are
+ * durable only after gm_h5_flush or gm_h5_close. */
 gm_status gm_h5_append(gm_h5_file *f, const char *path, gm_dtype dtype, const void *values,
                        int64_t n, gm_error *err);
 gm_status gm_h5_append_f64(gm_h5_file *f, const char *path, double value, gm_error *err);
