@@ -29,7 +29,7 @@
 
 #define CKPT_FORMAT "gemmarun-checkpoint"
 #define CKPT_VERSION 1
-/* Checklist: keep in step with GM_VERSION in lua/main.c and project(VERSION) in CMakeLists.txt. */
+/* GM_VERSION comes from project(VERSION) in CMakeLists.txt. */
 #define CKPT_CREATED_BY "gemmarun " GM_VERSION
 
 #define HINT_CONFIG                                                                           \
