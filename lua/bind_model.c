@@ -18,6 +18,7 @@
  *   model:close()
  */
 #include "gm_lua.h"
+#include "bind_util.h"
 
 #include "gm_alloc.h"
 #include "gm_chat.h"
@@ -31,99 +32,28 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MODEL_MT "gm.Model"
 
-typedef struct lmodel {
-    gm_model *m;
-    gm_infer *st;
-    int64_t st_ctx;
-    int n_threads;
-} lmodel;
-
-static lmodel *check_model(lua_State *L, int idx) {
-    lmodel *lm = luaL_checkudata(L, idx, MODEL_MT);
+lmodel *gm_bind_check_model(lua_State *L, int idx) {
+    lmodel *lm = luaL_checkudata(L, idx, GM_MODEL_MT);
     if (!lm->m) luaL_error(L, "this model was closed");
     return lm;
-}
-
-/* Raises a Lua error with the core's message (the caller released what it held). */
-static int raise(lua_State *L, const gm_error *err) { return luaL_error(L, "%s", err->msg); }
-
-/* Checks that every key of the options table at idx is one of `allowed`. */
-static void check_opts(lua_State *L, int idx, const char *fn, const char *const *allowed) {
-    if (lua_isnoneornil(L, idx)) return;
-    luaL_checktype(L, idx, LUA_TTABLE);
-    lua_pushnil(L);
-    while (lua_next(L, idx)) {
-        lua_pop(L, 1);
-        const char *k = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
-        bool ok = false;
-        for (int i = 0; k && allowed[i]; i++) ok = ok || strcmp(k, allowed[i]) == 0;
-        if (!ok) {
-            luaL_Buffer b;
-            luaL_buffinit(L, &b);
-            for (int i = 0; allowed[i]; i++) {
-                if (i) luaL_addstring(&b, ", ");
-                luaL_addstring(&b, allowed[i]);
-            }
-            luaL_pushresult(&b);
-            luaL_error(L, "%s: unknown option '%s' (allowed: %s)", fn, k ? k : luaL_typename(L, -2),
-                       lua_tostring(L, -1));
-        }
-    }
-}
-
-static lua_Integer opt_int(lua_State *L, int idx, const char *key, lua_Integer def) {
-    if (lua_isnoneornil(L, idx)) return def;
-    lua_getfield(L, idx, key);
-    lua_Integer v = def;
-    if (!lua_isnil(L, -1)) {
-        if (!lua_isinteger(L, -1)) luaL_error(L, "option '%s' must be an integer", key);
-        v = lua_tointeger(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
-}
-
-static lua_Number opt_num(lua_State *L, int idx, const char *key, lua_Number def) {
-    if (lua_isnoneornil(L, idx)) return def;
-    lua_getfield(L, idx, key);
-    lua_Number v = def;
-    if (!lua_isnil(L, -1)) {
-        if (!lua_isnumber(L, -1)) luaL_error(L, "option '%s' must be a number", key);
-        v = lua_tonumber(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
-}
-
-static bool opt_bool(lua_State *L, int idx, const char *key, bool def) {
-    if (lua_isnoneornil(L, idx)) return def;
-    lua_getfield(L, idx, key);
-    bool v = def;
-    if (!lua_isnil(L, -1)) {
-        if (!lua_isboolean(L, -1)) luaL_error(L, "option '%s' must be true or false", key);
-        v = lua_toboolean(L, -1);
-    }
-    lua_pop(L, 1);
-    return v;
 }
 
 static int l_load_model(lua_State *L) {
     const char *arg = luaL_checkstring(L, 1);
     static const char *const allowed[] = {"threads", NULL};
-    check_opts(L, 2, "load_model", allowed);
+    gm_bind_check_opts(L, 2, "load_model", allowed);
     lua_getglobal(L, "GM_THREADS");
     int def_threads = (int)luaL_optinteger(L, -1, 2);
     lua_pop(L, 1);
-    int threads = (int)opt_int(L, 2, "threads", def_threads);
+    int threads = (int)gm_bind_opt_int(L, 2, "threads", def_threads);
     gm_error err = {0};
     char path[1200];
-    if (gm_resolve_model(arg, path, sizeof path, &err) != GM_OK) return raise(L, &err);
+    if (gm_resolve_model(arg, path, sizeof path, &err) != GM_OK) return gm_bind_raise(L, &err);
     lmodel *lm = lua_newuserdatauv(L, sizeof *lm, 0);
     memset(lm, 0, sizeof *lm);
-    luaL_setmetatable(L, MODEL_MT);
-    if (gm_model_load(path, NULL, &lm->m, &err) != GM_OK) return raise(L, &err);
+    luaL_setmetatable(L, GM_MODEL_MT);
+    if (gm_model_load(path, NULL, &lm->m, &err) != GM_OK) return gm_bind_raise(L, &err);
     lm->n_threads = threads > 0 ? threads : 2;
     return 1;
 }
@@ -143,18 +73,18 @@ static int32_t *encode(lua_State *L, lmodel *lm, const char *text, size_t len, b
     gm_error err = {0};
     if (gm_tokenizer_encode(tok, text, len, bos, special, ids, cap, n, &err) != GM_OK) {
         gm_free(ids);
-        raise(L, &err);
+        gm_bind_raise(L, &err);
     }
     return ids;
 }
 
 static int l_tokenize(lua_State *L) {
-    lmodel *lm = check_model(L, 1);
+    lmodel *lm = gm_bind_check_model(L, 1);
     size_t len;
     const char *text = luaL_checklstring(L, 2, &len);
     static const char *const allowed[] = {"bos", "special", NULL};
-    check_opts(L, 3, "tokenize", allowed);
-    bool bos = opt_bool(L, 3, "bos", true), special = opt_bool(L, 3, "special", false);
+    gm_bind_check_opts(L, 3, "tokenize", allowed);
+    bool bos = gm_bind_opt_bool(L, 3, "bos", true), special = gm_bind_opt_bool(L, 3, "special", false);
     int64_t n = 0;
     int32_t *ids = encode(L, lm, text, len, bos, special, &n);
     lua_createtable(L, (int)n, 0);
@@ -167,11 +97,11 @@ static int l_tokenize(lua_State *L) {
 }
 
 static int l_detokenize(lua_State *L) {
-    lmodel *lm = check_model(L, 1);
+    lmodel *lm = gm_bind_check_model(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     static const char *const allowed[] = {"special", NULL};
-    check_opts(L, 3, "detokenize", allowed);
-    bool special = opt_bool(L, 3, "special", false);
+    gm_bind_check_opts(L, 3, "detokenize", allowed);
+    bool special = gm_bind_opt_bool(L, 3, "special", false);
     const gm_tokenizer *tok = need_tok(L, lm);
     lua_Integer n = luaL_len(L, 2);
     int64_t V = gm_tokenizer_vocab_size(tok);
@@ -193,7 +123,7 @@ static int l_detokenize(lua_State *L) {
     gm_error err = {0};
     gm_status s = gm_tokenizer_decode(tok, ids, n, special, &text, &err);
     gm_free(ids);
-    if (s != GM_OK) return raise(L, &err);
+    if (s != GM_OK) return gm_bind_raise(L, &err);
     lua_pushstring(L, text);
     gm_free(text);
     return 1;
@@ -205,23 +135,23 @@ static void push_chat_prompt(lua_State *L, const char *prompt) {
     gm_chat_msg msg = {"user", prompt};
     char *text = NULL;
     gm_error err = {0};
-    if (gm_chat_render(&msg, 1, true, &text, NULL, &err) != GM_OK) raise(L, &err);
+    if (gm_chat_render(&msg, 1, true, &text, NULL, &err) != GM_OK) gm_bind_raise(L, &err);
     lua_pushstring(L, text);
     gm_free(text);
 }
 
 static int l_generate(lua_State *L) {
-    lmodel *lm = check_model(L, 1);
+    lmodel *lm = gm_bind_check_model(L, 1);
     const char *prompt = luaL_checkstring(L, 2);
     static const char *const allowed[] = {"max_tokens", "temperature", "top_k", "top_p", "seed", "chat",
                                           "stop_at_eos", NULL};
-    check_opts(L, 3, "generate", allowed);
-    lua_Integer max_tokens = opt_int(L, 3, "max_tokens", 64);
-    lua_Number temp = opt_num(L, 3, "temperature", 0.0);
-    lua_Integer top_k = opt_int(L, 3, "top_k", 0);
-    lua_Number top_p = opt_num(L, 3, "top_p", 1.0);
-    lua_Integer seed = opt_int(L, 3, "seed", 0);
-    bool chat = opt_bool(L, 3, "chat", false), stop_eos = opt_bool(L, 3, "stop_at_eos", true);
+    gm_bind_check_opts(L, 3, "generate", allowed);
+    lua_Integer max_tokens = gm_bind_opt_int(L, 3, "max_tokens", 64);
+    lua_Number temp = gm_bind_opt_num(L, 3, "temperature", 0.0);
+    lua_Integer top_k = gm_bind_opt_int(L, 3, "top_k", 0);
+    lua_Number top_p = gm_bind_opt_num(L, 3, "top_p", 1.0);
+    lua_Integer seed = gm_bind_opt_int(L, 3, "seed", 0);
+    bool chat = gm_bind_opt_bool(L, 3, "chat", false), stop_eos = gm_bind_opt_bool(L, 3, "stop_at_eos", true);
     if (max_tokens < 1) return luaL_error(L, "generate: max_tokens must be >= 1 (got %d)", (int)max_tokens);
     if (temp < 0) return luaL_error(L, "generate: temperature must be >= 0");
     if (top_p <= 0 || top_p > 1) return luaL_error(L, "generate: top_p must be in (0, 1]");
@@ -241,7 +171,7 @@ static int l_generate(lua_State *L) {
         if (io.max_tokens < 1) io.max_tokens = 1;
         if (gm_infer_new(lm->m, &io, &lm->st, &err) != GM_OK) {
             gm_free(ids);
-            return raise(L, &err);
+            return gm_bind_raise(L, &err);
         }
         lm->st_ctx = ctx;
     }
@@ -265,7 +195,7 @@ static int l_generate(lua_State *L) {
     gm_free(ids);
     if (s != GM_OK) {
         gm_free(out);
-        return raise(L, &err);
+        return gm_bind_raise(L, &err);
     }
     /* drop a final stop token from the text */
     int64_t n_text = n_out;
@@ -274,7 +204,7 @@ static int l_generate(lua_State *L) {
     char *text = NULL;
     s = gm_tokenizer_decode(lm->m->tok, out, n_text, false, &text, &err);
     gm_free(out);
-    if (s != GM_OK) return raise(L, &err);
+    if (s != GM_OK) return gm_bind_raise(L, &err);
     lua_pushstring(L, text);
     gm_free(text);
     lua_createtable(L, 0, 4);
@@ -291,7 +221,7 @@ static int l_generate(lua_State *L) {
 }
 
 static int l_config(lua_State *L) {
-    lmodel *lm = check_model(L, 1);
+    lmodel *lm = gm_bind_check_model(L, 1);
     const gm_config *c = &lm->m->cfg;
     lua_createtable(L, 0, 16);
 #define SETI(k, v) (lua_pushinteger(L, (lua_Integer)(v)), lua_setfield(L, -2, k))
@@ -318,7 +248,7 @@ static int l_config(lua_State *L) {
 }
 
 static int l_close(lua_State *L) {
-    lmodel *lm = luaL_checkudata(L, 1, MODEL_MT);
+    lmodel *lm = luaL_checkudata(L, 1, GM_MODEL_MT);
     gm_infer_free(lm->st);
     gm_model_free(lm->m);
     lm->st = NULL;
@@ -327,7 +257,7 @@ static int l_close(lua_State *L) {
 }
 
 static int l_tostring(lua_State *L) {
-    lmodel *lm = luaL_checkudata(L, 1, MODEL_MT);
+    lmodel *lm = luaL_checkudata(L, 1, GM_MODEL_MT);
     if (!lm->m) lua_pushliteral(L, "gm.Model (closed)");
     else lua_pushfstring(L, "gm.Model (%s, %s)", lm->m->cfg.name, lm->m->path);
     return 1;
@@ -337,7 +267,7 @@ void gm_lua_open_model(lua_State *L) {
     static const luaL_Reg methods[] = {{"tokenize", l_tokenize}, {"detokenize", l_detokenize},
                                        {"generate", l_generate}, {"config", l_config},
                                        {"close", l_close}, {NULL, NULL}};
-    luaL_newmetatable(L, MODEL_MT);
+    luaL_newmetatable(L, GM_MODEL_MT);
     luaL_newlib(L, methods);
     lua_setfield(L, -2, "__index");
     lua_pushcfunction(L, l_close);

@@ -111,6 +111,7 @@ gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err) {
     lua_pushboolean(L, opts && opts->allow_os);
     lua_setglobal(L, "GM_ALLOW_OS");
     gm_lua_open_model(L);
+    gm_lua_open_train(L);
     gm_status s = gm_lua_run_string(L, (const char *)gm_embedded_prelude, gm_embedded_prelude_len,
                                     "=prelude", err);
     if (s != GM_OK) {

@@ -1,0 +1,75 @@
+/*
+ * gm_data.h - training examples: chat conversations tokenized up front, response-only targets,
+ * batches; and the built-in real data set (Debian fortunes).
+ *
+ * An example is one conversation rendered with Gemma's chat template and tokenized once, before
+ * any training step: ids (n tokens, BOS first) and the index of the first response token, found
+ * as the position after the LAST "<start_of_turn>model\n" (searching from the end, because image
+ * or audio placeholders change the prompt length; core/text/gm_chat.h). Position t predicts
+ * ids[t+1]; it is supervised when ids[t+1] belongs to the response. Examples longer than
+ * max_length are truncated on the right; an example whose response would lose every token is
+ * rejected with its reason, never silently kept.
+ *
+ * Ownership: a gm_dataset owns its examples (ids arrays, texts, labels). gm_batch_collate writes
+ * into caller buffers of size (B, T). Errors: GM_ERR_INVALID naming the example (index, and its
+ * label if any) and the reason; GM_ERR_IO naming the file for unreadable data.
+ */
+#ifndef GM_DATA_H
+#define GM_DATA_H
+
+#include "gm_chat.h"
+#include "gm_status.h"
+#include "gm_tokenizer.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gm_example {
+    int32_t *ids;          /* (n) tokens, BOS first */
+    int64_t n;
+    int64_t response_start; /* index of the first response token in ids */
+    int32_t label;         /* class index for classification sets, -1 otherwise */
+} gm_example;
+
+typedef struct gm_dataset {
+    gm_example *ex;
+    int64_t n, cap;
+    int64_t n_rejected;    /* examples refused by gm_dataset_add_chat (reason logged) */
+    int64_t n_truncated;   /* examples cut to max_length (response partly kept) */
+} gm_dataset;
+
+void gm_dataset_init(gm_dataset *ds);
+void gm_dataset_free(gm_dataset *ds);
+
+/* Renders msgs with the chat template, tokenizes, finds the response start and appends the
+ * example (truncated to max_length). Returns GM_ERR_INVALID (the example is not added; the
+ * caller decides whether that is fatal) when the response would be empty after truncation or
+ * the conversation has no model turn. */
+gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
+                              int64_t max_length, int32_t label, gm_error *err);
+
+/* Collates examples idx[0..B) into ids/targets (B, T) with T = the longest of them (right-padded
+ * with pad_id, targets -1 on padding and prompt). Returns T. */
+int64_t gm_batch_collate(const gm_dataset *ds, const int64_t *idx, int64_t B, int32_t pad_id, int32_t *ids,
+                         int32_t *targets);
+
+/* ---- built-in real data: Debian's fortunes package ---------------------------------------- */
+
+/* Reads the fortunes of one topic file (/usr/share/games/fortunes/<topic>; entries separated by
+ * lines holding only "%"), trimmed, keeping entries of at most max_chars characters. Calls fn for
+ * each entry in file order. Returns GM_ERR_IO with an install hint when the file is missing. */
+typedef void (*gm_text_fn)(const char *text, size_t len, void *user);
+gm_status gm_fortunes_read(const char *dir, const char *topic, size_t max_chars, gm_text_fn fn, void *user,
+                           int64_t *n_read, gm_error *err);
+
+/* The default folder of Debian's fortunes package. */
+#define GM_FORTUNES_DIR "/usr/share/games/fortunes"
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_DATA_H */

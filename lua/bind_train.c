@@ -1,0 +1,413 @@
+/*
+ * bind_train.c - Lua bindings for data sets and LoRA/QLoRA training.
+ *
+ *   gm.dataset(model)                      -> dataset (tokenizes with the model's tokenizer)
+ *   dataset:add_chat(messages [, {max_length = 256, label = n}])
+ *                                           -> true | false, reason   (messages: {{role=, content=}, ...})
+ *   dataset:size(), dataset:stats()         -> {n, rejected, truncated}
+ *   dataset:example(i)                      -> {tokens = n, response_start = k, label = n}
+ *   gm.fortunes(topic [, {max_chars = 400, dir = "/usr/share/games/fortunes"}]) -> {text, ...}
+ *   model:trainer(opts)                    -> trainer   (opts: see TRAIN_KEYS below)
+ *   trainer:step(dataset, {i, ...})        -> {loss, tokens, grad_norm, lr, step}
+ *       the indices (1-based) are split into micro-batches of opts.batch (gradient accumulation)
+ *   trainer:eval(dataset, {i, ...})        -> mean loss, supervised tokens
+ *   trainer:save(path [, {epoch, pos, loss, config}]), trainer:load(path) -> {step, epoch, pos}
+ *   trainer:memory()                       -> {[kind] = bytes, total = bytes}
+ *   gm.peak_rss(), gm.clock()               -> bytes, seconds (monotonic)
+ *
+ * Userdata keep their model alive through a user value; __gc/__close free the core objects.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "bind_util.h"
+#include "gm_lua.h"
+
+#include "gm_alloc.h"
+#include "gm_data.h"
+#include "gm_train.h"
+
+#include <lauxlib.h>
+#include <string.h>
+#include <time.h>
+
+#define DATASET_MT "gm.Dataset"
+#define TRAINER_MT "gm.Trainer"
+
+typedef struct ldataset {
+    gm_dataset ds;
+    const gm_tokenizer *tok;
+    bool open;
+} ldataset;
+
+typedef struct ltrainer {
+    gm_trainer *tr;
+    int32_t *ids, *targets; /* (grad_accum * batch * max_length) collation buffers */
+    gm_batch *micro;        /* (grad_accum) */
+    int64_t *idx;           /* (grad_accum * batch) */
+    int32_t pad_id;
+} ltrainer;
+
+static ldataset *check_ds(lua_State *L, int i) {
+    ldataset *d = luaL_checkudata(L, i, DATASET_MT);
+    if (!d->open) luaL_error(L, "this dataset was closed");
+    return d;
+}
+
+static ltrainer *check_tr(lua_State *L, int i) {
+    ltrainer *t = luaL_checkudata(L, i, TRAINER_MT);
+    if (!t->tr) luaL_error(L, "this trainer was closed");
+    return t;
+}
+
+/* ---- data sets ---- */
+
+static int l_dataset(lua_State *L) {
+    lmodel *lm = gm_bind_check_model(L, 1);
+    if (!lm->m->tok) return luaL_error(L, "%s has no tokenizer", lm->m->path);
+    ldataset *d = lua_newuserdatauv(L, sizeof *d, 1);
+    memset(d, 0, sizeof *d);
+    gm_dataset_init(&d->ds);
+    d->tok = lm->m->tok;
+    d->open = true;
+    luaL_setmetatable(L, DATASET_MT);
+    lua_pushvalue(L, 1);
+    lua_setiuservalue(L, -2, 1); /* keep the model (and its tokenizer) alive */
+    return 1;
+}
+
+static int l_ds_add_chat(lua_State *L) {
+    ldataset *d = check_ds(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    static const char *const allowed[] = {"max_length", "label", NULL};
+    gm_bind_check_opts(L, 3, "add_chat", allowed);
+    lua_Integer max_length = gm_bind_opt_int(L, 3, "max_length", 256);
+    lua_Integer label = gm_bind_opt_int(L, 3, "label", -1);
+    if (max_length < 2) return luaL_error(L, "add_chat: max_length must be >= 2 (got %d)", (int)max_length);
+    lua_Integer n = luaL_len(L, 2);
+    if (n < 1 || n > 256) return luaL_error(L, "add_chat: expected 1..256 messages, got %d", (int)n);
+    gm_chat_msg msgs[256];
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, 2, i);
+        if (!lua_istable(L, -1)) return luaL_error(L, "add_chat: message %d must be a table {role=, content=}", (int)i);
+        lua_getfield(L, -1, "role");
+        lua_getfield(L, -2, "content");
+        if (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TSTRING)
+            return luaL_error(L, "add_chat: message %d needs string fields role and content", (int)i);
+        msgs[i - 1].role = lua_tostring(L, -2);
+        msgs[i - 1].content = lua_tostring(L, -1);
+        lua_pop(L, 3); /* strings stay referenced by the message tables */
+    }
+    gm_error err = {0};
+    gm_status s = gm_dataset_add_chat(&d->ds, d->tok, msgs, n, max_length, (int32_t)label, &err);
+    if (s == GM_OK) {
+        lua_pushboolean(L, 1);
+        return 1;
+    }
+    if (s != GM_ERR_INVALID) return gm_bind_raise(L, &err);
+    lua_pushboolean(L, 0);
+    lua_pushstring(L, err.msg);
+    return 2;
+}
+
+static int l_ds_size(lua_State *L) {
+    lua_pushinteger(L, check_ds(L, 1)->ds.n);
+    return 1;
+}
+
+static int l_ds_stats(lua_State *L) {
+    ldataset *d = check_ds(L, 1);
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, d->ds.n);
+    lua_setfield(L, -2, "n");
+    lua_pushinteger(L, d->ds.n_rejected);
+    lua_setfield(L, -2, "rejected");
+    lua_pushinteger(L, d->ds.n_truncated);
+    lua_setfield(L, -2, "truncated");
+    return 1;
+}
+
+static int l_ds_example(lua_State *L) {
+    ldataset *d = check_ds(L, 1);
+    lua_Integer i = luaL_checkinteger(L, 2);
+    if (i < 1 || i > d->ds.n) return luaL_error(L, "example %d: index outside 1..%d", (int)i, (int)d->ds.n);
+    const gm_example *e = &d->ds.ex[i - 1];
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, e->n);
+    lua_setfield(L, -2, "tokens");
+    lua_pushinteger(L, e->response_start);
+    lua_setfield(L, -2, "response_start");
+    lua_pushinteger(L, e->label);
+    lua_setfield(L, -2, "label");
+    return 1;
+}
+
+static int l_ds_close(lua_State *L) {
+    ldataset *d = luaL_checkudata(L, 1, DATASET_MT);
+    if (d->open) gm_dataset_free(&d->ds);
+    d->open = false;
+    return 0;
+}
+
+typedef struct text_sink {
+    lua_State *L;
+    lua_Integer n;
+} text_sink;
+
+static void push_text(const char *text, size_t len, void *user) {
+    text_sink *s = user;
+    lua_pushlstring(s->L, text, len);
+    lua_rawseti(s->L, -2, ++s->n);
+}
+
+static int l_fortunes(lua_State *L) {
+    const char *topic = luaL_checkstring(L, 1);
+    static const char *const allowed[] = {"max_chars", "dir", NULL};
+    gm_bind_check_opts(L, 2, "fortunes", allowed);
+    lua_Integer max_chars = gm_bind_opt_int(L, 2, "max_chars", 400);
+    const char *dir = gm_bind_opt_str(L, 2, "dir", GM_FORTUNES_DIR);
+    if (strchr(topic, '/') || strcmp(topic, "..") == 0) return luaL_error(L, "fortunes: '%s' is not a topic name", topic);
+    lua_newtable(L);
+    text_sink s = {L, 0};
+    gm_error err = {0};
+    if (gm_fortunes_read(dir, topic, (size_t)max_chars, push_text, &s, NULL, &err) != GM_OK) return gm_bind_raise(L, &err);
+    return 1;
+}
+
+/* ---- trainer ---- */
+
+static const char *const TRAIN_KEYS[] = {
+    "rank", "alpha", "dropout", "rslora", "targets", "layers", "seed", "quant", "batch", "max_length",
+    "grad_accum", "lr", "weight_decay", "beta1", "beta2", "eps", "max_grad_norm", "schedule", "warmup",
+    "steps", "checkpointing", "threads", NULL};
+
+/* Reads the option table at idx into o (defaults from gm_train_opts_default). */
+static void read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads) {
+    gm_bind_check_opts(L, idx, "trainer", TRAIN_KEYS);
+    *o = gm_train_opts_default();
+    o->n_threads = def_threads;
+    gm_error err = {0};
+    o->lora.rank = (int)gm_bind_opt_int(L, idx, "rank", o->lora.rank);
+    o->lora.alpha = (float)gm_bind_opt_num(L, idx, "alpha", o->lora.alpha);
+    o->lora.dropout = (float)gm_bind_opt_num(L, idx, "dropout", o->lora.dropout);
+    o->lora.rslora = gm_bind_opt_bool(L, idx, "rslora", false);
+    o->lora.seed = (uint64_t)gm_bind_opt_int(L, idx, "seed", 0);
+    const char *targets = gm_bind_opt_str(L, idx, "targets", "all-linear");
+    if (gm_lora_parse_targets(targets, &o->lora.targets, &err) != GM_OK) gm_bind_raise(L, &err);
+    lua_getfield(L, idx, "layers");
+    if (!lua_isnil(L, -1)) {
+        if (!lua_istable(L, -1)) luaL_error(L, "option 'layers' must be a list of layer indices (0-based)");
+        for (int i = 0; i < GM_MAX_LAYERS; i++) o->lora.layers[i] = false;
+        lua_Integer n = luaL_len(L, -1);
+        for (lua_Integer i = 1; i <= n; i++) {
+            lua_rawgeti(L, -1, i);
+            if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0 || lua_tointeger(L, -1) >= GM_MAX_LAYERS)
+                luaL_error(L, "layers[%d] must be a layer index 0..%d", (int)i, GM_MAX_LAYERS - 1);
+            o->lora.layers[lua_tointeger(L, -1)] = true;
+            lua_pop(L, 1);
+        }
+    }
+    lua_pop(L, 1);
+    const char *q = gm_bind_opt_str(L, idx, "quant", "stored");
+    if (gm_quant_from_name(q, &o->quant, &err) != GM_OK) gm_bind_raise(L, &err);
+    o->batch = gm_bind_opt_int(L, idx, "batch", o->batch);
+    o->max_length = gm_bind_opt_int(L, idx, "max_length", o->max_length);
+    o->grad_accum = gm_bind_opt_int(L, idx, "grad_accum", o->grad_accum);
+    o->lr = (float)gm_bind_opt_num(L, idx, "lr", o->lr);
+    o->weight_decay = (float)gm_bind_opt_num(L, idx, "weight_decay", o->weight_decay);
+    o->beta1 = (float)gm_bind_opt_num(L, idx, "beta1", o->beta1);
+    o->beta2 = (float)gm_bind_opt_num(L, idx, "beta2", o->beta2);
+    o->eps = (float)gm_bind_opt_num(L, idx, "eps", o->eps);
+    o->max_grad_norm = (float)gm_bind_opt_num(L, idx, "max_grad_norm", o->max_grad_norm);
+    const char *sched = gm_bind_opt_str(L, idx, "schedule", "constant");
+    if (!gm_schedule_from_name(sched, &o->schedule))
+        luaL_error(L, "option 'schedule' = '%s' (allowed: constant, linear, cosine)", sched);
+    o->warmup_steps = gm_bind_opt_int(L, idx, "warmup", 0);
+    o->total_steps = gm_bind_opt_int(L, idx, "steps", 1);
+    o->checkpointing = gm_bind_opt_bool(L, idx, "checkpointing", false);
+    o->n_threads = (int)gm_bind_opt_int(L, idx, "threads", def_threads);
+}
+
+static int l_trainer(lua_State *L) {
+    lmodel *lm = gm_bind_check_model(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    gm_train_opts o;
+    read_train_opts(L, 2, &o, lm->n_threads);
+    ltrainer *t = lua_newuserdatauv(L, sizeof *t, 1);
+    memset(t, 0, sizeof *t);
+    luaL_setmetatable(L, TRAINER_MT);
+    lua_pushvalue(L, 1);
+    lua_setiuservalue(L, -2, 1);
+    gm_error err = {0};
+    if (gm_trainer_new(lm->m, &o, &t->tr, &err) != GM_OK) return gm_bind_raise(L, &err);
+    int64_t rows = o.grad_accum * o.batch;
+    t->ids = gm_malloc((size_t)(rows * o.max_length) * sizeof(int32_t));
+    t->targets = gm_malloc((size_t)(rows * o.max_length) * sizeof(int32_t));
+    t->micro = gm_malloc((size_t)o.grad_accum * sizeof(gm_batch));
+    t->idx = gm_malloc((size_t)rows * sizeof(int64_t));
+    if (!t->ids || !t->targets || !t->micro || !t->idx) return luaL_error(L, "out of memory");
+    t->pad_id = lm->m->cfg.pad_id;
+    return 1;
+}
+
+/* Splits the 1-based index list at stack idx into micro-batches of `batch` examples. */
+static int collate(lua_State *L, ltrainer *t, ldataset *d, int idx_arg) {
+    const gm_train_opts *o = gm_trainer_opts(t->tr);
+    luaL_checktype(L, idx_arg, LUA_TTABLE);
+    lua_Integer n = luaL_len(L, idx_arg);
+    if (n < 1 || n > o->batch * o->grad_accum)
+        luaL_error(L, "a step takes 1..%d examples (batch %d x grad_accum %d), got %d", (int)(o->batch * o->grad_accum),
+                   (int)o->batch, (int)o->grad_accum, (int)n);
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, idx_arg, i);
+        lua_Integer e = lua_tointeger(L, -1);
+        lua_pop(L, 1);
+        if (e < 1 || e > d->ds.n) luaL_error(L, "example index %d is outside 1..%d", (int)e, (int)d->ds.n);
+        t->idx[i - 1] = e - 1;
+    }
+    int n_micro = 0;
+    for (lua_Integer s = 0; s < n; s += o->batch) {
+        int64_t B = n - s < o->batch ? n - s : o->batch;
+        int32_t *ids = t->ids + (size_t)(s * o->max_length), *tg = t->targets + (size_t)(s * o->max_length);
+        int64_t T = gm_batch_collate(&d->ds, t->idx + s, B, t->pad_id, ids, tg);
+        t->micro[n_micro++] = (gm_batch){B, T, ids, tg, t->idx + s};
+    }
+    return n_micro;
+}
+
+static int l_tr_step(lua_State *L) {
+    ltrainer *t = check_tr(L, 1);
+    ldataset *d = check_ds(L, 2);
+    int n_micro = collate(L, t, d, 3);
+    gm_step_stats st;
+    gm_error err = {0};
+    if (gm_trainer_step(t->tr, t->micro, n_micro, &st, &err) != GM_OK) return gm_bind_raise(L, &err);
+    lua_createtable(L, 0, 5);
+    lua_pushnumber(L, st.loss);
+    lua_setfield(L, -2, "loss");
+    lua_pushinteger(L, st.n_tokens);
+    lua_setfield(L, -2, "tokens");
+    lua_pushnumber(L, st.grad_norm);
+    lua_setfield(L, -2, "grad_norm");
+    lua_pushnumber(L, st.lr);
+    lua_setfield(L, -2, "lr");
+    lua_pushinteger(L, st.step);
+    lua_setfield(L, -2, "step");
+    return 1;
+}
+
+static int l_tr_eval(lua_State *L) {
+    ltrainer *t = check_tr(L, 1);
+    ldataset *d = check_ds(L, 2);
+    int n_micro = collate(L, t, d, 3);
+    double sum = 0;
+    int64_t tokens = 0;
+    gm_error err = {0};
+    for (int i = 0; i < n_micro; i++) {
+        double s;
+        int64_t n;
+        if (gm_trainer_eval(t->tr, &t->micro[i], &s, &n, &err) != GM_OK) return gm_bind_raise(L, &err);
+        sum += s;
+        tokens += n;
+    }
+    lua_pushnumber(L, sum / (double)tokens);
+    lua_pushinteger(L, tokens);
+    return 2;
+}
+
+static int l_tr_save(lua_State *L) {
+    ltrainer *t = check_tr(L, 1);
+    const char *path = luaL_checkstring(L, 2);
+    static const char *const allowed[] = {"epoch", "pos", "loss", "config", NULL};
+    gm_bind_check_opts(L, 3, "save", allowed);
+    gm_error err = {0};
+    if (gm_trainer_save(t->tr, path, gm_bind_opt_int(L, 3, "epoch", 0), gm_bind_opt_int(L, 3, "pos", 0),
+                        gm_bind_opt_num(L, 3, "loss", 0), gm_bind_opt_str(L, 3, "config", "{}"), &err) != GM_OK)
+        return gm_bind_raise(L, &err);
+    return 0;
+}
+
+static int l_tr_load(lua_State *L) {
+    ltrainer *t = check_tr(L, 1);
+    const char *path = luaL_checkstring(L, 2);
+    int64_t epoch = 0, pos = 0;
+    gm_error err = {0};
+    if (gm_trainer_load(t->tr, path, &epoch, &pos, &err) != GM_OK) return gm_bind_raise(L, &err);
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, gm_trainer_step_count(t->tr));
+    lua_setfield(L, -2, "step");
+    lua_pushinteger(L, epoch);
+    lua_setfield(L, -2, "epoch");
+    lua_pushinteger(L, pos);
+    lua_setfield(L, -2, "pos");
+    return 1;
+}
+
+static int l_tr_memory(lua_State *L) {
+    ltrainer *t = check_tr(L, 1);
+    const gm_arena *a = gm_trainer_arena(t->tr);
+    lua_createtable(L, 0, GM_MEM_KIND_COUNT + 1);
+    for (int k = 0; k < GM_MEM_KIND_COUNT; k++) {
+        lua_pushinteger(L, (lua_Integer)a->by_kind[k]);
+        lua_setfield(L, -2, gm_mem_kind_name((gm_mem_kind)k));
+    }
+    lua_pushinteger(L, (lua_Integer)a->capacity);
+    lua_setfield(L, -2, "total");
+    return 1;
+}
+
+static int l_tr_close(lua_State *L) {
+    ltrainer *t = luaL_checkudata(L, 1, TRAINER_MT);
+    gm_trainer_free(t->tr);
+    gm_free(t->ids), gm_free(t->targets), gm_free(t->micro), gm_free(t->idx);
+    memset(t, 0, sizeof *t);
+    return 0;
+}
+
+static int l_peak_rss(lua_State *L) {
+    lua_pushinteger(L, (lua_Integer)gm_process_peak_rss());
+    return 1;
+}
+
+static int l_clock(lua_State *L) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    lua_pushnumber(L, (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec);
+    return 1;
+}
+
+static void new_class(lua_State *L, const char *name, const luaL_Reg *methods, lua_CFunction close) {
+    luaL_newmetatable(L, name);
+    lua_newtable(L); /* (luaL_newlib needs an array, not a pointer) */
+    luaL_setfuncs(L, methods, 0);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, close);
+    lua_setfield(L, -2, "__gc");
+    lua_pushcfunction(L, close);
+    lua_setfield(L, -2, "__close");
+    lua_pop(L, 1);
+}
+
+void gm_lua_open_train(lua_State *L) {
+    static const luaL_Reg ds_methods[] = {{"add_chat", l_ds_add_chat}, {"size", l_ds_size}, {"stats", l_ds_stats},
+                                          {"example", l_ds_example}, {"close", l_ds_close}, {NULL, NULL}};
+    static const luaL_Reg tr_methods[] = {{"step", l_tr_step}, {"eval", l_tr_eval}, {"save", l_tr_save},
+                                          {"load", l_tr_load}, {"memory", l_tr_memory}, {"close", l_tr_close},
+                                          {NULL, NULL}};
+    new_class(L, DATASET_MT, ds_methods, l_ds_close);
+    new_class(L, TRAINER_MT, tr_methods, l_tr_close);
+    /* model:trainer(...) */
+    luaL_getmetatable(L, GM_MODEL_MT);
+    lua_getfield(L, -1, "__index");
+    lua_pushcfunction(L, l_trainer);
+    lua_setfield(L, -2, "trainer");
+    lua_pop(L, 2);
+    lua_getglobal(L, "gm");
+    lua_pushcfunction(L, l_dataset);
+    lua_setfield(L, -2, "dataset");
+    lua_pushcfunction(L, l_fortunes);
+    lua_setfield(L, -2, "fortunes");
+    lua_pushcfunction(L, l_peak_rss);
+    lua_setfield(L, -2, "peak_rss");
+    lua_pushcfunction(L, l_clock);
+    lua_setfield(L, -2, "clock");
+    lua_pop(L, 1);
+}

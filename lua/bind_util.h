@@ -1,0 +1,46 @@
+/*
+ * bind_util.h - helpers shared by the Lua bindings (internal to lua/): option tables with strict
+ * key checking, raising core errors, and the model userdata type.
+ *
+ * Every binding checks all its arguments first (these helpers raise Lua errors naming the
+ * function, the option and the allowed values), calls the core, releases what it acquired on
+ * failure and only then raises (style guide §4.8).
+ */
+#ifndef GM_BIND_UTIL_H
+#define GM_BIND_UTIL_H
+
+#include "gm_decoder.h"
+#include "gm_model.h"
+#include "gm_status.h"
+
+#include <lua.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define GM_MODEL_MT "gm.Model"
+
+/* The gm.Model userdata: a loaded model and, once generation was used, an inference state. */
+typedef struct lmodel {
+    gm_model *m;
+    gm_infer *st;
+    int64_t st_ctx;
+    int n_threads;
+} lmodel;
+
+/* The open model at stack index idx (raises if it is not a model or was closed). */
+lmodel *gm_bind_check_model(lua_State *L, int idx);
+
+/* Raises a Lua error carrying the core's message. Never returns. */
+int gm_bind_raise(lua_State *L, const gm_error *err);
+
+/* Raises unless every key of the option table at idx is in `allowed` (NULL-terminated). */
+void gm_bind_check_opts(lua_State *L, int idx, const char *fn, const char *const *allowed);
+
+/* Typed option lookups with defaults; a present value of the wrong type raises. */
+lua_Integer gm_bind_opt_int(lua_State *L, int idx, const char *key, lua_Integer def);
+lua_Number gm_bind_opt_num(lua_State *L, int idx, const char *key, lua_Number def);
+bool gm_bind_opt_bool(lua_State *L, int idx, const char *key, bool def);
+/* String option; returns def when absent. The pointer is valid while the table is on the stack. */
+const char *gm_bind_opt_str(lua_State *L, int idx, const char *key, const char *def);
+
+#endif /* GM_BIND_UTIL_H */

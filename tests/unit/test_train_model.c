@@ -1,0 +1,129 @@
+/*
+ * test_train_model.c - LoRA on the real Gemma 3 270M with real text (Debian's fortunes):
+ *   - the loss of the training examples falls (stored Q4_K_M base, then NF4 and bf16 bases);
+ *   - activation checkpointing on and off give bit-identical losses;
+ *   - the same seed and thread count give bit-identical losses twice.
+ * Examples: "Tell me a fortune about <topic>." -> a fortune of that topic, loss on the response
+ * tokens only (the chat template's model turn).
+ */
+#include "gm_alloc.h"
+#include "gm_data.h"
+#include "gm_model.h"
+#include "gm_train.h"
+#include "test_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_LEN 64
+#define N_EX 8
+#define BATCH 4
+
+typedef struct collect {
+    gm_dataset *ds;
+    const gm_tokenizer *tok;
+    const char *topic;
+    int taken;
+} collect;
+
+static void add_fortune(const char *text, size_t len, void *user) {
+    collect *c = user;
+    if (c->taken >= N_EX / 2) return;
+    char prompt[128], resp[1024];
+    snprintf(prompt, sizeof prompt, "Tell me a fortune about %s.", c->topic);
+    snprintf(resp, sizeof resp, "%.*s", (int)(len < sizeof resp - 1 ? len : sizeof resp - 1), text);
+    gm_chat_msg msgs[2] = {{"user", prompt}, {"assistant", resp}};
+    if (gm_dataset_add_chat(c->ds, c->tok, msgs, 2, MAX_LEN, -1, NULL) == GM_OK) c->taken++;
+}
+
+static int32_t ids[2][BATCH * MAX_LEN], tgts[2][BATCH * MAX_LEN];
+static gm_batch batches[2];
+
+static void make_batches(const gm_dataset *ds, int32_t pad) {
+    for (int b = 0; b < 2; b++) {
+        int64_t idx[BATCH];
+        for (int i = 0; i < BATCH; i++) idx[i] = b * BATCH + i;
+        int64_t T = gm_batch_collate(ds, idx, BATCH, pad, ids[b], tgts[b]);
+        batches[b] = (gm_batch){BATCH, T, ids[b], tgts[b], NULL};
+    }
+}
+
+static double eval_loss(gm_trainer *tr) {
+    double sum = 0;
+    int64_t n = 0;
+    gm_error err = {0};
+    for (int b = 0; b < 2; b++) {
+        double s;
+        int64_t k;
+        CHECK_OK(gm_trainer_eval(tr, &batches[b], &s, &k, &err), &err);
+        sum += s, n += k;
+    }
+    return sum / (double)n;
+}
+
+/* Trains `steps` steps alternating the two batches; returns eval loss before/after and the
+ * per-step losses. */
+static void run(const gm_model *m, gm_quant q, bool ckpt, int steps, double *before, double *after, double *losses) {
+    gm_train_opts o = gm_train_opts_default();
+    o.lora.rank = 8;
+    o.lora.alpha = 16;
+    o.lora.seed = 7;
+    o.quant = q;
+    o.batch = BATCH;
+    o.max_length = MAX_LEN;
+    o.lr = 2e-3f;
+    o.checkpointing = ckpt;
+    o.total_steps = steps;
+    gm_trainer *tr = NULL;
+    gm_error err = {0};
+    CHECK_OK(gm_trainer_new(m, &o, &tr, &err), &err);
+    if (!tr) return;
+    *before = eval_loss(tr);
+    for (int s = 0; s < steps; s++) {
+        gm_step_stats st;
+        CHECK_OK(gm_trainer_step(tr, &batches[s % 2], 1, &st, &err), &err);
+        losses[s] = st.loss;
+    }
+    *after = eval_loss(tr);
+    printf("%-6s ckpt %-3s: loss on the 8 examples %.4f -> %.4f; step losses", gm_quant_name(q), ckpt ? "on" : "off",
+           *before, *after);
+    for (int s = 0; s < steps; s++) printf(" %.4f", losses[s]);
+    printf("\n");
+    gm_trainer_free(tr);
+}
+
+int main(void) {
+    const char *path = gm_test_real_model();
+    CHECK(path != NULL, "the real model is required");
+    if (!path) return gm_test_finish();
+    gm_error err = {0};
+    gm_model *m = NULL;
+    CHECK_OK(gm_model_load(path, NULL, &m, &err), &err);
+    if (!m) return gm_test_finish();
+    gm_dataset ds;
+    gm_dataset_init(&ds);
+    const char *topics[2] = {"science", "food"};
+    for (int t = 0; t < 2; t++) {
+        collect c = {&ds, m->tok, topics[t], 0};
+        CHECK_OK(gm_fortunes_read(GM_FORTUNES_DIR, topics[t], 200, add_fortune, &c, NULL, &err), &err);
+    }
+    CHECK(ds.n == N_EX, "expected %d fortune examples, got %lld", N_EX, (long long)ds.n);
+    if (ds.n != N_EX) return gm_test_finish();
+    make_batches(&ds, m->cfg.pad_id);
+
+    double b0, a0, l0[6], b1, a1, l1[6], b2, a2, l2[6];
+    run(m, GM_QUANT_STORED, false, 6, &b0, &a0, l0);
+    CHECK(a0 < 0.6 * b0, "stored base: training loss did not fall enough (%.4f -> %.4f)", b0, a0);
+    run(m, GM_QUANT_STORED, true, 6, &b1, &a1, l1);
+    CHECK(memcmp(l0, l1, sizeof l0) == 0 && a0 == a1, "checkpointing on/off: losses differ");
+    run(m, GM_QUANT_STORED, false, 6, &b2, &a2, l2);
+    CHECK(memcmp(l0, l2, sizeof l0) == 0, "same seed and threads: the loss curve is not bit-identical");
+    run(m, GM_QUANT_NF4, false, 6, &b1, &a1, l1);
+    CHECK(a1 < 0.6 * b1, "NF4 base: training loss did not fall enough (%.4f -> %.4f)", b1, a1);
+    run(m, GM_QUANT_BF16, false, 6, &b1, &a1, l1);
+    CHECK(a1 < 0.6 * b1, "bf16 base: training loss did not fall enough (%.4f -> %.4f)", b1, a1);
+    gm_dataset_free(&ds);
+    gm_model_free(m);
+    return gm_test_finish();
+}
