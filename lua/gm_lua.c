@@ -52,6 +52,35 @@ static void deny(lua_State *L, const char *table, const char *field, const char 
     lua_pop(L, 1);
 }
 
+const gm_embedded *gm_lua_module(const char *name) {
+    for (const gm_embedded *m = gm_embedded_modules; m->name; m++)
+        if (strcmp(m->name, name) == 0) return m;
+    return NULL;
+}
+
+/* gm_module(name): loads an embedded lua/<name>.lua once and returns its value (cached in the
+ * registry), the sandbox's replacement for require. */
+static int l_module(lua_State *L) {
+    const char *name = luaL_checkstring(L, 1);
+    lua_getfield(L, LUA_REGISTRYINDEX, "gm.modules");
+    lua_getfield(L, -1, name);
+    if (!lua_isnil(L, -1)) return 1;
+    lua_pop(L, 1);
+    const gm_embedded *m = gm_lua_module(name);
+    if (!m || strcmp(name, "prelude") == 0) return luaL_error(L, "no embedded module '%s'", name);
+    char chunk[96];
+    snprintf(chunk, sizeof chunk, "=lua/%s.lua", name);
+    if (luaL_loadbufferx(L, (const char *)m->data, m->len, chunk, "t") != LUA_OK) return lua_error(L);
+    lua_call(L, 0, 1);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        lua_pushboolean(L, 1);
+    }
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -3, name);
+    return 1;
+}
+
 static gm_status pcall_tb(lua_State *L, int nargs, int nres, const char *what, gm_error *err) {
     int base = lua_gettop(L) - nargs;
     lua_pushcfunction(L, traceback);
@@ -112,8 +141,12 @@ gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err) {
     lua_setglobal(L, "GM_ALLOW_OS");
     gm_lua_open_model(L);
     gm_lua_open_train(L);
-    gm_status s = gm_lua_run_string(L, (const char *)gm_embedded_prelude, gm_embedded_prelude_len,
-                                    "=prelude", err);
+    lua_newtable(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, "gm.modules");
+    lua_pushcfunction(L, l_module);
+    lua_setglobal(L, "gm_module");
+    const gm_embedded *prelude = gm_lua_module("prelude");
+    gm_status s = gm_lua_run_string(L, (const char *)prelude->data, prelude->len, "=lua/prelude.lua", err);
     if (s != GM_OK) {
         gm_error_prefix(err, "internal error in the embedded prelude");
         lua_close(L);

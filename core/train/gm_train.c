@@ -480,7 +480,7 @@ static void layer_bwd(gm_trainer *tr, int64_t l, int64_t B, int64_t T) {
 
 /* Chunked cross-entropy of the final residual X[L] at the supervised rows. Returns the sum of
  * token losses; with want_grad, writes grad_scale * dL/dX[L] into tr->g (zero on other rows). */
-static double lm_loss(gm_trainer *tr, int64_t N, int64_t n_sup, bool want_grad, float grad_scale) {
+static double lm_loss(gm_trainer *tr, int64_t N, int64_t n_sup, bool want_grad, float grad_scale, double *row_loss) {
     const gm_config *c = &tr->m->cfg;
     const gm_kctx *kc = &tr->kctx;
     int64_t C = c->hidden_size, V = c->vocab_size;
@@ -503,7 +503,9 @@ static double lm_loss(gm_trainer *tr, int64_t N, int64_t n_sup, bool want_grad, 
         }
         for (int64_t i = 0; i < R; i++) {
             tr->lse[i] = tr->run_max[i] + logf(tr->run_sum[i]);
-            total += (double)tr->lse[i] - (double)tr->tgt_logit[i];
+            double li = (double)tr->lse[i] - (double)tr->tgt_logit[i];
+            total += li;
+            if (row_loss) row_loss[r0 + i] = li;
         }
         if (!want_grad) continue;
         for (int64_t v0 = 0; v0 < V; v0 += LM_VOCAB) { /* pass 2: gradient, dh += dlogits E */
@@ -579,7 +581,7 @@ gm_status gm_trainer_forward_backward(gm_trainer *tr, const gm_batch *b, float g
     int64_t B = b->B, T = b->T, N = B * T;
     tr->training = true;
     forward_all(tr, b, &n_sup);
-    *loss_sum = lm_loss(tr, N, n_sup, true, grad_scale);
+    *loss_sum = lm_loss(tr, N, n_sup, true, grad_scale, NULL);
     for (int64_t l = c->n_layers - 1; l >= 0; l--) {
         if (tr->o.checkpointing) layer_fwd(tr, l, B, T); /* recompute this block's activations */
         layer_bwd(tr, l, B, T);
@@ -593,8 +595,55 @@ gm_status gm_trainer_eval(gm_trainer *tr, const gm_batch *b, double *loss_sum, i
     GM_TRY(check_batch(tr, b, &n_sup, err));
     tr->training = false;
     forward_all(tr, b, &n_sup);
-    *loss_sum = lm_loss(tr, b->B * b->T, n_sup, false, 0.0f);
+    *loss_sum = lm_loss(tr, b->B * b->T, n_sup, false, 0.0f, NULL);
     *n_tokens = n_sup;
+    return GM_OK;
+}
+
+gm_status gm_trainer_score(gm_trainer *tr, const gm_batch *b, double *seq_logprob, gm_error *err) {
+    int64_t n_sup;
+    GM_TRY(check_batch(tr, b, &n_sup, err));
+    tr->training = false;
+    forward_all(tr, b, &n_sup);
+    /* per-row losses go into the (N)-sized lse-adjacent workspace: reuse dhs as doubles */
+    double *row_loss = (double *)tr->dhs; /* N*C floats >= N doubles */
+    lm_loss(tr, b->B * b->T, n_sup, false, 0.0f, row_loss);
+    for (int64_t s = 0; s < b->B; s++) seq_logprob[s] = 0;
+    for (int64_t i = 0; i < n_sup; i++) seq_logprob[tr->sup_rows[i] / b->T] -= row_loss[i];
+    return GM_OK;
+}
+
+gm_status gm_trainer_choice_logits(gm_trainer *tr, const gm_batch *b, const int64_t *pos, const int32_t *cand,
+                                   int64_t K, float *out, gm_error *err) {
+    const gm_config *c = &tr->m->cfg;
+    int64_t C = c->hidden_size;
+    if (b->B < 1 || b->B > tr->o.batch || b->T < 1 || b->T > tr->o.max_length)
+        return gm_error_set(err, GM_ERR_INVALID, "batch of %lld x %lld tokens does not fit the plan (batch %lld, max_length %lld)",
+                            (long long)b->B, (long long)b->T, (long long)tr->o.batch, (long long)tr->o.max_length);
+    for (int64_t k = 0; k < K; k++)
+        if (cand[k] < 0 || cand[k] >= c->vocab_size)
+            return gm_error_set(err, GM_ERR_INVALID, "candidate token %d is outside the vocabulary", cand[k]);
+    for (int64_t s = 0; s < b->B; s++)
+        if (pos[s] < 0 || pos[s] >= b->T)
+            return gm_error_set(err, GM_ERR_INVALID, "position %lld is outside the sequence (T = %lld)", (long long)pos[s],
+                                (long long)b->T);
+    for (int64_t i = 0; i < b->B * b->T; i++)
+        if (b->ids[i] < 0 || b->ids[i] >= c->vocab_size)
+            return gm_error_set(err, GM_ERR_INVALID, "token id %d is outside the vocabulary", b->ids[i]);
+    tr->training = false;
+    int64_t n_sup;
+    forward_all(tr, b, &n_sup);
+    for (int64_t s = 0; s < b->B; s++) memcpy(tr->xs + s * C, tr->X[c->n_layers] + (s * b->T + pos[s]) * C, (size_t)C * 4);
+    tr->k->rmsnorm_fwd(&tr->kctx, tr->hs, tr->rstd_s, tr->xs, (const float *)tr->m->final_norm.data, b->B, C, c->rms_norm_eps);
+    /* the K candidate rows of the tied embedding, dequantized into the loss workspace */
+    float *rows = tr->dxn; /* (N, C) >= (K, C) for K <= N */
+    if (K > tr->o.batch * tr->o.max_length)
+        return gm_error_set(err, GM_ERR_INVALID, "%lld candidates: at most batch x max_length = %lld", (long long)K,
+                            (long long)(tr->o.batch * tr->o.max_length));
+    for (int64_t k = 0; k < K; k++) gm_dequant_wrow(&tr->wv.lm_head, cand[k], rows + k * C);
+    gm_wview cv = gm_wview_f32(rows, K, C);
+    tr->k->matmul_fwd(&tr->kctx, out, tr->hs, &cv, b->B, 0.0f);
+    if (c->final_logit_softcap > 0) tr->k->softcap_fwd(&tr->kctx, out, out, b->B * K, c->final_logit_softcap);
     return GM_OK;
 }
 

@@ -99,6 +99,18 @@ gm_status gm_trainer_step(gm_trainer *tr, const gm_batch *micro, int n_micro, gm
 /* Forward only: sum of token losses and supervised token count (evaluation; no gradients). */
 gm_status gm_trainer_eval(gm_trainer *tr, const gm_batch *b, double *loss_sum, int64_t *n_tokens, gm_error *err);
 
+/* Log-probability of the supervised tokens of each sequence (forward only, no dropout):
+ * seq_logprob[b] = sum over supervised t of log p(targets[b, t] | ids[b, <= t]). Classification
+ * by label scoring compares these across one prompt with each label as the response. */
+gm_status gm_trainer_score(gm_trainer *tr, const gm_batch *b, double *seq_logprob, gm_error *err);
+
+/* Logits of K candidate tokens at one position of each sequence (forward only): out (B, K) =
+ * final-normed hidden state at row pos[b] of sequence b, times the embedding rows cand[k]
+ * (soft-capped like the full logits). The fast path of label scoring when the labels' first
+ * tokens differ. */
+gm_status gm_trainer_choice_logits(gm_trainer *tr, const gm_batch *b, const int64_t *pos, const int32_t *cand,
+                                   int64_t K, float *out, gm_error *err);
+
 /* Lower-level pieces (tests): zero the gradients; run forward + backward on one micro-batch,
  * accumulating gradients scaled by grad_scale (1 / supervised tokens of the whole step). */
 void gm_trainer_zero_grad(gm_trainer *tr);

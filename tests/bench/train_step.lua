@@ -1,0 +1,39 @@
+-- tests/bench/train_step.lua - one training configuration on the real Gemma 3 270M: step time
+-- and memory (planned arena, process peak RSS). Run by tests/bench/bench_train.sh, once per
+-- configuration (peak RSS is per process). Settings come from the environment:
+--   QUANT (stored|f32|bf16|nf4|int8), CKPT (0|1), RANK, MAX_LEN, BATCH, STEPS, THREADS
+local quant = env("QUANT", "stored")
+local ckpt = env("CKPT", "0") == "1"
+local rank = math.tointeger(tonumber(env("RANK", "16")))
+local max_len = math.tointeger(tonumber(env("MAX_LEN", "256")))
+local batch = math.tointeger(tonumber(env("BATCH", "1")))
+local steps = math.tointeger(tonumber(env("STEPS", "4")))
+
+local m <close> = gm.load_model(env("GEMMA_MODEL", "gemma3-270m"))
+local ds <close> = gm.dataset(m)
+-- responses long enough to fill max_length: several fortunes joined, truncated by add_chat
+local f = gm.fortunes("science", { max_chars = 2000 })
+local k = 1
+for i = 1, batch * steps + batch do
+  local parts = {}
+  for j = 1, 12 do parts[j] = f[(k + j) % #f + 1] end
+  k = k + 12
+  assert(ds:add_chat({ { role = "user", content = "Tell me about science." },
+                       { role = "assistant", content = table.concat(parts, "\n") } }, { max_length = max_len }))
+end
+local tr <close> = m:trainer { rank = rank, alpha = 2 * rank, targets = "all-linear", quant = quant,
+  batch = batch, max_length = max_len, checkpointing = ckpt, lr = 1e-4, steps = steps + 1 }
+local planned = tr:memory().total
+local times = {}
+for s = 0, steps do
+  local idx = {}
+  for b = 1, batch do idx[b] = s * batch + b end
+  local t0 = gm.clock()
+  local st = tr:step(ds, idx)
+  if s > 0 then times[#times + 1] = gm.clock() - t0 end -- step 0 is the warm-up (page faults)
+  assert(st.tokens > 0)
+end
+table.sort(times)
+print(string.format("quant=%-6s ckpt=%-3s rank=%d batch=%d max_length=%d tokens/step=%d  step %.2f s (median of %d)  planned %.0f MiB  peak RSS %.0f MiB",
+  quant, ckpt and "on" or "off", rank, batch, max_len, ds:example(1).tokens * batch, times[(#times + 1) // 2], #times,
+  planned / 2^20, gm.peak_rss() / 2^20))
