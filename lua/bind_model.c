@@ -30,6 +30,7 @@
 
 #include <lauxlib.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 
@@ -142,7 +143,8 @@ static void push_chat_prompt(lua_State *L, const char *prompt) {
 
 static int l_generate(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
-    const char *prompt = luaL_checkstring(L, 2);
+    size_t prompt_len;
+    const char *prompt = luaL_checklstring(L, 2, &prompt_len);
     static const char *const allowed[] = {"max_tokens", "temperature", "top_k", "top_p", "seed", "chat",
                                           "stop_at_eos", NULL};
     gm_bind_check_opts(L, 3, "generate", allowed);
@@ -152,17 +154,23 @@ static int l_generate(lua_State *L) {
     lua_Number top_p = gm_bind_opt_num(L, 3, "top_p", 1.0);
     lua_Integer seed = gm_bind_opt_int(L, 3, "seed", 0);
     bool chat = gm_bind_opt_bool(L, 3, "chat", false), stop_eos = gm_bind_opt_bool(L, 3, "stop_at_eos", true);
-    if (max_tokens < 1) return luaL_error(L, "generate: max_tokens must be >= 1 (got %d)", (int)max_tokens);
-    if (temp < 0) return luaL_error(L, "generate: temperature must be >= 0");
-    if (top_p <= 0 || top_p > 1) return luaL_error(L, "generate: top_p must be in (0, 1]");
+    if (max_tokens < 1 || max_tokens > (1 << 24))
+        return luaL_error(L, "generate: max_tokens must be in 1..%d (got %I)", 1 << 24, max_tokens);
+    if (!(temp >= 0) || !isfinite(temp)) return luaL_error(L, "generate: temperature must be a finite number >= 0");
+    if (!(top_p > 0 && top_p <= 1)) return luaL_error(L, "generate: top_p must be in (0, 1]");
+    if (top_k < 0) return luaL_error(L, "generate: top_k must be >= 0 (0 = off)");
     if (chat) {
         push_chat_prompt(L, prompt);
-        prompt = lua_tostring(L, -1);
+        prompt = lua_tolstring(L, -1, &prompt_len);
     }
     int64_t n_prompt = 0;
-    int32_t *ids = encode(L, lm, prompt, strlen(prompt), true, chat, &n_prompt);
-    int64_t ctx = n_prompt + max_tokens;
+    int32_t *ids = encode(L, lm, prompt, prompt_len, true, chat, &n_prompt);
     gm_error err = {0};
+    if (gm_generate_check(&lm->m->cfg, n_prompt, max_tokens, &err) != GM_OK) {
+        gm_free(ids);
+        return gm_bind_raise(L, &err);
+    }
+    int64_t ctx = n_prompt + max_tokens;
     if (!lm->st || lm->st_ctx < ctx) {
         gm_infer_free(lm->st);
         lm->st = NULL;
@@ -183,7 +191,8 @@ static int l_generate(lua_State *L) {
         if (sp.end_of_turn >= 0) stops[n_stop++] = sp.end_of_turn;
     }
     gm_sample_opts so = {.max_new_tokens = max_tokens, .temperature = (float)temp, .top_k = (int)top_k,
-                         .top_p = (float)top_p, .seed = (uint64_t)seed, .stop_ids = stops, .n_stop = n_stop};
+                         .top_p = (float)top_p, .seed = (uint64_t)seed, .stop_ids = stops, .n_stop = n_stop,
+                         .interrupt = &gm_lua_interrupted};
     int32_t *out = gm_malloc((size_t)max_tokens * sizeof(int32_t));
     if (!out) {
         gm_free(ids);

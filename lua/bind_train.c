@@ -43,6 +43,7 @@ typedef struct ltrainer {
     int32_t *ids, *targets; /* (grad_accum * batch * max_length) collation buffers */
     gm_batch *micro;        /* (grad_accum) */
     int64_t *idx;           /* (grad_accum * batch) */
+    int64_t *scan;          /* indices of the last choose/score call (their own length) */
     int32_t pad_id;
 } ltrainer;
 
@@ -57,6 +58,8 @@ static ltrainer *check_tr(lua_State *L, int i) {
     if (!t->tr) luaL_error(L, "this trainer was closed");
     return t;
 }
+
+gm_trainer *gm_bind_check_trainer(lua_State *L, int idx) { return check_tr(L, idx)->tr; }
 
 /* ---- data sets ---- */
 
@@ -179,8 +182,10 @@ static const char *const TRAIN_KEYS[] = {
     "grad_accum", "lr", "weight_decay", "beta1", "beta2", "eps", "max_grad_norm", "schedule", "warmup",
     "steps", "checkpointing", "threads", NULL};
 
-/* Reads the option table at idx into o (defaults from gm_train_opts_default). */
-static void read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads) {
+/* Reads the option table at idx into o (defaults from gm_train_opts_default); also used by
+ * gm.plan (bind_run.c). */
+void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads);
+void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads) {
     gm_bind_check_opts(L, idx, "trainer", TRAIN_KEYS);
     *o = gm_train_opts_default();
     o->n_threads = def_threads;
@@ -230,7 +235,7 @@ static int l_trainer(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     gm_train_opts o;
-    read_train_opts(L, 2, &o, lm->n_threads);
+    gm_bind_read_train_opts(L, 2, &o, lm->n_threads);
     ltrainer *t = lua_newuserdatauv(L, sizeof *t, 1);
     memset(t, 0, sizeof *t);
     luaL_setmetatable(L, TRAINER_MT);
@@ -313,6 +318,92 @@ static int l_tr_eval(lua_State *L) {
     return 2;
 }
 
+/* Reads a list of 1-based example indices at stack idx into t->idx (0-based); returns n. */
+static int64_t read_indices(lua_State *L, ltrainer *t, ldataset *d, int idx, int64_t cap) {
+    luaL_checktype(L, idx, LUA_TTABLE);
+    lua_Integer n = luaL_len(L, idx);
+    (void)cap;
+    int64_t *out = gm_malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t));
+    if (!out) luaL_error(L, "out of memory");
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, idx, i);
+        lua_Integer e = lua_tointeger(L, -1);
+        lua_pop(L, 1);
+        if (e < 1 || e > d->ds.n) {
+            gm_free(out);
+            luaL_error(L, "example index %d is outside 1..%d", (int)e, (int)d->ds.n);
+        }
+        out[i - 1] = e - 1;
+    }
+    gm_free(t->scan);
+    t->scan = out;
+    return n;
+}
+
+static int l_tr_choose(lua_State *L) {
+    ltrainer *t = check_tr(L, 1);
+    ldataset *d = check_ds(L, 2);
+    luaL_checktype(L, 4, LUA_TTABLE);
+    int64_t n = read_indices(L, t, d, 3, 0);
+    lua_Integer K = luaL_len(L, 4);
+    if (K < 1 || K > 256) return luaL_error(L, "choose: 1..256 candidate tokens expected, got %d", (int)K);
+    int32_t cand[256];
+    for (lua_Integer k = 1; k <= K; k++) {
+        lua_rawgeti(L, 4, k);
+        cand[k - 1] = (int32_t)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+    }
+    const gm_train_opts *o = gm_trainer_opts(t->tr);
+    float logits[256 * 64];
+    int64_t pos[64];
+    int64_t chunk = o->batch < 64 ? o->batch : 64;
+    lua_createtable(L, (int)n, 0); /* choices */
+    lua_createtable(L, (int)n, 0); /* logits */
+    gm_error err = {0};
+    for (int64_t s = 0; s < n; s += chunk) {
+        int64_t B = n - s < chunk ? n - s : chunk;
+        int64_t T = gm_batch_collate(&d->ds, t->scan + s, B, t->pad_id, t->ids, t->targets);
+        for (int64_t b = 0; b < B; b++) pos[b] = d->ds.ex[t->scan[s + b]].response_start - 1;
+        gm_batch bt = {B, T, t->ids, t->targets, t->scan + s};
+        if (gm_trainer_choice_logits(t->tr, &bt, pos, cand, K, logits, &err) != GM_OK) return gm_bind_raise(L, &err);
+        for (int64_t b = 0; b < B; b++) {
+            int64_t best = 0;
+            lua_createtable(L, (int)K, 0);
+            for (int64_t k = 0; k < K; k++) {
+                if (logits[b * K + k] > logits[b * K + best]) best = k;
+                lua_pushnumber(L, logits[b * K + k]);
+                lua_rawseti(L, -2, k + 1);
+            }
+            lua_rawseti(L, -2, s + b + 1);
+            lua_pushinteger(L, best + 1);
+            lua_rawseti(L, -3, s + b + 1);
+        }
+    }
+    return 2;
+}
+
+static int l_tr_score(lua_State *L) {
+    ltrainer *t = check_tr(L, 1);
+    ldataset *d = check_ds(L, 2);
+    int64_t n = read_indices(L, t, d, 3, 0);
+    const gm_train_opts *o = gm_trainer_opts(t->tr);
+    double lp[64];
+    int64_t chunk = o->batch < 64 ? o->batch : 64;
+    lua_createtable(L, (int)n, 0);
+    gm_error err = {0};
+    for (int64_t s = 0; s < n; s += chunk) {
+        int64_t B = n - s < chunk ? n - s : chunk;
+        int64_t T = gm_batch_collate(&d->ds, t->scan + s, B, t->pad_id, t->ids, t->targets);
+        gm_batch bt = {B, T, t->ids, t->targets, t->scan + s};
+        if (gm_trainer_score(t->tr, &bt, lp, &err) != GM_OK) return gm_bind_raise(L, &err);
+        for (int64_t b = 0; b < B; b++) {
+            lua_pushnumber(L, lp[b]);
+            lua_rawseti(L, -2, s + b + 1);
+        }
+    }
+    return 1;
+}
+
 static int l_tr_save(lua_State *L) {
     ltrainer *t = check_tr(L, 1);
     const char *path = luaL_checkstring(L, 2);
@@ -357,7 +448,7 @@ static int l_tr_memory(lua_State *L) {
 static int l_tr_close(lua_State *L) {
     ltrainer *t = luaL_checkudata(L, 1, TRAINER_MT);
     gm_trainer_free(t->tr);
-    gm_free(t->ids), gm_free(t->targets), gm_free(t->micro), gm_free(t->idx);
+    gm_free(t->ids), gm_free(t->targets), gm_free(t->micro), gm_free(t->idx), gm_free(t->scan);
     memset(t, 0, sizeof *t);
     return 0;
 }
@@ -390,7 +481,8 @@ void gm_lua_open_train(lua_State *L) {
     static const luaL_Reg ds_methods[] = {{"add_chat", l_ds_add_chat}, {"size", l_ds_size}, {"stats", l_ds_stats},
                                           {"example", l_ds_example}, {"close", l_ds_close}, {NULL, NULL}};
     static const luaL_Reg tr_methods[] = {{"step", l_tr_step}, {"eval", l_tr_eval}, {"save", l_tr_save},
-                                          {"load", l_tr_load}, {"memory", l_tr_memory}, {"close", l_tr_close},
+                                          {"load", l_tr_load}, {"memory", l_tr_memory}, {"choose", l_tr_choose},
+                                          {"score", l_tr_score}, {"close", l_tr_close},
                                           {NULL, NULL}};
     new_class(L, DATASET_MT, ds_methods, l_ds_close);
     new_class(L, TRAINER_MT, tr_methods, l_tr_close);

@@ -27,7 +27,8 @@ void gm_bind_check_opts(lua_State *L, int idx, const char *fn, const char *const
                 luaL_addstring(&b, allowed[i]);
             }
             luaL_pushresult(&b);
-            luaL_error(L, "%s: unknown option '%s' (allowed: %s)", fn, k ? k : luaL_typename(L, -2),
+            if (k) luaL_error(L, "%s: unknown option '%s' (allowed: %s)", fn, k, lua_tostring(L, -1));
+            luaL_error(L, "%s: option keys must be names, got a %s key (allowed: %s)", fn, luaL_typename(L, -2),
                        lua_tostring(L, -1));
         }
     }
@@ -38,8 +39,10 @@ lua_Integer gm_bind_opt_int(lua_State *L, int idx, const char *key, lua_Integer 
     lua_getfield(L, idx, key);
     lua_Integer v = def;
     if (!lua_isnil(L, -1)) {
-        if (!lua_isinteger(L, -1)) luaL_error(L, "option '%s' must be an integer", key);
-        v = lua_tointeger(L, -1);
+        int exact = 0;
+        lua_Integer i = lua_tointegerx(L, -1, &exact); /* 2.0 is accepted as 2, 2.5 is not */
+        if (!exact || lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "option '%s' must be an integer", key);
+        v = i;
     }
     lua_pop(L, 1);
     return v;

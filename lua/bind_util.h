@@ -30,6 +30,10 @@ typedef struct lmodel {
 /* The open model at stack index idx (raises if it is not a model or was closed). */
 lmodel *gm_bind_check_model(lua_State *L, int idx);
 
+/* The open trainer (gm.Trainer userdata, lua/bind_train.c) at stack index idx; raises if it is
+ * not a trainer or was closed. Borrowed: valid while the userdata is alive and open. */
+struct gm_trainer *gm_bind_check_trainer(lua_State *L, int idx);
+
 /* Raises a Lua error carrying the core's message. Never returns. */
 int gm_bind_raise(lua_State *L, const gm_error *err);
 

@@ -12,8 +12,20 @@
 #include <stdio.h>
 #include <string.h>
 
-/* Message handler: append a traceback to the error message. */
+/* Message handler: append a traceback to the error message. Usage errors raised by the prelude
+ * (tables {usage = true, msg = "file:line: ..."}) need no traceback: they are the user's to fix
+ * and name the place already; they come back prefixed "usage:". */
 static int traceback(lua_State *L) {
+    if (lua_istable(L, 1)) {
+        lua_getfield(L, 1, "usage");
+        bool usage = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        if (usage) {
+            lua_getfield(L, 1, "msg");
+            lua_pushfstring(L, "usage:%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "invalid experiment");
+            return 1;
+        }
+    }
     const char *msg = lua_tostring(L, 1);
     if (!msg) {
         if (luaL_callmeta(L, 1, "__tostring") && lua_type(L, -1) == LUA_TSTRING) return 1;
@@ -88,10 +100,18 @@ static gm_status pcall_tb(lua_State *L, int nargs, int nres, const char *what, g
     int rc = lua_pcall(L, nargs, nres, base);
     lua_remove(L, base);
     if (rc != LUA_OK) {
-        gm_error_set(err, GM_ERR_INVALID, "%s", lua_tostring(L, -1) ? lua_tostring(L, -1) : "(no message)");
+        /* the traceback handler turned a usage error object ({usage = true, msg = ...}, raised
+         * by the prelude's validation) into "usage:" + message */
+        const char *msg = lua_tostring(L, -1) ? lua_tostring(L, -1) : "(no message)";
+        gm_status code = GM_ERR_RUNTIME;
+        if (strncmp(msg, "usage:", 6) == 0) {
+            code = GM_ERR_INVALID;
+            msg += 6;
+        }
+        gm_error_set(err, code, "%s", msg);
         lua_pop(L, 1);
         (void)what;
-        return GM_ERR_INVALID;
+        return code;
     }
     return GM_OK;
 }
@@ -106,6 +126,7 @@ gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err) {
     open_lib(L, LUA_MATHLIBNAME, luaopen_math);
     open_lib(L, LUA_UTF8LIBNAME, luaopen_utf8);
     open_lib(L, LUA_OSLIBNAME, luaopen_os);
+    open_lib(L, LUA_DBLIBNAME, luaopen_debug); /* the prelude keeps debug.getinfo, then removes it */
     if (opts && opts->allow_os) {
         open_lib(L, LUA_IOLIBNAME, luaopen_io);
         open_lib(L, LUA_LOADLIBNAME, luaopen_package);
@@ -141,6 +162,8 @@ gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err) {
     lua_setglobal(L, "GM_ALLOW_OS");
     gm_lua_open_model(L);
     gm_lua_open_train(L);
+    gm_lua_open_results(L);
+    gm_lua_open_run(L);
     lua_newtable(L);
     lua_setfield(L, LUA_REGISTRYINDEX, "gm.modules");
     lua_pushcfunction(L, l_module);
@@ -171,7 +194,7 @@ gm_status gm_lua_run_file(lua_State *L, const char *path, const char *const *arg
     }
     lua_setglobal(L, "arg");
     int rc = luaL_loadfilex(L, path, "t");
-    if (rc != LUA_OK) {
+    if (rc != LUA_OK) { /* a missing file or a syntax error: bad usage, nothing ran */
         gm_error_set(err, rc == LUA_ERRFILE ? GM_ERR_IO : GM_ERR_INVALID, "%s", lua_tostring(L, -1));
         lua_pop(L, 1);
         return err ? err->code : GM_ERR_INVALID;
@@ -188,3 +211,5 @@ gm_status gm_lua_run_string(lua_State *L, const char *src, size_t len, const cha
     }
     return pcall_tb(L, 0, LUA_MULTRET, name, err);
 }
+
+gm_status gm_lua_call(lua_State *L, int nargs, int nres, gm_error *err) { return pcall_tb(L, nargs, nres, "call", err); }

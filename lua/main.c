@@ -7,6 +7,8 @@
  *   gemmarun generate MODEL "prompt"  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
  *                                     [--seed S] [--chat] [--threads N]
  *   gemmarun fetch NAME               fetch an embedded default (e.g. gemma3-270m) into the cache
+ *   gemmarun table RESULTS            re-render the tables and plots of results/<exp>/ or
+ *                                     results/<exp>.h5 (lua/report.lua)
  *
  * MODEL is a .gguf file, a Hugging Face checkpoint folder, or a name known to `fetch`.
  * Exit codes (DESIGN.md §2): 0 success, 1 a run failed, 2 bad usage or bad input file.
@@ -23,29 +25,34 @@
 #include "gm_model.h"
 #include "gm_tokenizer.h"
 
+#include <errno.h>
 #include <lauxlib.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 
-
-static volatile sig_atomic_t interrupted;
+static volatile int interrupted;
 static void on_sigint(int sig) {
     (void)sig;
     interrupted = 1;
+    signal(SIGINT, SIG_DFL); /* a second Ctrl-C stops at once */
 }
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage:\n"
             "  gemmarun                           run the embedded default experiment\n"
-            "  gemmarun EXPERIMENT.lua [--allow-os] [--threads N]\n"
+            "  gemmarun EXPERIMENT.lua [--dry-run] [--trial N] [--set key=value ...] [--allow-os] [--threads N]\n"
             "  gemmarun inspect MODEL\n"
             "  gemmarun generate MODEL \"prompt\" [--max-tokens N] [--temperature T] [--top-k K]\n"
             "                    [--top-p P] [--seed S] [--chat] [--threads N]\n"
             "  gemmarun fetch NAME                (known: gemma3-270m)\n"
+            "  gemmarun table RESULTS             tables (.md .tex .csv) and plots of results/EXP/\n"
+            "                                     (trial files) or results/EXP.h5 (merged)\n"
             "MODEL is a .gguf file, a Hugging Face checkpoint folder, or a name known to fetch.\n");
 }
 
@@ -68,16 +75,19 @@ static int code_for(gm_status s) {
 
 static bool parse_long(const char *s, long long *out) {
     char *end;
+    errno = 0;
     long long v = strtoll(s, &end, 10);
-    if (!*s || *end) return false;
+    if (!*s || *end || errno == ERANGE) return false;
     *out = v;
     return true;
 }
 
+/* A finite number (no inf/nan). */
 static bool parse_double(const char *s, double *out) {
     char *end;
+    errno = 0;
     double v = strtod(s, &end);
-    if (!*s || *end) return false;
+    if (!*s || *end || errno == ERANGE || !isfinite(v)) return false;
     *out = v;
     return true;
 }
@@ -165,12 +175,12 @@ typedef struct stream_ctx {
 static bool stream_token(int32_t tok, void *user) {
     stream_ctx *sc = user;
     for (int i = 0; i < sc->n_stop; i++)
-        if (tok == sc->stops[i]) return !interrupted;
+        if (tok == sc->stops[i]) return true; /* not printed; gm_generate stops on it */
     char piece[256];
     size_t n = gm_tokenizer_decode_piece(sc->tok, tok, false, piece, sizeof piece);
     fwrite(piece, 1, n < sizeof piece ? n : sizeof piece - 1, stdout);
     fflush(stdout);
-    return !interrupted;
+    return true; /* Ctrl-C is handled by gm_generate through opts.interrupt */
 }
 
 static int cmd_generate(int argc, char **argv) {
@@ -186,12 +196,12 @@ static int cmd_generate(int argc, char **argv) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
-        if (strcmp(a, "--max-tokens") == 0 && v) ok = parse_long(v, &max_tokens) && max_tokens > 0, i++;
+        if (strcmp(a, "--max-tokens") == 0 && v) ok = parse_long(v, &max_tokens) && max_tokens > 0 && max_tokens <= (1 << 24), i++;
         else if (strcmp(a, "--temperature") == 0 && v) ok = parse_double(v, &temperature) && temperature >= 0, i++;
         else if (strcmp(a, "--top-k") == 0 && v) ok = parse_long(v, &top_k) && top_k >= 0, i++;
         else if (strcmp(a, "--top-p") == 0 && v) ok = parse_double(v, &top_p) && top_p > 0 && top_p <= 1, i++;
         else if (strcmp(a, "--seed") == 0 && v) ok = parse_long(v, &seed), i++;
-        else if (strcmp(a, "--threads") == 0 && v) ok = parse_long(v, &threads) && threads > 0, i++;
+        else if (strcmp(a, "--threads") == 0 && v) ok = parse_long(v, &threads) && threads > 0 && threads <= 256, i++;
         else if (strcmp(a, "--chat") == 0) chat = true;
         else {
             fprintf(stderr, "gemmarun generate: unknown option or missing value: %s\n", a);
@@ -231,8 +241,10 @@ static int cmd_generate(int argc, char **argv) {
     int rc = 0;
     gm_infer *st = NULL;
     int32_t *out = NULL;
+    if (s == GM_OK) s = gm_generate_check(&m->cfg, n_prompt, max_tokens, &err);
     if (s == GM_OK) {
-        gm_infer_opts io = {.batch = 1, .ctx = n_prompt + max_tokens, .max_tokens = n_prompt < 512 ? n_prompt : 512,
+        /* prefill in chunks of 256 tokens: Ctrl-C is honoured between chunks */
+        gm_infer_opts io = {.batch = 1, .ctx = n_prompt + max_tokens, .max_tokens = n_prompt < 256 ? n_prompt : 256,
                             .n_threads = (int)threads};
         s = gm_infer_new(m, &io, &st, &err);
     }
@@ -243,7 +255,8 @@ static int cmd_generate(int argc, char **argv) {
         if (sp.eos >= 0) stops[n_stop++] = sp.eos;
         if (sp.end_of_turn >= 0) stops[n_stop++] = sp.end_of_turn;
         gm_sample_opts so = {.max_new_tokens = max_tokens, .temperature = (float)temperature, .top_k = (int)top_k,
-                             .top_p = (float)top_p, .seed = (uint64_t)seed, .stop_ids = stops, .n_stop = n_stop};
+                             .top_p = (float)top_p, .seed = (uint64_t)seed, .stop_ids = stops, .n_stop = n_stop,
+                             .interrupt = &interrupted};
         stream_ctx sc = {m->tok, stops, n_stop};
         out = gm_malloc((size_t)max_tokens * sizeof(int32_t));
         int64_t n_out = 0;
@@ -258,13 +271,17 @@ static int cmd_generate(int argc, char **argv) {
             double dec = stats.n_generated > 1 ? (double)(stats.n_generated - 1) / stats.decode_seconds : 0;
             fprintf(stderr,
                     "gemmarun: %lld prompt tokens at %.1f tokens/s, %lld new tokens at %.1f tokens/s (%d threads), "
-                    "peak memory %.0f MiB%s\n",
+                    "peak memory %.0f MiB\n",
                     (long long)stats.n_prompt, (double)stats.n_prompt / stats.prefill_seconds,
-                    (long long)stats.n_generated, dec, (int)threads, (double)gm_process_peak_rss() / 1048576.0,
-                    interrupted ? " (interrupted)" : "");
+                    (long long)stats.n_generated, dec, (int)threads, (double)gm_process_peak_rss() / 1048576.0);
         }
     }
-    if (s != GM_OK) rc = fail(&err, code_for(s));
+    if (s == GM_ERR_INTERRUPTED) {
+        fprintf(stderr, "gemmarun: %s\n", err.msg);
+        rc = 130; /* the shell's convention for SIGINT */
+    } else if (s != GM_OK) {
+        rc = fail(&err, code_for(s));
+    }
     gm_free(out);
     gm_free(ids);
     gm_free(text);
@@ -290,36 +307,196 @@ static int cmd_fetch(int argc, char **argv) {
     return 0;
 }
 
+/* ---- table ---- */
+
+/* The first line of a Lua error (the message without its traceback). */
+static void print_first_line(const char *prefix, const char *msg) {
+    // drop the "<chunk>:<line>: " position of the tiny driver chunk: it means nothing to a user
+    static const char chunk[] = "gemmarun table:";
+    if (strncmp(msg, chunk, sizeof chunk - 1) == 0) {
+        const char *p = msg + sizeof chunk - 1;
+        while (*p >= '0' && *p <= '9') p++;
+        if (p[0] == ':' && p[1] == ' ') msg = p + 2;
+    }
+    const char *nl = strchr(msg, '\n');
+    fprintf(stderr, "%s%.*s\n", prefix, nl ? (int)(nl - msg) : (int)strlen(msg), msg);
+}
+
+/* gemmarun table RESULTS: RESULTS is results/<exp>/ (trial files) or results/<exp>.h5 (merged).
+ * The outputs go next to it: <dir>/<exp>.md/.tex/.csv, the plots, and for a folder the merged
+ * <dir>/<exp>.h5; that folder is the Lua state's results root (the only place it may write).
+ * Exit: 0 done, 2 missing/unreadable/corrupt RESULTS, 1 a failure while writing. */
+static int cmd_table(int argc, char **argv) {
+    if (argc != 1) {
+        fprintf(stderr, "usage: gemmarun table RESULTS   (results/EXPERIMENT/ or results/EXPERIMENT.h5)\n");
+        return 2;
+    }
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s", argv[0]);
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') path[--n] = '\0';
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        fprintf(stderr, "gemmarun table: %s: no such file or folder\n", path);
+        return 2;
+    }
+    bool is_dir = S_ISDIR(st.st_mode);
+    // <dir>/<name>: the folder holding RESULTS and its name without .h5
+    char dir[PATH_MAX], name[256];
+    const char *slash = strrchr(path, '/');
+    if (slash) snprintf(dir, sizeof dir, "%.*s", slash == path ? 1 : (int)(slash - path), path);
+    else snprintf(dir, sizeof dir, ".");
+    const char *base = slash ? slash + 1 : path;
+    size_t bl = strlen(base);
+    if (!is_dir && bl > 3 && strcmp(base + bl - 3, ".h5") == 0) bl -= 3;
+    if (bl == 0 || strcmp(base, ".") == 0) {
+        fprintf(stderr, "gemmarun table: %s: name the results folder itself (results/EXPERIMENT/)\n", path);
+        return 2;
+    }
+    snprintf(name, sizeof name, "%.*s", (int)bl, base);
+
+    gm_lua_opts lo = {.allow_os = false, .n_threads = 1};
+    gm_error err = {0};
+    lua_State *L = NULL;
+    if (gm_lua_new(&lo, &L, &err) != GM_OK) return fail(&err, 1);
+    gm_lua_set_results_root(L, dir);
+    lua_createtable(L, 0, 4);
+    lua_pushstring(L, path);
+    lua_setfield(L, -2, "path");
+    lua_pushstring(L, dir);
+    lua_setfield(L, -2, "dir");
+    lua_pushstring(L, name);
+    lua_setfield(L, -2, "name");
+    lua_pushboolean(L, is_dir);
+    lua_setfield(L, -2, "is_dir");
+    lua_setglobal(L, "GM_TABLE");
+    // 1. read (a failure here is bad input: exit 2)
+    static const char read_src[] = "GM_TABLE.trials = gm.results_read_all(GM_TABLE.path)";
+    if (gm_lua_run_string(L, read_src, sizeof read_src - 1, "=gemmarun table", &err) != GM_OK) {
+        print_first_line("gemmarun table: ", err.msg);
+        gm_lua_close(L);
+        return 2;
+    }
+    lua_settop(L, 0);
+    // 2. render, write, plot, merge
+    static const char run_src[] =
+        "local t = GM_TABLE\n"
+        "return gm_module('report').cli(t.trials, t.path, t.dir, t.name, t.is_dir)";
+    int rc = 0;
+    if (gm_lua_run_string(L, run_src, sizeof run_src - 1, "=gemmarun table", &err) != GM_OK) {
+        print_first_line("gemmarun table: error: ", err.msg);
+        rc = strstr(err.msg, "no trial files") ? 2 : 1;
+    } else if (lua_istable(L, -1)) {
+        int res = lua_gettop(L);
+        lua_getfield(L, res, "text");
+        fputs(lua_tostring(L, -1) ? lua_tostring(L, -1) : "", stdout);
+        lua_getfield(L, res, "warnings");
+        for (lua_Integer i = 1; lua_istable(L, -1) && i <= (lua_Integer)lua_rawlen(L, -1); i++) {
+            lua_rawgeti(L, -1, i);
+            fprintf(stderr, "gemmarun table: warning: %s\n", lua_tostring(L, -1));
+            lua_pop(L, 1);
+        }
+        lua_getfield(L, res, "written");
+        printf("wrote");
+        for (lua_Integer i = 1; lua_istable(L, -1) && i <= (lua_Integer)lua_rawlen(L, -1); i++) {
+            lua_rawgeti(L, -1, i);
+            printf("%s %s", i > 1 ? "," : "", lua_tostring(L, -1));
+            lua_pop(L, 1);
+        }
+        printf("\n");
+    }
+    gm_lua_close(L);
+    return rc;
+}
+
 /* ---- experiment files ---- */
 
+static void on_sigint_run(int sig) {
+    (void)sig;
+    gm_lua_set_interrupted();
+    signal(SIGINT, SIG_DFL); /* a second Ctrl-C stops at once */
+}
+
+/* Runs an experiment file (or the embedded default when file is NULL). If the file returns an
+ * experiment{...}, the runner (lua/runner.lua) runs its trials with the command-line options. */
 static int run_lua(const char *file, int argc, char **argv) {
     gm_lua_opts lo = {.allow_os = false, .n_threads = 2};
-    const char *rest[64];
-    int nrest = 0;
+    const char *sets[128];
+    int nsets = 0;
+    long long trial = 0;
+    bool dry = false;
     for (int i = 0; i < argc; i++) {
-        if (strcmp(argv[i], "--allow-os") == 0) lo.allow_os = true;
-        else if (strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
-            long long t;
-            if (!parse_long(argv[i + 1], &t) || t < 1) {
-                fprintf(stderr, "gemmarun: bad value for --threads: %s\n", argv[i + 1]);
+        const char *a = argv[i];
+        if (strcmp(a, "--allow-os") == 0) lo.allow_os = true;
+        else if (strcmp(a, "--dry-run") == 0) dry = true;
+        else if ((strcmp(a, "--threads") == 0 || strcmp(a, "--trial") == 0 || strcmp(a, "--set") == 0) && i + 1 < argc) {
+            const char *v = argv[++i];
+            long long n = 0;
+            if (strcmp(a, "--set") == 0) {
+                if (nsets < 128) sets[nsets++] = v;
+            } else if (!parse_long(v, &n) || n < 1) {
+                fprintf(stderr, "gemmarun: bad value for %s: %s\n", a, v);
                 return 2;
+            } else if (strcmp(a, "--threads") == 0) {
+                lo.n_threads = (int)n;
+            } else {
+                trial = n;
             }
-            lo.n_threads = (int)t;
-            i++;
-        } else if (nrest < 64) rest[nrest++] = argv[i];
+        } else {
+            fprintf(stderr, "gemmarun: unknown option or missing value: %s\n", a);
+            usage(stderr);
+            return 2;
+        }
     }
     gm_error err = {0};
     lua_State *L = NULL;
     if (gm_lua_new(&lo, &L, &err) != GM_OK) return fail(&err, 1);
+    signal(SIGINT, on_sigint_run);
     gm_status s;
+    int base = lua_gettop(L);
     if (file) {
-        s = gm_lua_run_file(L, file, rest, nrest, &err);
+        s = gm_lua_run_file(L, file, NULL, 0, &err);
     } else {
         s = gm_lua_run_string(L, (const char *)gm_embedded_quickstart, gm_embedded_quickstart_len,
                               "@experiments/quickstart.lua", &err);
     }
     int rc = 0;
-    if (s != GM_OK) rc = fail(&err, s == GM_ERR_IO ? 2 : 1);
+    if (s != GM_OK) {
+        rc = fail(&err, (s == GM_ERR_IO || s == GM_ERR_INVALID) ? 2 : 1);
+    } else if (lua_gettop(L) > base && lua_istable(L, base + 1)) {
+        lua_getfield(L, base + 1, "_kind");
+        bool is_exp = lua_isstring(L, -1) && strcmp(lua_tostring(L, -1), "experiment") == 0;
+        lua_pop(L, 1);
+        if (is_exp) {
+            /* runner.run(experiment, {dry_run, trial, set}) -> exit code */
+            lua_settop(L, base + 1);
+            lua_getglobal(L, "gm_module");
+            lua_pushstring(L, "runner");
+            lua_call(L, 1, 1);
+            lua_getfield(L, -1, "run");
+            lua_pushvalue(L, base + 1);
+            lua_createtable(L, 0, 3);
+            lua_pushboolean(L, dry);
+            lua_setfield(L, -2, "dry_run");
+            if (trial > 0) {
+                lua_pushinteger(L, trial);
+                lua_setfield(L, -2, "trial");
+            }
+            lua_createtable(L, nsets, 0);
+            for (int i = 0; i < nsets; i++) {
+                lua_pushstring(L, sets[i]);
+                lua_rawseti(L, -2, i + 1);
+            }
+            lua_setfield(L, -2, "set");
+            s = gm_lua_call(L, 2, 1, &err);
+            if (s != GM_OK) rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
+            else rc = (int)lua_tointeger(L, -1);
+        }
+    } else if (dry || trial || nsets) {
+        fprintf(stderr, "gemmarun: --dry-run, --trial and --set need an experiment file that returns experiment{...}\n");
+        rc = 2;
+    }
+    signal(SIGINT, SIG_DFL);
     gm_lua_close(L);
     return rc;
 }
@@ -338,6 +515,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(cmd, "fetch") == 0) return cmd_fetch(argc - 2, argv + 2);
+    if (strcmp(cmd, "table") == 0) return cmd_table(argc - 2, argv + 2);
     size_t n = strlen(cmd);
     if (n > 4 && strcmp(cmd + n - 4, ".lua") == 0) return run_lua(cmd, argc - 2, argv + 2);
     fprintf(stderr, "gemmarun: unknown command '%s'\n", cmd);

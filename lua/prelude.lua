@@ -1,28 +1,491 @@
 -- prelude.lua: embedded in gemmarun and run before every experiment file.
 --
--- Policy lives here, mechanism in C (style guide §4.8): this file defines the helpers an
--- experiment file sees (env, ...) on top of the C bindings in table `gm`. The experiment runner
--- (sweeps, validation, the run loop) grows from here.
+-- Policy lives here, mechanism in C (style guide §4.8). This file defines what an experiment
+-- file sees: experiment{}, grid{}, random{}, the distributions for random search, the tasks
+-- classify{} and sft{}, the data sources data.*, table{} (the report spec), env(). Every
+-- constructor records the file and line it was called from, so validation errors name them:
+--   experiments/x.lua:12: train.rnak: unknown key (allowed: alpha, batch, ...)
+-- Validation of a whole experiment (unknown keys, wrong types, impossible values) and the sweep
+-- expansion into trials also live here; lua/runner.lua runs the trials.
 
--- load() accepts text chunks only: binary chunks can crash the VM (sandbox).
+-- The sandbox: keep what we need from `debug`, then remove it; load() takes text chunks only.
+local getinfo = debug.getinfo
 if not GM_ALLOW_OS then
+  debug = nil
   local raw_load = load
   load = function(chunk, name, mode, env)
     return raw_load(chunk, name, "t", env)
   end
 end
 
+local M = {} -- exported to the runner as gm_module("prelude")-free global GM_PRELUDE
+
+--------------------------------------------------------------------------------------------------
+-- errors
+
+local usage_mt = { __tostring = function(e) return e.msg end }
+
+--- Raises a usage error: the file is wrong, nothing ran (exit code 2).
+local function usage(where, fmt, ...)
+  local msg = string.format(fmt, ...)
+  if where then msg = where .. ": " .. msg end
+  error(setmetatable({ usage = true, msg = msg }, usage_mt), 0)
+end
+M.usage = usage
+
+--- "file:line" of the code that called the constructor calling this (level 3 from here).
+local function caller_where()
+  for level = 3, 8 do
+    local info = getinfo(level, "Sl")
+    if not info then break end
+    if info.source:sub(1, 1) == "@" and info.short_src ~= "lua/prelude.lua" then
+      return info.short_src .. ":" .. (info.currentline or 0)
+    end
+  end
+  return "experiment"
+end
+
+--------------------------------------------------------------------------------------------------
+-- env
+
 --- env(name, default): the value of an environment variable, or `default` when unset or empty.
 function env(name, default)
-  if type(name) ~= "string" then
-    error("env(name, default): name must be a string, got " .. type(name), 2)
-  end
+  if type(name) ~= "string" then usage(caller_where(), "env(name, default): name must be a string, got %s", type(name)) end
   local v = os.getenv(name)
   if v == nil or v == "" then return default end
   return v
 end
 
 --- load_model(path_or_name [, opts]): shorthand for gm.load_model.
-function load_model(...)
-  return gm.load_model(...)
+function load_model(...) return gm.load_model(...) end
+
+--------------------------------------------------------------------------------------------------
+-- schema
+
+-- Training fields: type, range and default. PEFT / TRL vocabulary.
+local TRAIN = {
+  epochs = { kind = "integer", min = 1, default = 1, doc = "passes over the training split" },
+  max_steps = { kind = "integer", min = 1, doc = "stop after this many optimizer steps (default: epochs)" },
+  batch = { kind = "integer", min = 1, default = 4 },
+  grad_accum = { kind = "integer", min = 1, default = 1, doc = "micro-batches per optimizer step" },
+  lr = { kind = "number", min = 0, default = 2e-4 },
+  rank = { kind = "integer", min = 1, max = 4096, default = 8 },
+  alpha = { kind = "number", gt = 0, default = 16 },
+  dropout = { kind = "number", min = 0, lt = 1, default = 0.0 },
+  rslora = { kind = "boolean", default = false },
+  targets = { kind = "targets", default = "all-linear" },
+  layers = { kind = "layers" },
+  quant = { kind = "enum", values = { "stored", "gguf", "f32", "bf16", "nf4", "int8" }, default = "stored" },
+  max_length = { kind = "integer", min = 8, default = 256 },
+  warmup = { kind = "number", min = 0, default = 0, doc = "fraction of the steps if < 1, else steps" },
+  schedule = { kind = "enum", values = { "constant", "linear", "cosine" }, default = "constant" },
+  weight_decay = { kind = "number", min = 0, default = 0.0 },
+  max_grad_norm = { kind = "number", min = 0, default = 1.0 },
+  beta1 = { kind = "number", min = 0, lt = 1, default = 0.9 },
+  beta2 = { kind = "number", min = 0, lt = 1, default = 0.999 },
+  eps = { kind = "number", gt = 0, default = 1e-8 },
+  checkpointing = { kind = "boolean", default = false, doc = "activation checkpointing per block" },
+  checkpoint_every = { kind = "integer", min = 1, default = 25, doc = "save a resumable checkpoint every N steps" },
+}
+M.TRAIN = TRAIN
+
+local EXPERIMENT_KEYS = { "name", "model", "task", "train", "sweep", "seeds", "memory_limit", "fit", "report",
+  "threads", "description", "results" }
+local TARGET_NAMES = { "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj" }
+
+local function sorted_keys(t)
+  local ks = {}
+  for k in pairs(t) do ks[#ks + 1] = tostring(k) end
+  table.sort(ks)
+  return ks
 end
+M.sorted_keys = sorted_keys
+
+local function list_str(t) return table.concat(t, ", ") end
+
+local function is_list(t)
+  if type(t) ~= "table" then return false end
+  local n = 0
+  for _ in pairs(t) do n = n + 1 end
+  return n == #t
+end
+
+--- Checks one training field's value; returns the normalized value or raises.
+local function check_train_value(where, key, v)
+  local f = TRAIN[key]
+  if not f then usage(where, "train.%s: unknown key (allowed: %s)", key, list_str(sorted_keys(TRAIN))) end
+  local k = f.kind
+  if k == "integer" then
+    if math.type(v) ~= "integer" then
+      if type(v) == "number" and v == math.floor(v) then v = math.tointeger(v)
+      else usage(where, "train.%s = %s: must be an integer", key, tostring(v)) end
+    end
+  elseif k == "number" then
+    if type(v) ~= "number" then usage(where, "train.%s = %s: must be a number", key, tostring(v)) end
+  elseif k == "boolean" then
+    if type(v) ~= "boolean" then usage(where, "train.%s = %s: must be true or false", key, tostring(v)) end
+  elseif k == "enum" then
+    local ok = false
+    for _, a in ipairs(f.values) do ok = ok or a == v end
+    if not ok then usage(where, "train.%s = %s: allowed values are %s", key, tostring(v), list_str(f.values)) end
+  elseif k == "targets" then
+    local names = type(v) == "table" and v or { v }
+    if type(v) ~= "string" and not is_list(v) then usage(where, "train.targets must be \"all-linear\" or a list of module names") end
+    for _, n in ipairs(names) do
+      local ok = n == "all-linear"
+      for _, t in ipairs(TARGET_NAMES) do ok = ok or n == t end
+      if not ok then usage(where, "train.targets: unknown module '%s' (allowed: all-linear, %s)", tostring(n), list_str(TARGET_NAMES)) end
+    end
+    if type(v) == "table" then v = table.concat(v, ",") end
+  elseif k == "layers" then
+    if not is_list(v) then usage(where, "train.layers must be a list of layer indices (0-based)") end
+    for _, l in ipairs(v) do
+      if math.type(l) ~= "integer" or l < 0 then usage(where, "train.layers: %s is not a layer index", tostring(l)) end
+    end
+  end
+  if type(v) == "number" then
+    if f.min and v < f.min then usage(where, "train.%s = %s: must be >= %s", key, tostring(v), tostring(f.min)) end
+    if f.max and v > f.max then usage(where, "train.%s = %s: must be <= %s", key, tostring(v), tostring(f.max)) end
+    if f.gt and not (v > f.gt) then usage(where, "train.%s = %s: must be > %s", key, tostring(v), tostring(f.gt)) end
+    if f.lt and not (v < f.lt) then usage(where, "train.%s = %s: must be < %s", key, tostring(v), tostring(f.lt)) end
+    if v ~= v then usage(where, "train.%s is NaN", key) end
+  end
+  return v
+end
+M.check_train_value = check_train_value
+
+--------------------------------------------------------------------------------------------------
+-- constructors
+
+local function tagged(kind, spec)
+  if type(spec) ~= "table" then usage(caller_where(), "%s{...} expects a table", kind) end
+  local t = {}
+  for k, v in pairs(spec) do t[k] = v end
+  t._kind = kind
+  t._where = caller_where()
+  return t
+end
+
+local function check_keys(t, allowed, what)
+  for k in pairs(t) do
+    if type(k) ~= "string" then usage(t._where, "%s: keys must be names, got %s", what, tostring(k)) end
+    if k:sub(1, 1) ~= "_" then
+      local ok = false
+      for _, a in ipairs(allowed) do ok = ok or a == k end
+      if not ok then usage(t._where, "%s: unknown key '%s' (allowed: %s)", what, k, list_str(allowed)) end
+    end
+  end
+end
+
+--- experiment{ name=, model=, task=, train={...}, sweep=grid{...}|random{...}, seeds={...},
+---             memory_limit="48GiB", fit=false, report=table{...}, threads=2 }
+function experiment(spec)
+  local e = tagged("experiment", spec)
+  check_keys(e, EXPERIMENT_KEYS, "experiment")
+  return e
+end
+
+--- grid{ field = {v1, v2, ...}, ... }: every combination (the first key varies slowest).
+function grid(spec) return tagged("grid", spec) end
+
+--- random{ n = trials, seed = s, field = {choices} | uniform(a, b) | log_uniform(a, b) | int(a, b) }
+function random(spec) return tagged("random", spec) end
+function uniform(a, b) return { _dist = "uniform", a = a, b = b } end
+function log_uniform(a, b) return { _dist = "log_uniform", a = a, b = b } end
+function int_uniform(a, b) return { _dist = "int_uniform", a = a, b = b } end
+
+--- classify{ data = <data set>, prompt = "instruction", labels = {...} (default: the data's) }
+function classify(spec)
+  local t = tagged("classify", spec)
+  check_keys(t, { "data", "prompt", "labels", "max_eval", "template" }, "classify")
+  return t
+end
+
+--- sft{ data = <chat data set> }: supervised fine-tuning on the assistant turns.
+function sft(spec)
+  local t = tagged("sft", spec)
+  check_keys(t, { "data", "max_eval" }, "sft")
+  return t
+end
+
+data = {}
+
+--- data.fortunes{ topics = {...}, train = 40, test = 20, max_chars = 300 }: Debian's fortunes,
+--- label = topic file; for each topic the first `train` entries (file order) train, the next
+--- `test` test (a fixed, documented split).
+function data.fortunes(spec)
+  local t = tagged("fortunes", spec or {})
+  check_keys(t, { "topics", "train", "test", "max_chars", "dir" }, "data.fortunes")
+  return t
+end
+
+--- data.folder{ root = "path" }: root/<label>/<file>.txt; the folder name is the label;
+--- root/train/<label>/... and root/test/<label>/... when those exist, else a split of `test` per label.
+function data.folder(spec)
+  local t = tagged("folder", spec)
+  check_keys(t, { "root", "test", "max_chars" }, "data.folder")
+  return t
+end
+
+--- data.jsonl{ train = "path.jsonl", test = "path.jsonl" }: one {"messages": [...]} per line
+--- (Hugging Face chat format: role system/user/assistant, content).
+function data.jsonl(spec)
+  local t = tagged("jsonl", spec)
+  check_keys(t, { "train", "test", "path", "test_fraction" }, "data.jsonl")
+  return t
+end
+
+--- data.oxford_pets{ root = "data/oxford-iiit-pet" }: Oxford-IIIT Pet (images; needs the vision
+--- tower - see experiments/pets_sweep.lua).
+function data.oxford_pets(spec)
+  local t = tagged("oxford_pets", spec or {})
+  check_keys(t, { "root" }, "data.oxford_pets")
+  -- the class names are part of the data set's definition, known before any file is read
+  t.classes = {
+    "Abyssinian", "american_bulldog", "american_pit_bull_terrier", "basset_hound", "beagle", "Bengal",
+    "Birman", "Bombay", "boxer", "British_Shorthair", "chihuahua", "Egyptian_Mau", "english_cocker_spaniel",
+    "english_setter", "german_shorthaired", "great_pyrenees", "havanese", "japanese_chin", "keeshond",
+    "leonberger", "Maine_Coon", "miniature_pinscher", "newfoundland", "Persian", "pomeranian", "pug",
+    "Ragdoll", "Russian_Blue", "saint_bernard", "samoyed", "scottish_terrier", "shiba_inu",
+    "Siamese", "Sphynx", "staffordshire_bull_terrier", "wheaten_terrier", "yorkshire_terrier" }
+  return t
+end
+
+-- table{ rows = {...}, cols = {...}, metric = "accuracy" }: the report spec. `table` stays Lua's
+-- table library (table.concat etc. keep working); calling it makes a report spec.
+setmetatable(table, { __call = function(_, spec)
+  local t = tagged("report", spec)
+  check_keys(t, { "rows", "cols", "metric", "phase", "digits" }, "table")
+  return t
+end })
+
+--------------------------------------------------------------------------------------------------
+-- --set overrides
+
+--- Parses a --set value: number, boolean, comma list, or string.
+local function parse_value(s)
+  if s == "true" then return true elseif s == "false" then return false end
+  local n = tonumber(s)
+  if n then return math.tointeger(n) or n end
+  if s:find(",") then
+    local t = {}
+    for part in s:gmatch("[^,]+") do t[#t + 1] = parse_value(part) end
+    return t
+  end
+  return s
+end
+
+--- Applies "key=value" overrides: top-level keys (model, seeds, name, memory_limit, threads,
+--- fit) or training fields, bare ("lr=1e-4") or dotted ("train.lr=1e-4"). A swept field given
+--- with --set replaces its sweep axis by the single value.
+function M.apply_overrides(e, sets)
+  for _, kv in ipairs(sets or {}) do
+    local k, v = kv:match("^([%w_%.]+)=(.*)$")
+    if not k then usage(nil, "--set %s: expected key=value", kv) end
+    local key = k:gsub("^train%.", "")
+    local val = parse_value(v)
+    local top = ({ model = 1, seeds = 1, name = 1, memory_limit = 1, threads = 1, fit = 1, description = 1 })[k]
+    if top then
+      if k == "seeds" and type(val) ~= "table" then val = { val } end
+      e[k] = val
+    elseif TRAIN[key] then
+      e.train = e.train or {}
+      e.train[key] = val
+      if e.sweep then e.sweep[key] = nil end
+    else
+      usage(nil, "--set %s: unknown key '%s' (allowed: model, seeds, name, memory_limit, threads, fit, or a training field: %s)",
+        kv, k, list_str(sorted_keys(TRAIN)))
+    end
+  end
+end
+
+--------------------------------------------------------------------------------------------------
+-- validation and sweep expansion
+
+--- "48GiB", "512MB", 1e9 -> bytes.
+local function parse_bytes(where, v)
+  if type(v) == "number" then return v end
+  if type(v) ~= "string" then usage(where, "memory_limit must be a size such as \"48GiB\"") end
+  local num, unit = v:match("^%s*([%d%.]+)%s*(%a*)%s*$")
+  local mult = ({ [""] = 1, B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12, KiB = 1024, MiB = 2 ^ 20, GiB = 2 ^ 30, TiB = 2 ^ 40 })[unit or ""]
+  if not num or not tonumber(num) or not mult then
+    usage(where, "memory_limit = \"%s\": expected a number with a unit B, KB, MB, GB, KiB, MiB or GiB", v)
+  end
+  return tonumber(num) * mult
+end
+M.parse_bytes = parse_bytes
+
+local function validate_data(d, where)
+  if type(d) ~= "table" or not d._kind then
+    usage(where, "task.data must be a data set (data.fortunes{...}, data.folder{...}, data.jsonl{...}, data.oxford_pets{...})")
+  end
+  if d._kind == "fortunes" then
+    if not is_list(d.topics) or #d.topics < 2 then usage(d._where, "data.fortunes: topics must list at least 2 topic files") end
+    for _, n in ipairs({ "train", "test", "max_chars" }) do
+      if d[n] ~= nil and (math.type(d[n]) ~= "integer" or d[n] < 1) then usage(d._where, "data.fortunes: %s must be a positive integer", n) end
+    end
+  elseif d._kind == "folder" then
+    if type(d.root) ~= "string" then usage(d._where, "data.folder: root must be a folder path") end
+  elseif d._kind == "jsonl" then
+    if type(d.train or d.path) ~= "string" then usage(d._where, "data.jsonl: train (or path) must be a .jsonl file path") end
+  end
+end
+
+--- Validates an experiment table; returns it normalized (defaults filled). Raises usage errors.
+function M.validate(e)
+  if type(e) ~= "table" or e._kind ~= "experiment" then
+    usage(nil, "the experiment file must return experiment{...}")
+  end
+  local w = e._where
+  if type(e.name) ~= "string" or not e.name:match("^[%w_%-]+$") then
+    usage(w, "experiment.name = %s: must be a name of letters, digits, _ and - (it names the results files)", tostring(e.name))
+  end
+  if type(e.model) ~= "string" or e.model == "" then usage(w, "experiment.model must be a model path or name (e.g. \"gemma3-270m\")") end
+  if type(e.task) ~= "table" or (e.task._kind ~= "classify" and e.task._kind ~= "sft") then
+    usage(w, "experiment.task must be classify{...} or sft{...}")
+  end
+  validate_data(e.task.data, e.task._where)
+  if e.task._kind == "classify" then
+    if type(e.task.prompt) ~= "string" or e.task.prompt == "" then usage(e.task._where, "classify.prompt must be a non-empty string") end
+    if e.task.labels ~= nil and (not is_list(e.task.labels) or #e.task.labels < 2) then
+      usage(e.task._where, "classify.labels must list at least 2 labels")
+    end
+  end
+  e.train = e.train or {}
+  if type(e.train) ~= "table" then usage(w, "experiment.train must be a table of training settings") end
+  local train = {}
+  for k, v in pairs(e.train) do train[k] = check_train_value(w, k, v) end
+  for k, f in pairs(TRAIN) do
+    if train[k] == nil and f.default ~= nil then train[k] = f.default end
+  end
+  e.train = train
+  e.seeds = e.seeds or { 1 }
+  if not is_list(e.seeds) or #e.seeds < 1 then usage(w, "experiment.seeds must be a list of integers, e.g. {1, 2, 3}") end
+  for _, s in ipairs(e.seeds) do
+    if math.type(s) ~= "integer" or s < 0 then usage(w, "experiment.seeds: %s is not a non-negative integer", tostring(s)) end
+  end
+  if e.memory_limit ~= nil then e.memory_limit_bytes = parse_bytes(w, e.memory_limit) end
+  if e.fit ~= nil and type(e.fit) ~= "boolean" then usage(w, "experiment.fit must be true or false") end
+  if e.threads ~= nil and (math.type(e.threads) ~= "integer" or e.threads < 1) then usage(w, "experiment.threads must be a positive integer") end
+  if e.sweep ~= nil then
+    local s = e.sweep
+    if type(s) ~= "table" or (s._kind ~= "grid" and s._kind ~= "random") then usage(w, "experiment.sweep must be grid{...} or random{...}") end
+    for k, vals in pairs(s) do
+      if k:sub(1, 1) ~= "_" and not (s._kind == "random" and (k == "n" or k == "seed")) then
+        if k ~= "model" and not TRAIN[k] then
+          usage(s._where, "%s: unknown key '%s' (sweepable: model, %s)", s._kind, k, list_str(sorted_keys(TRAIN)))
+        end
+        if s._kind == "grid" or not (type(vals) == "table" and vals._dist) then
+          if not is_list(vals) or #vals < 1 then usage(s._where, "%s.%s must be a non-empty list of values", s._kind, k) end
+          for _, v in ipairs(vals) do
+            if k ~= "model" then check_train_value(s._where, k, v) end
+          end
+        else
+          if type(vals.a) ~= "number" or type(vals.b) ~= "number" or vals.b < vals.a or (vals._dist == "log_uniform" and vals.a <= 0) then
+            usage(s._where, "random.%s: %s(a, b) needs numbers a <= b%s", k, vals._dist, vals._dist == "log_uniform" and " with a > 0" or "")
+          end
+        end
+      end
+    end
+    if s._kind == "random" and (math.type(s.n) ~= "integer" or s.n < 1) then usage(s._where, "random.n must be the number of trials (a positive integer)") end
+  end
+  if e.report ~= nil then
+    local r = e.report
+    if r._kind ~= "report" then usage(w, "experiment.report must be table{rows = {...}, cols = {...}, metric = ...}") end
+    for _, part in ipairs({ "rows", "cols" }) do
+      if r[part] ~= nil and not is_list(r[part]) then usage(r._where, "table.%s must be a list of field names", part) end
+    end
+  end
+  return e
+end
+
+--- The sweep points: a list of {field = value} tables (one empty table without a sweep).
+function M.sweep_points(e)
+  local s = e.sweep
+  if not s then return { {} } end
+  local keys = {}
+  for k in pairs(s) do
+    if k:sub(1, 1) ~= "_" and not (s._kind == "random" and (k == "n" or k == "seed")) then keys[#keys + 1] = k end
+  end
+  table.sort(keys)
+  if s._kind == "grid" then
+    -- keys in the order written are not available from a Lua table; use sorted order
+    local points = { {} }
+    for _, k in ipairs(keys) do
+      local nxt = {}
+      for _, p in ipairs(points) do
+        for _, v in ipairs(s[k]) do
+          local q = {}
+          for a, b in pairs(p) do q[a] = b end
+          q[k] = v
+          nxt[#nxt + 1] = q
+        end
+      end
+      points = nxt
+    end
+    return points
+  end
+  -- random search: seeded, independent of anything else
+  local rng_state = (s.seed or 0) * 2654435761 + 12345
+  local function rnd()
+    rng_state = (rng_state * 6364136223846793005 + 1442695040888963407) & 0x7fffffffffffffff
+    return (rng_state >> 11) / (2 ^ 52)
+  end
+  local points = {}
+  for i = 1, s.n do
+    local p = {}
+    for _, k in ipairs(keys) do
+      local d = s[k]
+      local u = rnd()
+      if type(d) == "table" and d._dist == "uniform" then p[k] = d.a + u * (d.b - d.a)
+      elseif type(d) == "table" and d._dist == "log_uniform" then p[k] = math.exp(math.log(d.a) + u * (math.log(d.b) - math.log(d.a)))
+      elseif type(d) == "table" and d._dist == "int_uniform" then p[k] = math.floor(d.a + u * (d.b - d.a + 1))
+      else p[k] = d[math.floor(u * #d) + 1] end
+      if k ~= "model" then p[k] = check_train_value(s._where, k, p[k]) end
+    end
+    points[i] = p
+  end
+  return points
+end
+
+--- The canonical identity of a task (what the data and prompt are), for trial ids.
+local function task_identity(t)
+  local id = {}
+  for k, v in pairs(t) do
+    if k:sub(1, 1) ~= "_" then
+      if type(v) == "table" and v._kind then
+        local d = {}
+        for a, b in pairs(v) do if a:sub(1, 1) ~= "_" or a == "_kind" then d[a] = b end end
+        id[k] = d
+      else id[k] = v end
+    end
+  end
+  id.kind = t._kind
+  return id
+end
+
+--- Expands a validated experiment into trials: {index, id, config (flat), point (swept values)}.
+--- The trial id is a hash of the resolved configuration, the task and the seed, so a rerun
+--- recognizes finished trials even if the sweep order changes.
+function M.expand(e)
+  local trials = {}
+  local swept = {}
+  if e.sweep then
+    for k in pairs(e.sweep) do
+      if k:sub(1, 1) ~= "_" and not (e.sweep._kind == "random" and (k == "n" or k == "seed")) then swept[#swept + 1] = k end
+    end
+    table.sort(swept)
+  end
+  for _, p in ipairs(M.sweep_points(e)) do
+    for _, seed in ipairs(e.seeds) do
+      local cfg = { model = e.model, seed = seed }
+      for k, v in pairs(e.train) do cfg[k] = v end
+      for k, v in pairs(p) do cfg[k] = v end
+      local identity = gm.json_encode({ experiment = e.name, config = cfg, task = task_identity(e.task) })
+      trials[#trials + 1] = { index = #trials + 1, id = gm.sha256(identity):sub(1, 12), config = cfg, point = p, seed = seed }
+    end
+  end
+  return trials, swept
+end
+
+GM_PRELUDE = M

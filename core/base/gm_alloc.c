@@ -36,7 +36,7 @@ static void account(int64_t delta) {
 }
 
 void *gm_malloc(size_t size) {
-    if (should_fail()) return NULL;
+    if (size > SIZE_MAX - HDR || should_fail()) return NULL;
     void *raw = NULL;
     if (posix_memalign(&raw, HDR, size + HDR) != 0) return NULL;
     *(size_t *)raw = size;
@@ -118,3 +118,10 @@ static uint64_t status_kib(const char *key) {
 
 uint64_t gm_process_peak_rss(void) { return status_kib("VmHWM:"); }
 uint64_t gm_process_rss(void) { return status_kib("VmRSS:"); }
+
+bool gm_process_reset_peak_rss(void) {
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (!f) return false;
+    bool ok = fputs("5", f) >= 0;
+    return fclose(f) == 0 && ok;
+}

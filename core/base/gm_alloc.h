@@ -15,6 +15,7 @@
 #ifndef GM_ALLOC_H
 #define GM_ALLOC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -51,6 +52,10 @@ void gm_alloc_fail_after(uint64_t n);
 uint64_t gm_process_peak_rss(void);
 /* Current resident set size in bytes (Linux VmRSS), or 0 if unknown. */
 uint64_t gm_process_rss(void);
+/* Resets the peak-RSS mark to the current RSS (Linux: "5" into /proc/self/clear_refs), so a
+ * trial measures its own peak in a process that ran others before. Returns false if the kernel
+ * does not allow it (the peak then stays the process's). */
+bool gm_process_reset_peak_rss(void);
 
 #ifdef __cplusplus
 }

@@ -14,9 +14,22 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+/* stat before open: opening a FIFO for reading would block forever. */
+static gm_status check_regular(const char *path, gm_error *err) {
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return gm_error_set(err, GM_ERR_IO, "%s: cannot open: %s", path,
+                            errno == ELOOP ? "too many levels of symbolic links (a link loop?)" : strerror(errno));
+    if (!S_ISREG(st.st_mode))
+        return gm_error_set(err, GM_ERR_IO, "%s: not a regular file (%s)", path,
+                            S_ISDIR(st.st_mode) ? "a folder" : S_ISFIFO(st.st_mode) ? "a pipe" : "a device or socket");
+    return GM_OK;
+}
+
 gm_status gm_mmap_open(const char *path, gm_mapped_file *out, gm_error *err) {
     memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY);
+    GM_TRY(check_regular(path, err));
+    int fd = open(path, O_RDONLY | O_NONBLOCK);
     if (fd < 0)
         return gm_error_set(err, GM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
@@ -57,6 +70,7 @@ void gm_mmap_close(gm_mapped_file *f) {
 
 gm_status gm_read_file(const char *path, char **out, size_t *len, gm_error *err) {
     *out = NULL;
+    GM_TRY(check_regular(path, err));
     FILE *fp = fopen(path, "rb");
     if (!fp) return gm_error_set(err, GM_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     if (fseek(fp, 0, SEEK_END) != 0) {

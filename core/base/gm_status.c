@@ -20,6 +20,7 @@ const char *gm_status_name(gm_status s) {
     case GM_ERR_INTERRUPTED: return "interrupted";
     case GM_ERR_LIMIT: return "limit";
     case GM_ERR_NOT_FOUND: return "not-found";
+    case GM_ERR_RUNTIME: return "runtime";
     }
     return "unknown";
 }

@@ -36,6 +36,7 @@ typedef enum gm_status {
     GM_ERR_INTERRUPTED = -8, /* the user pressed Ctrl-C */
     GM_ERR_LIMIT = -9,       /* a planned size exceeds a configured limit */
     GM_ERR_NOT_FOUND = -10,  /* a key, tensor or file that must exist does not */
+    GM_ERR_RUNTIME = -11,    /* a script raised an error while running (not a usage error) */
 } gm_status;
 
 /* Message buffer filled by failing functions. `code` repeats the returned status. */

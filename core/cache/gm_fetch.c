@@ -19,6 +19,7 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <dirent.h>
 #include <zip.h>
 
 extern char **environ;
@@ -110,7 +111,8 @@ bool gm_fetch_is_cached(const char *name) {
 }
 
 gm_status gm_resolve_model(const char *arg, char *path, size_t cap, gm_error *err) {
-    if (!find_entry(arg)) {
+    /* an existing file or folder of that name wins over a model name */
+    if (!find_entry(arg) || access(arg, F_OK) == 0) {
         snprintf(path, cap, "%s", arg);
         return GM_OK;
     }
@@ -217,6 +219,34 @@ static void remove_tree(const char *dir, const fetch_entry *e) {
     rmdir(dir);
 }
 
+/* Removes what an interrupted earlier fetch left: fetch-XXXXXX folders and *.partial files. */
+static void remove_stale(const char *models) {
+    DIR *d = opendir(models);
+    if (!d) return;
+    struct dirent *e;
+    char p[1400], q[2000];
+    while ((e = readdir(d))) {
+        size_t n = strlen(e->d_name);
+        snprintf(p, sizeof p, "%s/%s", models, e->d_name);
+        if (strncmp(e->d_name, "fetch-", 6) == 0) {
+            DIR *sub = opendir(p);
+            if (sub) {
+                struct dirent *f;
+                while ((f = readdir(sub)))
+                    if (f->d_name[0] != '.') {
+                        snprintf(q, sizeof q, "%s/%s", p, f->d_name);
+                        unlink(q);
+                    }
+                closedir(sub);
+            }
+            rmdir(p);
+        } else if (n > 8 && strcmp(e->d_name + n - 8, ".partial") == 0) {
+            unlink(p);
+        }
+    }
+    closedir(d);
+}
+
 gm_status gm_fetch(const char *name, bool verbose, char *path, size_t cap, gm_error *err) {
     const fetch_entry *e = find_entry(name);
     if (!e) return unknown(name, err);
@@ -225,6 +255,7 @@ gm_status gm_fetch(const char *name, bool verbose, char *path, size_t cap, gm_er
     gm_cache_dir(cache, sizeof cache);
     snprintf(models, sizeof models, "%s/models", cache);
     GM_TRY(mkdirs(models, err));
+    remove_stale(models);
     char hex[65];
     if (access(path, R_OK) == 0) {
         GM_TRY(gm_sha256_file(path, hex, err));

@@ -27,6 +27,7 @@
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define GGUF_DEFAULT_ALIGNMENT 32u // GGUF_DEFAULT_ALIGNMENT in ggml's gguf.h
@@ -140,7 +141,7 @@ static const char *show(gm_strref s, char *out, size_t cap) {
     size_t n = s.len < cap - 4 ? (size_t)s.len : cap - 4;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s.p[i];
-        out[i] = (c < 0x20 || c == 0x7f) ? '?' : (char)c;
+        out[i] = (c < 0x20 || c >= 0x7f) ? '?' : (char)c; /* never echo raw bytes to a terminal */
     }
     if (n < s.len) {
         memcpy(out + n, "...", 4);
@@ -523,6 +524,39 @@ static gm_status parse_tensor_info(gm_gguf *g, rd *r, int64_t idx, int64_t n_t) 
 }
 
 /* Duplicate names, alignment of each offset, and every tensor inside the file. */
+typedef struct span {
+    uint64_t offset;
+    int64_t index;
+} span;
+
+static int cmp_span(const void *a, const void *b) {
+    uint64_t x = ((const span *)a)->offset, y = ((const span *)b)->offset;
+    return x < y ? -1 : x > y;
+}
+
+/* No two tensors may share bytes: a corrupt offset that points into another tensor would
+ * silently load wrong weights (ggml itself requires tensors laid out back to back). */
+static gm_status check_overlaps(gm_gguf *g, rd *r) {
+    if (g->n_tensors < 2) return GM_OK;
+    span *order = gm_malloc((size_t)g->n_tensors * sizeof *order);
+    if (!order) return gm_error_set(r->err, GM_ERR_NOMEM, "%s: out of memory", r->label);
+    for (int64_t i = 0; i < g->n_tensors; i++) order[i] = (span){g->tensors[i].offset, i};
+    qsort(order, (size_t)g->n_tensors, sizeof *order, cmp_span);
+    gm_status s = GM_OK;
+    for (int64_t k = 1; k < g->n_tensors; k++) {
+        const gm_gguf_tensor *a = &g->tensors[order[k - 1].index], *b = &g->tensors[order[k].index];
+        if (a->offset + a->nbytes > b->offset) {
+            s = gm_error_set(r->err, GM_ERR_FORMAT,
+                             "%s: tensors '%s' (offset %" PRIu64 ", %zu bytes) and '%s' (offset %" PRIu64
+                             ") overlap in the data section\n" HINT_CORRUPT,
+                             r->label, a->cname, a->offset, a->nbytes, b->cname, b->offset);
+            break;
+        }
+    }
+    gm_free(order);
+    return s;
+}
+
 static gm_status place_tensors(gm_gguf *g, rd *r) {
     g->t_hash = hash_new(g->n_tensors, &g->t_hash_cap);
     if (!g->t_hash) return nomem(r, "the tensor index");
@@ -561,7 +595,7 @@ static gm_status place_tensors(gm_gguf *g, rd *r) {
         }
         t->data = g->buf + g->data_offset + t->offset;
     }
-    return GM_OK;
+    return check_overlaps(g, r);
 }
 
 /* Explains a wrong magic when the bytes look like a format users confuse with GGUF. */

@@ -166,8 +166,9 @@ static gm_status jint(const cJSON *o, const char *key, int64_t *dst, bool requir
                             "intermediate_size and vocab_size",
                             label, key);
     }
-    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble))
-        return gm_error_set(err, GM_ERR_FORMAT, "%s: key '%s' must be an integer", label, key);
+    if (!cJSON_IsNumber(it) || it->valuedouble != floor(it->valuedouble) || fabs(it->valuedouble) > 1e15)
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: key '%s' must be an integer (got %g)", label, key,
+                            cJSON_IsNumber(it) ? it->valuedouble : 0.0);
     *dst = (int64_t)it->valuedouble;
     return GM_OK;
 }
@@ -213,9 +214,10 @@ static gm_status config_from_text_json(const cJSON *root, const char *label, gm_
     const cJSON *mt = jget(root, "model_type");
     if (mt && cJSON_IsString(mt)) {
         const char *m = mt->valuestring;
-        if (strcmp(m, "gemma3n_text") == 0 || strcmp(m, "gemma4_text") == 0)
+        if (strcmp(m, "gemma3_text") != 0 && strcmp(m, "gemma3") != 0)
             return gm_error_set(err, GM_ERR_UNSUPPORTED,
-                                "%s: model_type '%s' is not supported yet (Gemma 3 text decoders are)",
+                                "%s: model_type '%s' is not supported (gemmarun runs Gemma 3 text decoders: "
+                                "model_type gemma3_text, or gemma3 with a text_config)",
                                 label, m);
         snprintf(cfg->name, sizeof cfg->name, "%s", m);
     } else {

@@ -107,7 +107,12 @@ size_t gm_infer_plan_bytes(const gm_config *cfg, const gm_infer_opts *opts, gm_d
 gm_status gm_infer_new(const gm_model *m, const gm_infer_opts *opts, gm_infer **out, gm_error *err) {
     *out = NULL;
     const gm_config *c = &m->cfg;
+    if (opts && (opts->ctx < 0 || opts->max_tokens < 0 || opts->batch < 0 || opts->logit_rows < 0))
+        return gm_error_set(err, GM_ERR_INVALID, "negative sizes in the inference options");
     gm_infer_opts o = resolve_opts(c, opts);
+    if (o.ctx > c->max_position_embeddings)
+        return gm_error_set(err, GM_ERR_INVALID, "a context of %lld positions exceeds the model's max_position_embeddings (%lld)",
+                            (long long)o.ctx, (long long)c->max_position_embeddings);
     gm_infer *st = gm_calloc(1, sizeof *st);
     if (!st) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     st->model = m;

@@ -36,9 +36,25 @@ static int cand_cmp(const void *a, const void *b) {
     return x->id - y->id;
 }
 
+/* Greedy unless the temperature is a positive number (NaN counts as greedy, never as sampling
+ * with a missing work buffer). */
+static bool sampling(const gm_sample_opts *o) { return o->temperature > 0; }
+
+gm_status gm_generate_check(const gm_config *cfg, int64_t n_prompt, int64_t max_new_tokens, gm_error *err) {
+    if (n_prompt < 1) return gm_error_set(err, GM_ERR_INVALID, "empty prompt");
+    if (max_new_tokens < 1) return gm_error_set(err, GM_ERR_INVALID, "max new tokens must be >= 1");
+    if (n_prompt > cfg->max_position_embeddings || max_new_tokens > cfg->max_position_embeddings - n_prompt)
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "prompt (%lld tokens) + max new tokens (%lld) exceed the model's context of %lld positions\n"
+                            "  hint: lower --max-tokens to at most %lld",
+                            (long long)n_prompt, (long long)max_new_tokens, (long long)cfg->max_position_embeddings,
+                            (long long)(cfg->max_position_embeddings > n_prompt ? cfg->max_position_embeddings - n_prompt : 0));
+    return GM_OK;
+}
+
 int32_t gm_sample_token(const float *logits, int64_t V, const gm_sample_opts *o, uint64_t step,
                         float *work) {
-    if (o->temperature <= 0) return argmax(logits, V);
+    if (!sampling(o)) return argmax(logits, V);
     cand *c = (cand *)work; /* caller provides V * sizeof(cand) bytes */
     for (int64_t i = 0; i < V; i++) {
         c[i].logit = logits[i] / o->temperature;
@@ -88,14 +104,14 @@ gm_status gm_generate(gm_infer *st, const int32_t *prompt, int64_t n_prompt, con
                       gm_generate_stats *stats, gm_error *err) {
     *n_out = 0;
     if (st->B != 1) return gm_error_set(err, GM_ERR_INVALID, "generation needs a state planned for batch 1");
-    if (n_prompt <= 0) return gm_error_set(err, GM_ERR_INVALID, "empty prompt");
-    if (n_prompt + o->max_new_tokens > st->ctx_max)
+    GM_TRY(gm_generate_check(&st->model->cfg, n_prompt, o->max_new_tokens, err));
+    if (o->max_new_tokens > st->ctx_max - n_prompt)
         return gm_error_set(err, GM_ERR_INVALID,
                             "prompt (%lld tokens) + max new tokens (%lld) exceed the planned context (%lld)",
                             (long long)n_prompt, (long long)o->max_new_tokens, (long long)st->ctx_max);
     int64_t V = st->model->cfg.vocab_size;
     void *work = NULL;
-    if (o->temperature > 0) {
+    if (sampling(o)) {
         work = gm_malloc((size_t)V * sizeof(cand));
         if (!work) return gm_error_set(err, GM_ERR_NOMEM, "out of memory for the sampler");
     }
@@ -104,12 +120,26 @@ gm_status gm_generate(gm_infer *st, const int32_t *prompt, int64_t n_prompt, con
     double t0 = now_s();
     /* prefill in chunks of at most T_max tokens */
     for (int64_t p = 0; p < n_prompt && s == GM_OK; p += st->T_max) {
+        if (o->interrupt && *o->interrupt) s = gm_error_set(err, GM_ERR_INTERRUPTED, "interrupted during the prompt");
         int64_t n = n_prompt - p < st->T_max ? n_prompt - p : st->T_max;
-        s = gm_decoder_forward(st, prompt + p, n, false, err);
+        if (s == GM_OK) s = gm_decoder_forward(st, prompt + p, n, false, err);
     }
     double t1 = now_s();
     int64_t produced = 0;
     while (s == GM_OK && produced < o->max_new_tokens) {
+        for (int64_t v = 0; v < V; v++)
+            if (!isfinite(st->logits[v])) {
+                s = gm_error_set(err, GM_ERR_NONFINITE,
+                                 "the model produced a non-finite logit (%g for token %lld) at position %lld\n"
+                                 "  hint: the weights may be corrupt; `gemmarun fetch` re-checks the default model",
+                                 (double)st->logits[v], (long long)v, (long long)st->n_past);
+                break;
+            }
+        if (s != GM_OK) break;
+        if (o->interrupt && *o->interrupt) {
+            s = gm_error_set(err, GM_ERR_INTERRUPTED, "interrupted after %lld tokens", (long long)produced);
+            break;
+        }
         int32_t tok = gm_sample_token(st->logits, V, o, (uint64_t)produced, work);
         out_ids[produced++] = tok;
         if (cb && !cb(tok, user)) break;

@@ -8,8 +8,9 @@
  *
  * Ownership: the caller owns out_ids (capacity max_new_tokens). The gm_infer state is borrowed
  * and reset at the start. Errors: GM_ERR_INVALID (prompt longer than the planned context),
- * anything gm_decoder_forward returns; GM_ERR_INTERRUPTED when the callback asks to stop early
- * is not an error: it returns GM_OK with the tokens so far.
+ * anything gm_decoder_forward returns, GM_ERR_NONFINITE when the logits are NaN/Inf (corrupt
+ * weights), GM_ERR_INTERRUPTED when opts->interrupt was raised (the tokens so far are kept in
+ * out_ids / n_out). A callback returning false stops early and is not an error.
  */
 #ifndef GM_GENERATE_H
 #define GM_GENERATE_H
@@ -32,7 +33,13 @@ typedef struct gm_sample_opts {
     uint64_t seed;
     const int32_t *stop_ids; /* generation stops after emitting one of these (kept in the output) */
     int n_stop;
+    const volatile int *interrupt; /* optional: nonzero stops between prefill chunks and tokens */
 } gm_sample_opts;
+
+/* Checks that a generation fits the model: n_prompt >= 1, max_new_tokens >= 1 and
+ * n_prompt + max_new_tokens <= max_position_embeddings (without overflow). GM_ERR_INVALID
+ * with the numbers and a hint otherwise. */
+gm_status gm_generate_check(const gm_config *cfg, int64_t n_prompt, int64_t max_new_tokens, gm_error *err);
 
 /* Called after each new token; return false to stop. */
 typedef bool (*gm_token_cb)(int32_t token, void *user);

@@ -16,6 +16,7 @@
 
 #include <math.h>
 
+#include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
@@ -244,7 +245,11 @@ static gm_status load_hf(gm_model *m, const char *path, const gm_model_opts *o, 
     char dir[1024], cfgpath[1100];
     if (is_dir(path)) snprintf(dir, sizeof dir, "%s", path);
     else dirname_of(path, dir, sizeof dir);
+    /* given config.json itself: the checkpoint is its folder */
+    if (ends_with(path, "/config.json") || strcmp(path, "config.json") == 0) path = dir;
     snprintf(cfgpath, sizeof cfgpath, "%s/config.json", dir);
+    if (access(cfgpath, F_OK) == 0 && access(cfgpath, R_OK) != 0)
+        return gm_error_set(err, GM_ERR_IO, "%s: cannot read: %s", cfgpath, strerror(errno));
     if (!file_exists(cfgpath))
         return gm_error_set(err, GM_ERR_NOT_FOUND,
                             "%s: no config.json in %s\n  hint: a Hugging Face checkpoint folder holds "
@@ -287,6 +292,15 @@ static gm_status load_gguf(gm_model *m, const char *path, const gm_model_opts *o
     GM_TRY(gm_gguf_open(path, &m->gguf, err));
     m->format = GM_FORMAT_GGUF;
     GM_TRY(gm_config_from_gguf(m->gguf, &m->cfg, err));
+    /* every blk.N tensor must belong to a layer the metadata declares */
+    for (int64_t i = 0; i < gm_gguf_n_tensors(m->gguf); i++) {
+        const gm_gguf_tensor *t = gm_gguf_tensor_at(m->gguf, i);
+        long long layer;
+        if (sscanf(t->cname, "blk.%lld.", &layer) == 1 && (layer < 0 || layer >= m->cfg.n_layers))
+            return gm_error_set(err, GM_ERR_FORMAT,
+                                "%s: tensor '%s' belongs to layer %lld, but gemma3.block_count says the model has %lld layers",
+                                path, t->cname, layer, (long long)m->cfg.n_layers);
+    }
     gm_arena_init(&m->arena, "norm weights", GM_DEVICE_CPU);
     GM_TRY(bind_all(m, "", err));
     GM_TRY(gm_arena_commit(&m->arena, err));
@@ -299,11 +313,17 @@ gm_status gm_model_load(const char *path, const gm_model_opts *opts, gm_model **
     *out = NULL;
     gm_model_opts o = {.load_tokenizer = true};
     if (opts) o = *opts;
-    if (!file_exists(path))
-        return gm_error_set(err, GM_ERR_IO,
-                            "%s: no such file or folder\n  hint: give a .gguf file or a Hugging Face "
-                            "checkpoint folder; `gemmarun fetch gemma3-270m` downloads the default model",
-                            path);
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT)
+            return gm_error_set(err, GM_ERR_IO,
+                                "%s: no such file or folder\n  hint: give a .gguf file or a Hugging Face "
+                                "checkpoint folder; `gemmarun fetch gemma3-270m` downloads the default model",
+                                path);
+        return gm_error_set(err, GM_ERR_IO, "%s: %s", path,
+                            errno == ELOOP ? "too many levels of symbolic links (a link loop?)" : strerror(errno));
+    }
+    if (access(path, R_OK) != 0) return gm_error_set(err, GM_ERR_IO, "%s: cannot read: %s", path, strerror(errno));
     gm_model *m = gm_calloc(1, sizeof *m);
     if (!m) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     snprintf(m->path, sizeof m->path, "%s", path);

@@ -9,7 +9,7 @@ expect_run "unknown command" 2 "unknown command 'frobnicate'" -- "$GM" frobnicat
 expect_run "help" 0 "usage:" -- "$GM" --help
 expect_run "inspect: missing file" 2 "/no/such/model.gguf: no such file" -- "$GM" inspect /no/such/model.gguf
 expect_run "inspect: missing config key" 2 "config.json: missing key 'head_dim'" -- "$GM" inspect tests/ref/bad/missing_key
-expect_run "inspect: weights do not match config" 2 "has shape \[100, 64\], but the config implies \[128, 64\]|shape" -- "$GM" inspect tests/ref/bad/shape_mismatch
+expect_run "inspect: weights do not match config" 2 "tensor 'model.layers.0.mlp.gate_proj.weight' has shape \[128, 64\], but the config implies \[100, 64\]" -- "$GM" inspect tests/ref/bad/shape_mismatch
 expect_run "fetch: unknown name" 2 "unknown model name 'gemma9' \(known: gemma3-270m\)" -- "$GM" fetch gemma9
 expect_run "generate: no tokenizer" 2 "has no tokenizer" -- "$GM" generate tests/ref/tiny_gemma3 "hello"
 expect_run "generate: bad option value" 2 "bad value for --max-tokens" -- "$GM" generate "$MODEL" "x" --max-tokens -3
@@ -21,8 +21,17 @@ expect_run "truncated GGUF" 2 "truncated.gguf.*(truncated|past the end)" -- "$GM
 expect_run "wrong magic" 2 "badmagic.gguf.*magic" -- "$GM" inspect "$TMP/badmagic.gguf"
 cp tests/ref/tiny_gemma3/config.json "$TMP/config.json"
 head -c 5000 tests/ref/tiny_gemma3/model.safetensors > "$TMP/model.safetensors"
-expect_run "truncated safetensors" 2 "model.safetensors" -- "$GM" inspect "$TMP"
+expect_run "truncated safetensors" 2 "model.safetensors.*(truncated|past the end|beyond|end of the file|bytes)" -- "$GM" inspect "$TMP"
 printf 'not a model' > "$TMP/junk.gguf"
 expect_run "junk file" 2 "junk.gguf" -- "$GM" inspect "$TMP/junk.gguf"
+
+expect_run "generate: --max-tokens overflow" 2 "bad value for --max-tokens" -- "$GM" generate "$MODEL" "x" --max-tokens 9223372036854775807
+expect_run "generate: past the context" 2 "exceed the model's context of 32768 positions" -- "$GM" generate "$MODEL" "x" --max-tokens 40000
+expect_run "generate: infinite temperature" 2 "bad value for --temperature" -- "$GM" generate "$MODEL" "x" --temperature inf
+expect_run "inspect: a pipe is not a model" 2 "not a regular file \(a pipe\)" -- bash -c "mkfifo '$TMP/fifo' && timeout 10 '$GM' inspect '$TMP/fifo'"
+expect_run "inspect: config.json is a folder" 2 "config.json: not a regular file \(a folder\)" -- bash -c "mkdir -p '$TMP/cj/config.json' && '$GM' inspect '$TMP/cj'"
+printf '{"model_type": "llama", "hidden_size": 64}' > "$TMP/llama.json"
+mkdir -p "$TMP/llama" && cp "$TMP/llama.json" "$TMP/llama/config.json"
+expect_run "inspect: not a Gemma 3 config" 2 "model_type 'llama' is not supported" -- "$GM" inspect "$TMP/llama"
 
 finish

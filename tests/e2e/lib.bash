@@ -28,11 +28,12 @@ finish() {
   [ "$fail" = 0 ]
 }
 
+# The real model's path in the cache; fails (does not download) when it is missing.
 real_model() {
-  local p
-  p=$("$GM" fetch gemma3-270m 2>/dev/null) || {
-    echo "the real model is not in the cache: run \`$GM fetch gemma3-270m\`" >&2
+  local p="${GEMMARUN_HOME:-$HOME/.cache/gemmarun}/models/gemma-3-270m-q4_k_m.gguf"
+  if [ ! -r "$p" ]; then
+    echo "the real model is not in the cache ($p): run \`$GM fetch gemma3-270m\`" >&2
     return 1
-  }
+  fi
   echo "$p"
 }

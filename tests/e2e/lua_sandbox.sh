@@ -18,12 +18,13 @@ lua_case "os.remove refused" 1 "os.remove is not allowed" 'os.remove("/etc/passw
 lua_case "require absent" 1 "require" 'require("socket")'
 lua_case "dofile absent" 1 "dofile" 'dofile("/etc/passwd")'
 lua_case "binary chunk refused" 0 "attempt to load a binary chunk" 'local f, e = load(string.dump(function() return 1 end)); assert(f == nil); print(e)'
-lua_case "syntax error names file:line" 1 "case.lua:2:" $'local x = 1\nlocal = 2'
+lua_case "syntax error names file:line (exit 2: bad file)" 2 "case.lua:2:" $'local x = 1\nlocal = 2'
 lua_case "runtime error names file:line" 1 "case.lua:1: boom" 'error("boom")'
 lua_case "env() default" 0 "^fallback$" 'print(env("GEMMARUN_SURELY_UNSET_VAR", "fallback"))'
 lua_case "allowed with --allow-os" 0 "^opened$" 'local f = io.open("/dev/null", "r"); print(f and "opened")' --allow-os
 lua_case "load_model bad path" 1 "no_such_model.*no such file" 'gm.load_model("/tmp/no_such_model")'
 lua_case "generate unknown option" 1 "unknown option 'max_tokenz'" 'local m = gm.load_model("tests/ref/tiny_gemma3"); m:generate("x", {max_tokenz = 3})'
+lua_case "generate: NaN temperature refused" 1 "temperature must be a finite number" 'local m = gm.load_model("tests/ref/tiny_gemma3"); m:generate("x", {temperature = 0/0})'
 expect_run "missing experiment file" 2 "cannot open" -- "$GM" /tmp/definitely_missing.lua
 [ ! -e /tmp/gm_pwned ] && { pass=$((pass + 1)); echo "ok    nothing was written"; } || { fail=$((fail + 1)); echo "FAIL  /tmp/gm_pwned exists"; }
 

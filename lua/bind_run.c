@@ -1,0 +1,429 @@
+/*
+ * bind_run.c - Lua bindings the experiment runner (lua/prelude.lua) needs from C: reading data
+ * files, JSON, hashing, model configs and memory plans without loading weights, candidate
+ * scoring for classification, progress display and Ctrl-C.
+ *
+ *   gm.read_text(path) -> string             gm.list_dir(path) -> {name, ...} (sorted; files and folders)
+ *   gm.is_dir(path), gm.file_exists(path)    gm.json_decode(text) -> value (null -> gm.null)
+ *   gm.json_encode(value) -> text (keys sorted: a canonical form, used for trial ids)
+ *   gm.sha256(text) -> hex                   gm.isatty() -> bool (stderr)
+ *   gm.progress(line [, final])               redraws one status line on a TTY, prints lines otherwise
+ *   gm.interrupted() -> bool                  true once Ctrl-C was pressed (main installs the handler)
+ *   gm.model_config(path_or_name) -> table    the config only (GGUF header, config.json or preset)
+ *   gm.plan(path_or_name, train_opts) -> {[kind] = bytes, total = bytes}
+ *   trainer:choose(dataset, {i, ...}, {tok, ...}) -> {k, ...}, {{logit, ...}, ...}
+ *       for each example, the candidate whose first token has the highest logit at the response start
+ *   trainer:score(dataset, {i, ...}) -> {logprob, ...}   sum of log p over each example's response
+ *
+ * Reading is allowed in the sandbox (experiment files must read their data); writing is not, and
+ * only the results bindings (bind_results.c) write, under the results folder.
+ */
+#define _GNU_SOURCE
+#include "bind_util.h"
+#include "gm_lua.h"
+
+#include "gm_alloc.h"
+#include "gm_config.h"
+#include "gm_data.h"
+#include "gm_fetch.h"
+#include "gm_gguf.h"
+#include "gm_mmap.h"
+#include "gm_train.h"
+
+#include <cjson/cJSON.h>
+#include <dirent.h>
+#include <lauxlib.h>
+#include <openssl/evp.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+volatile int gm_lua_interrupted;
+
+void gm_lua_set_interrupted(void) { gm_lua_interrupted = 1; }
+
+static int l_interrupted(lua_State *L) {
+    lua_pushboolean(L, gm_lua_interrupted != 0);
+    return 1;
+}
+
+static int l_read_text(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    char *buf = NULL;
+    size_t len = 0;
+    gm_error err = {0};
+    if (gm_read_file(path, &buf, &len, &err) != GM_OK) return gm_bind_raise(L, &err);
+    lua_pushlstring(L, buf, len);
+    gm_free(buf);
+    return 1;
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int l_list_dir(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    DIR *d = opendir(path);
+    if (!d) return luaL_error(L, "%s: cannot list the folder (missing or not a folder)", path);
+    char **names = NULL;
+    size_t n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue; /* hidden files, . and .. */
+        if (n == cap) {
+            cap = cap ? 2 * cap : 64;
+            char **nn = gm_realloc(names, cap * sizeof *names);
+            if (!nn) break;
+            names = nn;
+        }
+        names[n++] = gm_strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, n, sizeof *names, cmp_str);
+    lua_createtable(L, (int)n, 0);
+    for (size_t i = 0; i < n; i++) {
+        lua_pushstring(L, names[i]);
+        lua_rawseti(L, -2, (lua_Integer)i + 1);
+        gm_free(names[i]);
+    }
+    gm_free(names);
+    return 1;
+}
+
+static int l_is_dir(lua_State *L) {
+    struct stat st;
+    lua_pushboolean(L, stat(luaL_checkstring(L, 1), &st) == 0 && S_ISDIR(st.st_mode));
+    return 1;
+}
+
+static int l_file_exists(lua_State *L) {
+    lua_pushboolean(L, access(luaL_checkstring(L, 1), R_OK) == 0);
+    return 1;
+}
+
+/* ---- JSON ---- */
+
+static void push_json(lua_State *L, const cJSON *j) {
+    luaL_checkstack(L, 4, "JSON too deep");
+    if (cJSON_IsObject(j)) {
+        lua_newtable(L);
+        for (const cJSON *c = j->child; c; c = c->next) {
+            push_json(L, c);
+            lua_setfield(L, -2, c->string);
+        }
+    } else if (cJSON_IsArray(j)) {
+        lua_newtable(L);
+        lua_Integer i = 1;
+        for (const cJSON *c = j->child; c; c = c->next) {
+            push_json(L, c);
+            lua_rawseti(L, -2, i++);
+        }
+    } else if (cJSON_IsString(j)) {
+        lua_pushstring(L, j->valuestring);
+    } else if (cJSON_IsNumber(j)) {
+        double v = j->valuedouble;
+        if (v == (double)(lua_Integer)v && v > -9e15 && v < 9e15) lua_pushinteger(L, (lua_Integer)v);
+        else lua_pushnumber(L, v);
+    } else if (cJSON_IsBool(j)) {
+        lua_pushboolean(L, cJSON_IsTrue(j));
+    } else {
+        lua_getfield(L, LUA_REGISTRYINDEX, "gm.null");
+    }
+}
+
+static int l_json_decode(lua_State *L) {
+    size_t len;
+    const char *text = luaL_checklstring(L, 1, &len);
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    if (!j) {
+        long off = end ? (long)(end - text) : -1;
+        return luaL_error(L, "invalid JSON near byte %d", (int)off);
+    }
+    push_json(L, j);
+    cJSON_Delete(j);
+    return 1;
+}
+
+/* Canonical JSON: object keys sorted, numbers with 17 significant digits (%.17g round-trips). */
+static void encode(lua_State *L, int idx, luaL_Buffer *b, int depth) {
+    if (depth > 64) luaL_error(L, "json_encode: nesting too deep");
+    idx = lua_absindex(L, idx);
+    switch (lua_type(L, idx)) {
+    case LUA_TNIL: luaL_addstring(b, "null"); return;
+    case LUA_TBOOLEAN: luaL_addstring(b, lua_toboolean(L, idx) ? "true" : "false"); return;
+    case LUA_TNUMBER: {
+        char num[64];
+        if (lua_isinteger(L, idx)) snprintf(num, sizeof num, "%lld", (long long)lua_tointeger(L, idx));
+        else snprintf(num, sizeof num, "%.17g", (double)lua_tonumber(L, idx));
+        luaL_addstring(b, num);
+        return;
+    }
+    case LUA_TSTRING: {
+        size_t n;
+        const char *s = lua_tolstring(L, idx, &n);
+        luaL_addchar(b, '"');
+        for (size_t i = 0; i < n; i++) {
+            unsigned char c = (unsigned char)s[i];
+            if (c == '"' || c == '\\') {
+                luaL_addchar(b, '\\');
+                luaL_addchar(b, (char)c);
+            } else if (c < 0x20) {
+                char esc[8];
+                snprintf(esc, sizeof esc, "\\u%04x", c);
+                luaL_addstring(b, esc);
+            } else {
+                luaL_addchar(b, (char)c);
+            }
+        }
+        luaL_addchar(b, '"');
+        return;
+    }
+    case LUA_TTABLE: {
+        lua_getfield(L, LUA_REGISTRYINDEX, "gm.null");
+        bool is_null = lua_rawequal(L, -1, idx);
+        lua_pop(L, 1);
+        if (is_null) {
+            luaL_addstring(b, "null");
+            return;
+        }
+        lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
+        /* an array when keys are exactly 1..n (n > 0), else an object with sorted string keys */
+        lua_Integer count = 0;
+        lua_pushnil(L);
+        while (lua_next(L, idx)) {
+            count++;
+            lua_pop(L, 1);
+        }
+        if (n > 0 && count == n) {
+            luaL_addchar(b, '[');
+            for (lua_Integer i = 1; i <= n; i++) {
+                if (i > 1) luaL_addchar(b, ',');
+                lua_rawgeti(L, idx, i);
+                encode(L, -1, b, depth + 1);
+                lua_pop(L, 1);
+            }
+            luaL_addchar(b, ']');
+            return;
+        }
+        /* collect and sort keys through Lua's table.sort-free path: simple insertion sort */
+        lua_createtable(L, (int)count, 0);
+        int keys = lua_gettop(L);
+        lua_Integer k = 0;
+        lua_pushnil(L);
+        while (lua_next(L, idx)) {
+            lua_pop(L, 1);
+            if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "json_encode: object keys must be strings");
+            lua_pushvalue(L, -1);
+            lua_rawseti(L, keys, ++k);
+        }
+        for (lua_Integer i = 2; i <= k; i++)
+            for (lua_Integer j = i; j > 1; j--) {
+                lua_rawgeti(L, keys, j - 1);
+                lua_rawgeti(L, keys, j);
+                int gt = strcmp(lua_tostring(L, -2), lua_tostring(L, -1)) > 0;
+                if (gt) {
+                    lua_rawseti(L, keys, j - 1);
+                    lua_rawseti(L, keys, j);
+                } else {
+                    lua_pop(L, 2);
+                    break;
+                }
+            }
+        luaL_addchar(b, '{');
+        for (lua_Integer i = 1; i <= k; i++) {
+            if (i > 1) luaL_addchar(b, ',');
+            lua_rawgeti(L, keys, i);
+            encode(L, -1, b, depth + 1);
+            luaL_addchar(b, ':');
+            lua_gettable(L, idx);
+            encode(L, -1, b, depth + 1);
+            lua_pop(L, 1);
+        }
+        luaL_addchar(b, '}');
+        lua_remove(L, keys);
+        return;
+    }
+    default: luaL_error(L, "json_encode: cannot encode a %s", luaL_typename(L, idx));
+    }
+}
+
+static int l_json_encode(lua_State *L) {
+    luaL_checkany(L, 1);
+    luaL_Buffer b;
+    /* the buffer lives on the stack above argument 1; encode() works at absolute indices */
+    lua_settop(L, 1);
+    luaL_buffinit(L, &b);
+    encode(L, 1, &b, 0);
+    luaL_pushresult(&b);
+    return 1;
+}
+
+static int l_sha256(lua_State *L) {
+    size_t n;
+    const char *s = luaL_checklstring(L, 1, &n);
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    if (EVP_Digest(s, n, md, &mdlen, EVP_sha256(), NULL) != 1) return luaL_error(L, "sha256 failed");
+    char hex[65];
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    lua_pushstring(L, hex);
+    return 1;
+}
+
+static int l_isatty(lua_State *L) {
+    lua_pushboolean(L, isatty(2));
+    return 1;
+}
+
+/* One status line: on a TTY redrawn in place (\r, cleared), else printed as a line. `final`
+ * ends the line on a TTY. */
+static int l_progress(lua_State *L) {
+    const char *line = luaL_checkstring(L, 1);
+    bool final = lua_toboolean(L, 2);
+    if (isatty(2)) {
+        fprintf(stderr, "\r\033[K%s%s", line, final ? "\n" : "");
+    } else {
+        fprintf(stderr, "%s\n", line);
+    }
+    fflush(stderr);
+    return 0;
+}
+
+/* ---- configs and plans without weights ---- */
+
+static gm_status config_of(const char *arg, gm_config *cfg, gm_dtype *stored, gm_error *err) {
+    *stored = GM_BF16;
+    /* a built-in size name, unless it is also a fetched model (then the file is the truth) */
+    if (!gm_fetch_is_cached(arg) && gm_config_preset(arg, cfg, NULL) == GM_OK) return GM_OK;
+    char path[1200];
+    GM_TRY(gm_resolve_model(arg, path, sizeof path, err));
+    struct stat st;
+    if (stat(path, &st) != 0) return gm_error_set(err, GM_ERR_IO, "%s: no such file or folder", path);
+    size_t n = strlen(path);
+    if (S_ISDIR(st.st_mode) || (n > 5 && strcmp(path + n - 5, ".json") == 0)) {
+        char cp[1300];
+        if (S_ISDIR(st.st_mode)) snprintf(cp, sizeof cp, "%s/config.json", path);
+        else snprintf(cp, sizeof cp, "%s", path);
+        return gm_config_from_json_file(cp, cfg, err);
+    }
+    gm_gguf *g = NULL;
+    GM_TRY(gm_gguf_open(path, &g, err));
+    gm_status s = gm_config_from_gguf(g, cfg, err);
+    /* the dominant stored type of the linear weights: that of the first layer's q projection */
+    const gm_gguf_tensor *t = gm_gguf_find_tensor(g, "blk.0.ffn_up.weight");
+    if (t) *stored = t->dtype;
+    gm_gguf_free(g);
+    return s;
+}
+
+static void push_config(lua_State *L, const gm_config *c) {
+    lua_createtable(L, 0, 16);
+#define SETI(k, v) (lua_pushinteger(L, (lua_Integer)(v)), lua_setfield(L, -2, k))
+    lua_pushstring(L, c->name);
+    lua_setfield(L, -2, "name");
+    lua_pushstring(L, gm_arch_name(c->arch));
+    lua_setfield(L, -2, "arch");
+    SETI("vocab_size", c->vocab_size);
+    SETI("hidden_size", c->hidden_size);
+    SETI("num_hidden_layers", c->n_layers);
+    SETI("num_attention_heads", c->n_heads);
+    SETI("num_key_value_heads", c->n_kv_heads);
+    SETI("head_dim", c->head_dim);
+    SETI("intermediate_size", c->intermediate_size);
+    SETI("sliding_window", c->sliding_window);
+    SETI("max_position_embeddings", c->max_position_embeddings);
+    SETI("n_params", gm_config_n_params(c));
+#undef SETI
+}
+
+static int l_model_config(lua_State *L) {
+    const char *arg = luaL_checkstring(L, 1);
+    gm_config cfg;
+    gm_dtype stored;
+    gm_error err = {0};
+    if (config_of(arg, &cfg, &stored, &err) != GM_OK) return gm_bind_raise(L, &err);
+    push_config(L, &cfg);
+    lua_pushstring(L, gm_dtype_name(stored));
+    lua_setfield(L, -2, "stored_dtype");
+    return 1;
+}
+
+void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads);
+
+static int l_plan(lua_State *L) {
+    const char *arg = luaL_checkstring(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    gm_train_opts o;
+    gm_bind_read_train_opts(L, 2, &o, 2);
+    gm_config cfg;
+    gm_dtype stored;
+    gm_error err = {0};
+    if (config_of(arg, &cfg, &stored, &err) != GM_OK) return gm_bind_raise(L, &err);
+    size_t by_kind[GM_MEM_KIND_COUNT];
+    size_t total = gm_train_plan(&cfg, &o, stored, by_kind);
+    lua_createtable(L, 0, GM_MEM_KIND_COUNT + 1);
+    for (int k = 0; k < GM_MEM_KIND_COUNT; k++) {
+        lua_pushinteger(L, (lua_Integer)by_kind[k]);
+        lua_setfield(L, -2, gm_mem_kind_name((gm_mem_kind)k));
+    }
+    lua_pushinteger(L, (lua_Integer)total);
+    lua_setfield(L, -2, "total");
+    return 1;
+}
+
+/* Paths the runner may create or delete: relative, without "..", under a results folder. */
+static const char *check_results_path(lua_State *L, int idx) {
+    const char *p = luaL_checkstring(L, idx);
+    if (p[0] == '/' || strstr(p, "..") || strncmp(p, "results", 7) != 0)
+        luaL_error(L, "%s: results paths must be relative, under results/, without '..'", p);
+    return p;
+}
+
+static int l_make_results_dir(lua_State *L) {
+    const char *p = check_results_path(L, 1);
+    char buf[1024];
+    snprintf(buf, sizeof buf, "%s", p);
+    for (char *c = buf + 1; *c; c++) {
+        if (*c != '/') continue;
+        *c = '\0';
+        mkdir(buf, 0755);
+        *c = '/';
+    }
+    if (mkdir(buf, 0755) != 0 && !(access(buf, W_OK) == 0)) return luaL_error(L, "%s: cannot create the folder", p);
+    return 0;
+}
+
+static int l_remove_checkpoint(lua_State *L) {
+    const char *p = check_results_path(L, 1);
+    size_t n = strlen(p);
+    if (n < 8 || strcmp(p + n - 8, ".ckpt.h5") != 0) return luaL_error(L, "%s: only *.ckpt.h5 files can be removed", p);
+    unlink(p);
+    return 0;
+}
+
+static int l_reset_peak_rss(lua_State *L) {
+    (void)L;
+    gm_process_reset_peak_rss();
+    return 0;
+}
+
+void gm_lua_open_run(lua_State *L) {
+    /* a unique sentinel for JSON null */
+    lua_newtable(L);
+    lua_setfield(L, LUA_REGISTRYINDEX, "gm.null");
+    static const luaL_Reg fns[] = {{"read_text", l_read_text}, {"list_dir", l_list_dir}, {"is_dir", l_is_dir},
+                                   {"file_exists", l_file_exists}, {"json_decode", l_json_decode},
+                                   {"json_encode", l_json_encode}, {"sha256", l_sha256}, {"isatty", l_isatty},
+                                   {"progress", l_progress}, {"interrupted", l_interrupted},
+                                   {"model_config", l_model_config}, {"plan", l_plan},
+                                   {"make_results_dir", l_make_results_dir}, {"remove_checkpoint", l_remove_checkpoint},
+                                   {"reset_peak_rss", l_reset_peak_rss}, {NULL, NULL}};
+    lua_getglobal(L, "gm");
+    luaL_setfuncs(L, fns, 0);
+    lua_getfield(L, LUA_REGISTRYINDEX, "gm.null");
+    lua_setfield(L, -2, "null");
+    lua_pop(L, 1);
+}

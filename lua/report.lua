@@ -1,0 +1,779 @@
+-- report.lua: paper-style tables and plots from trial results (embedded; gm_module("report")).
+--
+--   local report = gm_module("report")
+--   local tables = report.render(trials, spec)   -- {text=, md=, tex=, csv=}
+--   report.write(dir, name, tables)              -- <dir>/<name>.md, .tex, .csv (gm.write_text)
+--   report.plots(trials, spec, dir, name)        -- <name>_loss.png, <name>_<metric>_vs_<col>.png
+--   report.cli(trials, path, dir, name, is_dir)  -- what `gemmarun table PATH` runs
+--
+-- `trials` is a list of tables as gm.results_read returns them: root attributes at the top
+-- (trial_id, trial_index, status, reason, experiment, ...), plus config = {field = value},
+-- eval = {[phase] = {accuracy=, loss=, n_examples=, labels=, per_class=, confusion=}},
+-- metrics = {[name] = {v1, v2, ...}}, memory, data, report (decoded report_json), swept.
+--
+-- spec (the experiment's `report`, stored in every trial file as report_json):
+--   rows        list of config fields, one table row per combination of their values
+--   cols        list of config fields, one table column per combination (may be empty)
+--   metric      "accuracy" (default) or any eval attribute ("loss", ...); when the phase has no
+--               such attribute, the last finite value of the metric series of that name
+--   phase       eval phase of the cells (default "final")
+--   digits      decimals shown (default: 1 for percentages, else 3 significant digits)
+--   percent     show x100 with "%" (default: true for metrics named *accuracy*)
+--   better      "max" | "min": which cell is best (default "min" for *loss*, *perplexity*,
+--               *error*, else "max")
+--   baseline    false: no baseline row (default true when the phase "baseline" was evaluated)
+--   baseline_by fields the model before fine-tuning depends on (default: those of quant,
+--               max_length, model, prompt, task that are row or column fields): one baseline row
+--               per combination of their row values, baseline cells per column only when a
+--               column field is among them (else the same value in every column)
+--   title       first line of the text/markdown table (default: experiment, metric, seeds)
+--   kind, name  ignored (tags a runner may add)
+--
+-- Cells: mean ± sample standard deviation (n - 1) over the completed trials that share the row
+-- and column values, i.e. over seeds; a single trial shows its value alone; "n/a" when no
+-- completed trial has the combination; " (n=k)" when a cell has fewer trials than most cells.
+-- Failed, running and interrupted trials are excluded from every mean and listed under the
+-- table with their reasons. The best cell (highest mean, lowest for losses; ties on the shown
+-- digits all count) is marked: **bold** in Markdown, \textbf in LaTeX, a trailing * in text,
+-- best = 1 in CSV. CSV is long-form: one line per cell (kind, row fields, column fields,
+-- metric, phase, mean, std, n, best), values in the table's units, full precision.
+
+local report = {}
+
+-- ---- values and keys ------------------------------------------------------------------------
+
+local PCT = "%"
+
+--- Short text of a config value: integers plainly, small/large floats as 5e-5, others %g.
+local function fmt_val(v)
+  if type(v) == "boolean" then return tostring(v) end
+  if type(v) ~= "number" then return tostring(v) end
+  if math.type(v) == "integer" then return tostring(v) end
+  if v ~= v then return "nan" end
+  if v == math.floor(v) and math.abs(v) < 1e15 then return string.format("%d", math.floor(v)) end
+  local a = math.abs(v)
+  if a < 1e-3 or a >= 1e6 then
+    local m, e = string.format("%.3e", v):match("^(.-)e(.*)$")
+    m = m:gsub("0+$", ""):gsub("%.$", "")
+    return m .. "e" .. tostring(math.tointeger(tonumber(e)))
+  end
+  return string.format("%g", v)
+end
+report.fmt_val = fmt_val
+
+--- Orders distinct values: numbers ascending, then booleans, then strings in first-seen order.
+local function order_values(vals, seen)
+  table.sort(vals, function(a, b)
+    local ta, tb = type(a), type(b)
+    if ta ~= tb then
+      local rank = {number = 1, boolean = 2, string = 3}
+      return (rank[ta] or 4) < (rank[tb] or 4)
+    end
+    if ta == "number" then return a < b end
+    if ta == "boolean" then return (not a) and b end
+    return seen[a] < seen[b]
+  end)
+  return vals
+end
+
+--- Distinct value combinations of `fields` over trials, in table order; each is a list of
+--- values. Returns combos and a key function (values -> string id).
+local function combos(trials, fields)
+  local function key_of(vals)
+    local parts = {}
+    for i = 1, #fields do parts[i] = type(vals[i]) .. ":" .. tostring(vals[i]) end
+    return table.concat(parts, "\1")
+  end
+  -- distinct values per field, ordered
+  local per = {}
+  for i, f in ipairs(fields) do
+    local list, seen, n = {}, {}, 0
+    for _, t in ipairs(trials) do
+      local v = t.config and t.config[f]
+      if v == nil then v = "n/a" end
+      if seen[v] == nil then n = n + 1; seen[v] = n; list[#list + 1] = v end
+    end
+    per[i] = order_values(list, seen)
+  end
+  -- combinations that occur, in the lexicographic order of the per-field orders
+  local present = {}
+  for _, t in ipairs(trials) do
+    local vals = {}
+    for i, f in ipairs(fields) do
+      local v = t.config and t.config[f]
+      if v == nil then v = "n/a" end
+      vals[i] = v
+    end
+    present[key_of(vals)] = vals
+  end
+  local pos = {}
+  for i = 1, #fields do
+    pos[i] = {}
+    for j, v in ipairs(per[i]) do pos[i][type(v) .. ":" .. tostring(v)] = j end
+  end
+  local out = {}
+  for _, vals in pairs(present) do out[#out + 1] = vals end
+  table.sort(out, function(a, b)
+    for i = 1, #fields do
+      local pa, pb = pos[i][type(a[i]) .. ":" .. tostring(a[i])], pos[i][type(b[i]) .. ":" .. tostring(b[i])]
+      if pa ~= pb then return pa < pb end
+    end
+    return false
+  end)
+  if #fields == 0 then out = {{}} end
+  return out, key_of
+end
+
+local function values_of(t, fields)
+  local vals = {}
+  for i, f in ipairs(fields) do
+    local v = t.config and t.config[f]
+    if v == nil then v = "n/a" end
+    vals[i] = v
+  end
+  return vals
+end
+
+local function describe(fields, vals)
+  local parts = {}
+  for i, f in ipairs(fields) do parts[#parts + 1] = f .. "=" .. fmt_val(vals[i]) end
+  return table.concat(parts, ", ")
+end
+
+-- ---- statistics -------------------------------------------------------------------------------
+
+local function stats(xs)
+  local n = #xs
+  if n == 0 then return {n = 0} end
+  local s = 0
+  for _, x in ipairs(xs) do s = s + x end
+  local mean = s / n
+  local std
+  if n > 1 then
+    local q = 0
+    for _, x in ipairs(xs) do q = q + (x - mean) ^ 2 end
+    std = math.sqrt(q / (n - 1))
+  end
+  return {n = n, mean = mean, std = std}
+end
+
+--- The metric of a trial in a phase (eval attribute, else the last finite series value).
+local function metric_of(t, metric, phase)
+  local e = t.eval and t.eval[phase]
+  local v = e and e[metric]
+  if type(v) == "number" and v == v then return v end
+  if phase == "final" and t.metrics and t.metrics[metric] then
+    local s = t.metrics[metric]
+    for i = #s, 1, -1 do
+      if s[i] == s[i] then return s[i] end
+    end
+  end
+  return nil
+end
+
+-- ---- the spec -----------------------------------------------------------------------------------
+
+local SPEC_KEYS = {rows = "table", cols = "table", metric = "string", phase = "string",
+                   digits = "number", percent = "boolean", better = "string", baseline = "boolean",
+                   baseline_by = "table", title = "string", kind = "string", name = "string"}
+local BASE_FIELDS = {quant = true, max_length = true, model = true, prompt = true, task = true}
+
+local function check_spec(spec)
+  if type(spec) ~= "table" then error("report: spec must be a table {rows=, cols=, metric=}", 3) end
+  for k, v in pairs(spec) do
+    local want = SPEC_KEYS[k]
+    if not want then
+      local names = {}
+      for name in pairs(SPEC_KEYS) do names[#names + 1] = name end
+      table.sort(names)
+      error(string.format("report: unknown spec key '%s' (allowed: %s)", tostring(k),
+                          table.concat(names, ", ")), 3)
+    end
+    if type(v) ~= want and not (k == "digits" and v == "auto") then
+      error(string.format("report: spec.%s must be a %s, got %s", k, want, type(v)), 3)
+    end
+  end
+  if spec.better and spec.better ~= "max" and spec.better ~= "min" then
+    error("report: spec.better must be 'max' or 'min'", 3)
+  end
+end
+
+--- A default spec from the trials' swept fields: the last swept field (not seed) as columns,
+--- the others as rows; accuracy if evaluated, else loss.
+function report.default_spec(trials)
+  local swept = {}
+  for _, t in ipairs(trials) do
+    if type(t.swept) == "table" and #t.swept > 0 then swept = t.swept; break end
+  end
+  local fields = {}
+  for _, f in ipairs(swept) do if f ~= "seed" then fields[#fields + 1] = f end end
+  local cols = {}
+  if #fields > 0 then cols = {table.remove(fields)} end
+  local metric = "loss"
+  for _, t in ipairs(trials) do
+    if t.eval and t.eval.final and t.eval.final.accuracy then metric = "accuracy"; break end
+  end
+  return {rows = fields, cols = cols, metric = metric}
+end
+
+-- ---- rendering ----------------------------------------------------------------------------------
+
+local function width(s) return utf8.len(s) or #s end
+
+local function pad(s, w, right)
+  local n = w - width(s)
+  if n <= 0 then return s end
+  return right and (string.rep(" ", n) .. s) or (s .. string.rep(" ", n))
+end
+
+local function md_escape(s) return (s:gsub("|", "\\|")) end
+
+local TEX_SPECIAL = {["\\"] = "\\textbackslash{}", ["%"] = "\\%", ["&"] = "\\&", ["#"] = "\\#",
+                     ["$"] = "\\$", ["_"] = "\\_", ["{"] = "\\{", ["}"] = "\\}",
+                     ["~"] = "\\textasciitilde{}", ["^"] = "\\textasciicircum{}"}
+
+local function tex_escape(s)
+  s = s:gsub("[\\%%&#%$_{}~%^]", TEX_SPECIAL)
+  return (s:gsub("±", "$\\pm$"))
+end
+
+local function csv_field(s)
+  s = tostring(s)
+  if s:find('[,"\n]') then return '"' .. s:gsub('"', '""') .. '"' end
+  return s
+end
+
+local function csv_num(x)
+  if x == nil then return "" end
+  return string.format("%.6g", x)
+end
+
+--- The trials in sweep order (trial_index), so that string values keep the order the user
+--- listed them in; a folder lists its files by name, which is another order.
+local function in_order(trials)
+  local out = {}
+  for i, t in ipairs(trials) do out[i] = t end
+  table.sort(out, function(a, b)
+    local ia, ib = tonumber(a.trial_index) or 0, tonumber(b.trial_index) or 0
+    if ia ~= ib then return ia < ib end
+    return tostring(a.trial_id) < tostring(b.trial_id)
+  end)
+  return out
+end
+
+function report.render(trials, spec)
+  check_spec(spec)
+  trials = in_order(trials)
+  local rows = spec.rows or {}
+  local cols = spec.cols or {}
+  local metric = spec.metric or "accuracy"
+  local phase = spec.phase or "final"
+  local lower = metric:find("loss") or metric:find("perplexity") or metric:find("error")
+  local better = spec.better or (lower and "min" or "max")
+  local percent = spec.percent
+  if percent == nil then percent = metric:find("accuracy") ~= nil end
+  local scale = percent and 100 or 1
+  local label = metric .. (percent and " (" .. PCT .. ")" or "")
+
+  -- trials by status
+  local done, excluded = {}, {}
+  for _, t in ipairs(trials) do
+    if t.status == "completed" then done[#done + 1] = t else excluded[#excluded + 1] = t end
+  end
+  local all_fields = {}
+  for _, f in ipairs(rows) do all_fields[#all_fields + 1] = f end
+  for _, f in ipairs(cols) do all_fields[#all_fields + 1] = f end
+
+  -- cells: rows x cols over the completed trials (combinations of every trial, so that a
+  -- combination whose trials all failed still gets its row, with n/a)
+  local row_combos, row_key = combos(trials, rows)
+  local col_combos, col_key = combos(trials, cols)
+  local buckets = {}
+  for _, t in ipairs(done) do
+    local v = metric_of(t, metric, phase)
+    if v then
+      local k = row_key(values_of(t, rows)) .. "\2" .. col_key(values_of(t, cols))
+      buckets[k] = buckets[k] or {}
+      table.insert(buckets[k], v * scale)
+    end
+  end
+  local cells, all_stats = {}, {}
+  for i, rv in ipairs(row_combos) do
+    cells[i] = {}
+    for j, cv in ipairs(col_combos) do
+      local s = stats(buckets[row_key(rv) .. "\2" .. col_key(cv)] or {})
+      cells[i][j] = s
+      if s.n > 0 then all_stats[#all_stats + 1] = s end
+    end
+  end
+
+  -- baseline cells
+  local base_rows = {}
+  local want_base = spec.baseline
+  if want_base == nil then
+    want_base = false
+    for _, t in ipairs(done) do
+      if metric_of(t, metric, "baseline") then want_base = true; break end
+    end
+  end
+  if want_base then
+    local by = spec.baseline_by
+    if not by then
+      by = {}
+      for _, f in ipairs(all_fields) do if BASE_FIELDS[f] then by[#by + 1] = f end end
+    end
+    local is_by = {}
+    for _, f in ipairs(by) do is_by[f] = true end
+    local brow_fields, bcol_fields = {}, {}
+    for _, f in ipairs(rows) do if is_by[f] then brow_fields[#brow_fields + 1] = f end end
+    for _, f in ipairs(cols) do if is_by[f] then bcol_fields[#bcol_fields + 1] = f end end
+    local bcombos, bkey = combos(done, brow_fields)
+    local _, bckey = combos(done, bcol_fields)
+    for _, bv in ipairs(bcombos) do
+      local br = {fields = brow_fields, vals = bv, cells = {}}
+      for j, cv in ipairs(col_combos) do
+        -- the column's values of the baseline fields among the column fields
+        local cvals = {}
+        for ci, f in ipairs(cols) do
+          if is_by[f] then cvals[#cvals + 1] = cv[ci] end
+        end
+        local xs = {}
+        for _, t in ipairs(done) do
+          if bkey(values_of(t, brow_fields)) == bkey(bv) and bckey(values_of(t, bcol_fields)) == bckey(cvals) then
+            local v = metric_of(t, metric, "baseline")
+            if v then xs[#xs + 1] = v * scale end
+          end
+        end
+        br.cells[j] = stats(xs)
+      end
+      base_rows[#base_rows + 1] = br
+    end
+  end
+
+  -- digits
+  local digits = spec.digits
+  if digits == nil or digits == "auto" then
+    if percent then
+      digits = 1
+    else
+      local m = 0
+      for _, s in ipairs(all_stats) do m = math.max(m, math.abs(s.mean)) end
+      digits = m > 0 and math.max(0, math.min(4, 2 - math.floor(math.log(m, 10)))) or 3
+    end
+  end
+  digits = math.tointeger(digits) or math.floor(digits)
+  local numfmt = "%." .. digits .. "f"
+  local function num(x) return string.format(numfmt, x) end
+
+  -- the typical number of trials per cell (seeds); cells with fewer say so
+  local count = {}
+  for _, s in ipairs(all_stats) do count[s.n] = (count[s.n] or 0) + 1 end
+  local mode_n, best_count = 0, -1
+  for n, c in pairs(count) do
+    if c > best_count or (c == best_count and n > mode_n) then mode_n, best_count = n, c end
+  end
+
+  -- best (on the shown digits)
+  local best_val
+  for _, s in ipairs(all_stats) do
+    local r = tonumber(num(s.mean))
+    if best_val == nil or (better == "max" and r > best_val) or (better == "min" and r < best_val) then
+      best_val = r
+    end
+  end
+  local function is_best(s) return s.n > 0 and tonumber(num(s.mean)) == best_val end
+  local function cell_text(s)
+    if s.n == 0 then return "n/a" end
+    local t = num(s.mean)
+    if s.std then t = t .. " ± " .. num(s.std) end
+    if s.n < mode_n then t = t .. " (n=" .. s.n .. ")" end
+    return t
+  end
+
+  -- headers and labels
+  local head = {}
+  local row_fields_shown = #rows > 0 and rows or {"model"}
+  for _, f in ipairs(row_fields_shown) do head[#head + 1] = f end
+  local col_heads = {}
+  for j, cv in ipairs(col_combos) do
+    col_heads[j] = #cols > 0 and describe(cols, cv) or label
+  end
+  local function row_labels(rv)
+    if #rows == 0 then return {"fine-tuned"} end
+    local out = {}
+    for i = 1, #rows do out[i] = fmt_val(rv[i]) end
+    return out
+  end
+  local BASE = "baseline (no fine-tuning)"
+  local function base_label(br)
+    local d = describe(br.fields, br.vals)
+    return d ~= "" and (BASE .. ", " .. d) or BASE
+  end
+
+  local experiment = (trials[1] and trials[1].experiment) or "results"
+  local seeds = mode_n == 1 and "single seed" or ("mean ± std over " .. mode_n .. " seeds")
+  local title = spec.title or string.format("%s: %s, %s eval, %s", experiment, label, phase, seeds)
+
+  -- footnotes: excluded trials
+  local notes = {}
+  for _, t in ipairs(excluded) do
+    local what = t.status == "failed" and "failed" or ("not finished (" .. tostring(t.status) .. ")")
+    local cfg = describe(all_fields, values_of(t, all_fields))
+    local seed = t.config and t.config.seed
+    if seed ~= nil then cfg = cfg .. (cfg ~= "" and ", " or "") .. "seed=" .. fmt_val(seed) end
+    local why = (t.reason and t.reason ~= "") and (": " .. t.reason:gsub("%s+", " ")) or ""
+    notes[#notes + 1] = string.format("%s: trial %s (%s)%s", what, tostring(t.trial_id or t.trial_index), cfg, why)
+  end
+  local note_head = #excluded > 0 and ("Excluded from the means (" .. #excluded .. " trial" .. (#excluded > 1 and "s" or "") .. ")") or nil
+
+  -- ---- text
+  local grid = {} -- rows of cells (strings), first the header
+  local kinds = {} -- "head" | "base" | "row"
+  grid[1] = {}
+  for _, h in ipairs(head) do grid[1][#grid[1] + 1] = h end
+  for j = 1, #col_combos do grid[1][#grid[1] + 1] = col_heads[j] end
+  kinds[1] = "head"
+  for _, br in ipairs(base_rows) do
+    local r = {base_label(br)}
+    for _ = 2, #head do r[#r + 1] = "" end
+    for j = 1, #col_combos do r[#r + 1] = cell_text(br.cells[j]) end
+    grid[#grid + 1] = r
+    kinds[#grid] = "base"
+  end
+  for i, rv in ipairs(row_combos) do
+    local r = row_labels(rv)
+    for j = 1, #col_combos do r[#r + 1] = cell_text(cells[i][j]) end
+    grid[#grid + 1] = r
+    kinds[#grid] = "row"
+  end
+  -- text: baseline labels may be wider than the first column; they span the row-key columns
+  local nh, nc = #head, #col_combos
+  local w = {}
+  for c = 1, nh + nc do w[c] = 0 end
+  for g, r in ipairs(grid) do
+    for c = 1, nh + nc do
+      if not (kinds[g] == "base" and c <= nh) then w[c] = math.max(w[c], width(r[c])) end
+    end
+  end
+  -- data columns get 2 more for the best marker
+  local span = 0
+  for c = 1, nh do span = span + w[c] + (c > 1 and 2 or 0) end
+  for g, r in ipairs(grid) do
+    if kinds[g] == "base" and width(r[1]) > span then
+      w[nh] = w[nh] + width(r[1]) - span
+      span = width(r[1])
+    end
+  end
+  local lines = {title}
+  local function text_row(g, r)
+    local parts = {}
+    if kinds[g] == "base" then
+      parts[1] = pad(r[1], span)
+    else
+      for c = 1, nh do parts[#parts + 1] = pad(r[c], w[c]) end
+    end
+    for c = nh + 1, nh + nc do
+      local s = r[c]
+      local mark = "  "
+      if kinds[g] == "row" then
+        local i, j = g - 1 - #base_rows, c - nh
+        if is_best(cells[i][j]) then mark = " *" end
+      end
+      parts[#parts + 1] = pad(s, w[c], true) .. mark
+    end
+    return (table.concat(parts, "  "):gsub("%s+$", ""))
+  end
+  lines[#lines + 1] = text_row(1, grid[1])
+  local rule = {}
+  for c = 1, nh do rule[#rule + 1] = string.rep("-", w[c]) end
+  for c = nh + 1, nh + nc do rule[#rule + 1] = string.rep("-", w[c] + 2) end
+  lines[#lines + 1] = table.concat(rule, "  ")
+  for g = 2, #grid do
+    lines[#lines + 1] = text_row(g, grid[g])
+    if kinds[g] == "base" and kinds[g + 1] == "row" then lines[#lines + 1] = table.concat(rule, "  ") end
+  end
+  lines[#lines + 1] = "* best " .. (better == "max" and "(highest)" or "(lowest)") .. " mean"
+  if note_head then
+    lines[#lines + 1] = note_head .. ":"
+    for _, n in ipairs(notes) do lines[#lines + 1] = "  " .. n end
+  end
+  local text = table.concat(lines, "\n") .. "\n"
+
+  -- ---- markdown
+  local md = {"**" .. md_escape(title) .. "**", ""}
+  local hdr, align = {}, {}
+  for c = 1, nh + nc do
+    hdr[c] = md_escape(grid[1][c])
+    align[c] = c <= nh and ":--" or "--:"
+  end
+  md[#md + 1] = "| " .. table.concat(hdr, " | ") .. " |"
+  md[#md + 1] = "|" .. table.concat(align, "|") .. "|"
+  for g = 2, #grid do
+    local r = {}
+    for c = 1, nh + nc do
+      local s = md_escape(grid[g][c])
+      if kinds[g] == "row" and c > nh and is_best(cells[g - 1 - #base_rows][c - nh]) then s = "**" .. s .. "**" end
+      r[c] = s
+    end
+    md[#md + 1] = ("| " .. table.concat(r, " | ") .. " |"):gsub("  +", " ")
+  end
+  md[#md + 1] = ""
+  md[#md + 1] = "Bold: best " .. (better == "max" and "(highest)" or "(lowest)") .. " mean."
+  if note_head then
+    md[#md + 1] = ""
+    md[#md + 1] = md_escape(note_head) .. ":"
+    md[#md + 1] = ""
+    for _, n in ipairs(notes) do md[#md + 1] = "- " .. md_escape(n) end
+  end
+  local markdown = table.concat(md, "\n") .. "\n"
+
+  -- ---- LaTeX (booktabs)
+  local tex = {"% " .. title:gsub("\n", " "), "% generated by gemmarun; needs \\usepackage{booktabs}"}
+  tex[#tex + 1] = "\\begin{tabular}{" .. string.rep("l", nh) .. string.rep("r", nc) .. "}"
+  tex[#tex + 1] = "\\toprule"
+  local th = {}
+  for c = 1, nh + nc do th[c] = tex_escape(grid[1][c]) end
+  tex[#tex + 1] = table.concat(th, " & ") .. " \\\\"
+  tex[#tex + 1] = "\\midrule"
+  for g = 2, #grid do
+    local r = {}
+    if kinds[g] == "base" then
+      r[1] = nh > 1 and ("\\multicolumn{" .. nh .. "}{l}{" .. tex_escape(grid[g][1]) .. "}") or tex_escape(grid[g][1])
+    else
+      for c = 1, nh do r[#r + 1] = tex_escape(grid[g][c]) end
+    end
+    for c = nh + 1, nh + nc do
+      local s = tex_escape(grid[g][c])
+      if kinds[g] == "row" and is_best(cells[g - 1 - #base_rows][c - nh]) then s = "\\textbf{" .. s .. "}" end
+      r[#r + 1] = s
+    end
+    tex[#tex + 1] = table.concat(r, " & ") .. " \\\\"
+    if kinds[g] == "base" and kinds[g + 1] == "row" then tex[#tex + 1] = "\\midrule" end
+  end
+  tex[#tex + 1] = "\\bottomrule"
+  tex[#tex + 1] = "\\end{tabular}"
+  if note_head then
+    tex[#tex + 1] = "% " .. note_head .. ":"
+    for _, n in ipairs(notes) do tex[#tex + 1] = "%   " .. n:gsub("\n", " ") end
+  end
+  local latex = table.concat(tex, "\n") .. "\n"
+
+  -- ---- CSV (long form, full precision)
+  local metric_name = metric .. (percent and "_percent" or "")
+  local ch = {"kind"}
+  for _, f in ipairs(rows) do ch[#ch + 1] = f end
+  for _, f in ipairs(cols) do ch[#ch + 1] = f end
+  for _, f in ipairs({"metric", "phase", "mean", "std", "n", "best"}) do ch[#ch + 1] = f end
+  for i = 1, #ch do ch[i] = csv_field(ch[i]) end
+  local csv = {table.concat(ch, ",")}
+  local function csv_line(kind, rvals, cv, s, ph, best)
+    local r = {kind}
+    for _, v in ipairs(rvals) do r[#r + 1] = csv_field(v == "" and "" or fmt_val(v)) end
+    for i = 1, #cols do r[#r + 1] = csv_field(fmt_val(cv[i])) end
+    r[#r + 1] = csv_field(metric_name)
+    r[#r + 1] = csv_field(ph)
+    r[#r + 1] = csv_num(s.mean)
+    r[#r + 1] = csv_num(s.std)
+    r[#r + 1] = tostring(s.n)
+    r[#r + 1] = best and "1" or "0"
+    csv[#csv + 1] = table.concat(r, ",")
+  end
+  for _, br in ipairs(base_rows) do
+    local rvals = {}
+    for i, f in ipairs(rows) do
+      rvals[i] = ""
+      for k, bf in ipairs(br.fields) do if bf == f then rvals[i] = br.vals[k] end end
+    end
+    for j, cv in ipairs(col_combos) do csv_line("baseline", rvals, cv, br.cells[j], "baseline", false) end
+  end
+  for i, rv in ipairs(row_combos) do
+    for j, cv in ipairs(col_combos) do csv_line("fine-tuned", rv, cv, cells[i][j], phase, is_best(cells[i][j])) end
+  end
+  local csvtext = table.concat(csv, "\n") .. "\n"
+
+  return {text = text, md = markdown, tex = latex, csv = csvtext}
+end
+
+--- Writes <dir>/<name>.md, .tex and .csv; returns the paths.
+function report.write(dir, name, tables)
+  local out = {}
+  for _, ext in ipairs({"md", "tex", "csv"}) do
+    local path = dir .. "/" .. name .. "." .. ext
+    gm.write_text(path, tables[ext])
+    out[#out + 1] = path
+  end
+  return out
+end
+
+-- ---- plots ----------------------------------------------------------------------------------------
+
+local function safe_name(s) return (tostring(s):gsub("[^%w%-_.]", "_")) end
+
+--- Writes <name>_loss.png (loss vs step, one line per trial, one color per table cell) and,
+--- when the spec has columns, <name>_<metric>_vs_<col>.png (metric vs the first column field,
+--- one series per combination of the other fields, mean ± std over seeds; the baseline as its
+--- own series). Returns the list of files written.
+function report.plots(trials, spec, dir, name)
+  check_spec(spec)
+  trials = in_order(trials)
+  local rows, cols = spec.rows or {}, spec.cols or {}
+  local metric, phase = spec.metric or "accuracy", spec.phase or "final"
+  local percent = spec.percent
+  if percent == nil then percent = metric:find("accuracy") ~= nil end
+  local scale = percent and 100 or 1
+  local label = metric .. (percent and " (%)" or "")
+  local fields = {}
+  for _, f in ipairs(rows) do fields[#fields + 1] = f end
+  for _, f in ipairs(cols) do fields[#fields + 1] = f end
+  local files = {}
+
+  -- loss curves
+  local cell_combos, cell_key = combos(trials, fields)
+  local color_of = {}
+  for i, c in ipairs(cell_combos) do color_of[cell_key(c)] = i - 1 end
+  local series, labelled = {}, {}
+  for _, t in ipairs(trials) do
+    local loss = t.metrics and t.metrics.loss
+    if loss and #loss > 0 then
+      local step = t.metrics.step
+      local x = {}
+      for i = 1, #loss do x[i] = (step and step[i] == step[i] and step[i]) or i end
+      local vals = values_of(t, fields)
+      local k = cell_key(vals)
+      local s = {x = x, y = loss, color = color_of[k] or 0}
+      if not labelled[k] then
+        labelled[k] = true
+        local d = describe(fields, vals)
+        s.label = d ~= "" and d or "trial"
+      end
+      if t.status == "failed" then -- same color, dashed
+        s.label = describe(fields, vals) .. " (failed)"
+        s.color = s.color + 10
+      end
+      series[#series + 1] = s
+    end
+  end
+  if #series > 0 then
+    local file = dir .. "/" .. name .. "_loss.png"
+    gm.plot{file = file, title = (trials[1].experiment or name) .. ": training loss (one line per trial)",
+            xlabel = "step", ylabel = "loss", kind = "lines", series = series}
+    files[#files + 1] = file
+  end
+
+  -- metric vs the first column field
+  if #cols > 0 then
+    local xf = cols[1]
+    local others = {}
+    for _, f in ipairs(fields) do if f ~= xf then others[#others + 1] = f end end
+    local done = {}
+    for _, t in ipairs(trials) do if t.status == "completed" then done[#done + 1] = t end end
+    local xvals = combos(done, {xf})
+    local numeric, positive = true, true
+    for _, v in ipairs(xvals) do
+      if type(v[1]) ~= "number" then numeric = false elseif v[1] <= 0 then positive = false end
+    end
+    local xs, ticks, ticklabels = {}, {}, {}
+    for i, v in ipairs(xvals) do
+      xs[fmt_val(v[1])] = numeric and v[1] or i
+      ticks[i] = numeric and v[1] or i
+      ticklabels[i] = fmt_val(v[1])
+    end
+    local logx = false
+    if numeric and positive and #xvals > 1 and ticks[#ticks] / ticks[1] > 3 then logx = true end
+    local groups, gkey = combos(done, others)
+    local pseries = {}
+    for gi, g in ipairs(groups) do
+      local x, y, err = {}, {}, {}
+      for _, v in ipairs(xvals) do
+        local sample = {}
+        for _, t in ipairs(done) do
+          if t.config[xf] == v[1] and gkey(values_of(t, others)) == gkey(g) then
+            local m = metric_of(t, metric, phase)
+            if m then sample[#sample + 1] = m * scale end
+          end
+        end
+        local s = stats(sample)
+        if s.n > 0 then
+          x[#x + 1] = xs[fmt_val(v[1])]
+          y[#y + 1] = s.mean
+          err[#err + 1] = s.std or 0
+        end
+      end
+      if #x > 0 then
+        local d = describe(others, g)
+        pseries[#pseries + 1] = {label = d ~= "" and d or label, x = x, y = y, err = err, color = gi - 1}
+      end
+    end
+    -- the baseline: one series per combination of the fields it depends on (baseline_by)
+    if spec.baseline ~= false then
+      local by = spec.baseline_by
+      local is_by = {}
+      if by then for _, f in ipairs(by) do is_by[f] = true end else is_by = BASE_FIELDS end
+      local bfields = {}
+      for _, f in ipairs(others) do if is_by[f] then bfields[#bfields + 1] = f end end
+      local bgroups, bkey = combos(done, bfields)
+      for bi, bg in ipairs(bgroups) do
+        local bx, byv, be = {}, {}, {}
+        for _, v in ipairs(xvals) do
+          local sample = {}
+          for _, t in ipairs(done) do
+            if t.config[xf] == v[1] and bkey(values_of(t, bfields)) == bkey(bg) then
+              local m = metric_of(t, metric, "baseline")
+              if m then sample[#sample + 1] = m * scale end
+            end
+          end
+          local s = stats(sample)
+          if s.n > 0 then
+            bx[#bx + 1], byv[#byv + 1], be[#be + 1] = xs[fmt_val(v[1])], s.mean, s.std or 0
+          end
+        end
+        if #bx > 0 then
+          local d = describe(bfields, bg)
+          pseries[#pseries + 1] = {label = "baseline (no fine-tuning)" .. (d ~= "" and ", " .. d or ""),
+                                   x = bx, y = byv, err = be, color = 7 + 10 * (bi - 1)}
+        end
+      end
+    end
+    if #pseries > 0 then
+      local file = dir .. "/" .. name .. "_" .. safe_name(metric) .. "_vs_" .. safe_name(xf) .. ".png"
+      gm.plot{file = file, title = string.format("%s: %s vs %s (mean ± std over seeds)",
+                                                 trials[1].experiment or name, label, xf),
+              xlabel = xf, ylabel = label, kind = "points", logx = logx, xticks = ticks,
+              xticklabels = ticklabels, series = pseries}
+      files[#files + 1] = file
+    end
+  end
+  return files
+end
+
+-- ---- the `gemmarun table` command ----------------------------------------------------------------
+
+--- `gemmarun table`: renders `trials` (read from `path`, a folder of trial files or a merged
+--- file) with the report spec stored in them (else report.default_spec), writes
+--- <dir>/<name>.md/.tex/.csv and the plots, and for a folder the merged <dir>/<name>.h5.
+--- Returns {text = the text table, written = {path, ...}, warnings = {message, ...}}; plot
+--- failures are warnings (the tables matter more), anything else raises.
+function report.cli(trials, path, dir, name, is_dir)
+  if #trials == 0 then error(path .. ": no trial files (trial-*.h5) found", 0) end
+  local spec
+  for _, t in ipairs(trials) do
+    if type(t.report) == "table" and next(t.report) ~= nil then spec = t.report; break end
+  end
+  spec = spec or report.default_spec(trials)
+  local tables = report.render(trials, spec)
+  local written, warnings = report.write(dir, name, tables), {}
+  local ok, files = pcall(report.plots, trials, spec, dir, name)
+  if ok then
+    for _, f in ipairs(files) do written[#written + 1] = f end
+  else
+    warnings[#warnings + 1] = "plots not written: " .. tostring(files)
+  end
+  if is_dir then
+    local merged = dir .. "/" .. name .. ".h5"
+    gm.results_merge(path, merged)
+    written[#written + 1] = merged
+  end
+  return {text = tables.text, written = written, warnings = warnings}
+end
+
+return report

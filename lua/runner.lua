@@ -1,0 +1,471 @@
+-- runner.lua: runs a validated experiment - every trial not already complete - and renders the
+-- tables. Loaded by lua/main.c (gm_module("runner").run(experiment, cli)) after the experiment
+-- file returned its experiment{...}.
+--
+-- Per trial (DESIGN.md §4): plan memory (refuse before loading if over memory_limit, or fit),
+-- load the model (reused across trials), tokenize every example up front (rejections counted with
+-- reasons), baseline evaluation, training (resumable checkpoints every checkpoint_every steps and
+-- on Ctrl-C), final evaluation, results file. A failing trial is recorded as failed with its
+-- reason and the sweep goes on. Exit code: 0 all trials done, 1 some failed or interrupted.
+
+local P = GM_PRELUDE
+local R = {}
+
+local function fmt_bytes(b)
+  if b >= 2 ^ 30 then return string.format("%.2f GiB", b / 2 ^ 30) end
+  return string.format("%.1f MiB", b / 2 ^ 20)
+end
+R.fmt_bytes = fmt_bytes
+
+local function fmt_time(s)
+  if s ~= s or s == math.huge then return "?" end
+  if s >= 3600 then return string.format("%dh%02dm", s // 3600, (s % 3600) // 60) end
+  if s >= 60 then return string.format("%dm%02ds", s // 60, s % 60) end
+  return string.format("%.0fs", s)
+end
+
+local function say(fmt, ...) print(string.format(fmt, ...)) end
+
+--------------------------------------------------------------------------------------------------
+-- data
+
+--- Raw items of a classification data set: {train = {{text, label}...}, test = ..., labels = {...}}.
+local function load_classify_items(d)
+  local items = { train = {}, test = {}, labels = {} }
+  if d._kind == "fortunes" then
+    local n_train, n_test = d.train or 40, d.test or 20
+    for li, topic in ipairs(d.topics) do
+      items.labels[li] = topic
+      local f = gm.fortunes(topic, { max_chars = d.max_chars or 300, dir = d.dir })
+      if #f < n_train + n_test then
+        P.usage(d._where, "data.fortunes: topic '%s' has %d entries of at most %d characters; %d train + %d test requested",
+          topic, #f, d.max_chars or 300, n_train, n_test)
+      end
+      for i = 1, n_train do items.train[#items.train + 1] = { text = f[i], label = li } end
+      for i = n_train + 1, n_train + n_test do items.test[#items.test + 1] = { text = f[i], label = li } end
+    end
+  elseif d._kind == "folder" then
+    local function read_split(root, into, label_index)
+      for _, lab in ipairs(gm.list_dir(root)) do
+        if gm.is_dir(root .. "/" .. lab) then
+          local li = label_index[lab]
+          if not li then
+            items.labels[#items.labels + 1] = lab
+            li = #items.labels
+            label_index[lab] = li
+          end
+          for _, f in ipairs(gm.list_dir(root .. "/" .. lab)) do
+            local text = gm.read_text(root .. "/" .. lab .. "/" .. f)
+            if #text <= (d.max_chars or 4000) then into[#into + 1] = { text = text, label = li } end
+          end
+        end
+      end
+    end
+    if not gm.is_dir(d.root) then P.usage(d._where, "data.folder: %s is not a folder", d.root) end
+    local index = {}
+    if gm.is_dir(d.root .. "/train") and gm.is_dir(d.root .. "/test") then
+      read_split(d.root .. "/train", items.train, index)
+      read_split(d.root .. "/test", items.test, index)
+    else
+      local all = {}
+      read_split(d.root, all, index)
+      -- fixed split: every `test`-th item of each label goes to the test set (default 5: 20%)
+      local every, seen = d.test or 5, {}
+      for _, it in ipairs(all) do
+        seen[it.label] = (seen[it.label] or 0) + 1
+        if seen[it.label] % every == 0 then items.test[#items.test + 1] = it else items.train[#items.train + 1] = it end
+      end
+    end
+  elseif d._kind == "oxford_pets" then
+    local root = d.root or "data/oxford-iiit-pet"
+    error(string.format("the Oxford-IIIT Pet data set needs images and a vision model; %s",
+      gm.is_dir(root) and "image inputs are not supported by this gemmarun build yet (the vision tower is a later issue)"
+        or ("download and unpack https://www.robots.ox.ac.uk/~vgg/data/pets/ (images.tar.gz, annotations.tar.gz) into " .. root)), 0)
+  else
+    P.usage(d._where, "data set %s cannot be used for classify{}", d._kind)
+  end
+  return items
+end
+
+--- Raw conversations of a chat data set (JSONL, Hugging Face format).
+local function load_chat_items(d)
+  local function read(path)
+    local out = {}
+    local n = 0
+    for line in (gm.read_text(path) .. "\n"):gmatch("([^\n]*)\n") do
+      n = n + 1
+      if line:match("%S") then
+        local ok, obj = pcall(gm.json_decode, line)
+        if not ok or type(obj) ~= "table" or type(obj.messages) ~= "table" then
+          error(string.format("%s:%d: expected a JSON object with \"messages\": [{\"role\": ..., \"content\": ...}, ...]", path, n), 0)
+        end
+        out[#out + 1] = obj.messages
+      end
+    end
+    return out
+  end
+  local items = { train = read(d.train or d.path) }
+  if d.test then
+    items.test = read(d.test)
+  else
+    local all = items.train
+    items.train, items.test = {}, {}
+    local every = math.max(2, math.floor(1 / (d.test_fraction or 0.1) + 0.5))
+    for i, m in ipairs(all) do
+      if i % every == 0 then items.test[#items.test + 1] = m else items.train[#items.train + 1] = m end
+    end
+  end
+  return items
+end
+
+--- Tokenizes the items into data sets for one model and max_length (all up front).
+local function build_datasets(model, task, items, max_length)
+  local train, test = gm.dataset(model), gm.dataset(model)
+  local rejected = {}
+  local function add(ds, msgs, label, where)
+    local ok, why = ds:add_chat(msgs, { max_length = max_length, label = label and (label - 1) or nil })
+    if not ok and #rejected < 50 then rejected[#rejected + 1] = { example = where, reason = (why:gsub("^example %d+: ", "")) } end
+  end
+  if task._kind == "classify" then
+    for i, it in ipairs(items.train) do
+      add(train, { { role = "user", content = task.prompt .. "\n\n" .. it.text }, { role = "assistant", content = items.labels[it.label] } }, it.label, "train " .. i)
+    end
+    for i, it in ipairs(items.test) do
+      add(test, { { role = "user", content = task.prompt .. "\n\n" .. it.text }, { role = "assistant", content = items.labels[it.label] } }, it.label, "test " .. i)
+    end
+  else
+    for i, m in ipairs(items.train) do add(train, m, nil, "train " .. i) end
+    for i, m in ipairs(items.test) do add(test, m, nil, "test " .. i) end
+  end
+  return train, test, rejected
+end
+
+--------------------------------------------------------------------------------------------------
+-- evaluation
+
+local function indices(n, limit)
+  local t = {}
+  for i = 1, math.min(n, limit or n) do t[i] = i end
+  return t
+end
+
+--- Classification by label scoring: the first token of each label at the response position
+--- (one forward per example) when those tokens differ, else the log-likelihood of each whole
+--- label. Returns {accuracy, per_class, confusion, n_examples, labels}.
+local function eval_classify(model, tr, test, labels, limit)
+  local K = #labels
+  local first, distinct = {}, true
+  for k, lab in ipairs(labels) do
+    first[k] = model:tokenize(lab, { bos = false })[1]
+    for j = 1, k - 1 do if first[j] == first[k] then distinct = false end end
+  end
+  local idx = indices(test:size(), limit)
+  local predicted = {}
+  if distinct then
+    predicted = tr:choose(test, idx, first)
+  else
+    error("labels " .. table.concat(labels, ", ") .. " share their first token; give labels that start differently", 0)
+  end
+  local confusion, per_class, correct = {}, {}, 0
+  for a = 1, K do
+    confusion[a] = {}
+    for b = 1, K do confusion[a][b] = 0 end
+  end
+  local counts = {}
+  for i, e in ipairs(idx) do
+    local truth = test:example(e).label + 1
+    local pred = predicted[i]
+    confusion[truth][pred] = confusion[truth][pred] + 1
+    counts[truth] = (counts[truth] or 0) + 1
+    if truth == pred then correct = correct + 1 end
+  end
+  for k = 1, K do per_class[k] = (counts[k] or 0) > 0 and confusion[k][k] / counts[k] or 0 end
+  return { accuracy = correct / #idx, per_class = per_class, confusion = confusion, n_examples = #idx, labels = labels }
+end
+
+local function eval_sft(tr, test, limit, batch)
+  local idx = indices(test:size(), limit)
+  local sum, tokens = 0, 0
+  for s = 1, #idx, batch do
+    local chunk = {}
+    for i = s, math.min(#idx, s + batch - 1) do chunk[#chunk + 1] = idx[i] end
+    local loss, n = tr:eval(test, chunk)
+    sum, tokens = sum + loss * n, tokens + n
+  end
+  return { loss = sum / tokens, perplexity = math.exp(sum / tokens), n_examples = #idx }
+end
+
+--------------------------------------------------------------------------------------------------
+-- one trial
+
+--- Training options of a trial for the trainer / planner.
+local function trainer_opts(cfg, total_steps, threads)
+  local warmup = cfg.warmup < 1 and math.floor(cfg.warmup * total_steps + 0.5) or math.tointeger(cfg.warmup)
+  return {
+    rank = cfg.rank, alpha = cfg.alpha, dropout = cfg.dropout, rslora = cfg.rslora, targets = cfg.targets,
+    layers = cfg.layers, seed = cfg.seed, quant = cfg.quant, batch = cfg.batch, max_length = cfg.max_length,
+    grad_accum = cfg.grad_accum, lr = cfg.lr, weight_decay = cfg.weight_decay, beta1 = cfg.beta1, beta2 = cfg.beta2,
+    eps = cfg.eps, max_grad_norm = cfg.max_grad_norm, schedule = cfg.schedule, warmup = warmup,
+    steps = total_steps, checkpointing = cfg.checkpointing, threads = threads,
+  }
+end
+
+--- Deterministic permutation of 1..n for (seed, epoch) (Lua 5.4's seeded xoshiro256**).
+local function permutation(n, seed, epoch)
+  math.randomseed(seed * 1000003 + epoch)
+  local p = {}
+  for i = 1, n do p[i] = i end
+  for i = n, 2, -1 do
+    local j = math.random(i)
+    p[i], p[j] = p[j], p[i]
+  end
+  return p
+end
+
+--- Applies memory_limit (and fit) to a trial's options; returns opts or raises with the table.
+local function fit_memory(e, trial, opts)
+  local plan = gm.plan(trial.config.model, opts)
+  trial.plan = plan
+  if not e.memory_limit_bytes or plan.total <= e.memory_limit_bytes then return opts, nil end
+  if e.fit then
+    local chosen = {}
+    local o = {}
+    for k, v in pairs(opts) do o[k] = v end
+    if not o.checkpointing then
+      o.checkpointing = true
+      chosen[#chosen + 1] = "activation checkpointing on"
+    end
+    local p = gm.plan(trial.config.model, o)
+    while p.total > e.memory_limit_bytes and o.batch > 1 do
+      o.batch = o.batch // 2
+      o.grad_accum = o.grad_accum * 2
+      p = gm.plan(trial.config.model, o)
+    end
+    if o.batch ~= opts.batch then chosen[#chosen + 1] = string.format("batch %d x grad_accum %d", o.batch, o.grad_accum) end
+    if p.total <= e.memory_limit_bytes then
+      trial.plan = p
+      return o, table.concat(chosen, ", ")
+    end
+  end
+  error(string.format("the plan needs %s, over memory_limit %s (%s)%s", fmt_bytes(plan.total), fmt_bytes(e.memory_limit_bytes),
+    R.plan_summary(plan), e.fit and "; even with checkpointing and batch 1 it does not fit: use quant = \"nf4\", a smaller max_length or rank"
+      or "; set fit = true to let the planner turn on checkpointing and trade batch for gradient accumulation, or lower max_length / batch, or use quant = \"nf4\""), 0)
+end
+
+function R.plan_summary(plan)
+  local parts = {}
+  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace" }) do
+    if plan[k] and plan[k] > 0 then parts[#parts + 1] = k .. " " .. fmt_bytes(plan[k]) end
+  end
+  return table.concat(parts, ", ")
+end
+
+local function run_trial(ctx, e, trial, n_trials)
+  local cfg = trial.config
+  local threads = e.threads or GM_THREADS
+  local t_start = gm.clock()
+  local res = ctx.res
+  -- data (tokenized up front, cached per model and max_length)
+  local key = cfg.model .. "|" .. cfg.max_length
+  if not ctx.data[key] then
+    local train, test, rejected = build_datasets(ctx.model, e.task, ctx.items, cfg.max_length)
+    ctx.data[key] = { train = train, test = test, rejected = rejected }
+  end
+  local d = ctx.data[key]
+  local st_tr, st_te = d.train:stats(), d.test:stats()
+  res:set_data({ n_train = st_tr.n, n_test = st_te.n, n_rejected = st_tr.rejected + st_te.rejected,
+    n_truncated = st_tr.truncated + st_te.truncated, rejections = d.rejected })
+  if st_tr.rejected + st_te.rejected > 0 then
+    say("  %d examples rejected (first: %s: %s)", st_tr.rejected + st_te.rejected, d.rejected[1].example, d.rejected[1].reason)
+  end
+  if st_tr.n == 0 then error("no training example is left after tokenization", 0) end
+  local per_step = cfg.batch * cfg.grad_accum
+  local steps_per_epoch = math.max(1, (st_tr.n + per_step - 1) // per_step)
+  local total = steps_per_epoch * cfg.epochs
+  if cfg.max_steps then total = math.min(total, cfg.max_steps) end
+  local opts, fit_note = fit_memory(e, trial, trainer_opts(cfg, total, threads))
+  if fit_note then say("  fit: %s (plan %s)", fit_note, fmt_bytes(trial.plan.total)) end
+  local mem = {}
+  for k, v in pairs(trial.plan) do mem["planned_" .. k:gsub(" ", "_")] = v end
+  gm.reset_peak_rss()
+  local tr <close> = ctx.model:trainer(opts)
+  -- baseline evaluation (the adapters start at B = 0: the base model)
+  local limit = e.task.max_eval
+  local function evaluate(phase)
+    local r
+    if e.task._kind == "classify" then r = eval_classify(ctx.model, tr, d.test, ctx.items.labels, limit)
+    else r = eval_sft(tr, d.test, limit, opts.batch) end
+    res:set_eval(phase, r)
+    return r
+  end
+  local ckpt = ctx.dir .. "/trial-" .. trial.id .. ".ckpt.h5"
+  local epoch, pos, step = 0, 0, 0
+  if gm.file_exists(ckpt) then
+    local at = tr:load(ckpt)
+    epoch, pos, step = at.epoch, at.pos, at.step
+    say("  resuming from step %d (epoch %d, example %d)", step, epoch + 1, pos)
+  else
+    local b = evaluate("baseline")
+    say("  baseline %s", b.accuracy and string.format("accuracy %.1f%%", 100 * b.accuracy) or string.format("loss %.4f", b.loss))
+  end
+  res:set({ status = "running" })
+  res:save()
+  -- training
+  local t0, tokens, last_loss = gm.clock(), 0, 0 / 0
+  local order = permutation(st_tr.n, cfg.seed, epoch)
+  while step < total do
+    if pos >= st_tr.n then
+      epoch, pos = epoch + 1, 0
+      order = permutation(st_tr.n, cfg.seed, epoch)
+    end
+    local idx = {}
+    for i = 1, per_step do
+      if pos + i > st_tr.n then break end
+      idx[i] = order[pos + i]
+    end
+    pos = pos + #idx
+    local st = tr:step(d.train, idx)
+    step = st.step
+    last_loss = st.loss
+    local step_tokens = 0
+    for _, i in ipairs(idx) do step_tokens = step_tokens + d.train:example(i).tokens end
+    tokens = tokens + step_tokens
+    local elapsed = gm.clock() - t0
+    res:append({ step = step, loss = st.loss, lr = st.lr, grad_norm = st.grad_norm, supervised_tokens = st.tokens,
+      tokens_per_s = step_tokens / math.max(1e-9, elapsed - (ctx.last_elapsed or 0)), elapsed_s = elapsed, rss_mib = gm.peak_rss() / 2 ^ 20 })
+    ctx.last_elapsed = elapsed
+    local eta = (total - step) * elapsed / math.max(1, step - (trial.resumed_from or 0))
+    gm.progress(string.format("trial %d/%d  step %d/%d  loss %.4f  %.0f tok/s  ETA %s  mem %s", trial.index, n_trials, step, total,
+      st.loss, tokens / math.max(1e-9, elapsed), fmt_time(eta), fmt_bytes(gm.peak_rss())))
+    if gm.interrupted() or step % (cfg.checkpoint_every or 25) == 0 or step == total then
+      tr:save(ckpt, { epoch = epoch, pos = pos, loss = st.loss, config = gm.json_encode(cfg) })
+      res:save()
+      if gm.interrupted() then
+        gm.progress(string.format("trial %d/%d  interrupted at step %d: checkpoint saved", trial.index, n_trials, step), true)
+        res:set({ status = "interrupted" })
+        res:save()
+        error({ interrupted = true }, 0)
+      end
+    end
+  end
+  gm.progress(string.format("trial %d/%d  %d steps, final loss %.4f, %s", trial.index, n_trials, total, last_loss, fmt_time(gm.clock() - t0)), true)
+  local f = evaluate("final")
+  say("  final %s", f.accuracy and string.format("accuracy %.1f%%", 100 * f.accuracy) or string.format("loss %.4f", f.loss))
+  mem.measured_peak_rss = gm.peak_rss()
+  res:set_memory(mem)
+  res:put_adapter(tr)
+  res:set({ status = "completed", wall_seconds = gm.clock() - t_start })
+  res:save()
+  gm.remove_checkpoint(ckpt)
+end
+
+--------------------------------------------------------------------------------------------------
+-- the sweep
+
+local function describe_point(trial, swept)
+  local parts = {}
+  for _, k in ipairs(swept) do parts[#parts + 1] = k .. "=" .. tostring(trial.config[k]) end
+  parts[#parts + 1] = "seed=" .. trial.seed
+  return table.concat(parts, " ")
+end
+
+function R.run(e, cli)
+  P.apply_overrides(e, cli.set)
+  P.validate(e)
+  local trials, swept = P.expand(e)
+  local selected = trials
+  if cli.trial then
+    if cli.trial < 1 or cli.trial > #trials then P.usage(nil, "--trial %d: the experiment has trials 1..%d", cli.trial, #trials) end
+    selected = { trials[cli.trial] }
+  end
+  local dir = (e.results or "results") .. "/" .. e.name
+  say("experiment %s: %d trial%s (%s), model %s", e.name, #trials, #trials == 1 and "" or "s",
+    #swept > 0 and ("sweep over " .. table.concat(swept, ", ") .. " x " .. #e.seeds .. " seeds") or (#e.seeds .. " seeds"), e.model)
+  if cli.dry_run then
+    for _, t in ipairs(selected) do
+      local cfg = t.config
+      local ok, plan = pcall(gm.plan, cfg.model, trainer_opts(cfg, 1, e.threads or GM_THREADS))
+      local line
+      if ok then
+        line = string.format("  trial %2d  %s  %s  plan %s (%s)", t.index, t.id, describe_point(t, swept), fmt_bytes(plan.total), R.plan_summary(plan))
+        if e.memory_limit_bytes and plan.total > e.memory_limit_bytes then line = line .. "  OVER memory_limit" .. (e.fit and " (fit will adjust)" or "") end
+      else
+        line = string.format("  trial %2d  %s  %s  plan unavailable: %s", t.index, t.id, describe_point(t, swept), tostring(plan))
+      end
+      say("%s", line)
+    end
+    return 0
+  end
+  -- everything that can fail for the whole sweep is checked before the first trial
+  local ctx = { dir = dir, data = {} }
+  local items_ok, items = pcall(e.task._kind == "classify" and load_classify_items or load_chat_items, e.task.data)
+  if not items_ok then
+    if type(items) == "table" and items.usage then error(items, 0) end
+    P.usage(e.task._where, "%s", tostring(items))
+  end
+  ctx.items = items
+  if e.task._kind == "classify" and e.task.labels then ctx.items.labels = e.task.labels end
+  gm.make_results_dir(dir)
+  local failed, interrupted = 0, false
+  local report = e.report and { rows = e.report.rows, cols = e.report.cols, metric = e.report.metric, phase = e.report.phase, digits = e.report.digits }
+    or { rows = swept, cols = {}, metric = e.task._kind == "classify" and "accuracy" or "loss" }
+  for _, t in ipairs(selected) do
+    local path = dir .. "/trial-" .. t.id .. ".h5"
+    local prior = gm.file_exists(path) and gm.results_read(path) or nil
+    if prior and prior.status == "completed" then
+      say("trial %d/%d  %s  %s: done (kept)", t.index, #trials, t.id, describe_point(t, swept))
+    else
+      say("trial %d/%d  %s  %s", t.index, #trials, t.id, describe_point(t, swept))
+      if ctx.model_name ~= t.config.model then
+        if ctx.model then ctx.model:close() end
+        ctx.model = gm.load_model(t.config.model, { threads = e.threads or GM_THREADS })
+        ctx.model_name = t.config.model
+        ctx.data = {}
+      end
+      ctx.res = gm.results(path)
+      ctx.res:set({ experiment = e.name, trial_id = t.id, trial_index = t.index, n_trials = #trials, status = "running",
+        reason = "", config_json = gm.json_encode(t.config), report_json = gm.json_encode(report), swept_json = gm.json_encode(#swept > 0 and swept or gm.null) })
+      ctx.res:set_config(t.config)
+      local ok, err = pcall(run_trial, ctx, e, t, #trials)
+      if not ok then
+        if type(err) == "table" and err.interrupted then
+          interrupted = true
+          ctx.res:close()
+          break
+        end
+        failed = failed + 1
+        local reason = type(err) == "table" and tostring(err.msg or err) or tostring(err)
+        gm.progress(string.format("trial %d/%d  FAILED: %s", t.index, #trials, reason), true)
+        ctx.res:set({ status = "failed", reason = reason })
+        ctx.res:save()
+      end
+      ctx.res:close()
+      ctx.res = nil
+    end
+  end
+  if ctx.model then ctx.model:close() end
+  for _, ds in pairs(ctx.data) do ds.train:close(); ds.test:close() end
+  if interrupted then
+    say("interrupted: finished trials are kept and the current one resumes from its checkpoint when you run the same command again")
+    return 1
+  end
+  R.render(dir, e.results or "results", e.name)
+  return failed > 0 and 1 or 0
+end
+
+--- Merges the trial files, prints the table and writes .md/.tex/.csv and plots.
+function R.render(dir, results_root, name)
+  local report = gm_module("report")
+  local trials = {}
+  for _, p in ipairs(gm.results_list(dir)) do trials[#trials + 1] = gm.results_read(p) end
+  if #trials == 0 then return end
+  gm.results_merge(dir, results_root .. "/" .. name .. ".h5")
+  local spec = trials[1].report_json and gm.json_decode(trials[1].report_json) or { rows = {}, cols = {}, metric = "accuracy" }
+  local tables = report.render(trials, spec)
+  print("\n" .. tables.text)
+  report.write(results_root, name, tables)
+  pcall(report.plots, trials, spec, results_root, name)
+  say("tables: %s/%s.{md,tex,csv}; results: %s/%s.h5", results_root, name, results_root, name)
+end
+
+return R

@@ -1,0 +1,156 @@
+# End-to-end: trial results files written from Lua (gm.results), rendered by `gemmarun table`.
+#
+# A Lua script writes 8 trial files of a small known sweep (quant x lr x 2 seeds, one trial
+# failed) into results/e2e_sweep/; `gemmarun table` must print and write the exact Markdown and
+# CSV below (mean ± sample std over seeds, best marked, one baseline row per quant, the failed
+# trial in a footnote), valid 1024x640 PNG plots, and the merged results/e2e_sweep.h5, which
+# renders the same tables again. Then the sandbox's write rule (only under results/), the exit
+# codes for a missing or corrupt RESULTS, and, when the reference venv exists (not in CI),
+# that h5py and pandas read the files as results/README.md promises.
+source "$(dirname "$0")/lib.bash"
+GM=$(cd "$(dirname "$GM")" && pwd)/$(basename "$GM")
+W="$TMP/work"
+mkdir -p "$W"
+cd "$W"
+
+cat > make.lua <<'EOF'
+local trials = {
+  {quant = "nf4", lr = 1e-4, seed = 1, acc = 0.80, base = 0.60},
+  {quant = "nf4", lr = 1e-4, seed = 2, acc = 0.90, base = 0.60},
+  {quant = "nf4", lr = 2e-4, seed = 1, acc = 0.92, base = 0.60},
+  {quant = "nf4", lr = 2e-4, seed = 2, acc = 0.94, base = 0.60},
+  {quant = "bf16", lr = 1e-4, seed = 1, acc = 0.70, base = 0.62},
+  {quant = "bf16", lr = 1e-4, seed = 2, acc = 0.75, base = 0.62},
+  {quant = "bf16", lr = 2e-4, seed = 1, acc = 0.88, base = 0.62},
+  {quant = "bf16", lr = 2e-4, seed = 2, fail = "out of memory at step 7", base = 0.62},
+}
+for i, c in ipairs(trials) do
+  local id = string.format("%02d%s", 9 - i, c.quant)   -- file names sort against trial order
+  local r <close> = gm.results("results/e2e_sweep/trial-" .. id .. ".h5")
+  r:set{experiment = "e2e_sweep", trial_id = id, trial_index = i, n_trials = #trials,
+        report_json = {rows = {"quant"}, cols = {"lr"}, metric = "accuracy"},
+        swept_json = {"quant", "lr", "seed"}}
+  r:set_config{quant = c.quant, lr = c.lr, seed = c.seed, rank = 16, checkpointing = false}
+  for step = 1, 20 do
+    r:append{step = step, lr = c.lr,
+             loss = 2.5 * math.exp(-step * c.lr * 1e3) + 0.1 * c.seed + (c.quant == "bf16" and 0.2 or 0)}
+  end
+  r:set_eval("baseline", {accuracy = c.base, n_examples = 50})
+  if c.fail then
+    r:set{status = "failed", reason = c.fail}
+  else
+    r:set_eval("final", {accuracy = c.acc, loss = 1 - c.acc, n_examples = 50, labels = {"cat", "dog"},
+                         per_class = {c.acc, c.acc}, confusion = {{20, 5}, {5, 20}}})
+    r:set{status = "completed", wall_seconds = 10 + i}
+  end
+  r:set_memory{planned = {["base weights"] = 1000, total = 4000}, measured_peak_rss = 5000}
+  r:set_data{n_train = 200, n_test = 50, rejections = {{example = 7, reason = "too long"}}}
+  r:save()
+end
+print("wrote " .. #gm.results_list("results/e2e_sweep") .. " trial files")
+EOF
+expect_run "a Lua script writes 8 trial files" 0 "wrote 8 trial files" -- "$GM" make.lua
+
+expect_run "gemmarun table renders the folder" 0 "nf4 +85\.0 ± 7\.1 +93\.0 ± 1\.4 \*" -- "$GM" table results/e2e_sweep/
+
+cat > want.md <<'EOF'
+**e2e_sweep: accuracy (%), final eval, mean ± std over 2 seeds**
+
+| quant | lr=1e-4 | lr=2e-4 |
+|:--|--:|--:|
+| baseline (no fine-tuning), quant=nf4 | 60.0 ± 0.0 | 60.0 ± 0.0 |
+| baseline (no fine-tuning), quant=bf16 | 62.0 ± 0.0 | 62.0 ± 0.0 |
+| nf4 | 85.0 ± 7.1 | **93.0 ± 1.4** |
+| bf16 | 72.5 ± 3.5 | 88.0 (n=1) |
+
+Bold: best (highest) mean.
+
+Excluded from the means (1 trial):
+
+- failed: trial 01bf16 (quant=bf16, lr=2e-4, seed=2): out of memory at step 7
+EOF
+cat > want.csv <<'EOF'
+kind,quant,lr,metric,phase,mean,std,n,best
+baseline,nf4,1e-4,accuracy_percent,baseline,60,0,4,0
+baseline,nf4,2e-4,accuracy_percent,baseline,60,0,4,0
+baseline,bf16,1e-4,accuracy_percent,baseline,62,0,3,0
+baseline,bf16,2e-4,accuracy_percent,baseline,62,0,3,0
+fine-tuned,nf4,1e-4,accuracy_percent,final,85,7.07107,2,0
+fine-tuned,nf4,2e-4,accuracy_percent,final,93,1.41421,2,1
+fine-tuned,bf16,1e-4,accuracy_percent,final,72.5,3.53553,2,0
+fine-tuned,bf16,2e-4,accuracy_percent,final,88,,1,0
+EOF
+same() { diff -u "$1" "$2" && echo same; }
+expect_run "Markdown table exactly as expected" 0 "^same$" -- same want.md results/e2e_sweep.md
+expect_run "CSV exactly as expected" 0 "^same$" -- same want.csv results/e2e_sweep.csv
+expect_run "LaTeX booktabs with the best cell bold" 0 'nf4 & 85\.0 \$\\pm\$ 7\.1 & \\textbf\{93\.0 \$\\pm\$ 1\.4\} \\\\' -- cat results/e2e_sweep.tex
+oneline() { tr '\n' ' ' < "$1"; }
+expect_run "LaTeX has toprule, midrule, bottomrule" 0 "toprule.*midrule.*bottomrule" -- oneline results/e2e_sweep.tex
+
+# PNG: signature and IHDR width/height (big-endian at bytes 16..23)
+png_ok() {
+  local f=$1 sig dims
+  [ -s "$f" ] || { echo "missing $f"; return 1; }
+  sig=$(od -An -tx1 -N8 "$f" | tr -d ' \n')
+  dims=$(od -An -tx1 -j16 -N8 "$f" | tr -d ' \n')
+  [ "$sig" = "89504e470d0a1a0a" ] || { echo "$f: not a PNG ($sig)"; return 1; }
+  [ "$dims" = "0000040000000280" ] || { echo "$f: not 1024x640 ($dims)"; return 1; }
+  echo "$f ok"
+}
+expect_run "loss curves PNG (1024x640)" 0 "ok$" -- png_ok results/e2e_sweep_loss.png
+expect_run "accuracy vs lr PNG (1024x640)" 0 "ok$" -- png_ok results/e2e_sweep_accuracy_vs_lr.png
+expect_run "merged results/e2e_sweep.h5 written" 0 "e2e_sweep\.h5" -- ls results
+
+mkdir -p again && cp results/e2e_sweep.h5 again/
+expect_run "the merged file renders the same table" 0 "wrote again/e2e_sweep\.md" -- "$GM" table again/e2e_sweep.h5
+expect_run "same Markdown from the merged file" 0 "^same$" -- same want.md again/e2e_sweep.md
+
+# errors: exit 2 with a message naming the path
+expect_run "missing RESULTS: exit 2" 2 "results/nope: no such file or folder" -- "$GM" table results/nope
+printf 'not hdf5' > corrupt.h5
+expect_run "corrupt RESULTS: exit 2" 2 "corrupt\.h5: not an HDF5 file" -- "$GM" table corrupt.h5
+mkdir -p results/empty
+expect_run "folder without trial files: exit 2" 2 "no trial files" -- "$GM" table results/empty
+
+# the write rule: only below results/, never "..", never elsewhere
+cat > escape1.lua <<'EOF'
+gm.write_text("notes.md", "x")
+EOF
+cat > escape2.lua <<'EOF'
+gm.results("results/../trial-x.h5")
+EOF
+cat > escape3.lua <<'EOF'
+gm.plot{file = "/tmp/gm_escape.png", series = {{x = {1, 2}, y = {1, 2}}}}
+EOF
+expect_run "write_text outside results/ refused" 1 "outside the results folder" -- "$GM" escape1.lua
+expect_run "'..' refused" 1 "contains a '\.\.' component" -- "$GM" escape2.lua
+expect_run "plot outside results/ refused" 1 "outside the results folder" -- "$GM" escape3.lua
+expect_run "nothing was written outside" 0 "^none$" -- bash -c '[ -e notes.md ] || [ -e trial-x.h5 ] || [ -e /tmp/gm_escape.png ] && echo found || echo none'
+
+# Python readers (reference venv only; CI has no Python venv)
+PY=/opt/refvenv/bin/python
+if [ -x "$PY" ] && "$PY" -c "import pandas, h5py, tables" 2>/dev/null; then
+  cat > read.py <<'EOF'
+import h5py, json, pandas as pd
+df = pd.read_hdf("results/e2e_sweep.h5", "trials")
+assert len(df) == 8, len(df)
+assert list(df.columns[:7]) == ["trial_id", "trial_index", "status", "reason", "seed", "quant", "lr"], list(df.columns)
+assert df.loc[df.status == "completed", "final_accuracy"].round(2).tolist() == [0.8, 0.9, 0.92, 0.94, 0.7, 0.75, 0.88]
+assert df.groupby(["quant", "lr"]).final_accuracy.mean().round(4).to_dict()[("nf4", 2e-4)] == 0.93
+with h5py.File("results/e2e_sweep/trial-08nf4.h5", "r") as f:
+    assert isinstance(f.attrs["status"], str) and f.attrs["status"] == "completed"
+    assert json.loads(f.attrs["report_json"])["metric"] == "accuracy"
+    assert f["metrics/loss"].shape == (20,) and f["metrics/loss"].maxshape == (None,)
+    assert list(f["eval/final/labels"].asstr()[:]) == ["cat", "dog"]
+    assert f["eval/final/confusion"][:].tolist() == [[20, 5], [5, 20]]
+    assert int(f["config"].attrs["checkpointing"]) == 0 and f["config"].attrs["quant"] == "nf4"
+    m = pd.DataFrame({k: f["metrics"][k][:] for k in f["metrics"]})
+    assert m.shape == (20, 3)
+print("python readers ok")
+EOF
+  expect_run "pandas.read_hdf and h5py read the files" 0 "python readers ok" -- "$PY" read.py
+else
+  echo "skip  pandas/h5py check (no /opt/refvenv)"
+fi
+
+finish
