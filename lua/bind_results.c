@@ -76,7 +76,8 @@ static const char *push_abs(lua_State *L, const char *path) {
     luaL_buffinit(L, &b);
     if (path[0] != '/') {
         char cwd[PATH_MAX];
-        if (!getcwd(cwd, sizeof cwd)) luaL_error(L, "cannot read the working folder: %s", strerror(errno));
+        if (!getcwd(cwd, sizeof cwd))
+            luaL_error(L, "cannot read the working folder: %s", strerror(errno));
         luaL_addstring(&b, cwd);
     }
     const char *p = path;
@@ -145,17 +146,21 @@ static void make_parents(lua_State *L, const char *abs_file, const char *abs_roo
 static void check_write_path(lua_State *L, const char *path, const char *fn) {
     if (!path[0]) luaL_error(L, "%s: empty path", fn);
     if (has_dotdot(path))
-        luaL_error(L, "%s: path '%s' contains a '..' component; results are written only inside "
-                   "the results folder", fn, path);
+        luaL_error(L,
+                   "%s: path '%s' contains a '..' component; results are written only inside "
+                   "the results folder",
+                   fn, path);
     int top = lua_gettop(L);
     const char *root = push_root(L);
     const char *abs = push_abs(L, path);
     size_t rl = strlen(root);
     bool inside = root[1] == '\0' ? abs[1] != '\0'
-                                   : strncmp(abs, root, rl) == 0 && abs[rl] == '/' && abs[rl + 1];
+                                  : strncmp(abs, root, rl) == 0 && abs[rl] == '/' && abs[rl + 1];
     if (!inside)
-        luaL_error(L, "%s: %s is outside the results folder %s (experiment files may write only "
-                   "there; see results/README.md)", fn, path, root);
+        luaL_error(L,
+                   "%s: %s is outside the results folder %s (experiment files may write only "
+                   "there; see results/README.md)",
+                   fn, path, root);
     make_parents(L, abs, root, fn);
     lua_settop(L, top);
 }
@@ -255,8 +260,10 @@ static void push_json(lua_State *L, const cJSON *j) {
         lua_pushstring(L, j->valuestring);
     } else if (cJSON_IsNumber(j)) {
         double v = j->valuedouble;
-        if (v == floor(v) && fabs(v) < 9007199254740992.0) lua_pushinteger(L, (lua_Integer)v);
-        else lua_pushnumber(L, v);
+        if (v == floor(v) && fabs(v) < 9007199254740992.0)
+            lua_pushinteger(L, (lua_Integer)v);
+        else
+            lua_pushnumber(L, v);
     } else if (cJSON_IsBool(j)) {
         lua_pushboolean(L, cJSON_IsTrue(j));
     } else {
@@ -299,8 +306,8 @@ static int l_results(lua_State *L) {
     return 1;
 }
 
-static const char *const SET_KEYS[] = {"experiment", "trial_id", "trial_index", "n_trials",
-                                       "status", "reason", "config_json", "report_json",
+static const char *const SET_KEYS[] = {"experiment", "trial_id",   "trial_index", "n_trials",
+                                       "status",     "reason",     "config_json", "report_json",
                                        "swept_json", "started_at", "finished_at", "wall_seconds",
                                        NULL};
 
@@ -316,15 +323,17 @@ static int l_set(lua_State *L) {
         bool is_json = strstr(k, "_json") != NULL;
         bool is_int = strcmp(k, "trial_index") == 0 || strcmp(k, "n_trials") == 0;
         bool ok = t == LUA_TNIL ||
-                  (is_json ? (t == LUA_TSTRING || t == LUA_TTABLE)
-                   : is_int ? lua_isinteger(L, -1)
+                  (is_json                          ? (t == LUA_TSTRING || t == LUA_TTABLE)
+                   : is_int                         ? lua_isinteger(L, -1)
                    : strcmp(k, "wall_seconds") == 0 ? t == LUA_TNUMBER
-                   : strcmp(k, "trial_id") == 0 ? (t == LUA_TSTRING || lua_isinteger(L, -1))
-                                                 : t == LUA_TSTRING);
+                   : strcmp(k, "trial_id") == 0     ? (t == LUA_TSTRING || lua_isinteger(L, -1))
+                                                    : t == LUA_TSTRING);
         if (!ok)
             luaL_error(L, "results:set: '%s' must be %s, got %s", k,
-                       is_json ? "JSON text or a table" : is_int ? "an integer"
-                       : strcmp(k, "wall_seconds") == 0 ? "a number" : "a string",
+                       is_json                          ? "JSON text or a table"
+                       : is_int                         ? "an integer"
+                       : strcmp(k, "wall_seconds") == 0 ? "a number"
+                                                        : "a string",
                        luaL_typename(L, -1));
         lua_pop(L, 1);
     }
@@ -332,8 +341,10 @@ static int l_set(lua_State *L) {
     // status (with reason) first: it sets finished_at, which an explicit finished_at overrides
     const char *status = gm_bind_opt_str(L, 2, "status", NULL);
     const char *reason = gm_bind_opt_str(L, 2, "reason", NULL);
-    if (status) raise_if(L, gm_results_set_status(u->r, status, reason, &err), &err);
-    else if (reason) raise_if(L, gm_results_set_str(u->r, "reason", reason, &err), &err);
+    if (status)
+        raise_if(L, gm_results_set_status(u->r, status, reason, &err), &err);
+    else if (reason)
+        raise_if(L, gm_results_set_str(u->r, "reason", reason, &err), &err);
     for (int i = 0; SET_KEYS[i]; i++) {
         const char *k = SET_KEYS[i];
         if (strcmp(k, "status") == 0 || strcmp(k, "reason") == 0) continue;
@@ -376,7 +387,7 @@ static void flatten(lua_State *L, int idx, const char *prefix, int out, int dept
             lua_Integer n = (lua_Integer)lua_rawlen(L, -2);
             lua_pushnil(L);
             bool empty = lua_next(L, -3) == 0; // an empty table is stored as a list too
-            if (!empty) lua_pop(L, 2);          // the pair lua_next pushed
+            if (!empty) lua_pop(L, 2);         // the pair lua_next pushed
             if (n > 0 || empty) {
                 push_json_text(L, -2, full);
                 lua_setfield(L, out, full);
@@ -387,8 +398,10 @@ static void flatten(lua_State *L, int idx, const char *prefix, int out, int dept
             lua_pushvalue(L, -2);
             lua_setfield(L, out, full);
         } else {
-            luaL_error(L, "results:set_config: field '%s' is a %s (string, number, boolean or "
-                       "table)", full, luaL_typename(L, -2));
+            luaL_error(L,
+                       "results:set_config: field '%s' is a %s (string, number, boolean or "
+                       "table)",
+                       full, luaL_typename(L, -2));
         }
         lua_pop(L, 2);
     }
@@ -405,10 +418,14 @@ static int l_set_config(lua_State *L) {
     while (lua_next(L, flat)) {
         const char *k = lua_tostring(L, -2);
         gm_status s;
-        if (lua_type(L, -1) == LUA_TBOOLEAN) s = gm_results_config_bool(u->r, k, lua_toboolean(L, -1), &err);
-        else if (lua_isinteger(L, -1)) s = gm_results_config_i64(u->r, k, (int64_t)lua_tointeger(L, -1), &err);
-        else if (lua_type(L, -1) == LUA_TNUMBER) s = gm_results_config_f64(u->r, k, (double)lua_tonumber(L, -1), &err);
-        else s = gm_results_config_str(u->r, k, lua_tostring(L, -1), &err);
+        if (lua_type(L, -1) == LUA_TBOOLEAN)
+            s = gm_results_config_bool(u->r, k, lua_toboolean(L, -1), &err);
+        else if (lua_isinteger(L, -1))
+            s = gm_results_config_i64(u->r, k, (int64_t)lua_tointeger(L, -1), &err);
+        else if (lua_type(L, -1) == LUA_TNUMBER)
+            s = gm_results_config_f64(u->r, k, (double)lua_tonumber(L, -1), &err);
+        else
+            s = gm_results_config_str(u->r, k, lua_tostring(L, -1), &err);
         lua_pop(L, 1);
         raise_if(L, s, &err);
     }
@@ -463,7 +480,8 @@ static lua_Integer opt_num_list(lua_State *L, int idx, const char *key, double *
     double *v = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *v, 0);
     for (lua_Integer i = 1; i <= n; i++) {
         lua_rawgeti(L, -2, i);
-        if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "%s: %s[%d] must be a number", fn, key, (int)i);
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            luaL_error(L, "%s: %s[%d] must be a number", fn, key, (int)i);
         v[i - 1] = (double)lua_tonumber(L, -1);
         lua_pop(L, 1);
     }
@@ -477,7 +495,7 @@ static int l_set_eval(lua_State *L) {
     const char *phase = luaL_checkstring(L, 2);
     luaL_checktype(L, 3, LUA_TTABLE);
     // known keys below; any other key must be a number and becomes one more f64 attribute
-    static const char *const known_keys[] = {"accuracy", "loss", "n_examples", "labels",
+    static const char *const known_keys[] = {"accuracy",  "loss",      "n_examples", "labels",
                                              "per_class", "confusion", NULL};
     lua_pushnil(L);
     while (lua_next(L, 3)) {
@@ -485,7 +503,8 @@ static int l_set_eval(lua_State *L) {
         for (int i = 0; lua_type(L, -2) == LUA_TSTRING && known_keys[i]; i++)
             known = known || strcmp(lua_tostring(L, -2), known_keys[i]) == 0;
         if (!known && (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TNUMBER))
-            luaL_error(L, "results:set_eval: '%s' must be a number (known keys: accuracy, loss, "
+            luaL_error(L,
+                       "results:set_eval: '%s' must be a number (known keys: accuracy, loss, "
                        "n_examples, labels, per_class, confusion; others are stored as numbers)",
                        lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : luaL_typename(L, -2));
         lua_pop(L, 1);
@@ -498,12 +517,14 @@ static int l_set_eval(lua_State *L) {
     lua_getfield(L, 3, "labels");
     const char **labels = NULL;
     if (!lua_isnil(L, -1)) {
-        if (!lua_istable(L, -1)) luaL_error(L, "results:set_eval: 'labels' must be a list of strings");
+        if (!lua_istable(L, -1))
+            luaL_error(L, "results:set_eval: 'labels' must be a list of strings");
         K = (lua_Integer)lua_rawlen(L, -1);
         labels = lua_newuserdatauv(L, (size_t)(K ? K : 1) * sizeof *labels, 0);
         for (lua_Integer i = 1; i <= K; i++) {
             lua_rawgeti(L, -2, i);
-            if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "results:set_eval: labels[%d] must be a string", (int)i);
+            if (lua_type(L, -1) != LUA_TSTRING)
+                luaL_error(L, "results:set_eval: labels[%d] must be a string", (int)i);
             labels[i - 1] = lua_tostring(L, -1); // alive: held by the labels table
             lua_pop(L, 1);
         }
@@ -513,26 +534,32 @@ static int l_set_eval(lua_State *L) {
     double *per_class = NULL;
     lua_Integer np = opt_num_list(L, 3, "per_class", &per_class, "results:set_eval");
     if (np >= 0) {
-        if (K >= 0 && np != K) luaL_error(L, "results:set_eval: %d labels but %d per_class values", (int)K, (int)np);
+        if (K >= 0 && np != K)
+            luaL_error(L, "results:set_eval: %d labels but %d per_class values", (int)K, (int)np);
         K = np;
     }
     // confusion: K lists of K integers
     int64_t *conf = NULL;
     lua_getfield(L, 3, "confusion");
     if (!lua_isnil(L, -1)) {
-        if (!lua_istable(L, -1)) luaL_error(L, "results:set_eval: 'confusion' must be a K x K list of lists");
+        if (!lua_istable(L, -1))
+            luaL_error(L, "results:set_eval: 'confusion' must be a K x K list of lists");
         lua_Integer rows = (lua_Integer)lua_rawlen(L, -1);
-        if (K >= 0 && rows != K) luaL_error(L, "results:set_eval: confusion has %d rows, expected %d", (int)rows, (int)K);
+        if (K >= 0 && rows != K)
+            luaL_error(L, "results:set_eval: confusion has %d rows, expected %d", (int)rows,
+                       (int)K);
         K = rows;
         conf = lua_newuserdatauv(L, (size_t)(K ? K * K : 1) * sizeof *conf, 0);
         for (lua_Integer i = 1; i <= K; i++) {
             lua_rawgeti(L, -2, i);
             if (!lua_istable(L, -1) || (lua_Integer)lua_rawlen(L, -1) != K)
-                luaL_error(L, "results:set_eval: confusion row %d must be a list of %d counts", (int)i, (int)K);
+                luaL_error(L, "results:set_eval: confusion row %d must be a list of %d counts",
+                           (int)i, (int)K);
             for (lua_Integer j = 1; j <= K; j++) {
                 lua_rawgeti(L, -1, j);
                 if (!lua_isinteger(L, -1))
-                    luaL_error(L, "results:set_eval: confusion[%d][%d] must be an integer", (int)i, (int)j);
+                    luaL_error(L, "results:set_eval: confusion[%d][%d] must be an integer", (int)i,
+                               (int)j);
                 conf[(i - 1) * K + (j - 1)] = (int64_t)lua_tointeger(L, -1);
                 lua_pop(L, 1);
             }
@@ -551,7 +578,8 @@ static int l_set_eval(lua_State *L) {
     lua_pushnil(L);
     while (lua_next(L, 3)) {
         bool known = false;
-        for (int i = 0; known_keys[i]; i++) known = known || strcmp(lua_tostring(L, -2), known_keys[i]) == 0;
+        for (int i = 0; known_keys[i]; i++)
+            known = known || strcmp(lua_tostring(L, -2), known_keys[i]) == 0;
         gm_status s = known ? GM_OK
                             : gm_results_set_eval_f64(u->r, phase, lua_tostring(L, -2),
                                                       (double)lua_tonumber(L, -1), &err);
@@ -579,11 +607,13 @@ static int l_set_memory(lua_State *L) {
     int flat = lua_gettop(L);
     lua_pushnil(L);
     while (lua_next(L, 2)) {
-        if (lua_type(L, -2) != LUA_TSTRING) luaL_error(L, "results:set_memory: keys must be strings");
+        if (lua_type(L, -2) != LUA_TSTRING)
+            luaL_error(L, "results:set_memory: keys must be strings");
         const char *k = lua_tostring(L, -2);
         bool group = strcmp(k, "planned") == 0 || strcmp(k, "measured") == 0;
         if (group) {
-            if (!lua_istable(L, -1)) luaL_error(L, "results:set_memory: '%s' must be {kind = bytes}", k);
+            if (!lua_istable(L, -1))
+                luaL_error(L, "results:set_memory: '%s' must be {kind = bytes}", k);
             lua_pushnil(L);
             while (lua_next(L, -2)) {
                 if (lua_type(L, -2) != LUA_TSTRING || !lua_isinteger(L, -1))
@@ -596,20 +626,24 @@ static int l_set_memory(lua_State *L) {
                 lua_pop(L, 1);
             }
         } else if (strncmp(k, "planned_", 8) == 0 || strncmp(k, "measured_", 9) == 0) {
-            if (!lua_isinteger(L, -1)) luaL_error(L, "results:set_memory: '%s' must be an integer (bytes)", k);
+            if (!lua_isinteger(L, -1))
+                luaL_error(L, "results:set_memory: '%s' must be an integer (bytes)", k);
             lua_pushvalue(L, -2);
             lua_pushvalue(L, -2);
             lua_settable(L, flat);
         } else {
-            luaL_error(L, "results:set_memory: unknown key '%s' (allowed: planned, measured, "
-                       "measured_peak_rss, planned_<kind>, measured_<kind>)", k);
+            luaL_error(L,
+                       "results:set_memory: unknown key '%s' (allowed: planned, measured, "
+                       "measured_peak_rss, planned_<kind>, measured_<kind>)",
+                       k);
         }
         lua_pop(L, 1);
     }
     gm_error err = {0};
     lua_pushnil(L);
     while (lua_next(L, flat)) {
-        gm_status s = gm_results_set_memory(u->r, lua_tostring(L, -2), (int64_t)lua_tointeger(L, -1), &err);
+        gm_status s =
+            gm_results_set_memory(u->r, lua_tostring(L, -2), (int64_t)lua_tointeger(L, -1), &err);
         lua_pop(L, 1);
         raise_if(L, s, &err);
     }
@@ -619,7 +653,8 @@ static int l_set_memory(lua_State *L) {
 static int l_set_data(lua_State *L) {
     lresults *u = check_res(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
-    static const char *const keys[] = {"n_train", "n_test", "n_rejected", "n_truncated", "rejections", NULL};
+    static const char *const keys[] = {"n_train",     "n_test",     "n_rejected",
+                                       "n_truncated", "rejections", NULL};
     gm_bind_check_opts(L, 2, "results:set_data", keys);
     gm_results_data d = {.n_train = gm_bind_opt_int(L, 2, "n_train", 0),
                          .n_test = gm_bind_opt_int(L, 2, "n_test", 0),
@@ -627,10 +662,12 @@ static int l_set_data(lua_State *L) {
     lua_getfield(L, 2, "rejections");
     lua_Integer nrej = 0;
     if (!lua_isnil(L, -1)) {
-        if (!lua_istable(L, -1)) luaL_error(L, "results:set_data: 'rejections' must be a list of {example=, reason=}");
+        if (!lua_istable(L, -1))
+            luaL_error(L, "results:set_data: 'rejections' must be a list of {example=, reason=}");
         nrej = (lua_Integer)lua_rawlen(L, -1);
         // only the first GM_RESULTS_MAX_REJECTIONS are stored: encode no more than that
-        lua_createtable(L, (int)(nrej < GM_RESULTS_MAX_REJECTIONS ? nrej : GM_RESULTS_MAX_REJECTIONS), 0);
+        lua_createtable(
+            L, (int)(nrej < GM_RESULTS_MAX_REJECTIONS ? nrej : GM_RESULTS_MAX_REJECTIONS), 0);
         for (lua_Integer i = 1; i <= nrej && i <= GM_RESULTS_MAX_REJECTIONS; i++) {
             lua_rawgeti(L, -2, i);
             lua_rawseti(L, -2, i);
@@ -698,17 +735,23 @@ static int l_rclose(lua_State *L) {
 
 static int l_rtostring(lua_State *L) {
     lresults *u = luaL_checkudata(L, 1, RESULTS_MT);
-    if (u->r) lua_pushfstring(L, "gm.Results(%s, %d rows)", gm_results_path(u->r), (int)gm_results_rows(u->r));
-    else lua_pushliteral(L, "gm.Results(closed)");
+    if (u->r)
+        lua_pushfstring(L, "gm.Results(%s, %d rows)", gm_results_path(u->r),
+                        (int)gm_results_rows(u->r));
+    else
+        lua_pushliteral(L, "gm.Results(closed)");
     return 1;
 }
 
 /* ---- reading ------------------------------------------------------------------------------ */
 
 static void push_attr(lua_State *L, const gm_results_attr *a) {
-    if (a->kind == GM_RV_STR) lua_pushstring(L, a->s);
-    else if (a->kind == GM_RV_I64) lua_pushinteger(L, (lua_Integer)a->i);
-    else lua_pushnumber(L, a->f);
+    if (a->kind == GM_RV_STR)
+        lua_pushstring(L, a->s);
+    else if (a->kind == GM_RV_I64)
+        lua_pushinteger(L, (lua_Integer)a->i);
+    else
+        lua_pushnumber(L, a->f);
 }
 
 static void push_attrs(lua_State *L, const gm_results_attrs *as) {
@@ -784,7 +827,8 @@ static void push_trial(lua_State *L, const gm_results_trial *t) {
             for (int r = 0; r < K; r++) {
                 lua_createtable(L, K, 0);
                 for (int c = 0; c < K; c++) {
-                    lua_pushinteger(L, (lua_Integer)e->confusion[(size_t)r * (size_t)K + (size_t)c]);
+                    lua_pushinteger(L,
+                                    (lua_Integer)e->confusion[(size_t)r * (size_t)K + (size_t)c]);
                     lua_rawseti(L, -2, c + 1);
                 }
                 lua_rawseti(L, -2, r + 1);
@@ -848,8 +892,10 @@ static int l_results_read(lua_State *L) {
     int list = lua_gettop(L);
     lua_Integer n = append_trials(L, path, list, 0);
     if (n != 1)
-        return luaL_error(L, "gm.results_read: %s holds %d trials (a merged file: use "
-                          "gm.results_read_all)", path, (int)n);
+        return luaL_error(L,
+                          "gm.results_read: %s holds %d trials (a merged file: use "
+                          "gm.results_read_all)",
+                          path, (int)n);
     lua_rawgeti(L, list, 1);
     return 1;
 }
@@ -875,7 +921,8 @@ static int l_results_read_all(lua_State *L) {
     const char *path = luaL_checkstring(L, 1);
     struct stat st;
     if (stat(path, &st) != 0)
-        return luaL_error(L, "%s: %s", path, errno == ENOENT ? "no such file or folder" : strerror(errno));
+        return luaL_error(L, "%s: %s", path,
+                          errno == ENOENT ? "no such file or folder" : strerror(errno));
     lua_newtable(L);
     int list = lua_gettop(L);
     if (!S_ISDIR(st.st_mode)) {
@@ -943,15 +990,17 @@ static int l_write_text(lua_State *L) {
     return 0;
 }
 
-/* ---- plots ------------------------------------------------------------------------------------ */
+/* ---- plots ------------------------------------------------------------------------------------
+ */
 
 #define PLOT_W 1024
 #define PLOT_H 640
 #define PLOT_MAX_SERIES 256
+#define LEGEND_MAX_COLS 2
 
 /* Tableau 10 (matplotlib's default cycle): distinct for color-blind readers too. */
 static const unsigned char PALETTE[10][3] = {
-    {31, 119, 180}, {255, 127, 14}, {44, 160, 44},  {214, 39, 40},  {148, 103, 189},
+    {31, 119, 180}, {255, 127, 14},  {44, 160, 44},   {214, 39, 40},  {148, 103, 189},
     {140, 86, 75},  {227, 119, 194}, {127, 127, 127}, {188, 189, 34}, {23, 190, 207}};
 #define COL_BG 0
 #define COL_FG 1
@@ -1061,35 +1110,51 @@ static bool draw(const plot_spec *p) {
     double wx0 = x0 - 0.05 * dx, wx1 = x1 + 0.05 * dx, wy0 = y0 - 0.06 * dy, wy1 = y1 + 0.06 * dy;
     if (p->n_ticks > 0 && x1 - x0 > 0) wx0 = x0 - 0.08 * dx, wx1 = x1 + 0.08 * dx;
 
-    // legend width: the longest label plus the line sample, as a fraction of the page; the
-    // plot area gets the rest. legend_ts is pllegend's text_scale, which is relative to the
-    // *default* character height (pllegend sets it itself).
+    // The legend sits right of the plot: up to `rows_fit` entries per column (the page height
+    // below the plot's top), up to LEGEND_MAX_COLS columns; entries beyond that are summed up
+    // in a last "... N more" line. Its width (the longest label plus the line sample) comes
+    // off the plot. legend_ts is pllegend's text_scale, relative to the *default* character
+    // height (pllegend sets it itself).
     int n_legend = 0;
     for (int i = 0; i < p->n_series; i++) n_legend += p->s[i].label != NULL;
     double legend_ts = n_legend > 16 ? 0.75 : 0.9, legend_frac = 0;
+    double spacing = n_legend > 18 ? 1.25 : 1.6;
+    int ncol = 1, shown = n_legend;
+    const double vy1 = 0.89;
     pladv(0);
     if (n_legend) {
         PLFLT def_ht, ht, sx0, sx1, sy0, sy1;
         plgchr(&def_ht, &ht);
         plgspa(&sx0, &sx1, &sy0, &sy1);
         double page = sx1 - sx0, fixed = 0.07 * page; // sample line, gaps, frame
+        // measured with pngcairo: an entry takes text_spacing x 1.1 default heights, whatever
+        // text_scale is
+        int rows_fit = (int)((vy1 - 0.02) * (sy1 - sy0) / (spacing * 1.12 * def_ht));
+        if (rows_fit < 1) rows_fit = 1;
+        ncol = (n_legend + rows_fit - 1) / rows_fit;
+        if (ncol > LEGEND_MAX_COLS) ncol = LEGEND_MAX_COLS;
+        if (n_legend > ncol * rows_fit) shown = ncol * rows_fit - 1; // + the "more" line
         size_t longest = 0; // in characters (UTF-8 code points)
         for (int i = 0; i < p->n_series; i++) {
             size_t n = 0;
-            for (const char *c = p->s[i].label; c && *c; c++) n += ((unsigned char)*c & 0xC0) != 0x80;
+            for (const char *c = p->s[i].label; c && *c; c++)
+                n += ((unsigned char)*c & 0xC0) != 0x80;
             if (p->s[i].label && n > longest) longest = n;
         }
+        if (longest < 12) longest = 12; // room for the "... N more" line
         // PLplot 5.15 exports no text-length query. Measured with pngcairo and DejaVu Sans:
         // 0.68 x text_scale x the default height per character (lower case, digits, '=', ',')
         double per_char = 0.70 * def_ht;
         double text_mm = per_char * legend_ts * (double)longest;
-        if ((text_mm + fixed) / page > 0.42) { // long labels: a smaller font, not a tiny plot
-            legend_ts = fmax(0.55, (0.42 * page - fixed) / (per_char * (double)longest));
+        if (ncol > 1) fixed = 0.11 * page; // pllegend spaces its columns more generously
+        double max_frac = 0.42 + 0.08 * (ncol - 1);
+        if (ncol * (text_mm + fixed) / page > max_frac) { // a smaller font, not a tiny plot
+            legend_ts = fmax(0.55, (max_frac * page / ncol - fixed) / (per_char * (double)longest));
             text_mm = per_char * legend_ts * (double)longest;
         }
-        legend_frac = fmin(0.6, (text_mm + fixed) / page);
+        legend_frac = fmin(0.7, ncol * (text_mm + fixed) / page);
     }
-    double vx0 = 0.10, vx1 = n_legend ? 0.985 - legend_frac - 0.02 : 0.97, vy0 = 0.13, vy1 = 0.89;
+    double vx0 = 0.10, vx1 = n_legend ? 0.985 - legend_frac - 0.02 : 0.97, vy0 = 0.13;
     plschr(0, 1.1);
     plvpor(vx0, vx1, vy0, vy1);
     plwind(wx0, wx1, wy0, wy1);
@@ -1132,9 +1197,12 @@ static bool draw(const plot_spec *p) {
         plwidth(p->points ? 1.5 : 2.0);
         // lines: each run of finite points (a NaN breaks the line)
         for (int k = 0; k < s->n;) {
-            while (k < s->n && (!isfinite(s->x[k]) || !isfinite(s->y[k]) || (p->logx && s->x[k] <= 0))) k++;
+            while (k < s->n &&
+                   (!isfinite(s->x[k]) || !isfinite(s->y[k]) || (p->logx && s->x[k] <= 0)))
+                k++;
             int a = k;
-            while (k < s->n && isfinite(s->x[k]) && isfinite(s->y[k]) && !(p->logx && s->x[k] <= 0)) k++;
+            while (k < s->n && isfinite(s->x[k]) && isfinite(s->y[k]) && !(p->logx && s->x[k] <= 0))
+                k++;
             PLFLT *xs = k - a >= 2 ? malloc(2 * (size_t)(k - a) * sizeof *xs) : NULL;
             if (xs) {
                 PLFLT *ys = xs + (k - a);
@@ -1155,7 +1223,7 @@ static bool draw(const plot_spec *p) {
                 plstring(1, &x, &y, symbols[c % 4]);
             }
         }
-        if (s->label && nl < PLOT_MAX_SERIES) {
+        if (s->label && nl < shown) {
             opt[nl] = PL_LEGEND_LINE | (p->points ? PL_LEGEND_SYMBOL : 0);
             text[nl] = s->label;
             tcol[nl] = COL_FG;
@@ -1169,13 +1237,27 @@ static bool draw(const plot_spec *p) {
             nl++;
         }
     }
+    char more[48];
+    if (shown < n_legend) { // the entries that did not fit, as one text-only line
+        snprintf(more, sizeof more, "... %d more", n_legend - shown);
+        opt[nl] = PL_LEGEND_NONE;
+        text[nl] = more;
+        tcol[nl] = COL_FG;
+        lcol[nl] = scol[nl] = COL_FG;
+        lsty[nl] = snum[nl] = 1;
+        lwid[nl] = sscl[nl] = 1.0;
+        sym[nl] = "";
+        nl++;
+    }
     if (nl > 0) {
         PLFLT lw, lh;
+        int nrow = (nl + ncol - 1) / ncol;
         // top right corner of the page, level with the top of the plot area
         pllegend(&lw, &lh, PL_LEGEND_BACKGROUND | PL_LEGEND_BOUNDING_BOX,
                  PL_POSITION_SUBPAGE | PL_POSITION_INSIDE | PL_POSITION_TOP | PL_POSITION_RIGHT,
-                 0.015, 1.0 - vy1, 0.04, COL_BG, COL_FG, 1, 0, 0, nl, opt, 0.6, legend_ts, 1.6, 0.0,
-                 tcol, text, NULL, NULL, NULL, NULL, lcol, lsty, lwid, scol, sscl, snum, sym);
+                 0.015, 1.0 - vy1, 0.04 * legend_ts / 0.9, COL_BG, COL_FG, 1, nrow, ncol, nl, opt,
+                 0.6, legend_ts, spacing, 0.0, tcol, text, NULL, NULL, NULL, NULL, lcol, lsty, lwid,
+                 scol, sscl, snum, sym);
     }
     // the title, centered on the page
     plvpor(0.0, 1.0, 0.0, vy1);
@@ -1218,7 +1300,8 @@ static bool png_check(const char *path, int *w, int *h, double *ink, char *why, 
 }
 
 /* Reads a list of numbers at field `key` of the table at idx into a userdata (pushed). */
-static double *num_list(lua_State *L, int idx, const char *key, int *n, bool required, const char *ctx) {
+static double *num_list(lua_State *L, int idx, const char *key, int *n, bool required,
+                        const char *ctx) {
     lua_getfield(L, idx, key);
     if (lua_isnil(L, -1)) {
         if (required) luaL_error(L, "gm.plot: %s needs '%s' (a list of numbers)", ctx, key);
@@ -1230,7 +1313,8 @@ static double *num_list(lua_State *L, int idx, const char *key, int *n, bool req
     double *v = lua_newuserdatauv(L, (size_t)(len ? len : 1) * sizeof *v, 0);
     for (int i = 1; i <= len; i++) {
         lua_rawgeti(L, -2, i);
-        if (lua_type(L, -1) != LUA_TNUMBER) luaL_error(L, "gm.plot: %s: %s[%d] must be a number", ctx, key, i);
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            luaL_error(L, "gm.plot: %s: %s[%d] must be a number", ctx, key, i);
         v[i - 1] = (double)lua_tonumber(L, -1);
         lua_pop(L, 1);
     }
@@ -1241,14 +1325,15 @@ static double *num_list(lua_State *L, int idx, const char *key, int *n, bool req
 
 static int l_plot(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
-    static const char *const keys[] = {"file", "title", "xlabel", "ylabel", "logx", "kind", "series",
-                                       "xticks", "xticklabels", NULL};
+    static const char *const keys[] = {"file", "title",  "xlabel", "ylabel",      "logx",
+                                       "kind", "series", "xticks", "xticklabels", NULL};
     gm_bind_check_opts(L, 1, "gm.plot", keys);
     plot_spec p = {0};
     p.file = gm_bind_opt_str(L, 1, "file", NULL);
     if (!p.file) return luaL_error(L, "gm.plot: 'file' (a .png path) is required");
     size_t fl = strlen(p.file);
-    if (fl < 5 || strcmp(p.file + fl - 4, ".png") != 0) return luaL_error(L, "gm.plot: file '%s' must end in .png", p.file);
+    if (fl < 5 || strcmp(p.file + fl - 4, ".png") != 0)
+        return luaL_error(L, "gm.plot: file '%s' must end in .png", p.file);
     p.title = gm_bind_opt_str(L, 1, "title", "");
     p.xlabel = gm_bind_opt_str(L, 1, "xlabel", "");
     p.ylabel = gm_bind_opt_str(L, 1, "ylabel", "");
@@ -1262,17 +1347,22 @@ static int l_plot(lua_State *L) {
     lua_getfield(L, 1, "xticklabels");
     if (!lua_isnil(L, -1)) {
         if (!lua_istable(L, -1) || (int)lua_rawlen(L, -1) != p.n_ticks)
-            return luaL_error(L, "gm.plot: 'xticklabels' must be a list of %d strings (one per xtick)", p.n_ticks);
-        p.tick_labels = lua_newuserdatauv(L, (size_t)(p.n_ticks ? p.n_ticks : 1) * sizeof *p.tick_labels, 0);
+            return luaL_error(L,
+                              "gm.plot: 'xticklabels' must be a list of %d strings (one per xtick)",
+                              p.n_ticks);
+        p.tick_labels =
+            lua_newuserdatauv(L, (size_t)(p.n_ticks ? p.n_ticks : 1) * sizeof *p.tick_labels, 0);
         for (int i = 1; i <= p.n_ticks; i++) {
             lua_rawgeti(L, -2, i);
-            if (lua_type(L, -1) != LUA_TSTRING) return luaL_error(L, "gm.plot: xticklabels[%d] must be a string", i);
+            if (lua_type(L, -1) != LUA_TSTRING)
+                return luaL_error(L, "gm.plot: xticklabels[%d] must be a string", i);
             p.tick_labels[i - 1] = lua_tostring(L, -1);
             lua_pop(L, 1);
         }
     }
     lua_getfield(L, 1, "series");
-    if (!lua_istable(L, -1)) return luaL_error(L, "gm.plot: 'series' must be a list of {label=, x=, y=, err=}");
+    if (!lua_istable(L, -1))
+        return luaL_error(L, "gm.plot: 'series' must be a list of {label=, x=, y=, err=}");
     int series = lua_gettop(L);
     p.n_series = (int)lua_rawlen(L, series);
     if (p.n_series < 1 || p.n_series > PLOT_MAX_SERIES)
@@ -1296,19 +1386,26 @@ static int l_plot(lua_State *L) {
         s->y = num_list(L, st, "y", &ny, true, ctx);
         s->err = num_list(L, st, "err", &ne, false, ctx);
         if (nx != ny || (ne >= 0 && ne != ny))
-            return luaL_error(L, "gm.plot: %s: x, y (and err) must have the same length (%d, %d, %d)", ctx, nx, ny, ne);
+            return luaL_error(L,
+                              "gm.plot: %s: x, y (and err) must have the same length (%d, %d, %d)",
+                              ctx, nx, ny, ne);
         s->n = nx;
         // series[i] and its x/y/err arrays stay on the stack (anchored) until the plot is done
     }
     check_write_path(L, p.file, "gm.plot");
 
+    // PLplot asks on stdin for another name when it cannot open the file: find out first
+    FILE *probe = fopen(p.file, "wb");
+    if (!probe) return luaL_error(L, "gm.plot: cannot create %s: %s", p.file, strerror(errno));
+    fclose(probe);
     plot_msg[0] = '\0';
     quiet q;
     quiet_on(&q);
     if (!have_device("pngcairo")) {
         quiet_off(&q);
+        unlink(p.file);
         return luaL_error(L, "gm.plot: PLplot has no pngcairo device (install the Debian package "
-                          "plplot-driver-cairo)");
+                             "plplot-driver-cairo)");
     }
     jmp_buf jb;
     jmp_buf *prev = plot_jmp;
@@ -1328,7 +1425,8 @@ static int l_plot(lua_State *L) {
         plscol0(COL_BG, 255, 255, 255);
         plscol0(COL_FG, 0, 0, 0);
         plscol0(COL_GRID, 225, 225, 225);
-        for (int i = 0; i < 10; i++) plscol0(COL_FIRST + i, PALETTE[i][0], PALETTE[i][1], PALETTE[i][2]);
+        for (int i = 0; i < 10; i++)
+            plscol0(COL_FIRST + i, PALETTE[i][0], PALETTE[i][1], PALETTE[i][2]);
         plinit();
         ok = draw(&p);
         plend1();
@@ -1366,12 +1464,20 @@ static int l_plot(lua_State *L) {
 /* ---- registration ---------------------------------------------------------------------------- */
 
 void gm_lua_open_results(lua_State *L) {
-    static const luaL_Reg methods[] = {
-        {"set", l_set},           {"set_config", l_set_config},   {"append", l_append},
-        {"set_eval", l_set_eval}, {"set_memory", l_set_memory},   {"set_data", l_set_data},
-        {"put_adapter", l_put_adapter}, {"truncate", l_truncate}, {"rows", l_rows},
-        {"resumed", l_resumed},   {"path", l_rpath},              {"save", l_save},
-        {"close", l_rclose},      {NULL, NULL}};
+    static const luaL_Reg methods[] = {{"set", l_set},
+                                       {"set_config", l_set_config},
+                                       {"append", l_append},
+                                       {"set_eval", l_set_eval},
+                                       {"set_memory", l_set_memory},
+                                       {"set_data", l_set_data},
+                                       {"put_adapter", l_put_adapter},
+                                       {"truncate", l_truncate},
+                                       {"rows", l_rows},
+                                       {"resumed", l_resumed},
+                                       {"path", l_rpath},
+                                       {"save", l_save},
+                                       {"close", l_rclose},
+                                       {NULL, NULL}};
     luaL_newmetatable(L, RESULTS_MT);
     lua_newtable(L);
     luaL_setfuncs(L, methods, 0);

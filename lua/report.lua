@@ -411,7 +411,17 @@ function report.render(trials, spec)
   end
 
   local experiment = (trials[1] and trials[1].experiment) or "results"
-  local seeds = mode_n == 1 and "single seed" or ("mean ± std over " .. mode_n .. " seeds")
+  -- "seeds" when the cells pool nothing but seeds (every swept field is a row or column field)
+  local pooled = "seeds"
+  local shown = {}
+  for _, f in ipairs(all_fields) do shown[f] = true end
+  for _, t in ipairs(trials) do
+    for _, f in ipairs(type(t.swept) == "table" and t.swept or {}) do
+      if f ~= "seed" and not shown[f] then pooled = "trials" end
+    end
+  end
+  local seeds = mode_n == 1 and ("single " .. pooled:sub(1, -2))
+    or ("mean ± std over " .. mode_n .. " " .. pooled)
   local title = spec.title or string.format("%s: %s, %s eval, %s", experiment, label, phase, seeds)
 
   -- footnotes: excluded trials
@@ -420,7 +430,7 @@ function report.render(trials, spec)
     local what = t.status == "failed" and "failed" or ("not finished (" .. tostring(t.status) .. ")")
     local cfg = describe(all_fields, values_of(t, all_fields))
     local seed = t.config and t.config.seed
-    if seed ~= nil then cfg = cfg .. (cfg ~= "" and ", " or "") .. "seed=" .. fmt_val(seed) end
+    if seed ~= nil and not shown.seed then cfg = cfg .. (cfg ~= "" and ", " or "") .. "seed=" .. fmt_val(seed) end
     local why = (t.reason and t.reason ~= "") and (": " .. t.reason:gsub("%s+", " ")) or ""
     notes[#notes + 1] = string.format("%s: trial %s (%s)%s", what, tostring(t.trial_id or t.trial_index), cfg, why)
   end

@@ -303,8 +303,12 @@ local function run_trial(ctx, e, trial, n_trials)
   if gm.file_exists(ckpt) then
     local at = tr:load(ckpt)
     epoch, pos, step = at.epoch, at.pos, at.step
+    trial.resumed_from = step
+    -- metric rows logged after the checkpoint belong to steps that will run again
+    if res:rows() > step then res:truncate(step) end
     say("  resuming from step %d (epoch %d, example %d)", step, epoch + 1, pos)
   else
+    res:truncate(0) -- a fresh start: drop rows of an earlier attempt that left no checkpoint
     local b = evaluate("baseline")
     say("  baseline %s", b.accuracy and string.format("accuracy %.1f%%", 100 * b.accuracy) or string.format("loss %.4f", b.loss))
   end
@@ -453,19 +457,13 @@ function R.run(e, cli)
   return failed > 0 and 1 or 0
 end
 
---- Merges the trial files, prints the table and writes .md/.tex/.csv and plots.
+--- Merges the trial files, prints the table and writes .md/.tex/.csv and plots (the same path
+--- as `gemmarun table results/<name>`).
 function R.render(dir, results_root, name)
-  local report = gm_module("report")
-  local trials = {}
-  for _, p in ipairs(gm.results_list(dir)) do trials[#trials + 1] = gm.results_read(p) end
-  if #trials == 0 then return end
-  gm.results_merge(dir, results_root .. "/" .. name .. ".h5")
-  local spec = trials[1].report_json and gm.json_decode(trials[1].report_json) or { rows = {}, cols = {}, metric = "accuracy" }
-  local tables = report.render(trials, spec)
-  print("\n" .. tables.text)
-  report.write(results_root, name, tables)
-  pcall(report.plots, trials, spec, results_root, name)
-  say("tables: %s/%s.{md,tex,csv}; results: %s/%s.h5", results_root, name, results_root, name)
+  local out = gm_module("report").cli(gm.results_read_all(dir), dir, results_root, name, true)
+  print("\n" .. out.text)
+  for _, w in ipairs(out.warnings) do say("warning: %s", w) end
+  say("written: %s", table.concat(out.written, ", "))
 end
 
 return R

@@ -1,9 +1,11 @@
 /*
  * gm_device.h - where memory lives (host or CUDA) and how to move it.
  *
- * The CPU-only build compiles the CUDA parts out: asking for GM_DEVICE_CUDA then fails with
- * GM_ERR_DEVICE and a hint, it never crashes. A CUDA build (GM_HAVE_CUDA) forwards to
- * kernels/cuda/gm_cuda.h.
+ * CUDA memory is reached through a table of functions that the CUDA library (kernels/cuda,
+ * runtime.cu) registers when it is linked into a program. A program without it - the CPU-only
+ * build, or `gemmarun` itself, which does not link the CUDA libraries while the decoder runs on
+ * the CPU (they would cost ~150 MiB of resident memory for nothing) - gets GM_ERR_DEVICE with a
+ * hint when it asks for GM_DEVICE_CUDA; it never crashes.
  *
  * Ownership: gm_device_malloc returns a block the caller frees with gm_device_free on the same
  * device. Errors: GM_ERR_NOMEM / GM_ERR_DEVICE with the size in the message.
@@ -22,6 +24,16 @@ extern "C" {
 #endif
 
 const char *gm_device_name(gm_device d);
+
+/* CUDA memory functions, registered by the CUDA library (kernels/cuda/runtime.cu). */
+typedef struct gm_device_cuda_ops {
+    int (*device_count)(void);
+    void *(*malloc)(size_t bytes);
+    void (*free)(void *p);
+    int (*memcpy)(void *dst, int dst_dev, const void *src, int src_dev, size_t bytes);
+    size_t (*peak_bytes)(void);
+} gm_device_cuda_ops;
+void gm_device_register_cuda(const gm_device_cuda_ops *ops);
 
 /* True when this build has CUDA and a device is present. */
 bool gm_device_cuda_available(void);

@@ -45,8 +45,8 @@
 #define RESULTS_CREATED_BY "gemmarun " GM_VERSION
 
 /* Groups every trial file has (created empty, so readers and users find them). */
-static const char *const GROUPS[] = {"/config", "/metrics", "/eval", "/memory", "/data",
-                                     "/adapter"};
+static const char *const GROUPS[] = {"/config", "/metrics", "/eval",
+                                     "/memory", "/data",    "/adapter"};
 #define N_GROUPS ((int)(sizeof GROUPS / sizeof GROUPS[0]))
 
 /* Root attributes with a fixed type (results/README.md); others are stored as given. */
@@ -71,12 +71,12 @@ static const known_attr ROOT_ATTRS[] = {
 static const char *const STATUSES[] = {"running", "completed", "failed", "interrupted"};
 
 struct gm_results {
-    gm_h5_file *f;     // the in-memory file
-    char *path;        // where gm_results_save puts it
+    gm_h5_file *f; // the in-memory file
+    char *path;    // where gm_results_save puts it
     bool resumed;
-    char **series;     // names of the /metrics series (gm_strdup'd)
+    char **series; // names of the /metrics series (gm_strdup'd)
     int n_series, cap_series;
-    int64_t rows;      // entries in every series
+    int64_t rows; // entries in every series
 };
 
 /* ---- small helpers ------------------------------------------------------------------------ */
@@ -87,8 +87,10 @@ static bool name_ok(const char *s) {
 }
 
 static gm_status bad_name(const char *path, const char *what, const char *name, gm_error *err) {
-    return gm_error_set(err, GM_ERR_INVALID, "%s: unusable %s name '%s' (it must be non-empty, "
-                        "without '/', and not '.' or '..')", path, what, name ? name : "(null)");
+    return gm_error_set(err, GM_ERR_INVALID,
+                        "%s: unusable %s name '%s' (it must be non-empty, "
+                        "without '/', and not '.' or '..')",
+                        path, what, name ? name : "(null)");
 }
 
 /* gm_malloc'd a + b (+ c). */
@@ -140,21 +142,19 @@ typedef struct copy_ctx {
 static herr_t copy_attr_cb(hid_t loc, const char *name, const H5A_info_t *info, void *ud) {
     (void)info;
     copy_ctx *c = ud;
-    hid_t a = H5I_INVALID_HID, type = H5I_INVALID_HID, space = H5I_INVALID_HID,
-          b = H5I_INVALID_HID;
+    hid_t a = H5I_INVALID_HID, type = H5I_INVALID_HID, space = H5I_INVALID_HID, b = H5I_INVALID_HID;
     void *buf = NULL;
     bool read_ok = false;
     if ((a = H5Aopen(loc, name, H5P_DEFAULT)) < 0 || (type = H5Aget_type(a)) < 0 ||
         (space = H5Aget_space(a)) < 0) {
-        c->s = gm_h5_error_set(c->err, GM_ERR_FORMAT, "%s: cannot open attribute '%s'",
-                               c->label, name);
+        c->s = gm_h5_error_set(c->err, GM_ERR_FORMAT, "%s: cannot open attribute '%s'", c->label,
+                               name);
         goto cleanup;
     }
     hssize_t npts = H5Sget_simple_extent_npoints(space);
     size_t size = H5Tget_size(type);
     if (npts < 0 || size == 0 || !(buf = gm_calloc((size_t)(npts > 0 ? npts : 1), size))) {
-        c->s = gm_error_set(c->err, GM_ERR_NOMEM, "%s: cannot copy attribute '%s'", c->label,
-                            name);
+        c->s = gm_error_set(c->err, GM_ERR_NOMEM, "%s: cannot copy attribute '%s'", c->label, name);
         goto cleanup;
     }
     if (H5Aread(a, type, buf) < 0) {
@@ -164,14 +164,13 @@ static herr_t copy_attr_cb(hid_t loc, const char *name, const H5A_info_t *info, 
     }
     read_ok = true;
     if (H5Aexists(c->dst, name) > 0 && H5Adelete(c->dst, name) < 0) {
-        c->s = gm_h5_error_set(c->err, GM_ERR_IO, "%s: cannot replace attribute '%s'", c->label,
-                               name);
+        c->s =
+            gm_h5_error_set(c->err, GM_ERR_IO, "%s: cannot replace attribute '%s'", c->label, name);
         goto cleanup;
     }
     if ((b = H5Acreate2(c->dst, name, type, space, H5P_DEFAULT, H5P_DEFAULT)) < 0 ||
         H5Awrite(b, type, buf) < 0) {
-        c->s = gm_h5_error_set(c->err, GM_ERR_IO, "%s: cannot copy attribute '%s'", c->label,
-                               name);
+        c->s = gm_h5_error_set(c->err, GM_ERR_IO, "%s: cannot copy attribute '%s'", c->label, name);
         goto cleanup;
     }
 cleanup:
@@ -201,8 +200,10 @@ static gm_status copy_tree(hid_t src, const char *src_path, hid_t dst, const cha
     hsize_t idx = 0;
     if (H5Aiterate2(sg, H5_INDEX_NAME, H5_ITER_INC, &idx, copy_attr_cb, &c) < 0) {
         s = c.s != GM_OK ? c.s
-                         : gm_h5_error_set(err, GM_ERR_FORMAT, "%s: cannot list the attributes "
-                                           "of %s", label, src_path);
+                         : gm_h5_error_set(err, GM_ERR_FORMAT,
+                                           "%s: cannot list the attributes "
+                                           "of %s",
+                                           label, src_path);
         goto cleanup;
     }
     // the links: listed by name, then copied one by one
@@ -213,8 +214,8 @@ static gm_status copy_tree(hid_t src, const char *src_path, hid_t dst, const cha
     }
     for (hsize_t i = 0; i < gi.nlinks; i++) {
         char name[512];
-        ssize_t len = H5Lget_name_by_idx(sg, ".", H5_INDEX_NAME, H5_ITER_INC, i, name,
-                                         sizeof name, H5P_DEFAULT);
+        ssize_t len = H5Lget_name_by_idx(sg, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof name,
+                                         H5P_DEFAULT);
         if (len < 0 || (size_t)len >= sizeof name) {
             s = gm_h5_error_set(err, GM_ERR_FORMAT, "%s: cannot list %s", label, src_path);
             goto cleanup;
@@ -256,8 +257,8 @@ static herr_t read_attr_cb(hid_t loc, const char *name, const H5A_info_t *info, 
     gm_results_attr v = {0};
     if ((a = H5Aopen(loc, name, H5P_DEFAULT)) < 0 || (type = H5Aget_type(a)) < 0 ||
         (space = H5Aget_space(a)) < 0) {
-        c->s = gm_h5_error_set(c->err, GM_ERR_FORMAT, "%s: cannot open attribute '%s'",
-                               c->label, name);
+        c->s = gm_h5_error_set(c->err, GM_ERR_FORMAT, "%s: cannot open attribute '%s'", c->label,
+                               name);
         goto cleanup;
     }
     if (H5Sget_simple_extent_npoints(space) != 1) goto cleanup;
@@ -338,8 +339,7 @@ static void attrs_free(gm_results_attrs *a) {
 }
 
 /* Every scalar attribute of object `obj` (name order). A missing object gives an empty list. */
-static gm_status read_attrs(gm_h5_file *f, const char *obj, gm_results_attrs *out,
-                            gm_error *err) {
+static gm_status read_attrs(gm_h5_file *f, const char *obj, gm_results_attrs *out, gm_error *err) {
     out->a = NULL;
     out->n = 0;
     if (!gm_h5_exists(f, obj)) return GM_OK;
@@ -351,9 +351,9 @@ static gm_status read_attrs(gm_h5_file *f, const char *obj, gm_results_attrs *ou
     hsize_t idx = 0;
     gm_status s = GM_OK;
     if (H5Aiterate2(o, H5_INDEX_NAME, H5_ITER_INC, &idx, read_attr_cb, &c) < 0)
-        s = c.s != GM_OK ? c.s
-                         : gm_h5_error_set(err, GM_ERR_FORMAT, "%s: cannot list its attributes",
-                                           label);
+        s = c.s != GM_OK
+                ? c.s
+                : gm_h5_error_set(err, GM_ERR_FORMAT, "%s: cannot list its attributes", label);
     H5Oclose(o);
     if (s != GM_OK) attrs_free(out);
     return s;
@@ -394,14 +394,15 @@ static int64_t series_len(gm_h5_file *f, const char *name) {
 }
 
 /* Checks format and version of an open file. `want` is the format expected. */
-static gm_status check_format(gm_h5_file *f, const char *want, char **format_out,
-                              gm_error *err) {
+static gm_status check_format(gm_h5_file *f, const char *want, char **format_out, gm_error *err) {
     char *fmt = NULL;
     int64_t version = 0;
     gm_error e = {0};
     if (gm_h5_attr_get_str(f, "/", "format", &fmt, &e) != GM_OK)
-        return gm_error_set(err, GM_ERR_FORMAT, "%s: not a gemmarun results file (no 'format' "
-                            "attribute at the root)", gm_h5_path(f));
+        return gm_error_set(err, GM_ERR_FORMAT,
+                            "%s: not a gemmarun results file (no 'format' "
+                            "attribute at the root)",
+                            gm_h5_path(f));
     bool ok_fmt = strcmp(fmt, GM_RESULTS_FORMAT) == 0 || strcmp(fmt, GM_RESULTS_MERGED_FORMAT) == 0;
     if (!ok_fmt || (want && strcmp(fmt, want) != 0)) {
         gm_status s = gm_error_set(err, GM_ERR_FORMAT, "%s: format is '%s', expected '%s'%s",
@@ -416,12 +417,15 @@ static gm_status check_format(gm_h5_file *f, const char *want, char **format_out
     if (gm_h5_attr_get_i64(f, "/", "version", &version, &e) != GM_OK ||
         version != GM_RESULTS_VERSION) {
         gm_free(fmt);
-        return gm_error_set(err, GM_ERR_FORMAT, "%s: results format version %lld, this gemmarun "
-                            "reads version %d", gm_h5_path(f), (long long)version,
-                            GM_RESULTS_VERSION);
+        return gm_error_set(err, GM_ERR_FORMAT,
+                            "%s: results format version %lld, this gemmarun "
+                            "reads version %d",
+                            gm_h5_path(f), (long long)version, GM_RESULTS_VERSION);
     }
-    if (format_out) *format_out = fmt;
-    else gm_free(fmt);
+    if (format_out)
+        *format_out = fmt;
+    else
+        gm_free(fmt);
     return GM_OK;
 }
 
@@ -566,8 +570,10 @@ gm_status gm_results_set_str(gm_results *r, const char *name, const char *value,
     if (k && k->json) {
         cJSON *j = cJSON_Parse(value);
         if (!j)
-            return gm_error_set(err, GM_ERR_INVALID, "%s: attribute '%s' must be JSON text, got "
-                                "'%.80s'", r->path, name, value);
+            return gm_error_set(err, GM_ERR_INVALID,
+                                "%s: attribute '%s' must be JSON text, got "
+                                "'%.80s'",
+                                r->path, name, value);
         cJSON_Delete(j);
     }
     return gm_h5_attr_set_str(r->f, "/", name, value, err);
@@ -591,8 +597,10 @@ gm_status gm_results_set_status(gm_results *r, const char *status, const char *r
     for (int i = 0; i < 4; i++)
         if (status && strcmp(status, STATUSES[i]) == 0) ok = true, final = i > 0;
     if (!ok)
-        return gm_error_set(err, GM_ERR_INVALID, "%s: status '%s' (allowed: running, completed, "
-                            "failed, interrupted)", r->path, status ? status : "(null)");
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "%s: status '%s' (allowed: running, completed, "
+                            "failed, interrupted)",
+                            r->path, status ? status : "(null)");
     char now[32];
     gm_results_now_iso(now, sizeof now);
     GM_TRY(gm_h5_attr_set_str(r->f, "/", "status", status, err));
@@ -685,8 +693,9 @@ gm_status gm_results_append(gm_results *r, const char *name, double value, gm_er
 }
 
 gm_status gm_results_truncate(gm_results *r, int64_t rows, gm_error *err) {
-    if (rows < 0) return gm_error_set(err, GM_ERR_INVALID, "%s: truncate to %lld rows", r->path,
-                                      (long long)rows);
+    if (rows < 0)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: truncate to %lld rows", r->path,
+                            (long long)rows);
     if (rows >= r->rows) return GM_OK;
     hid_t fid = (hid_t)gm_h5_raw_id(r->f);
     for (int k = 0; k < r->n_series; k++) {
@@ -740,8 +749,10 @@ gm_status gm_results_set_eval(gm_results *r, const char *phase, const gm_results
     if (e->confusion)
         for (int64_t i = 0; i < (int64_t)K * K; i++)
             if (e->confusion[i] < 0)
-                return gm_error_set(err, GM_ERR_INVALID, "%s: eval '%s': negative count in the "
-                                    "confusion matrix", r->path, phase);
+                return gm_error_set(err, GM_ERR_INVALID,
+                                    "%s: eval '%s': negative count in the "
+                                    "confusion matrix",
+                                    r->path, phase);
     char g[400], p[600];
     snprintf(g, sizeof g, "/eval/%s", phase);
     GM_TRY(unlink_if_present(r, g, err));
@@ -781,8 +792,10 @@ gm_status gm_results_set_eval_f64(gm_results *r, const char *phase, const char *
 gm_status gm_results_set_memory(gm_results *r, const char *name, int64_t bytes, gm_error *err) {
     if (!name_ok(name)) return bad_name(r->path, "memory attribute", name, err);
     if (strchr(name, ' '))
-        return gm_error_set(err, GM_ERR_INVALID, "%s: memory attribute '%s': use '_' instead of "
-                            "spaces (planned_base_weights)", r->path, name);
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "%s: memory attribute '%s': use '_' instead of "
+                            "spaces (planned_base_weights)",
+                            r->path, name);
     return gm_h5_attr_set_i64(r->f, "/memory", name, bytes, err);
 }
 
@@ -791,8 +804,10 @@ gm_status gm_results_set_data(gm_results *r, const gm_results_data *d, gm_error 
     cJSON *j = cJSON_Parse(text);
     if (!j || !cJSON_IsArray(j)) {
         cJSON_Delete(j);
-        return gm_error_set(err, GM_ERR_INVALID, "%s: rejections_json must be a JSON list, got "
-                            "'%.80s'", r->path, text);
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "%s: rejections_json must be a JSON list, got "
+                            "'%.80s'",
+                            r->path, text);
     }
     while (cJSON_GetArraySize(j) > GM_RESULTS_MAX_REJECTIONS)
         cJSON_DeleteItemFromArray(j, cJSON_GetArraySize(j) - 1);
@@ -813,8 +828,10 @@ gm_status gm_results_put_tensor(gm_results *r, const char *name, const float *da
                                 const int64_t *shape, gm_error *err) {
     if (!name_ok(name)) return bad_name(r->path, "adapter tensor", name, err);
     if (ndim < 1 || ndim > GM_H5_MAX_DIMS || !shape || !data)
-        return gm_error_set(err, GM_ERR_INVALID, "%s: adapter tensor '%s': rank %d (1..%d) or no "
-                            "data", r->path, name, ndim, GM_H5_MAX_DIMS);
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "%s: adapter tensor '%s': rank %d (1..%d) or no "
+                            "data",
+                            r->path, name, ndim, GM_H5_MAX_DIMS);
     char p[600];
     snprintf(p, sizeof p, "/adapter/%s", name);
     GM_TRY(unlink_if_present(r, p, err));
@@ -827,8 +844,7 @@ gm_status gm_results_put_tensor(gm_results *r, const char *name, const float *da
 static gm_status read_strings(gm_h5_file *f, const char *path, int n, char ***out, gm_error *err) {
     *out = NULL;
     gm_status s = GM_OK;
-    hid_t d = H5I_INVALID_HID, ft = H5I_INVALID_HID, mt = H5I_INVALID_HID,
-          space = H5I_INVALID_HID;
+    hid_t d = H5I_INVALID_HID, ft = H5I_INVALID_HID, mt = H5I_INVALID_HID, space = H5I_INVALID_HID;
     char **raw = NULL, **res = NULL;
     if ((d = H5Dopen2((hid_t)gm_h5_raw_id(f), path, H5P_DEFAULT)) < 0 ||
         (ft = H5Dget_type(d)) < 0 || (space = H5Dget_space(d)) < 0) {
@@ -918,8 +934,8 @@ void gm_results_trials_free(gm_results_trial *t, int n) {
 }
 
 /* Reads the eval group `g` (= base/eval/<phase>) into e. */
-static gm_status read_eval(gm_h5_file *f, const char *g, const char *phase,
-                           gm_results_eval_read *e, gm_error *err) {
+static gm_status read_eval(gm_h5_file *f, const char *g, const char *phase, gm_results_eval_read *e,
+                           gm_error *err) {
     if (!(e->phase = gm_strdup(phase)))
         return gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory", gm_h5_path(f));
     GM_TRY(read_attrs(f, g, &e->attrs, err));
@@ -958,8 +974,7 @@ static gm_status read_eval(gm_h5_file *f, const char *g, const char *phase,
 }
 
 /* Reads the trial rooted at `base` ("" for a trial file, "/trial/<name>" in a merged file). */
-static gm_status read_trial(gm_h5_file *f, const char *base, gm_results_trial *t,
-                            gm_error *err) {
+static gm_status read_trial(gm_h5_file *f, const char *base, gm_results_trial *t, gm_error *err) {
     memset(t, 0, sizeof *t);
     char p[900];
     gm_h5_child *kids = NULL;
@@ -1041,8 +1056,7 @@ static gm_status read_trial(gm_h5_file *f, const char *base, gm_results_trial *t
                 s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
                 goto cleanup;
             }
-            if ((s = gm_h5_dataset_info(f, q, &dt, &a->ndim, a->shape, err)) != GM_OK)
-                goto cleanup;
+            if ((s = gm_h5_dataset_info(f, q, &dt, &a->ndim, a->shape, err)) != GM_OK) goto cleanup;
         }
     }
 cleanup:
@@ -1072,8 +1086,7 @@ gm_status gm_results_read(const char *path, gm_results_trial **out, int *n, gm_e
         return gm_error_set(err, GM_ERR_IO, "%s: %s", path,
                             errno == ENOENT ? "no such file" : strerror(errno));
     if (S_ISDIR(st.st_mode))
-        return gm_error_set(err, GM_ERR_IO, "%s: is a folder (list it with gm_results_list)",
-                            path);
+        return gm_error_set(err, GM_ERR_IO, "%s: is a folder (list it with gm_results_list)", path);
     gm_h5_file *f = NULL;
     char *fmt = NULL;
     gm_h5_child *kids = NULL;
@@ -1191,10 +1204,10 @@ typedef enum col_src { SRC_ROOT, SRC_CONFIG, SRC_EVAL, SRC_MEMORY } col_src;
 typedef struct column {
     char name[160];
     col_src src;
-    char key[128];     // attribute name
-    char phase[64];    // SRC_EVAL
+    char key[128];  // attribute name
+    char phase[64]; // SRC_EVAL
     gm_results_vkind kind;
-    size_t width;      // strings: bytes (>= 1)
+    size_t width; // strings: bytes (>= 1)
     size_t offset;
 } column;
 
@@ -1245,10 +1258,14 @@ static bool col_add(columns *cs, const char *name, col_src src, const char *key,
 
 /* Text of a value in a string column (numbers in a string column: %.17g). */
 static void value_text(const gm_results_attr *a, char *buf, size_t cap) {
-    if (!a) buf[0] = '\0';
-    else if (a->kind == GM_RV_STR) snprintf(buf, cap, "%s", a->s);
-    else if (a->kind == GM_RV_I64) snprintf(buf, cap, "%lld", (long long)a->i);
-    else snprintf(buf, cap, "%.17g", a->f);
+    if (!a)
+        buf[0] = '\0';
+    else if (a->kind == GM_RV_STR)
+        snprintf(buf, cap, "%s", a->s);
+    else if (a->kind == GM_RV_I64)
+        snprintf(buf, cap, "%lld", (long long)a->i);
+    else
+        snprintf(buf, cap, "%.17g", a->f);
 }
 
 /* Decides every column's type and width: str if any value is a string; i64 if every trial has
@@ -1260,9 +1277,12 @@ static void col_types(columns *cs, const gm_results_trial *t, int nt) {
         size_t width = 1;
         for (int k = 0; k < nt; k++) {
             const gm_results_attr *a = col_value(c, &t[k]);
-            if (!a) missing = true;
-            else if (a->kind == GM_RV_STR) any_str = true;
-            else if (a->kind == GM_RV_F64) any_f = true;
+            if (!a)
+                missing = true;
+            else if (a->kind == GM_RV_STR)
+                any_str = true;
+            else if (a->kind == GM_RV_F64)
+                any_f = true;
             char buf[4096];
             value_text(a, buf, sizeof buf);
             if (strlen(buf) > width) width = strlen(buf);
@@ -1278,11 +1298,13 @@ static bool add_swept(columns *cs, const char *json) {
     bool ok = true;
     if (j && cJSON_IsArray(j)) {
         for (cJSON *e = j->child; e && ok; e = e->next) {
-            if (!cJSON_IsString(e) || !name_ok(e->valuestring) || strcmp(e->valuestring, "seed") == 0)
+            if (!cJSON_IsString(e) || !name_ok(e->valuestring) ||
+                strcmp(e->valuestring, "seed") == 0)
                 continue;
             bool have = false; // listed by an earlier trial already
             for (int i = 0; i < cs->n; i++)
-                have = have || (cs->c[i].src == SRC_CONFIG && strcmp(cs->c[i].key, e->valuestring) == 0);
+                have = have ||
+                       (cs->c[i].src == SRC_CONFIG && strcmp(cs->c[i].key, e->valuestring) == 0);
             if (have) continue;
             char name[160];
             // a swept field named like a fixed column keeps a prefix
@@ -1296,8 +1318,8 @@ static bool add_swept(columns *cs, const char *json) {
 }
 
 /* Builds the /trials table in `dst` (H5TBmake_table). */
-static gm_status write_table(gm_h5_file *dst, const columns *cs, const gm_results_trial *t,
-                             int nt, gm_error *err) {
+static gm_status write_table(gm_h5_file *dst, const columns *cs, const gm_results_trial *t, int nt,
+                             gm_error *err) {
     gm_status s = GM_OK;
     size_t row = 0;
     hid_t *types = gm_calloc((size_t)cs->n, sizeof *types);
@@ -1314,7 +1336,8 @@ static gm_status write_table(gm_h5_file *dst, const columns *cs, const gm_result
         offsets[i] = row;
         names[i] = c->name;
         if (c->kind == GM_RV_STR) {
-            // fixed length, null-padded: PyTables/pandas give str, h5py dtype S<n> (formats.md §7.1)
+            // fixed length, null-padded: PyTables/pandas give str, h5py dtype S<n> (formats.md
+            // §7.1)
             if ((types[i] = H5Tcopy(H5T_C_S1)) < 0 || H5Tset_size(types[i], c->width) < 0 ||
                 H5Tset_strpad(types[i], H5T_STR_NULLPAD) < 0) {
                 s = gm_h5_error_set(err, GM_ERR_IO, "%s: cannot make column %s", gm_h5_path(dst),
@@ -1351,10 +1374,9 @@ static gm_status write_table(gm_h5_file *dst, const columns *cs, const gm_result
         }
     }
     if (H5TBmake_table("gemmarun trials", (hid_t)gm_h5_raw_id(dst), "trials", (hsize_t)cs->n,
-                       (hsize_t)nt, row, names, offsets, types, (hsize_t)(nt > 0 ? nt : 1), NULL,
-                       0, buf) < 0)
-        s = gm_h5_error_set(err, GM_ERR_IO, "%s: cannot write the /trials table",
-                            gm_h5_path(dst));
+                       (hsize_t)nt, row, names, offsets, types, (hsize_t)(nt > 0 ? nt : 1), NULL, 0,
+                       buf) < 0)
+        s = gm_h5_error_set(err, GM_ERR_IO, "%s: cannot write the /trials table", gm_h5_path(dst));
 cleanup:
     for (int i = 0; i < n_types; i++)
         if (types[i] >= 0) H5Tclose(types[i]);
@@ -1454,8 +1476,8 @@ gm_status gm_results_merge(const char *dir, const char *out_path, bool with_adap
         (s = gm_h5_attr_set_str(dst, "/", "created_by", RESULTS_CREATED_BY, err)) ||
         (s = gm_h5_attr_set_str(dst, "/", "merged_at", now, err)) ||
         (s = gm_h5_attr_set_i64(dst, "/", "n_trials", nt, err)) ||
-        (s = gm_h5_attr_set_str(dst, "/", "experiment",
-                                ex && ex->kind == GM_RV_STR ? ex->s : "", err)) ||
+        (s = gm_h5_attr_set_str(dst, "/", "experiment", ex && ex->kind == GM_RV_STR ? ex->s : "",
+                                err)) ||
         (s = gm_h5_attr_set_str(dst, "/", "report_json",
                                 rep && rep->kind == GM_RV_STR ? rep->s : "{}", err)) ||
         (s = gm_h5_attr_set_str(dst, "/", "swept_json",

@@ -95,7 +95,7 @@ gm_status gm_results_set_f64(gm_results *r, const char *name, double value, gm_e
  * `reason` (NULL: ""). A final status also sets finished_at to now ("running" clears it to
  * ""); set finished_at afterwards to store another time. */
 gm_status gm_results_set_status(gm_results *r, const char *status, const char *reason,
-                                 gm_error *err);
+                                gm_error *err);
 
 /* The current time as ISO 8601 UTC ("2026-12-01T10:22:33Z") into buf (>= 21 bytes). */
 void gm_results_now_iso(char *buf, int cap);
@@ -129,13 +129,13 @@ gm_status gm_results_truncate(gm_results *r, int64_t rows, gm_error *err);
 /* ---- evaluations (/eval/<phase>) --------------------------------------------------------- */
 
 typedef struct gm_results_eval {
-    double accuracy;            /* NAN: not stored */
-    double loss;                /* NAN: not stored */
-    int64_t n_examples;         /* < 0: not stored */
-    int n_classes;              /* K; 0: no per-class data */
-    const char *const *labels;  /* (K) class names; may be NULL */
-    const double *per_class;    /* (K) accuracy per true class; may be NULL */
-    const int64_t *confusion;   /* (K, K) row-major, rows = true class; may be NULL */
+    double accuracy;           /* NAN: not stored */
+    double loss;               /* NAN: not stored */
+    int64_t n_examples;        /* < 0: not stored */
+    int n_classes;             /* K; 0: no per-class data */
+    const char *const *labels; /* (K) class names; may be NULL */
+    const double *per_class;   /* (K) accuracy per true class; may be NULL */
+    const int64_t *confusion;  /* (K, K) row-major, rows = true class; may be NULL */
 } gm_results_eval;
 
 /* Writes (or replaces whole) the evaluation `phase` ("baseline", "final", ...). */
@@ -170,15 +170,20 @@ gm_status gm_results_put_tensor(gm_results *r, const char *name, const float *da
  * Readers open files read-only and never modify them. A trial read from a merged file is the
  * same structure as one read from its trial file (minus the adapter unless merged with it). */
 
-typedef enum gm_results_vkind { GM_RV_STR = 0, GM_RV_I64, GM_RV_F64, GM_RV_KIND_COUNT } gm_results_vkind;
+typedef enum gm_results_vkind {
+    GM_RV_STR = 0,
+    GM_RV_I64,
+    GM_RV_F64,
+    GM_RV_KIND_COUNT
+} gm_results_vkind;
 
 /* One attribute: a name and a scalar value. */
 typedef struct gm_results_attr {
     char *name;
     gm_results_vkind kind;
-    char *s;    /* GM_RV_STR */
-    int64_t i;  /* GM_RV_I64 */
-    double f;   /* GM_RV_F64 */
+    char *s;   /* GM_RV_STR */
+    int64_t i; /* GM_RV_I64 */
+    double f;  /* GM_RV_F64 */
 } gm_results_attr;
 
 typedef struct gm_results_attrs {
@@ -208,8 +213,8 @@ typedef struct gm_results_tensor_info {
 } gm_results_tensor_info;
 
 typedef struct gm_results_trial {
-    char *source;              /* file path, plus "#/trial/<name>" for a merged file */
-    gm_results_attrs root;     /* every root attribute */
+    char *source;          /* file path, plus "#/trial/<name>" for a merged file */
+    gm_results_attrs root; /* every root attribute */
     gm_results_attrs config;
     gm_results_series *metrics;
     int n_metrics;
@@ -238,8 +243,8 @@ void gm_results_list_free(char **paths, int n);
 
 /* ---- merging ----------------------------------------------------------------------------- */
 
-/* Merges every trial file of `dir` (gm_results_list) into `out_path` (written crash-safe, replacing it):
- *   /                  attrs format = "gemmarun-results-merged", version, experiment, n_trials,
+/* Merges every trial file of `dir` (gm_results_list) into `out_path` (written crash-safe, replacing
+ * it): /                  attrs format = "gemmarun-results-merged", version, experiment, n_trials,
  *                      created_by, merged_at, report_json and swept_json (of the first trial)
  *   /trials            table (compound dataset, PyTables TABLE attributes): one row per trial,
  *                      columns trial_id, trial_index, status, reason, seed (when configured),

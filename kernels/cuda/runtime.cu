@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 extern "C" {
+#include "gm_device.h"
 #include "gm_log.h"
 }
 
@@ -79,3 +80,8 @@ extern "C" size_t gm_cuda_peak_bytes(void) { return peak_bytes.load(); }
 
 void gm_cuda_blas_shutdown(void);
 extern "C" void gm_cuda_shutdown(void) { gm_cuda_blas_shutdown(); }
+
+/* Registers these functions with core/base/gm_device.c when the CUDA library is linked. */
+static const gm_device_cuda_ops cuda_ops = {gm_cuda_device_count, gm_cuda_malloc, gm_cuda_free, gm_cuda_memcpy,
+                                            gm_cuda_peak_bytes};
+__attribute__((constructor)) static void register_cuda(void) { gm_device_register_cuda(&cuda_ops); }
