@@ -455,6 +455,8 @@ static int run_lua(const char *file, int argc, char **argv) {
     gm_status s;
     int base = lua_gettop(L);
     if (file) {
+        lua_pushstring(L, file);
+        lua_setglobal(L, "GM_EXPERIMENT_FILE");
         s = gm_lua_run_file(L, file, NULL, 0, &err);
     } else {
         s = gm_lua_run_string(L, (const char *)gm_embedded_quickstart, gm_embedded_quickstart_len,

@@ -33,16 +33,33 @@ local function usage(where, fmt, ...)
 end
 M.usage = usage
 
---- "file:line" of the code that called the constructor calling this (level 3 from here).
-local function caller_where()
+--- Line of the first `word{` or `word(` in the experiment file (GM_EXPERIMENT_FILE, set by the
+--- command line), for constructors called in tail position (`return experiment{...}` leaves no
+--- caller frame to ask).
+local function find_line(word)
+  local file = GM_EXPERIMENT_FILE
+  if not file then return nil end
+  local ok, text = pcall(gm.read_text, file)
+  if not ok then return nil end
+  local n = 0
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+    n = n + 1
+    if line:find("%f[%w_]" .. word .. "%s*[{(]") and not line:match("^%s*%-%-") then return file .. ":" .. n end
+  end
+  return file
+end
+
+--- "file:line" of the code that called the constructor calling this.
+local function caller_where(word)
   for level = 3, 8 do
-    local info = getinfo(level, "Sl")
+    local info = getinfo(level, "Slt")
     if not info then break end
     if info.source:sub(1, 1) == "@" and info.short_src ~= "lua/prelude.lua" then
       return info.short_src .. ":" .. (info.currentline or 0)
     end
+    if info.istailcall then break end
   end
-  return "experiment"
+  return (word and find_line(word)) or GM_EXPERIMENT_FILE or "experiment"
 end
 
 --------------------------------------------------------------------------------------------------
@@ -157,12 +174,12 @@ M.check_train_value = check_train_value
 --------------------------------------------------------------------------------------------------
 -- constructors
 
-local function tagged(kind, spec)
-  if type(spec) ~= "table" then usage(caller_where(), "%s{...} expects a table", kind) end
+local function tagged(kind, spec, word)
+  if type(spec) ~= "table" then usage(caller_where(word), "%s{...} expects a table", kind) end
   local t = {}
   for k, v in pairs(spec) do t[k] = v end
   t._kind = kind
-  t._where = caller_where()
+  t._where = caller_where(word)
   return t
 end
 
@@ -180,7 +197,7 @@ end
 --- experiment{ name=, model=, task=, train={...}, sweep=grid{...}|random{...}, seeds={...},
 ---             memory_limit="48GiB", fit=false, report=table{...}, threads=2 }
 function experiment(spec)
-  local e = tagged("experiment", spec)
+  local e = tagged("experiment", spec, "experiment")
   check_keys(e, EXPERIMENT_KEYS, "experiment")
   return e
 end

@@ -122,9 +122,14 @@ end
 local function build_datasets(model, task, items, max_length)
   local train, test = gm.dataset(model), gm.dataset(model)
   local rejected = {}
+  local shortest_rejected = math.huge -- prompt tokens of the shortest prompt that did not fit
   local function add(ds, msgs, label, where)
     local ok, why = ds:add_chat(msgs, { max_length = max_length, label = label and (label - 1) or nil })
-    if not ok and #rejected < 50 then rejected[#rejected + 1] = { example = where, reason = (why:gsub("^example %d+: ", "")) } end
+    if not ok then
+      local n = tonumber(why:match("the prompt takes (%d+) tokens"))
+      if n and n < shortest_rejected then shortest_rejected = n end
+      if #rejected < 50 then rejected[#rejected + 1] = { example = where, reason = (why:gsub("^example %d+: ", "")) } end
+    end
   end
   if task._kind == "classify" then
     for i, it in ipairs(items.train) do
@@ -137,7 +142,17 @@ local function build_datasets(model, task, items, max_length)
     for i, m in ipairs(items.train) do add(train, m, nil, "train " .. i) end
     for i, m in ipairs(items.test) do add(test, m, nil, "test " .. i) end
   end
-  return train, test, rejected
+  return train, test, rejected, shortest_rejected
+end
+
+--- The tokenized data sets of a (model, max_length), built once and cached in ctx.data.
+function R.datasets(ctx, e, cfg)
+  local key = cfg.model .. "|" .. cfg.max_length
+  if not ctx.data[key] then
+    local train, test, rejected, shortest = build_datasets(ctx.model, e.task, ctx.items, cfg.max_length)
+    ctx.data[key] = { train = train, test = test, rejected = rejected, shortest_rejected = shortest }
+  end
+  return ctx.data[key]
 end
 
 --------------------------------------------------------------------------------------------------
@@ -266,12 +281,7 @@ local function run_trial(ctx, e, trial, n_trials)
   local t_start = gm.clock()
   local res = ctx.res
   -- data (tokenized up front, cached per model and max_length)
-  local key = cfg.model .. "|" .. cfg.max_length
-  if not ctx.data[key] then
-    local train, test, rejected = build_datasets(ctx.model, e.task, ctx.items, cfg.max_length)
-    ctx.data[key] = { train = train, test = test, rejected = rejected }
-  end
-  local d = ctx.data[key]
+  local d = R.datasets(ctx, e, cfg)
   local st_tr, st_te = d.train:stats(), d.test:stats()
   res:set_data({ n_train = st_tr.n, n_test = st_te.n, n_rejected = st_tr.rejected + st_te.rejected,
     n_truncated = st_tr.truncated + st_te.truncated, rejections = d.rejected })
@@ -410,6 +420,23 @@ function R.run(e, cli)
   ctx.items = items
   if e.task._kind == "classify" and e.task.labels then ctx.items.labels = e.task.labels end
   gm.make_results_dir(dir)
+  -- tokenize every example up front for each (model, max_length) of the selected trials: a
+  -- max_length that leaves no room for any response is an error in the file, before any trial
+  for _, t in ipairs(selected) do
+    if ctx.model_name ~= t.config.model then
+      if ctx.model then ctx.model:close() end
+      ctx.model = gm.load_model(t.config.model, { threads = e.threads or GM_THREADS })
+      ctx.model_name = t.config.model
+      ctx.data = {}
+    end
+    local d = R.datasets(ctx, e, t.config)
+    if d.train:size() == 0 then
+      local swept_ml = e.sweep and e.sweep.max_length
+      P.usage(swept_ml and e.sweep._where or e._where,
+        "train.max_length = %d leaves no room for any response: the shortest prompt that did not fit takes %d tokens; raise max_length to at least %d",
+        t.config.max_length, d.shortest_rejected, d.shortest_rejected + 2)
+    end
+  end
   local failed, interrupted = 0, false
   local report = e.report and { rows = e.report.rows, cols = e.report.cols, metric = e.report.metric, phase = e.report.phase, digits = e.report.digits }
     or { rows = swept, cols = {}, metric = e.task._kind == "classify" and "accuracy" or "loss" }
