@@ -78,9 +78,10 @@ local function load_classify_items(d)
     end
   elseif d._kind == "oxford_pets" then
     local root = d.root or "data/oxford-iiit-pet"
-    error(string.format("the Oxford-IIIT Pet data set needs images and a vision model; %s",
+    P.usage(d._where, "the Oxford-IIIT Pet data set needs images and a multimodal Gemma (3 4B or larger) with its vision tower; %s",
       gm.is_dir(root) and "image inputs are not supported by this gemmarun build yet (the vision tower is a later issue)"
-        or ("download and unpack https://www.robots.ox.ac.uk/~vgg/data/pets/ (images.tar.gz, annotations.tar.gz) into " .. root)), 0)
+        or ("download https://www.robots.ox.ac.uk/~vgg/data/pets/ (images.tar.gz, annotations.tar.gz), unpack both into "
+          .. root .. " (or set PETS_ROOT), and set GEMMA_MODEL to a Gemma 3 4B+ Hugging Face checkpoint folder"))
   else
     P.usage(d._where, "data set %s cannot be used for classify{}", d._kind)
   end
@@ -319,7 +320,11 @@ local function run_trial(ctx, e, trial, n_trials)
     say("  resuming from step %d (epoch %d, example %d)", step, epoch + 1, pos)
   else
     res:truncate(0) -- a fresh start: drop rows of an earlier attempt that left no checkpoint
-    local b = evaluate("baseline")
+    -- the baseline depends only on the base model as trained on (model, quant, max_length):
+    -- trials that share them (other seeds, learning rates, ranks) reuse one evaluation
+    local bkey = cfg.model .. "|" .. cfg.quant .. "|" .. cfg.max_length
+    local b = ctx.baselines[bkey]
+    if b then res:set_eval("baseline", b) else b = evaluate("baseline"); ctx.baselines[bkey] = b end
     say("  baseline %s", b.accuracy and string.format("accuracy %.1f%%", 100 * b.accuracy) or string.format("loss %.4f", b.loss))
   end
   res:set({ status = "running" })
@@ -411,7 +416,7 @@ function R.run(e, cli)
     return 0
   end
   -- everything that can fail for the whole sweep is checked before the first trial
-  local ctx = { dir = dir, data = {} }
+  local ctx = { dir = dir, data = {}, baselines = {} }
   local items_ok, items = pcall(e.task._kind == "classify" and load_classify_items or load_chat_items, e.task.data)
   if not items_ok then
     if type(items) == "table" and items.usage then error(items, 0) end
@@ -466,6 +471,7 @@ function R.run(e, cli)
         end
         failed = failed + 1
         local reason = type(err) == "table" and tostring(err.msg or err) or tostring(err)
+        reason = reason:gsub("^lua/[%w_]+%.lua:%d+: ", "") -- the runner's own position is noise
         gm.progress(string.format("trial %d/%d  FAILED: %s", t.index, #trials, reason), true)
         ctx.res:set({ status = "failed", reason = reason })
         ctx.res:save()

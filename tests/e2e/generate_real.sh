@@ -14,6 +14,9 @@ b=$("$GM" generate gemma3-270m "Hello" --max-tokens 12 --temperature 1 --top-k 6
   || { fail=$((fail + 1)); echo "FAIL  sampled text depends on the thread count: '$a' vs '$b'"; }
 expect_run "inspect" 0 "q8_0\[262144, 640\]" -- "$GM" inspect gemma3-270m
 expect_run "lua API" 0 "lua api ok" -- "$GM" tests/lua/model_api.lua
-expect_run "embedded default experiment" 0 "The capital of France is the capital of the country of France" -- "$GM"
+expect_run "quickstart: dry run lists the 8 trials" 0 "experiment quickstart: 8 trials \(sweep over lr, quant x 2 seeds\).*trial  8 .*lr=0.001 quant=nf4 seed=2  plan" -- "$GM" experiments/quickstart.lua --dry-run
+# one quickstart trial, shortened to 3 steps, on the real model and the real fortunes, in a scratch folder
+SRC=$(pwd)
+expect_run "quickstart: one real trial end to end" 0 "baseline accuracy [0-9.]+%.*final accuracy [0-9.]+%.*quickstart: accuracy \(%\).*written: results/quickstart.md" -- bash -c "cd '$TMP' && '$GM' '$SRC/experiments/quickstart.lua' --trial 1 --set max_steps=3"
 
 finish

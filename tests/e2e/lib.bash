@@ -13,7 +13,8 @@ expect_run() {
   shift 4
   local out rc
   out=$("$@" 2>&1) && rc=0 || rc=$?
-  if [ "$rc" = "$want" ] && printf '%s' "$out" | grep -Eq -- "$pat"; then
+  # the pattern may match within a line, or span lines (-z: the whole output as one record)
+  if [ "$rc" = "$want" ] && { printf '%s' "$out" | grep -Eq -- "$pat" || printf '%s' "$out" | grep -Ezq -- "$pat"; }; then
     pass=$((pass + 1))
     echo "ok    $name"
   else

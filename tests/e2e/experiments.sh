@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The experiment runner end to end on the tiny random Gemma 3 with a tokenizer
+# (tests/ref/tiny_gemma3_chat) and a small labelled folder of text files:
+#   - validation: a table of bad experiment files, each with the error it must give (exit 2);
+#   - sweep expansion (--dry-run), --set overrides, --trial;
+#   - a full sweep, the rerun that keeps finished trials, `gemmarun table` from the stored files;
+#   - a trial that fails (NaN) while the others complete (exit 1);
+#   - kill -9 in the middle of a trial: the finished trial's file is untouched, the interrupted
+#     one resumes from its checkpoint; Ctrl-C checkpoints and exits cleanly.
+set -u
+source "$(dirname "$0")/lib.bash"
+SRC=$(pwd)
+cd "$TMP"
+for lab in apple berry cherry; do
+  mkdir -p data/$lab
+  for i in 1 2 3 4 5 6 7 8 9 10; do echo "a short note $i about the $lab" > data/$lab/$i.txt; done
+done
+cat > tiny.lua <<EOF
+return experiment {
+  name = "tiny",
+  model = "$SRC/tests/ref/tiny_gemma3_chat",
+  task = classify { data = data.folder { root = "data" }, prompt = "Which fruit?" },
+  train = { epochs = math.tointeger(tonumber(env("EPOCHS", "2"))), batch = 2, lr = 1e-2, rank = 4, alpha = 8,
+            max_length = 64, checkpoint_every = 5 },
+  sweep = grid { lr = {1e-2, 3e-3} },
+  seeds = {1, 2},
+  report = table { rows = {"lr"}, metric = "accuracy" },
+}
+EOF
+
+# ---- validation: bad file -> the error it gives -------------------------------------------
+bad() { # NAME PATTERN SED-EXPRESSION
+  sed "$3" tiny.lua > bad.lua
+  expect_run "invalid: $1" 2 "$2" -- "$GM" bad.lua
+}
+bad "unknown top-level key" "bad.lua:1: experiment: unknown key 'modle' \(allowed: name, model," 's/  seeds = {1, 2},/  seeds = {1, 2}, modle = 1,/'
+bad "unknown training key" "bad.lua:1: train.rnak: unknown key \(allowed: alpha, batch," 's/rank = 4,/rnak = 4,/'
+bad "wrong type" "bad.lua:1: train.lr = fast: must be a number" 's/lr = 1e-2, rank/lr = "fast", rank/'
+bad "rank 0" "bad.lua:1: train.rank = 0: must be >= 1" 's/rank = 4,/rank = 0,/'
+bad "negative lr in the sweep" "bad.lua:7: train.lr = -0.003: must be >= 0" 's/lr = {1e-2, 3e-3}/lr = {1e-2, -3e-3}/'
+bad "unknown quant" "train.quant = nf5: allowed values are stored, gguf, f32, bf16, nf4, int8" 's/rank = 4,/rank = 4, quant = "nf5",/'
+bad "dropout out of range" "train.dropout = 1: must be < 1" 's/rank = 4,/rank = 4, dropout = 1,/'
+bad "unknown sweep key" "bad.lua:7: grid: unknown key 'rnak' \(sweepable: model, alpha" 's/sweep = grid { lr = {1e-2, 3e-3} }/sweep = grid { rnak = {4} }/'
+bad "seeds not a list" "experiment.seeds must be a list of integers" 's/seeds = {1, 2},/seeds = 3,/'
+bad "bad name" "experiment.name = tiny run: must be a name" 's/name = "tiny"/name = "tiny run"/'
+bad "max_length too short for the prompt" "bad.lua:1: train.max_length = 16 leaves no room for any response: the shortest prompt that did not fit takes [0-9]+ tokens; raise max_length to at least" 's/max_length = 64/max_length = 16/'
+bad "bad memory_limit" "memory_limit = \"lots\": expected a number with a unit" 's/  seeds = {1, 2},/  seeds = {1, 2}, memory_limit = "lots",/'
+bad "missing data folder" "data.folder: nowhere is not a folder" 's/root = "data"/root = "nowhere"/'
+bad "syntax error" "bad.lua:[0-9]+:" 's/return experiment {/return experiment {{/'
+expect_run "invalid: unknown --set key" 2 "--set colour=red: unknown key 'colour'" -- "$GM" tiny.lua --set colour=red --dry-run
+expect_run "invalid: --trial out of range" 2 "--trial 9: the experiment has trials 1..4" -- "$GM" tiny.lua --trial 9 --dry-run
+expect_run "os.execute in an experiment file" 1 "os.execute is not allowed" -- bash -c "printf 'os.execute(\"true\")\n' > x.lua; '$GM' x.lua"
+
+# ---- expansion ------------------------------------------------------------------------------
+expect_run "dry run lists 4 trials with plans" 0 "4 trials \(sweep over lr x 2 seeds\).*trial  4 .* lr=0.003 seed=2  plan [0-9.]+ MiB" -- "$GM" tiny.lua --dry-run
+expect_run "--set replaces a swept field" 0 "2 trials \(2 seeds\).*trial  2 " -- "$GM" tiny.lua --dry-run --set lr=0.05
+out1=$("$GM" tiny.lua --dry-run --set seeds=7 2>&1); out2=$("$GM" tiny.lua --dry-run --set seeds=7 2>&1)
+[ "$out1" = "$out2" ] && echo "$out1" | grep -q "seed=7" && { pass=$((pass + 1)); echo "ok    trial ids are stable"; } \
+  || { fail=$((fail + 1)); echo "FAIL  dry runs differ or --set seeds was ignored"; }
+sed 's/sweep = grid { lr = {1e-2, 3e-3} }/sweep = random { n = 5, seed = 3, lr = log_uniform(1e-4, 1e-2), rank = {2, 4, 8} }/' tiny.lua > rnd.lua
+r1=$("$GM" rnd.lua --dry-run 2>&1); r2=$("$GM" rnd.lua --dry-run 2>&1)
+[ "$r1" = "$r2" ] && [ "$(echo "$r1" | grep -c ' trial ')" = 10 ] && { pass=$((pass + 1)); echo "ok    random search: 5 points x 2 seeds, reproducible"; } \
+  || { fail=$((fail + 1)); echo "FAIL  random search expansion: $r1"; }
+
+# ---- a full sweep, the rerun, the table from stored files ------------------------------------
+expect_run "sweep runs" 0 "baseline \(no fine-tuning\).*0\.01 .*written: results/tiny.md, results/tiny.tex, results/tiny.csv" -- "$GM" tiny.lua
+for f in results/tiny.md results/tiny.tex results/tiny.csv results/tiny.h5 results/tiny_loss.png; do
+  [ -s "$f" ] && { pass=$((pass + 1)); echo "ok    $f written"; } || { fail=$((fail + 1)); echo "FAIL  $f missing"; }
+done
+[ "$(ls results/tiny/trial-*.h5 | grep -vc ckpt)" = 4 ] && [ -z "$(ls results/tiny/*.ckpt.h5 2>/dev/null)" ] \
+  && { pass=$((pass + 1)); echo "ok    4 trial files, no checkpoints left"; } || { fail=$((fail + 1)); echo "FAIL  trial files: $(ls results/tiny)"; }
+expect_run "rerun keeps finished trials" 0 "trial 4/4  [0-9a-f]+  lr=0.003 seed=2: done \(kept\)" -- "$GM" tiny.lua
+table_md=$(cat results/tiny.md)
+expect_run "gemmarun table re-renders from the stored files" 0 "baseline \(no fine-tuning\)" -- "$GM" table results/tiny
+[ "$(cat results/tiny.md)" = "$table_md" ] && { pass=$((pass + 1)); echo "ok    same table from the stored files"; } \
+  || { fail=$((fail + 1)); echo "FAIL  gemmarun table gave another table"; }
+
+# ---- a NaN trial fails, the others complete ----------------------------------------------------
+sed -e 's/name = "tiny"/name = "nan"/' -e 's/lr = {1e-2, 3e-3}/lr = {1e-2, 1e30}/' -e 's/seeds = {1, 2}/seeds = {1}/' tiny.lua > nan.lua
+expect_run "a NaN trial is recorded as failed, the other completes" 1 "trial 2/2  FAILED: step [0-9]+: the loss is -?nan \(non-finite\); the adapters were not updated.*failed: trial [0-9a-f]+ \(lr=1e\+?30, seed=1\)" -- "$GM" nan.lua
+grep -q "0.01" results/nan.csv 2>/dev/null \
+  && { pass=$((pass + 1)); echo "ok    table written despite the failure"; } || { fail=$((fail + 1)); echo "FAIL  no table for the nan run"; }
+
+# ---- kill -9 mid-trial, then resume --------------------------------------------------------------
+sed -e 's/name = "tiny"/name = "killed"/' -e 's/seeds = {1, 2}/seeds = {1}/' tiny.lua > killed.lua
+EPOCHS=60 "$GM" killed.lua > killed1.log 2>&1 &
+pid=$!
+for i in $(seq 1 600); do # wait until trial 1 is done and trial 2 has a checkpoint
+  n_done=$(ls results/killed/trial-*.h5 2>/dev/null | grep -vc ckpt)
+  [ -n "$(ls results/killed/*.ckpt.h5 2>/dev/null)" ] && [ "$n_done" = 2 ] && grep -q "trial 2/2" killed1.log && break
+  sleep 0.1
+done
+kill -9 $pid 2>/dev/null
+wait $pid 2>/dev/null
+first=$(grep -o "trial 1/2  [0-9a-f]*" killed1.log | head -1 | awk '{print $3}')
+before=$(sha256sum "results/killed/trial-$first.h5" | cut -c1-64)
+expect_run "after kill -9 the interrupted trial resumes from its checkpoint" 0 "trial 1/2  $first  lr=0.01 seed=1: done \(kept\).*resuming from step [0-9]+" -- env EPOCHS=60 "$GM" killed.lua
+after=$(sha256sum "results/killed/trial-$first.h5" | cut -c1-64)
+[ "$before" = "$after" ] && { pass=$((pass + 1)); echo "ok    the finished trial's file is untouched"; } \
+  || { fail=$((fail + 1)); echo "FAIL  the finished trial's file changed"; }
+
+# ---- Ctrl-C -------------------------------------------------------------------------------------
+sed -e 's/name = "tiny"/name = "ctrlc"/' -e 's/seeds = {1, 2}/seeds = {1}/' -e 's/sweep = grid { lr = {1e-2, 3e-3} },//' tiny.lua > ctrlc.lua
+EPOCHS=200 "$GM" ctrlc.lua > ctrlc.log 2>&1 &
+pid=$!
+for i in $(seq 1 300); do grep -q "step 20/" ctrlc.log && break; sleep 0.1; done
+kill -INT $pid
+wait $pid
+rc=$?
+[ "$rc" = 1 ] && grep -q "interrupted at step [0-9]*: checkpoint saved" ctrlc.log && ls results/ctrlc/*.ckpt.h5 > /dev/null 2>&1 \
+  && { pass=$((pass + 1)); echo "ok    Ctrl-C saves a checkpoint and exits 1"; } || { fail=$((fail + 1)); echo "FAIL  Ctrl-C: rc $rc"; tail -3 ctrlc.log; }
+expect_run "the interrupted run resumes" 0 "resuming from step [0-9]+" -- env EPOCHS=200 "$GM" ctrlc.lua
+
+finish
