@@ -28,6 +28,7 @@
 #include "gm_fetch.h"
 #include "gm_gguf.h"
 #include "gm_mmap.h"
+#include "gm_plan.h"
 #include "gm_train.h"
 
 #include <cjson/cJSON.h>
@@ -294,31 +295,6 @@ static int l_progress(lua_State *L) {
 
 /* ---- configs and plans without weights ---- */
 
-static gm_status config_of(const char *arg, gm_config *cfg, gm_dtype *stored, gm_error *err) {
-    *stored = GM_BF16;
-    /* a built-in size name, unless it is also a fetched model (then the file is the truth) */
-    if (!gm_fetch_is_cached(arg) && gm_config_preset(arg, cfg, NULL) == GM_OK) return GM_OK;
-    char path[1200];
-    GM_TRY(gm_resolve_model(arg, path, sizeof path, err));
-    struct stat st;
-    if (stat(path, &st) != 0) return gm_error_set(err, GM_ERR_IO, "%s: no such file or folder", path);
-    size_t n = strlen(path);
-    if (S_ISDIR(st.st_mode) || (n > 5 && strcmp(path + n - 5, ".json") == 0)) {
-        char cp[1300];
-        if (S_ISDIR(st.st_mode)) snprintf(cp, sizeof cp, "%s/config.json", path);
-        else snprintf(cp, sizeof cp, "%s", path);
-        return gm_config_from_json_file(cp, cfg, err);
-    }
-    gm_gguf *g = NULL;
-    GM_TRY(gm_gguf_open(path, &g, err));
-    gm_status s = gm_config_from_gguf(g, cfg, err);
-    /* the dominant stored type of the linear weights: that of the first layer's q projection */
-    const gm_gguf_tensor *t = gm_gguf_find_tensor(g, "blk.0.ffn_up.weight");
-    if (t) *stored = t->dtype;
-    gm_gguf_free(g);
-    return s;
-}
-
 static void push_config(lua_State *L, const gm_config *c) {
     lua_createtable(L, 0, 16);
 #define SETI(k, v) (lua_pushinteger(L, (lua_Integer)(v)), lua_setfield(L, -2, k))
@@ -342,9 +318,9 @@ static void push_config(lua_State *L, const gm_config *c) {
 static int l_model_config(lua_State *L) {
     const char *arg = luaL_checkstring(L, 1);
     gm_config cfg;
-    gm_dtype stored;
+    gm_dtype stored, stored_embed;
     gm_error err = {0};
-    if (config_of(arg, &cfg, &stored, &err) != GM_OK) return gm_bind_raise(L, &err);
+    if (gm_config_probe(arg, &cfg, &stored, &stored_embed, &err) != GM_OK) return gm_bind_raise(L, &err);
     push_config(L, &cfg);
     lua_pushstring(L, gm_dtype_name(stored));
     lua_setfield(L, -2, "stored_dtype");
@@ -359,18 +335,23 @@ static int l_plan(lua_State *L) {
     gm_train_opts o;
     gm_bind_read_train_opts(L, 2, &o, 2);
     gm_config cfg;
-    gm_dtype stored;
+    gm_dtype stored, stored_embed;
     gm_error err = {0};
-    if (config_of(arg, &cfg, &stored, &err) != GM_OK) return gm_bind_raise(L, &err);
-    size_t by_kind[GM_MEM_KIND_COUNT];
-    size_t total = gm_train_plan(&cfg, &o, stored, by_kind);
-    lua_createtable(L, 0, GM_MEM_KIND_COUNT + 1);
+    if (gm_config_probe(arg, &cfg, &stored, &stored_embed, &err) != GM_OK) return gm_bind_raise(L, &err);
+    gm_plan_inputs in = {0, 0};
+    gm_plan p;
+    if (gm_plan_training(&cfg, &o, stored, stored_embed, &in, &p, &err) != GM_OK) return gm_bind_raise(L, &err);
+    lua_createtable(L, 0, GM_MEM_KIND_COUNT + 3);
     for (int k = 0; k < GM_MEM_KIND_COUNT; k++) {
-        lua_pushinteger(L, (lua_Integer)by_kind[k]);
+        lua_pushinteger(L, (lua_Integer)p.by_kind[k]);
         lua_setfield(L, -2, gm_mem_kind_name((gm_mem_kind)k));
     }
-    lua_pushinteger(L, (lua_Integer)total);
+    lua_pushinteger(L, (lua_Integer)p.runtime);
+    lua_setfield(L, -2, "runtime");
+    lua_pushinteger(L, (lua_Integer)p.total);
     lua_setfield(L, -2, "total");
+    lua_pushboolean(L, p.exact);
+    lua_setfield(L, -2, "exact");
     return 1;
 }
 
@@ -410,6 +391,42 @@ static int l_reset_peak_rss(lua_State *L) {
     return 0;
 }
 
+/* gm.plan_fit(model, opts, limit_bytes) -> opts', plan_total, chosen (raises GM_ERR_LIMIT's
+ * message when even checkpointing and batch 1 do not fit) */
+static int l_plan_fit(lua_State *L) {
+    const char *arg = luaL_checkstring(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_Number limit = luaL_checknumber(L, 3);
+    gm_train_opts o;
+    gm_bind_read_train_opts(L, 2, &o, 2);
+    gm_config cfg;
+    gm_dtype stored, stored_embed;
+    gm_error err = {0};
+    if (gm_config_probe(arg, &cfg, &stored, &stored_embed, &err) != GM_OK) return gm_bind_raise(L, &err);
+    gm_plan_inputs in = {0, 0};
+    gm_plan p;
+    char chosen[256];
+    if (gm_plan_fit(&cfg, &o, stored, stored_embed, &in, (size_t)limit, &p, chosen, sizeof chosen, &err) != GM_OK)
+        return gm_bind_raise(L, &err);
+    /* a copy of the options table with the fitted fields */
+    lua_newtable(L);
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+        lua_pushvalue(L, -2);
+        lua_insert(L, -2);
+        lua_settable(L, -4);
+    }
+    lua_pushboolean(L, o.checkpointing);
+    lua_setfield(L, -2, "checkpointing");
+    lua_pushinteger(L, o.batch);
+    lua_setfield(L, -2, "batch");
+    lua_pushinteger(L, o.grad_accum);
+    lua_setfield(L, -2, "grad_accum");
+    lua_pushinteger(L, (lua_Integer)p.total);
+    lua_pushstring(L, chosen);
+    return 3;
+}
+
 void gm_lua_open_run(lua_State *L) {
     /* a unique sentinel for JSON null */
     lua_newtable(L);
@@ -418,7 +435,7 @@ void gm_lua_open_run(lua_State *L) {
                                    {"file_exists", l_file_exists}, {"json_decode", l_json_decode},
                                    {"json_encode", l_json_encode}, {"sha256", l_sha256}, {"isatty", l_isatty},
                                    {"progress", l_progress}, {"interrupted", l_interrupted},
-                                   {"model_config", l_model_config}, {"plan", l_plan},
+                                   {"model_config", l_model_config}, {"plan", l_plan}, {"plan_fit", l_plan_fit},
                                    {"make_results_dir", l_make_results_dir}, {"remove_checkpoint", l_remove_checkpoint},
                                    {"reset_peak_rss", l_reset_peak_rss}, {NULL, NULL}};
     lua_getglobal(L, "gm");

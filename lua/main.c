@@ -22,7 +22,10 @@
 #include "gm_generate.h"
 #include "gm_gguf.h"
 #include "gm_lua.h"
+#include "gm_lora.h"
 #include "gm_model.h"
+#include "gm_plan.h"
+#include "gm_quant.h"
 #include "gm_tokenizer.h"
 
 #include <errno.h>
@@ -50,6 +53,7 @@ static void usage(FILE *f) {
             "  gemmarun inspect MODEL\n"
             "  gemmarun generate MODEL \"prompt\" [--max-tokens N] [--temperature T] [--top-k K]\n"
             "                    [--top-p P] [--seed S] [--chat] [--threads N]\n"
+            "  gemmarun plan MODEL [key=value ...] the memory plan of a training run (loads no weights)\n"
             "  gemmarun fetch NAME                (known: gemma3-270m)\n"
             "  gemmarun table RESULTS             tables (.md .tex .csv) and plots of results/EXP/\n"
             "                                     (trial files) or results/EXP.h5 (merged)\n"
@@ -290,6 +294,129 @@ static int cmd_generate(int argc, char **argv) {
     return rc;
 }
 
+/* ---- plan ---- */
+
+static bool parse_bool(const char *v, bool *out) {
+    if (!strcmp(v, "true") || !strcmp(v, "on") || !strcmp(v, "1") || !strcmp(v, "yes")) *out = true;
+    else if (!strcmp(v, "false") || !strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "no")) *out = false;
+    else return false;
+    return true;
+}
+
+/* "48GiB", "512MB", "1e9" -> bytes */
+static bool parse_size(const char *v, double *out) {
+    char *end;
+    errno = 0;
+    double x = strtod(v, &end);
+    if (end == v || errno == ERANGE || !isfinite(x) || x <= 0) return false;
+    static const struct { const char *u; double m; } units[] = {
+        {"", 1}, {"B", 1}, {"KB", 1e3}, {"MB", 1e6}, {"GB", 1e9}, {"TB", 1e12},
+        {"KiB", 1024.0}, {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0}};
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++)
+        if (strcmp(end, units[i].u) == 0) {
+            *out = x * units[i].m;
+            return true;
+        }
+    return false;
+}
+
+static int cmd_plan(int argc, char **argv) {
+    if (argc < 1) {
+        fprintf(stderr, "usage: gemmarun plan MODEL [quant=nf4] [rank=16] [alpha=32] [targets=all-linear] [batch=1]\n"
+                        "                     [grad_accum=1] [max_length=1024] [checkpointing=on] [images=0]\n"
+                        "                     [audio_seconds=0] [threads=2] [memory_limit=48GiB] [fit=true]\n"
+                        "MODEL: a .gguf file, a Hugging Face folder or config.json, or a size name (gemma3-270m, gemma3-1b,\n"
+                        "gemma3-4b, gemma3-12b, gemma3-27b, gemma3n-e2b, gemma3n-e4b, gemma4-e2b, gemma4-e4b, gemma4-31b,\n"
+                        "gemma4-26b-a4b)\n");
+        return 2;
+    }
+    gm_train_opts o = gm_train_opts_default();
+    o.lora.rank = 16;
+    o.lora.alpha = 32;
+    o.max_length = 1024;
+    gm_plan_inputs in = {0, 0};
+    double limit = 0;
+    bool fit = false;
+    gm_error err = {0};
+    for (int i = 1; i < argc; i++) {
+        char key[64];
+        const char *eq = strchr(argv[i], '=');
+        if (!eq || (size_t)(eq - argv[i]) >= sizeof key) {
+            fprintf(stderr, "gemmarun plan: expected key=value, got '%s'\n", argv[i]);
+            return 2;
+        }
+        snprintf(key, sizeof key, "%.*s", (int)(eq - argv[i]), argv[i]);
+        const char *v = eq + 1;
+        long long n = 0;
+        double d = 0;
+        bool ok = true, b = false;
+        if (!strcmp(key, "quant")) ok = gm_quant_from_name(v, &o.quant, &err) == GM_OK;
+        else if (!strcmp(key, "rank")) ok = parse_long(v, &n) && n > 0 && n <= 4096, o.lora.rank = (int)n;
+        else if (!strcmp(key, "alpha")) ok = parse_double(v, &d) && d > 0, o.lora.alpha = (float)d;
+        else if (!strcmp(key, "targets")) ok = gm_lora_parse_targets(v, &o.lora.targets, &err) == GM_OK;
+        else if (!strcmp(key, "batch")) ok = parse_long(v, &n) && n > 0, o.batch = n;
+        else if (!strcmp(key, "grad_accum")) ok = parse_long(v, &n) && n > 0, o.grad_accum = n;
+        else if (!strcmp(key, "max_length")) ok = parse_long(v, &n) && n >= 2, o.max_length = n;
+        else if (!strcmp(key, "checkpointing")) ok = parse_bool(v, &b), o.checkpointing = b;
+        else if (!strcmp(key, "threads")) ok = parse_long(v, &n) && n > 0 && n <= 256, o.n_threads = (int)n;
+        else if (!strcmp(key, "images")) ok = parse_long(v, &n) && n >= 0, in.images = n;
+        else if (!strcmp(key, "audio_seconds")) ok = parse_double(v, &d) && d >= 0, in.audio_seconds = d;
+        else if (!strcmp(key, "memory_limit")) ok = parse_size(v, &limit);
+        else if (!strcmp(key, "fit")) ok = parse_bool(v, &fit);
+        else {
+            fprintf(stderr, "gemmarun plan: unknown setting '%s' (allowed: quant, rank, alpha, targets, batch, grad_accum, "
+                            "max_length, checkpointing, threads, images, audio_seconds, memory_limit, fit)\n", key);
+            return 2;
+        }
+        if (!ok) {
+            fprintf(stderr, "gemmarun plan: bad value for %s: %s%s%s\n", key, v, err.msg[0] ? "\n  " : "", err.msg);
+            return 2;
+        }
+    }
+    gm_config cfg;
+    gm_dtype stored, stored_embed;
+    if (gm_config_probe(argv[0], &cfg, &stored, &stored_embed, &err) != GM_OK) return fail(&err, 2);
+    if (o.max_length > cfg.max_position_embeddings) {
+        fprintf(stderr, "gemmarun plan: max_length %lld exceeds the model's %lld positions\n", (long long)o.max_length,
+                (long long)cfg.max_position_embeddings);
+        return 2;
+    }
+    gm_plan p;
+    char chosen[256] = "";
+    gm_status s = (limit > 0 && fit) ? gm_plan_fit(&cfg, &o, stored, stored_embed, &in, (size_t)limit, &p, chosen, sizeof chosen, &err)
+                                     : gm_plan_training(&cfg, &o, stored, stored_embed, &in, &p, &err);
+    if (s != GM_OK) return fail(&err, s == GM_ERR_LIMIT ? 1 : 2);
+    char targets[160] = "";
+    for (int w = 0; w < GM_LIN_COUNT; w++)
+        if (o.lora.targets & (1u << w)) {
+            strncat(targets, targets[0] ? "," : "", sizeof targets - strlen(targets) - 1);
+            strncat(targets, gm_linear_name((gm_linear)w), sizeof targets - strlen(targets) - 1);
+        }
+    printf("memory plan: %s (%s, %.2fB parameters)\n", argv[0], cfg.name, (double)p.n_params / 1e9);
+    printf("LoRA rank %d alpha %g on %s (%.1fM trainable), base %s, batch %lld x accumulation %lld, max_length %lld,\n"
+           "activation checkpointing %s, %d threads%s%s\n",
+           o.lora.rank, (double)o.lora.alpha, (o.lora.targets == (1u << GM_LIN_COUNT) - 1) ? "all-linear" : targets,
+           (double)p.n_trainable / 1e6, gm_quant_name(o.quant), (long long)o.batch, (long long)o.grad_accum,
+           (long long)o.max_length, o.checkpointing ? "on" : "off", o.n_threads, in.images ? ", images per example " : "",
+           in.images ? "" : "");
+    if (in.images) printf("images per example: %lld\n", (long long)in.images);
+    if (in.audio_seconds > 0) printf("audio per example: %.1f s\n", in.audio_seconds);
+    char table[4096];
+    gm_plan_format(&p, table, sizeof table);
+    fputs(table, stdout);
+    if (!p.exact && p.note[0]) printf("note: %s\n", p.note);
+    if (chosen[0]) printf("fit: %s\n", chosen);
+    if (limit > 0) {
+        printf("memory_limit %.2f GiB: %s\n", limit / 1073741824.0, p.total <= (size_t)limit ? "fits" : "does NOT fit");
+        if (p.total > (size_t)limit) {
+            printf("  hint: add fit=true (checkpointing, smaller batch with more accumulation), or lower max_length / rank, "
+                   "or quant=nf4\n");
+            return 1;
+        }
+    }
+    return 0;
+}
+
 /* ---- fetch ---- */
 
 static int cmd_fetch(int argc, char **argv) {
@@ -517,6 +644,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(cmd, "fetch") == 0) return cmd_fetch(argc - 2, argv + 2);
+    if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     if (strcmp(cmd, "table") == 0) return cmd_table(argc - 2, argv + 2);
     size_t n = strlen(cmd);
     if (n > 4 && strcmp(cmd + n - 4, ".lua") == 0) return run_lua(cmd, argc - 2, argv + 2);

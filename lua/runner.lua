@@ -238,39 +238,26 @@ local function permutation(n, seed, epoch)
   return p
 end
 
---- Applies memory_limit (and fit) to a trial's options; returns opts or raises with the table.
+--- Applies memory_limit (and fit) to a trial's options: returns the options (changed by fit) and
+--- a note of what fit chose, or raises with the plan and what would make it fit. The trial is
+--- refused here, before its weights are loaded.
 local function fit_memory(e, trial, opts)
   local plan = gm.plan(trial.config.model, opts)
   trial.plan = plan
   if not e.memory_limit_bytes or plan.total <= e.memory_limit_bytes then return opts, nil end
   if e.fit then
-    local chosen = {}
-    local o = {}
-    for k, v in pairs(opts) do o[k] = v end
-    if not o.checkpointing then
-      o.checkpointing = true
-      chosen[#chosen + 1] = "activation checkpointing on"
-    end
-    local p = gm.plan(trial.config.model, o)
-    while p.total > e.memory_limit_bytes and o.batch > 1 do
-      o.batch = o.batch // 2
-      o.grad_accum = o.grad_accum * 2
-      p = gm.plan(trial.config.model, o)
-    end
-    if o.batch ~= opts.batch then chosen[#chosen + 1] = string.format("batch %d x grad_accum %d", o.batch, o.grad_accum) end
-    if p.total <= e.memory_limit_bytes then
-      trial.plan = p
-      return o, table.concat(chosen, ", ")
-    end
+    local fitted, total, chosen = gm.plan_fit(trial.config.model, opts, e.memory_limit_bytes)
+    trial.plan = gm.plan(trial.config.model, fitted)
+    return fitted, chosen
   end
-  error(string.format("the plan needs %s, over memory_limit %s (%s)%s", fmt_bytes(plan.total), fmt_bytes(e.memory_limit_bytes),
-    R.plan_summary(plan), e.fit and "; even with checkpointing and batch 1 it does not fit: use quant = \"nf4\", a smaller max_length or rank"
-      or "; set fit = true to let the planner turn on checkpointing and trade batch for gradient accumulation, or lower max_length / batch, or use quant = \"nf4\""), 0)
+  error(string.format("the plan needs %s, over memory_limit %s (%s); set fit = true to let the planner turn on "
+    .. "checkpointing and trade batch for gradient accumulation, or lower max_length / batch, or use quant = \"nf4\"",
+    fmt_bytes(plan.total), fmt_bytes(e.memory_limit_bytes), R.plan_summary(plan)), 0)
 end
 
 function R.plan_summary(plan)
   local parts = {}
-  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace" }) do
+  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace", "runtime" }) do
     if plan[k] and plan[k] > 0 then parts[#parts + 1] = k .. " " .. fmt_bytes(plan[k]) end
   end
   return table.concat(parts, ", ")

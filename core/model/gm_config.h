@@ -63,6 +63,28 @@ typedef struct gm_config {
     gm_norm_convention norm_convention;
     int32_t bos_id, eos_id, pad_id;
 
+    /* Gemma 3n / Gemma 4 parts (0 or 1 = absent; gemma_architecture.md §3-4). The Gemma 3
+     * graph ignores them; the memory planner counts them. */
+    int64_t ple_dim;              /* per-layer embedding width (3n, 4 E-models: 256) */
+    int64_t ple_vocab;            /* rows of the per-layer embedding table (262,144) */
+    int64_t altup_inputs;         /* AltUp streams (3n: 4), 1 = none */
+    int64_t laurel_rank;          /* LAuReL low-rank branch (3n: 64) */
+    int64_t head_dim_full;        /* head_dim of full-attention layers (4: 512); 0 = head_dim */
+    int64_t n_kv_heads_full;      /* kv heads of full layers (4: k_eq_v models); 0 = n_kv_heads */
+    bool k_eq_v_full;             /* full layers have no v_proj (4: 31B, 26B-A4B) */
+    int64_t n_experts;            /* MoE experts per layer (4: 26B-A4B: 128), 0 = dense */
+    int64_t experts_top_k;        /* experts per token (8) */
+    int64_t expert_ffn;           /* FFN width of one expert (704) */
+    int64_t vision_params;        /* parameters of the vision tower + projector, 0 = none */
+    int64_t vision_tokens;        /* soft tokens per image */
+    int64_t vision_hidden;        /* width of the vision tower */
+    int64_t vision_layers;        /* layers of the vision tower */
+    int64_t vision_patches;       /* patches per image the tower attends over */
+    int64_t audio_params;         /* parameters of the audio tower, 0 = none */
+    double audio_tokens_per_s;    /* soft tokens per second of audio (3n: 6.25, 4: 25) */
+    int64_t audio_hidden, audio_layers;
+    double audio_frames_per_s;    /* encoder frames per second before reduction */
+
     /* per layer */
     gm_layer_type layer_type[GM_MAX_LAYERS];
     float rope_theta[GM_MAX_LAYERS];      /* 10,000 sliding / 1,000,000 full */

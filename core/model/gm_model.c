@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -363,6 +364,19 @@ void gm_model_for_each_tensor(const gm_model *m, gm_model_tensor_fn fn, void *us
     for (int64_t l = 0; l < m->cfg.n_layers; l++)
         for (size_t s = 0; s < N_SLOTS; s++)
             fn((const gm_tensor *)((const char *)&m->layers[l] + weight_slots[s].field), user);
+}
+
+void gm_model_release_linear_pages(const gm_model *m) {
+    long page = sysconf(_SC_PAGESIZE);
+    if (page <= 0) return;
+    for (int64_t l = 0; l < m->cfg.n_layers; l++)
+        for (int w = 0; w < GM_LIN_COUNT; w++) {
+            const gm_tensor *t = gm_layer_linear(&m->layers[l], (gm_linear)w);
+            uintptr_t a = (uintptr_t)t->data, b = a + gm_tensor_nbytes(t);
+            /* only whole pages inside the tensor: neighbours may still be in use */
+            uintptr_t a0 = (a + (uintptr_t)page - 1) & ~((uintptr_t)page - 1), b0 = b & ~((uintptr_t)page - 1);
+            if (b0 > a0) madvise((void *)a0, b0 - a0, MADV_DONTNEED);
+        }
 }
 
 float gm_model_embed_scale(const gm_model *m) { return sqrtf((float)m->cfg.hidden_size); }

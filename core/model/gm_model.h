@@ -98,6 +98,12 @@ void gm_model_free(gm_model *m);
 typedef void (*gm_model_tensor_fn)(const gm_tensor *t, void *user);
 void gm_model_for_each_tensor(const gm_model *m, gm_model_tensor_fn fn, void *user);
 
+/* Tells the kernel that the memory-mapped pages of the linear weights may be dropped (after a
+ * trainer re-quantized them, e.g. to NF4, it never reads them again): resident memory falls by
+ * their size; a later read faults them back in from the file. Only weights viewed in place from
+ * a read-only mapping are affected; a no-op otherwise. */
+void gm_model_release_linear_pages(const gm_model *m);
+
 /* Embedding multiplier applied to token rows: sqrt(C) in f32 (we compute in f32; Hugging Face
  * rounds it to the compute dtype, which is f32 here too - gemma_architecture.md §1.3). */
 float gm_model_embed_scale(const gm_model *m);

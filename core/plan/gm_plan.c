@@ -1,0 +1,154 @@
+/*
+ * gm_plan.c - training memory plans: exact for Gemma 3 (the trainer's own layout), estimated
+ * for Gemma 3n / Gemma 4 (core/plan/gm_plan_arch.c). See gm_plan.h.
+ */
+#include "gm_plan.h"
+
+#include "gm_fetch.h"
+#include "gm_gguf.h"
+#include "gm_lora.h"
+#include "gm_quant.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* Resident memory of gemmarun before a model is loaded: code, shared libraries (OpenBLAS, HDF5,
+ * Lua, PLplot, ...), the Lua state, plus what OpenBLAS touches of its per-thread buffers during
+ * the first GEMMs. Measured (docs/memory.md, "Runtime"); it is a property of the build, not of
+ * the model. */
+#define RUNTIME_BASE_BYTES ((size_t)40 << 20)
+/* Tokenizer and GGUF vocabulary index per vocabulary entry: the token text copy, its hash-table
+ * slot, score, type, and the GGUF reader's string index (measured: 262,144 entries take ~16 MiB). */
+#define TOKENIZER_BYTES_PER_TOKEN 64
+
+/* Provided by core/plan/gm_plan_arch.c (Gemma 3n / Gemma 4 estimates); weak so a build without
+ * it still links and reports the architecture as unsupported. */
+gm_status gm_plan_estimate(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
+                           const gm_plan_inputs *in, gm_plan *out, gm_error *err) __attribute__((weak));
+
+gm_status gm_config_probe(const char *arg, gm_config *cfg, gm_dtype *stored, gm_dtype *stored_embed, gm_error *err) {
+    *stored = *stored_embed = GM_BF16;
+    /* a built-in size name, unless it is also a fetched model (then the file is the truth) */
+    if (!gm_fetch_is_cached(arg) && gm_config_preset(arg, cfg, NULL) == GM_OK) return GM_OK;
+    char path[1200];
+    GM_TRY(gm_resolve_model(arg, path, sizeof path, err));
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return gm_error_set(err, GM_ERR_IO, "%s: no such file, folder or model name (known names: gemma3-270m, "
+                                            "gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b, ...)", path);
+    size_t n = strlen(path);
+    if (S_ISDIR(st.st_mode) || (n > 5 && strcmp(path + n - 5, ".json") == 0)) {
+        char cp[1300];
+        if (S_ISDIR(st.st_mode)) snprintf(cp, sizeof cp, "%s/config.json", path);
+        else snprintf(cp, sizeof cp, "%s", path);
+        return gm_config_from_json_file(cp, cfg, err);
+    }
+    gm_gguf *g = NULL;
+    GM_TRY(gm_gguf_open(path, &g, err));
+    gm_status s = gm_config_from_gguf(g, cfg, err);
+    /* the dominant stored type of the linear weights (the FFN's), and the embedding's */
+    const gm_gguf_tensor *t = gm_gguf_find_tensor(g, "blk.0.ffn_up.weight");
+    if (t) *stored = t->dtype;
+    t = gm_gguf_find_tensor(g, "token_embd.weight");
+    if (t) *stored_embed = t->dtype;
+    gm_gguf_free(g);
+    return s;
+}
+
+size_t gm_plan_runtime_bytes(const gm_config *cfg) {
+    return RUNTIME_BASE_BYTES + (size_t)cfg->vocab_size * TOKENIZER_BYTES_PER_TOKEN;
+}
+
+static size_t embed_bytes(const gm_config *c, gm_dtype t) {
+    size_t rows = (size_t)c->vocab_size * (c->tie_word_embeddings ? 1 : 2);
+    return rows * gm_dtype_row_bytes(t, c->hidden_size);
+}
+
+static size_t norm_bytes(const gm_config *c) {
+    return ((size_t)c->n_layers * (size_t)(4 * c->hidden_size + 2 * c->head_dim) + (size_t)c->hidden_size) * 4;
+}
+
+gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
+                           const gm_plan_inputs *inputs, gm_plan *out, gm_error *err) {
+    memset(out, 0, sizeof *out);
+    if (cfg->arch != GM_ARCH_GEMMA3) {
+        if (!gm_plan_estimate)
+            return gm_error_set(err, GM_ERR_UNSUPPORTED, "no memory planner for %s in this build", gm_arch_name(cfg->arch));
+        return gm_plan_estimate(cfg, o, stored, stored_embed, inputs, out, err);
+    }
+    if (inputs && (inputs->images > 0 || inputs->audio_seconds > 0))
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "Gemma 3 %s takes no %s inputs in gemmarun yet", cfg->name,
+                            inputs->images > 0 ? "image" : "audio");
+    GM_TRY(gm_lora_config_validate(&o->lora, cfg, err));
+    /* the trainer's own layout, on a measuring arena: adapters, gradients, optimizer state,
+     * activations, transients, workspace, and the requantized base weights when not aliased */
+    size_t by_kind[GM_MEM_KIND_COUNT];
+    gm_train_plan(cfg, o, stored, by_kind);
+    memcpy(out->by_kind, by_kind, sizeof by_kind);
+    /* base weights read in place from the file (memory-mapped pages become resident): the
+     * embedding / LM head always, the linear weights when trained on as stored */
+    size_t linear_stored = gm_quant_bytes(cfg, GM_QUANT_STORED, stored);
+    bool alias = gm_quant_is_alias(o->quant, stored);
+    size_t emb = embed_bytes(cfg, stored_embed);
+    out->by_kind[GM_MEM_WEIGHTS] += emb + norm_bytes(cfg) + (alias ? linear_stored : 0);
+    snprintf(out->base_detail, sizeof out->base_detail, "linear %s %.1f MiB%s; embedding %s %.1f MiB (memory-mapped)",
+             alias ? gm_dtype_name(stored) : gm_quant_name(o->quant),
+             (double)(alias ? linear_stored : by_kind[GM_MEM_WEIGHTS]) / 1048576.0, alias ? " (memory-mapped)" : "",
+             gm_dtype_name(stored_embed), (double)emb / 1048576.0);
+    out->runtime = gm_plan_runtime_bytes(cfg);
+    out->total = out->runtime;
+    for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->total += out->by_kind[k];
+    out->exact = true;
+    out->n_params = gm_config_n_params(cfg);
+    gm_lora_count(&o->lora, cfg, &out->n_trainable);
+    return GM_OK;
+}
+
+void gm_plan_format(const gm_plan *p, char *buf, size_t cap) {
+    size_t n = 0;
+#define PUT(...)                                                                             \
+    do {                                                                                     \
+        int w = snprintf(buf + n, n < cap ? cap - n : 0, __VA_ARGS__);                       \
+        if (w > 0) n += (size_t)w;                                                           \
+    } while (0)
+    for (int k = 0; k < GM_MEM_KIND_COUNT; k++) {
+        if (k == GM_MEM_KV_CACHE && p->by_kind[k] == 0) continue;
+        PUT("  %-18s %10.1f MiB", gm_mem_kind_name((gm_mem_kind)k), (double)p->by_kind[k] / 1048576.0);
+        if (k == GM_MEM_WEIGHTS && p->base_detail[0]) PUT("   (%s)", p->base_detail);
+        PUT("\n");
+    }
+    PUT("  %-18s %10.1f MiB   (code, libraries, tokenizer, BLAS buffers)\n", "runtime", (double)p->runtime / 1048576.0);
+    PUT("  %-18s %10.1f MiB   (%.2f GiB)%s\n", "total", (double)p->total / 1048576.0, (double)p->total / 1073741824.0,
+        p->exact ? "" : "   estimate");
+#undef PUT
+    if (n >= cap && cap) buf[cap - 1] = '\0';
+}
+
+gm_status gm_plan_fit(const gm_config *cfg, gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
+                      const gm_plan_inputs *inputs, size_t limit, gm_plan *p, char *chosen, size_t cap, gm_error *err) {
+    chosen[0] = '\0';
+    GM_TRY(gm_plan_training(cfg, o, stored, stored_embed, inputs, p, err));
+    if (p->total <= limit) return GM_OK;
+    gm_train_opts f = *o;
+    size_t first = p->total;
+    if (!f.checkpointing) f.checkpointing = true;
+    GM_TRY(gm_plan_training(cfg, &f, stored, stored_embed, inputs, p, err));
+    while (p->total > limit && f.batch > 1) {
+        f.batch /= 2;
+        f.grad_accum *= 2;
+        GM_TRY(gm_plan_training(cfg, &f, stored, stored_embed, inputs, p, err));
+    }
+    if (p->total > limit)
+        return gm_error_set(err, GM_ERR_LIMIT,
+                            "the plan needs %.2f GiB, over the memory limit of %.2f GiB, and still %.2f GiB with activation "
+                            "checkpointing and batch 1\n  hint: lower max_length or rank, or use quant = nf4",
+                            (double)first / 1073741824.0, (double)limit / 1073741824.0, (double)p->total / 1073741824.0);
+    size_t n = 0;
+    if (f.checkpointing && !o->checkpointing) n += (size_t)snprintf(chosen, cap, "activation checkpointing on");
+    if (f.batch != o->batch && n < cap)
+        snprintf(chosen + n, cap - n, "%sbatch %lld x gradient accumulation %lld (was %lld x %lld)", n ? ", " : "",
+                 (long long)f.batch, (long long)f.grad_accum, (long long)o->batch, (long long)o->grad_accum);
+    *o = f;
+    return GM_OK;
+}

@@ -1,0 +1,86 @@
+/*
+ * gm_plan.h - the memory planner: the peak a training run needs, known before any weight is
+ * loaded, itemized.
+ *
+ * A plan needs only a model config (GGUF metadata, a Hugging Face config.json or a built-in
+ * preset of the published sizes: gm_config_preset) and the training options. For Gemma 3 - the
+ * graph gemmarun trains - the plan IS the trainer's own layout: gm_train_plan runs the same layout
+ * function the trainer allocates with, on a measuring arena, so planned and allocated bytes are
+ * equal by construction; the plan adds the base weights the trainer reads in place (memory-mapped
+ * file pages that become resident) and the process's own runtime (code, libraries, tokenizer,
+ * BLAS buffers). For Gemma 3n and Gemma 4, which gemmarun cannot train yet, the plan applies the
+ * same per-token accounting to their parts (per-layer embeddings, AltUp streams, KV sharing,
+ * double-wide and mixture-of-experts FFNs, vision and audio towers) and says it is an estimate.
+ *
+ * Items (gm_mem_kind): base weights, adapters, gradients, optimizer state, saved activations,
+ * largest transient (attention scores, LM-head logits chunk), workspace, plus `runtime`.
+ * Peak = their sum: every item is allocated once and lives for the whole run (DESIGN.md §7).
+ *
+ * Ownership: plain value structs. Errors: GM_ERR_INVALID for impossible options (as the
+ * trainer's validation), GM_ERR_UNSUPPORTED for an architecture the planner does not know.
+ */
+#ifndef GM_PLAN_H
+#define GM_PLAN_H
+
+#include "gm_arena.h"
+#include "gm_config.h"
+#include "gm_status.h"
+#include "gm_train.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Multimodal inputs per example (they change the activations: image and audio soft tokens take
+ * sequence positions, and the towers run on every example). */
+typedef struct gm_plan_inputs {
+    int64_t images;          /* images per example */
+    double audio_seconds;    /* seconds of audio per example */
+} gm_plan_inputs;
+
+typedef struct gm_plan {
+    size_t by_kind[GM_MEM_KIND_COUNT];
+    size_t runtime;          /* process: code, libraries, tokenizer, BLAS buffers */
+    size_t total;
+    bool exact;              /* true: the trainer's own layout (Gemma 3); false: an estimate */
+    int64_t n_params;        /* base model parameters */
+    int64_t n_trainable;     /* LoRA parameters */
+    char base_detail[256];   /* how the base weights break down (linear / embeddings / towers) */
+    char note[512];          /* what is estimated and why, when not exact */
+} gm_plan;
+
+/* Plans a training run. `stored` is the stored dtype of the linear weights (for quant "stored"
+ * and to size memory-mapped weights): GM_BF16 for Hugging Face checkpoints, the dominant GGUF
+ * type otherwise. inputs may be NULL (text only). */
+gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
+                           const gm_plan_inputs *inputs, gm_plan *out, gm_error *err);
+
+/* The config of a model argument without loading weights: a built-in size name (unless it is
+ * also a fetched model in the cache), a GGUF file (header only), a Hugging Face folder or its
+ * config.json. *stored / *stored_embed receive the stored dtype of the linear weights and of the
+ * embedding (bf16 assumed for Hugging Face checkpoints and presets). */
+gm_status gm_config_probe(const char *arg, gm_config *cfg, gm_dtype *stored, gm_dtype *stored_embed, gm_error *err);
+
+/* The runtime item: resident memory of the process before any model is loaded (measured
+ * constant, docs/memory.md) plus the tokenizer of a vocab_size vocabulary. */
+size_t gm_plan_runtime_bytes(const gm_config *cfg);
+
+/* memory_limit with fit (issue: never run out of memory mid-run): if the plan exceeds `limit`
+ * bytes, turn on activation checkpointing, then halve the batch and double the gradient
+ * accumulation (same effective batch) until the plan fits. On success *o holds the chosen
+ * options, *p their plan and `chosen` says what changed ("" if nothing had to); GM_ERR_LIMIT
+ * (with the smallest plan reached and what else would help) when even batch 1 with
+ * checkpointing does not fit. */
+gm_status gm_plan_fit(const gm_config *cfg, gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
+                      const gm_plan_inputs *inputs, size_t limit, gm_plan *p, char *chosen, size_t cap, gm_error *err);
+
+/* Writes the itemized table (one item per line, then the total) into buf. */
+void gm_plan_format(const gm_plan *p, char *buf, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_PLAN_H */
