@@ -18,10 +18,11 @@ end
 R.fmt_bytes = fmt_bytes
 
 local function fmt_time(s)
-  if s ~= s or s == math.huge then return "?" end
+  if s ~= s or s == math.huge or s < 0 then return "?" end
+  s = math.floor(s + 0.5)
   if s >= 3600 then return string.format("%dh%02dm", s // 3600, (s % 3600) // 60) end
   if s >= 60 then return string.format("%dm%02ds", s // 60, s % 60) end
-  return string.format("%.0fs", s)
+  return string.format("%ds", s)
 end
 
 local function say(fmt, ...) print(string.format(fmt, ...)) end
@@ -318,6 +319,7 @@ local function run_trial(ctx, e, trial, n_trials)
   res:save()
   -- training
   local t0, tokens, last_loss = gm.clock(), 0, 0 / 0
+  ctx.last_elapsed = 0
   local order = permutation(st_tr.n, cfg.seed, epoch)
   while step < total do
     if pos >= st_tr.n then
@@ -341,8 +343,10 @@ local function run_trial(ctx, e, trial, n_trials)
       tokens_per_s = step_tokens / math.max(1e-9, elapsed - (ctx.last_elapsed or 0)), elapsed_s = elapsed, rss_mib = gm.peak_rss() / 2 ^ 20 })
     ctx.last_elapsed = elapsed
     local eta = (total - step) * elapsed / math.max(1, step - (trial.resumed_from or 0))
-    gm.progress(string.format("trial %d/%d  step %d/%d  loss %.4f  %.0f tok/s  ETA %s  mem %s", trial.index, n_trials, step, total,
-      st.loss, tokens / math.max(1e-9, elapsed), fmt_time(eta), fmt_bytes(gm.peak_rss())))
+    -- the display must never fail a trial: format in a protected call
+    local okp, line = pcall(string.format, "trial %d/%d  step %d/%d  loss %.4f  %.0f tok/s  ETA %s  mem %s", trial.index,
+      n_trials, step, total, st.loss, tokens / math.max(1e-9, elapsed), fmt_time(eta), fmt_bytes(gm.peak_rss()))
+    gm.progress(okp and line or string.format("trial %d/%d  step %d/%d", trial.index, n_trials, step, total))
     if gm.interrupted() or step % (cfg.checkpoint_every or 25) == 0 or step == total then
       tr:save(ckpt, { epoch = epoch, pos = pos, loss = st.loss, config = gm.json_encode(cfg) })
       res:save()

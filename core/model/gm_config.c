@@ -325,7 +325,12 @@ gm_status gm_config_from_json_file(const char *path, gm_config *cfg, gm_error *e
     return s;
 }
 
-/* ---- presets (gemma_architecture.md §1.1) ---------------------------------------------------- */
+/* ---- presets ---------------------------------------------------------------------------------
+ *
+ * Gemma 3 sizes: gemma_architecture.md §1.1. Gemma 3n (§3.1) and Gemma 4 (§4.1) sizes, with their
+ * per-layer arrays (layer types, FFN widths, KV-sharing sources, RoPE bases) and the sizes of the
+ * vision / audio towers, for planning. Published parameter totals these reproduce, with sources:
+ * docs/memory.md ("The seeds' cases", parameter counts). */
 
 typedef struct preset {
     const char *name;
@@ -340,6 +345,146 @@ static const preset presets[] = {
     {"gemma3-12b", 3840, 48, 16, 8, 256, 15360, 1024, 262208, 131072, 256, 0.125f},
     {"gemma3-27b", 5376, 62, 32, 16, 128, 21504, 1024, 262208, 131072, 168, 0.125f},
 };
+
+/* Gemma 3n / Gemma 4 text decoders (§3.1, §4.1). kv_shared: the last kv_shared layers reuse the
+ * K/V of an earlier layer (§3.5, §4.4); wide_shared_ffn: FFN width of those layers (Gemma 4 E2B's
+ * "double-wide" MLP, 0 = same as F). */
+typedef struct preset_ext {
+    const char *name;
+    gm_arch arch;
+    int64_t C, L, H, KVH, KVH_full, D, D_full, F, wide_shared_ffn, W, V, maxpos;
+    int pattern;                /* layer i is full iff (i+1) % pattern == 0 */
+    int64_t kv_shared;
+    int64_t ple_dim, altup, laurel;
+    bool k_eq_v;
+    int64_t experts, top_k, expert_ffn;
+    int tower;                  /* which vision / audio towers (below) */
+} preset_ext;
+
+enum { TOWERS_3N = 1, TOWERS_4_SMALL, TOWERS_4_LARGE };
+
+static const preset_ext presets_ext[] = {
+    /* name             arch             C     L   H  KVH KVHf  D    Df   F      wide   W     V       maxpos  pat shared ple altup laurel k=v   E    k  Fe   towers */
+    {"gemma3n-e2b", GM_ARCH_GEMMA3N, 2048, 30, 8, 2, 2, 256, 256, 8192, 0, 512, 262400, 32768, 5, 10, 256, 4, 64, false, 0, 0, 0, TOWERS_3N},
+    {"gemma3n-e4b", GM_ARCH_GEMMA3N, 2048, 35, 8, 2, 2, 256, 256, 16384, 0, 512, 262400, 32768, 5, 15, 256, 4, 64, false, 0, 0, 0, TOWERS_3N},
+    {"gemma4-e2b", GM_ARCH_GEMMA4, 1536, 35, 8, 1, 1, 256, 512, 6144, 12288, 512, 262144, 131072, 5, 20, 256, 1, 0, false, 0, 0, 0, TOWERS_4_SMALL},
+    {"gemma4-e4b", GM_ARCH_GEMMA4, 2560, 42, 8, 2, 2, 256, 512, 10240, 0, 512, 262144, 131072, 6, 18, 256, 1, 0, false, 0, 0, 0, TOWERS_4_SMALL},
+    {"gemma4-31b", GM_ARCH_GEMMA4, 5376, 60, 32, 16, 4, 256, 512, 21504, 0, 1024, 262144, 262144, 6, 0, 0, 1, 0, true, 0, 0, 0, TOWERS_4_LARGE},
+    {"gemma4-26b-a4b", GM_ARCH_GEMMA4, 2816, 30, 16, 8, 2, 256, 512, 2112, 0, 1024, 262144, 262144, 6, 0, 0, 1, 0, true, 128, 8, 704, TOWERS_4_LARGE},
+};
+
+/* Gemma 4 vision encoder (§4.5): `layers` Gemma-style blocks of width dv (4 dv^2 attention, GeGLU
+ * MLP 3 dv fv, four sandwich norms, q/k norms of head width hd), the 16x16x3 = 768 -> dv patch
+ * projection, the factorized position table [2, 10240, dv], the 31B/26B standardization (2 dv),
+ * clipped linears on E2B/E4B (4 scalars per linear), and the LM embedder Linear(dv -> d_text).
+ * For 27 x 1152 this gives 569,550,384 without the embedder - the count a published extraction of
+ * the 31B tower reports (docs/memory.md). */
+static int64_t gemma4_vision_params(int64_t dv, int64_t layers, int64_t fv, int64_t hd, bool standardize,
+                                    bool clipped, int64_t d_text) {
+    int64_t per = 4 * dv * dv + 3 * dv * fv + 4 * dv + 2 * hd + (clipped ? 7 * 4 : 0);
+    return layers * per + 768 * dv + 2 * 10240 * dv + (standardize ? 2 * dv : 0) + dv * d_text;
+}
+
+/* USM-style conformer (§3.9 for Gemma 3n, §4.6 for Gemma 4), hidden da, `layers` blocks: two
+ * half-step FFNs (da -> 4 da -> da, pre/post norms) = 16 da^2 + 4 da; attention q, k, v, post and
+ * the relative-position projection = 5 da^2, its norms and per-dim scale (head width hd); LightConv
+ * (da -> 2 da GLU, depthwise k=5, norm, da -> da) = 3 da^2 + 7 da; the block-final norm. Plus the
+ * sub-sampling convolutions (1 -> 128 -> 32 channels, 3x3) with their norms and the 1024 -> da
+ * projection. Gemma 4's FFN width is not in our notes: 4 da as in Gemma 3n (an assumption). */
+static int64_t conformer_params(int64_t da, int64_t layers, int64_t hd) {
+    int64_t per = 24 * da * da + 14 * da + hd;
+    return layers * per + (1 * 128 * 9 + 128) + (128 * 32 * 9 + 32) + 1024 * da;
+}
+
+static void set_towers(gm_config *c, int tower) {
+    int64_t D = c->hidden_size;
+    switch (tower) {
+    case TOWERS_3N:
+        /* MobileNet-V5-300M (§3.10): its exact count is not derivable from our notes (block
+         * internals live in timm); 300 M is the published size in its name. Plus the vision
+         * embedder (§3.8): 128 hard-token rows x 2048, two norms, Linear(2048 -> 2048). */
+        c->vision_params = 300000000 + 128 * 2048 + 2 * 2048 + 2048 * D;
+        c->vision_tokens = 256;      /* 16 x 16 pooled grid per 768 x 768 image (§3.10) */
+        c->vision_hidden = 2048;
+        c->vision_layers = 84;       /* blocks, HF-G3nW cumulative counts 3/8/45/84 */
+        c->vision_patches = 48 * 48; /* the stage-2 grid its attention blocks run over */
+        /* audio: 12 x 1536 conformer (§3.9) + embedder (§3.8: 128 x 1536 rows, two norms,
+         * Linear(1536 -> 2048)) */
+        c->audio_params = conformer_params(1536, 12, 192) + 128 * 1536 + 2 * 1536 + 1536 * D;
+        c->audio_tokens_per_s = 6.25; /* 160 ms per token (§3.9) */
+        c->audio_hidden = 1536;
+        c->audio_layers = 12;
+        c->audio_frames_per_s = 25.0; /* conformer frames: 10 ms hop x 2 x 2 before the 4x reduction */
+        break;
+    case TOWERS_4_SMALL:
+        c->vision_params = gemma4_vision_params(768, 16, 3072, 64, false, true, D);
+        c->vision_tokens = 256;      /* budget 280: a square photo -> 768 x 768 -> 256 tokens (§4.5) */
+        c->vision_hidden = 768;
+        c->vision_layers = 16;
+        c->vision_patches = 48 * 48; /* 16-pixel patches of 768 x 768 */
+        /* 12 x 1024 conformer, output_proj Linear(1024 -> 1536, bias), LM embedder 1536 -> D (§4.6) */
+        c->audio_params = conformer_params(1024, 12, 128) + 11 * 4 * 12 + 1024 * 1536 + 1536 + 1536 * D;
+        c->audio_tokens_per_s = 25.0; /* 40 ms per token, no reduction (§4.6) */
+        c->audio_hidden = 1024;
+        c->audio_layers = 12;
+        c->audio_frames_per_s = 25.0;
+        break;
+    case TOWERS_4_LARGE:
+        c->vision_params = gemma4_vision_params(1152, 27, 4304, 72, true, false, D);
+        c->vision_tokens = 256;
+        c->vision_hidden = 1152;
+        c->vision_layers = 27;
+        c->vision_patches = 48 * 48;
+        break;
+    default: break;
+    }
+}
+
+static void preset_ext_fill(const preset_ext *p, gm_config *c) {
+    defaults_gemma3(c);
+    c->arch = p->arch;
+    snprintf(c->name, sizeof c->name, "%s", p->name);
+    c->hidden_size = p->C;
+    c->n_layers = p->L;
+    c->n_heads = p->H;
+    c->n_kv_heads = p->KVH;
+    c->head_dim = p->D;
+    c->intermediate_size = p->F;
+    c->sliding_window = p->W;
+    c->vocab_size = p->V;
+    c->max_position_embeddings = p->maxpos;
+    c->query_pre_attn_scalar = 1.0f; /* attention scaling 1.0: no 1/sqrt(d) (§3.2, §4.2) */
+    c->final_logit_softcap = 30.0f;
+    c->norm_convention = GM_NORM_DIRECT; /* RMSNorm multiplies by the stored weight (§3.2, §4.2) */
+    c->ple_dim = p->ple_dim;
+    c->ple_vocab = p->ple_dim ? 262144 : 0;
+    c->altup_inputs = p->altup;
+    c->laurel_rank = p->laurel;
+    c->head_dim_full = p->D_full;
+    c->n_kv_heads_full = p->KVH_full;
+    c->k_eq_v_full = p->k_eq_v;
+    c->n_experts = p->experts;
+    c->experts_top_k = p->top_k;
+    c->expert_ffn = p->expert_ffn;
+    int64_t first_shared = p->L - p->kv_shared;
+    for (int64_t i = 0; i < p->L; i++) {
+        bool full = (i + 1) % p->pattern == 0;
+        c->layer_type[i] = full ? GM_LAYER_FULL : GM_LAYER_SLIDING;
+        /* local 10k; global 1M (Gemma 4's "proportional" RoPE on 1/4 of the pairs, §4.3, is a
+         * frequency mask, not a position scale) */
+        c->rope_theta[i] = full ? 1e6f : 1e4f;
+        c->rope_pos_scale[i] = 1.0f;
+        c->ffn_dim[i] = (i >= first_shared && p->wide_shared_ffn) ? p->wide_shared_ffn : p->F;
+        c->kv_source[i] = (int32_t)i;
+        if (i >= first_shared) /* the last non-shared layer of the same type (§3.5, §4.4) */
+            for (int64_t j = first_shared - 1; j >= 0; j--)
+                if ((((j + 1) % p->pattern) == 0) == full) {
+                    c->kv_source[i] = (int32_t)j;
+                    break;
+                }
+    }
+    set_towers(c, p->tower);
+}
 
 gm_status gm_config_preset(const char *name, gm_config *cfg, gm_error *err) {
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
@@ -361,22 +506,66 @@ gm_status gm_config_preset(const char *name, gm_config *cfg, gm_error *err) {
         gm_config_gemma3_layers(cfg, 6, 1e4f, 1e6f, p->global_scale);
         return GM_OK;
     }
+    for (size_t i = 0; i < sizeof presets_ext / sizeof presets_ext[0]; i++) {
+        if (strcmp(presets_ext[i].name, name) != 0) continue;
+        preset_ext_fill(&presets_ext[i], cfg);
+        return GM_OK;
+    }
     char known[512] = "";
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
         strncat(known, i ? ", " : "", sizeof known - strlen(known) - 1);
         strncat(known, presets[i].name, sizeof known - strlen(known) - 1);
     }
+    for (size_t i = 0; i < sizeof presets_ext / sizeof presets_ext[0]; i++) {
+        strncat(known, ", ", sizeof known - strlen(known) - 1);
+        strncat(known, presets_ext[i].name, sizeof known - strlen(known) - 1);
+    }
     return gm_error_set(err, GM_ERR_NOT_FOUND, "unknown model name '%s' (known: %s)", name, known);
 }
 
+/* Per-layer attention geometry: Gemma 4 full layers have their own head width and KV heads
+ * (§4.1-4.2); 0 in those fields means "as the sliding layers". */
+static int64_t layer_head_dim(const gm_config *c, int64_t l) {
+    return (c->layer_type[l] == GM_LAYER_FULL && c->head_dim_full > 0) ? c->head_dim_full : c->head_dim;
+}
+static int64_t layer_kv_heads(const gm_config *c, int64_t l) {
+    return (c->layer_type[l] == GM_LAYER_FULL && c->n_kv_heads_full > 0) ? c->n_kv_heads_full : c->n_kv_heads;
+}
+
+/* Parameters as the checkpoint stores them. Gemma 3: embedding (counted once: tied head), per layer
+ * q/k/v/o, q/k norms, four block norms, gate/up/down; final norm. Gemma 3n / 4 add (§3.3-3.6,
+ * §4.2-4.4): the per-layer-embedding table (ple_vocab x L*ple_dim) and its projection
+ * (L*ple_dim x C + norm), per layer the PLE gate/projection/norm; AltUp's 3+3 stream projections
+ * and per layer its router (norm + altup x C), prediction (altup -> altup^2) and correction
+ * (altup -> altup) coefficients and output scale; LAuReL's two rank-r linears and norm; Gemma 4's
+ * layer scalar; MoE experts (3 C x expert_ffn each), router (n_experts x C, scale C, per-expert
+ * scale) and its three extra norms; the towers (vision_params, audio_params). KV-shared layers:
+ * Gemma 3n checkpoints keep their (unused) k/v projections (§3.5), Gemma 4 has none (§4.4); k_eq_v
+ * full layers have no v_proj (§4.2). */
 int64_t gm_config_n_params(const gm_config *c) {
-    int64_t n = c->vocab_size * c->hidden_size + c->hidden_size; /* embedding + final norm */
-    for (int64_t l = 0; l < c->n_layers; l++) {
-        int64_t q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
-        n += c->hidden_size * (q + 2 * kv) + q * c->hidden_size; /* q, k, v, o */
-        n += 2 * c->head_dim + 4 * c->hidden_size;              /* q/k norms, 4 block norms */
-        n += 3 * c->hidden_size * c->ffn_dim[l];                 /* gate, up, down */
+    int64_t C = c->hidden_size, L = c->n_layers;
+    int64_t n = c->vocab_size * C + C; /* embedding + final norm */
+    for (int64_t l = 0; l < L; l++) {
+        int64_t hd = layer_head_dim(c, l), q = c->n_heads * hd, kv = layer_kv_heads(c, l) * hd;
+        bool shared = c->kv_source[l] != l;
+        bool has_k = !(shared && c->arch == GM_ARCH_GEMMA4);
+        bool has_v = has_k && !(c->k_eq_v_full && c->layer_type[l] == GM_LAYER_FULL);
+        n += C * q + q * C + hd + 4 * C;            /* q, o, q_norm, four block norms */
+        if (has_k) n += C * kv + hd;                 /* k, k_norm */
+        if (has_v) n += C * kv;                      /* v (v_norm has no weight) */
+        n += 3 * C * c->ffn_dim[l];                  /* gate, up, down (MoE: the dense branch) */
+        if (c->n_experts > 0)
+            n += c->n_experts * 3 * C * c->expert_ffn + c->n_experts * C + C + c->n_experts + 3 * C;
+        if (c->laurel_rank > 0) n += 2 * c->laurel_rank * C + C;
+        if (c->altup_inputs > 1) {
+            int64_t a = c->altup_inputs;
+            n += C + a * C + a * a * a + a * a + C;
+        }
+        if (c->ple_dim > 0) n += 2 * c->ple_dim * C + C;
+        if (c->arch == GM_ARCH_GEMMA4) n += 1;      /* layer_scalar */
     }
-    if (!c->tie_word_embeddings) n += c->vocab_size * c->hidden_size;
-    return n;
+    if (c->ple_dim > 0) n += c->ple_vocab * L * c->ple_dim + L * c->ple_dim * C + c->ple_dim;
+    if (c->altup_inputs > 1) n += 2 * (c->altup_inputs - 1) * C * C;
+    if (!c->tie_word_embeddings) n += c->vocab_size * C;
+    return n + c->vision_params + c->audio_params;
 }

@@ -113,10 +113,14 @@ gm_status gm_config_from_json_file(const char *path, gm_config *cfg, gm_error *e
 gm_status gm_config_from_json(const char *json, const char *label, gm_config *cfg, gm_error *err);
 
 /* Built-in presets of the published sizes: "gemma3-270m", "gemma3-1b", "gemma3-4b",
- * "gemma3-12b", "gemma3-27b". Returns GM_ERR_NOT_FOUND listing the known names. */
+ * "gemma3-12b", "gemma3-27b", "gemma3n-e2b", "gemma3n-e4b", "gemma4-e2b", "gemma4-e4b",
+ * "gemma4-31b", "gemma4-26b-a4b" (Gemma 3n / 4 with their per-layer arrays and tower sizes, for
+ * planning). Returns GM_ERR_NOT_FOUND listing the known names. */
 gm_status gm_config_preset(const char *name, gm_config *cfg, gm_error *err);
 
-/* Number of parameters of the text decoder (embedding counted once; tied head). */
+/* Number of parameters as the checkpoint stores them (embedding counted once; tied head): the text
+ * decoder, and for Gemma 3n / 4 also the per-layer embeddings, AltUp, LAuReL, experts and the
+ * vision / audio towers (vision_params, audio_params). */
 int64_t gm_config_n_params(const gm_config *cfg);
 
 #ifdef __cplusplus
