@@ -394,11 +394,10 @@ static int cmd_plan(int argc, char **argv) {
         }
     printf("memory plan: %s (%s, %.2fB parameters)\n", argv[0], cfg.name, (double)p.n_params / 1e9);
     printf("LoRA rank %d alpha %g on %s (%.1fM trainable), base %s, batch %lld x accumulation %lld, max_length %lld,\n"
-           "activation checkpointing %s, %d threads%s%s\n",
+           "activation checkpointing %s, %d threads\n",
            o.lora.rank, (double)o.lora.alpha, (o.lora.targets == (1u << GM_LIN_COUNT) - 1) ? "all-linear" : targets,
            (double)p.n_trainable / 1e6, gm_quant_name(o.quant), (long long)o.batch, (long long)o.grad_accum,
-           (long long)o.max_length, o.checkpointing ? "on" : "off", o.n_threads, in.images ? ", images per example " : "",
-           in.images ? "" : "");
+           (long long)o.max_length, o.checkpointing ? "on" : "off", o.n_threads);
     if (in.images) printf("images per example: %lld\n", (long long)in.images);
     if (in.audio_seconds > 0) printf("audio per example: %.1f s\n", in.audio_seconds);
     char table[4096];

@@ -285,7 +285,9 @@ local function run_trial(ctx, e, trial, n_trials)
   local opts, fit_note = fit_memory(e, trial, trainer_opts(cfg, total, threads))
   if fit_note then say("  fit: %s (plan %s)", fit_note, fmt_bytes(trial.plan.total)) end
   local mem = {}
-  for k, v in pairs(trial.plan) do mem["planned_" .. k:gsub(" ", "_")] = v end
+  for k, v in pairs(trial.plan) do
+    if math.type(v) == "integer" then mem["planned_" .. k:gsub(" ", "_")] = v end
+  end
   gm.reset_peak_rss()
   local tr <close> = ctx.model:trainer(opts)
   -- baseline evaluation (the adapters start at B = 0: the base model)

@@ -4,6 +4,8 @@
  */
 #include "gm_plan.h"
 
+#include "gm_plan_arch.h"
+
 #include "gm_fetch.h"
 #include "gm_gguf.h"
 #include "gm_lora.h"
@@ -22,10 +24,6 @@
  * slot, score, type, and the GGUF reader's string index (measured: 262,144 entries take ~16 MiB). */
 #define TOKENIZER_BYTES_PER_TOKEN 64
 
-/* Provided by core/plan/gm_plan_arch.c (Gemma 3n / Gemma 4 estimates); weak so a build without
- * it still links and reports the architecture as unsupported. */
-gm_status gm_plan_estimate(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
-                           const gm_plan_inputs *in, gm_plan *out, gm_error *err) __attribute__((weak));
 
 gm_status gm_config_probe(const char *arg, gm_config *cfg, gm_dtype *stored, gm_dtype *stored_embed, gm_error *err) {
     *stored = *stored_embed = GM_BF16;
@@ -72,11 +70,7 @@ static size_t norm_bytes(const gm_config *c) {
 gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
                            const gm_plan_inputs *inputs, gm_plan *out, gm_error *err) {
     memset(out, 0, sizeof *out);
-    if (cfg->arch != GM_ARCH_GEMMA3) {
-        if (!gm_plan_estimate)
-            return gm_error_set(err, GM_ERR_UNSUPPORTED, "no memory planner for %s in this build", gm_arch_name(cfg->arch));
-        return gm_plan_estimate(cfg, o, stored, stored_embed, inputs, out, err);
-    }
+    if (cfg->arch != GM_ARCH_GEMMA3) return gm_plan_estimate(cfg, o, stored, stored_embed, inputs, out, err);
     if (inputs && (inputs->images > 0 || inputs->audio_seconds > 0))
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "Gemma 3 %s takes no %s inputs in gemmarun yet", cfg->name,
                             inputs->images > 0 ? "image" : "audio");

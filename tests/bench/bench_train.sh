@@ -6,7 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 export RANK=${1:-16} MAX_LEN=${2:-256} BATCH=${3:-1} STEPS=${4:-4}
 echo "# $(date -u +%F) $(nproc) cores; LoRA rank $RANK all-linear, batch $BATCH, max_length $MAX_LEN"
-for q in stored f32 bf16 nf4; do
+echo "| quant | ckpt | rank | batch | max_length | step s | planned MiB | measured MiB | difference |"
+echo "|---|---|---|---|---|---|---|---|---|"
+for q in ${QUANTS:-stored f32 bf16 nf4}; do
   for c in 0 1; do
     QUANT=$q CKPT=$c build/gemmarun tests/bench/train_step.lua
   done

@@ -1,5 +1,7 @@
--- tests/bench/train_step.lua - one training configuration on the real Gemma 3 270M: step time
--- and memory (planned arena, process peak RSS). Run by tests/bench/bench_train.sh, once per
+-- tests/bench/train_step.lua - one training configuration on the real Gemma 3 270M: step time,
+-- the memory plan computed from the config alone (gm.plan, as `gemmarun plan` prints it) and the
+-- process's measured peak RSS, as one Markdown table row:
+-- | quant | ckpt | rank | batch | max_length | step s | planned MiB | measured MiB | difference | Run by tests/bench/bench_train.sh, once per
 -- configuration (peak RSS is per process). Settings come from the environment:
 --   QUANT (stored|f32|bf16|nf4|int8), CKPT (0|1), RANK, MAX_LEN, BATCH, STEPS, THREADS
 local quant = env("QUANT", "stored")
@@ -21,9 +23,11 @@ for i = 1, batch * steps + batch do
   assert(ds:add_chat({ { role = "user", content = "Tell me about science." },
                        { role = "assistant", content = table.concat(parts, "\n") } }, { max_length = max_len }))
 end
-local tr <close> = m:trainer { rank = rank, alpha = 2 * rank, targets = "all-linear", quant = quant,
+local opts = { rank = rank, alpha = 2 * rank, targets = "all-linear", quant = quant,
   batch = batch, max_length = max_len, checkpointing = ckpt, lr = 1e-4, steps = steps + 1 }
-local planned = tr:memory().total
+local plan = gm.plan(env("GEMMA_MODEL", "gemma3-270m"), opts) -- from the config alone
+local tr <close> = m:trainer(opts)
+local planned = plan.total
 local times = {}
 for s = 0, steps do
   local idx = {}
@@ -34,6 +38,7 @@ for s = 0, steps do
   assert(st.tokens > 0)
 end
 table.sort(times)
-print(string.format("quant=%-6s ckpt=%-3s rank=%d batch=%d max_length=%d tokens/step=%d  step %.2f s (median of %d)  planned %.0f MiB  peak RSS %.0f MiB",
-  quant, ckpt and "on" or "off", rank, batch, max_len, ds:example(1).tokens * batch, times[(#times + 1) // 2], #times,
-  planned / 2^20, gm.peak_rss() / 2^20))
+local peak = gm.peak_rss()
+print(string.format("| %-6s | %-3s | %d | %d | %d | %.2f | %.1f | %.1f | %+.1f%% |",
+  quant, ckpt and "on" or "off", rank, batch, max_len, times[(#times + 1) // 2], planned / 2^20, peak / 2^20,
+  100 * (peak - planned) / planned))

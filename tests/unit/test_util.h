@@ -73,6 +73,22 @@
  * the widest gap of the signed dynamic map (0.0140625 / 2 = 0.00703) plus half a bin of bnb's
  * 65,536-bin code table (1/65535 = 1.5e-5) plus f32 roundings. */
 #define TOL_QUANT_NF4_ABSMAX2 0.0071
+/* Memory planner estimates (tests/unit/test_plan_arch.c). Parameter totals of the Gemma 3n / 4
+ * presets vs published figures: those are printed with 2-3 significant digits (5.44B, 7.85B,
+ * 5.1B, 30.7B, 25.2B: half a unit of the last digit is <= 1%), and one tower of Gemma 3n
+ * (MobileNet-V5-300M) is only known by the "300M" in its name (+-5M = 0.1% of E2B). */
+#define TOL_PARAMS_PUBLISHED_REL 0.01
+/* Figures published with fewer digits or derived by a rule the model card does not spell out:
+ * Gemma 4 E4B "8B" (one digit), "4.5B effective" (we get 4.64B: the card's breakdown of the
+ * effective count is not available), 26B-A4B "3.8B active", Gemma 3n "1.91B effective". */
+#define TOL_PARAMS_ROUGH_REL 0.04
+/* The estimator run on Gemma 3 vs the trainer's own plan (gm_train_plan / gm_plan_training): the
+ * same buffers with the same rounding, so every item agrees exactly; the bound only allows for
+ * the base weights' norms (f32 in both, counted from the config by two formulas). */
+#define TOL_PLAN_VS_TRAINER_REL 0.001
+/* Activations at batch 2 vs batch 1: every saved buffer is N = B*T rows wide, so exactly 2x up to
+ * the arena's 64-byte rounding of a few tiny buffers. */
+#define TOL_PLAN_BATCH_SCALING_REL 0.001
 /* Tokenizer, chat template, parsers: exact. */
 
 /* ---- checks ---- */

@@ -1,0 +1,322 @@
+/*
+ * test_plan_arch.c - the Gemma 3n / Gemma 4 presets and the memory estimator (core/plan/gm_plan_arch.c).
+ *
+ * Checks: (1) the presets' shapes (layer pattern, KV-sharing sources, double-wide FFN) and their
+ * parameter totals against published figures (docs/memory.md lists the sources); (2) the
+ * estimator run on Gemma 3 configs reproduces the trainer's own plan item by item (that is what
+ * validates its accounting); (3) monotonicity: longer sequences, larger batches, images and no
+ * checkpointing cost more; nf4 weighs less than bf16; (4) LoRA counts on KV-shared and k_eq_v layers.
+ *
+ * `test_plan_arch --table` prints the plans of docs/memory.md "The seeds' cases" instead.
+ */
+#include "gm_plan_arch.h"
+#include "gm_quant.h"
+#include "test_util.h"
+
+#include <string.h>
+
+static gm_config preset(const char *name) {
+    gm_config c;
+    gm_error err;
+    memset(&c, 0, sizeof c);
+    CHECK_OK(gm_config_preset(name, &c, &err), &err);
+    return c;
+}
+
+static gm_train_opts opts(int rank, int64_t T, int64_t B, bool ckpt, gm_quant q) {
+    gm_train_opts o = gm_train_opts_default();
+    o.lora.rank = rank;
+    o.lora.alpha = (float)rank;
+    o.max_length = T;
+    o.batch = B;
+    o.checkpointing = ckpt;
+    o.quant = q;
+    return o;
+}
+
+static double rel(double a, double b) { return fabs(a - b) / fabs(b); }
+
+static int64_t text_params(const gm_config *c) { return gm_config_n_params(c) - c->vision_params - c->audio_params; }
+
+/* ---- presets ------------------------------------------------------------------------------- */
+
+static void test_presets(void) {
+    const char *names[] = {"gemma3n-e2b", "gemma3n-e4b", "gemma4-e2b", "gemma4-e4b", "gemma4-31b", "gemma4-26b-a4b"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        gm_config c = preset(names[i]);
+        gm_error err;
+        CHECK_OK(gm_config_validate(&c, names[i], &err), &err);
+        CHECK(c.arch == (i < 2 ? GM_ARCH_GEMMA3N : GM_ARCH_GEMMA4), "%s arch", names[i]);
+        CHECK(c.norm_convention == GM_NORM_DIRECT && c.final_logit_softcap == 30.0f, "%s norms/softcap", names[i]);
+        /* the last layer of every Gemma 4 is full attention (§4.1) */
+        if (c.arch == GM_ARCH_GEMMA4) CHECK(c.layer_type[c.n_layers - 1] == GM_LAYER_FULL, "%s last layer", names[i]);
+    }
+    gm_config c;
+    gm_error err;
+    CHECK(gm_config_preset("gemma5-1b", &c, &err) == GM_ERR_NOT_FOUND && strstr(err.msg, "gemma4-26b-a4b") &&
+              strstr(err.msg, "gemma3-270m") && strstr(err.msg, "gemma3n-e2b"),
+          "unknown name lists the known ones: %s", err.msg);
+
+    /* Gemma 3n E2B (§3.1, §3.5): full iff (i+1) % 5 == 0; layers 20..29 share; sources 18 / 19 */
+    c = preset("gemma3n-e2b");
+    CHECK(c.layer_type[4] == GM_LAYER_FULL && c.layer_type[3] == GM_LAYER_SLIDING, "3n pattern");
+    CHECK(c.kv_source[19] == 19 && c.kv_source[20] == 18 && c.kv_source[24] == 19 && c.kv_source[29] == 19,
+          "3n kv sources: %d %d %d", c.kv_source[20], c.kv_source[24], c.kv_source[29]);
+    /* Gemma 4 E2B (§4.1, §4.4): 35 layers, 4+1 pattern, last 20 share (first = 15, sources 13 / 14)
+     * and run the double-wide 12288 FFN */
+    c = preset("gemma4-e2b");
+    CHECK(c.kv_source[15] == 13 && c.kv_source[19] == 14 && c.kv_source[14] == 14, "g4 e2b sources %d %d",
+          c.kv_source[15], c.kv_source[19]);
+    CHECK(c.ffn_dim[14] == 6144 && c.ffn_dim[15] == 12288 && c.ffn_dim[34] == 12288, "g4 e2b double-wide");
+    c = preset("gemma4-e4b");
+    CHECK(c.kv_source[24] == 22 && c.kv_source[29] == 23 && c.ffn_dim[41] == 10240, "g4 e4b sources/ffn");
+    c = preset("gemma4-31b");
+    CHECK(c.k_eq_v_full && c.n_kv_heads_full == 4 && c.head_dim_full == 512 && c.kv_source[59] == 59, "31b attention");
+}
+
+/* Published totals (sources in docs/memory.md, "Parameter counts"); tolerances: test_util.h. */
+static void test_param_totals(void) {
+    gm_config c = preset("gemma3n-e2b");
+    CHECK(rel((double)gm_config_n_params(&c), 5.44e9) <= TOL_PARAMS_PUBLISHED_REL, "3n E2B %lld vs 5.44B",
+          (long long)gm_config_n_params(&c));
+    /* "effective memory load of just under 2 billion (1.91B)": the text decoder without the
+     * per-layer-embedding table and the main embedding */
+    double eff = (double)(text_params(&c) - c.ple_vocab * c.n_layers * c.ple_dim - c.vocab_size * c.hidden_size);
+    CHECK(rel(eff, 1.91e9) <= TOL_PARAMS_ROUGH_REL, "3n E2B effective %.4g vs 1.91B", eff);
+    c = preset("gemma3n-e4b");
+    CHECK(rel((double)gm_config_n_params(&c), 7.85e9) <= TOL_PARAMS_PUBLISHED_REL, "3n E4B %lld vs 7.85B",
+          (long long)gm_config_n_params(&c));
+
+    /* Gemma 4 E models: "2.3B effective (5.1B with embeddings)", "4.5B effective (8B ...)": the
+     * totals include both towers; effective = text decoder without the PLE table */
+    c = preset("gemma4-e2b");
+    CHECK(rel((double)gm_config_n_params(&c), 5.1e9) <= TOL_PARAMS_PUBLISHED_REL, "g4 E2B %lld vs 5.1B",
+          (long long)gm_config_n_params(&c));
+    eff = (double)(text_params(&c) - c.ple_vocab * c.n_layers * c.ple_dim);
+    CHECK(rel(eff, 2.3e9) <= TOL_PARAMS_PUBLISHED_REL * 2, "g4 E2B effective %.4g vs 2.3B", eff);
+    c = preset("gemma4-e4b");
+    CHECK(rel((double)gm_config_n_params(&c), 8.0e9) <= TOL_PARAMS_ROUGH_REL, "g4 E4B %lld vs 8B",
+          (long long)gm_config_n_params(&c));
+    eff = (double)(text_params(&c) - c.ple_vocab * c.n_layers * c.ple_dim);
+    CHECK(rel(eff, 4.5e9) <= TOL_PARAMS_ROUGH_REL, "g4 E4B effective %.4g vs 4.5B", eff);
+
+    /* 31B: 30.7B for the text model; its vision tower alone 569,550,384 (a published extraction
+     * of the 31B's tower; ours adds the LM embedder 1152 x 5376) */
+    c = preset("gemma4-31b");
+    CHECK(rel((double)text_params(&c), 30.7e9) <= TOL_PARAMS_PUBLISHED_REL, "31B text %lld vs 30.7B",
+          (long long)text_params(&c));
+    CHECK(c.vision_params - 1152 * c.hidden_size == 569550384, "31B vision tower %lld",
+          (long long)(c.vision_params - 1152 * c.hidden_size));
+    /* 26B-A4B: "25.2B total, 3.8B active" (text model, ~550M vision encoder apart) */
+    c = preset("gemma4-26b-a4b");
+    CHECK(rel((double)text_params(&c), 25.2e9) <= TOL_PARAMS_PUBLISHED_REL, "26B text %lld vs 25.2B",
+          (long long)text_params(&c));
+    double inactive = (double)c.n_layers * (double)(c.n_experts - c.experts_top_k) * 3.0 * (double)(c.hidden_size * c.expert_ffn);
+    CHECK(rel((double)text_params(&c) - inactive, 3.8e9) <= TOL_PARAMS_ROUGH_REL, "26B active %.4g vs 3.8B",
+          (double)text_params(&c) - inactive);
+    CHECK(c.vision_params - 1152 * c.hidden_size == 569550384, "26B vision tower (as the 31B's) %lld",
+          (long long)(c.vision_params - 1152 * c.hidden_size));
+
+    /* Gemma 3 presets unchanged: 270M = 268,098,176 (embedding 167.8M + 100.3M in the blocks) */
+    c = preset("gemma3-270m");
+    CHECK(gm_config_n_params(&c) == 268098176, "270m %lld", (long long)gm_config_n_params(&c));
+}
+
+/* ---- Gemma 3 through the estimator vs the trainer ---------------------------------------- */
+
+static void compare_with_trainer(const char *name, gm_train_opts o, gm_dtype stored, gm_dtype stored_embed) {
+    gm_config c = preset(name);
+    gm_plan est, exact;
+    gm_error err;
+    CHECK_OK(gm_plan_estimate(&c, &o, stored, stored_embed, NULL, &est, &err), &err);
+    CHECK_OK(gm_plan_training(&c, &o, stored, stored_embed, NULL, &exact, &err), &err);
+    CHECK(!est.exact && exact.exact, "exact flags");
+    for (int k = 0; k < GM_MEM_KIND_COUNT; k++) {
+        double a = (double)est.by_kind[k], b = (double)exact.by_kind[k];
+        CHECK(b == 0 ? a == 0 : rel(a, b) <= TOL_PLAN_VS_TRAINER_REL, "%s T=%lld B=%lld ckpt=%d %s r=%d %s: %.0f vs %.0f",
+              name, (long long)o.max_length, (long long)o.batch, o.checkpointing, gm_quant_name(o.quant), o.lora.rank,
+              gm_mem_kind_name((gm_mem_kind)k), a, b);
+    }
+    CHECK(rel((double)est.total, (double)exact.total) <= TOL_PLAN_VS_TRAINER_REL, "%s total %zu vs %zu", name,
+          est.total, exact.total);
+    CHECK(est.n_trainable == exact.n_trainable, "%s trainable %lld vs %lld", name, (long long)est.n_trainable,
+          (long long)exact.n_trainable);
+}
+
+static void test_gemma3_vs_trainer(void) {
+    compare_with_trainer("gemma3-270m", opts(8, 256, 1, false, GM_QUANT_STORED), GM_Q4_K, GM_Q8_0);
+    compare_with_trainer("gemma3-270m", opts(16, 1024, 2, true, GM_QUANT_NF4), GM_Q4_K, GM_Q8_0);
+    compare_with_trainer("gemma3-1b", opts(16, 512, 1, false, GM_QUANT_NF4), GM_BF16, GM_BF16);
+    compare_with_trainer("gemma3-1b", opts(8, 2048, 1, true, GM_QUANT_BF16), GM_BF16, GM_BF16);
+    compare_with_trainer("gemma3-4b", opts(64, 512, 4, false, GM_QUANT_INT8), GM_BF16, GM_BF16);
+    gm_train_opts o = opts(4, 300, 3, true, GM_QUANT_F32);
+    gm_error err;
+    CHECK_OK(gm_lora_parse_targets("q_proj,v_proj", &o.lora.targets, &err), &err);
+    o.n_threads = 4;
+    compare_with_trainer("gemma3-12b", o, GM_BF16, GM_BF16);
+    o = opts(16, 1024, 1, false, GM_QUANT_NF4);
+    for (int l = 0; l < GM_MAX_LAYERS; l++) o.lora.layers[l] = l % 2 == 0;
+    compare_with_trainer("gemma3-27b", o, GM_BF16, GM_BF16);
+}
+
+/* ---- monotonicity and scaling ------------------------------------------------------------- */
+
+static gm_plan plan_of(const char *name, gm_train_opts o, const gm_plan_inputs *in) {
+    gm_config c = preset(name);
+    gm_plan p;
+    gm_error err;
+    memset(&p, 0, sizeof p);
+    CHECK_OK(gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, in, &p, &err), &err);
+    return p;
+}
+
+static void test_monotonic(const char *name) {
+    gm_plan a = plan_of(name, opts(16, 1024, 1, false, GM_QUANT_BF16), NULL);
+    gm_plan b = plan_of(name, opts(16, 2048, 1, false, GM_QUANT_BF16), NULL);
+    CHECK(b.by_kind[GM_MEM_ACTIVATIONS] > a.by_kind[GM_MEM_ACTIVATIONS] && b.total > a.total, "%s: longer costs more",
+          name);
+    gm_plan ck = plan_of(name, opts(16, 1024, 1, true, GM_QUANT_BF16), NULL);
+    CHECK(ck.by_kind[GM_MEM_ACTIVATIONS] < a.by_kind[GM_MEM_ACTIVATIONS] / 4, "%s: checkpointing saves (%zu vs %zu)",
+          name, ck.by_kind[GM_MEM_ACTIVATIONS], a.by_kind[GM_MEM_ACTIVATIONS]);
+    gm_plan q = plan_of(name, opts(16, 1024, 1, false, GM_QUANT_NF4), NULL);
+    CHECK(q.by_kind[GM_MEM_WEIGHTS] < a.by_kind[GM_MEM_WEIGHTS] * 3 / 4, "%s: nf4 base %zu < bf16 %zu", name,
+          q.by_kind[GM_MEM_WEIGHTS], a.by_kind[GM_MEM_WEIGHTS]);
+    CHECK(q.by_kind[GM_MEM_ACTIVATIONS] == a.by_kind[GM_MEM_ACTIVATIONS], "%s: quant leaves activations", name);
+    gm_plan b2 = plan_of(name, opts(16, 1024, 2, false, GM_QUANT_BF16), NULL);
+    CHECK(rel((double)b2.by_kind[GM_MEM_ACTIVATIONS], 2.0 * (double)a.by_kind[GM_MEM_ACTIVATIONS]) <= TOL_PLAN_BATCH_SCALING_REL,
+          "%s: batch 2 activations %zu vs 2 x %zu", name, b2.by_kind[GM_MEM_ACTIVATIONS], a.by_kind[GM_MEM_ACTIVATIONS]);
+    CHECK(b2.by_kind[GM_MEM_ADAPTERS] == a.by_kind[GM_MEM_ADAPTERS], "%s: batch leaves adapters", name);
+    /* an image takes vision_tokens + 2 positions and runs the tower */
+    gm_config c = preset(name);
+    gm_plan_inputs img = {1, 0.0};
+    gm_plan im = plan_of(name, opts(16, 1024, 1, false, GM_QUANT_BF16), &img);
+    CHECK(gm_plan_sequence_length(&c, 1024, &img) == 1024 + c.vision_tokens + 2, "%s: image positions", name);
+    CHECK(im.by_kind[GM_MEM_ACTIVATIONS] > a.by_kind[GM_MEM_ACTIVATIONS] &&
+              im.by_kind[GM_MEM_TRANSIENT] > a.by_kind[GM_MEM_TRANSIENT],
+          "%s: an image costs activations and tower buffers", name);
+    CHECK(a.note[0] && a.base_detail[0] && strstr(a.base_detail, "linear bf16"), "%s: detail '%s'", name, a.base_detail);
+    CHECK(a.runtime > 0 && a.total > a.runtime, "%s: runtime", name);
+}
+
+static void test_inputs_and_errors(void) {
+    gm_config c = preset("gemma3n-e2b");
+    /* audio: Gemma 3n always 188 tokens per clip (<= 30 s) + 2 markers; Gemma 4 25 per second */
+    gm_plan_inputs au = {0, 45.0};
+    CHECK(gm_plan_sequence_length(&c, 512, &au) == 512 + 2 * 188 + 4, "3n audio positions %lld",
+          (long long)gm_plan_sequence_length(&c, 512, &au));
+    gm_config g4 = preset("gemma4-e2b");
+    CHECK(gm_plan_sequence_length(&g4, 512, &au) == 512 + 1125 + 4, "g4 audio positions");
+    gm_plan p;
+    gm_error err;
+    gm_train_opts o = opts(16, 32768, 1, false, GM_QUANT_NF4);
+    gm_plan_inputs img = {1, 0.0};
+    CHECK(gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, &img, &p, &err) == GM_ERR_INVALID &&
+              strstr(err.msg, "max_position_embeddings"),
+          "over the context: %s", err.msg);
+    o = opts(16, 512, 0, false, GM_QUANT_NF4);
+    CHECK(gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, NULL, &p, &err) == GM_ERR_INVALID, "batch 0");
+    /* gm_plan_training dispatches to the estimator for Gemma 3n / 4 */
+    o = opts(16, 512, 1, false, GM_QUANT_NF4);
+    gm_plan q;
+    CHECK_OK(gm_plan_training(&c, &o, GM_BF16, GM_BF16, NULL, &q, &err), &err);
+    CHECK_OK(gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, NULL, &p, &err), &err);
+    CHECK(q.total == p.total && !q.exact, "gm_plan_training -> estimate");
+}
+
+/* LoRA parameter counts, by hand (rank 16, all-linear):
+ * Gemma 3n E2B, C 2048, q 8x256 = 2048, kv 2x256 = 512, F 8192. Layers 0..19:
+ *   16 x [(2048+2048) q + (2048+512) k + (2048+512) v + (2048+2048) o + 3 x (2048+8192)] = 704,512;
+ * layers 20..29 (KV-shared, no k/v): 16 x [4096 + 4096 + 30720] = 622,592.
+ *   20 x 704,512 + 10 x 622,592 = 20,316,160.
+ * Gemma 4 31B, rank 64, C 5376: sliding (50): q 5376+8192, k/v 5376+4096 each, o 8192+5376,
+ * MLP 3 x (5376+21504) = 80,640 -> 64 x 126,720 = 8,110,080; full (10): q 5376+16384, k 5376+2048,
+ * no v, o 16384+5376, MLP 80,640 -> 64 x 131,584 = 8,421,376. 50 x 8,110,080 + 10 x 8,421,376 = 489,717,760. */
+static void test_lora_counts(void) {
+    gm_plan p = plan_of("gemma3n-e2b", opts(16, 256, 1, false, GM_QUANT_NF4), NULL);
+    CHECK(p.n_trainable == 20316160, "3n E2B trainable %lld", (long long)p.n_trainable);
+    p = plan_of("gemma4-31b", opts(64, 256, 1, false, GM_QUANT_NF4), NULL);
+    CHECK(p.n_trainable == 489717760, "31B trainable %lld", (long long)p.n_trainable);
+    /* f32 parameter + gradient + 2 AdamW moments: 16 bytes per trainable parameter */
+    size_t state = p.by_kind[GM_MEM_ADAPTERS] + p.by_kind[GM_MEM_GRADS] + p.by_kind[GM_MEM_OPTIMIZER];
+    CHECK(rel((double)state, 16.0 * 489717760.0) <= TOL_PLAN_VS_TRAINER_REL, "31B LoRA state %zu", state);
+}
+
+/* ---- the seeds' table (docs/memory.md) ------------------------------------------------------ */
+
+static double gib(size_t b) { return (double)b / 1073741824.0; }
+
+static void table_row(const char *name, const char *base, gm_quant q, gm_dtype stored, int rank, int64_t T, int64_t B,
+                      bool ckpt, const gm_plan_inputs *in, const char *inputs) {
+    gm_config c = preset(name);
+    gm_train_opts o = opts(rank, T, B, ckpt, q);
+    o.n_threads = 8;
+    gm_plan p;
+    gm_error err;
+    if (gm_plan_estimate(&c, &o, stored, stored, in, &p, &err) != GM_OK) {
+        printf("| %s | error: %s |\n", name, err.msg);
+        return;
+    }
+    printf("| %s | %s | %d | %s | %lld (%lld) | %lld | %s | %.1f | %.2f | %.1f | %.1f | %.1f |\n", name, base, rank, inputs,
+           (long long)T, (long long)gm_plan_sequence_length(&c, T, in), (long long)B, ckpt ? "on" : "off",
+           gib(p.by_kind[GM_MEM_WEIGHTS]),
+           gib(p.by_kind[GM_MEM_ADAPTERS] + p.by_kind[GM_MEM_GRADS] + p.by_kind[GM_MEM_OPTIMIZER]),
+           gib(p.by_kind[GM_MEM_ACTIVATIONS]), gib(p.by_kind[GM_MEM_TRANSIENT] + p.by_kind[GM_MEM_WORKSPACE] + p.runtime),
+           gib(p.total));
+}
+
+static void print_table(void) {
+    printf("| model | base | rank | inputs / example | max_length (T) | batch | ckpt | base weights | LoRA+grad+AdamW | "
+           "activations | transient+workspace+runtime | total GiB |\n");
+    printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    gm_plan_inputs audio = {0, 30.0};
+    const char *g3n[] = {"gemma3n-e2b", "gemma3n-e4b"};
+    for (int m = 0; m < 2; m++)
+        for (int qi = 0; qi < 2; qi++)
+            for (int64_t T = 1024; T <= 2048; T *= 2)
+                for (int ck = 0; ck < 2; ck++)
+                    table_row(g3n[m], qi ? "nf4" : "bf16", qi ? GM_QUANT_NF4 : GM_QUANT_BF16, GM_BF16, 16, T, 1, ck, &audio,
+                              "30 s audio");
+    /* what the seed's script loads: from_pretrained without torch_dtype upcasts every weight to f32 */
+    for (int m = 0; m < 2; m++)
+        for (int64_t T = 1024; T <= 2048; T *= 2)
+            table_row(g3n[m], "all f32", GM_QUANT_STORED, GM_F32, 16, T, 1, false, &audio, "30 s audio");
+    gm_plan_inputs image = {1, 0.0};
+    for (int64_t B = 1; B <= 4; B *= 4)
+        for (int ck = 0; ck < 2; ck++) table_row("gemma4-31b", "nf4", GM_QUANT_NF4, GM_BF16, 64, 256, B, ck, &image, "1 image");
+    printf("\nnotes:\n");
+    gm_config c = preset("gemma4-31b");
+    gm_train_opts o = opts(64, 256, 1, false, GM_QUANT_NF4);
+    o.n_threads = 8;
+    gm_plan p;
+    gm_error err;
+    if (gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, &image, &p, &err) == GM_OK) {
+        char buf[2048];
+        gm_plan_format(&p, buf, sizeof buf);
+        printf("gemma4-31b nf4 r64 T=256+image B=1:\n%s  %s\n  note: %s\n", buf, p.base_detail, p.note);
+    }
+    c = preset("gemma3n-e2b");
+    o = opts(16, 2048, 1, false, GM_QUANT_BF16);
+    o.n_threads = 8;
+    if (gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, &audio, &p, &err) == GM_OK) {
+        char buf[2048];
+        gm_plan_format(&p, buf, sizeof buf);
+        printf("gemma3n-e2b bf16 r16 T=2048+audio B=1:\n%s  note: %s\n", buf, p.note);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "--table") == 0) {
+        print_table();
+        return 0;
+    }
+    test_presets();
+    test_param_totals();
+    test_gemma3_vs_trainer();
+    test_monotonic("gemma3n-e2b");
+    test_monotonic("gemma4-e4b");
+    test_monotonic("gemma4-31b");
+    test_monotonic("gemma4-26b-a4b");
+    test_inputs_and_errors();
+    test_lora_counts();
+    return gm_test_finish();
+}
