@@ -45,6 +45,10 @@ gm_status gm_arena_commit(gm_arena *a, gm_error *err) {
                         (double)size / 1048576.0);
         return s;
     }
+    /* Touch every page now (zero-fill on the host): the resident memory reaches the plan at once
+     * and never depends on which examples a step draws, and a kernel that over-commits memory
+     * fails here, at start-up, instead of hours into a run. */
+    if (a->device == GM_DEVICE_CPU) memset(p, 0, size);
     a->base = p;
     a->capacity = size;
     a->committed = true;

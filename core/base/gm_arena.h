@@ -64,7 +64,8 @@ void gm_arena_init(gm_arena *a, const char *name, gm_device device);
  * returns the buffer (uninitialized). */
 void *gm_arena_alloc(gm_arena *a, size_t bytes, gm_mem_kind kind);
 
-/* Allocates the measured size once and rewinds so the layout can run again. */
+/* Allocates the measured size once (host arenas are zero-filled, so every page is resident from
+ * the start) and rewinds so the layout can run again. */
 gm_status gm_arena_commit(gm_arena *a, gm_error *err);
 
 /* Rewinds a committed arena (keeps the block). */
