@@ -229,9 +229,7 @@ static int l_generate(lua_State *L) {
     return 2;
 }
 
-static int l_config(lua_State *L) {
-    lmodel *lm = gm_bind_check_model(L, 1);
-    const gm_config *c = &lm->m->cfg;
+void gm_bind_push_config(lua_State *L, const gm_config *c) {
     lua_createtable(L, 0, 16);
 #define SETI(k, v) (lua_pushinteger(L, (lua_Integer)(v)), lua_setfield(L, -2, k))
 #define SETN(k, v) (lua_pushnumber(L, (lua_Number)(v)), lua_setfield(L, -2, k))
@@ -253,7 +251,21 @@ static int l_config(lua_State *L) {
     SETI("n_params", gm_config_n_params(c));
 #undef SETI
 #undef SETN
+}
+
+static int l_config(lua_State *L) {
+    lmodel *lm = gm_bind_check_model(L, 1);
+    gm_bind_push_config(L, &lm->m->cfg);
     return 1;
+}
+
+/* model:release_weight_pages(): drops the resident pages of the mapped linear weights (they fault
+ * back in when read). The runner calls it before each trial, so that a trial on a re-encoded base
+ * does not carry the stored base a previous trial paged in, and its peak is its own. */
+static int l_release_weight_pages(lua_State *L) {
+    lmodel *lm = gm_bind_check_model(L, 1);
+    gm_model_release_linear_pages(lm->m);
+    return 0;
 }
 
 static int l_close(lua_State *L) {
@@ -275,6 +287,7 @@ static int l_tostring(lua_State *L) {
 void gm_lua_open_model(lua_State *L) {
     static const luaL_Reg methods[] = {{"tokenize", l_tokenize}, {"detokenize", l_detokenize},
                                        {"generate", l_generate}, {"config", l_config},
+                                       {"release_weight_pages", l_release_weight_pages},
                                        {"close", l_close}, {NULL, NULL}};
     luaL_newmetatable(L, GM_MODEL_MT);
     luaL_newlib(L, methods);

@@ -142,7 +142,8 @@ static void make_parents(lua_State *L, const char *abs_file, const char *abs_roo
     }
 }
 
-/* Raises unless `path` may be written (see the rule above); creates its missing folders. */
+/* Raises unless `path` may be written (see the rule above); creates its missing folders. Also
+ * used for trainer checkpoints (bind_train.c) through gm_bind_check_write_path. */
 static void check_write_path(lua_State *L, const char *path, const char *fn) {
     if (!path[0]) luaL_error(L, "%s: empty path", fn);
     if (has_dotdot(path))
@@ -1511,3 +1512,5 @@ void gm_lua_open_results(lua_State *L) {
     lua_pop(L, 1);
     if (unset) gm_lua_set_results_root(L, "results");
 }
+
+void gm_bind_check_write_path(lua_State *L, const char *path, const char *fn) { check_write_path(L, path, fn); }

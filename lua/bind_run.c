@@ -295,33 +295,13 @@ static int l_progress(lua_State *L) {
 
 /* ---- configs and plans without weights ---- */
 
-static void push_config(lua_State *L, const gm_config *c) {
-    lua_createtable(L, 0, 16);
-#define SETI(k, v) (lua_pushinteger(L, (lua_Integer)(v)), lua_setfield(L, -2, k))
-    lua_pushstring(L, c->name);
-    lua_setfield(L, -2, "name");
-    lua_pushstring(L, gm_arch_name(c->arch));
-    lua_setfield(L, -2, "arch");
-    SETI("vocab_size", c->vocab_size);
-    SETI("hidden_size", c->hidden_size);
-    SETI("num_hidden_layers", c->n_layers);
-    SETI("num_attention_heads", c->n_heads);
-    SETI("num_key_value_heads", c->n_kv_heads);
-    SETI("head_dim", c->head_dim);
-    SETI("intermediate_size", c->intermediate_size);
-    SETI("sliding_window", c->sliding_window);
-    SETI("max_position_embeddings", c->max_position_embeddings);
-    SETI("n_params", gm_config_n_params(c));
-#undef SETI
-}
-
 static int l_model_config(lua_State *L) {
     const char *arg = luaL_checkstring(L, 1);
     gm_config cfg;
     gm_dtype stored, stored_embed;
     gm_error err = {0};
     if (gm_config_probe(arg, &cfg, &stored, &stored_embed, &err) != GM_OK) return gm_bind_raise(L, &err);
-    push_config(L, &cfg);
+    gm_bind_push_config(L, &cfg);
     lua_pushstring(L, gm_dtype_name(stored));
     lua_setfield(L, -2, "stored_dtype");
     return 1;

@@ -409,6 +409,7 @@ static int l_tr_save(lua_State *L) {
     const char *path = luaL_checkstring(L, 2);
     static const char *const allowed[] = {"epoch", "pos", "loss", "config", NULL};
     gm_bind_check_opts(L, 3, "save", allowed);
+    gm_bind_check_write_path(L, path, "trainer:save");
     gm_error err = {0};
     if (gm_trainer_save(t->tr, path, gm_bind_opt_int(L, 3, "epoch", 0), gm_bind_opt_int(L, 3, "pos", 0),
                         gm_bind_opt_num(L, 3, "loss", 0), gm_bind_opt_str(L, 3, "config", "{}"), &err) != GM_OK)

@@ -41,10 +41,20 @@ int gm_bind_raise(lua_State *L, const gm_error *err);
 void gm_bind_check_opts(lua_State *L, int idx, const char *fn, const char *const *allowed);
 
 /* Typed option lookups with defaults; a present value of the wrong type raises. */
+/* Pushes a table of the config's fields under their Hugging Face names (arch, name, vocab_size,
+ * hidden_size, num_hidden_layers, ..., rms_norm_eps, n_params): model:config() and
+ * gm.model_config() (bind_model.c). */
+struct gm_config;
+void gm_bind_push_config(lua_State *L, const struct gm_config *c);
+
 lua_Integer gm_bind_opt_int(lua_State *L, int idx, const char *key, lua_Integer def);
 lua_Number gm_bind_opt_num(lua_State *L, int idx, const char *key, lua_Number def);
 bool gm_bind_opt_bool(lua_State *L, int idx, const char *key, bool def);
 /* String option; returns def when absent. The pointer is valid while the table is on the stack. */
 const char *gm_bind_opt_str(lua_State *L, int idx, const char *key, const char *def);
+
+/* Raises unless `path` is inside the results folder (no '..', see bind_results.c), creating its
+ * missing folders: the only places experiment files may write (sandbox). */
+void gm_bind_check_write_path(lua_State *L, const char *path, const char *fn);
 
 #endif /* GM_BIND_UTIL_H */

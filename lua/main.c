@@ -28,6 +28,8 @@
 #include "gm_quant.h"
 #include "gm_tokenizer.h"
 
+#include <malloc.h> // mallopt
+
 #include <errno.h>
 #include <lauxlib.h>
 #include <math.h>
@@ -48,7 +50,8 @@ static void on_sigint(int sig) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage:\n"
-            "  gemmarun                           run the embedded default experiment\n"
+            "  gemmarun [--dry-run] [--trial N] [--set key=value ...] [--threads N]\n"
+            "                                     run the embedded default experiment (experiments/quickstart.lua)\n"
             "  gemmarun EXPERIMENT.lua [--dry-run] [--trial N] [--set key=value ...] [--allow-os] [--threads N]\n"
             "  gemmarun inspect MODEL\n"
             "  gemmarun generate MODEL \"prompt\" [--max-tokens N] [--temperature T] [--top-k K]\n"
@@ -630,8 +633,17 @@ static int run_lua(const char *file, int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    /* Large buffers (arenas, checkpoint and results images) get their own mappings and go back
+     * to the system when freed. Left alone, glibc raises its mmap threshold after the first such
+     * free and serves the next ones from the heap, which then keeps them: each checkpoint save
+     * could add its size to the peak, off the memory plan (docs/memory.md). A fixed threshold
+     * also turns that adjustment off. */
+    mallopt(M_MMAP_THRESHOLD, 1 << 20);
     if (argc < 2) return run_lua(NULL, 0, NULL);
     const char *cmd = argv[1];
+    /* `gemmarun --dry-run`, `gemmarun --trial 2`, ...: the embedded default with options */
+    if (cmd[0] == '-' && cmd[1] == '-' && strcmp(cmd, "--help") != 0 && strcmp(cmd, "--version") != 0)
+        return run_lua(NULL, argc - 1, argv + 1);
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);
         return 0;

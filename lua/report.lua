@@ -37,6 +37,11 @@
 -- digits all count) is marked: **bold** in Markdown, \textbf in LaTeX, a trailing * in text,
 -- best = 1 in CSV. CSV is long-form: one line per cell (kind, row fields, column fields,
 -- metric, phase, mean, std, n, best), values in the table's units, full precision.
+--
+-- Memory: when the trials recorded it (group `memory`: planned_total, measured_peak_rss), a
+-- second grid with the same rows and columns gives each cell's planned peak and measured peak in
+-- MiB and their difference (largest over the cell's completed trials); in LaTeX as comments, in
+-- CSV as kind = "memory" lines (metric planned_peak_mib / measured_peak_mib, phase "train").
 
 local report = {}
 
@@ -76,6 +81,17 @@ local function order_values(vals, seen)
   return vals
 end
 
+--- The trial's values of `fields` ("n/a" where its config lacks one).
+local function values_of(t, fields)
+  local vals = {}
+  for i, f in ipairs(fields) do
+    local v = t.config and t.config[f]
+    if v == nil then v = "n/a" end
+    vals[i] = v
+  end
+  return vals
+end
+
 --- Distinct value combinations of `fields` over trials, in table order; each is a list of
 --- values. Returns combos and a key function (values -> string id).
 local function combos(trials, fields)
@@ -98,12 +114,7 @@ local function combos(trials, fields)
   -- combinations that occur, in the lexicographic order of the per-field orders
   local present = {}
   for _, t in ipairs(trials) do
-    local vals = {}
-    for i, f in ipairs(fields) do
-      local v = t.config and t.config[f]
-      if v == nil then v = "n/a" end
-      vals[i] = v
-    end
+    local vals = values_of(t, fields)
     present[key_of(vals)] = vals
   end
   local pos = {}
@@ -122,16 +133,6 @@ local function combos(trials, fields)
   end)
   if #fields == 0 then out = {{}} end
   return out, key_of
-end
-
-local function values_of(t, fields)
-  local vals = {}
-  for i, f in ipairs(fields) do
-    local v = t.config and t.config[f]
-    if v == nil then v = "n/a" end
-    vals[i] = v
-  end
-  return vals
 end
 
 local function describe(fields, vals)
@@ -436,6 +437,38 @@ function report.render(trials, spec)
   end
   local note_head = #excluded > 0 and ("Excluded from the means (" .. #excluded .. " trial" .. (#excluded > 1 and "s" or "") .. ")") or nil
 
+  -- peak memory per cell: the plan's total and the measured peak (CPU: peak resident memory;
+  -- the largest over the cell's completed trials), when the trials recorded them (issue 5.3)
+  local mem_cells, any_mem = {}, false
+  for i, rv in ipairs(row_combos) do
+    mem_cells[i] = {}
+    for j, cv in ipairs(col_combos) do
+      local k = row_key(rv) .. "\2" .. col_key(cv)
+      local m = {}
+      for _, t in ipairs(done) do
+        local mm = t.memory
+        if type(mm) == "table" and row_key(values_of(t, rows)) .. "\2" .. col_key(values_of(t, cols)) == k then
+          if type(mm.planned_total) == "number" then m.planned = math.max(m.planned or 0, mm.planned_total) end
+          if type(mm.measured_peak_rss) == "number" and mm.measured_peak_rss > 0 then
+            m.measured = math.max(m.measured or 0, mm.measured_peak_rss)
+          end
+        end
+      end
+      if m.planned or m.measured then any_mem = true end
+      mem_cells[i][j] = m
+    end
+  end
+  local MIB = 1048576
+  local function mem_text(m)
+    if not (m.planned or m.measured) then return "n/a" end
+    local p = m.planned and string.format("%.0f", m.planned / MIB) or "?"
+    local q = m.measured and string.format("%.0f", m.measured / MIB) or "?"
+    local d = (m.planned and m.measured and m.planned > 0)
+      and string.format(" (%+.1f%%)", 100 * (m.measured - m.planned) / m.planned) or ""
+    return p .. " / " .. q .. d
+  end
+  local MEM_TITLE = "Peak memory (MiB): planned / measured (measured vs planned), largest over the cell's trials"
+
   -- ---- text
   local grid = {} -- rows of cells (strings), first the header
   local kinds = {} -- "head" | "base" | "row"
@@ -507,6 +540,32 @@ function report.render(trials, spec)
     lines[#lines + 1] = note_head .. ":"
     for _, n in ipairs(notes) do lines[#lines + 1] = "  " .. n end
   end
+  if any_mem then
+    -- the same rows and columns as the metric table
+    local mg = {grid[1]}
+    for i, rv in ipairs(row_combos) do
+      local r = row_labels(rv)
+      for j = 1, #col_combos do r[#r + 1] = mem_text(mem_cells[i][j]) end
+      mg[#mg + 1] = r
+    end
+    local mw = {}
+    for c = 1, nh + nc do
+      mw[c] = 0
+      for _, r in ipairs(mg) do mw[c] = math.max(mw[c], width(r[c])) end
+    end
+    lines[#lines + 1] = ""
+    lines[#lines + 1] = MEM_TITLE
+    for g, r in ipairs(mg) do
+      local parts = {}
+      for c = 1, nh + nc do parts[c] = pad(r[c], mw[c], c > nh) end
+      lines[#lines + 1] = (table.concat(parts, "  "):gsub("%s+$", ""))
+      if g == 1 then
+        local rl = {}
+        for c = 1, nh + nc do rl[c] = string.rep("-", mw[c]) end
+        lines[#lines + 1] = table.concat(rl, "  ")
+      end
+    end
+  end
   local text = table.concat(lines, "\n") .. "\n"
 
   -- ---- markdown
@@ -534,6 +593,19 @@ function report.render(trials, spec)
     md[#md + 1] = md_escape(note_head) .. ":"
     md[#md + 1] = ""
     for _, n in ipairs(notes) do md[#md + 1] = "- " .. md_escape(n) end
+  end
+  if any_mem then
+    md[#md + 1] = ""
+    md[#md + 1] = md_escape(MEM_TITLE) .. ":"
+    md[#md + 1] = ""
+    md[#md + 1] = "| " .. table.concat(hdr, " | ") .. " |"
+    md[#md + 1] = "|" .. table.concat(align, "|") .. "|"
+    for i, rv in ipairs(row_combos) do
+      local r = row_labels(rv)
+      for c = 1, #r do r[c] = md_escape(r[c]) end
+      for j = 1, #col_combos do r[#r + 1] = mem_text(mem_cells[i][j]) end
+      md[#md + 1] = "| " .. table.concat(r, " | ") .. " |"
+    end
   end
   local markdown = table.concat(md, "\n") .. "\n"
 
@@ -565,6 +637,20 @@ function report.render(trials, spec)
   if note_head then
     tex[#tex + 1] = "% " .. note_head .. ":"
     for _, n in ipairs(notes) do tex[#tex + 1] = "%   " .. n:gsub("\n", " ") end
+  end
+  if any_mem then
+    tex[#tex + 1] = "% " .. MEM_TITLE .. ":"
+    for i, rv in ipairs(row_combos) do
+      for j, cv in ipairs(col_combos) do
+        local d = describe(all_fields, (function()
+          local v = {}
+          for _, x in ipairs(rv) do v[#v + 1] = x end
+          for _, x in ipairs(cv) do v[#v + 1] = x end
+          return v
+        end)())
+        tex[#tex + 1] = "%   " .. (d ~= "" and d or "all") .. ": " .. mem_text(mem_cells[i][j])
+      end
+    end
   end
   local latex = table.concat(tex, "\n") .. "\n"
 
@@ -598,6 +684,27 @@ function report.render(trials, spec)
   end
   for i, rv in ipairs(row_combos) do
     for j, cv in ipairs(col_combos) do csv_line("fine-tuned", rv, cv, cells[i][j], phase, is_best(cells[i][j])) end
+  end
+  if any_mem then
+    -- memory lines: metric planned_peak_mib / measured_peak_mib, phase "train", n = 1
+    for i, rv in ipairs(row_combos) do
+      for j, cv in ipairs(col_combos) do
+        for _, pm in ipairs({{"planned_peak_mib", mem_cells[i][j].planned}, {"measured_peak_mib", mem_cells[i][j].measured}}) do
+          if pm[2] then
+            local r = {"memory"}
+            for _, v in ipairs(rv) do r[#r + 1] = csv_field(fmt_val(v)) end
+            for k = 1, #cols do r[#r + 1] = csv_field(fmt_val(cv[k])) end
+            r[#r + 1] = pm[1]
+            r[#r + 1] = "train"
+            r[#r + 1] = csv_num(pm[2] / MIB)
+            r[#r + 1] = ""
+            r[#r + 1] = "1"
+            r[#r + 1] = "0"
+            csv[#csv + 1] = table.concat(r, ",")
+          end
+        end
+      end
+    end
   end
   local csvtext = table.concat(csv, "\n") .. "\n"
 

@@ -264,6 +264,17 @@ function R.plan_summary(plan)
   return table.concat(parts, ", ")
 end
 
+--- Loads `model` into ctx unless it is the one loaded (closing the other; its tokenized data
+--- sets go with it).
+local function use_model(ctx, e, model)
+  if ctx.model_name == model then return end
+  if ctx.model then ctx.model:close() end
+  ctx.model, ctx.model_name, ctx.data = nil, nil, {}
+  ctx.model = gm.load_model(model, { threads = e.threads or GM_THREADS })
+  ctx.model_name = model
+  ctx.data = {}
+end
+
 local function run_trial(ctx, e, trial, n_trials)
   local cfg = trial.config
   local threads = e.threads or GM_THREADS
@@ -288,6 +299,8 @@ local function run_trial(ctx, e, trial, n_trials)
   for k, v in pairs(trial.plan) do
     if math.type(v) == "integer" then mem["planned_" .. k:gsub(" ", "_")] = v end
   end
+  -- the trial's peak is its own: no weight pages a previous trial paged in (docs/memory.md)
+  ctx.model:release_weight_pages()
   gm.reset_peak_rss()
   local tr <close> = ctx.model:trainer(opts)
   -- baseline evaluation (the adapters start at B = 0: the base model)
@@ -421,12 +434,7 @@ function R.run(e, cli)
   -- tokenize every example up front for each (model, max_length) of the selected trials: a
   -- max_length that leaves no room for any response is an error in the file, before any trial
   for _, t in ipairs(selected) do
-    if ctx.model_name ~= t.config.model then
-      if ctx.model then ctx.model:close() end
-      ctx.model = gm.load_model(t.config.model, { threads = e.threads or GM_THREADS })
-      ctx.model_name = t.config.model
-      ctx.data = {}
-    end
+    use_model(ctx, e, t.config.model)
     local d = R.datasets(ctx, e, t.config)
     if d.train:size() == 0 then
       local swept_ml = e.sweep and e.sweep.max_length
@@ -445,12 +453,7 @@ function R.run(e, cli)
       say("trial %d/%d  %s  %s: done (kept)", t.index, #trials, t.id, describe_point(t, swept))
     else
       say("trial %d/%d  %s  %s", t.index, #trials, t.id, describe_point(t, swept))
-      if ctx.model_name ~= t.config.model then
-        if ctx.model then ctx.model:close() end
-        ctx.model = gm.load_model(t.config.model, { threads = e.threads or GM_THREADS })
-        ctx.model_name = t.config.model
-        ctx.data = {}
-      end
+      use_model(ctx, e, t.config.model)
       ctx.res = gm.results(path)
       ctx.res:set({ experiment = e.name, trial_id = t.id, trial_index = t.index, n_trials = #trials, status = "running",
         reason = "", config_json = gm.json_encode(t.config), report_json = gm.json_encode(report), swept_json = gm.json_encode(#swept > 0 and swept or gm.null) })

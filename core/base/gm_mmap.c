@@ -1,7 +1,7 @@
 /*
  * gm_mmap.c - POSIX mmap wrapper.
  */
-#define _POSIX_C_SOURCE 200809L
+#define _DEFAULT_SOURCE /* madvise(MADV_DONTNEED); implies _POSIX_C_SOURCE 200809L */
 #include "gm_mmap.h"
 
 #include "gm_alloc.h"
@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -98,4 +99,12 @@ gm_status gm_read_file(const char *path, char **out, size_t *len, gm_error *err)
     *out = buf;
     if (len) *len = (size_t)n;
     return GM_OK;
+}
+
+void gm_mmap_release(const void *p, size_t n) {
+    long page = sysconf(_SC_PAGESIZE);
+    if (!p || n == 0 || page <= 0) return;
+    uintptr_t a = (uintptr_t)p, b = a + n;
+    uintptr_t a0 = (a + (uintptr_t)page - 1) & ~((uintptr_t)page - 1), b0 = b & ~((uintptr_t)page - 1);
+    if (b0 > a0) madvise((void *)a0, b0 - a0, MADV_DONTNEED);
 }

@@ -27,6 +27,12 @@ typedef struct gm_mapped_file {
 gm_status gm_mmap_open(const char *path, gm_mapped_file *out, gm_error *err);
 void gm_mmap_close(gm_mapped_file *f);
 
+/* Drops this process's resident pages of [p, p + n) inside a read-only file mapping (the whole
+ * pages only: neighbours may still be in use). The data stays valid: a later read faults the
+ * pages back in from the page cache or the file. For weights that will not be read again (a base
+ * re-encoded into an arena), so that they stop counting in resident memory. No errors. */
+void gm_mmap_release(const void *p, size_t n);
+
 /* Reads a whole (small) file into a NUL-terminated gm_malloc'd buffer. */
 gm_status gm_read_file(const char *path, char **out, size_t *len, gm_error *err);
 

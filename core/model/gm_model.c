@@ -10,6 +10,7 @@
 #include "gm_alloc.h"
 #include "gm_gguf.h"
 #include "gm_log.h"
+#include "gm_mmap.h" // gm_mmap_release
 #include "gm_safetensors.h"
 #include "gm_tokenizer.h"
 #include "kernels.h"
@@ -20,7 +21,6 @@
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -367,15 +367,10 @@ void gm_model_for_each_tensor(const gm_model *m, gm_model_tensor_fn fn, void *us
 }
 
 void gm_model_release_linear_pages(const gm_model *m) {
-    long page = sysconf(_SC_PAGESIZE);
-    if (page <= 0) return;
     for (int64_t l = 0; l < m->cfg.n_layers; l++)
         for (int w = 0; w < GM_LIN_COUNT; w++) {
             const gm_tensor *t = gm_layer_linear(&m->layers[l], (gm_linear)w);
-            uintptr_t a = (uintptr_t)t->data, b = a + gm_tensor_nbytes(t);
-            /* only whole pages inside the tensor: neighbours may still be in use */
-            uintptr_t a0 = (a + (uintptr_t)page - 1) & ~((uintptr_t)page - 1), b0 = b & ~((uintptr_t)page - 1);
-            if (b0 > a0) madvise((void *)a0, b0 - a0, MADV_DONTNEED);
+            gm_mmap_release(t->data, gm_tensor_nbytes(t));
         }
 }
 

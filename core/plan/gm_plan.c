@@ -15,14 +15,15 @@
 #include <string.h>
 #include <sys/stat.h>
 
-/* Resident memory of gemmarun before a model is loaded: code, shared libraries (OpenBLAS, HDF5,
- * Lua, PLplot, ...), the Lua state, plus what OpenBLAS touches of its per-thread buffers during
- * the first GEMMs. Measured (docs/memory.md, "Runtime"); it is a property of the build, not of
- * the model. */
-#define RUNTIME_BASE_BYTES ((size_t)40 << 20)
-/* Tokenizer and GGUF vocabulary index per vocabulary entry: the token text copy, its hash-table
- * slot, score, type, and the GGUF reader's string index (measured: 262,144 entries take ~16 MiB). */
-#define TOKENIZER_BYTES_PER_TOKEN 64
+/* Resident memory of a gemmarun training process beyond its arenas and mapped weights: code,
+ * shared libraries (OpenBLAS, HDF5, Lua, PLplot, ...), the Lua state and what OpenBLAS touches of
+ * its per-thread buffers. Fitted on measurements (docs/memory.md, "Runtime"): 12.5 MiB before
+ * any model is loaded, 14.5 MiB for a whole tiny training run; a property of the build. */
+#define RUNTIME_BASE_BYTES ((size_t)14848 << 10)
+/* Per vocabulary entry: the tokenizer's copy of the token text, its hash-table slot, score and
+ * type, and the GGUF reader's string index and file pages (fitted: a 262,144-entry vocabulary
+ * adds ~18 MiB to a training run of the 270M model). */
+#define TOKENIZER_BYTES_PER_TOKEN 72
 
 
 gm_status gm_config_probe(const char *arg, gm_config *cfg, gm_dtype *stored, gm_dtype *stored_embed, gm_error *err) {
@@ -52,6 +53,18 @@ gm_status gm_config_probe(const char *arg, gm_config *cfg, gm_dtype *stored, gm_
     if (t) *stored_embed = t->dtype;
     gm_gguf_free(g);
     return s;
+}
+
+/* What a checkpoint save adds beyond the two images (gm_plan.h): HDF5's library state, free lists
+ * and metadata cache once a file has been written, and its per-dataset buffers. Fitted on the
+ * memory table (docs/memory.md): 5.7 MiB on the tiny model (22 K trainable parameters), 10.8 MiB
+ * on the 270M one at rank 16 (3.8 M): 5.5 MiB plus 1.5 bytes per trainable parameter. */
+#define CHECKPOINT_BASE_BYTES ((size_t)5632 << 10)
+#define CHECKPOINT_EXTRA_PER_PARAM_X2 3 /* 1.5 bytes, in halves */
+
+size_t gm_plan_checkpoint_bytes(int64_t n_trainable) {
+    return CHECKPOINT_BASE_BYTES + 2u * 3u * 4u * (size_t)n_trainable +
+           (size_t)n_trainable * CHECKPOINT_EXTRA_PER_PARAM_X2 / 2u;
 }
 
 size_t gm_plan_runtime_bytes(const gm_config *cfg) {
@@ -90,12 +103,13 @@ gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtyp
              alias ? gm_dtype_name(stored) : gm_quant_name(o->quant),
              (double)(alias ? linear_stored : by_kind[GM_MEM_WEIGHTS]) / 1048576.0, alias ? " (memory-mapped)" : "",
              gm_dtype_name(stored_embed), (double)emb / 1048576.0);
+    out->n_params = gm_config_n_params(cfg);
+    gm_lora_count(&o->lora, cfg, &out->n_trainable);
+    out->by_kind[GM_MEM_TRANSIENT] += gm_plan_checkpoint_bytes(out->n_trainable);
     out->runtime = gm_plan_runtime_bytes(cfg);
     out->total = out->runtime;
     for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->total += out->by_kind[k];
     out->exact = true;
-    out->n_params = gm_config_n_params(cfg);
-    gm_lora_count(&o->lora, cfg, &out->n_trainable);
     return GM_OK;
 }
 

@@ -77,6 +77,12 @@ size_t gm_plan_runtime_bytes(const gm_config *cfg);
 gm_status gm_plan_fit(const gm_config *cfg, gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
                       const gm_plan_inputs *inputs, size_t limit, gm_plan *p, char *chosen, size_t cap, gm_error *err);
 
+/* Resident bytes a checkpoint save adds for a moment: the in-memory HDF5 image of the adapters and
+ * both AdamW moments (3 x 4 bytes per trainable parameter) and its written copy
+ * (core/store/gm_checkpoint.c builds the file in memory, then writes it), plus HDF5's own state
+ * (5.5 MiB and 1.5 bytes per parameter, fitted: docs/memory.md). Part of "largest transient". */
+size_t gm_plan_checkpoint_bytes(int64_t n_trainable);
+
 /* Writes the itemized table (one item per line, then the total) into buf. */
 void gm_plan_format(const gm_plan *p, char *buf, size_t cap);
 

@@ -474,6 +474,7 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
     gib_part(out->base_detail, sizeof out->base_detail, &n, "audio tower", lf, bw.audio);
     gib_part(out->base_detail, sizeof out->base_detail, &n, "norms", "f32", bw.other);
 
+    out->by_kind[GM_MEM_TRANSIENT] += gm_plan_checkpoint_bytes(n_trainable);
     out->runtime = gm_plan_runtime_bytes(c);
     out->total = out->runtime;
     for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->total += out->by_kind[k];

@@ -30,6 +30,7 @@
 #include "gm_quant.h"
 
 #include "gm_alloc.h"
+#include "gm_mmap.h"    /* gm_mmap_release */
 #include "kernels.h"    /* gm_wview, gm_dequant_wrow */
 #include "nf4_tables.h" /* GM_NF4_CODE, GM_DYNAMIC_MAP_SIGNED */
 
@@ -537,6 +538,9 @@ gm_status gm_quant_layout(const gm_model *m, gm_quant q, gm_arena *a, gm_weights
             const gm_wview *s = &sv->lin[l][w];
             if (!s->data || gm_quant_is_alias(q, s->type)) continue; /* absent (shared) or free */
             layout_linear(s, q, a, &out->lin[l][w], &work);
+            /* the source is not read again: its mapped pages leave resident memory now, so the
+             * re-encoding never holds the whole stored base beside the new one */
+            if (a->committed) gm_mmap_release(s->data, (size_t)s->rows * s->row_bytes);
         }
     gm_free(work.rows);
     gm_free(work.panel);

@@ -312,8 +312,8 @@ gm_status gm_trainer_new(const gm_model *m, const gm_train_opts *o, gm_trainer *
         return s;
     }
     layout(tr, c, scratch);
-    /* trained on a re-quantized copy: the file's own linear weights are not read again */
-    if (!gm_quant_is_alias(o->quant, m->views->lin[0][0].type)) gm_model_release_linear_pages(m);
+    /* trained on a re-encoded copy: gm_quant_layout released each source tensor's mapped pages
+     * as it went (the file's own linear weights are not read again) */
     for (int i = 0; i < tr->n_adapters; i++) {
         gm_lora_adapter *ad = &tr->adapters[i];
         gm_lora_init_adapter(&o->lora, ad);
