@@ -49,9 +49,23 @@ static void remove_field(lua_State *L, const char *table, const char *field) {
     lua_pop(L, 1);
 }
 
+/* A sandbox refusal is bad input, like a typo (exit code 2): raised as a usage error object
+ * ({usage = true, msg = "file:line: ..."}), which the traceback handler passes through as is. */
 static int denied(lua_State *L) {
-    return luaL_error(L, "%s is not allowed in experiment files (run gemmarun with --allow-os to permit it)",
-                      lua_tostring(L, lua_upvalueindex(1)));
+    luaL_where(L, 1);
+    lua_createtable(L, 0, 2);
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "usage");
+    lua_pushfstring(L, "%s%s is not allowed in experiment files (run gemmarun with --allow-os to permit it)",
+                    lua_tostring(L, -2), lua_tostring(L, lua_upvalueindex(1)));
+    lua_setfield(L, -2, "msg");
+    return lua_error(L);
+}
+
+static void deny_global(lua_State *L, const char *name) {
+    lua_pushstring(L, name);
+    lua_pushcclosure(L, denied, 1);
+    lua_setglobal(L, name);
 }
 
 static void deny(lua_State *L, const char *table, const char *field, const char *label) {
@@ -132,10 +146,9 @@ gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err) {
         open_lib(L, LUA_LOADLIBNAME, luaopen_package);
     } else {
         /* base: no file loading; load() takes text only */
-        lua_pushnil(L);
-        lua_setglobal(L, "dofile");
-        lua_pushnil(L);
-        lua_setglobal(L, "loadfile");
+        deny_global(L, "dofile");
+        deny_global(L, "loadfile");
+        deny_global(L, "require");
         /* load() is wrapped by the prelude to accept text chunks only */
         /* os: keep clock/time/date/getenv/difftime; deny the rest with a clear message */
         deny(L, "os", "execute", "os.execute");

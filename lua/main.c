@@ -220,6 +220,9 @@ static int cmd_generate(int argc, char **argv) {
             return 2;
         }
     }
+    if (temperature == 0 && (top_k > 0 || top_p < 1))
+        fprintf(stderr, "gemmarun generate: note: --top-k / --top-p apply to sampling; with temperature 0 (the default) "
+                        "decoding is greedy: add --temperature T (e.g. 0.8) to sample\n");
     gm_error err = {0};
     char path[1200];
     if (gm_resolve_model(model_arg, path, sizeof path, &err) != GM_OK) return fail(&err, 2);
@@ -325,9 +328,10 @@ static bool parse_size(const char *v, double *out) {
 
 static int cmd_plan(int argc, char **argv) {
     if (argc < 1) {
-        fprintf(stderr, "usage: gemmarun plan MODEL [quant=nf4] [rank=16] [alpha=32] [targets=all-linear] [batch=1]\n"
-                        "                     [grad_accum=1] [max_length=1024] [checkpointing=on] [images=0]\n"
-                        "                     [audio_seconds=0] [threads=2] [memory_limit=48GiB] [fit=true]\n"
+        fprintf(stderr, "usage: gemmarun plan MODEL [key=value ...]; the keys and their defaults:\n"
+                        "  quant=stored (stored|f32|bf16|int8|nf4)  rank=16 (1..4096)  alpha=2*rank  targets=all-linear\n"
+                        "  batch=1  grad_accum=1  max_length=1024 (>= 8)  checkpointing=off  images=0  audio_seconds=0\n"
+                        "  threads=2  memory_limit=none (e.g. 48GiB)  fit=false\n"
                         "MODEL: a .gguf file, a Hugging Face folder or config.json, or a size name (gemma3-270m, gemma3-1b,\n"
                         "gemma3-4b, gemma3-12b, gemma3-27b, gemma3n-e2b, gemma3n-e4b, gemma4-e2b, gemma4-e4b, gemma4-31b,\n"
                         "gemma4-26b-a4b)\n");
@@ -335,7 +339,7 @@ static int cmd_plan(int argc, char **argv) {
     }
     gm_train_opts o = gm_train_opts_default();
     o.lora.rank = 16;
-    o.lora.alpha = 32;
+    bool alpha_given = false;
     o.max_length = 1024;
     gm_plan_inputs in = {0, 0};
     double limit = 0;
@@ -353,29 +357,33 @@ static int cmd_plan(int argc, char **argv) {
         long long n = 0;
         double d = 0;
         bool ok = true, b = false;
+        const char *want = NULL; /* the allowed values, for the error */
         if (!strcmp(key, "quant")) ok = gm_quant_from_name(v, &o.quant, &err) == GM_OK;
-        else if (!strcmp(key, "rank")) ok = parse_long(v, &n) && n > 0 && n <= 4096, o.lora.rank = (int)n;
-        else if (!strcmp(key, "alpha")) ok = parse_double(v, &d) && d > 0, o.lora.alpha = (float)d;
+        else if (!strcmp(key, "rank")) ok = parse_long(v, &n) && n > 0 && n <= 4096, o.lora.rank = (int)n, want = "an integer 1..4096";
+        else if (!strcmp(key, "alpha")) ok = parse_double(v, &d) && d > 0, o.lora.alpha = (float)d, alpha_given = true, want = "a number > 0";
         else if (!strcmp(key, "targets")) ok = gm_lora_parse_targets(v, &o.lora.targets, &err) == GM_OK;
-        else if (!strcmp(key, "batch")) ok = parse_long(v, &n) && n > 0, o.batch = n;
-        else if (!strcmp(key, "grad_accum")) ok = parse_long(v, &n) && n > 0, o.grad_accum = n;
-        else if (!strcmp(key, "max_length")) ok = parse_long(v, &n) && n >= 2, o.max_length = n;
-        else if (!strcmp(key, "checkpointing")) ok = parse_bool(v, &b), o.checkpointing = b;
-        else if (!strcmp(key, "threads")) ok = parse_long(v, &n) && n > 0 && n <= 256, o.n_threads = (int)n;
-        else if (!strcmp(key, "images")) ok = parse_long(v, &n) && n >= 0, in.images = n;
-        else if (!strcmp(key, "audio_seconds")) ok = parse_double(v, &d) && d >= 0, in.audio_seconds = d;
-        else if (!strcmp(key, "memory_limit")) ok = parse_size(v, &limit);
-        else if (!strcmp(key, "fit")) ok = parse_bool(v, &fit);
+        else if (!strcmp(key, "batch")) ok = parse_long(v, &n) && n > 0, o.batch = n, want = "an integer >= 1";
+        else if (!strcmp(key, "grad_accum")) ok = parse_long(v, &n) && n > 0, o.grad_accum = n, want = "an integer >= 1";
+        else if (!strcmp(key, "max_length")) ok = parse_long(v, &n) && n >= 8, o.max_length = n, want = "an integer >= 8";
+        else if (!strcmp(key, "checkpointing")) ok = parse_bool(v, &b), o.checkpointing = b, want = "on/off";
+        else if (!strcmp(key, "threads")) ok = parse_long(v, &n) && n > 0 && n <= 256, o.n_threads = (int)n, want = "1..256";
+        else if (!strcmp(key, "images")) ok = parse_long(v, &n) && n >= 0, in.images = n, want = "an integer >= 0";
+        else if (!strcmp(key, "audio_seconds")) ok = parse_double(v, &d) && d >= 0, in.audio_seconds = d, want = "seconds >= 0";
+        else if (!strcmp(key, "memory_limit")) ok = parse_size(v, &limit), want = "a size such as 48GiB or 512MB";
+        else if (!strcmp(key, "fit")) ok = parse_bool(v, &fit), want = "true/false";
         else {
             fprintf(stderr, "gemmarun plan: unknown setting '%s' (allowed: quant, rank, alpha, targets, batch, grad_accum, "
                             "max_length, checkpointing, threads, images, audio_seconds, memory_limit, fit)\n", key);
             return 2;
         }
         if (!ok) {
-            fprintf(stderr, "gemmarun plan: bad value for %s: %s%s%s\n", key, v, err.msg[0] ? "\n  " : "", err.msg);
+            fprintf(stderr, "gemmarun plan: bad value for %s: %s%s%s%s%s\n", key, v, want ? " (expected " : "",
+                    want ? want : "", want ? ")" : "", err.msg[0] ? "\n  " : "");
+            if (err.msg[0]) fprintf(stderr, "%s\n", err.msg);
             return 2;
         }
     }
+    if (!alpha_given) o.lora.alpha = 2.0f * (float)o.lora.rank; /* the experiment files' default ratio */
     gm_config cfg;
     gm_dtype stored, stored_embed;
     if (gm_config_probe(argv[0], &cfg, &stored, &stored_embed, &err) != GM_OK) return fail(&err, 2);
@@ -411,8 +419,8 @@ static int cmd_plan(int argc, char **argv) {
     if (limit > 0) {
         printf("memory_limit %.2f GiB: %s\n", limit / 1073741824.0, p.total <= (size_t)limit ? "fits" : "does NOT fit");
         if (p.total > (size_t)limit) {
-            printf("  hint: add fit=true (checkpointing, smaller batch with more accumulation), or lower max_length / rank, "
-                   "or quant=nf4\n");
+            printf("  hint: add fit=true (checkpointing, smaller batch with more accumulation), or lower max_length / rank%s\n",
+                   o.quant == GM_QUANT_NF4 ? "" : ", or quant=nf4");
             return 1;
         }
     }
@@ -426,6 +434,10 @@ static int cmd_fetch(int argc, char **argv) {
         fprintf(stderr, "usage: gemmarun fetch NAME (known:");
         for (const char *const *n = gm_fetch_names(); *n; n++) fprintf(stderr, " %s", *n);
         fprintf(stderr, ")\n");
+        return 2;
+    }
+    if (argc > 1) {
+        fprintf(stderr, "gemmarun fetch: one name expected, got also '%s'\n", argv[1]);
         return 2;
     }
     gm_error err = {0};

@@ -118,6 +118,52 @@ local function sorted_keys(t)
 end
 M.sorted_keys = sorted_keys
 
+--- Edit distance between two short strings, counting a swap of two neighbours as one edit
+--- (optimal string alignment: "rnak" is one edit from "rank").
+local function edit_distance(a, b)
+  local d = {}
+  for i = 0, #a do d[i] = { [0] = i } end
+  for j = 0, #b do d[0][j] = j end
+  for i = 1, #a do
+    for j = 1, #b do
+      local cost = a:byte(i) == b:byte(j) and 0 or 1
+      d[i][j] = math.min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost)
+      if i > 1 and j > 1 and a:byte(i) == b:byte(j - 1) and a:byte(i - 1) == b:byte(j) then
+        d[i][j] = math.min(d[i][j], d[i - 2][j - 2] + 1)
+      end
+    end
+  end
+  return d[#a][#b]
+end
+
+--- " (did you mean 'rank'?)" when one allowed name is close to `name` (a typo), else "".
+local function did_you_mean(name, allowed)
+  local best, bd = nil, math.huge
+  for _, a in ipairs(allowed) do
+    local d = edit_distance(tostring(name):lower(), a:lower())
+    if d < bd then best, bd = a, d end
+  end
+  if best and bd <= math.max(1, math.min(3, #tostring(name) // 3)) then return string.format(" (did you mean '%s'?)", best) end
+  return ""
+end
+M.did_you_mean = did_you_mean
+
+--- "file:line" of the first line of the experiment file that assigns `key` (`key =`), so that an
+--- error about a key inside a table points at the key, not at the constructor; else `where`.
+local function key_where(where, key)
+  local file = GM_EXPERIMENT_FILE
+  if not file or type(key) ~= "string" or not where or where:sub(1, #file) ~= file then return where end
+  local ok, text = pcall(gm.read_text, file)
+  if not ok then return where end
+  local n = 0
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+    n = n + 1
+    local code = line:gsub("%-%-.*$", "")
+    if code:find("%f[%w_]" .. key:gsub("%p", "%%%0") .. "%s*=[^=]") then return file .. ":" .. n end
+  end
+  return where
+end
+
 local function list_str(t) return table.concat(t, ", ") end
 
 local function is_list(t)
@@ -130,7 +176,10 @@ end
 --- Checks one training field's value; returns the normalized value or raises.
 local function check_train_value(where, key, v)
   local f = TRAIN[key]
-  if not f then usage(where, "train.%s: unknown key (allowed: %s)", key, list_str(sorted_keys(TRAIN))) end
+  if not f then
+    usage(key_where(where, key), "train.%s: unknown key%s (allowed: %s)", key, did_you_mean(key, sorted_keys(TRAIN)),
+      list_str(sorted_keys(TRAIN)))
+  end
   local k = f.kind
   if k == "integer" then
     if math.type(v) ~= "integer" then
@@ -189,7 +238,7 @@ local function check_keys(t, allowed, what)
     if k:sub(1, 1) ~= "_" then
       local ok = false
       for _, a in ipairs(allowed) do ok = ok or a == k end
-      if not ok then usage(t._where, "%s: unknown key '%s' (allowed: %s)", what, k, list_str(allowed)) end
+      if not ok then usage(key_where(t._where, k), "%s: unknown key '%s'%s (allowed: %s)", what, k, did_you_mean(k, allowed), list_str(allowed)) end
     end
   end
 end
@@ -301,6 +350,8 @@ function M.apply_overrides(e, sets)
     if not k then usage(nil, "--set %s: expected key=value", kv) end
     local key = k:gsub("^train%.", "")
     local val = parse_value(v)
+    e._overrides = e._overrides or {}
+    e._overrides[key] = "--set " .. kv
     local top = ({ model = 1, seeds = 1, name = 1, memory_limit = 1, threads = 1, fit = 1, description = 1 })[k]
     if top then
       if k == "seeds" and type(val) ~= "table" then val = { val } end
@@ -310,8 +361,10 @@ function M.apply_overrides(e, sets)
       e.train[key] = val
       if e.sweep then e.sweep[key] = nil end
     else
-      usage(nil, "--set %s: unknown key '%s' (allowed: model, seeds, name, memory_limit, threads, fit, or a training field: %s)",
-        kv, k, list_str(sorted_keys(TRAIN)))
+      local allowed = sorted_keys(TRAIN)
+      for _, t in ipairs({ "model", "seeds", "name", "memory_limit", "threads", "fit" }) do allowed[#allowed + 1] = t end
+      usage(nil, "--set %s: unknown key '%s'%s (allowed: model, seeds, name, memory_limit, threads, fit, or a training field: %s)",
+        kv, k, did_you_mean(key, allowed), list_str(sorted_keys(TRAIN)))
     end
   end
 end
@@ -354,14 +407,21 @@ function M.validate(e)
     usage(nil, "the experiment file must return experiment{...}")
   end
   local w = e._where
+  local function from0(k) return (e._overrides and e._overrides[k]) or w end
   if type(e.name) ~= "string" or not e.name:match("^[%w_%-]+$") then
-    usage(w, "experiment.name = %s: must be a name of letters, digits, _ and - (it names the results files)", tostring(e.name))
+    usage(from0("name"), "experiment.name = %s: must be a name of letters, digits, _ and - (it names the results files)", tostring(e.name))
   end
-  if type(e.model) ~= "string" or e.model == "" then usage(w, "experiment.model must be a model path or name (e.g. \"gemma3-270m\")") end
+  if type(e.model) ~= "string" or e.model == "" then usage(from0("model"), "experiment.model must be a model path or name (e.g. \"gemma3-270m\")") end
   if type(e.task) ~= "table" or (e.task._kind ~= "classify" and e.task._kind ~= "sft") then
     usage(w, "experiment.task must be classify{...} or sft{...}")
   end
   validate_data(e.task.data, e.task._where)
+  local dk = e.task.data._kind
+  if e.task._kind == "classify" and dk == "jsonl" then
+    usage(e.task._where, "classify{} needs labelled examples (data.fortunes{...}, data.folder{...}); data.jsonl holds chat conversations: use it with sft{}")
+  elseif e.task._kind == "sft" and dk ~= "jsonl" then
+    usage(e.task._where, "sft{} trains on chat conversations (data.jsonl{...}); data.%s holds labelled examples: use it with classify{}", dk)
+  end
   if e.task._kind == "classify" then
     if type(e.task.prompt) ~= "string" or e.task.prompt == "" then usage(e.task._where, "classify.prompt must be a non-empty string") end
     if e.task.labels ~= nil and (not is_list(e.task.labels) or #e.task.labels < 2) then
@@ -371,26 +431,33 @@ function M.validate(e)
   e.train = e.train or {}
   if type(e.train) ~= "table" then usage(w, "experiment.train must be a table of training settings") end
   local train = {}
-  for k, v in pairs(e.train) do train[k] = check_train_value(w, k, v) end
+  local function from(k) return (e._overrides and e._overrides[k]) or w end
+  M.where_of = from
+  for k, v in pairs(e.train) do train[k] = check_train_value(key_where(from(k), k), k, v) end
   for k, f in pairs(TRAIN) do
     if train[k] == nil and f.default ~= nil then train[k] = f.default end
   end
   e.train = train
   e.seeds = e.seeds or { 1 }
-  if not is_list(e.seeds) or #e.seeds < 1 then usage(w, "experiment.seeds must be a list of integers, e.g. {1, 2, 3}") end
+  if not is_list(e.seeds) or #e.seeds < 1 then usage(from("seeds"), "experiment.seeds must be a list of integers, e.g. {1, 2, 3}") end
   for _, s in ipairs(e.seeds) do
-    if math.type(s) ~= "integer" or s < 0 then usage(w, "experiment.seeds: %s is not a non-negative integer", tostring(s)) end
+    if math.type(s) ~= "integer" or s < 0 then usage(from("seeds"), "experiment.seeds: %s is not a non-negative integer", tostring(s)) end
   end
-  if e.memory_limit ~= nil then e.memory_limit_bytes = parse_bytes(w, e.memory_limit) end
-  if e.fit ~= nil and type(e.fit) ~= "boolean" then usage(w, "experiment.fit must be true or false") end
-  if e.threads ~= nil and (math.type(e.threads) ~= "integer" or e.threads < 1) then usage(w, "experiment.threads must be a positive integer") end
+  if e.memory_limit ~= nil then e.memory_limit_bytes = parse_bytes(from("memory_limit"), e.memory_limit) end
+  if e.fit ~= nil and type(e.fit) ~= "boolean" then usage(from("fit"), "experiment.fit must be true or false") end
+  if e.fit and not e.memory_limit then
+    usage(from("fit"), "experiment.fit = true needs a memory_limit to fit into (e.g. memory_limit = \"8GiB\")")
+  end
+  if e.threads ~= nil and (math.type(e.threads) ~= "integer" or e.threads < 1) then usage(from("threads"), "experiment.threads must be a positive integer") end
   if e.sweep ~= nil then
     local s = e.sweep
     if type(s) ~= "table" or (s._kind ~= "grid" and s._kind ~= "random") then usage(w, "experiment.sweep must be grid{...} or random{...}") end
     for k, vals in pairs(s) do
       if k:sub(1, 1) ~= "_" and not (s._kind == "random" and (k == "n" or k == "seed")) then
         if k ~= "model" and not TRAIN[k] then
-          usage(s._where, "%s: unknown key '%s' (sweepable: model, %s)", s._kind, k, list_str(sorted_keys(TRAIN)))
+          local sweepable = sorted_keys(TRAIN)
+          table.insert(sweepable, 1, "model")
+          usage(key_where(s._where, k), "%s: unknown key '%s'%s (sweepable: %s)", s._kind, k, did_you_mean(k, sweepable), list_str(sweepable))
         end
         if s._kind == "grid" or not (type(vals) == "table" and vals._dist) then
           if not is_list(vals) or #vals < 1 then usage(s._where, "%s.%s must be a non-empty list of values", s._kind, k) end
@@ -409,8 +476,32 @@ function M.validate(e)
   if e.report ~= nil then
     local r = e.report
     if r._kind ~= "report" then usage(w, "experiment.report must be table{rows = {...}, cols = {...}, metric = ...}") end
+    local fields = sorted_keys(TRAIN)
+    table.insert(fields, 1, "seed")
+    table.insert(fields, 1, "model")
+    local is_field = {}
+    for _, f in ipairs(fields) do is_field[f] = true end
     for _, part in ipairs({ "rows", "cols" }) do
       if r[part] ~= nil and not is_list(r[part]) then usage(r._where, "table.%s must be a list of field names", part) end
+      for _, f in ipairs(r[part] or {}) do
+        if not is_field[f] then
+          usage(key_where(r._where, part), "table.%s: '%s' is not a field%s (fields: %s)", part, tostring(f), did_you_mean(f, fields), list_str(fields))
+        end
+      end
+    end
+    -- what the trials record: the evaluation's attributes, then the training series
+    local metrics = e.task._kind == "classify" and { "accuracy", "loss", "lr", "grad_norm", "tokens_per_s" }
+      or { "loss", "perplexity", "lr", "grad_norm", "tokens_per_s" }
+    if r.metric ~= nil then
+      local ok = false
+      for _, m in ipairs(metrics) do ok = ok or m == r.metric end
+      if not ok then
+        usage(key_where(r._where, "metric"), "table.metric = %s: %s{} trials record %s%s", tostring(r.metric), e.task._kind,
+          list_str(metrics), did_you_mean(tostring(r.metric), metrics))
+      end
+    end
+    if r.phase ~= nil and r.phase ~= "baseline" and r.phase ~= "final" then
+      usage(key_where(r._where, "phase"), "table.phase = %s: allowed values are baseline, final", tostring(r.phase))
     end
   end
   return e

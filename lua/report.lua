@@ -421,7 +421,7 @@ function report.render(trials, spec)
       if f ~= "seed" and not shown[f] then pooled = "trials" end
     end
   end
-  local seeds = mode_n == 1 and ("single " .. pooled:sub(1, -2))
+  local seeds = mode_n == 0 and "no completed trial" or mode_n == 1 and ("single " .. pooled:sub(1, -2))
     or ("mean ± std over " .. mode_n .. " " .. pooled)
   local title = spec.title or string.format("%s: %s, %s eval, %s", experiment, label, phase, seeds)
 
@@ -535,14 +535,18 @@ function report.render(trials, spec)
     lines[#lines + 1] = text_row(g, grid[g])
     if kinds[g] == "base" and kinds[g + 1] == "row" then lines[#lines + 1] = table.concat(rule, "  ") end
   end
-  lines[#lines + 1] = "* best " .. (better == "max" and "(highest)" or "(lowest)") .. " mean"
+  if best_val then lines[#lines + 1] = "* best " .. (better == "max" and "(highest)" or "(lowest)") .. " mean" end
   if note_head then
     lines[#lines + 1] = note_head .. ":"
     for _, n in ipairs(notes) do lines[#lines + 1] = "  " .. n end
   end
+  -- the memory grid's header: the metric table's, with "peak memory" where that names the metric
+  local mem_head = {}
+  for c, h in ipairs(grid[1]) do mem_head[c] = h end
+  if #cols == 0 then mem_head[nh + 1] = "peak memory" end
   if any_mem then
     -- the same rows and columns as the metric table
-    local mg = {grid[1]}
+    local mg = {mem_head}
     for i, rv in ipairs(row_combos) do
       local r = row_labels(rv)
       for j = 1, #col_combos do r[#r + 1] = mem_text(mem_cells[i][j]) end
@@ -587,7 +591,7 @@ function report.render(trials, spec)
     md[#md + 1] = ("| " .. table.concat(r, " | ") .. " |"):gsub("  +", " ")
   end
   md[#md + 1] = ""
-  md[#md + 1] = "Bold: best " .. (better == "max" and "(highest)" or "(lowest)") .. " mean."
+  if best_val then md[#md + 1] = "Bold: best " .. (better == "max" and "(highest)" or "(lowest)") .. " mean." end
   if note_head then
     md[#md + 1] = ""
     md[#md + 1] = md_escape(note_head) .. ":"
@@ -598,7 +602,9 @@ function report.render(trials, spec)
     md[#md + 1] = ""
     md[#md + 1] = md_escape(MEM_TITLE) .. ":"
     md[#md + 1] = ""
-    md[#md + 1] = "| " .. table.concat(hdr, " | ") .. " |"
+    local mh = {}
+    for c = 1, nh + nc do mh[c] = md_escape(mem_head[c]) end
+    md[#md + 1] = "| " .. table.concat(mh, " | ") .. " |"
     md[#md + 1] = "|" .. table.concat(align, "|") .. "|"
     for i, rv in ipairs(row_combos) do
       local r = row_labels(rv)

@@ -27,6 +27,13 @@ end
 
 local function say(fmt, ...) print(string.format(fmt, ...)) end
 
+--- An error's text without the position of the runner's own code ("lua/runner.lua:97: "), which
+--- tells the user nothing.
+local function clean_msg(err)
+  local m = type(err) == "table" and tostring(err.msg or err) or tostring(err)
+  return (m:gsub("^lua/[%w_]+%.lua:%d+: ", ""))
+end
+
 --------------------------------------------------------------------------------------------------
 -- data
 
@@ -169,6 +176,8 @@ end
 --- Classification by label scoring: the first token of each label at the response position
 --- (one forward per example) when those tokens differ, else the log-likelihood of each whole
 --- label. Returns {accuracy, per_class, confusion, n_examples, labels}.
+local EVAL_CHUNK = 8 -- test examples per call between two looks at Ctrl-C
+
 local function eval_classify(model, tr, test, labels, limit)
   local K = #labels
   local first, distinct = {}, true
@@ -179,7 +188,13 @@ local function eval_classify(model, tr, test, labels, limit)
   local idx = indices(test:size(), limit)
   local predicted = {}
   if distinct then
-    predicted = tr:choose(test, idx, first)
+    -- in chunks, so that Ctrl-C is answered within a few examples, not after the whole test set
+    for s = 1, #idx, EVAL_CHUNK do
+      if gm.interrupted() then error({ interrupted = true }, 0) end
+      local chunk = {}
+      for i = s, math.min(#idx, s + EVAL_CHUNK - 1) do chunk[#chunk + 1] = idx[i] end
+      for _, p in ipairs(tr:choose(test, chunk, first)) do predicted[#predicted + 1] = p end
+    end
   else
     error("labels " .. table.concat(labels, ", ") .. " share their first token; give labels that start differently", 0)
   end
@@ -204,6 +219,7 @@ local function eval_sft(tr, test, limit, batch)
   local idx = indices(test:size(), limit)
   local sum, tokens = 0, 0
   for s = 1, #idx, batch do
+    if gm.interrupted() then error({ interrupted = true }, 0) end
     local chunk = {}
     for i = s, math.min(#idx, s + batch - 1) do chunk[#chunk + 1] = idx[i] end
     local loss, n = tr:eval(test, chunk)
@@ -239,26 +255,45 @@ local function permutation(n, seed, epoch)
   return p
 end
 
+-- What a runner process holds beyond a trainer's plan: the results files open in memory (and the
+-- HDF5 library state that comes with them before any checkpoint), the tokenized data sets, the
+-- Lua state, the evaluation's extra BLAS buffers. Fitted on a tiny-model trial (30.3 MiB measured,
+-- 25.7 planned without it), checked on the 270M quickstart (docs/memory.md).
+local RUNNER_STATE_BYTES = 5 * 2 ^ 20
+
+--- A trial's plan: the trainer's (gm.plan) plus the runner's own state, as item "runner".
+local function trial_plan(model, opts)
+  local plan = gm.plan(model, opts)
+  plan.runner = math.tointeger(RUNNER_STATE_BYTES)
+  plan.total = plan.total + plan.runner
+  return plan
+end
+
 --- Applies memory_limit (and fit) to a trial's options: returns the options (changed by fit) and
 --- a note of what fit chose, or raises with the plan and what would make it fit. The trial is
 --- refused here, before its weights are loaded.
 local function fit_memory(e, trial, opts)
-  local plan = gm.plan(trial.config.model, opts)
+  local plan = trial_plan(trial.config.model, opts)
   trial.plan = plan
   if not e.memory_limit_bytes or plan.total <= e.memory_limit_bytes then return opts, nil end
   if e.fit then
-    local fitted, total, chosen = gm.plan_fit(trial.config.model, opts, e.memory_limit_bytes)
-    trial.plan = gm.plan(trial.config.model, fitted)
+    local fitted, _, chosen = gm.plan_fit(trial.config.model, opts, math.max(1, e.memory_limit_bytes - RUNNER_STATE_BYTES))
+    trial.plan = trial_plan(trial.config.model, fitted)
     return fitted, chosen
   end
-  error(string.format("the plan needs %s, over memory_limit %s (%s); set fit = true to let the planner turn on "
-    .. "checkpointing and trade batch for gradient accumulation, or lower max_length / batch, or use quant = \"nf4\"",
-    fmt_bytes(plan.total), fmt_bytes(e.memory_limit_bytes), R.plan_summary(plan)), 0)
+  local ways = {}
+  if not e.fit then ways[#ways + 1] = "set fit = true to let the planner turn on checkpointing and trade batch for gradient accumulation" end
+  ways[#ways + 1] = "lower max_length" .. (trial.config.batch > 1 and " or batch" or "")
+  if trial.config.quant ~= "nf4" then ways[#ways + 1] = "use quant = \"nf4\"" end
+  if trial.config.rank > 8 then ways[#ways + 1] = "lower rank" end
+  ways[#ways + 1] = "raise memory_limit"
+  error(string.format("the plan needs %s, over memory_limit %s (%s); %s",
+    fmt_bytes(plan.total), fmt_bytes(e.memory_limit_bytes), R.plan_summary(plan), table.concat(ways, ", or ")), 0)
 end
 
 function R.plan_summary(plan)
   local parts = {}
-  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace", "runtime" }) do
+  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace", "runtime", "runner" }) do
     if plan[k] and plan[k] > 0 then parts[#parts + 1] = k .. " " .. fmt_bytes(plan[k]) end
   end
   return table.concat(parts, ", ")
@@ -394,6 +429,47 @@ local function describe_point(trial, swept)
   return table.concat(parts, " ")
 end
 
+--- Where a top-level field came from, for error messages: --set, the sweep, or the file.
+local function field_where(e, k)
+  if e._overrides and e._overrides[k] then return e._overrides[k] end
+  if e.sweep and e.sweep[k] ~= nil then return e.sweep._where end
+  return e._where
+end
+
+--- What can be checked before any weights are loaded, for the dry run and the real run alike:
+--- every model's config is readable and holds max_length, the data sources read and give a
+--- usable data set. Raises usage errors (exit 2). Returns the raw items and the configs by model.
+local function preflight(e, selected)
+  local cfgs = {}
+  for _, t in ipairs(selected) do
+    local m = t.config.model
+    if not cfgs[m] then
+      local ok, c = pcall(gm.model_config, m)
+      if not ok then P.usage(field_where(e, "model"), "model %s: %s", m, clean_msg(c)) end
+      cfgs[m] = c
+    end
+    local c = cfgs[m]
+    if c.max_position_embeddings and c.max_position_embeddings > 0 and t.config.max_length > c.max_position_embeddings then
+      P.usage(P.where_of("max_length"), "train.max_length = %d: %s (%s) has %d positions; use at most %d",
+        t.config.max_length, m, c.name or "model", c.max_position_embeddings, c.max_position_embeddings)
+    end
+  end
+  local d = e.task.data
+  local ok, items = pcall(e.task._kind == "classify" and load_classify_items or load_chat_items, d)
+  if not ok then
+    if type(items) == "table" and items.usage then error(items, 0) end
+    P.usage(d._where or e.task._where, "%s", clean_msg(items))
+  end
+  if e.task._kind == "classify" and e.task.labels then items.labels = e.task.labels end
+  if e.task._kind == "classify" and #items.labels < 2 then
+    P.usage(d._where or e.task._where, "classify{} needs at least 2 labels; the data set has %d (%s)", #items.labels,
+      #items.labels > 0 and table.concat(items.labels, ", ") or "none")
+  end
+  if #items.train == 0 then P.usage(d._where or e.task._where, "the data set has no training examples") end
+  if #items.test == 0 then P.usage(d._where or e.task._where, "the data set has no test examples (nothing to evaluate)") end
+  return items, cfgs
+end
+
 function R.run(e, cli)
   P.apply_overrides(e, cli.set)
   P.validate(e)
@@ -406,30 +482,40 @@ function R.run(e, cli)
   local dir = (e.results or "results") .. "/" .. e.name
   say("experiment %s: %d trial%s (%s), model %s", e.name, #trials, #trials == 1 and "" or "s",
     #swept > 0 and ("sweep over " .. table.concat(swept, ", ") .. " x " .. #e.seeds .. " seeds") or (#e.seeds .. " seeds"), e.model)
+  -- everything that can fail for the whole sweep is checked before the first trial (and by the
+  -- dry run): models, max_length, data
+  local items = preflight(e, selected)
   if cli.dry_run then
+    say("data: %d training and %d test examples%s", #items.train, #items.test,
+      items.labels and (", labels " .. table.concat(items.labels, ", ")) or "")
+    local over = 0
     for _, t in ipairs(selected) do
       local cfg = t.config
-      local ok, plan = pcall(gm.plan, cfg.model, trainer_opts(cfg, 1, e.threads or GM_THREADS))
+      local opts = trainer_opts(cfg, 1, e.threads or GM_THREADS)
+      local ok, plan = pcall(trial_plan, cfg.model, opts)
       local line
       if ok then
         line = string.format("  trial %2d  %s  %s  plan %s (%s)", t.index, t.id, describe_point(t, swept), fmt_bytes(plan.total), R.plan_summary(plan))
-        if e.memory_limit_bytes and plan.total > e.memory_limit_bytes then line = line .. "  OVER memory_limit" .. (e.fit and " (fit will adjust)" or "") end
+        if e.memory_limit_bytes and plan.total > e.memory_limit_bytes then
+          local fok, _, total, chosen = false, nil, nil, nil
+          if e.fit then fok, _, total, chosen = pcall(gm.plan_fit, cfg.model, opts, math.max(1, e.memory_limit_bytes - RUNNER_STATE_BYTES)) end
+          if fok then total = total + RUNNER_STATE_BYTES end
+          if fok then
+            line = line .. string.format("  over memory_limit; fit: %s (plan %s)", chosen, fmt_bytes(total))
+          else
+            over = over + 1
+            line = line .. "  OVER memory_limit" .. (e.fit and (": cannot fit: " .. clean_msg(total or _)) or " (the trial will be refused; fit = true may help)")
+          end
+        end
       else
-        line = string.format("  trial %2d  %s  %s  plan unavailable: %s", t.index, t.id, describe_point(t, swept), tostring(plan))
+        line = string.format("  trial %2d  %s  %s  plan unavailable: %s", t.index, t.id, describe_point(t, swept), clean_msg(plan))
       end
       say("%s", line)
     end
+    if over > 0 then say("%d trial%s would be refused: over memory_limit", over, over == 1 and "" or "s") end
     return 0
   end
-  -- everything that can fail for the whole sweep is checked before the first trial
-  local ctx = { dir = dir, data = {}, baselines = {} }
-  local items_ok, items = pcall(e.task._kind == "classify" and load_classify_items or load_chat_items, e.task.data)
-  if not items_ok then
-    if type(items) == "table" and items.usage then error(items, 0) end
-    P.usage(e.task._where, "%s", tostring(items))
-  end
-  ctx.items = items
-  if e.task._kind == "classify" and e.task.labels then ctx.items.labels = e.task.labels end
+  local ctx = { dir = dir, data = {}, baselines = {}, items = items }
   gm.make_results_dir(dir)
   -- tokenize every example up front for each (model, max_length) of the selected trials: a
   -- max_length that leaves no room for any response is an error in the file, before any trial
@@ -441,6 +527,10 @@ function R.run(e, cli)
       P.usage(swept_ml and e.sweep._where or e._where,
         "train.max_length = %d leaves no room for any response: the shortest prompt that did not fit takes %d tokens; raise max_length to at least %d",
         t.config.max_length, d.shortest_rejected, d.shortest_rejected + 2)
+    end
+    if d.test:size() == 0 then
+      P.usage(P.where_of("max_length"), "train.max_length = %d leaves no test example (all %d are longer); raise max_length",
+        t.config.max_length, #items.test)
     end
   end
   local failed, interrupted = 0, false
@@ -462,6 +552,8 @@ function R.run(e, cli)
       if not ok then
         if type(err) == "table" and err.interrupted then
           interrupted = true
+          ctx.res:set({ status = "interrupted" })
+          ctx.res:save()
           ctx.res:close()
           break
         end

@@ -150,8 +150,9 @@ gm_status gm_plan_fit(const gm_config *cfg, gm_train_opts *o, gm_dtype stored, g
     if (p->total > limit)
         return gm_error_set(err, GM_ERR_LIMIT,
                             "the plan needs %.2f GiB, over the memory limit of %.2f GiB, and still %.2f GiB with activation "
-                            "checkpointing and batch 1\n  hint: lower max_length or rank, or use quant = nf4",
-                            (double)first / 1073741824.0, (double)limit / 1073741824.0, (double)p->total / 1073741824.0);
+                            "checkpointing and batch 1\n  hint: lower max_length or rank%s, or raise the limit",
+                            (double)first / 1073741824.0, (double)limit / 1073741824.0, (double)p->total / 1073741824.0,
+                            o->quant == GM_QUANT_NF4 ? "" : ", or use quant = nf4");
     size_t n = 0;
     if (f.checkpointing && !o->checkpointing) n += (size_t)snprintf(chosen, cap, "activation checkpointing on");
     if (f.batch != o->batch && n < cap)

@@ -33,23 +33,36 @@ bad() { # NAME PATTERN SED-EXPRESSION
   sed "$3" tiny.lua > bad.lua
   expect_run "invalid: $1" 2 "$2" -- "$GM" bad.lua
 }
-bad "unknown top-level key" "bad.lua:1: experiment: unknown key 'modle' \(allowed: name, model," 's/  seeds = {1, 2},/  seeds = {1, 2}, modle = 1,/'
-bad "unknown training key" "bad.lua:1: train.rnak: unknown key \(allowed: alpha, batch," 's/rank = 4,/rnak = 4,/'
-bad "wrong type" "bad.lua:1: train.lr = fast: must be a number" 's/lr = 1e-2, rank/lr = "fast", rank/'
-bad "rank 0" "bad.lua:1: train.rank = 0: must be >= 1" 's/rank = 4,/rank = 0,/'
+bad "unknown top-level key" "bad.lua:8: experiment: unknown key 'modle' \(did you mean 'model'\?\) \(allowed: name, model," 's/  seeds = {1, 2},/  seeds = {1, 2}, modle = 1,/'
+bad "unknown training key" "bad.lua:5: train.rnak: unknown key \(did you mean 'rank'\?\) \(allowed: alpha, batch," 's/rank = 4,/rnak = 4,/'
+bad "wrong type" "bad.lua:5: train.lr = fast: must be a number" 's/lr = 1e-2, rank/lr = "fast", rank/'
+bad "rank 0" "bad.lua:5: train.rank = 0: must be >= 1" 's/rank = 4,/rank = 0,/'
 bad "negative lr in the sweep" "bad.lua:7: train.lr = -0.003: must be >= 0" 's/lr = {1e-2, 3e-3}/lr = {1e-2, -3e-3}/'
 bad "unknown quant" "train.quant = nf5: allowed values are stored, gguf, f32, bf16, nf4, int8" 's/rank = 4,/rank = 4, quant = "nf5",/'
 bad "dropout out of range" "train.dropout = 1: must be < 1" 's/rank = 4,/rank = 4, dropout = 1,/'
-bad "unknown sweep key" "bad.lua:7: grid: unknown key 'rnak' \(sweepable: model, alpha" 's/sweep = grid { lr = {1e-2, 3e-3} }/sweep = grid { rnak = {4} }/'
+bad "unknown sweep key" "bad.lua:7: grid: unknown key 'rnak' \(did you mean 'rank'\?\) \(sweepable: model, alpha" 's/sweep = grid { lr = {1e-2, 3e-3} }/sweep = grid { rnak = {4} }/'
 bad "seeds not a list" "experiment.seeds must be a list of integers" 's/seeds = {1, 2},/seeds = 3,/'
 bad "bad name" "experiment.name = tiny run: must be a name" 's/name = "tiny"/name = "tiny run"/'
 bad "max_length too short for the prompt" "bad.lua:1: train.max_length = 16 leaves no room for any response: the shortest prompt that did not fit takes [0-9]+ tokens; raise max_length to at least" 's/max_length = 64/max_length = 16/'
 bad "bad memory_limit" "memory_limit = \"lots\": expected a number with a unit" 's/  seeds = {1, 2},/  seeds = {1, 2}, memory_limit = "lots",/'
 bad "missing data folder" "data.folder: nowhere is not a folder" 's/root = "data"/root = "nowhere"/'
 bad "syntax error" "bad.lua:[0-9]+:" 's/return experiment {/return experiment {{/'
+bad "classify on chat data" "classify\{\} needs labelled examples .*data.jsonl holds chat conversations: use it with sft" 's/data.folder { root = "data" }/data.jsonl { train = "chat.jsonl" }/'
+bad "sft on labelled data" "sft\{\} trains on chat conversations .*use it with classify" 's/task = classify { data = data.folder { root = "data" }, prompt = "Which fruit?" }/task = sft { data = data.folder { root = "data" } }/'
+bad "report row that is not a field" "table.rows: 'rnak' is not a field \(did you mean 'rank'\?\)" 's/rows = {"lr"}/rows = {"rnak"}/'
+bad "report metric typo" "table.metric = acurracy: classify\{\} trials record accuracy, loss, .*\(did you mean 'accuracy'\?\)" 's/metric = "accuracy"/metric = "acurracy"/'
+bad "fit without memory_limit" "experiment.fit = true needs a memory_limit" 's/  seeds = {1, 2},/  seeds = {1, 2}, fit = true,/'
+mkdir -p one/only && echo "just one label" > one/only/1.txt && echo "and another" > one/only/2.txt
+bad "one label only" "classify\{\} needs at least 2 labels; the data set has 1 \(only\)" 's/root = "data"/root = "one"/'
+mkdir -p split/train/a split/train/b split/test/a split/test/b
+for lab in a b; do echo "short $lab" > split/train/$lab/1.txt; head -c 400 /dev/zero | tr '\0' 'x' | sed 's/x/word /g' > split/test/$lab/1.txt; done
+bad "no test example fits max_length" "train.max_length = 64 leaves no test example \(all 2 are longer\); raise max_length" 's/root = "data"/root = "split"/'
+expect_run "invalid: missing model (--set), in the dry run" 2 "--set model=/nope: model /nope: " -- "$GM" tiny.lua --set model=/nope --dry-run
+expect_run "invalid: max_length beyond the model's positions, in the dry run" 2 "--set max_length=100000: train.max_length = 100000: .* has [0-9]+ positions; use at most" -- "$GM" tiny.lua --set max_length=100000 --dry-run
+expect_run "invalid: a --set value names --set" 2 "--set quant=nf5: train.quant = nf5: allowed values" -- "$GM" tiny.lua --set quant=nf5 --dry-run
 expect_run "invalid: unknown --set key" 2 "--set colour=red: unknown key 'colour'" -- "$GM" tiny.lua --set colour=red --dry-run
 expect_run "invalid: --trial out of range" 2 "--trial 9: the experiment has trials 1..4" -- "$GM" tiny.lua --trial 9 --dry-run
-expect_run "os.execute in an experiment file" 1 "os.execute is not allowed" -- bash -c "printf 'os.execute(\"true\")\n' > x.lua; '$GM' x.lua"
+expect_run "os.execute in an experiment file (exit 2: bad file)" 2 "x.lua:1: os.execute is not allowed" -- bash -c "printf 'os.execute(\"true\")\n' > x.lua; '$GM' x.lua"
 
 # ---- expansion ------------------------------------------------------------------------------
 expect_run "dry run lists 4 trials with plans" 0 "4 trials \(sweep over lr x 2 seeds\).*trial  4 .* lr=0.003 seed=2  plan [0-9.]+ MiB" -- "$GM" tiny.lua --dry-run

@@ -11,12 +11,13 @@ lua_case() { # NAME WANT_EXIT PATTERN LUA_SOURCE [extra gemmarun args]
   expect_run "$name" "$want" "$pat" -- "$GM" "$TMP/case.lua" "$@"
 }
 
-lua_case "os.execute refused" 1 "os.execute is not allowed.*--allow-os" 'os.execute("touch /tmp/gm_pwned")'
-lua_case "io.open refused" 1 "io.open is not allowed" 'io.open("/tmp/gm_pwned", "w")'
-lua_case "io.popen refused" 1 "io.popen is not allowed" 'io.popen("ls")'
-lua_case "os.remove refused" 1 "os.remove is not allowed" 'os.remove("/etc/passwd")'
-lua_case "require absent" 1 "require" 'require("socket")'
-lua_case "dofile absent" 1 "dofile" 'dofile("/etc/passwd")'
+lua_case "os.execute refused (exit 2: bad file)" 2 "case.lua:1: os.execute is not allowed.*--allow-os" 'os.execute("touch /tmp/gm_pwned")'
+lua_case "io.open refused" 2 "io.open is not allowed" 'io.open("/tmp/gm_pwned", "w")'
+lua_case "io.popen refused" 2 "io.popen is not allowed" 'io.popen("ls")'
+lua_case "os.remove refused" 2 "os.remove is not allowed" 'os.remove("/etc/passwd")'
+lua_case "require refused" 2 "case.lua:1: require is not allowed" 'require("socket")'
+lua_case "dofile refused" 2 "case.lua:1: dofile is not allowed" 'dofile("/etc/passwd")'
+lua_case "loadfile refused" 2 "loadfile is not allowed" 'loadfile("/etc/passwd")'
 lua_case "binary chunk refused" 0 "attempt to load a binary chunk" 'local f, e = load(string.dump(function() return 1 end)); assert(f == nil); print(e)'
 lua_case "syntax error names file:line (exit 2: bad file)" 2 "case.lua:2:" $'local x = 1\nlocal = 2'
 lua_case "runtime error names file:line" 1 "case.lua:1: boom" 'error("boom")'
