@@ -448,6 +448,7 @@ function report.render(trials, spec)
       for _, t in ipairs(done) do
         local mm = t.memory
         if type(mm) == "table" and row_key(values_of(t, rows)) .. "\2" .. col_key(values_of(t, cols)) == k then
+          m.n = (m.n or 0) + 1
           if type(mm.planned_total) == "number" then m.planned = math.max(m.planned or 0, mm.planned_total) end
           if type(mm.measured_peak_rss) == "number" and mm.measured_peak_rss > 0 then
             m.measured = math.max(m.measured or 0, mm.measured_peak_rss)
@@ -692,7 +693,8 @@ function report.render(trials, spec)
     for j, cv in ipairs(col_combos) do csv_line("fine-tuned", rv, cv, cells[i][j], phase, is_best(cells[i][j])) end
   end
   if any_mem then
-    -- memory lines: metric planned_peak_mib / measured_peak_mib, phase "train", n = 1
+    -- memory lines: metric planned_peak_mib / measured_peak_mib, phase "train", the largest
+    -- over the cell's n completed trials (std empty: a maximum, not a mean)
     for i, rv in ipairs(row_combos) do
       for j, cv in ipairs(col_combos) do
         for _, pm in ipairs({{"planned_peak_mib", mem_cells[i][j].planned}, {"measured_peak_mib", mem_cells[i][j].measured}}) do
@@ -704,7 +706,7 @@ function report.render(trials, spec)
             r[#r + 1] = "train"
             r[#r + 1] = csv_num(pm[2] / MIB)
             r[#r + 1] = ""
-            r[#r + 1] = "1"
+            r[#r + 1] = tostring(mem_cells[i][j].n or 0)
             r[#r + 1] = "0"
             csv[#csv + 1] = table.concat(r, ",")
           end

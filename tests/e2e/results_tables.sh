@@ -43,7 +43,10 @@ for i, c in ipairs(trials) do
                          per_class = {c.acc, c.acc}, confusion = {{20, 5}, {5, 20}}})
     r:set{status = "completed", wall_seconds = 10 + i}
   end
-  r:set_memory{planned = {["base weights"] = 1000, total = 4000}, measured_peak_rss = 5000}
+  -- planned 800 + i MiB; measured 1% over (2% over for trial 6), so the grid shows each cell's largest
+  local mib = 1024 * 1024
+  r:set_memory{planned = {["base weights"] = 300 * mib, total = (800 + i) * mib},
+               measured_peak_rss = math.floor((800 + i) * mib * (i == 6 and 1.02 or 1.01))}
   r:set_data{n_train = 200, n_test = 50, rejections = {{example = 7, reason = "too long"}}}
   r:save()
 end
@@ -68,6 +71,13 @@ Bold: best (highest) mean.
 Excluded from the means (1 trial):
 
 - failed: trial 01bf16 (quant=bf16, lr=2e-4, seed=2): out of memory at step 7
+
+Peak memory (MiB): planned / measured (measured vs planned), largest over the cell's trials:
+
+| quant | lr=1e-4 | lr=2e-4 |
+|:--|--:|--:|
+| nf4 | 802 / 810 (+1.0%) | 804 / 812 (+1.0%) |
+| bf16 | 806 / 822 (+2.0%) | 807 / 815 (+1.0%) |
 EOF
 cat > want.csv <<'EOF'
 kind,quant,lr,metric,phase,mean,std,n,best
@@ -79,6 +89,14 @@ fine-tuned,nf4,1e-4,accuracy_percent,final,85,7.07107,2,0
 fine-tuned,nf4,2e-4,accuracy_percent,final,93,1.41421,2,1
 fine-tuned,bf16,1e-4,accuracy_percent,final,72.5,3.53553,2,0
 fine-tuned,bf16,2e-4,accuracy_percent,final,88,,1,0
+memory,nf4,1e-4,planned_peak_mib,train,802,,2,0
+memory,nf4,1e-4,measured_peak_mib,train,810.02,,2,0
+memory,nf4,2e-4,planned_peak_mib,train,804,,2,0
+memory,nf4,2e-4,measured_peak_mib,train,812.04,,2,0
+memory,bf16,1e-4,planned_peak_mib,train,806,,2,0
+memory,bf16,1e-4,measured_peak_mib,train,822.12,,2,0
+memory,bf16,2e-4,planned_peak_mib,train,807,,1,0
+memory,bf16,2e-4,measured_peak_mib,train,815.07,,1,0
 EOF
 same() { diff -u "$1" "$2" && echo same; }
 expect_run "Markdown table exactly as expected" 0 "^same$" -- same want.md results/e2e_sweep.md
