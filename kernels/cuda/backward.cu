@@ -1,7 +1,8 @@
 /*
- * backward.cu - CUDA twins of the training kernels in kernels/cpu/{norm,rope,elementwise,xent,
- * optim}.c: rmsnorm_bwd, rope_bwd, geglu_bwd, scale, dropout, the chunked cross-entropy halves,
- * AdamW and the sum of squares. Formulas are documented once, in kernels/kernels.h.
+ * backward.cu - CUDA twins of the training kernels in kernels/cpu/{norm,elementwise,xent,optim}.c:
+ * rmsnorm_bwd, geglu_bwd, scale, dropout, the chunked cross-entropy halves, AdamW and the sum of
+ * squares (rope_bwd sits beside rope_fwd in rope.cu). Formulas are documented once, in
+ * kernels/kernels.h.
  */
 #include "common.cuh"
 #include "gm_philox.h"
@@ -36,28 +37,6 @@ extern "C" void gm_k_rmsnorm_bwd_cuda(const gm_kctx *ctx, float *dx, float *dw, 
     if (N == 0) return;
     rmsnorm_bwd_k<<<(unsigned)N, 256, 0, gm_stream(ctx)>>>(dx, dy, x, w, rstd, C, beta);
     if (dw) rmsnorm_dw_k<<<gm_blocks(C, 256), 256, 0, gm_stream(ctx)>>>(dw, dy, x, rstd, N, C);
-}
-
-__global__ static void rope_bwd_k(float *dx, const float *dy, const int32_t *pos, int64_t N, int64_t NH, int64_t D,
-                                  float theta, float pos_scale) {
-    int64_t half = D / 2;
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= N * NH * half) return;
-    int64_t k = i % half, h = (i / half) % NH, n = i / (half * NH);
-    float inv_freq = 1.0f / powf(theta, (float)(2 * k) / (float)D);
-    float ang = ((float)pos[n] * pos_scale) * inv_freq;
-    float c = cosf(ang), s = -sinf(ang);
-    const float *yr = dy + (n * NH + h) * D;
-    float y1 = yr[k], y2 = yr[k + half];
-    float *o = dx + (n * NH + h) * D;
-    o[k] = y1 * c - y2 * s;
-    o[k + half] = y2 * c + y1 * s;
-}
-
-extern "C" void gm_k_rope_bwd_cuda(const gm_kctx *ctx, float *dx, const float *dy, const int32_t *pos, int64_t N,
-                                   int64_t NH, int64_t D, float theta, float pos_scale) {
-    int64_t n = N * NH * (D / 2);
-    if (n) rope_bwd_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(dx, dy, pos, N, NH, D, theta, pos_scale);
 }
 
 __global__ static void geglu_bwd_k(float *dgate, float *dup, const float *dh, const float *gate, const float *up,

@@ -36,22 +36,9 @@
 static char tmpdir[256];
 static int64_t h5_baseline; // gm_h5_open_objects() with no file open
 
-static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
-
 static const char *in_dir(char *buf, size_t cap, const char *name) {
     snprintf(buf, cap, "%s/%s", tmpdir, name);
     return buf;
-}
-
-static bool file_exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static void check_no_leaks(const char *where) {
@@ -93,7 +80,7 @@ static void test_h5_attrs(void) {
     CHECK_OK(gm_h5_attr_set_i64(f, "/", "replaced", 1, &err), &err);
     CHECK_OK(gm_h5_attr_set_str(f, "/", "replaced", "now a string", &err), &err);
     gm_status s = gm_h5_attr_set_i64(f, "/missing", "x", 1, &err);
-    CHECK(s == GM_ERR_NOT_FOUND && contains(err.msg, "/missing"), "attr on missing object: %s",
+    CHECK(s == GM_ERR_NOT_FOUND && gm_test_contains(err.msg, "/missing"), "attr on missing object: %s",
           err.msg);
     CHECK_OK(gm_h5_close(&f, &err), &err);
     CHECK(f == NULL, "close clears the handle");
@@ -132,20 +119,20 @@ static void test_h5_attrs(void) {
 
     // errors: missing, wrong class, out of range
     s = gm_h5_attr_get_i64(f, "/", "absent", &i, &err);
-    CHECK(s == GM_ERR_NOT_FOUND && contains(err.msg, path) && contains(err.msg, "'absent'"),
+    CHECK(s == GM_ERR_NOT_FOUND && gm_test_contains(err.msg, path) && gm_test_contains(err.msg, "'absent'"),
           "missing attribute: %s", err.msg);
     s = gm_h5_attr_get_i64(f, "/", "s", &i, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "not an integer"), "string as int: %s", err.msg);
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "not an integer"), "string as int: %s", err.msg);
     s = gm_h5_attr_get_str(f, "/", "i", &str, &err);
-    CHECK(s == GM_ERR_FORMAT && str == NULL && contains(err.msg, "not a string"),
+    CHECK(s == GM_ERR_FORMAT && str == NULL && gm_test_contains(err.msg, "not a string"),
           "int as string: %s", err.msg);
     s = gm_h5_attr_get_u64(f, "/", "i", &u, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "negative"), "negative as u64: %s", err.msg);
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "negative"), "negative as u64: %s", err.msg);
     s = gm_h5_attr_get_i64(f, "/", "u", &i, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "does not fit"), "u64 max as i64: %s", err.msg);
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "does not fit"), "u64 max as i64: %s", err.msg);
     // a read-only file refuses writes with the HDF5 stack text in the message
     s = gm_h5_attr_set_i64(f, "/", "ro", 1, &err);
-    CHECK(s == GM_ERR_IO && contains(err.msg, "HDF5: "), "write to read-only file: %s", err.msg);
+    CHECK(s == GM_ERR_IO && gm_test_contains(err.msg, "HDF5: "), "write to read-only file: %s", err.msg);
     CHECK_OK(gm_h5_close(&f, &err), &err);
     free(big);
     check_no_leaks("attributes");
@@ -181,14 +168,14 @@ static void test_h5_datasets(void) {
     CHECK_OK(gm_h5_write(f, "/t/empty", GM_F32, 2, sempty, NULL, &err), &err);
     CHECK_OK(gm_h5_attr_set_str(f, "/t/f32", "note", "attribute on a dataset", &err), &err);
     gm_status s = gm_h5_write(f, "/t/f32", GM_F32, 2, s32, f32, &err);
-    CHECK(s == GM_ERR_INVALID && contains(err.msg, "already exists"), "rewrite: %s", err.msg);
+    CHECK(s == GM_ERR_INVALID && gm_test_contains(err.msg, "already exists"), "rewrite: %s", err.msg);
     s = gm_h5_write(f, "/t/bf16", GM_BF16, 2, s32, f32, &err);
-    CHECK(s == GM_ERR_UNSUPPORTED && contains(err.msg, "bf16"), "bf16: %s", err.msg);
+    CHECK(s == GM_ERR_UNSUPPORTED && gm_test_contains(err.msg, "bf16"), "bf16: %s", err.msg);
     const int64_t s5[] = {1, 1, 1, 1, 1};
     s = gm_h5_write(f, "/t/rank5", GM_F32, 5, s5, f32, &err);
     CHECK(s == GM_ERR_INVALID, "rank 5: %s", err.msg);
     s = gm_h5_group_create(f, "/t/f32", &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "dataset exists"), "group over dataset: %s",
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "dataset exists"), "group over dataset: %s",
           err.msg);
 
     // listing: name order, kinds
@@ -239,17 +226,17 @@ static void test_h5_datasets(void) {
     float untouched[6] = {9, 9, 9, 9, 9, 9};
     const int64_t s23t[] = {3, 2};
     s = gm_h5_read(f, "/t/f32", GM_F32, 2, s23t, untouched, &err);
-    CHECK(s == GM_ERR_INVALID && contains(err.msg, "(2, 3)") && contains(err.msg, "(3, 2)") &&
-          contains(err.msg, "/t/f32") && contains(err.msg, path), "shape mismatch: %s", err.msg);
+    CHECK(s == GM_ERR_INVALID && gm_test_contains(err.msg, "(2, 3)") && gm_test_contains(err.msg, "(3, 2)") &&
+          gm_test_contains(err.msg, "/t/f32") && gm_test_contains(err.msg, path), "shape mismatch: %s", err.msg);
     CHECK(untouched[0] == 9 && untouched[5] == 9, "buffer untouched on mismatch");
     s = gm_h5_read(f, "/t/f32", GM_F32, 1, s64, untouched, &err);
-    CHECK(s == GM_ERR_INVALID && contains(err.msg, "(5)"), "rank mismatch: %s", err.msg);
+    CHECK(s == GM_ERR_INVALID && gm_test_contains(err.msg, "(5)"), "rank mismatch: %s", err.msg);
     s = gm_h5_read(f, "/t/f32", GM_I32, 2, s32, ri32, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "f32"), "f32 read as i32: %s", err.msg);
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "f32"), "f32 read as i32: %s", err.msg);
     s = gm_h5_read(f, "/t/nope", GM_F32, 2, s32, rf32, &err);
-    CHECK(s == GM_ERR_NOT_FOUND && contains(err.msg, "/t/nope"), "missing dataset: %s", err.msg);
+    CHECK(s == GM_ERR_NOT_FOUND && gm_test_contains(err.msg, "/t/nope"), "missing dataset: %s", err.msg);
     s = gm_h5_read(f, "/t/deep", GM_F32, 2, s32, rf32, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "not a dataset"), "group as dataset: %s",
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "not a dataset"), "group as dataset: %s",
           err.msg);
     CHECK_OK(gm_h5_close(&f, &err), &err);
     check_no_leaks("datasets");
@@ -269,7 +256,7 @@ static void test_h5_series(const char *metrics_path, bool snapshot) {
     if (!f) return;
     CHECK_OK(gm_h5_attr_set_str(f, "/", "run", "test_checkpoint series", &err), &err);
     CHECK_OK(gm_h5_series_create(f, "/metrics/lr", GM_F64, 256, &err), &err);
-    double t0 = now_s();
+    double t0 = gm_test_now_s();
     gm_status first_bad = GM_OK;
     for (int i = 0; i < N; i++) {
         gm_status s = gm_h5_append_i64(f, "/metrics/step", i + 1, &err);
@@ -283,7 +270,7 @@ static void test_h5_series(const char *metrics_path, bool snapshot) {
             CHECK(false, "append %d: %s", i, err.msg);
         }
     }
-    double dt = now_s() - t0;
+    double dt = gm_test_now_s() - t0;
     printf("series (%s): %d steps x 3 appends + %d %s in %.3f s\n",
            snapshot ? "memory file" : "disk file", N, N / 100,
            snapshot ? "atomic snapshots" : "flushes", dt);
@@ -291,19 +278,19 @@ static void test_h5_series(const char *metrics_path, bool snapshot) {
     CHECK_OK(gm_h5_append(f, "/metrics/batch", GM_F64, batch, 3, &err), &err);
     CHECK_OK(gm_h5_append(f, "/metrics/batch", GM_F64, batch, 0, &err), &err);
     gm_status s = gm_h5_append_i64(f, "/metrics/loss", 1, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "holds floats"), "i64 into f64 series: %s",
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "holds floats"), "i64 into f64 series: %s",
           err.msg);
     const int64_t one[] = {1};
     CHECK_OK(gm_h5_write(f, "/fixed", GM_F64, 1, one, batch, &err), &err);
     s = gm_h5_append_f64(f, "/fixed", 1, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "appendable"), "append to fixed: %s", err.msg);
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "appendable"), "append to fixed: %s", err.msg);
     s = gm_h5_series_create(f, "/metrics/bad", GM_F32, 0, &err);
     CHECK(s == GM_ERR_UNSUPPORTED, "f32 series: %s", err.msg);
     if (snapshot) {
         CHECK_OK(gm_h5_save_atomic(f, metrics_path, &err), &err);
     } else {
         s = gm_h5_save_atomic(f, metrics_path, &err);
-        CHECK(s == GM_ERR_INVALID && contains(err.msg, "memory"), "snapshot of a disk file: %s",
+        CHECK(s == GM_ERR_INVALID && gm_test_contains(err.msg, "memory"), "snapshot of a disk file: %s",
               err.msg);
     }
     CHECK_OK(gm_h5_close(&f, &err), &err);
@@ -369,21 +356,21 @@ static void test_h5_errors(void) {
     char path[512];
     gm_status s = gm_h5_create("/nonexistent-dir-gm/x.h5", &f, &err);
     printf("create in a missing folder: %s\n", err.msg);
-    CHECK(s == GM_ERR_IO && f == NULL && contains(err.msg, "/nonexistent-dir-gm/x.h5") &&
-          contains(err.msg, "HDF5: ") && contains(err.msg, "No such file or directory"),
+    CHECK(s == GM_ERR_IO && f == NULL && gm_test_contains(err.msg, "/nonexistent-dir-gm/x.h5") &&
+          gm_test_contains(err.msg, "HDF5: ") && gm_test_contains(err.msg, "No such file or directory"),
           "create in a missing folder: %s", err.msg);
     s = gm_h5_open(in_dir(path, sizeof path, "none.h5"), false, &f, &err);
-    CHECK(s == GM_ERR_IO && contains(err.msg, "no such file") && contains(err.msg, path),
+    CHECK(s == GM_ERR_IO && gm_test_contains(err.msg, "no such file") && gm_test_contains(err.msg, path),
           "open missing: %s", err.msg);
     in_dir(path, sizeof path, "text.h5");
     FILE *t = fopen(path, "w");
     fputs("this is not HDF5\n", t);
     fclose(t);
     s = gm_h5_open(path, false, &f, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "not an HDF5 file") && contains(err.msg, path),
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "not an HDF5 file") && gm_test_contains(err.msg, path),
           "open text: %s", err.msg);
     s = gm_h5_open(tmpdir, false, &f, &err);
-    CHECK(s == GM_ERR_IO && contains(err.msg, "directory"), "open a folder: %s", err.msg);
+    CHECK(s == GM_ERR_IO && gm_test_contains(err.msg, "directory"), "open a folder: %s", err.msg);
     CHECK_OK(gm_h5_close(NULL, &err), &err);
     CHECK_OK(gm_h5_close(&f, &err), &err);
     // a truncated HDF5 file: signature present, the rest missing
@@ -398,7 +385,7 @@ static void test_h5_errors(void) {
     CHECK(truncate(good, 1000) == 0 && rename(good, path) == 0, "truncate");
     s = gm_h5_open(path, false, &f, &err);
     printf("open truncated: %s\n", err.msg);
-    CHECK(s == GM_ERR_IO && contains(err.msg, "HDF5: ") && contains(err.msg, path),
+    CHECK(s == GM_ERR_IO && gm_test_contains(err.msg, "HDF5: ") && gm_test_contains(err.msg, path),
           "open truncated: %s", err.msg);
     check_no_leaks("errors");
 }
@@ -429,7 +416,7 @@ static void test_h5_snapshot_disk_full(void) {
         bad += gm_h5_write(f, "/big", GM_F64, 1, bsh, big, &e) != GM_OK;
         gm_status s = gm_h5_save_atomic(f, path, &e);
         printf("  snapshot on a full disk: %s: %s\n", gm_status_name(s), e.msg);
-        bool ok = s == GM_ERR_IO && contains(e.msg, "untouched") && !file_exists(tmp);
+        bool ok = s == GM_ERR_IO && gm_test_contains(e.msg, "untouched") && !gm_test_file_exists(tmp);
         for (int i = 0; i < 10; i++) bad += gm_h5_append_f64(f, "/metrics/loss", i, &e) != GM_OK;
         ok = ok && gm_h5_close(&f, &e) == GM_OK && gm_h5_open_objects() == h5_baseline;
         // the previous snapshot is whole
@@ -542,7 +529,7 @@ static void test_ckpt_roundtrip(const char *sample_path) {
     fixture_init(&a, 1, true);
     fixture_init(&b, 0, false);
     CHECK_OK(gm_ckpt_save(path, &a.c, &err), &err);
-    CHECK(!file_exists(tmp), "no .tmp after a successful save");
+    CHECK(!gm_test_file_exists(tmp), "no .tmp after a successful save");
     CHECK_OK(gm_ckpt_load(path, &b.c, &err), &err);
     CHECK(fixture_same(&a, &b), "round trip is bit-exact (scalars, tensors, moments)");
     char *cfg = NULL;
@@ -609,11 +596,11 @@ static void expect_load_fail(const char *what, const char *path, gm_ckpt *c, gm_
     gm_status s = gm_ckpt_load(path, c, &err);
     CHECK(s == want, "%s: got %s, want %s: %s", what, gm_status_name(s), gm_status_name(want),
           err.msg);
-    CHECK(contains(err.msg, path), "%s: message names the file: %s", what, err.msg);
+    CHECK(gm_test_contains(err.msg, path), "%s: message names the file: %s", what, err.msg);
     const char *words[3] = {w1, w2, w3};
     for (int i = 0; i < 3; i++)
         if (words[i])
-            CHECK(contains(err.msg, words[i]), "%s: message should contain '%s': %s", what,
+            CHECK(gm_test_contains(err.msg, words[i]), "%s: message should contain '%s': %s", what,
                   words[i], err.msg);
     printf("  %-18s %s\n", what, err.msg);
 }
@@ -719,14 +706,14 @@ static void test_ckpt_load_errors(void) {
                              {.name = "x", .data = big, .ndim = 1, .shape = {1}}};
     gm_ckpt bc = {.n_tensors = 1, .tensors = bad};
     s = gm_ckpt_save(path, &bc, &err);
-    CHECK(s == GM_ERR_INVALID && contains(err.msg, "a/b"), "name with '/': %s", err.msg);
+    CHECK(s == GM_ERR_INVALID && gm_test_contains(err.msg, "a/b"), "name with '/': %s", err.msg);
     bad[0].name = "x";
     bc.n_tensors = 2;
     s = gm_ckpt_save(path, &bc, &err);
-    CHECK(s == GM_ERR_INVALID && contains(err.msg, "twice"), "duplicate name: %s", err.msg);
+    CHECK(s == GM_ERR_INVALID && gm_test_contains(err.msg, "twice"), "duplicate name: %s", err.msg);
     s = gm_ckpt_save("/nonexistent-dir-gm/ck.h5", &a.c, &err);
-    CHECK(s == GM_ERR_IO && contains(err.msg, "/nonexistent-dir-gm/ck.h5") &&
-          contains(err.msg, "No such file or directory"), "save into a missing folder: %s",
+    CHECK(s == GM_ERR_IO && gm_test_contains(err.msg, "/nonexistent-dir-gm/ck.h5") &&
+          gm_test_contains(err.msg, "No such file or directory"), "save into a missing folder: %s",
           err.msg);
     // after all that, the good file still loads
     CHECK_OK(gm_ckpt_load(path, &b.c, &err), &err);
@@ -757,7 +744,7 @@ static void test_ckpt_overwrite(void) {
     fputs("torn leftovers", junk);
     fclose(junk);
     CHECK_OK(gm_ckpt_save(path, &b.c, &err), &err);
-    CHECK(!file_exists(tmp), "stray .tmp replaced and renamed away");
+    CHECK(!gm_test_file_exists(tmp), "stray .tmp replaced and renamed away");
     stat(path, &s2);
     CHECK(s1.st_ino != s2.st_ino, "overwrite is a rename onto the path (new inode)");
     if (reader) {
@@ -807,13 +794,13 @@ static void test_ckpt_disk_full(void) {
                gm_status_name(s), e.msg, (long long)open_ids, (long long)h5_baseline);
         fflush(stdout);
         // exit(), not _exit(): HDF5's atexit clean-up runs and would crash on a half-closed file
-        exit(s == GM_ERR_IO && contains(e.msg, path) && open_ids == h5_baseline ? 0 : 1);
+        exit(s == GM_ERR_IO && gm_test_contains(e.msg, path) && open_ids == h5_baseline ? 0 : 1);
     }
     int st = 0;
     waitpid(pid, &st, 0);
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "disk-full save fails with GM_ERR_IO and closes "
           "every HDF5 id (status %d)", st);
-    CHECK(!file_exists(tmp), "failed save removed its .tmp");
+    CHECK(!gm_test_file_exists(tmp), "failed save removed its .tmp");
     fixture r;
     fixture_init(&r, 0, false);
     CHECK_OK(gm_ckpt_load(path, &r.c, &err), &err);
@@ -920,15 +907,15 @@ static void test_ckpt_kill9(void) {
     kill_buf k;
     kill_init(&k);
     // the checkpoint that exists before the first kill, and how long one save takes here
-    double t0 = now_s();
+    double t0 = gm_test_now_s();
     kill_fill(&k, 0);
-    double t_fill = now_s() - t0;
-    t0 = now_s();
+    double t_fill = gm_test_now_s() - t0;
+    t0 = gm_test_now_s();
     CHECK_OK(gm_ckpt_save(path, &k.c, &err), &err);
-    double t_save = now_s() - t0;
-    t0 = now_s();
+    double t_save = gm_test_now_s() - t0;
+    t0 = gm_test_now_s();
     CHECK_OK(gm_ckpt_load(path, &k.c, &err), &err);
-    double t_load = now_s() - t0;
+    double t_load = gm_test_now_s() - t0;
     CHECK(kill_verify(&k) && k.c.step == 0, "initial checkpoint verifies");
     // the child's cycle: fill the buffers (test only), then save
     double t_cycle = t_fill + t_save;
@@ -939,7 +926,7 @@ static void test_ckpt_kill9(void) {
     int64_t prev = 0; // the save the file held after the previous kill
     int torn = 0, mid_save = 0, tmp_left = 0, new_in_flight = 0, kept_prev = 0, hit_first = 0;
     uint64_t rng = 0x1234567;
-    double budget0 = now_s();
+    double budget0 = gm_test_now_s();
     int kills = 0;
     for (int life = 1; life <= KILLS; life++) {
         // delays from 0 to 2.5 child cycles: kills land before the first save ends, between
@@ -977,7 +964,7 @@ static void test_ckpt_kill9(void) {
             }
         }
         close(fds[0]);
-        bool had_tmp = file_exists(tmp);
+        bool had_tmp = gm_test_file_exists(tmp);
         tmp_left += had_tmp;
         mid_save += in_flight >= 0;
         hit_first += last_done < 0;
@@ -998,7 +985,7 @@ static void test_ckpt_kill9(void) {
         if (ok) prev = k.c.step;
         check_no_leaks("kill -9 load");
         // the test keeps to its time budget on slow disks: at least 20 kills, then stop at 10 s
-        if (life >= 20 && now_s() - budget0 > 10.0) {
+        if (life >= 20 && gm_test_now_s() - budget0 > 10.0) {
             printf("kill -9: stopping after %d kills (time budget)\n", life);
             break;
         }
@@ -1010,7 +997,7 @@ static void test_ckpt_kill9(void) {
     // a stray .tmp is harmless: the next save replaces it and removes it by renaming
     kill_fill(&k, 77);
     CHECK_OK(gm_ckpt_save(path, &k.c, &err), &err);
-    CHECK(!file_exists(tmp), "no .tmp after the next save");
+    CHECK(!gm_test_file_exists(tmp), "no .tmp after the next save");
     CHECK_OK(gm_ckpt_load(path, &k.c, &err), &err);
     CHECK(k.c.step == 77 && kill_verify(&k), "save after the kills");
     kill_free(&k);
@@ -1037,7 +1024,7 @@ static void test_ckpt_alloc_failures(void) {
         gm_alloc_fail_after(0);
         CHECK(s == GM_OK || s == GM_ERR_NOMEM, "save, alloc %llu fails: %s: %s",
               (unsigned long long)n, gm_status_name(s), err.msg);
-        CHECK(!file_exists(tmp), "save, alloc %llu fails: .tmp left", (unsigned long long)n);
+        CHECK(!gm_test_file_exists(tmp), "save, alloc %llu fails: .tmp left", (unsigned long long)n);
         CHECK(gm_alloc_get_stats().bytes_live == live0, "save, alloc %llu fails: leak",
               (unsigned long long)n);
         check_no_leaks("save under allocation failure");
@@ -1118,7 +1105,7 @@ int main(void) {
              env && env[0] ? env : GM_BINARY_DIR "/test_checkpoint_sample.h5");
     snprintf(metrics, sizeof metrics, "%s.metrics.h5", sample);
 
-    double t0 = now_s();
+    double t0 = gm_test_now_s();
     test_h5_attrs();
     test_h5_datasets();
     char disk_log[512];
@@ -1133,7 +1120,7 @@ int main(void) {
     test_ckpt_disk_full();
     test_ckpt_alloc_failures();
     test_ckpt_kill9();
-    printf("total %.1f s\n", now_s() - t0);
+    printf("total %.1f s\n", gm_test_now_s() - t0);
 
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

@@ -28,8 +28,6 @@ static size_t hexdecode(const char *hex, uint8_t *out) {
     return n;
 }
 
-static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
-
 /* Opens `b` from memory and from a file named `name` in the temp folder; both must fail with
  * `want` and a message holding the label/path and each of the NULL-terminated `words`. */
 static void expect_fail(const gb *b, const char *name, gm_status want, const char *const *words) {
@@ -41,9 +39,9 @@ static void expect_fail(const gb *b, const char *name, gm_status want, const cha
     CHECK(s == want, "%s: got %s, want %s: %s", name, gm_status_name(s), gm_status_name(want),
           err.msg);
     CHECK(g == NULL, "%s: no object on failure", name);
-    CHECK(contains(err.msg, label), "%s: message names the label: %s", name, err.msg);
+    CHECK(gm_test_contains(err.msg, label), "%s: message names the label: %s", name, err.msg);
     for (int i = 0; words && words[i]; i++)
-        CHECK(contains(err.msg, words[i]), "%s: message should contain '%s': %s", name, words[i],
+        CHECK(gm_test_contains(err.msg, words[i]), "%s: message should contain '%s': %s", name, words[i],
               err.msg);
     if (g) gm_gguf_free(g);
 
@@ -54,9 +52,9 @@ static void expect_fail(const gb *b, const char *name, gm_status want, const cha
     g = NULL;
     s = gm_gguf_open(path, &g, &ferr);
     CHECK(s == want, "%s (file): got %s: %s", name, gm_status_name(s), ferr.msg);
-    CHECK(contains(ferr.msg, path), "%s: file message names the path: %s", name, ferr.msg);
+    CHECK(gm_test_contains(ferr.msg, path), "%s: file message names the path: %s", name, ferr.msg);
     for (int i = 0; words && words[i]; i++)
-        CHECK(contains(ferr.msg, words[i]), "%s (file): message should contain '%s': %s", name,
+        CHECK(gm_test_contains(ferr.msg, words[i]), "%s (file): message should contain '%s': %s", name,
               words[i], ferr.msg);
     if (g) gm_gguf_free(g);
     unlink(path);
@@ -529,7 +527,7 @@ static void test_prefixes(void) {
         gm_status s = gm_gguf_open_memory(copy, n, "prefix", &g, &err);
         if (s != GM_ERR_FORMAT || g) {
             if (bad++ < 5) fprintf(stderr, "prefix %zu: %s %s\n", n, gm_status_name(s), err.msg);
-        } else if (!contains(err.msg, "truncated") || !contains(err.msg, "prefix")) {
+        } else if (!gm_test_contains(err.msg, "truncated") || !gm_test_contains(err.msg, "prefix")) {
             if (no_word++ < 5) fprintf(stderr, "prefix %zu: message: %s\n", n, err.msg);
         }
         gm_gguf_free(g);
@@ -572,7 +570,7 @@ static void test_corruption(void) {
         } else {
             failed++;
             if (s != GM_ERR_FORMAT && s != GM_ERR_UNSUPPORTED) bad_status++;
-            if (!contains(err.msg, "flip")) bad_status++;
+            if (!gm_test_contains(err.msg, "flip")) bad_status++;
         }
     }
     free(copy);
@@ -597,7 +595,7 @@ static void test_oom(void) {
         gm_alloc_fail_after(n);
         gm_status s = gm_gguf_open_memory(b.p, b.n, "oom", &g, &err);
         gm_alloc_fail_after(0);
-        if (s == GM_ERR_NOMEM && g == NULL && contains(err.msg, "out of memory")) nomem++;
+        if (s == GM_ERR_NOMEM && g == NULL && gm_test_contains(err.msg, "out of memory")) nomem++;
         else if (s == GM_OK && g) ok++;
         else other++;
         gm_gguf_free(g);
@@ -612,7 +610,7 @@ static void test_paths(void) {
     char path[600];
     snprintf(path, sizeof path, "%s/missing.gguf", tmpdir);
     CHECK(gm_gguf_open(path, &g, &err) == GM_ERR_IO && g == NULL, "missing file: %s", err.msg);
-    CHECK(contains(err.msg, path), "missing-file message names the path: %s", err.msg);
+    CHECK(gm_test_contains(err.msg, path), "missing-file message names the path: %s", err.msg);
 
     gb b = {0};
     expect_fail(&b, "empty", GM_ERR_FORMAT, WORDS("empty", "0 bytes"));

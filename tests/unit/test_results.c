@@ -37,22 +37,9 @@
 static char tmpdir[256];
 static int64_t h5_baseline;
 
-static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
-
 static const char *in_dir(char *buf, size_t cap, const char *name) {
     snprintf(buf, cap, "%s/%s", tmpdir, name);
     return buf;
-}
-
-static bool file_exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0;
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 static void check_no_leaks(const char *where) {
@@ -167,7 +154,7 @@ static void test_roundtrip(const char *sample_dir) {
     CHECK_OK(gm_results_open(path, &r, &err), &err);
     if (!r) return;
     CHECK(!gm_results_resumed(r), "a new file is not resumed");
-    CHECK(!file_exists(path), "nothing on disk before the first save");
+    CHECK(!gm_test_file_exists(path), "nothing on disk before the first save");
     fill_trial(r, 1, "completed", NULL);
     // the replaced eval and tensor: set twice, the second wins
     double pc[3] = {0.25, 1, 0.75};
@@ -185,10 +172,10 @@ static void test_roundtrip(const char *sample_dir) {
     CHECK(gm_results_set_str(r, "format", "x", &err) == GM_ERR_INVALID, "format is reserved");
     CHECK(gm_results_set_str(r, "trial_index", "x", &err) == GM_ERR_INVALID, "typed attribute");
     CHECK(gm_results_set_str(r, "config_json", "{oops", &err) == GM_ERR_INVALID &&
-              contains(err.msg, "JSON"),
+              gm_test_contains(err.msg, "JSON"),
           "config_json must be JSON: %s", err.msg);
     CHECK(gm_results_set_status(r, "done", NULL, &err) == GM_ERR_INVALID &&
-              contains(err.msg, "completed"),
+              gm_test_contains(err.msg, "completed"),
           "unknown status: %s", err.msg);
     CHECK(gm_results_config_str(r, "a/b", "x", &err) == GM_ERR_INVALID, "config key with '/'");
     const char *dup[2] = {"loss", "loss"};
@@ -198,7 +185,7 @@ static void test_roundtrip(const char *sample_dir) {
     CHECK(gm_results_set_memory(r, "planned base weights", 1, &err) == GM_ERR_INVALID,
           "spaces in memory names");
     CHECK_OK(gm_results_save(r, &err), &err);
-    CHECK(file_exists(path), "saved");
+    CHECK(gm_test_file_exists(path), "saved");
     gm_results_free(r);
     check_no_leaks("roundtrip write");
 
@@ -327,11 +314,11 @@ static void test_errors(const char *good) {
     // not HDF5 at all
     in_dir(path, sizeof path, "garbage.h5");
     write_bytes(path, "this is not an HDF5 file, just text\n", 36);
-    CHECK(gm_results_open(path, &r, &err) == GM_ERR_FORMAT && !r && contains(err.msg, path),
+    CHECK(gm_results_open(path, &r, &err) == GM_ERR_FORMAT && !r && gm_test_contains(err.msg, path),
           "garbage: %s", err.msg);
     gm_results_trial *t = NULL;
     int n = 0;
-    CHECK(gm_results_read(path, &t, &n, &err) == GM_ERR_FORMAT && !t && contains(err.msg, path),
+    CHECK(gm_results_read(path, &t, &n, &err) == GM_ERR_FORMAT && !t && gm_test_contains(err.msg, path),
           "garbage read: %s", err.msg);
     // a torn file: the first half of a valid one
     FILE *f = fopen(good, "rb");
@@ -340,7 +327,7 @@ static void test_errors(const char *good) {
     if (f) fclose(f);
     in_dir(path, sizeof path, "torn.h5");
     write_bytes(path, buf, got / 2);
-    CHECK(gm_results_open(path, &r, &err) == GM_ERR_FORMAT && !r && contains(err.msg, path),
+    CHECK(gm_results_open(path, &r, &err) == GM_ERR_FORMAT && !r && gm_test_contains(err.msg, path),
           "torn (%zu of %zu bytes): %s", got / 2, got, err.msg);
     // another HDF5 file (a checkpoint-like file without our format attribute)
     in_dir(path, sizeof path, "other.h5");
@@ -351,19 +338,19 @@ static void test_errors(const char *good) {
         gm_h5_close(&h, &err);
     }
     CHECK(gm_results_open(path, &r, &err) == GM_ERR_FORMAT &&
-              contains(err.msg, "gemmarun-checkpoint"),
+              gm_test_contains(err.msg, "gemmarun-checkpoint"),
           "foreign format: %s", err.msg);
     // missing file: read says so (open would create it)
     in_dir(path, sizeof path, "missing.h5");
-    CHECK(gm_results_read(path, &t, &n, &err) == GM_ERR_IO && contains(err.msg, "no such file"),
+    CHECK(gm_results_read(path, &t, &n, &err) == GM_ERR_IO && gm_test_contains(err.msg, "no such file"),
           "missing: %s", err.msg);
-    CHECK(gm_results_open(tmpdir, &r, &err) == GM_ERR_IO && contains(err.msg, "folder"),
+    CHECK(gm_results_open(tmpdir, &r, &err) == GM_ERR_IO && gm_test_contains(err.msg, "folder"),
           "a folder: %s", err.msg);
     // a save into a folder that does not exist fails cleanly, the handle stays usable
     in_dir(path, sizeof path, "no/such/dir/trial-x.h5");
     CHECK_OK(gm_results_open(path, &r, &err), &err);
     if (r) {
-        CHECK(gm_results_save(r, &err) == GM_ERR_IO && contains(err.msg, "no/such/dir"),
+        CHECK(gm_results_save(r, &err) == GM_ERR_IO && gm_test_contains(err.msg, "no/such/dir"),
               "save into a missing folder: %s", err.msg);
         CHECK_OK(gm_results_append(r, "loss", 1, &err), &err);
         gm_results_free(r);
@@ -401,8 +388,8 @@ static void test_merge(const char *sample_dir, const char *merged) {
     char **paths = NULL;
     int np = 0;
     CHECK_OK(gm_results_list(dir, &paths, &np, &err), &err);
-    CHECK(np == 4 && paths && contains(paths[0], "trial-t001.h5") &&
-              contains(paths[3], "trial-t004.h5"),
+    CHECK(np == 4 && paths && gm_test_contains(paths[0], "trial-t001.h5") &&
+              gm_test_contains(paths[3], "trial-t004.h5"),
           "list: 4 trial files in name order (got %d)", np);
     gm_results_list_free(paths, np);
     CHECK_OK(gm_results_merge(dir, merged, false, &err), &err);
@@ -457,12 +444,12 @@ static void test_merge(const char *sample_dir, const char *merged) {
         CHECK(t[0].n_adapter == 0, "adapters left out of the merge by default");
         CHECK(eval(&t[3], "final") && eval(&t[3], "final")->n_classes == 3,
               "evals in the merged file");
-        CHECK(contains(t[0].source, "#/trial/trial-t001"), "source names the group: %s",
+        CHECK(gm_test_contains(t[0].source, "#/trial/trial-t001"), "source names the group: %s",
               t[0].source);
     }
     gm_results_trials_free(t, n);
     gm_results *r = NULL;
-    CHECK(gm_results_open(merged, &r, &err) == GM_ERR_FORMAT && contains(err.msg, "merged"),
+    CHECK(gm_results_open(merged, &r, &err) == GM_ERR_FORMAT && gm_test_contains(err.msg, "merged"),
           "a merged file is not a trial file: %s", err.msg);
     // with adapters
     snprintf(path, sizeof path, "%s/merged_with_adapters.h5", sample_dir);
@@ -477,7 +464,7 @@ static void test_merge(const char *sample_dir, const char *merged) {
     struct stat before, after;
     stat(merged, &before);
     CHECK(gm_results_merge(dir, merged, false, &err) == GM_ERR_FORMAT &&
-              contains(err.msg, "trial-zzz"),
+              gm_test_contains(err.msg, "trial-zzz"),
           "corrupt trial in merge: %s", err.msg);
     stat(merged, &after);
     CHECK(before.st_ino == after.st_ino, "merged file untouched");
@@ -568,11 +555,11 @@ static void test_kill9(void) {
     CHECK_OK(gm_results_open(path, &r, &err), &err);
     float *w = calloc(KILL_TENSOR, sizeof(float));
     int64_t shape[1] = {KILL_TENSOR};
-    double t0 = now_s();
+    double t0 = gm_test_now_s();
     CHECK_OK(gm_results_put_tensor(r, "w", w, 1, shape, &err), &err);
     CHECK_OK(gm_results_set_i64(r, "n_trials", 0, &err), &err);
     CHECK_OK(gm_results_save(r, &err), &err);
-    double t_cycle = now_s() - t0;
+    double t_cycle = gm_test_now_s() - t0;
     free(w);
     gm_results_free(r);
     printf("kill -9: one save of a %.1f MiB trial file takes %.4f s\n",
@@ -580,7 +567,7 @@ static void test_kill9(void) {
     int64_t prev = 0; // rows the file held after the previous kill
     int torn = 0, mid = 0, landed = 0, tmp_left = 0, kills = 0;
     uint64_t rng = 0x9E3779B97F4A7C15ull;
-    double budget0 = now_s();
+    double budget0 = gm_test_now_s();
     for (int life = 1; life <= 40; life++) {
         rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
         // from before the child's first save (its open + copy) to ~40 cycles in
@@ -612,7 +599,7 @@ static void test_kill9(void) {
                 in_flight = m.rows;
         }
         close(fds[0]);
-        tmp_left += file_exists(tmp);
+        tmp_left += gm_test_file_exists(tmp);
         mid += in_flight >= 0;
         int64_t rows = -1;
         bool ok = kill_verify(path, &rows, why, sizeof why);
@@ -623,7 +610,7 @@ static void test_kill9(void) {
               (long long)rows, (long long)expect, (long long)in_flight, why);
         if (ok && in_flight >= 0 && rows == in_flight) landed++;
         if (ok) prev = rows;
-        if (life >= 20 && now_s() - budget0 > 10.0) break;
+        if (life >= 20 && gm_test_now_s() - budget0 > 10.0) break;
     }
     printf("kill -9: %d kills, %d torn; %d landed mid-save (%d already renamed), %d left a "
            "stray .tmp; the file grew to %lld rows over the kills (each life resumed it)\n",
@@ -747,13 +734,13 @@ int main(void) {
     snprintf(merged, sizeof merged, "%s/merged.h5", sample_dir);
     snprintf(trial, sizeof trial, "%s/trial-t001.h5", sample_dir);
 
-    double t0 = now_s();
+    double t0 = gm_test_now_s();
     test_roundtrip(sample_dir);
     test_errors(trial);
     test_merge(sample_dir, merged);
     test_kill9();
     test_lua();
-    printf("total %.1f s; samples for h5py/pandas: %s, %s\n", now_s() - t0, trial, merged);
+    printf("total %.1f s; samples for h5py/pandas: %s, %s\n", gm_test_now_s() - t0, trial, merged);
 
     char cmd[400];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);

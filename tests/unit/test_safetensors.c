@@ -17,8 +17,6 @@
 
 static char tmpdir[256];
 
-static bool contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
-
 /* u64 header length + JSON (padded with spaces to a multiple of 8, as the Rust writer does)
  * + data. */
 static void st_build(gb *b, const char *json, const void *data, size_t n) {
@@ -43,9 +41,9 @@ static void expect_fail(const gb *b, const char *name, gm_status want, const cha
     gm_status s = gm_safetensors_open_memory(b->p, b->n, label, &st, &err);
     CHECK(s == want && st == NULL, "%s: got %s, want %s: %s", name, gm_status_name(s),
           gm_status_name(want), err.msg);
-    CHECK(contains(err.msg, label), "%s: message names the label: %s", name, err.msg);
+    CHECK(gm_test_contains(err.msg, label), "%s: message names the label: %s", name, err.msg);
     for (int i = 0; words[i]; i++)
-        CHECK(contains(err.msg, words[i]), "%s: message should contain '%s': %s", name, words[i],
+        CHECK(gm_test_contains(err.msg, words[i]), "%s: message should contain '%s': %s", name, words[i],
               err.msg);
     gm_safetensors_free(st);
 
@@ -55,9 +53,9 @@ static void expect_fail(const gb *b, const char *name, gm_status want, const cha
     st = NULL;
     s = gm_safetensors_open(path, &st, &err);
     CHECK(s == want && st == NULL, "%s (file): got %s: %s", name, gm_status_name(s), err.msg);
-    CHECK(contains(err.msg, path), "%s: file message names the path: %s", name, err.msg);
+    CHECK(gm_test_contains(err.msg, path), "%s: file message names the path: %s", name, err.msg);
     for (int i = 0; words[i]; i++)
-        CHECK(contains(err.msg, words[i]), "%s (file): message should contain '%s': %s", name,
+        CHECK(gm_test_contains(err.msg, words[i]), "%s (file): message should contain '%s': %s", name,
               words[i], err.msg);
     gm_safetensors_free(st);
     unlink(path);
@@ -185,7 +183,7 @@ static void test_folder(void) {
         CHECK(w && w->shard == 1 && w->nbytes == 16, "layer weight in shard 1");
         if (w) {
             const char *sp = gm_safetensors_shard_path(st, w->shard);
-            CHECK(sp && contains(sp, "model-00002-of-00002.safetensors") && !contains(sp, "//"),
+            CHECK(sp && gm_test_contains(sp, "model-00002-of-00002.safetensors") && !gm_test_contains(sp, "//"),
                   "shard path %s", sp ? sp : "(null)");
             uint8_t d[16];
             data_bytes(d, 16);
@@ -213,7 +211,7 @@ static void test_folder(void) {
         unlink(p);
         /* Now empty: a clear I/O error naming the folder. */
         st = NULL;
-        CHECK(gm_safetensors_open(d2, &st, &err) == GM_ERR_IO && contains(err.msg, d2),
+        CHECK(gm_safetensors_open(d2, &st, &err) == GM_ERR_IO && gm_test_contains(err.msg, d2),
               "empty folder: %s", err.msg);
         rmdir(d2);
     }
@@ -226,16 +224,16 @@ static void test_folder(void) {
     gm_safetensors *st = NULL;
     gm_status s = gm_safetensors_open(dir, &st, &err);
     CHECK(s == GM_ERR_IO && st == NULL, "missing shard -> io: %s", err.msg);
-    CHECK(contains(err.msg, index) && contains(err.msg, "model-00002-of-00002.safetensors") &&
-              contains(err.msg, "'model.layers.0.w'") && contains(err.msg, "hint:"),
+    CHECK(gm_test_contains(err.msg, index) && gm_test_contains(err.msg, "model-00002-of-00002.safetensors") &&
+              gm_test_contains(err.msg, "'model.layers.0.w'") && gm_test_contains(err.msg, "hint:"),
           "missing-shard message names the index, the shard and the tensor: %s", err.msg);
 
     /* The index names a tensor the shard does not have. */
     write_shard(dir, "model-00002-of-00002.safetensors",
                 "{\"other\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}", 16);
     s = gm_safetensors_open(dir, &st, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "'model.layers.0.w'") &&
-              contains(err.msg, "no such tensor"),
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "'model.layers.0.w'") &&
+              gm_test_contains(err.msg, "no such tensor"),
           "index/shard mismatch: %s", err.msg);
 
     /* The same tensor in two shards. */
@@ -244,20 +242,20 @@ static void test_folder(void) {
                 "\"model.norm.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[16,24]}}",
                 24);
     s = gm_safetensors_open(dir, &st, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "duplicate tensor name 'model.norm.weight'"),
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "duplicate tensor name 'model.norm.weight'"),
           "duplicate across shards: %s", err.msg);
 
     /* A shard name that escapes the folder. */
     write_text(dir, "model.safetensors.index.json",
                "{\"weight_map\":{\"x\":\"../model-00001-of-00002.safetensors\"}}");
     s = gm_safetensors_open(dir, &st, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "'x'"), "shard outside the folder: %s", err.msg);
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "'x'"), "shard outside the folder: %s", err.msg);
     write_text(dir, "model.safetensors.index.json", "{\"weight_map\": [1, 2]}");
     s = gm_safetensors_open(dir, &st, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "weight_map"), "bad index: %s", err.msg);
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "weight_map"), "bad index: %s", err.msg);
     write_text(dir, "model.safetensors.index.json", "{\"weight_map\": ");
     s = gm_safetensors_open(dir, &st, &err);
-    CHECK(s == GM_ERR_FORMAT && contains(err.msg, "not valid JSON"), "index not JSON: %s", err.msg);
+    CHECK(s == GM_ERR_FORMAT && gm_test_contains(err.msg, "not valid JSON"), "index not JSON: %s", err.msg);
 
     char p[600];
     const char *files[] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
@@ -269,7 +267,7 @@ static void test_folder(void) {
     rmdir(dir);
 
     snprintf(p, sizeof p, "%s/does-not-exist", tmpdir);
-    CHECK(gm_safetensors_open(p, &st, &err) == GM_ERR_IO && contains(err.msg, p), "missing path");
+    CHECK(gm_safetensors_open(p, &st, &err) == GM_ERR_IO && gm_test_contains(err.msg, p), "missing path");
 }
 
 /* ---- broken files ----------------------------------------------------------------------- */
@@ -398,7 +396,7 @@ static void test_prefixes_and_flips(void) {
         gm_error err = {0};
         gm_safetensors *st = NULL;
         gm_status s = gm_safetensors_open_memory(copy, n, "prefix", &st, &err);
-        if ((s != GM_ERR_FORMAT || st || !contains(err.msg, "prefix")) && bad++ < 5)
+        if ((s != GM_ERR_FORMAT || st || !gm_test_contains(err.msg, "prefix")) && bad++ < 5)
             fprintf(stderr, "prefix %zu: %s: %s\n", n, gm_status_name(s), err.msg);
         gm_safetensors_free(st);
         free(copy);

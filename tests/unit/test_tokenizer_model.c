@@ -16,12 +16,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void print_ids(const char *what, const int32_t *ids, int64_t n) {
     fprintf(stderr, "    %s (%lld):", what, (long long)n);
     for (int64_t i = 0; i < n && i < 40; i++) fprintf(stderr, " %d", ids[i]);
@@ -259,9 +253,9 @@ static void test_speed(const gm_tokenizer *tok, double build_s) {
     int64_t n = 0;
     gm_error err = {0};
     const int reps = 300;
-    double t0 = now_s();
+    double t0 = gm_test_now_s();
     for (int r = 0; r < reps; r++) gm_tokenizer_encode(tok, text, o, true, true, ids, 4096, &n, &err);
-    double per = (now_s() - t0) / reps;
+    double per = (gm_test_now_s() - t0) / reps;
     printf("vocab build from GGUF: %.1f ms; encode %zu bytes -> %lld tokens: %.1f us (%.1f MB/s)\n",
            build_s * 1e3, o, (long long)n, per * 1e6, (double)o / per / 1e6);
     /* generous bounds (sanitizer builds are ~10x slower); the targets are 0.5 s and 1 ms */
@@ -278,9 +272,9 @@ int main(void) {
     CHECK_OK(gm_gguf_open(path, &g, &err), &err);
     if (!g) return gm_test_finish();
     gm_tokenizer *tok = NULL;
-    double t0 = now_s();
+    double t0 = gm_test_now_s();
     CHECK_OK(gm_tokenizer_from_gguf(g, &tok, &err), &err);
-    double build_s = now_s() - t0;
+    double build_s = gm_test_now_s() - t0;
     gm_gguf_free(g); /* the tokenizer keeps no pointers into the mapping */
     if (tok) {
         test_metadata(tok);

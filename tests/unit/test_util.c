@@ -5,6 +5,8 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 int gm_test_passed, gm_test_failed;
@@ -69,6 +71,19 @@ const char *gm_test_real_model(void) {
         return NULL;
     }
     return buf;
+}
+
+bool gm_test_contains(const char *hay, const char *needle) { return strstr(hay, needle) != NULL; }
+
+bool gm_test_file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+double gm_test_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 float gm_test_rand(uint64_t *s) {

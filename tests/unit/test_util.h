@@ -140,6 +140,15 @@ const char *gm_test_path(const char *rel);
  * missing. Honors GEMMARUN_HOME. */
 const char *gm_test_real_model(void);
 
+/* strstr(hay, needle) != NULL: error messages are checked for the words a user needs. */
+bool gm_test_contains(const char *hay, const char *needle);
+
+/* true if the path exists (stat succeeds). */
+bool gm_test_file_exists(const char *path);
+
+/* Monotonic clock in seconds (CLOCK_MONOTONIC), for the timings some tests print. */
+double gm_test_now_s(void);
+
 /* A tiny deterministic PRNG for test inputs (xorshift64*): uniform in [-1, 1). */
 float gm_test_rand(uint64_t *state);
 
