@@ -22,6 +22,7 @@ packages=(
   libplplot-dev plplot-driver-cairo libcairo2-dev libzip-dev libssl-dev libopenblas-openmp-dev
   clang libclang-rt-14-dev
   python3 python3-pip
+  python3-h5py python3-pandas python3-tables   # the test that results files read in h5py and pandas
   fortunes
 )
 missing=()

@@ -145,9 +145,12 @@ expect_run "'..' refused" 1 "contains a '\.\.' component" -- "$GM" escape2.lua
 expect_run "plot outside results/ refused" 1 "outside the results folder" -- "$GM" escape3.lua
 expect_run "nothing was written outside" 0 "^none$" -- bash -c '[ -e notes.md ] || [ -e trial-x.h5 ] || [ -e /tmp/gm_escape.png ] && echo found || echo none'
 
-# Python readers (reference venv only; CI has no Python venv)
-PY=/opt/refvenv/bin/python
-if [ -x "$PY" ] && "$PY" -c "import pandas, h5py, tables" 2>/dev/null; then
+# Python readers: Debian's python3-h5py/-pandas/-tables (setup.sh installs them) or the reference venv
+PY=""
+for p in python3 /opt/refvenv/bin/python; do
+  if command -v "$p" >/dev/null && "$p" -c "import pandas, h5py, tables" 2>/dev/null; then PY=$p; break; fi
+done
+if [ -n "$PY" ]; then
   cat > read.py <<'EOF'
 import h5py, json, pandas as pd
 df = pd.read_hdf("results/e2e_sweep.h5", "trials")
@@ -168,7 +171,7 @@ print("python readers ok")
 EOF
   expect_run "pandas.read_hdf and h5py read the files" 0 "python readers ok" -- "$PY" read.py
 else
-  echo "skip  pandas/h5py check (no /opt/refvenv)"
+  echo "skip  pandas/h5py check (no Python with pandas, h5py and tables: run ./setup.sh)"
 fi
 
 finish
