@@ -5,8 +5,8 @@
 # CSV below (mean ± sample std over seeds, best marked, one baseline row per quant, the failed
 # trial in a footnote), valid 1024x640 PNG plots, and the merged results/e2e_sweep.h5, which
 # renders the same tables again. Then the sandbox's write rule (only under results/), the exit
-# codes for a missing or corrupt RESULTS, and, when the reference venv exists (not in CI),
-# that h5py and pandas read the files as results/README.md promises.
+# codes for a missing or corrupt RESULTS, and that h5py and pandas (Debian's python3-h5py,
+# -pandas and -tables, installed by setup.sh) read the files as results/README.md promises.
 source "$(dirname "$0")/lib.bash"
 GM=$(cd "$(dirname "$GM")" && pwd)/$(basename "$GM")
 W="$TMP/work"

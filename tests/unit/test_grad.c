@@ -66,10 +66,7 @@ static void fd_check(const char *what, double *var, int64_t n, const float *anal
         double err = fabs(fd - analytic[i]) / gmax;
         if (err > worst) worst = err, wi = i, wfd = fd;
     }
-    /* f32 analytic gradients vs an exact derivative: measured <= 2.6e-7 of the largest
-     * gradient on every kernel; 5e-6 leaves room for other inputs and still catches any
-     * wrong term (a missing factor or sign is an O(1) error). */
-    CHECK(worst < 5e-6, "%s: worst relative gradient error %.3g at [%lld]: analytic %.7g, finite difference %.7g",
+    CHECK(worst < TOL_GRAD_FD_REL, "%s: worst relative gradient error %.3g at [%lld]: analytic %.7g, finite difference %.7g",
           what, worst, (long long)wi, (double)analytic[wi], wfd);
     printf("grad %-40s worst error %.2e of max |grad| %.3g\n", what, worst, gmax);
 }
@@ -107,7 +104,7 @@ static void test_rmsnorm(float mag) {
     gm_k_rmsnorm_bwd_cpu(&k, dx2, NULL, dyf, x, w, rstd, c.N, c.C, 1.0f);
     double d = 0;
     for (int i = 0; i < 5 * 24; i++) d = fmax(d, fabs((double)dx2[i] - 1.0 - dx[i]));
-    CHECK(d < 1e-6, "rmsnorm beta=1 must add to dx (diff %g)", d);
+    CHECK(d < TOL_GRAD_ACCUM_ABS, "rmsnorm beta=1 must add to dx (diff %g)", d);
     gm_free(c.x), gm_free(c.w), gm_free(c.dy), gm_free(x), gm_free(w), gm_free(dyf);
     gm_free(y), gm_free(rstd), gm_free(dx), gm_free(dw), gm_free(dx2);
 }
@@ -210,7 +207,7 @@ static void test_attention(int64_t W, float mag) {
     double Lk = 0;
     for (int64_t i = 0; i < nq; i++) Lk += (double)out[i] * c.dout[i];
     double Lr = att_loss(&c);
-    CHECK(fabs(Lk - Lr) < 1e-4 * fmax(1.0, fabs(Lr)), "attention_train_fwd: L %.9g vs reference %.9g", Lk, Lr);
+    CHECK(fabs(Lk - Lr) < TOL_GRAD_ATTN_LOSS_REL * fmax(1.0, fabs(Lr)), "attention_train_fwd: L %.9g vs reference %.9g", Lk, Lr);
     gm_k_attention_bwd_cpu(&k, dq, dk, dv, dout, q, kk, v, out, lse, c.B, c.T, c.H, c.KVH, c.D, c.W, c.scale);
     char what[64];
     snprintf(what, sizeof what, "attention dq (W=%lld, |qk| ~ %g)", (long long)W, (double)mag);
@@ -314,7 +311,7 @@ static void test_xent(float cap) {
         if (t[r] >= 0) Lk += c.scale * (lse[r] - tl[r]);
     }
     double Lr = xent_loss(&c);
-    CHECK(fabs(Lk - Lr) < 1e-5 * fmax(1.0, fabs(Lr)), "xent loss %.9g vs %.9g (cap %g)", Lk, Lr, (double)cap);
+    CHECK(fabs(Lk - Lr) < TOL_GRAD_XENT_LOSS_REL * fmax(1.0, fabs(Lr)), "xent loss %.9g vs %.9g (cap %g)", Lk, Lr, (double)cap);
     for (int64_t v0 = 0; v0 < V; v0 += Vc) { /* pass 2: gradient per chunk */
         int64_t n = V - v0 < Vc ? V - v0 : Vc;
         for (int64_t r = 0; r < R; r++) memcpy(chunk + r * n, logits + r * V + v0, (size_t)n * 4);
@@ -349,13 +346,12 @@ static void test_adamw(void) {
     }
     double worst = 0;
     for (int64_t i = 0; i < n; i++) worst = fmax(worst, fabs(p[i] - pd[i]));
-    /* 10 steps of lr 2e-3: f32 rounding of the update terms, ~1e-6 */
-    CHECK(worst < 1e-5, "adamw: 10 steps differ from the double transcription by %g", worst);
+    CHECK(worst < TOL_ADAMW_ABS, "adamw: 10 steps differ from the double transcription by %g", worst);
     float *g = rnd(n, 1.0f);
     double ss = 0, ref = 0;
     gm_k_sumsq_cpu(&k, &ss, g, n);
     for (int64_t i = 0; i < n; i++) ref += (double)g[i] * g[i];
-    CHECK(fabs(ss - ref) < 1e-9 * ref, "sumsq %.12g vs %.12g", ss, ref);
+    CHECK(fabs(ss - ref) < TOL_SUMSQ_REL * ref, "sumsq %.12g vs %.12g", ss, ref);
     gm_free(g), gm_free(p), gm_free(m), gm_free(v), free(pd), free(md), free(vd);
 }
 
@@ -368,7 +364,7 @@ static void test_dropout(void) {
     int64_t kept = 0;
     bool scaled = true;
     for (int64_t i = 0; i < n; i++)
-        if (y[i] != 0.0f) kept++, scaled = scaled && fabsf(y[i] - x[i] / 0.9f) <= 1e-6f * fabsf(x[i]);
+        if (y[i] != 0.0f) kept++, scaled = scaled && fabsf(y[i] - x[i] / 0.9f) <= (float)TOL_DROPOUT_SCALE_REL * fabsf(x[i]);
     double rate = (double)kept / (double)n;
     CHECK(fabs(rate - 0.9) < 0.005 && scaled, "dropout keep rate %.4f (want 0.9), kept values scaled by 1/0.9: %d", rate, scaled);
     gm_kctx k1 = {.n_threads = 1};

@@ -258,9 +258,7 @@ static void test_speed(const gm_tokenizer *tok, double build_s) {
     double per = (gm_test_now_s() - t0) / reps;
     printf("vocab build from GGUF: %.1f ms; encode %zu bytes -> %lld tokens: %.1f us (%.1f MB/s)\n",
            build_s * 1e3, o, (long long)n, per * 1e6, (double)o / per / 1e6);
-    /* generous bounds (sanitizer builds are ~10x slower); the targets are 0.5 s and 1 ms */
-    CHECK(build_s < 5.0, "building the tokenizer took %.2f s", build_s);
-    CHECK(per < 10e-3, "encoding 2 KB took %.2f ms", per * 1e3);
+    /* printed, not asserted: speed belongs to benchmarks, not to pass/fail (README "Speed") */
 }
 
 int main(void) {

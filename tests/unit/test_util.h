@@ -51,6 +51,32 @@
 #define TOL_PEFT_LOSS_REL 2e-6
 #define TOL_PEFT_GRAD_REL 2e-5
 #define TOL_PEFT_WEIGHT_ABS 2e-5
+/* Gradient checks (tests/unit/test_grad.c). f32 analytic gradients vs the 4th-order central
+ * difference of a double-precision loss, relative to the tensor's largest gradient: measured
+ * <= 2.6e-7 on every kernel (2026-11-30); 5e-6 leaves room for other inputs and still catches any
+ * wrong term (a missing factor or sign is an O(1) error). */
+#define TOL_GRAD_FD_REL 5e-6
+/* A kernel's f32 forward loss vs the same loss in double: attention sums T*D products per output
+ * and exponentiates (1e-4); the chunked cross-entropy sums V exp() terms per row (1e-5). */
+#define TOL_GRAD_ATTN_LOSS_REL 1e-4
+#define TOL_GRAD_XENT_LOSS_REL 1e-5
+/* Accumulating backward (beta = 1) vs plain backward plus the old value: one f32 addition of
+ * values <= ~10, so within a few f32 ulps. */
+#define TOL_GRAD_ACCUM_ABS 1e-6
+/* AdamW, 10 steps of lr 2e-3 vs torch's update transcribed in double: f32 rounding of the update
+ * terms accumulates to ~1e-6. */
+#define TOL_ADAMW_ABS 1e-5
+/* Sum of squares: the kernel accumulates in double, so only the summation order differs. */
+#define TOL_SUMSQ_REL 1e-9
+/* Dropout's kept values x / (1 - p): one f32 division, half an ulp (6e-8) relative; 1e-6 is loose. */
+#define TOL_DROPOUT_SCALE_REL 1e-6
+/* The learning rate of each step vs PEFT's scheduler (Python doubles): ours is computed in double
+ * and stored as f32 for the kernel, so half an f32 ulp (6e-8) relative; 1e-6 + 1e-9 absolute. */
+#define TOL_LR_REL 1e-6
+#define TOL_LR_ABS 1e-9
+/* The same examples split differently (batch 4 x accumulation 1 vs 1 x 4, 2 x 2 vs 4 x 1): the
+ * same terms summed in a different order in f32; losses ~1-60 nats, measured <= 2e-7 relative. */
+#define TOL_ACCUM_EQUIV_REL 1e-6
 /* CUDA kernel vs. its CPU twin on the same inputs: f32 both sides, but different reduction
  * order (warp trees vs. sequential/double sums) and __expf/__tanhf-class intrinsics. */
 #define TOL_CUDA_VS_CPU_ABS 1e-4
