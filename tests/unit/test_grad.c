@@ -366,6 +366,7 @@ static void test_dropout(void) {
     for (int64_t i = 0; i < n; i++)
         if (y[i] != 0.0f) kept++, scaled = scaled && fabsf(y[i] - x[i] / 0.9f) <= (float)TOL_DROPOUT_SCALE_REL * fabsf(x[i]);
     double rate = (double)kept / (double)n;
+    /* binomial: sd of the keep rate = sqrt(0.9 * 0.1 / 200000) = 6.7e-4, so 0.005 is 7.5 sd */
     CHECK(fabs(rate - 0.9) < 0.005 && scaled, "dropout keep rate %.4f (want 0.9), kept values scaled by 1/0.9: %d", rate, scaled);
     gm_kctx k1 = {.n_threads = 1};
     gm_k_dropout_fwd_cpu(&k1, y2, x, n, 0.1f, 42);
