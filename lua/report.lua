@@ -262,11 +262,43 @@ local function in_order(trials)
   return out
 end
 
+--- Config fields (other than seed and the given rows/cols) whose values differ among the trials,
+--- sorted: a field edited between two runs of one experiment, or swept but not named in the
+--- report. Pooling such trials in one cell would present different settings as seeds.
+local function varying_fields(trials, rows, cols)
+  local skip = {seed = true}
+  for _, f in ipairs(rows) do skip[f] = true end
+  for _, f in ipairs(cols) do skip[f] = true end
+  local keys = {}
+  for _, t in ipairs(trials) do
+    for k in pairs(t.config or {}) do if not skip[k] then keys[k] = true end end
+  end
+  local out = {}
+  for k in pairs(keys) do
+    local seen, n = {}, 0
+    for _, t in ipairs(trials) do
+      local v = t.config and t.config[k]
+      local id = v == nil and "nil" or (type(v) .. ":" .. tostring(v))
+      if not seen[id] then seen[id] = true; n = n + 1 end
+    end
+    if n > 1 then out[#out + 1] = k end
+  end
+  table.sort(out)
+  return out
+end
+
 function report.render(trials, spec)
   check_spec(spec)
   trials = in_order(trials)
-  local rows = spec.rows or {}
+  local rows = {}
+  for _, f in ipairs(spec.rows or {}) do rows[#rows + 1] = f end
   local cols = spec.cols or {}
+  -- trials that differ in a field the report does not show get rows of their own
+  local split = varying_fields(trials, rows, cols)
+  for _, f in ipairs(split) do rows[#rows + 1] = f end
+  local split_note = #split > 0 and ("Rows also split by " .. table.concat(split, ", ") ..
+    ": the trials differ in " .. (#split > 1 and "these fields" or "this field") ..
+    ", which the report's rows and columns do not name (never pooled as seeds)") or nil
   local metric = spec.metric or "accuracy"
   local phase = spec.phase or "final"
   local lower = metric:find("loss") or metric:find("perplexity") or metric:find("error")
@@ -537,6 +569,7 @@ function report.render(trials, spec)
     if kinds[g] == "base" and kinds[g + 1] == "row" then lines[#lines + 1] = table.concat(rule, "  ") end
   end
   if best_val then lines[#lines + 1] = "* best " .. (better == "max" and "(highest)" or "(lowest)") .. " mean" end
+  if split_note then lines[#lines + 1] = split_note end
   if note_head then
     lines[#lines + 1] = note_head .. ":"
     for _, n in ipairs(notes) do lines[#lines + 1] = "  " .. n end
@@ -593,6 +626,7 @@ function report.render(trials, spec)
   end
   md[#md + 1] = ""
   if best_val then md[#md + 1] = "Bold: best " .. (better == "max" and "(highest)" or "(lowest)") .. " mean." end
+  if split_note then md[#md + 1] = ""; md[#md + 1] = md_escape(split_note) .. "." end
   if note_head then
     md[#md + 1] = ""
     md[#md + 1] = md_escape(note_head) .. ":"
@@ -641,6 +675,7 @@ function report.render(trials, spec)
   end
   tex[#tex + 1] = "\\bottomrule"
   tex[#tex + 1] = "\\end{tabular}"
+  if split_note then tex[#tex + 1] = "% " .. split_note end
   if note_head then
     tex[#tex + 1] = "% " .. note_head .. ":"
     for _, n in ipairs(notes) do tex[#tex + 1] = "%   " .. n:gsub("\n", " ") end

@@ -174,4 +174,22 @@ else
   echo "skip  pandas/h5py check (no Python with pandas, h5py and tables: run ./setup.sh)"
 fi
 
+# Trials that differ in a field the report does not name (max_length edited between two runs of
+# the same experiment) are never pooled as seeds: max_length becomes a row field, and a note says so.
+cat > edited.lua <<'EOF'
+for i, c in ipairs({{ml = 64, seed = 1, acc = 0.5}, {ml = 128, seed = 1, acc = 0.7}, {ml = 128, seed = 2, acc = 0.9}}) do
+  local id = "edit" .. i
+  local r <close> = gm.results("results/edited/trial-" .. id .. ".h5")
+  r:set{experiment = "edited", trial_id = id, trial_index = 1, n_trials = 1,
+        report_json = {rows = {"quant"}, cols = {}, metric = "accuracy"}, swept_json = {"seed"}}
+  r:set_config{quant = "nf4", lr = 1e-4, seed = c.seed, max_length = c.ml}
+  r:set_eval("final", {accuracy = c.acc, n_examples = 10})
+  r:set{status = "completed"}
+  r:save()
+end
+print("wrote " .. #gm.results_list("results/edited") .. " trial files")
+EOF
+expect_run "trials of an edited field are written" 0 "wrote 3 trial files" -- "$GM" edited.lua
+expect_run "edited field: its own rows, never pooled" 0 "nf4 +64 +50\.0 .*nf4 +128 +80\.0 ± 14\.1.*Rows also split by max_length" -- "$GM" table results/edited/
+
 finish
