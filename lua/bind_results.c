@@ -146,11 +146,12 @@ static void make_parents(lua_State *L, const char *abs_file, const char *abs_roo
  * used for trainer checkpoints (bind_train.c) through gm_bind_check_write_path. */
 static void check_write_path(lua_State *L, const char *path, const char *fn) {
     if (!path[0]) luaL_error(L, "%s: empty path", fn);
+    /* refusals are bad input in the file (exit 2), like the sandbox's */
     if (has_dotdot(path))
-        luaL_error(L,
-                   "%s: path '%s' contains a '..' component; results are written only inside "
-                   "the results folder",
-                   fn, path);
+        gm_bind_usage_error(L,
+                            "%s: path '%s' contains a '..' component; results are written only inside "
+                            "the results folder",
+                            fn, path);
     int top = lua_gettop(L);
     const char *root = push_root(L);
     const char *abs = push_abs(L, path);
@@ -158,10 +159,10 @@ static void check_write_path(lua_State *L, const char *path, const char *fn) {
     bool inside = root[1] == '\0' ? abs[1] != '\0'
                                   : strncmp(abs, root, rl) == 0 && abs[rl] == '/' && abs[rl + 1];
     if (!inside)
-        luaL_error(L,
-                   "%s: %s is outside the results folder %s (experiment files may write only "
-                   "there; see results/README.md)",
-                   fn, path, root);
+        gm_bind_usage_error(L,
+                            "%s: %s is outside the results folder %s (experiment files may write only "
+                            "there; see results/README.md)",
+                            fn, path, root);
     make_parents(L, abs, root, fn);
     lua_settop(L, top);
 }

@@ -9,7 +9,8 @@
  *   gm.sha256(text) -> hex                   gm.isatty() -> bool (stderr)
  *   gm.progress(line [, final])               redraws one status line on a TTY, prints lines otherwise
  *   gm.interrupted() -> bool                  true once Ctrl-C was pressed (main installs the handler)
- *   gm.model_config(path_or_name) -> table    the config only (GGUF header, config.json or preset)
+ *   gm.model_config(path_or_name) -> table    the config only (GGUF header, config.json or preset;
+ *                                             preset = true for a built-in size: no weights)
  *   gm.plan(path_or_name, train_opts) -> {[kind] = bytes, total = bytes}
  *   trainer:choose(dataset, {i, ...}, {tok, ...}) -> {k, ...}, {{logit, ...}, ...}
  *       for each example, the candidate whose first token has the highest logit at the response start
@@ -304,6 +305,10 @@ static int l_model_config(lua_State *L) {
     gm_bind_push_config(L, &cfg);
     lua_pushstring(L, gm_dtype_name(stored));
     lua_setfield(L, -2, "stored_dtype");
+    /* a built-in size (gm_config_probe's first branch): a config to plan with, but no weights */
+    gm_config tmp;
+    lua_pushboolean(L, !gm_fetch_is_cached(arg) && gm_config_preset(arg, &tmp, NULL) == GM_OK);
+    lua_setfield(L, -2, "preset");
     return 1;
 }
 
@@ -377,6 +382,8 @@ static int l_plan_fit(lua_State *L) {
     const char *arg = luaL_checkstring(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_Number limit = luaL_checknumber(L, 3);
+    /* the plan command's range; also keeps the size_t conversion below defined */
+    if (!(limit >= 1 && limit <= 0x1p60)) luaL_error(L, "plan_fit: limit %f: must be 1 .. 2^60 bytes", (double)limit);
     gm_train_opts o;
     gm_bind_read_train_opts(L, 2, &o, 2);
     gm_config cfg;

@@ -4,10 +4,26 @@
 #include "bind_util.h"
 
 #include <lauxlib.h>
+#include <stdarg.h>
 #include <string.h>
 
 /* Raises a Lua error with the core's message (the caller released what it held). */
 int gm_bind_raise(lua_State *L, const gm_error *err) { return luaL_error(L, "%s", err->msg); }
+
+int gm_bind_usage_error(lua_State *L, const char *fmt, ...) {
+    luaL_where(L, 1);
+    va_list ap;
+    va_start(ap, fmt);
+    lua_pushvfstring(L, fmt, ap);
+    va_end(ap);
+    lua_concat(L, 2);
+    lua_createtable(L, 0, 2);
+    lua_pushboolean(L, 1);
+    lua_setfield(L, -2, "usage");
+    lua_insert(L, -2);
+    lua_setfield(L, -2, "msg");
+    return lua_error(L);
+}
 
 /* Checks that every key of the options table at idx is one of `allowed`. */
 void gm_bind_check_opts(lua_State *L, int idx, const char *fn, const char *const *allowed) {

@@ -37,6 +37,12 @@ struct gm_trainer *gm_bind_check_trainer(lua_State *L, int idx);
 /* Raises a Lua error carrying the core's message. Never returns. */
 int gm_bind_raise(lua_State *L, const gm_error *err);
 
+/* Raises a usage error (bad input in the file, exit code 2, like a sandbox refusal in gm_lua.c):
+ * the object {usage = true, msg = "file:line: <formatted>"}, the position being the Lua code
+ * that called the binding. printf-style like lua_pushfstring (%s %d %f %p %c %U %%). Never
+ * returns. */
+int gm_bind_usage_error(lua_State *L, const char *fmt, ...);
+
 /* Raises unless every key of the option table at idx is in `allowed` (NULL-terminated). */
 void gm_bind_check_opts(lua_State *L, int idx, const char *fn, const char *const *allowed);
 

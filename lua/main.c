@@ -31,6 +31,7 @@
 #include <malloc.h> // mallopt
 
 #include <errno.h>
+#include <float.h>
 #include <lauxlib.h>
 #include <math.h>
 #include <signal.h>
@@ -302,6 +303,16 @@ static int cmd_generate(int argc, char **argv) {
 
 /* ---- plan ---- */
 
+/* Upper bounds of plan's settings: far beyond any real run, yet small enough that no product of
+ * them wraps (the planner checks its byte counts too: gm_plan_check_size). */
+#define PLAN_MAX_BATCH 65536             /* batch, grad_accum */
+#define PLAN_MAX_LENGTH 1048576          /* max_length (also capped by the model's positions) */
+#define PLAN_MAX_IMAGES 65536            /* images per example */
+#define PLAN_MAX_AUDIO_S 86400.0         /* audio_seconds per example: a day */
+#define PLAN_MAX_LIMIT 1152921504606846976.0 /* memory_limit: 2^60 bytes (1 EiB) */
+#define BOOL_VALUES "on/off, true/false, yes/no or 1/0"
+
+/* Every on/off setting (checkpointing, fit) takes the same words, BOOL_VALUES, named in its error. */
 static bool parse_bool(const char *v, bool *out) {
     if (!strcmp(v, "true") || !strcmp(v, "on") || !strcmp(v, "1") || !strcmp(v, "yes")) *out = true;
     else if (!strcmp(v, "false") || !strcmp(v, "off") || !strcmp(v, "0") || !strcmp(v, "no")) *out = false;
@@ -326,12 +337,25 @@ static bool parse_size(const char *v, double *out) {
     return false;
 }
 
+/* "48.00 GiB", "1.00 KiB", "512 B": a size in the largest binary unit it fills, so that small
+ * limits do not read as 0.00 GiB. */
+static const char *fmt_size(double bytes, char *buf, size_t cap) {
+    static const char *const unit[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+    int u = 0;
+    while (u < 6 && bytes >= 1024.0) bytes /= 1024.0, u++;
+    if (u == 0) snprintf(buf, cap, "%.0f B", bytes);
+    else snprintf(buf, cap, "%.2f %s", bytes, unit[u]);
+    return buf;
+}
+
 static int cmd_plan(int argc, char **argv) {
     if (argc < 1) {
         fprintf(stderr, "usage: gemmarun plan MODEL [key=value ...]; the keys and their defaults:\n"
                         "  quant=stored (stored|f32|bf16|int8|nf4)  rank=16 (1..4096)  alpha=2*rank  targets=all-linear\n"
-                        "  batch=1  grad_accum=1  max_length=1024 (>= 8)  checkpointing=off  images=0  audio_seconds=0\n"
-                        "  threads=2  memory_limit=none (e.g. 48GiB)  fit=false\n"
+                        "  batch=1 (1..65536)  grad_accum=1 (1..65536)  max_length=1024 (8..1048576)  checkpointing=off\n"
+                        "  images=0 (0..65536)  audio_seconds=0 (0..86400)  threads=2 (1..256)\n"
+                        "  memory_limit=none (e.g. 48GiB; at most 2^60 bytes = 1048576TiB)  fit=false (needs memory_limit)\n"
+                        "  on/off settings take on/off, true/false, yes/no or 1/0\n"
                         "MODEL: a .gguf file, a Hugging Face folder or config.json, or a size name (gemma3-270m, gemma3-1b,\n"
                         "gemma3-4b, gemma3-12b, gemma3-27b, gemma3n-e2b, gemma3n-e4b, gemma4-e2b, gemma4-e4b, gemma4-31b,\n"
                         "gemma4-26b-a4b)\n");
@@ -360,28 +384,35 @@ static int cmd_plan(int argc, char **argv) {
         const char *want = NULL; /* the allowed values, for the error */
         if (!strcmp(key, "quant")) ok = gm_quant_from_name(v, &o.quant, &err) == GM_OK;
         else if (!strcmp(key, "rank")) ok = parse_long(v, &n) && n > 0 && n <= 4096, o.lora.rank = (int)n, want = "an integer 1..4096";
-        else if (!strcmp(key, "alpha")) ok = parse_double(v, &d) && d > 0, o.lora.alpha = (float)d, alpha_given = true, want = "a number > 0";
+        else if (!strcmp(key, "alpha")) ok = parse_double(v, &d) && d > 0 && d <= FLT_MAX, o.lora.alpha = (float)d, alpha_given = true, want = "a number > 0 (a finite float)";
         else if (!strcmp(key, "targets")) ok = gm_lora_parse_targets(v, &o.lora.targets, &err) == GM_OK;
-        else if (!strcmp(key, "batch")) ok = parse_long(v, &n) && n > 0, o.batch = n, want = "an integer >= 1";
-        else if (!strcmp(key, "grad_accum")) ok = parse_long(v, &n) && n > 0, o.grad_accum = n, want = "an integer >= 1";
-        else if (!strcmp(key, "max_length")) ok = parse_long(v, &n) && n >= 8, o.max_length = n, want = "an integer >= 8";
-        else if (!strcmp(key, "checkpointing")) ok = parse_bool(v, &b), o.checkpointing = b, want = "on/off";
-        else if (!strcmp(key, "threads")) ok = parse_long(v, &n) && n > 0 && n <= 256, o.n_threads = (int)n, want = "1..256";
-        else if (!strcmp(key, "images")) ok = parse_long(v, &n) && n >= 0, in.images = n, want = "an integer >= 0";
-        else if (!strcmp(key, "audio_seconds")) ok = parse_double(v, &d) && d >= 0, in.audio_seconds = d, want = "seconds >= 0";
-        else if (!strcmp(key, "memory_limit")) ok = parse_size(v, &limit), want = "a size such as 48GiB or 512MB";
-        else if (!strcmp(key, "fit")) ok = parse_bool(v, &fit), want = "true/false";
+        else if (!strcmp(key, "batch")) ok = parse_long(v, &n) && n > 0 && n <= PLAN_MAX_BATCH, o.batch = n, want = "an integer 1..65536";
+        else if (!strcmp(key, "grad_accum")) ok = parse_long(v, &n) && n > 0 && n <= PLAN_MAX_BATCH, o.grad_accum = n, want = "an integer 1..65536";
+        else if (!strcmp(key, "max_length")) ok = parse_long(v, &n) && n >= 8 && n <= PLAN_MAX_LENGTH, o.max_length = n, want = "an integer 8..1048576";
+        else if (!strcmp(key, "checkpointing")) ok = parse_bool(v, &b), o.checkpointing = b, want = BOOL_VALUES;
+        else if (!strcmp(key, "threads")) ok = parse_long(v, &n) && n > 0 && n <= 256, o.n_threads = (int)n, want = "an integer 1..256";
+        else if (!strcmp(key, "images")) ok = parse_long(v, &n) && n >= 0 && n <= PLAN_MAX_IMAGES, in.images = n, want = "an integer 0..65536";
+        else if (!strcmp(key, "audio_seconds")) ok = parse_double(v, &d) && d >= 0 && d <= PLAN_MAX_AUDIO_S, in.audio_seconds = d, want = "seconds 0..86400";
+        else if (!strcmp(key, "memory_limit"))
+            ok = parse_size(v, &limit) && limit >= 1 && limit <= PLAN_MAX_LIMIT,
+            want = "a size from 1 byte to 2^60 bytes (1048576TiB), such as 48GiB or 512MB";
+        else if (!strcmp(key, "fit")) ok = parse_bool(v, &fit), want = BOOL_VALUES;
         else {
             fprintf(stderr, "gemmarun plan: unknown setting '%s' (allowed: quant, rank, alpha, targets, batch, grad_accum, "
                             "max_length, checkpointing, threads, images, audio_seconds, memory_limit, fit)\n", key);
             return 2;
         }
         if (!ok) {
-            fprintf(stderr, "gemmarun plan: bad value for %s: %s%s%s%s%s\n", key, v, want ? " (expected " : "",
-                    want ? want : "", want ? ")" : "", err.msg[0] ? "\n  " : "");
-            if (err.msg[0]) fprintf(stderr, "%s\n", err.msg);
+            fprintf(stderr, "gemmarun plan: bad value for %s: %s%s%s%s\n", key, v, want ? " (expected " : "",
+                    want ? want : "", want ? ")" : "");
+            if (err.msg[0]) fprintf(stderr, "  %s\n", err.msg);
             return 2;
         }
+    }
+    /* as an experiment file: fit has nothing to fit into without a limit (not silently ignored) */
+    if (fit && limit <= 0) {
+        fprintf(stderr, "gemmarun plan: fit requires memory_limit (e.g. memory_limit=8GiB) to fit into\n");
+        return 2;
     }
     if (!alpha_given) o.lora.alpha = 2.0f * (float)o.lora.rank; /* the experiment files' default ratio */
     gm_config cfg;
@@ -417,7 +448,8 @@ static int cmd_plan(int argc, char **argv) {
     if (!p.exact && p.note[0]) printf("note: %s\n", p.note);
     if (chosen[0]) printf("fit: %s\n", chosen);
     if (limit > 0) {
-        printf("memory_limit %.2f GiB: %s\n", limit / 1073741824.0, p.total <= (size_t)limit ? "fits" : "does NOT fit");
+        char lim[32];
+        printf("memory_limit %s: %s\n", fmt_size(limit, lim, sizeof lim), p.total <= (size_t)limit ? "fits" : "does NOT fit");
         if (p.total > (size_t)limit) {
             printf("  hint: add fit=true (checkpointing, smaller batch with more accumulation), or lower max_length / rank%s\n",
                    o.quant == GM_QUANT_NF4 ? "" : ", or quant=nf4");
@@ -635,9 +667,28 @@ static int run_lua(const char *file, int argc, char **argv) {
             if (s != GM_OK) rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
             else rc = (int)lua_tointeger(L, -1);
         }
-    } else if (dry || trial || nsets) {
-        fprintf(stderr, "gemmarun: --dry-run, --trial and --set need an experiment file that returns experiment{...}\n");
-        rc = 2;
+    } else {
+        /* not an experiment: a plain Lua script (the API of docs/experiments.md) is fine, but a
+         * file that builds experiment{...} and forgets to return it, or returns something else,
+         * is a mistake that would otherwise end silently with nothing run */
+        const char *name = file ? file : "experiments/quickstart.lua";
+        lua_getglobal(L, "GM_EXPERIMENT_BUILT");
+        bool built = lua_toboolean(L, -1);
+        lua_pop(L, 1);
+        int t = lua_gettop(L) > base ? lua_type(L, base + 1) : LUA_TNIL;
+        if (t != LUA_TNIL) {
+            fprintf(stderr, "gemmarun: %s returns a %s, not an experiment: an experiment file ends with "
+                            "`return experiment{...}`\n", name, t == LUA_TTABLE ? "table" : lua_typename(L, t));
+            rc = 2;
+        } else if (built) {
+            fprintf(stderr, "gemmarun: %s builds experiment{...} but does not return it: write "
+                            "`return experiment{...}`\n", name);
+            rc = 2;
+        } else if (dry || trial || nsets) {
+            fprintf(stderr, "gemmarun: %s: --dry-run, --trial and --set need an experiment file that returns "
+                            "experiment{...}; this one returns nothing (it ran as a Lua script)\n", name);
+            rc = 2;
+        }
     }
     signal(SIGINT, SIG_DFL);
     gm_lua_close(L);

@@ -13,8 +13,9 @@ local getinfo = debug.getinfo
 if not GM_ALLOW_OS then
   debug = nil
   local raw_load = load
-  load = function(chunk, name, mode, env)
-    return raw_load(chunk, name, "t", env)
+  -- env passed on only when given: an explicit nil would leave the chunk without globals
+  load = function(chunk, name, mode, ...)
+    return raw_load(chunk, name, "t", ...)
   end
 end
 
@@ -83,8 +84,8 @@ function load_model(...) return gm.load_model(...) end
 local TRAIN = {
   epochs = { kind = "integer", min = 1, default = 1, doc = "passes over the training split" },
   max_steps = { kind = "integer", min = 1, doc = "stop after this many optimizer steps (default: epochs)" },
-  batch = { kind = "integer", min = 1, default = 4 },
-  grad_accum = { kind = "integer", min = 1, default = 1, doc = "micro-batches per optimizer step" },
+  batch = { kind = "integer", min = 1, max = 65536, default = 4 },
+  grad_accum = { kind = "integer", min = 1, max = 65536, default = 1, doc = "micro-batches per optimizer step" },
   lr = { kind = "number", min = 0, default = 2e-4 },
   rank = { kind = "integer", min = 1, max = 4096, default = 8 },
   alpha = { kind = "number", gt = 0, default = 16 },
@@ -93,7 +94,7 @@ local TRAIN = {
   targets = { kind = "targets", default = "all-linear" },
   layers = { kind = "layers" },
   quant = { kind = "enum", values = { "stored", "gguf", "f32", "bf16", "nf4", "int8" }, default = "stored" },
-  max_length = { kind = "integer", min = 8, default = 256 },
+  max_length = { kind = "integer", min = 8, max = 1048576, default = 256 },
   warmup = { kind = "number", min = 0, default = 0, doc = "fraction of the steps if < 1, else steps" },
   schedule = { kind = "enum", values = { "constant", "linear", "cosine" }, default = "constant" },
   weight_decay = { kind = "number", min = 0, default = 0.0 },
@@ -173,6 +174,17 @@ local function is_list(t)
   return n == #t
 end
 
+-- a list where one value is wanted (--set lr=1e-4,2e-4): say how to sweep instead
+local LIST_HINT = " (one value; to try several, sweep it with grid{...} in the file)"
+
+--- A value as the user wrote it, for messages: lists as {a, b}, never "table: 0x...".
+local function show(v)
+  if type(v) ~= "table" then return tostring(v) end
+  local parts = {}
+  for i, x in ipairs(v) do parts[i] = show(x) end
+  return "{" .. table.concat(parts, ", ") .. "}"
+end
+
 --- Checks one training field's value; returns the normalized value or raises.
 local function check_train_value(where, key, v)
   local f = TRAIN[key]
@@ -184,16 +196,16 @@ local function check_train_value(where, key, v)
   if k == "integer" then
     if math.type(v) ~= "integer" then
       if type(v) == "number" and v == math.floor(v) then v = math.tointeger(v)
-      else usage(where, "train.%s = %s: must be an integer", key, tostring(v)) end
+      else usage(where, "train.%s = %s: must be an integer%s", key, show(v), type(v) == "table" and LIST_HINT or "") end
     end
   elseif k == "number" then
-    if type(v) ~= "number" then usage(where, "train.%s = %s: must be a number", key, tostring(v)) end
+    if type(v) ~= "number" then usage(where, "train.%s = %s: must be a number%s", key, show(v), type(v) == "table" and LIST_HINT or "") end
   elseif k == "boolean" then
-    if type(v) ~= "boolean" then usage(where, "train.%s = %s: must be true or false", key, tostring(v)) end
+    if type(v) ~= "boolean" then usage(where, "train.%s = %s: must be true or false", key, show(v)) end
   elseif k == "enum" then
     local ok = false
     for _, a in ipairs(f.values) do ok = ok or a == v end
-    if not ok then usage(where, "train.%s = %s: allowed values are %s", key, tostring(v), list_str(f.values)) end
+    if not ok then usage(where, "train.%s = %s: allowed values are %s", key, show(v), list_str(f.values)) end
   elseif k == "targets" then
     local names = type(v) == "table" and v or { v }
     if type(v) ~= "string" and not is_list(v) then usage(where, "train.targets must be \"all-linear\" or a list of module names") end
@@ -205,16 +217,20 @@ local function check_train_value(where, key, v)
     if type(v) == "table" then v = table.concat(v, ",") end
   elseif k == "layers" then
     if not is_list(v) then usage(where, "train.layers must be a list of layer indices (0-based)") end
+    local seen = {}
     for _, l in ipairs(v) do
-      if math.type(l) ~= "integer" or l < 0 then usage(where, "train.layers: %s is not a layer index", tostring(l)) end
+      if math.type(l) ~= "integer" or l < 0 then usage(where, "train.layers: %s is not a layer index", show(l)) end
+      if seen[l] then usage(where, "train.layers: %d is listed twice", l) end
+      seen[l] = true
     end
   end
   if type(v) == "number" then
-    if f.min and v < f.min then usage(where, "train.%s = %s: must be >= %s", key, tostring(v), tostring(f.min)) end
-    if f.max and v > f.max then usage(where, "train.%s = %s: must be <= %s", key, tostring(v), tostring(f.max)) end
-    if f.gt and not (v > f.gt) then usage(where, "train.%s = %s: must be > %s", key, tostring(v), tostring(f.gt)) end
-    if f.lt and not (v < f.lt) then usage(where, "train.%s = %s: must be < %s", key, tostring(v), tostring(f.lt)) end
+    if f.min and v < f.min then usage(where, "train.%s = %s: must be >= %s", key, show(v), tostring(f.min)) end
+    if f.max and v > f.max then usage(where, "train.%s = %s: must be <= %s", key, show(v), tostring(f.max)) end
+    if f.gt and not (v > f.gt) then usage(where, "train.%s = %s: must be > %s", key, show(v), tostring(f.gt)) end
+    if f.lt and not (v < f.lt) then usage(where, "train.%s = %s: must be < %s", key, show(v), tostring(f.lt)) end
     if v ~= v then usage(where, "train.%s is NaN", key) end
+    if v == math.huge or v == -math.huge then usage(where, "train.%s = %s: must be a finite number", key, show(v)) end
   end
   return v
 end
@@ -248,6 +264,7 @@ end
 function experiment(spec)
   local e = tagged("experiment", spec, "experiment")
   check_keys(e, EXPERIMENT_KEYS, "experiment")
+  GM_EXPERIMENT_BUILT = true -- main.c: an experiment built but not returned is an error
   return e
 end
 
@@ -350,6 +367,9 @@ function M.apply_overrides(e, sets)
     if not k then usage(nil, "--set %s: expected key=value", kv) end
     local key = k:gsub("^train%.", "")
     local val = parse_value(v)
+    -- a switch takes the words `gemmarun plan` takes: on/off, yes/no, 1/0 (and true/false)
+    local words = { on = true, off = false, yes = true, no = false, ["1"] = true, ["0"] = false }
+    if (key == "fit" or (TRAIN[key] and TRAIN[key].kind == "boolean")) and words[v] ~= nil then val = words[v] end
     e._overrides = e._overrides or {}
     e._overrides[key] = "--set " .. kv
     local top = ({ model = 1, seeds = 1, name = 1, memory_limit = 1, threads = 1, fit = 1, description = 1 })[k]
@@ -374,14 +394,24 @@ end
 
 --- "48GiB", "512MB", 1e9 -> bytes.
 local function parse_bytes(where, v)
-  if type(v) == "number" then return v end
-  if type(v) ~= "string" then usage(where, "memory_limit must be a size such as \"48GiB\"") end
-  local num, unit = v:match("^%s*([%d%.]+)%s*(%a*)%s*$")
-  local mult = ({ [""] = 1, B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12, KiB = 1024, MiB = 2 ^ 20, GiB = 2 ^ 30, TiB = 2 ^ 40 })[unit or ""]
-  if not num or not tonumber(num) or not mult then
-    usage(where, "memory_limit = \"%s\": expected a number with a unit B, KB, MB, GB, KiB, MiB or GiB", v)
+  local bytes
+  if type(v) == "number" then
+    bytes = v
+  elseif type(v) == "string" then
+    local num, unit = v:match("^%s*([%d%.eE+]+)%s*(%a*)%s*$")
+    local mult = ({ [""] = 1, B = 1, KB = 1e3, MB = 1e6, GB = 1e9, TB = 1e12, KiB = 1024, MiB = 2 ^ 20, GiB = 2 ^ 30, TiB = 2 ^ 40 })[unit or ""]
+    if not num or not tonumber(num) or not mult then
+      usage(where, "memory_limit = \"%s\": expected a number with a unit B, KB, MB, GB, TB, KiB, MiB, GiB or TiB", v)
+    end
+    bytes = tonumber(num) * mult
+  else
+    usage(where, "memory_limit must be a size such as \"48GiB\"")
   end
-  return tonumber(num) * mult
+  -- the planner's range (lua/main.c plan): at least a byte, at most 2^60 bytes (1 EiB)
+  if not (bytes >= 1 and bytes <= 2 ^ 60) then
+    usage(where, "memory_limit = %s: must be between 1 B and 2^60 B (1 EiB)", tostring(v))
+  end
+  return math.floor(bytes)
 end
 M.parse_bytes = parse_bytes
 
@@ -440,15 +470,18 @@ function M.validate(e)
   e.train = train
   e.seeds = e.seeds or { 1 }
   if not is_list(e.seeds) or #e.seeds < 1 then usage(from("seeds"), "experiment.seeds must be a list of integers, e.g. {1, 2, 3}") end
+  local seen_seed = {}
   for _, s in ipairs(e.seeds) do
     if math.type(s) ~= "integer" or s < 0 then usage(from("seeds"), "experiment.seeds: %s is not a non-negative integer", tostring(s)) end
+    if seen_seed[s] then usage(from("seeds"), "experiment.seeds: %d is listed twice (two runs of one seed are one trial)", s) end
+    seen_seed[s] = true
   end
   if e.memory_limit ~= nil then e.memory_limit_bytes = parse_bytes(from("memory_limit"), e.memory_limit) end
   if e.fit ~= nil and type(e.fit) ~= "boolean" then usage(from("fit"), "experiment.fit must be true or false") end
   if e.fit and not e.memory_limit then
     usage(from("fit"), "experiment.fit = true needs a memory_limit to fit into (e.g. memory_limit = \"8GiB\")")
   end
-  if e.threads ~= nil and (math.type(e.threads) ~= "integer" or e.threads < 1) then usage(from("threads"), "experiment.threads must be a positive integer") end
+  if e.threads ~= nil and (math.type(e.threads) ~= "integer" or e.threads < 1 or e.threads > 256) then usage(from("threads"), "experiment.threads must be an integer in 1..256") end
   if e.sweep ~= nil then
     local s = e.sweep
     if type(s) ~= "table" or (s._kind ~= "grid" and s._kind ~= "random") then usage(w, "experiment.sweep must be grid{...} or random{...}") end

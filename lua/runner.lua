@@ -53,6 +53,7 @@ local function load_classify_items(d)
       for i = n_train + 1, n_train + n_test do items.test[#items.test + 1] = { text = f[i], label = li } end
     end
   elseif d._kind == "folder" then
+    local count, folder_of = {}, {} -- examples per label, and a folder of it (for the message)
     local function read_split(root, into, label_index)
       for _, lab in ipairs(gm.list_dir(root)) do
         if gm.is_dir(root .. "/" .. lab) then
@@ -61,11 +62,24 @@ local function load_classify_items(d)
             items.labels[#items.labels + 1] = lab
             li = #items.labels
             label_index[lab] = li
+            count[li], folder_of[li] = 0, root .. "/" .. lab
           end
           for _, f in ipairs(gm.list_dir(root .. "/" .. lab)) do
             local text = gm.read_text(root .. "/" .. lab .. "/" .. f)
-            if #text <= (d.max_chars or 4000) then into[#into + 1] = { text = text, label = li } end
+            if #text <= (d.max_chars or 4000) then
+              into[#into + 1] = { text = text, label = li }
+              count[li] = count[li] + 1
+            end
           end
+        end
+      end
+    end
+    -- a label folder without a usable example would be a label the model can never see
+    local function check_counts()
+      for li, lab in ipairs(items.labels) do
+        if count[li] == 0 then
+          P.usage(d._where, "data.folder: %s (label '%s') has no text file of at most %d characters; add examples or remove the folder",
+            folder_of[li], lab, d.max_chars or 4000)
         end
       end
     end
@@ -84,6 +98,7 @@ local function load_classify_items(d)
         if seen[it.label] % every == 0 then items.test[#items.test + 1] = it else items.train[#items.train + 1] = it end
       end
     end
+    check_counts()
   elseif d._kind == "oxford_pets" then
     local root = d.root or "data/oxford-iiit-pet"
     P.usage(d._where, "the Oxford-IIIT Pet data set needs images and a multimodal Gemma (3 4B or larger) with its vision tower; %s",
@@ -131,12 +146,13 @@ end
 local function build_datasets(model, task, items, max_length)
   local train, test = gm.dataset(model), gm.dataset(model)
   local rejected = {}
-  local shortest_rejected = math.huge -- prompt tokens of the shortest prompt that did not fit
+  -- per split, the prompt tokens of the shortest prompt that did not fit (for the hint)
+  local shortest_rejected = { [train] = math.huge, [test] = math.huge }
   local function add(ds, msgs, label, where)
     local ok, why = ds:add_chat(msgs, { max_length = max_length, label = label and (label - 1) or nil })
     if not ok then
       local n = tonumber(why:match("the prompt takes (%d+) tokens"))
-      if n and n < shortest_rejected then shortest_rejected = n end
+      if n and n < shortest_rejected[ds] then shortest_rejected[ds] = n end
       if #rejected < 50 then rejected[#rejected + 1] = { example = where, reason = (why:gsub("^example %d+: ", "")) } end
     end
   end
@@ -151,15 +167,16 @@ local function build_datasets(model, task, items, max_length)
     for i, m in ipairs(items.train) do add(train, m, nil, "train " .. i) end
     for i, m in ipairs(items.test) do add(test, m, nil, "test " .. i) end
   end
-  return train, test, rejected, shortest_rejected
+  return train, test, rejected, shortest_rejected[train], shortest_rejected[test]
 end
 
 --- The tokenized data sets of a (model, max_length), built once and cached in ctx.data.
 function R.datasets(ctx, e, cfg)
   local key = cfg.model .. "|" .. cfg.max_length
   if not ctx.data[key] then
-    local train, test, rejected, shortest = build_datasets(ctx.model, e.task, ctx.items, cfg.max_length)
-    ctx.data[key] = { train = train, test = test, rejected = rejected, shortest_rejected = shortest }
+    local train, test, rejected, shortest_train, shortest_test = build_datasets(ctx.model, e.task, ctx.items, cfg.max_length)
+    ctx.data[key] = { train = train, test = test, rejected = rejected, shortest_train = shortest_train,
+      shortest_test = shortest_test }
   end
   return ctx.data[key]
 end
@@ -408,7 +425,7 @@ local function run_trial(ctx, e, trial, n_trials)
       end
     end
   end
-  gm.progress(string.format("trial %d/%d  %d steps, final loss %.4f, %s", trial.index, n_trials, total, last_loss, fmt_time(gm.clock() - t0)), true)
+  gm.progress(string.format("trial %d/%d  %d step%s, final loss %.4f, %s", trial.index, n_trials, total, total == 1 and "" or "s", last_loss, fmt_time(gm.clock() - t0)), true)
   local f = evaluate("final")
   say("  final %s", f.accuracy and string.format("accuracy %.1f%%", 100 * f.accuracy) or string.format("loss %.4f", f.loss))
   mem.measured_peak_rss = gm.peak_rss()
@@ -439,16 +456,28 @@ end
 --- What can be checked before any weights are loaded, for the dry run and the real run alike:
 --- every model's config is readable and holds max_length, the data sources read and give a
 --- usable data set. Raises usage errors (exit 2). Returns the raw items and the configs by model.
-local function preflight(e, selected)
+local function preflight(e, selected, dry_run)
   local cfgs = {}
   for _, t in ipairs(selected) do
     local m = t.config.model
     if not cfgs[m] then
       local ok, c = pcall(gm.model_config, m)
       if not ok then P.usage(field_where(e, "model"), "model %s: %s", m, clean_msg(c)) end
+      -- a built-in size plans (the dry run) but has no weights to train
+      if c.preset then
+        local what = string.format("model %s is a built-in size (%s): gemmarun plans it from its config, but training needs " ..
+          "its weights: a .gguf file or a Hugging Face folder (config.json + model.safetensors)", m, c.name or m)
+        if dry_run then say("note: %s", what) else P.usage(field_where(e, "model"), "%s", what) end
+      end
       cfgs[m] = c
     end
     local c = cfgs[m]
+    for _, l in ipairs(t.config.layers or {}) do
+      if c.num_hidden_layers and l >= c.num_hidden_layers then
+        P.usage(P.where_of("layers"), "train.layers: %d is not a layer of %s (it has %d: 0..%d)", l, m,
+          c.num_hidden_layers, c.num_hidden_layers - 1)
+      end
+    end
     if c.max_position_embeddings and c.max_position_embeddings > 0 and t.config.max_length > c.max_position_embeddings then
       P.usage(P.where_of("max_length"), "train.max_length = %d: %s (%s) has %d positions; use at most %d",
         t.config.max_length, m, c.name or "model", c.max_position_embeddings, c.max_position_embeddings)
@@ -470,6 +499,38 @@ local function preflight(e, selected)
   return items, cfgs
 end
 
+--- Tokenizes every example for each (model, max_length) of the selected trials (built-in sizes,
+--- which have no vocabulary, are skipped) and raises a usage error when max_length leaves a
+--- split empty; warns when it rejects more than half of the training examples. Loads each model
+--- (memory-mapped: its pages are read only as the tokenizer touches them).
+local function check_lengths(ctx, e, selected, items)
+  local seen = {}
+  for _, t in ipairs(selected) do
+    local m, ml = t.config.model, t.config.max_length
+    if not seen[m .. "|" .. ml] and not (ctx.cfgs[m] and ctx.cfgs[m].preset) then
+      seen[m .. "|" .. ml] = true
+      use_model(ctx, e, m)
+      local d = R.datasets(ctx, e, t.config)
+      local where = (e.sweep and e.sweep.max_length) and e.sweep._where or P.where_of("max_length")
+      local function raise(split, shortest, n_all)
+        if shortest < math.huge then
+          P.usage(where, "train.max_length = %d leaves no room for any %s response: the shortest %s prompt takes %d tokens; " ..
+            "raise max_length to at least %d", ml, split, split, shortest, shortest + 2)
+        end
+        P.usage(where, "train.max_length = %d leaves no %s example (all %d were rejected: %s)", ml, split, n_all,
+          d.rejected[1] and d.rejected[1].reason or "see above")
+      end
+      if d.train:size() == 0 then raise("training", d.shortest_train, #items.train) end
+      if d.test:size() == 0 then raise("test", d.shortest_test, #items.test) end
+      if d.train:size() < #items.train / 2 then
+        say("warning: train.max_length = %d keeps %d of %d training examples (the others' prompts are longer)%s",
+          ml, d.train:size(), #items.train, d.shortest_train < math.huge
+            and string.format("; %d would keep the shortest rejected one", d.shortest_train + 2) or "")
+      end
+    end
+  end
+end
+
 function R.run(e, cli)
   P.apply_overrides(e, cli.set)
   P.validate(e)
@@ -481,11 +542,19 @@ function R.run(e, cli)
   end
   local dir = (e.results or "results") .. "/" .. e.name
   say("experiment %s: %d trial%s (%s), model %s", e.name, #trials, #trials == 1 and "" or "s",
-    #swept > 0 and ("sweep over " .. table.concat(swept, ", ") .. " x " .. #e.seeds .. " seeds") or (#e.seeds .. " seeds"), e.model)
+    (#swept > 0 and ("sweep over " .. table.concat(swept, ", ") .. " x ") or "") .. #e.seeds .. (#e.seeds == 1 and " seed" or " seeds"),
+    e.model)
   -- everything that can fail for the whole sweep is checked before the first trial (and by the
   -- dry run): models, max_length, data
-  local items = preflight(e, selected)
+  local items, cfgs = preflight(e, selected, cli.dry_run)
+  -- tokenize every example up front for each (model, max_length) of the selected trials: a
+  -- max_length that leaves no room for any response is an error in the file, before any trial
+  -- (the dry run too: it maps the model for its vocabulary but reads no weights)
+  local ctx = { data = {}, baselines = {}, items = items, cfgs = cfgs }
+  check_lengths(ctx, e, selected, items)
   if cli.dry_run then
+    if ctx.model then ctx.model:close() end
+    for _, ds in pairs(ctx.data) do ds.train:close(); ds.test:close() end
     say("data: %d training and %d test examples%s", #items.train, #items.test,
       items.labels and (", labels " .. table.concat(items.labels, ", ")) or "")
     local over = 0
@@ -515,24 +584,8 @@ function R.run(e, cli)
     if over > 0 then say("%d trial%s would be refused: over memory_limit", over, over == 1 and "" or "s") end
     return 0
   end
-  local ctx = { dir = dir, data = {}, baselines = {}, items = items }
+  ctx.dir = dir
   gm.make_results_dir(dir)
-  -- tokenize every example up front for each (model, max_length) of the selected trials: a
-  -- max_length that leaves no room for any response is an error in the file, before any trial
-  for _, t in ipairs(selected) do
-    use_model(ctx, e, t.config.model)
-    local d = R.datasets(ctx, e, t.config)
-    if d.train:size() == 0 then
-      local swept_ml = e.sweep and e.sweep.max_length
-      P.usage(swept_ml and e.sweep._where or e._where,
-        "train.max_length = %d leaves no room for any response: the shortest prompt that did not fit takes %d tokens; raise max_length to at least %d",
-        t.config.max_length, d.shortest_rejected, d.shortest_rejected + 2)
-    end
-    if d.test:size() == 0 then
-      P.usage(P.where_of("max_length"), "train.max_length = %d leaves no test example (all %d are longer); raise max_length",
-        t.config.max_length, #items.test)
-    end
-  end
   local failed, interrupted = 0, false
   local report = e.report and { rows = e.report.rows, cols = e.report.cols, metric = e.report.metric, phase = e.report.phase, digits = e.report.digits }
     or { rows = swept, cols = {}, metric = e.task._kind == "classify" and "accuracy" or "loss" }

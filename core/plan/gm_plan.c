@@ -80,14 +80,30 @@ static size_t norm_bytes(const gm_config *c) {
     return ((size_t)c->n_layers * (size_t)(4 * c->hidden_size + 2 * c->head_dim) + (size_t)c->hidden_size) * 4;
 }
 
+/* Whether a model name already says "Gemma" (any case). */
+static bool names_gemma(const char *name) {
+    for (const char *p = name; *p; p++) {
+        static const char w[] = "gemma";
+        size_t i = 0;
+        while (w[i] && p[i] && (p[i] | 0x20) == w[i]) i++;
+        if (!w[i]) return true;
+    }
+    return false;
+}
+
 gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
                            const gm_plan_inputs *inputs, gm_plan *out, gm_error *err) {
     memset(out, 0, sizeof *out);
     if (cfg->arch != GM_ARCH_GEMMA3) return gm_plan_estimate(cfg, o, stored, stored_embed, inputs, out, err);
+    /* cfg->name is the preset's or the file's own ("Gemma 3 270m", or general.name), usually
+     * naming the family already; a bare one ("gemma3_text" from config.json) gets it added */
     if (inputs && (inputs->images > 0 || inputs->audio_seconds > 0))
-        return gm_error_set(err, GM_ERR_UNSUPPORTED, "Gemma 3 %s takes no %s inputs in gemmarun yet", cfg->name,
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s%s takes no %s inputs in gemmarun yet",
+                            names_gemma(cfg->name) ? "" : "Gemma 3 model ", cfg->name,
                             inputs->images > 0 ? "image" : "audio");
     GM_TRY(gm_lora_config_validate(&o->lora, cfg, err));
+    /* before the trainer's layout multiplies batch x max_length into byte counts */
+    GM_TRY(gm_plan_check_size(cfg, o, inputs, err));
     /* the trainer's own layout, on a measuring arena: adapters, gradients, optimizer state,
      * activations, transients, workspace, and the requantized base weights when not aliased */
     size_t by_kind[GM_MEM_KIND_COUNT];
@@ -147,12 +163,19 @@ gm_status gm_plan_fit(const gm_config *cfg, gm_train_opts *o, gm_dtype stored, g
         f.grad_accum *= 2;
         GM_TRY(gm_plan_training(cfg, &f, stored, stored_embed, inputs, p, err));
     }
-    if (p->total > limit)
+    if (p->total > limit) {
+        /* a small limit in its own unit, not as 0.00 GiB */
+        char lim[32];
+        if (limit >= ((size_t)1 << 30)) snprintf(lim, sizeof lim, "%.2f GiB", (double)limit / 1073741824.0);
+        else if (limit >= ((size_t)1 << 20)) snprintf(lim, sizeof lim, "%.2f MiB", (double)limit / 1048576.0);
+        else if (limit >= 1024) snprintf(lim, sizeof lim, "%.2f KiB", (double)limit / 1024.0);
+        else snprintf(lim, sizeof lim, "%zu B", limit);
         return gm_error_set(err, GM_ERR_LIMIT,
-                            "the plan needs %.2f GiB, over the memory limit of %.2f GiB, and still %.2f GiB with activation "
+                            "the plan needs %.2f GiB, over the memory limit of %s, and still %.2f GiB with activation "
                             "checkpointing and batch 1\n  hint: lower max_length or rank%s, or raise the limit",
-                            (double)first / 1073741824.0, (double)limit / 1073741824.0, (double)p->total / 1073741824.0,
+                            (double)first / 1073741824.0, lim, (double)p->total / 1073741824.0,
                             o->quant == GM_QUANT_NF4 ? "" : ", or use quant = nf4");
+    }
     size_t n = 0;
     if (f.checkpointing && !o->checkpointing) n += (size_t)snprintf(chosen, cap, "activation checkpointing on");
     if (f.batch != o->batch && n < cap)

@@ -17,7 +17,9 @@
  * Peak = their sum: every item is allocated once and lives for the whole run (DESIGN.md §7).
  *
  * Ownership: plain value structs. Errors: GM_ERR_INVALID for impossible options (as the
- * trainer's validation), GM_ERR_UNSUPPORTED for an architecture the planner does not know.
+ * trainer's validation) and for runs too large for size_t to count (gm_plan_check_size: refused,
+ * never wrapped into a small plan), GM_ERR_UNSUPPORTED for an architecture the planner does not
+ * know.
  */
 #ifndef GM_PLAN_H
 #define GM_PLAN_H

@@ -318,6 +318,80 @@ static gm_status validate(const gm_config *c, const gm_train_opts *o, int64_t T,
     return GM_OK;
 }
 
+/* Headroom of gm_plan_check_size: every plan total stays under 2^62 bytes. */
+#define PLAN_MAX_BYTES 4611686018427387904.0
+
+static double dmax(double a, double b) { return a > b ? a : b; }
+
+gm_status gm_plan_check_size(const gm_config *c, const gm_train_opts *o, const gm_plan_inputs *in, gm_error *err) {
+    if (o->batch < 1) return gm_error_set(err, GM_ERR_INVALID, "batch = %lld: must be >= 1", (long long)o->batch);
+    if (o->grad_accum < 1)
+        return gm_error_set(err, GM_ERR_INVALID, "gradient accumulation = %lld: must be >= 1", (long long)o->grad_accum);
+    if (o->max_length < 2)
+        return gm_error_set(err, GM_ERR_INVALID, "max_length = %lld: must be >= 2", (long long)o->max_length);
+    if (o->n_threads < 1) return gm_error_set(err, GM_ERR_INVALID, "threads must be >= 1");
+    /* gm_plan_fit trades batch for accumulation at a constant product: bounding it keeps the
+     * doubling from wrapping */
+    if ((double)o->batch * (double)o->grad_accum > PLAN_MAX_BYTES)
+        return gm_error_set(err, GM_ERR_INVALID, "batch %lld x gradient accumulation %lld: too large to plan",
+                            (long long)o->batch, (long long)o->grad_accum);
+    double maxpos = (double)c->max_position_embeddings;
+    /* inputs first, in double: each image or audio clip takes at least its two markers'
+     * positions, so more of them than positions cannot fit (and their counts cannot wrap int64
+     * in gm_plan_sequence_length) */
+    double T = (double)o->max_length;
+    if (in) {
+        if (in->images < 0 || (double)in->images > maxpos)
+            return gm_error_set(err, GM_ERR_INVALID, "images = %lld: must be in 0..%lld (each image takes positions of the "
+                                "model's max_position_embeddings)", (long long)in->images, (long long)c->max_position_embeddings);
+        if (!(in->audio_seconds >= 0 && in->audio_seconds <= maxpos * AUDIO_CLIP_S))
+            return gm_error_set(err, GM_ERR_INVALID, "audio_seconds = %g: must be in 0..%.0f (each %.0f s clip takes positions "
+                                "of the model's max_position_embeddings)", in->audio_seconds, maxpos * AUDIO_CLIP_S, AUDIO_CLIP_S);
+        if (in->images > 0 && c->vision_tokens > 0) T += (double)in->images * ((double)c->vision_tokens + 2);
+        if (in->audio_seconds > 0 && c->audio_tokens_per_s > 0) {
+            double clips = ceil(in->audio_seconds / AUDIO_CLIP_S);
+            T += (c->arch == GM_ARCH_GEMMA3N ? clips * G3N_AUDIO_TOKENS_PER_CLIP : ceil(in->audio_seconds * c->audio_tokens_per_s)) +
+                 2 * clips;
+        }
+    }
+    if (T > maxpos) {
+        if (T == (double)o->max_length)
+            return gm_error_set(err, GM_ERR_INVALID, "max_length = %lld: over the model's max_position_embeddings (%lld)",
+                                (long long)o->max_length, (long long)c->max_position_embeddings);
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "max_length = %lld plus %.0f image/audio positions = %.0f: over the model's "
+                            "max_position_embeddings (%lld)",
+                            (long long)o->max_length, T - (double)o->max_length, T, (long long)c->max_position_embeddings);
+    }
+    /* the widest per-token row any buffer has (gm_plan.h's items; layout() and the estimate above) */
+    double L = (double)c->n_layers, C = (double)c->hidden_size, A = c->altup_inputs > 1 ? (double)c->altup_inputs : 1;
+    double hd = dmax((double)c->head_dim, (double)c->head_dim_full);
+    double kvh = dmax((double)c->n_kv_heads, (double)c->n_kv_heads_full);
+    double F = (double)c->intermediate_size;
+    for (int64_t l = 0; l < c->n_layers && l < GM_MAX_LAYERS; l++) F = dmax(F, (double)c->ffn_dim[l]);
+    double w = dmax(C * A, dmax((double)c->n_heads * hd, kvh * hd));
+    w = dmax(w, dmax(F, (double)c->experts_top_k * (double)c->expert_ffn));
+    w = dmax(w, dmax((double)c->n_experts, L * (double)c->ple_dim));
+    w = dmax(w, dmax((double)o->lora.rank, 1));
+    double N = (double)o->batch * T, nt = (double)o->n_threads;
+    /* f32 activations and workspace: block inputs, one record per layer (S_COUNT buffers) and the
+     * KV-sharing copies (4), the backward's and the loss's buffers (< 64) */
+    double bytes = 4 * N * w * ((L + 1) + L * (S_COUNT + 4) + 64);
+    /* attention scratch (n_threads x 2 x T x T), the widest dequantized panel per thread, the
+     * towers' forward (one image: n_threads x patches^2 attention maps), the LM-head chunk */
+    bytes += 4 * nt * (2 * T * T + (double)c->vision_patches * (double)c->vision_patches + w) +
+             4 * (GM_MATMUL_PANEL_ROWS + 8.0) * dmax(w, C) + 4.0 * LM_ROWS * LM_VOCAB;
+    /* adapters with their gradients and AdamW moments (16 bytes per parameter), base weights
+     * converted (<= 4 bytes per parameter) or mapped, the tokenizer */
+    bytes += 16 * L * GM_LIN_COUNT * (double)o->lora.rank * 2 * w + 8 * (double)gm_config_n_params(c) +
+             128 * (double)c->vocab_size;
+    if (!(bytes < PLAN_MAX_BYTES))
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "batch %lld x %.0f positions: too large to plan (its buffers could exceed 2^62 bytes); lower "
+                            "batch or max_length", (long long)o->batch, T);
+    return GM_OK;
+}
+
 static void gib_part(char *buf, size_t cap, size_t *n, const char *what, const char *fmt, double bytes) {
     if (bytes <= 0 || *n >= cap) return;
     int w = bytes >= 0.1 * 1073741824.0
@@ -329,6 +403,8 @@ static void gib_part(char *buf, size_t cap, size_t *n, const char *what, const c
 gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
                            const gm_plan_inputs *in, gm_plan *out, gm_error *err) {
     memset(out, 0, sizeof *out);
+    GM_TRY(gm_lora_config_validate(&o->lora, c, err)); /* the rank, before it sizes anything */
+    GM_TRY(gm_plan_check_size(c, o, in, err));
     int64_t T = gm_plan_sequence_length(c, o->max_length, in);
     GM_TRY(validate(c, o, T, err));
     int64_t B = o->batch, N = B * T, C = c->hidden_size, H = c->n_heads, L = c->n_layers, r = o->lora.rank;

@@ -56,6 +56,17 @@ extern "C" {
 gm_status gm_plan_estimate(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
                            const gm_plan_inputs *in, gm_plan *out, gm_error *err);
 
+/* The options' own bounds, checked before any size is computed (gm_plan_training and
+ * gm_plan_estimate call it first): batch, gradient accumulation, threads and max_length positive
+ * (max_length within max_position_embeddings), image / audio inputs that fit the context, and a
+ * run small enough that no byte count of the plan can wrap size_t. The last is an upper bound
+ * computed in double - every buffer is at most the widest per-token row (hidden x AltUp streams,
+ * attention widths, FFN widths, expert intermediates, per-layer inputs, rank) times batch x
+ * positions, and there are at most S_COUNT + 4 such buffers per layer plus the block inputs and
+ * the backward's - and must stay under 2^62 bytes (4 EiB, beyond any machine), so the size_t sums
+ * of the plan below keep 2 bits of headroom. GM_ERR_INVALID, naming the option, otherwise. */
+gm_status gm_plan_check_size(const gm_config *cfg, const gm_train_opts *o, const gm_plan_inputs *in, gm_error *err);
+
 /* Sequence positions the decoder runs on for these inputs: max_length + soft tokens + markers
  * (see the assumptions above). */
 int64_t gm_plan_sequence_length(const gm_config *cfg, int64_t max_length, const gm_plan_inputs *in);

@@ -58,6 +58,13 @@ gm_status gm_lora_config_validate(const gm_lora_config *lc, const gm_config *mc,
         return gm_error_set(err, GM_ERR_INVALID, "dropout = %g: must be in [0, 1)", (double)lc->dropout);
     if (!lc->targets || lc->targets >= (1u << GM_LIN_COUNT))
         return gm_error_set(err, GM_ERR_INVALID, "no valid target modules");
+    /* an explicit layer list (the default selects every slot) must name layers the model has */
+    bool all = true;
+    for (int l = 0; l < GM_MAX_LAYERS; l++) all = all && lc->layers[l];
+    for (int l = (int)mc->n_layers; !all && l < GM_MAX_LAYERS; l++)
+        if (lc->layers[l])
+            return gm_error_set(err, GM_ERR_INVALID, "layers: %d is not a layer of this model (it has %lld: 0..%lld)", l,
+                                (long long)mc->n_layers, (long long)mc->n_layers - 1);
     bool any = false;
     for (int64_t l = 0; l < mc->n_layers; l++) any = any || lc->layers[l];
     if (!any) return gm_error_set(err, GM_ERR_INVALID, "no layer selected for LoRA (the model has %lld layers)",

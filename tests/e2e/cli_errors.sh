@@ -34,4 +34,21 @@ printf '{"model_type": "llama", "hidden_size": 64}' > "$TMP/llama.json"
 mkdir -p "$TMP/llama" && cp "$TMP/llama.json" "$TMP/llama/config.json"
 expect_run "inspect: not a Gemma 3 config" 2 "model_type 'llama' is not supported" -- "$GM" inspect "$TMP/llama"
 
+# plan: values beyond the allowed ranges are refused with the range, never wrapped into a small
+# plan (a batch of 2^52 used to plan as 456 MiB and "fit" 1 GiB)
+expect_run "plan: batch overflow" 2 "bad value for batch: 4503599627370496 \(expected an integer 1\.\.65536\)" -- "$GM" plan gemma3-270m batch=4503599627370496 memory_limit=1GiB
+expect_run "plan: grad_accum out of range" 2 "bad value for grad_accum: 65537 \(expected an integer 1\.\.65536\)" -- "$GM" plan gemma3-270m grad_accum=65537
+expect_run "plan: max_length out of range" 2 "bad value for max_length: 1048577 \(expected an integer 8\.\.1048576\)" -- "$GM" plan gemma3-270m max_length=1048577
+expect_run "plan: memory_limit out of range" 2 "bad value for memory_limit: 1e30 \(expected a size from 1 byte to 2\^60 bytes" -- "$GM" plan gemma3-270m memory_limit=1e30
+expect_run "plan: largest batch still plans" 0 "batch 65536 x accumulation 65536" -- "$GM" plan gemma3-270m batch=65536 grad_accum=65536 max_length=32768
+expect_run "plan: small memory_limit in its unit" 1 "memory_limit 1\.00 KiB: does NOT fit" -- "$GM" plan gemma3-270m memory_limit=1KiB
+expect_run "plan: image inputs on a text model" 2 "error: Gemma 3 270m takes no image inputs" -- "$GM" plan gemma3-270m images=1
+# the core's reason follows on its own indented line, with no whitespace-only line before it
+expect_run "plan: bad quant, no blank line" 2 "unknown base-weight format 'nf5'.*no blank line" -- bash -c \
+  "out=\$('$GM' plan gemma3-270m quant=nf5 2>&1); rc=\$?; echo \"\$out\"; printf '%s\n' \"\$out\" | grep -q '^[[:space:]]*\$' || echo 'no blank line'; exit \$rc"
+expect_run "plan: fit without memory_limit" 2 "fit requires memory_limit" -- "$GM" plan gemma3-270m fit=true
+expect_run "plan: fit=yes like checkpointing=yes" 0 "activation checkpointing on" -- "$GM" plan gemma3-270m fit=yes checkpointing=yes memory_limit=8GiB
+expect_run "plan: fit=maybe" 2 "bad value for fit: maybe \(expected on/off, true/false, yes/no or 1/0\)" -- "$GM" plan gemma3-270m fit=maybe memory_limit=8GiB
+expect_run "plan: checkpointing=maybe" 2 "bad value for checkpointing: maybe \(expected on/off, true/false, yes/no or 1/0\)" -- "$GM" plan gemma3-270m checkpointing=maybe
+
 finish

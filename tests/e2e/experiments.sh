@@ -43,7 +43,11 @@ bad "dropout out of range" "train.dropout = 1: must be < 1" 's/rank = 4,/rank = 
 bad "unknown sweep key" "bad.lua:7: grid: unknown key 'rnak' \(did you mean 'rank'\?\) \(sweepable: model, alpha" 's/sweep = grid { lr = {1e-2, 3e-3} }/sweep = grid { rnak = {4} }/'
 bad "seeds not a list" "experiment.seeds must be a list of integers" 's/seeds = {1, 2},/seeds = 3,/'
 bad "bad name" "experiment.name = tiny run: must be a name" 's/name = "tiny"/name = "tiny run"/'
-bad "max_length too short for the prompt" "bad.lua:1: train.max_length = 16 leaves no room for any response: the shortest prompt that did not fit takes [0-9]+ tokens; raise max_length to at least" 's/max_length = 64/max_length = 16/'
+bad "max_length too short for the prompt" "bad.lua:1: train.max_length = 16 leaves no room for any training response: the shortest training prompt takes [0-9]+ tokens; raise max_length to at least" 's/max_length = 64/max_length = 16/'
+expect_run "invalid: max_length too short, in the dry run" 2 "train.max_length = 16 leaves no room for any training response" -- "$GM" bad.lua --dry-run
+# the hint is enough: the suggested max_length keeps the shortest training example
+hint=$("$GM" bad.lua --dry-run 2>&1 | sed -n 's/.*raise max_length to at least \([0-9]*\).*/\1/p')
+expect_run "the suggested max_length ($hint) is accepted" 0 "trial  4 .* plan [0-9.]+ MiB" -- "$GM" bad.lua --dry-run --set max_length="$hint"
 bad "bad memory_limit" "memory_limit = \"lots\": expected a number with a unit" 's/  seeds = {1, 2},/  seeds = {1, 2}, memory_limit = "lots",/'
 bad "missing data folder" "data.folder: nowhere is not a folder" 's/root = "data"/root = "nowhere"/'
 bad "syntax error" "bad.lua:[0-9]+:" 's/return experiment {/return experiment {{/'
@@ -56,7 +60,20 @@ mkdir -p one/only && echo "just one label" > one/only/1.txt && echo "and another
 bad "one label only" "classify\{\} needs at least 2 labels; the data set has 1 \(only\)" 's/root = "data"/root = "one"/'
 mkdir -p split/train/a split/train/b split/test/a split/test/b
 for lab in a b; do echo "short $lab" > split/train/$lab/1.txt; head -c 400 /dev/zero | tr '\0' 'x' | sed 's/x/word /g' > split/test/$lab/1.txt; done
-bad "no test example fits max_length" "train.max_length = 64 leaves no test example \(all 2 are longer\); raise max_length" 's/root = "data"/root = "split"/'
+bad "no test example fits max_length" "train.max_length = 64 leaves no room for any test response: the shortest test prompt takes [0-9]+ tokens" 's/root = "data"/root = "split"/'
+bad "a layer the model does not have" "train.layers: 99 is not a layer of .*tiny_gemma3_chat \(it has [0-9]+: 0\.\.[0-9]+\)" 's/rank = 4,/rank = 4, layers = {0, 99},/'
+bad "a layer listed twice" "train.layers: 0 is listed twice" 's/rank = 4,/rank = 4, layers = {0, 0},/'
+bad "a seed listed twice" "experiment.seeds: 1 is listed twice" 's/seeds = {1, 2},/seeds = {1, 1},/'
+bad "infinite lr" "train.lr = inf: must be a finite number" 's/lr = 1e-2, rank/lr = math.huge, rank/'
+mkdir -p withempty/a withempty/b withempty/empty && for lab in a b; do for i in 1 2 3 4 5; do echo "note $i $lab" > withempty/$lab/$i.txt; done; done
+bad "an empty label folder" "data.folder: withempty/empty \(label 'empty'\) has no text file" 's/root = "data"/root = "withempty"/'
+expect_run "invalid: a list for one value" 2 "--set lr=1e-4,2e-4: train.lr = \{0.0001, 0.0002\}: must be a number \(one value; to try several, sweep it" -- "$GM" tiny.lua --set lr=1e-4,2e-4 --dry-run
+expect_run "a built-in size plans in the dry run, with a note" 0 "note: model gemma3-1b is a built-in size .*trial  1 .* plan [0-9.]+ GiB" -- "$GM" tiny.lua --set model=gemma3-1b --dry-run
+expect_run "invalid: a built-in size cannot train" 2 "--set model=gemma3-1b: model gemma3-1b is a built-in size .* training needs its weights" -- "$GM" tiny.lua --set model=gemma3-1b --trial 1
+sed 's/^return experiment/local e = experiment/' tiny.lua > noreturn.lua
+expect_run "invalid: an experiment built but not returned" 2 "noreturn.lua builds experiment\{...\} but does not return it" -- "$GM" noreturn.lua
+expect_run "invalid: a file returning something else" 2 "r42.lua returns a number, not an experiment" -- bash -c "echo 'return 42' > r42.lua; '$GM' r42.lua"
+expect_run "invalid: --dry-run on a plain script" 2 "empty.lua: --dry-run, --trial and --set need an experiment file" -- bash -c ": > empty.lua; '$GM' empty.lua --dry-run"
 expect_run "invalid: missing model (--set), in the dry run" 2 "--set model=/nope: model /nope: " -- "$GM" tiny.lua --set model=/nope --dry-run
 expect_run "invalid: max_length beyond the model's positions, in the dry run" 2 "--set max_length=100000: train.max_length = 100000: .* has [0-9]+ positions; use at most" -- "$GM" tiny.lua --set max_length=100000 --dry-run
 expect_run "invalid: a --set value names --set" 2 "--set quant=nf5: train.quant = nf5: allowed values" -- "$GM" tiny.lua --set quant=nf5 --dry-run

@@ -140,9 +140,9 @@ EOF
 cat > escape3.lua <<'EOF'
 gm.plot{file = "/tmp/gm_escape.png", series = {{x = {1, 2}, y = {1, 2}}}}
 EOF
-expect_run "write_text outside results/ refused" 1 "outside the results folder" -- "$GM" escape1.lua
-expect_run "'..' refused" 1 "contains a '\.\.' component" -- "$GM" escape2.lua
-expect_run "plot outside results/ refused" 1 "outside the results folder" -- "$GM" escape3.lua
+expect_run "write_text outside results/ refused" 2 "outside the results folder" -- "$GM" escape1.lua
+expect_run "'..' refused" 2 "contains a '\.\.' component" -- "$GM" escape2.lua
+expect_run "plot outside results/ refused" 2 "outside the results folder" -- "$GM" escape3.lua
 expect_run "nothing was written outside" 0 "^none$" -- bash -c '[ -e notes.md ] || [ -e trial-x.h5 ] || [ -e /tmp/gm_escape.png ] && echo found || echo none'
 
 # Python readers: Debian's python3-h5py/-pandas/-tables (setup.sh installs them) or the reference venv

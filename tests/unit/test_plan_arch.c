@@ -155,7 +155,8 @@ static void test_gemma3_vs_trainer(void) {
     o.n_threads = 4;
     compare_with_trainer("gemma3-12b", o, GM_BF16, GM_BF16);
     o = opts(16, 1024, 1, false, GM_QUANT_NF4);
-    for (int l = 0; l < GM_MAX_LAYERS; l++) o.lora.layers[l] = l % 2 == 0;
+    /* every other layer of the 62 (an explicit list names only layers the model has) */
+    for (int l = 0; l < GM_MAX_LAYERS; l++) o.lora.layers[l] = l < 62 && l % 2 == 0;
     compare_with_trainer("gemma3-27b", o, GM_BF16, GM_BF16);
 }
 
@@ -221,6 +222,42 @@ static void test_inputs_and_errors(void) {
     CHECK_OK(gm_plan_training(&c, &o, GM_BF16, GM_BF16, NULL, &q, &err), &err);
     CHECK_OK(gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, NULL, &p, &err), &err);
     CHECK(q.total == p.total && !q.exact, "gm_plan_training -> estimate");
+}
+
+/* Options too large to count in size_t are refused (GM_ERR_INVALID), never wrapped into a small
+ * plan: batch x max_length was multiplied unchecked (a batch of 2^52 planned as 456 MiB). */
+static void test_overflow_refused(void) {
+    gm_config g3 = preset("gemma3-270m"), g3n = preset("gemma3n-e2b");
+    gm_plan p;
+    gm_error err;
+    const int64_t huge[] = {(int64_t)1 << 33, (int64_t)1 << 36, (int64_t)1 << 52, INT64_MAX};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; i++) {
+        gm_train_opts o = opts(16, 1024, huge[i], false, GM_QUANT_NF4);
+        CHECK(gm_plan_training(&g3, &o, GM_BF16, GM_BF16, NULL, &p, &err) == GM_ERR_INVALID &&
+                  strstr(err.msg, "too large to plan"),
+              "Gemma 3 batch %lld: %s", (long long)huge[i], err.msg);
+        CHECK(gm_plan_estimate(&g3n, &o, GM_BF16, GM_BF16, NULL, &p, &err) == GM_ERR_INVALID,
+              "Gemma 3n batch %lld: %s", (long long)huge[i], err.msg);
+    }
+    /* the largest batch the command line takes still plans, and grows with the batch */
+    gm_train_opts o = opts(16, 32768, 65536, false, GM_QUANT_NF4);
+    gm_plan q;
+    CHECK_OK(gm_plan_training(&g3, &o, GM_BF16, GM_BF16, NULL, &q, &err), &err);
+    o.batch = 32768;
+    CHECK_OK(gm_plan_training(&g3, &o, GM_BF16, GM_BF16, NULL, &p, &err), &err);
+    CHECK(q.total > p.total && q.total > ((size_t)1 << 50), "batch 65536 > batch 32768");
+    /* gradient accumulation (fit doubles it), Gemma 3 max_length past its positions, inputs */
+    o = opts(16, 512, 1, false, GM_QUANT_NF4);
+    o.grad_accum = INT64_MAX;
+    o.batch = 4;
+    CHECK(gm_plan_training(&g3, &o, GM_BF16, GM_BF16, NULL, &p, &err) == GM_ERR_INVALID, "grad_accum");
+    o = opts(16, g3.max_position_embeddings + 1, 1, false, GM_QUANT_NF4);
+    CHECK(gm_plan_training(&g3, &o, GM_BF16, GM_BF16, NULL, &p, &err) == GM_ERR_INVALID &&
+              strstr(err.msg, "max_position_embeddings"), "max_length: %s", err.msg);
+    o = opts(16, 512, 1, false, GM_QUANT_NF4);
+    gm_plan_inputs img = {INT64_MAX, 0.0}, au = {0, 1e300};
+    CHECK(gm_plan_estimate(&g3n, &o, GM_BF16, GM_BF16, &img, &p, &err) == GM_ERR_INVALID, "images: %s", err.msg);
+    CHECK(gm_plan_estimate(&g3n, &o, GM_BF16, GM_BF16, &au, &p, &err) == GM_ERR_INVALID, "audio: %s", err.msg);
 }
 
 /* LoRA parameter counts, by hand (rank 16, all-linear):
@@ -317,6 +354,7 @@ int main(int argc, char **argv) {
     test_monotonic("gemma4-31b");
     test_monotonic("gemma4-26b-a4b");
     test_inputs_and_errors();
+    test_overflow_refused();
     test_lora_counts();
     return gm_test_finish();
 }

@@ -675,10 +675,11 @@ static const char LUA_CODE[] =
     "  series = {{label = 'a', x = {1,2,3}, y = {3,2,1.5}}, {label = 'b', x = {1,2,3}, y = "
     "{2.5,2,1}}}}\n"
     "assert(info.width == 1024 and info.height == 640, 'png size')\n"
+    /* path refusals are usage errors (exit 2): {usage = true, msg = "file:line: ..."} */
     "local ok, e = pcall(gm.results, '/etc/trial-x.h5')\n"
-    "assert(not ok and e:find('results folder'), 'outside the root: ' .. tostring(e))\n"
+    "assert(not ok and e.usage and e.msg:find('results folder'), 'outside the root: ' .. tostring(e.msg))\n"
     "ok, e = pcall(gm.results, root .. '/../x/trial-x.h5')\n"
-    "assert(not ok and e:find('%.%.'), 'dot-dot: ' .. tostring(e))\n"
+    "assert(not ok and e.usage and e.msg:find('%.%.'), 'dot-dot: ' .. tostring(e.msg))\n"
     "ok, e = pcall(gm.write_text, root .. '/../x.md', 'x')\n"
     "assert(not ok, 'write_text outside')\n"
     "gm.write_text(root .. '/sub/t.md', 'hello')\n"
