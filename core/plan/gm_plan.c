@@ -34,8 +34,10 @@ gm_status gm_config_probe(const char *arg, gm_config *cfg, gm_dtype *stored, gm_
     GM_TRY(gm_resolve_model(arg, path, sizeof path, err));
     struct stat st;
     if (stat(path, &st) != 0)
-        return gm_error_set(err, GM_ERR_IO, "%s: no such file, folder or model name (known names: gemma3-270m, "
-                                            "gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b, ...)", path);
+        return gm_error_set(err, GM_ERR_IO,
+                            "%s: no such file, folder or model name (`gemmarun fetch` downloads gemma3-270m; "
+                            "built-in sizes to plan with: gemma3-1b, gemma3-4b, gemma3-12b, gemma3-27b, gemma3n-e2b, "
+                            "gemma3n-e4b, gemma4-e2b, gemma4-e4b, gemma4-31b, gemma4-26b-a4b)", path);
     size_t n = strlen(path);
     if (S_ISDIR(st.st_mode) || (n > 5 && strcmp(path + n - 5, ".json") == 0)) {
         char cp[1300];
