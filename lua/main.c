@@ -666,6 +666,10 @@ static int run_lua(const char *file, int argc, char **argv) {
             s = gm_lua_call(L, 2, 1, &err);
             if (s != GM_OK) rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
             else rc = (int)lua_tointeger(L, -1);
+        } else {
+            fprintf(stderr, "gemmarun: %s returns a table that is not an experiment: an experiment file ends with "
+                            "`return experiment{...}`\n", file ? file : "experiments/quickstart.lua");
+            rc = 2;
         }
     } else {
         /* not an experiment: a plain Lua script (the API of docs/experiments.md) is fine, but a

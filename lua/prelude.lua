@@ -217,6 +217,7 @@ local function check_train_value(where, key, v)
     if type(v) == "table" then v = table.concat(v, ",") end
   elseif k == "layers" then
     if not is_list(v) then usage(where, "train.layers must be a list of layer indices (0-based)") end
+    if #v == 0 then usage(where, "train.layers is empty: list at least one layer (0-based), or leave it out for every layer") end
     local seen = {}
     for _, l in ipairs(v) do
       if math.type(l) ~= "integer" or l < 0 then usage(where, "train.layers: %s is not a layer index", show(l)) end

@@ -177,7 +177,8 @@ end
 local SPEC_KEYS = {rows = "table", cols = "table", metric = "string", phase = "string",
                    digits = "number", percent = "boolean", better = "string", baseline = "boolean",
                    baseline_by = "table", title = "string", kind = "string", name = "string"}
-local BASE_FIELDS = {quant = true, max_length = true, model = true, prompt = true, task = true}
+local BASE_FIELDS = {quant = true, max_length = true, model = true, prompt = true, task = true, data = true,
+                     labels = true, template = true, max_eval = true}
 
 local function check_spec(spec)
   if type(spec) ~= "table" then error("report: spec must be a table {rows=, cols=, metric=}", 3) end

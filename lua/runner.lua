@@ -112,7 +112,26 @@ local function load_classify_items(d)
 end
 
 --- Raw conversations of a chat data set (JSONL, Hugging Face format).
+--- What keeps a chat conversation from training, or nil: messages must be a non-empty list of
+--- {role = system|user|assistant|model, content = string} ending with the model's turn.
+local CHAT_ROLES = { system = true, user = true, assistant = true, model = true }
+local function chat_problem(msgs)
+  if #msgs == 0 then return "no messages" end
+  for i, m in ipairs(msgs) do
+    if type(m) ~= "table" or type(m.role) ~= "string" or type(m.content) ~= "string" then
+      return string.format("message %d needs string fields role and content", i)
+    end
+    if not CHAT_ROLES[m.role] then
+      return string.format("message %d: role '%s' (allowed: system, user, assistant, model)", i, m.role)
+    end
+  end
+  local last = msgs[#msgs].role
+  if last ~= "assistant" and last ~= "model" then return "the conversation does not end with an assistant turn (nothing to learn)" end
+  return nil
+end
+
 local function load_chat_items(d)
+  local bad = {}
   local function read(path)
     local out = {}
     local n = 0
@@ -123,7 +142,13 @@ local function load_chat_items(d)
         if not ok or type(obj) ~= "table" or type(obj.messages) ~= "table" then
           error(string.format("%s:%d: expected a JSON object with \"messages\": [{\"role\": ..., \"content\": ...}, ...]", path, n), 0)
         end
-        out[#out + 1] = obj.messages
+        -- a conversation the chat template cannot render is rejected (counted, with its line)
+        local why = chat_problem(obj.messages)
+        if why then
+          bad[#bad + 1] = { example = path .. ":" .. n, reason = why }
+        else
+          out[#out + 1] = obj.messages
+        end
       end
     end
     return out
@@ -139,6 +164,7 @@ local function load_chat_items(d)
       if i % every == 0 then items.test[#items.test + 1] = m else items.train[#items.train + 1] = m end
     end
   end
+  items.rejected_read = bad
   return items
 end
 
@@ -149,7 +175,8 @@ local function build_datasets(model, task, items, max_length)
   -- per split, the prompt tokens of the shortest prompt that did not fit (for the hint)
   local shortest_rejected = { [train] = math.huge, [test] = math.huge }
   local function add(ds, msgs, label, where)
-    local ok, why = ds:add_chat(msgs, { max_length = max_length, label = label and (label - 1) or nil })
+    local okc, ok, why = pcall(ds.add_chat, ds, msgs, { max_length = max_length, label = label and (label - 1) or nil })
+    if not okc then ok, why = false, clean_msg(ok):gsub("\n.*", "") end
     if not ok then
       local n = tonumber(why:match("the prompt takes (%d+) tokens"))
       if n and n < shortest_rejected[ds] then shortest_rejected[ds] = n end
@@ -228,7 +255,8 @@ local function eval_classify(model, tr, test, labels, limit)
     counts[truth] = (counts[truth] or 0) + 1
     if truth == pred then correct = correct + 1 end
   end
-  for k = 1, K do per_class[k] = (counts[k] or 0) > 0 and confusion[k][k] / counts[k] or 0 end
+  -- a class without test examples has no accuracy (NaN), not 0
+  for k = 1, K do per_class[k] = (counts[k] or 0) > 0 and confusion[k][k] / counts[k] or 0 / 0 end
   return { accuracy = correct / #idx, per_class = per_class, confusion = confusion, n_examples = #idx, labels = labels }
 end
 
@@ -439,6 +467,23 @@ end
 --------------------------------------------------------------------------------------------------
 -- the sweep
 
+--- The trial's config as stored: the training fields plus what the task is (task kind, prompt,
+--- labels, template, max_eval) and the data spec as JSON, so that tables never pool trials of
+--- different prompts or data (report.lua splits rows by any field that differs).
+local function with_task(cfg, task)
+  local out = {}
+  for k, v in pairs(cfg) do out[k] = v end
+  out.task = task._kind
+  if task.prompt then out.prompt = task.prompt end
+  if task.labels then out.labels = table.concat(task.labels, ",") end
+  if type(task.template) == "string" then out.template = task.template end
+  if task.max_eval then out.max_eval = task.max_eval end
+  local d = {}
+  for k, v in pairs(task.data or {}) do if k:sub(1, 1) ~= "_" or k == "_kind" then d[k == "_kind" and "kind" or k] = v end end
+  out.data = gm.json_encode(d)
+  return out
+end
+
 local function describe_point(trial, swept)
   local parts = {}
   for _, k in ipairs(swept) do parts[#parts + 1] = k .. "=" .. tostring(trial.config[k]) end
@@ -489,7 +534,32 @@ local function preflight(e, selected, dry_run)
     if type(items) == "table" and items.usage then error(items, 0) end
     P.usage(d._where or e.task._where, "%s", clean_msg(items))
   end
-  if e.task._kind == "classify" and e.task.labels then items.labels = e.task.labels end
+  if e.task._kind == "classify" and e.task.labels then
+    -- the task's labels, in its order: every data label must be one of them (matched by name),
+    -- and every one of them must have data
+    local pos, used = {}, {}
+    for i, lab in ipairs(e.task.labels) do pos[lab] = i end
+    for _, split in ipairs({ items.train, items.test }) do
+      for _, it in ipairs(split) do
+        local name = items.labels[it.label]
+        local k = pos[name]
+        if not k then
+          P.usage(e.task._where, "classify.labels: the data has label '%s', which is not among the labels given (%s)", name,
+            table.concat(e.task.labels, ", "))
+        end
+        it.label, used[k] = k, true
+      end
+    end
+    for i, lab in ipairs(e.task.labels) do
+      if not used[i] then P.usage(e.task._where, "classify.labels: '%s' has no example in the data", lab) end
+    end
+    items.labels = e.task.labels
+  end
+  if items.rejected_read and #items.rejected_read > 0 then
+    local r = items.rejected_read[1]
+    say("warning: %d conversation%s rejected while reading (first: %s: %s)", #items.rejected_read,
+      #items.rejected_read == 1 and "" or "s", r.example, r.reason)
+  end
   if e.task._kind == "classify" and #items.labels < 2 then
     P.usage(d._where or e.task._where, "classify{} needs at least 2 labels; the data set has %d (%s)", #items.labels,
       #items.labels > 0 and table.concat(items.labels, ", ") or "none")
@@ -512,20 +582,38 @@ local function check_lengths(ctx, e, selected, items)
       use_model(ctx, e, m)
       local d = R.datasets(ctx, e, t.config)
       local where = (e.sweep and e.sweep.max_length) and e.sweep._where or P.where_of("max_length")
+      -- the hint must make both splits non-empty: the larger of their shortest rejected prompts
+      local need = 0
+      if d.train:size() == 0 and d.shortest_train < math.huge then need = math.max(need, d.shortest_train + 2) end
+      if d.test:size() == 0 and d.shortest_test < math.huge then need = math.max(need, d.shortest_test + 2) end
       local function raise(split, shortest, n_all)
         if shortest < math.huge then
           P.usage(where, "train.max_length = %d leaves no room for any %s response: the shortest %s prompt takes %d tokens; " ..
-            "raise max_length to at least %d", ml, split, split, shortest, shortest + 2)
+            "raise max_length to at least %d", ml, split, split, shortest, need)
         end
         P.usage(where, "train.max_length = %d leaves no %s example (all %d were rejected: %s)", ml, split, n_all,
           d.rejected[1] and d.rejected[1].reason or "see above")
       end
       if d.train:size() == 0 then raise("training", d.shortest_train, #items.train) end
       if d.test:size() == 0 then raise("test", d.shortest_test, #items.test) end
-      if d.train:size() < #items.train / 2 then
-        say("warning: train.max_length = %d keeps %d of %d training examples (the others' prompts are longer)%s",
-          ml, d.train:size(), #items.train, d.shortest_train < math.huge
-            and string.format("; %d would keep the shortest rejected one", d.shortest_train + 2) or "")
+      for _, sp in ipairs({ { "training", d.train:size(), #items.train, d.shortest_train },
+                            { "test", d.test:size(), #items.test, d.shortest_test } }) do
+        if sp[2] < sp[3] / 2 then
+          say("warning: train.max_length = %d keeps %d of %d %s examples (the others' prompts are longer)%s", ml, sp[2],
+            sp[3], sp[1], sp[4] < math.huge and string.format("; %d would keep the shortest rejected one", sp[4] + 2) or "")
+        end
+      end
+      -- classify scores each label by its first token: labels must start differently
+      if e.task._kind == "classify" then
+        local first = {}
+        for _, lab in ipairs(items.labels) do
+          local tok = ctx.model:tokenize(lab, { bos = false })[1]
+          if first[tok] then
+            P.usage(e.task._where, "classify: labels '%s' and '%s' start with the same token, so the model cannot tell them " ..
+              "apart by their first token; give labels that start differently", first[tok], lab)
+          end
+          first[tok] = lab
+        end
       end
     end
   end
@@ -600,7 +688,7 @@ function R.run(e, cli)
       ctx.res = gm.results(path)
       ctx.res:set({ experiment = e.name, trial_id = t.id, trial_index = t.index, n_trials = #trials, status = "running",
         reason = "", config_json = gm.json_encode(t.config), report_json = gm.json_encode(report), swept_json = gm.json_encode(#swept > 0 and swept or gm.null) })
-      ctx.res:set_config(t.config)
+      ctx.res:set_config(with_task(t.config, e.task))
       local ok, err = pcall(run_trial, ctx, e, t, #trials)
       if not ok then
         if type(err) == "table" and err.interrupted then

@@ -70,6 +70,20 @@ bad "an empty label folder" "data.folder: withempty/empty \(label 'empty'\) has 
 expect_run "invalid: a list for one value" 2 "--set lr=1e-4,2e-4: train.lr = \{0.0001, 0.0002\}: must be a number \(one value; to try several, sweep it" -- "$GM" tiny.lua --set lr=1e-4,2e-4 --dry-run
 expect_run "a built-in size plans in the dry run, with a note" 0 "note: model gemma3-1b is a built-in size .*trial  1 .* plan [0-9.]+ GiB" -- "$GM" tiny.lua --set model=gemma3-1b --dry-run
 expect_run "invalid: a built-in size cannot train" 2 "--set model=gemma3-1b: model gemma3-1b is a built-in size .* training needs its weights" -- "$GM" tiny.lua --set model=gemma3-1b --trial 1
+bad "an empty layer list" "train.layers is empty" 's/rank = 4,/rank = 4, layers = {},/'
+bad "labels given that miss a data label" "classify.labels: the data has label 'cherry', which is not among the labels given \(apple, berry\)" 's/prompt = "Which fruit?"/prompt = "Which fruit?", labels = {"apple", "berry"}/'
+bad "a label given without data" "classify.labels: 'durian' has no example in the data" 's/prompt = "Which fruit?"/prompt = "Which fruit?", labels = {"apple", "berry", "cherry", "durian"}/'
+sed 's/prompt = "Which fruit?"/prompt = "Which fruit?", labels = {"cherry", "apple", "berry"}/' tiny.lua > relabel.lua
+expect_run "labels given in another order are matched by name" 0 "labels cherry, apple, berry" -- "$GM" relabel.lua --dry-run
+mkdir -p samefirst/cat samefirst/category && for lab in cat category; do for i in 1 2 3 4 5; do echo "note $i $lab" > samefirst/$lab/$i.txt; done; done
+bad "labels with the same first token, in the dry run" "classify: labels 'cat' and 'category' start with the same token" 's/root = "data"/root = "samefirst"/'
+{ for i in 1 2 3 4 5 6 7 8 9 10; do echo '{"messages": [{"role": "user", "content": "say '$i'"}, {"role": "assistant", "content": "'$i'"}]}'; done
+  echo '{"messages": [{"role": "user", "content": "no answer"}]}'
+  echo '{"messages": []}'
+  echo '{"messages": [{"role": "robot", "content": "beep"}, {"role": "assistant", "content": "x"}]}'; } > mixed.jsonl
+sed 's/task = classify { data = data.folder { root = "data" }, prompt = "Which fruit?" }/task = sft { data = data.jsonl { train = "mixed.jsonl" } }/; s/metric = "accuracy"/metric = "loss"/' tiny.lua > sftmixed.lua
+expect_run "bad conversations are rejected with their line, the rest run" 0 "warning: 3 conversations rejected while reading \(first: mixed.jsonl:11: the conversation does not end with an assistant turn" -- "$GM" sftmixed.lua --dry-run
+expect_run "invalid: a file returning a plain table" 2 "t.lua returns a table that is not an experiment" -- bash -c "echo 'return {name = \"x\"}' > t.lua; '$GM' t.lua"
 sed 's/^return experiment/local e = experiment/' tiny.lua > noreturn.lua
 expect_run "invalid: an experiment built but not returned" 2 "noreturn.lua builds experiment\{...\} but does not return it" -- "$GM" noreturn.lua
 expect_run "invalid: a file returning something else" 2 "r42.lua returns a number, not an experiment" -- bash -c "echo 'return 42' > r42.lua; '$GM' r42.lua"
@@ -104,6 +118,9 @@ table_md=$(cat results/tiny.md)
 expect_run "gemmarun table re-renders from the stored files" 0 "baseline \(no fine-tuning\)" -- "$GM" table results/tiny
 [ "$(cat results/tiny.md)" = "$table_md" ] && { pass=$((pass + 1)); echo "ok    same table from the stored files"; } \
   || { fail=$((fail + 1)); echo "FAIL  gemmarun table gave another table"; }
+# the same experiment rerun with another prompt: a new trial, never pooled with the old ones
+sed 's/prompt = "Which fruit?"/prompt = "Name the fruit."/' tiny.lua > reprompt.lua
+expect_run "an edited prompt gives rows of its own" 0 "Rows also split by prompt" -- "$GM" reprompt.lua --trial 1
 
 # ---- a NaN trial fails, the others complete ----------------------------------------------------
 sed -e 's/name = "tiny"/name = "nan"/' -e 's/lr = {1e-2, 3e-3}/lr = {1e-2, 1e30}/' -e 's/seeds = {1, 2}/seeds = {1}/' tiny.lua > nan.lua
@@ -115,7 +132,7 @@ grep -q "0.01" results/nan.csv 2>/dev/null \
 sed -e 's/name = "tiny"/name = "killed"/' -e 's/seeds = {1, 2}/seeds = {1}/' tiny.lua > killed.lua
 EPOCHS=60 "$GM" killed.lua > killed1.log 2>&1 &
 pid=$!
-for i in $(seq 1 600); do # wait until trial 1 is done and trial 2 has a checkpoint
+for i in $(seq 1 6000); do # wait (up to 10 min on a loaded machine) until trial 1 is done and trial 2 has a checkpoint
   n_done=$(ls results/killed/trial-*.h5 2>/dev/null | grep -vc ckpt)
   [ -n "$(ls results/killed/*.ckpt.h5 2>/dev/null)" ] && [ "$n_done" = 2 ] && grep -q "trial 2/2" killed1.log && break
   sleep 0.1
@@ -133,7 +150,7 @@ after=$(sha256sum "results/killed/trial-$first.h5" | cut -c1-64)
 sed -e 's/name = "tiny"/name = "ctrlc"/' -e 's/seeds = {1, 2}/seeds = {1}/' -e 's/sweep = grid { lr = {1e-2, 3e-3} },//' tiny.lua > ctrlc.lua
 EPOCHS=200 "$GM" ctrlc.lua > ctrlc.log 2>&1 &
 pid=$!
-for i in $(seq 1 300); do grep -q "step 20/" ctrlc.log && break; sleep 0.1; done
+for i in $(seq 1 3000); do grep -q "step 20/" ctrlc.log && break; sleep 0.1; done # up to 5 min on a loaded machine
 kill -INT $pid
 wait $pid
 rc=$?
