@@ -147,7 +147,7 @@ expect_run "nothing was written outside" 0 "^none$" -- bash -c '[ -e notes.md ] 
 
 # Python readers: Debian's python3-h5py/-pandas/-tables (setup.sh installs them) or the reference venv
 PY=""
-for p in python3 /opt/refvenv/bin/python; do
+for p in python3 /usr/bin/python3 /opt/refvenv/bin/python; do  # PATH may hold a python without them (pyenv)
   if command -v "$p" >/dev/null && "$p" -c "import pandas, h5py, tables" 2>/dev/null; then PY=$p; break; fi
 done
 if [ -n "$PY" ]; then
