@@ -305,24 +305,29 @@ static int l_model_config(lua_State *L) {
     gm_bind_push_config(L, &cfg);
     lua_pushstring(L, gm_dtype_name(stored));
     lua_setfield(L, -2, "stored_dtype");
-    /* a built-in size (gm_config_probe's first branch): a config to plan with, but no weights */
-    gm_config tmp;
-    lua_pushboolean(L, !gm_fetch_is_cached(arg) && gm_config_preset(arg, &tmp, NULL) == GM_OK);
+    lua_pushboolean(L, gm_config_probe_is_preset(arg));
     lua_setfield(L, -2, "preset");
     return 1;
 }
 
 void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads);
 
-static int l_plan(lua_State *L) {
+/* Arguments 1 (model path or name) and 2 (training options) of gm.plan / gm.plan_fit: the options
+ * and the config from gm_config_probe, weights never loaded. Raises on any error. */
+static void plan_args(lua_State *L, gm_train_opts *o, gm_config *cfg, gm_dtype *stored, gm_dtype *stored_embed) {
     const char *arg = luaL_checkstring(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
+    gm_bind_read_train_opts(L, 2, o, 2);
+    gm_error err = {0};
+    if (gm_config_probe(arg, cfg, stored, stored_embed, &err) != GM_OK) gm_bind_raise(L, &err);
+}
+
+static int l_plan(lua_State *L) {
     gm_train_opts o;
-    gm_bind_read_train_opts(L, 2, &o, 2);
     gm_config cfg;
     gm_dtype stored, stored_embed;
+    plan_args(L, &o, &cfg, &stored, &stored_embed);
     gm_error err = {0};
-    if (gm_config_probe(arg, &cfg, &stored, &stored_embed, &err) != GM_OK) return gm_bind_raise(L, &err);
     gm_plan_inputs in = {0, 0};
     gm_plan p;
     if (gm_plan_training(&cfg, &o, stored, stored_embed, &in, &p, &err) != GM_OK) return gm_bind_raise(L, &err);
@@ -379,17 +384,16 @@ static int l_reset_peak_rss(lua_State *L) {
 /* gm.plan_fit(model, opts, limit_bytes) -> opts', plan_total, chosen (raises GM_ERR_LIMIT's
  * message when even checkpointing and batch 1 do not fit) */
 static int l_plan_fit(lua_State *L) {
-    const char *arg = luaL_checkstring(L, 1);
+    luaL_checkstring(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     lua_Number limit = luaL_checknumber(L, 3);
     /* the plan command's range; also keeps the size_t conversion below defined */
     if (!(limit >= 1 && limit <= 0x1p60)) luaL_error(L, "plan_fit: limit %f: must be 1 .. 2^60 bytes", (double)limit);
     gm_train_opts o;
-    gm_bind_read_train_opts(L, 2, &o, 2);
     gm_config cfg;
     gm_dtype stored, stored_embed;
+    plan_args(L, &o, &cfg, &stored, &stored_embed);
     gm_error err = {0};
-    if (gm_config_probe(arg, &cfg, &stored, &stored_embed, &err) != GM_OK) return gm_bind_raise(L, &err);
     gm_plan_inputs in = {0, 0};
     gm_plan p;
     char chosen[256];

@@ -605,6 +605,7 @@ local function task_identity(t)
   id.kind = t._kind
   return id
 end
+M.task_identity = task_identity
 
 --- Expands a validated experiment into trials: {index, id, config (flat), point (swept values)}.
 --- The trial id is a hash of the resolved configuration, the task and the seed, so a rerun

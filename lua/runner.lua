@@ -478,9 +478,7 @@ local function with_task(cfg, task)
   if task.labels then out.labels = table.concat(task.labels, ",") end
   if type(task.template) == "string" then out.template = task.template end
   if task.max_eval then out.max_eval = task.max_eval end
-  local d = {}
-  for k, v in pairs(task.data or {}) do if k:sub(1, 1) ~= "_" or k == "_kind" then d[k == "_kind" and "kind" or k] = v end end
-  out.data = gm.json_encode(d)
+  out.data = gm.json_encode(P.task_identity(task).data or {}) -- the same identity the trial id hashes
   return out
 end
 

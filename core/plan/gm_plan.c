@@ -26,10 +26,15 @@
 #define TOKENIZER_BYTES_PER_TOKEN 72
 
 
+bool gm_config_probe_is_preset(const char *arg) {
+    gm_config tmp;
+    /* a built-in size name, unless it is also a fetched model (then the file is the truth) */
+    return !gm_fetch_is_cached(arg) && gm_config_preset(arg, &tmp, NULL) == GM_OK;
+}
+
 gm_status gm_config_probe(const char *arg, gm_config *cfg, gm_dtype *stored, gm_dtype *stored_embed, gm_error *err) {
     *stored = *stored_embed = GM_BF16;
-    /* a built-in size name, unless it is also a fetched model (then the file is the truth) */
-    if (!gm_fetch_is_cached(arg) && gm_config_preset(arg, cfg, NULL) == GM_OK) return GM_OK;
+    if (gm_config_probe_is_preset(arg)) return gm_config_preset(arg, cfg, err);
     char path[1200];
     GM_TRY(gm_resolve_model(arg, path, sizeof path, err));
     struct stat st;

@@ -66,6 +66,10 @@ gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtyp
  * embedding (bf16 assumed for Hugging Face checkpoints and presets). */
 gm_status gm_config_probe(const char *arg, gm_config *cfg, gm_dtype *stored, gm_dtype *stored_embed, gm_error *err);
 
+/* True when gm_config_probe(arg) takes its config from the built-in size table: a size to plan
+ * with, but no weights to load (a fetched model of the same name is a file and wins). */
+bool gm_config_probe_is_preset(const char *arg);
+
 /* The runtime item: resident memory of the process before any model is loaded (measured
  * constant, docs/memory.md) plus the tokenizer of a vocab_size vocabulary. */
 size_t gm_plan_runtime_bytes(const gm_config *cfg);
