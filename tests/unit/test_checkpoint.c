@@ -899,6 +899,16 @@ static void kill_child(const char *path, int fd, int life) {
     }
 }
 
+/* kill_child through gm_test_fork_and_kill's (ctx, fd) signature */
+typedef struct kill_ctx {
+    const char *path;
+    int life;
+} kill_ctx;
+static void kill_child_run(void *ctx, int fd) {
+    const kill_ctx *k = ctx;
+    kill_child(k->path, fd, k->life);
+}
+
 static void test_ckpt_kill9(void) {
     gm_error err = {0};
     char path[512], tmp[600];
@@ -934,28 +944,15 @@ static void test_ckpt_kill9(void) {
         rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
         double frac = (double)(rng % 10000) / 10000.0;
         double delay = 0.002 + frac * 2.5 * t_cycle;
-        int fds[2];
-        CHECK(pipe(fds) == 0, "pipe");
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid == 0) {
-            close(fds[0]);
-            kill_child(path, fds[1], life);
-            _exit(0);
-        }
-        close(fds[1]);
-        struct timespec ts = {(time_t)delay, (long)((delay - (double)(time_t)delay) * 1e9)};
-        nanosleep(&ts, NULL);
-        kill(pid, SIGKILL);
+        char what[32];
+        snprintf(what, sizeof what, "life %d", life);
+        kill_ctx kc = {path, life};
+        int rfd = gm_test_fork_and_kill(delay, kill_child_run, &kc, what);
         kills++;
-        int st = 0;
-        waitpid(pid, &st, 0);
-        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "life %d: child died by SIGKILL (%d)",
-              life, st);
         // what the child reported: the last completed save, and the one in flight if any
         int64_t last_done = -1, in_flight = -1;
         kill_msg m;
-        while (read(fds[0], &m, sizeof m) == (ssize_t)sizeof m) {
+        while (read(rfd, &m, sizeof m) == (ssize_t)sizeof m) {
             if (m.done) {
                 last_done = m.save;
                 in_flight = -1;
@@ -963,7 +960,7 @@ static void test_ckpt_kill9(void) {
                 in_flight = m.save;
             }
         }
-        close(fds[0]);
+        close(rfd);
         bool had_tmp = gm_test_file_exists(tmp);
         tmp_left += had_tmp;
         mid_save += in_flight >= 0;

@@ -147,7 +147,7 @@ static void fill_trial(gm_results *r, int k, const char *status, const char *rea
 
 static void test_roundtrip(const char *sample_dir) {
     gm_error err = {0};
-    char path[600];
+    char path[640]; // sample_dir (< 600) + the file name
     snprintf(path, sizeof path, "%s/trial-t001.h5", sample_dir);
     unlink(path);
     gm_results *r = NULL;
@@ -520,6 +520,9 @@ static void kill_child(const char *path, int fd) {
     }
 }
 
+/* kill_child through gm_test_fork_and_kill's (ctx, fd) signature */
+static void kill_child_run(void *ctx, int fd) { kill_child(ctx, fd); }
+
 /* The file holds a complete table of `rows` rows whose values are those of kill_value. */
 static bool kill_verify(const char *path, int64_t *rows, char *why, size_t cap) {
     gm_error err = {0};
@@ -572,33 +575,19 @@ static void test_kill9(void) {
         rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
         // from before the child's first save (its open + copy) to ~40 cycles in
         double delay = 0.001 + (double)(rng % 10000) / 10000.0 * 40 * t_cycle;
-        int fds[2];
-        CHECK(pipe(fds) == 0, "pipe");
-        fflush(NULL);
-        pid_t pid = fork();
-        if (pid == 0) {
-            close(fds[0]);
-            kill_child(path, fds[1]);
-            _exit(0);
-        }
-        close(fds[1]);
-        struct timespec ts = {(time_t)delay, (long)((delay - (double)(time_t)delay) * 1e9)};
-        nanosleep(&ts, NULL);
-        kill(pid, SIGKILL);
+        char what[32];
+        snprintf(what, sizeof what, "life %d", life);
+        int rfd = gm_test_fork_and_kill(delay, kill_child_run, (void *)path, what);
         kills++;
-        int st = 0;
-        waitpid(pid, &st, 0);
-        CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "life %d: child died by SIGKILL (%d)",
-              life, st);
         int64_t last_done = -1, in_flight = -1;
         kill_msg m;
-        while (read(fds[0], &m, sizeof m) == (ssize_t)sizeof m) {
+        while (read(rfd, &m, sizeof m) == (ssize_t)sizeof m) {
             if (m.done)
                 last_done = m.rows, in_flight = -1;
             else
                 in_flight = m.rows;
         }
-        close(fds[0]);
+        close(rfd);
         tmp_left += gm_test_file_exists(tmp);
         mid += in_flight >= 0;
         int64_t rows = -1;

@@ -3,9 +3,11 @@
  */
 #include "test_util.h"
 
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -84,6 +86,27 @@ double gm_test_now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int gm_test_fork_and_kill(double delay, void (*child)(void *ctx, int fd), void *ctx, const char *what) {
+    int fds[2];
+    CHECK(pipe(fds) == 0, "%s: pipe", what);
+    if (fds[0] < 0) return -1;
+    fflush(NULL); // the child must not print the parent's buffered output again
+    pid_t pid = fork();
+    if (pid == 0) {
+        close(fds[0]);
+        child(ctx, fds[1]);
+        _exit(0);
+    }
+    close(fds[1]);
+    struct timespec ts = {(time_t)delay, (long)((delay - (double)(time_t)delay) * 1e9)};
+    nanosleep(&ts, NULL);
+    kill(pid, SIGKILL);
+    int st = 0;
+    waitpid(pid, &st, 0);
+    CHECK(WIFSIGNALED(st) && WTERMSIG(st) == SIGKILL, "%s: child died by SIGKILL (%d)", what, st);
+    return fds[0];
 }
 
 float gm_test_rand(uint64_t *s) {

@@ -175,6 +175,12 @@ bool gm_test_file_exists(const char *path);
 /* Monotonic clock in seconds (CLOCK_MONOTONIC), for the timings some tests print. */
 double gm_test_now_s(void);
 
+/* Crash-safety tests: forks a child that runs child(ctx, fd) (it writes its progress reports to
+ * fd and never returns on its own), sleeps `delay` seconds, kills it with SIGKILL, reaps it and
+ * checks that SIGKILL is what ended it (a counted check naming `what`). Returns the read end of
+ * the report pipe, which the caller drains and closes; -1 if the pipe could not be made. */
+int gm_test_fork_and_kill(double delay, void (*child)(void *ctx, int fd), void *ctx, const char *what);
+
 /* A tiny deterministic PRNG for test inputs (xorshift64*): uniform in [-1, 1). */
 float gm_test_rand(uint64_t *state);
 
