@@ -64,7 +64,18 @@
  *                  p += -step_size * m / (sqrt(v) / bc2_sqrt + eps), with
  *                  step_size = lr / (1 - b1^step), bc2_sqrt = sqrt(1 - b2^step) (computed by the
  *                  caller in double and rounded to f32, as torch does with Python scalars).
- *   sumsq          *out = sum x^2 (double accumulation; NaN/Inf propagate).
+ *   sumsq          *out = sum x^2 (double accumulation; NaN/Inf propagate). out is one double of
+ *                  the table's device memory (download it to read it).
+ *
+ * Data movement (so that model code never reads or writes backend memory from the host):
+ *   fill           out (n) = value.
+ *   gather_rows    out (R, C): row i = x row rows[i] (x has at least max(rows)+1 rows of C).
+ *   scatter_rows   out row rows[i] = x row i (R, C); other rows of out are left as they are;
+ *                  rows must be distinct.
+ *   kv_store       cache (B, S, W) <- x (B, T, W): position pos0 + t of sequence b goes to slot
+ *                  (pos0 + t) % S (the KV cache's ring buffer; see attention_fwd).
+ *   xent_lse_finish  lse (R) = run_max + log(run_sum) in f32, closing xent_lse_update's online
+ *                  log-sum-exp.
  *
  * Gradient convention: parameter gradients accumulate (+=, beta = 1); activation gradients are
  * assigned (=, beta = 0) except on the residual stream, where two paths meet and they
@@ -116,6 +127,7 @@ typedef struct gm_kctx {
     void *stream;         /* cudaStream_t on CUDA, unused on CPU */
     float *scratch;       /* workspace for dequantized weight panels etc. */
     size_t scratch_floats; /* its size in floats */
+    void *blas;           /* cublasHandle_t bound to the stream on CUDA (NULL: the process's own) */
 } gm_kctx;
 
 /* Workspace (floats) that matmul_fwd / matmul_bwd_input need for a weight of N rows by K

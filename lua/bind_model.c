@@ -13,14 +13,18 @@
  *   model:generate(prompt [, opts])                   -> text, {prompt_tokens, new_tokens,
  *        prefill_tokens_per_s, decode_tokens_per_s}
  *        opts: max_tokens (64), temperature (0 = greedy), top_k (0), top_p (1), seed (0),
- *              chat (false: wrap the prompt in Gemma's chat template), stop_at_eos (true)
+ *              chat (false: wrap the prompt in Gemma's chat template), stop_at_eos (true),
+ *              adapter (a results folder, trial file, merged results file or checkpoint:
+ *              core/store/gm_adapter.h), trial (the trial's index or id within it)
  *   model:config()                                     -> table of the config fields
  *   model:close()
  */
 #include "gm_lua.h"
 #include "bind_util.h"
 
+#include "gm_adapter.h"
 #include "gm_alloc.h"
+#include "gm_backend.h"
 #include "gm_chat.h"
 #include "gm_decoder.h"
 #include "gm_fetch.h"
@@ -146,7 +150,7 @@ static int l_generate(lua_State *L) {
     size_t prompt_len;
     const char *prompt = luaL_checklstring(L, 2, &prompt_len);
     static const char *const allowed[] = {"max_tokens", "temperature", "top_k", "top_p", "seed", "chat",
-                                          "stop_at_eos", NULL};
+                                          "stop_at_eos", "adapter", "trial", NULL};
     gm_bind_check_opts(L, 3, "generate", allowed);
     lua_Integer max_tokens = gm_bind_opt_int(L, 3, "max_tokens", 64);
     lua_Number temp = gm_bind_opt_num(L, 3, "temperature", 0.0);
@@ -154,6 +158,20 @@ static int l_generate(lua_State *L) {
     lua_Number top_p = gm_bind_opt_num(L, 3, "top_p", 1.0);
     lua_Integer seed = gm_bind_opt_int(L, 3, "seed", 0);
     bool chat = gm_bind_opt_bool(L, 3, "chat", false), stop_eos = gm_bind_opt_bool(L, 3, "stop_at_eos", true);
+    const char *adapter = gm_bind_opt_str(L, 3, "adapter", NULL);
+    const char *trial = NULL; /* an index (number) or an id (string) */
+    char trial_buf[64];
+    if (lua_istable(L, 3)) {
+        lua_getfield(L, 3, "trial");
+        if (lua_type(L, -1) == LUA_TNUMBER || lua_type(L, -1) == LUA_TSTRING) {
+            snprintf(trial_buf, sizeof trial_buf, "%s", lua_tostring(L, -1));
+            trial = trial_buf;
+        } else if (!lua_isnil(L, -1)) {
+            return luaL_error(L, "generate: trial must be a trial index or id");
+        }
+        lua_pop(L, 1);
+    }
+    if (trial && !adapter) return luaL_error(L, "generate: trial picks a trial of an adapter's results; give adapter too");
     if (max_tokens < 1 || max_tokens > (1 << 24))
         return luaL_error(L, "generate: max_tokens must be in 1..%d (got %I)", 1 << 24, max_tokens);
     if (!(temp >= 0) || !isfinite(temp)) return luaL_error(L, "generate: temperature must be a finite number >= 0");
@@ -271,8 +289,12 @@ static int l_release_weight_pages(lua_State *L) {
 static int l_close(lua_State *L) {
     lmodel *lm = luaL_checkudata(L, 1, GM_MODEL_MT);
     gm_infer_free(lm->st);
+    gm_adapter_free(lm->ad);
+    gm_backend_free(lm->be);
     gm_model_free(lm->m);
     lm->st = NULL;
+    lm->ad = NULL;
+    lm->be = NULL;
     lm->m = NULL;
     return 0;
 }

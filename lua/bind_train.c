@@ -14,6 +14,7 @@
  *   trainer:save(path [, {epoch, pos, loss, config}]), trainer:load(path) -> {step, epoch, pos}
  *   trainer:memory()                       -> {[kind] = bytes, total = bytes}
  *   gm.peak_rss(), gm.clock()               -> bytes, seconds (monotonic)
+ *   gm.lora_targets_check(targets)          -> true | false, message (PEFT target_modules rules)
  *
  * Userdata keep their model alive through a user value; __gc/__close free the core objects.
  */
@@ -26,6 +27,7 @@
 #include "gm_train.h"
 
 #include <lauxlib.h>
+#include <stdio.h>
 #include <string.h>
 #include <time.h>
 
@@ -196,7 +198,9 @@ void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_th
     o->lora.rslora = gm_bind_opt_bool(L, idx, "rslora", false);
     o->lora.seed = (uint64_t)gm_bind_opt_int(L, idx, "seed", 0);
     const char *targets = gm_bind_opt_str(L, idx, "targets", "all-linear");
-    if (gm_lora_parse_targets(targets, &o->lora.targets, &err) != GM_OK) gm_bind_raise(L, &err);
+    if (strlen(targets) >= sizeof o->lora.targets)
+        luaL_error(L, "option 'targets' is longer than %d characters", (int)sizeof o->lora.targets - 1);
+    snprintf(o->lora.targets, sizeof o->lora.targets, "%s", targets);
     lua_getfield(L, idx, "layers");
     if (!lua_isnil(L, -1)) {
         if (!lua_istable(L, -1)) luaL_error(L, "option 'layers' must be a list of layer indices (0-based)");
@@ -454,6 +458,25 @@ static int l_tr_close(lua_State *L) {
     return 0;
 }
 
+/* gm.lora_targets_check(targets) -> true | false, message: the targets text checked against the
+ * Gemma 3 module names (core/train/gm_lora.h gm_lora_targets_check), before any model loads. */
+static int l_lora_targets_check(lua_State *L) {
+    const char *t = luaL_checkstring(L, 1);
+    gm_error err = {0};
+    if (strlen(t) >= GM_LORA_TARGETS_MAX) {
+        lua_pushboolean(L, 0);
+        lua_pushfstring(L, "longer than %d characters", GM_LORA_TARGETS_MAX - 1);
+        return 2;
+    }
+    if (gm_lora_targets_check(t, gm_arch_get(GM_ARCH_GEMMA3), NULL, &err) == GM_OK) {
+        lua_pushboolean(L, 1);
+        return 1;
+    }
+    lua_pushboolean(L, 0);
+    lua_pushstring(L, err.msg);
+    return 2;
+}
+
 static int l_peak_rss(lua_State *L) {
     lua_pushinteger(L, (lua_Integer)gm_process_peak_rss());
     return 1;
@@ -500,6 +523,8 @@ void gm_lua_open_train(lua_State *L) {
     lua_setfield(L, -2, "fortunes");
     lua_pushcfunction(L, l_peak_rss);
     lua_setfield(L, -2, "peak_rss");
+    lua_pushcfunction(L, l_lora_targets_check);
+    lua_setfield(L, -2, "lora_targets_check");
     lua_pushcfunction(L, l_clock);
     lua_setfield(L, -2, "clock");
     lua_pop(L, 1);

@@ -22,9 +22,12 @@
 /* The gm.Model userdata: a loaded model and, once generation was used, an inference state. */
 typedef struct lmodel {
     gm_model *m;
-    gm_infer *st;
+    gm_infer *st;             /* generation state, planned for st_ctx positions and adapter ad */
     int64_t st_ctx;
     int n_threads;
+    struct gm_backend *be;    /* the CPU backend generation runs on (created with st) */
+    struct gm_adapter *ad;    /* the adapter of the last generate{adapter = ...}, or NULL */
+    char ad_key[1300];        /* its "path|trial" */
 } lmodel;
 
 /* The open model at stack index idx (raises if it is not a model or was closed). */

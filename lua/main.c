@@ -4,7 +4,8 @@
  *   gemmarun                          run the embedded default experiment (experiments/quickstart.lua)
  *   gemmarun FILE.lua [--allow-os]    run an experiment file
  *   gemmarun inspect MODEL            config, tensors (dtype, shape, bytes), memory
- *   gemmarun generate MODEL "prompt"  [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
+ *   gemmarun generate MODEL [--adapter RESULTS_OR_CHECKPOINT [--trial ID]] "prompt"
+ *                                     [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
  *                                     [--seed S] [--chat] [--threads N]
  *   gemmarun fetch NAME               fetch an embedded default (e.g. gemma3-270m) into the cache
  *   gemmarun table RESULTS            re-render the tables and plots of results/<exp>/ or
@@ -19,6 +20,8 @@
 #include "gm_chat.h"
 #include "gm_decoder.h"
 #include "gm_fetch.h"
+#include "gm_adapter.h"
+#include "gm_backend.h"
 #include "gm_generate.h"
 #include "gm_gguf.h"
 #include "gm_lua.h"
@@ -55,8 +58,10 @@ static void usage(FILE *f) {
             "                                     run the embedded default experiment (experiments/quickstart.lua)\n"
             "  gemmarun EXPERIMENT.lua [--dry-run] [--trial N] [--set key=value ...] [--allow-os] [--threads N]\n"
             "  gemmarun inspect MODEL\n"
-            "  gemmarun generate MODEL \"prompt\" [--max-tokens N] [--temperature T] [--top-k K]\n"
-            "                    [--top-p P] [--seed S] [--chat] [--threads N]\n"
+            "  gemmarun generate MODEL [--adapter RESULTS_OR_CHECKPOINT [--trial ID]] \"prompt\"\n"
+            "                    [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
+            "                    [--threads N]   (--adapter: results/EXP/, a trial file, a merged results\n"
+            "                    file or a checkpoint; --trial: the trial's index or id)\n"
             "  gemmarun plan MODEL [key=value ...] the memory plan of a training run (loads no weights)\n"
             "  gemmarun fetch NAME                (known: gemma3-270m)\n"
             "  gemmarun table RESULTS             tables (.md .tex .csv) and plots of results/EXP/\n"
@@ -196,14 +201,23 @@ static int cmd_generate(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    const char *model_arg = argv[0], *prompt = argv[1];
+    const char *model_arg = argv[0], *prompt = NULL, *adapter = NULL, *trial = NULL;
     long long max_tokens = 64, top_k = 0, seed = 0, threads = 2;
     double temperature = 0, top_p = 1;
     bool chat = false;
-    for (int i = 2; i < argc; i++) {
+    for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
+        if (a[0] != '-' || a[1] == '\0') { /* the prompt, wherever it stands among the options */
+            if (prompt) {
+                fprintf(stderr, "gemmarun generate: two prompts given ('%s' and '%s'); quote the prompt as one argument\n",
+                        prompt, a);
+                return 2;
+            }
+            prompt = a;
+            continue;
+        }
         if (strcmp(a, "--max-tokens") == 0 && v) ok = parse_long(v, &max_tokens) && max_tokens > 0 && max_tokens <= (1 << 24), i++;
         else if (strcmp(a, "--temperature") == 0 && v) ok = parse_double(v, &temperature) && temperature >= 0, i++;
         else if (strcmp(a, "--top-k") == 0 && v) ok = parse_long(v, &top_k) && top_k >= 0, i++;
@@ -211,6 +225,8 @@ static int cmd_generate(int argc, char **argv) {
         else if (strcmp(a, "--seed") == 0 && v) ok = parse_long(v, &seed), i++;
         else if (strcmp(a, "--threads") == 0 && v) ok = parse_long(v, &threads) && threads > 0 && threads <= 256, i++;
         else if (strcmp(a, "--chat") == 0) chat = true;
+        else if (strcmp(a, "--adapter") == 0 && v) adapter = v, i++;
+        else if (strcmp(a, "--trial") == 0 && v) trial = v, i++;
         else {
             fprintf(stderr, "gemmarun generate: unknown option or missing value: %s\n", a);
             usage(stderr);
@@ -220,6 +236,15 @@ static int cmd_generate(int argc, char **argv) {
             fprintf(stderr, "gemmarun generate: bad value for %s: %s\n", a, v);
             return 2;
         }
+    }
+    if (!prompt) {
+        fprintf(stderr, "gemmarun generate: no prompt given\n");
+        usage(stderr);
+        return 2;
+    }
+    if (trial && !adapter) {
+        fprintf(stderr, "gemmarun generate: --trial picks a trial of --adapter RESULTS; give --adapter too\n");
+        return 2;
     }
     if (temperature == 0 && (top_k > 0 || top_p < 1))
         fprintf(stderr, "gemmarun generate: note: --top-k / --top-p apply to sampling; with temperature 0 (the default) "
@@ -252,11 +277,21 @@ static int cmd_generate(int argc, char **argv) {
     int rc = 0;
     gm_infer *st = NULL;
     int32_t *out = NULL;
+    gm_backend *be = NULL;
+    gm_adapter *ad = NULL;
     if (s == GM_OK) s = gm_generate_check(&m->cfg, n_prompt, max_tokens, &err);
+    if (s == GM_OK) s = gm_backend_cpu_new((int)threads, &be, &err);
+    if (s == GM_OK && adapter) {
+        s = gm_adapter_load(m, be, adapter, trial, &ad, &err);
+        if (s == GM_OK)
+            fprintf(stderr, "gemmarun: adapter %s%s%s: %d modules, rank %d, alpha %g%s\n", ad->source,
+                    ad->trial_id[0] ? ", trial " : "", ad->trial_id, ad->lora.n, ad->lora.cfg.rank,
+                    (double)ad->lora.cfg.alpha, ad->lora.cfg.rslora ? " (rsLoRA)" : "");
+    }
     if (s == GM_OK) {
         /* prefill in chunks of 256 tokens: Ctrl-C is honoured between chunks */
         gm_infer_opts io = {.batch = 1, .ctx = n_prompt + max_tokens, .max_tokens = n_prompt < 256 ? n_prompt : 256,
-                            .n_threads = (int)threads};
+                            .n_threads = (int)threads, .adapter = ad ? &ad->lora : NULL, .backend = be};
         s = gm_infer_new(m, &io, &st, &err);
     }
     if (s == GM_OK) {
@@ -297,6 +332,8 @@ static int cmd_generate(int argc, char **argv) {
     gm_free(ids);
     gm_free(text);
     gm_infer_free(st);
+    gm_adapter_free(ad);
+    gm_backend_free(be);
     gm_model_free(m);
     return rc;
 }
@@ -385,7 +422,7 @@ static int cmd_plan(int argc, char **argv) {
         if (!strcmp(key, "quant")) ok = gm_quant_from_name(v, &o.quant, &err) == GM_OK;
         else if (!strcmp(key, "rank")) ok = parse_long(v, &n) && n > 0 && n <= 4096, o.lora.rank = (int)n, want = "an integer 1..4096";
         else if (!strcmp(key, "alpha")) ok = parse_double(v, &d) && d > 0 && d <= FLT_MAX, o.lora.alpha = (float)d, alpha_given = true, want = "a number > 0 (a finite float)";
-        else if (!strcmp(key, "targets")) ok = gm_lora_parse_targets(v, &o.lora.targets, &err) == GM_OK;
+        else if (!strcmp(key, "targets")) ok = strlen(v) > 0 && strlen(v) < sizeof o.lora.targets, snprintf(o.lora.targets, sizeof o.lora.targets, "%s", v), want = "all-linear, module names such as q_proj,v_proj, or a regular expression";
         else if (!strcmp(key, "batch")) ok = parse_long(v, &n) && n > 0 && n <= PLAN_MAX_BATCH, o.batch = n, want = "an integer 1..65536";
         else if (!strcmp(key, "grad_accum")) ok = parse_long(v, &n) && n > 0 && n <= PLAN_MAX_BATCH, o.grad_accum = n, want = "an integer 1..65536";
         else if (!strcmp(key, "max_length")) ok = parse_long(v, &n) && n >= 8 && n <= PLAN_MAX_LENGTH, o.max_length = n, want = "an integer 8..1048576";
@@ -428,16 +465,10 @@ static int cmd_plan(int argc, char **argv) {
     gm_status s = (limit > 0 && fit) ? gm_plan_fit(&cfg, &o, stored, stored_embed, &in, (size_t)limit, &p, chosen, sizeof chosen, &err)
                                      : gm_plan_training(&cfg, &o, stored, stored_embed, &in, &p, &err);
     if (s != GM_OK) return fail(&err, s == GM_ERR_LIMIT ? 1 : 2);
-    char targets[160] = "";
-    for (int w = 0; w < GM_LIN_COUNT; w++)
-        if (o.lora.targets & (1u << w)) {
-            strncat(targets, targets[0] ? "," : "", sizeof targets - strlen(targets) - 1);
-            strncat(targets, gm_linear_name((gm_linear)w), sizeof targets - strlen(targets) - 1);
-        }
     printf("memory plan: %s (%s, %.2fB parameters)\n", argv[0], cfg.name, (double)p.n_params / 1e9);
     printf("LoRA rank %d alpha %g on %s (%.1fM trainable), base %s, batch %lld x accumulation %lld, max_length %lld,\n"
            "activation checkpointing %s, %d threads\n",
-           o.lora.rank, (double)o.lora.alpha, (o.lora.targets == (1u << GM_LIN_COUNT) - 1) ? "all-linear" : targets,
+           o.lora.rank, (double)o.lora.alpha, o.lora.targets,
            (double)p.n_trainable / 1e6, gm_quant_name(o.quant), (long long)o.batch, (long long)o.grad_accum,
            (long long)o.max_length, o.checkpointing ? "on" : "off", o.n_threads);
     if (in.images) printf("images per example: %lld\n", (long long)in.images);

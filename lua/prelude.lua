@@ -109,7 +109,6 @@ M.TRAIN = TRAIN
 
 local EXPERIMENT_KEYS = { "name", "model", "task", "train", "sweep", "seeds", "memory_limit", "fit", "report",
   "threads", "description", "results" }
-local TARGET_NAMES = { "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj" }
 
 local function sorted_keys(t)
   local ks = {}
@@ -207,14 +206,20 @@ local function check_train_value(where, key, v)
     for _, a in ipairs(f.values) do ok = ok or a == v end
     if not ok then usage(where, "train.%s = %s: allowed values are %s", key, show(v), list_str(f.values)) end
   elseif k == "targets" then
-    local names = type(v) == "table" and v or { v }
-    if type(v) ~= "string" and not is_list(v) then usage(where, "train.targets must be \"all-linear\" or a list of module names") end
-    for _, n in ipairs(names) do
-      local ok = n == "all-linear"
-      for _, t in ipairs(TARGET_NAMES) do ok = ok or n == t end
-      if not ok then usage(where, "train.targets: unknown module '%s' (allowed: all-linear, %s)", tostring(n), list_str(TARGET_NAMES)) end
+    -- PEFT's target_modules: "all-linear", a list of module names (or dotted suffixes), or a
+    -- regular expression matched against the whole module name; the module names come from the
+    -- architecture's spec (core/train/gm_lora.h)
+    if type(v) ~= "string" and not is_list(v) then
+      usage(where, "train.targets must be \"all-linear\", a list of module names or a regular expression")
     end
-    if type(v) == "table" then v = table.concat(v, ",") end
+    if type(v) == "table" then
+      for _, n in ipairs(v) do
+        if type(n) ~= "string" then usage(where, "train.targets: %s is not a module name", show(n)) end
+      end
+      v = table.concat(v, ",")
+    end
+    local ok, msg = gm.lora_targets_check(v)
+    if not ok then usage(where, "train.targets: %s", msg) end
   elseif k == "layers" then
     if not is_list(v) then usage(where, "train.layers must be a list of layer indices (0-based)") end
     if #v == 0 then usage(where, "train.layers is empty: list at least one layer (0-based), or leave it out for every layer") end

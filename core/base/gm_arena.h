@@ -44,6 +44,15 @@ typedef enum gm_mem_kind {
 
 const char *gm_mem_kind_name(gm_mem_kind k);
 
+/* Where a committed arena's block comes from when it is not plain host/CUDA memory: a backend's
+ * allocator (core/backend/gm_backend.h). alloc returns a zero-filled block or NULL with *err
+ * set. */
+typedef struct gm_arena_mem {
+    void *(*alloc)(void *user, size_t bytes, gm_error *err);
+    void (*free)(void *user, void *p);
+    void *user;
+} gm_arena_mem;
+
 /* Alignment of every buffer handed out (bytes): a cache line, and enough for AVX-512/CUDA. */
 #define GM_ARENA_ALIGN 64
 
@@ -55,10 +64,14 @@ typedef struct gm_arena {
     size_t used;          /* bytes handed out (or measured) so far */
     size_t by_kind[GM_MEM_KIND_COUNT];
     bool committed;
+    const gm_arena_mem *mem; /* NULL: gm_device_malloc on `device` */
 } gm_arena;
 
 /* Starts a measuring pass. */
 void gm_arena_init(gm_arena *a, const char *name, gm_device device);
+/* Same, for an arena whose block comes from `mem` (a backend's allocator; borrowed, must outlive
+ * the arena) on `device`. */
+void gm_arena_init_mem(gm_arena *a, const char *name, gm_device device, const gm_arena_mem *mem);
 
 /* Reserves `bytes` (rounded up to GM_ARENA_ALIGN). Measuring: returns NULL. Committed:
  * returns the buffer (uninitialized). */

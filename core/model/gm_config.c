@@ -208,6 +208,25 @@ static gm_status parse_rope(const cJSON *o, float *theta, float *pos_scale, cons
     return GM_OK;
 }
 
+/* The vision tower of a multimodal config (Gemma3Config: vision_config = SiglipVisionConfig,
+ * mm_tokens_per_image): its shape, for planning and for the tower to come. Absent: no tower. */
+static gm_status vision_from_json(const cJSON *root, const char *label, gm_vision_config *v, gm_error *err) {
+    memset(v, 0, sizeof *v);
+    const cJSON *vc = jget(root, "vision_config");
+    if (!vc || !cJSON_IsObject(vc)) return GM_OK;
+    char where[300];
+    snprintf(where, sizeof where, "%s (vision_config)", label);
+    GM_TRY(jint(vc, "hidden_size", &v->hidden_size, true, where, err));
+    GM_TRY(jint(vc, "num_hidden_layers", &v->n_layers, true, where, err));
+    GM_TRY(jint(vc, "intermediate_size", &v->intermediate_size, false, where, err));
+    GM_TRY(jint(vc, "num_attention_heads", &v->n_heads, false, where, err));
+    GM_TRY(jint(vc, "image_size", &v->image_size, false, where, err));
+    GM_TRY(jint(vc, "patch_size", &v->patch_size, false, where, err));
+    GM_TRY(jint(root, "mm_tokens_per_image", &v->tokens, false, label, err));
+    if (v->image_size > 0 && v->patch_size > 0) v->patches = (v->image_size / v->patch_size) * (v->image_size / v->patch_size);
+    return GM_OK;
+}
+
 static gm_status config_from_text_json(const cJSON *root, const char *label, gm_config *cfg,
                                        gm_error *err) {
     defaults_gemma3(cfg);
@@ -312,6 +331,7 @@ gm_status gm_config_from_json(const char *json, const char *label, gm_config *cf
     } else {
         const cJSON *text = jget(root, "text_config");
         s = config_from_text_json(text ? text : root, label, cfg, err);
+        if (s == GM_OK && text) s = vision_from_json(root, label, &cfg->vision, err);
     }
     cJSON_Delete(root);
     return s;
@@ -403,38 +423,38 @@ static void set_towers(gm_config *c, int tower) {
         /* MobileNet-V5-300M (§3.10): its exact count is not derivable from our notes (block
          * internals live in timm); 300 M is the published size in its name. Plus the vision
          * embedder (§3.8): 128 hard-token rows x 2048, two norms, Linear(2048 -> 2048). */
-        c->vision_params = 300000000 + 128 * 2048 + 2 * 2048 + 2048 * D;
-        c->vision_tokens = 256;      /* 16 x 16 pooled grid per 768 x 768 image (§3.10) */
-        c->vision_hidden = 2048;
-        c->vision_layers = 84;       /* blocks, HF-G3nW cumulative counts 3/8/45/84 */
-        c->vision_patches = 48 * 48; /* the stage-2 grid its attention blocks run over */
+        c->vision.params = 300000000 + 128 * 2048 + 2 * 2048 + 2048 * D;
+        c->vision.tokens = 256;      /* 16 x 16 pooled grid per 768 x 768 image (§3.10) */
+        c->vision.hidden_size = 2048;
+        c->vision.n_layers = 84;       /* blocks, HF-G3nW cumulative counts 3/8/45/84 */
+        c->vision.patches = 48 * 48; /* the stage-2 grid its attention blocks run over */
         /* audio: 12 x 1536 conformer (§3.9) + embedder (§3.8: 128 x 1536 rows, two norms,
          * Linear(1536 -> 2048)) */
-        c->audio_params = conformer_params(1536, 12, 192) + 128 * 1536 + 2 * 1536 + 1536 * D;
-        c->audio_tokens_per_s = 6.25; /* 160 ms per token (§3.9) */
-        c->audio_hidden = 1536;
-        c->audio_layers = 12;
-        c->audio_frames_per_s = 25.0; /* conformer frames: 10 ms hop x 2 x 2 before the 4x reduction */
+        c->audio.params = conformer_params(1536, 12, 192) + 128 * 1536 + 2 * 1536 + 1536 * D;
+        c->audio.tokens_per_s = 6.25; /* 160 ms per token (§3.9) */
+        c->audio.hidden_size = 1536;
+        c->audio.n_layers = 12;
+        c->audio.frames_per_s = 25.0; /* conformer frames: 10 ms hop x 2 x 2 before the 4x reduction */
         break;
     case TOWERS_4_SMALL:
-        c->vision_params = gemma4_vision_params(768, 16, 3072, 64, false, true, D);
-        c->vision_tokens = 256;      /* budget 280: a square photo -> 768 x 768 -> 256 tokens (§4.5) */
-        c->vision_hidden = 768;
-        c->vision_layers = 16;
-        c->vision_patches = 48 * 48; /* 16-pixel patches of 768 x 768 */
+        c->vision.params = gemma4_vision_params(768, 16, 3072, 64, false, true, D);
+        c->vision.tokens = 256;      /* budget 280: a square photo -> 768 x 768 -> 256 tokens (§4.5) */
+        c->vision.hidden_size = 768;
+        c->vision.n_layers = 16;
+        c->vision.patches = 48 * 48; /* 16-pixel patches of 768 x 768 */
         /* 12 x 1024 conformer, output_proj Linear(1024 -> 1536, bias), LM embedder 1536 -> D (§4.6) */
-        c->audio_params = conformer_params(1024, 12, 128) + 11 * 4 * 12 + 1024 * 1536 + 1536 + 1536 * D;
-        c->audio_tokens_per_s = 25.0; /* 40 ms per token, no reduction (§4.6) */
-        c->audio_hidden = 1024;
-        c->audio_layers = 12;
-        c->audio_frames_per_s = 25.0;
+        c->audio.params = conformer_params(1024, 12, 128) + 11 * 4 * 12 + 1024 * 1536 + 1536 + 1536 * D;
+        c->audio.tokens_per_s = 25.0; /* 40 ms per token, no reduction (§4.6) */
+        c->audio.hidden_size = 1024;
+        c->audio.n_layers = 12;
+        c->audio.frames_per_s = 25.0;
         break;
     case TOWERS_4_LARGE:
-        c->vision_params = gemma4_vision_params(1152, 27, 4304, 72, true, false, D);
-        c->vision_tokens = 256;
-        c->vision_hidden = 1152;
-        c->vision_layers = 27;
-        c->vision_patches = 48 * 48;
+        c->vision.params = gemma4_vision_params(1152, 27, 4304, 72, true, false, D);
+        c->vision.tokens = 256;
+        c->vision.hidden_size = 1152;
+        c->vision.n_layers = 27;
+        c->vision.patches = 48 * 48;
         break;
     default: break;
     }
@@ -567,5 +587,5 @@ int64_t gm_config_n_params(const gm_config *c) {
     if (c->ple_dim > 0) n += c->ple_vocab * L * c->ple_dim + L * c->ple_dim * C + c->ple_dim;
     if (c->altup_inputs > 1) n += 2 * (c->altup_inputs - 1) * C * C;
     if (!c->tie_word_embeddings) n += c->vocab_size * C;
-    return n + c->vision_params + c->audio_params;
+    return n + c->vision.params + c->audio.params;
 }

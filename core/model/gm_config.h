@@ -1,7 +1,9 @@
 /*
  * gm_config.h - the model configuration every Gemma graph is built from.
  *
- * One struct for Gemma 3 / 3n / 4 text decoders. Per-layer properties live in per-layer arrays
+ * One struct for Gemma 3 / 3n / 4 models: the text decoder's fields at the top level (Hugging Face's
+ * text_config, or a text-only config), the towers nested as vision / audio (vision_config,
+ * audio_config), as Hugging Face nests them. Per-layer properties live in per-layer arrays
  * (layer type, RoPE base and scale, FFN width, which layer's KV cache a layer reads), so Gemma 3n
  * and Gemma 4 features (KV sharing between layers, per-layer FFN widths, per-layer embeddings,
  * AltUp, mixture of experts) extend this struct instead of rewriting the graph. Fields that a
@@ -43,6 +45,27 @@ typedef enum gm_layer_type { GM_LAYER_SLIDING = 0, GM_LAYER_FULL = 1 } gm_layer_
  * GGUF keeps 1+w already (gemma_architecture.md §5.3; adding 1 again destroys the model). */
 typedef enum gm_norm_convention { GM_NORM_ONE_PLUS_W = 0, GM_NORM_DIRECT = 1 } gm_norm_convention;
 
+/* The vision tower of a multimodal model, as Hugging Face nests it (vision_config, plus the
+ * wrapper's mm_tokens_per_image). Zero: no tower. */
+typedef struct gm_vision_config {
+    int64_t params;               /* parameters of the tower + projector (planning) */
+    int64_t tokens;               /* soft tokens per image (mm_tokens_per_image) */
+    int64_t hidden_size;          /* width of the tower */
+    int64_t n_layers;             /* num_hidden_layers */
+    int64_t patches;              /* patches per image the tower attends over */
+    int64_t intermediate_size;    /* MLP width (0: unknown, planners assume 4x) */
+    int64_t n_heads;              /* num_attention_heads */
+    int64_t image_size, patch_size;
+} gm_vision_config;
+
+/* The audio tower (audio_config). Zero: no tower. */
+typedef struct gm_audio_config {
+    int64_t params;               /* parameters of the tower (planning) */
+    double tokens_per_s;          /* soft tokens per second of audio (3n: 6.25, 4: 25) */
+    int64_t hidden_size, n_layers;
+    double frames_per_s;          /* encoder frames per second before reduction */
+} gm_audio_config;
+
 typedef struct gm_config {
     gm_arch arch;
     char name[64];                /* "gemma3-270m", or the file's general.name */
@@ -75,15 +98,8 @@ typedef struct gm_config {
     int64_t n_experts;            /* MoE experts per layer (4: 26B-A4B: 128), 0 = dense */
     int64_t experts_top_k;        /* experts per token (8) */
     int64_t expert_ffn;           /* FFN width of one expert (704) */
-    int64_t vision_params;        /* parameters of the vision tower + projector, 0 = none */
-    int64_t vision_tokens;        /* soft tokens per image */
-    int64_t vision_hidden;        /* width of the vision tower */
-    int64_t vision_layers;        /* layers of the vision tower */
-    int64_t vision_patches;       /* patches per image the tower attends over */
-    int64_t audio_params;         /* parameters of the audio tower, 0 = none */
-    double audio_tokens_per_s;    /* soft tokens per second of audio (3n: 6.25, 4: 25) */
-    int64_t audio_hidden, audio_layers;
-    double audio_frames_per_s;    /* encoder frames per second before reduction */
+    gm_vision_config vision;      /* the image tower (Hugging Face's vision_config) */
+    gm_audio_config audio;        /* the audio tower (audio_config) */
 
     /* per layer */
     gm_layer_type layer_type[GM_MAX_LAYERS];

@@ -1,11 +1,11 @@
 /*
- * gm_decoder.c - Gemma 3 text decoder forward with KV cache; see gm_decoder.h.
+ * gm_decoder.c - generation-time forward: the architecture's layer (core/arch) in the graph's
+ * inference mode, then the LM head on the wanted rows. See gm_decoder.h.
  */
 #include "gm_decoder.h"
 
 #include "gm_alloc.h"
 
-#include <math.h>
 #include <string.h>
 
 static gm_infer_opts resolve_opts(const gm_config *c, const gm_infer_opts *o) {
@@ -19,89 +19,58 @@ static gm_infer_opts resolve_opts(const gm_config *c, const gm_infer_opts *o) {
     return r;
 }
 
-static int64_t max_ffn(const gm_config *c) {
-    int64_t f = 0;
-    for (int64_t l = 0; l < c->n_layers; l++)
-        if (c->ffn_dim[l] > f) f = c->ffn_dim[l];
-    return f;
+static gm_graph_opts graph_opts(const gm_infer_opts *o) {
+    gm_graph_opts go = {.mode = GM_GRAPH_INFER, .batch = o->batch, .max_tokens = o->max_tokens, .ctx = o->ctx,
+                        .checkpointing = false, .lm_rows = 0, .rank = o->adapter ? o->adapter->cfg.rank : 0,
+                        .n_threads = o->n_threads};
+    return go;
 }
 
-static int64_t sliding_slots(const gm_config *c, const gm_infer_opts *o, int64_t l) {
-    if (c->layer_type[l] == GM_LAYER_FULL) return o->ctx;
-    int64_t s = c->sliding_window + o->max_tokens - 1;
-    return s < o->ctx ? s : o->ctx;
+/* The one layout: weights (when not aliased), the graph's buffers, the head's. */
+static gm_status layout(gm_infer *st, const gm_model *m, gm_dtype wdt, gm_error *err) {
+    const gm_config *c = st->w.cfg;
+    int64_t C = c->hidden_size, V = c->vocab_size, R = st->logit_rows;
+    GM_TRY(gm_weights_layout(&st->w, m, wdt, wdt, st->be, &st->arena, st->g.o.n_threads, err));
+    gm_graph_layout(&st->g, &st->arena, &st->host);
+    st->logit_sel = (int32_t *)gm_arena_alloc(&st->arena, (size_t)R * sizeof(int32_t), GM_MEM_TRANSIENT);
+    st->logit_in = (float *)gm_arena_alloc(&st->arena, (size_t)(R * C) * sizeof(float), GM_MEM_TRANSIENT);
+    st->logits_dev = (float *)gm_arena_alloc(&st->arena, (size_t)(R * V) * sizeof(float), GM_MEM_TRANSIENT);
+    st->host_sel = (int32_t *)gm_arena_alloc(&st->host, (size_t)R * sizeof(int32_t), GM_MEM_TRANSIENT);
+    st->logits = (float *)gm_arena_alloc(&st->host, (size_t)(R * V) * sizeof(float), GM_MEM_TRANSIENT);
+    return GM_OK;
 }
 
-/* Largest dequantization workspace over every matrix the forward multiplies by. */
-static size_t scratch_floats(const gm_config *c, const gm_model *m, gm_dtype wdt, int n_threads) {
-    int64_t C = c->hidden_size, QW = c->n_heads * c->head_dim, F = max_ffn(c);
-    size_t s = 0, t;
-#define CONSIDER(dt, N, K)                                                                   \
-    t = gm_k_matmul_scratch_floats((dt), (N), (K), n_threads);                               \
-    if (t > s) s = t
-    if (m) {
-        CONSIDER(m->lm_head.dtype, c->vocab_size, C);
-        for (int64_t l = 0; l < c->n_layers; l++) {
-            for (int w = 0; w < GM_LIN_COUNT; w++) {
-                const gm_tensor *tw = gm_layer_linear(&m->layers[l], (gm_linear)w);
-                CONSIDER(tw->dtype, tw->shape[0], tw->shape[1]);
-            }
-        }
-    } else {
-        CONSIDER(wdt, c->vocab_size, C);
-        CONSIDER(wdt, QW, C);
-        CONSIDER(wdt, C, QW);
-        CONSIDER(wdt, F, C);
-        CONSIDER(wdt, C, F);
-    }
-#undef CONSIDER
-    return s;
-}
-
-/* The one layout function, run on a measuring arena and again on the committed one. */
-static void layout(gm_infer *st, const gm_config *c, const gm_infer_opts *o, size_t scratch) {
-    gm_arena *a = &st->arena;
-    int64_t N = o->batch * o->max_tokens, C = c->hidden_size;
-    int64_t QW = c->n_heads * c->head_dim, KW = c->n_kv_heads * c->head_dim, F = max_ffn(c);
-#define F32(n, kind) (float *)gm_arena_alloc(a, (size_t)(n) * sizeof(float), kind)
-    st->x = F32(N * C, GM_MEM_ACTIVATIONS);
-    st->xn = F32(N * C, GM_MEM_ACTIVATIONS);
-    st->tmp = F32(N * C, GM_MEM_ACTIVATIONS);
-    st->q = F32(N * QW, GM_MEM_ACTIVATIONS);
-    st->att = F32(N * QW, GM_MEM_ACTIVATIONS);
-    st->kx = F32(N * KW, GM_MEM_ACTIVATIONS);
-    st->vx = F32(N * KW, GM_MEM_ACTIVATIONS);
-    st->gate = F32(N * F, GM_MEM_ACTIVATIONS);
-    st->up = F32(N * F, GM_MEM_ACTIVATIONS);
-    st->pos = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_ACTIVATIONS);
-    st->ids = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_ACTIVATIONS);
-    for (int64_t l = 0; l < c->n_layers; l++) {
-        if (c->kv_source[l] != l) { /* shares an earlier layer's cache */
-            st->k_cache[l] = st->v_cache[l] = NULL;
-            st->cache_slots[l] = 0;
-            continue;
-        }
-        int64_t S = sliding_slots(c, o, l);
-        st->cache_slots[l] = S;
-        st->k_cache[l] = F32(o->batch * S * KW, GM_MEM_KV_CACHE);
-        st->v_cache[l] = F32(o->batch * S * KW, GM_MEM_KV_CACHE);
-    }
-    st->logit_in = F32(o->logit_rows * C, GM_MEM_TRANSIENT);
-    st->logits = F32(o->logit_rows * c->vocab_size, GM_MEM_TRANSIENT);
-    st->kctx.scratch = F32(scratch ? scratch : 1, GM_MEM_WORKSPACE);
-    st->kctx.scratch_floats = scratch;
-#undef F32
+/* Sets up weights and graph for config c (m may be NULL: a plan). */
+static gm_status setup(gm_infer *st, const gm_config *c, const gm_infer_opts *o, gm_error *err) {
+    st->B = o->batch;
+    st->T_max = o->max_tokens;
+    st->ctx_max = o->ctx;
+    st->logit_rows = o->logit_rows;
+    GM_TRY(gm_weights_init(&st->w, c, GM_QUANT_STORED, err));
+    gm_graph_opts go = graph_opts(o);
+    go.lm_rows = c->vocab_size; /* the LM head in one call */
+    return gm_graph_init(&st->g, c, &st->w, o->adapter, st->be, &go, err);
 }
 
 size_t gm_infer_plan_bytes(const gm_config *cfg, const gm_infer_opts *opts, gm_dtype weight_dtype,
                            size_t by_kind[GM_MEM_KIND_COUNT]) {
     gm_infer_opts o = resolve_opts(cfg, opts);
+    o.adapter = NULL;
     gm_infer tmp;
     memset(&tmp, 0, sizeof tmp);
-    gm_arena_init(&tmp.arena, "inference", GM_DEVICE_CPU);
-    layout(&tmp, cfg, &o, scratch_floats(cfg, NULL, weight_dtype, o.n_threads));
-    if (by_kind) memcpy(by_kind, tmp.arena.by_kind, sizeof tmp.arena.by_kind);
-    return tmp.arena.used;
+    size_t total = 0;
+    if (setup(&tmp, cfg, &o, NULL) == GM_OK) {
+        gm_arena_init(&tmp.arena, "inference", GM_DEVICE_CPU);
+        gm_arena_init(&tmp.host, "inference host", GM_DEVICE_CPU);
+        if (layout(&tmp, NULL, weight_dtype, NULL) == GM_OK) {
+            total = tmp.arena.used + tmp.host.used;
+            if (by_kind)
+                for (int k = 0; k < GM_MEM_KIND_COUNT; k++) by_kind[k] = tmp.arena.by_kind[k] + tmp.host.by_kind[k];
+        }
+    }
+    gm_graph_free(&tmp.g);
+    gm_weights_free(&tmp.w);
+    return total;
 }
 
 gm_status gm_infer_new(const gm_model *m, const gm_infer_opts *opts, gm_infer **out, gm_error *err) {
@@ -116,21 +85,27 @@ gm_status gm_infer_new(const gm_model *m, const gm_infer_opts *opts, gm_infer **
     gm_infer *st = gm_calloc(1, sizeof *st);
     if (!st) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     st->model = m;
-    st->k = &gm_kernels_cpu;
-    st->kctx.n_threads = o.n_threads;
-    st->B = o.batch;
-    st->T_max = o.max_tokens;
-    st->ctx_max = o.ctx;
-    st->logit_rows = o.logit_rows;
-    size_t scratch = scratch_floats(c, m, GM_F32, o.n_threads);
-    gm_arena_init(&st->arena, "inference", GM_DEVICE_CPU);
-    layout(st, c, &o, scratch);
-    gm_status s = gm_arena_commit(&st->arena, err);
+    gm_status s = GM_OK;
+    if (o.backend) {
+        st->be = o.backend;
+    } else {
+        s = gm_backend_cpu_new(o.n_threads, &st->owned_be, err);
+        st->be = st->owned_be;
+    }
+    if (s == GM_OK) s = setup(st, c, &o, err);
+    if (s == GM_OK) {
+        gm_backend_arena(st->be, &st->arena, "inference");
+        gm_arena_init(&st->host, "inference host", GM_DEVICE_CPU);
+        s = layout(st, m, GM_F32, err);
+    }
+    if (s == GM_OK) s = gm_arena_commit(&st->arena, err);
+    if (s == GM_OK) s = gm_arena_commit(&st->host, err);
+    if (s == GM_OK) s = layout(st, m, GM_F32, err); /* pass 2: hand out, upload the weights */
+    if (s == GM_OK) s = gm_backend_status(st->be, err);
     if (s != GM_OK) {
-        gm_free(st);
+        gm_infer_free(st);
         return s;
     }
-    layout(st, c, &o, scratch);
     *out = st;
     return GM_OK;
 }
@@ -138,76 +113,19 @@ gm_status gm_infer_new(const gm_model *m, const gm_infer_opts *opts, gm_infer **
 void gm_infer_free(gm_infer *st) {
     if (!st) return;
     gm_arena_free(&st->arena);
+    gm_arena_free(&st->host);
+    gm_graph_free(&st->g);
+    gm_weights_free(&st->w);
+    gm_backend_free(st->owned_be);
     gm_free(st);
 }
 
 void gm_infer_reset(gm_infer *st) { st->n_past = 0; }
 
-/* out (N, n) = x (N, K) . W^T for a weight view. */
-static void linear(gm_infer *st, float *out, const float *x, const gm_wview *w, int64_t N, float beta) {
-    st->k->matmul_fwd(&st->kctx, out, x, w, N, beta);
-}
-
-static void capture(gm_infer *st, int64_t layer_index, int64_t N) {
-    if (!st->capture_hidden) return;
-    int64_t C = st->model->cfg.hidden_size;
-    memcpy(st->capture_hidden + layer_index * N * C, st->x, (size_t)(N * C) * sizeof(float));
-}
-
-/* Attention sub-block of layer l: st->x (N, C) -> st->tmp (N, C), before the post-norm. */
-static void attention_block(gm_infer *st, int64_t l, int64_t T) {
+gm_status gm_decoder_forward_input(gm_infer *st, const gm_graph_input *in_arg, bool all_logits, gm_error *err) {
     const gm_config *c = &st->model->cfg;
-    const gm_layer_weights *lw = &st->model->layers[l];
-    const gm_wview *lin = st->model->views->lin[l];
-    const gm_kctx *kc = &st->kctx;
-    int64_t B = st->B, N = B * T, C = c->hidden_size, H = c->n_heads, KVH = c->n_kv_heads, D = c->head_dim;
-    int64_t src = c->kv_source[l];
-
-    st->k->rmsnorm_fwd(kc, st->xn, NULL, st->x, (const float *)lw->attn_norm.data, N, C, c->rms_norm_eps);
-    linear(st, st->q, st->xn, &lin[GM_LIN_Q], N, 0.0f);
-    st->k->rmsnorm_fwd(kc, st->q, NULL, st->q, (const float *)lw->q_norm.data, N * H, D, c->rms_norm_eps);
-    st->k->rope_fwd(kc, st->q, st->q, st->pos, N, H, D, c->rope_theta[l], c->rope_pos_scale[l]);
-    if (src == l) {
-        linear(st, st->kx, st->xn, &lin[GM_LIN_K], N, 0.0f);
-        linear(st, st->vx, st->xn, &lin[GM_LIN_V], N, 0.0f);
-        st->k->rmsnorm_fwd(kc, st->kx, NULL, st->kx, (const float *)lw->k_norm.data, N * KVH, D, c->rms_norm_eps);
-        st->k->rope_fwd(kc, st->kx, st->kx, st->pos, N, KVH, D, c->rope_theta[l], c->rope_pos_scale[l]);
-        /* append to the cache: position p of sequence b goes to slot p % S */
-        int64_t S = st->cache_slots[l], KW = KVH * D;
-        for (int64_t b = 0; b < B; b++) {
-            for (int64_t t = 0; t < T; t++) {
-                int64_t slot = (st->n_past + t) % S;
-                memcpy(st->k_cache[l] + (b * S + slot) * KW, st->kx + (b * T + t) * KW, (size_t)KW * sizeof(float));
-                memcpy(st->v_cache[l] + (b * S + slot) * KW, st->vx + (b * T + t) * KW, (size_t)KW * sizeof(float));
-            }
-        }
-    }
-    int64_t window = c->layer_type[l] == GM_LAYER_SLIDING ? c->sliding_window : 0;
-    float scale = 1.0f / sqrtf(c->query_pre_attn_scalar);
-    st->k->attention_fwd(kc, st->att, st->q, st->k_cache[src], st->v_cache[src], B, T, H, KVH, D,
-                         st->cache_slots[src], st->n_past, window, scale);
-    linear(st, st->tmp, st->att, &lin[GM_LIN_O], N, 0.0f);
-}
-
-/* MLP sub-block: st->x (N, C) -> st->tmp (N, C), before the post-norm. */
-static void mlp_block(gm_infer *st, int64_t l, int64_t N) {
-    const gm_config *c = &st->model->cfg;
-    const gm_layer_weights *lw = &st->model->layers[l];
-    const gm_wview *lin = st->model->views->lin[l];
-    const gm_kctx *kc = &st->kctx;
-    int64_t C = c->hidden_size, F = c->ffn_dim[l];
-    st->k->rmsnorm_fwd(kc, st->xn, NULL, st->x, (const float *)lw->ffn_norm.data, N, C, c->rms_norm_eps);
-    linear(st, st->gate, st->xn, &lin[GM_LIN_GATE], N, 0.0f);
-    linear(st, st->up, st->xn, &lin[GM_LIN_UP], N, 0.0f);
-    st->k->geglu_fwd(kc, st->gate, st->gate, st->up, N * F);
-    linear(st, st->tmp, st->gate, &lin[GM_LIN_DOWN], N, 0.0f);
-}
-
-gm_status gm_decoder_forward(gm_infer *st, const int32_t *ids, int64_t T, bool all_logits, gm_error *err) {
-    const gm_model *m = st->model;
-    const gm_config *c = &m->cfg;
-    const gm_kctx *kc = &st->kctx;
-    int64_t B = st->B, N = B * T, C = c->hidden_size, V = c->vocab_size;
+    gm_graph *g = &st->g;
+    int64_t B = st->B, T = in_arg->T, N = B * T, C = c->hidden_size, V = c->vocab_size;
     if (T <= 0 || T > st->T_max)
         return gm_error_set(err, GM_ERR_INVALID, "forward of %lld tokens: this state was planned for 1..%lld per call",
                             (long long)T, (long long)st->T_max);
@@ -218,37 +136,33 @@ gm_status gm_decoder_forward(gm_infer *st, const int32_t *ids, int64_t T, bool a
     if (all_logits && N > st->logit_rows)
         return gm_error_set(err, GM_ERR_INVALID, "logits for %lld positions requested, %lld planned",
                             (long long)N, (long long)st->logit_rows);
-    for (int64_t i = 0; i < N; i++)
-        if (ids[i] < 0 || ids[i] >= V)
-            return gm_error_set(err, GM_ERR_INVALID, "token id %d at index %lld is outside the vocabulary (0..%lld)",
-                                ids[i], (long long)i, (long long)(V - 1));
-    memcpy(st->ids, ids, (size_t)N * sizeof(int32_t));
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) st->pos[b * T + t] = (int32_t)(st->n_past + t);
-
-    st->k->embed_fwd(kc, st->x, st->ids, &m->views->embed, N, gm_model_embed_scale(m));
-    capture(st, 0, N);
-    for (int64_t l = 0; l < c->n_layers; l++) {
-        const gm_layer_weights *lw = &m->layers[l];
-        attention_block(st, l, T);
-        st->k->rmsnorm_fwd(kc, st->tmp, NULL, st->tmp, (const float *)lw->post_attn_norm.data, N, C, c->rms_norm_eps);
-        st->k->add_fwd(kc, st->x, st->tmp, N * C);
-        mlp_block(st, l, N);
-        st->k->rmsnorm_fwd(kc, st->tmp, NULL, st->tmp, (const float *)lw->post_ffw_norm.data, N, C, c->rms_norm_eps);
-        st->k->add_fwd(kc, st->x, st->tmp, N * C);
-        capture(st, l + 1, N);
+    gm_graph_input in = *in_arg;
+    in.B = B;
+    in.pos0 = st->n_past;
+    GM_TRY(gm_graph_begin(g, &in, err));
+    int64_t L = c->n_layers;
+    if (st->capture_hidden) gm_backend_download(st->be, st->capture_hidden, g->X[0], (size_t)(N * C) * sizeof(float));
+    for (int64_t l = 0; l < L; l++) {
+        g->arch->layer_fwd(g, l);
+        if (st->capture_hidden)
+            gm_backend_download(st->be, st->capture_hidden + (l + 1) * N * C, g->X[l + 1], (size_t)(N * C) * sizeof(float));
     }
-    /* Final norm only on the rows whose logits are wanted, then the tied LM head. */
+    /* final norm only on the rows whose logits are wanted, then the LM head */
     int64_t rows = all_logits ? N : B;
-    for (int64_t r = 0; r < rows; r++) {
-        int64_t src = all_logits ? r : r * T + (T - 1);
-        memcpy(st->logit_in + r * C, st->x + src * C, (size_t)C * sizeof(float));
-    }
-    st->k->rmsnorm_fwd(kc, st->logit_in, NULL, st->logit_in, (const float *)m->final_norm.data, rows, C, c->rms_norm_eps);
-    linear(st, st->logits, st->logit_in, &m->views->lm_head, rows, 0.0f);
-    if (c->final_logit_softcap > 0)
-        st->k->softcap_fwd(kc, st->logits, st->logits, rows * V, c->final_logit_softcap);
+    for (int64_t r = 0; r < rows; r++) st->host_sel[r] = (int32_t)(all_logits ? r : r * T + (T - 1));
+    gm_backend_upload(st->be, st->logit_sel, st->host_sel, (size_t)rows * sizeof(int32_t));
+    g->k->gather_rows(&g->kc, st->logit_in, g->X[L], st->logit_sel, rows, C);
+    gm_graph_final_norm(g, st->logit_in, NULL, st->logit_in, rows);
+    gm_graph_lm_head(g, st->logits_dev, st->logit_in, rows, 0, V);
+    if (c->final_logit_softcap > 0) g->k->softcap_fwd(&g->kc, st->logits_dev, st->logits_dev, rows * V, c->final_logit_softcap);
+    gm_backend_download(st->be, st->logits, st->logits_dev, (size_t)(rows * V) * sizeof(float));
+    GM_TRY(gm_backend_status(st->be, err));
     st->n_logit_rows = rows;
     st->n_past += T;
     return GM_OK;
+}
+
+gm_status gm_decoder_forward(gm_infer *st, const int32_t *ids, int64_t T, bool all_logits, gm_error *err) {
+    gm_graph_input in = {.B = st->B, .T = T, .ids = ids};
+    return gm_decoder_forward_input(st, &in, all_logits, err);
 }

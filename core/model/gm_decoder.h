@@ -1,33 +1,37 @@
 /*
- * gm_decoder.h - the Gemma 3 text decoder forward pass with a KV cache (inference).
+ * gm_decoder.h - generation-time state of a model: the architecture's one forward in inference
+ * mode (core/arch/gm_graph.h) with a KV cache, optional LoRA adapters, logits on the host.
  *
- * The graph (gemma_architecture.md §1.3), per layer l, on the residual stream x (B*T, C):
- *   xn = RMSNorm_in(x); q,k,v = xn Wq^T, xn Wk^T, xn Wv^T; per-head RMSNorm(q), RMSNorm(k);
- *   RoPE(q), RoPE(k) at the layer's base; k,v -> cache of layer kv_source[l];
- *   a = attention(q, cache; causal, sliding window on local layers) Wo^T;
- *   x += RMSNorm_post_attn(a);
- *   m = Wdown (gelu_tanh(RMSNorm_pre_ffw(x) Wgate^T) * (RMSNorm_pre_ffw(x) Wup^T));
- *   x += RMSNorm_post_ffw(m)
- * then logits = RMSNorm_final(x) E^T (tied), soft-capped when the config says so.
- * Extension points for Gemma 3n / 4 are the config's per-layer arrays: kv_source (layers that
- * reuse an earlier layer's cache skip their own k/v projection), ffn_dim, rope per layer.
+ * The layer is the architecture's own (core/arch/gemma3.c), the very code training runs; here the
+ * graph keeps a KV cache per layer (layers that read another layer's keys and values, kv_source,
+ * have none), reuses one set of activation buffers for every layer, and applies the adapters when
+ * some are attached (gm_infer_opts.adapter: a trainer's, or one loaded from a results or
+ * checkpoint file, core/store/gm_adapter.h). After the last layer the wanted rows are final-normed
+ * and multiplied by the LM head, soft-capped when the config says so, and downloaded.
  *
  * Memory: gm_infer_new plans every buffer for (B, T_max tokens per call, ctx_max positions)
- * from the config alone and allocates one arena; gm_decoder_forward allocates nothing.
+ * from the config alone and allocates one arena on the backend (plus a small host arena for the
+ * logits and the staging of ids); gm_decoder_forward allocates nothing.
  * Sliding layers keep a ring buffer of min(ctx_max, W + T_max - 1) slots (enough for a whole
  * prefill chunk to see its window); full layers keep ctx_max slots.
  *
- * Ownership: gm_infer owns its arena; it borrows the model, which must outlive it.
- * Errors: gm_infer_new returns GM_ERR_NOMEM with the planned size; gm_decoder_forward returns
- * GM_ERR_INVALID for a token id outside the vocabulary or a call that would overflow T_max or
- * ctx_max (naming the numbers), and leaves the state unchanged in that case.
+ * Ownership: gm_infer owns its arenas and, when none was given, its CPU backend; it borrows the
+ * model, the adapter and a given backend, which must outlive it.
+ * Errors: gm_infer_new returns GM_ERR_NOMEM with the planned size, GM_ERR_INVALID when the
+ * adapter belongs to another backend; gm_decoder_forward returns GM_ERR_INVALID for a token id
+ * outside the vocabulary or a call that would overflow T_max or ctx_max (naming the numbers),
+ * and leaves the state unchanged in that case; a device failure comes back as GM_ERR_DEVICE.
  * Thread-safety: one gm_infer per thread; the model may be shared.
  */
 #ifndef GM_DECODER_H
 #define GM_DECODER_H
 
 #include "gm_arena.h"
+#include "gm_backend.h"
+#include "gm_graph.h"
+#include "gm_lora.h"
 #include "gm_model.h"
+#include "gm_weights.h"
 #include "gm_status.h"
 #include "kernels.h"
 
@@ -44,30 +48,28 @@ typedef struct gm_infer_opts {
     int64_t ctx;          /* ctx_max: total positions per sequence (prompt + generated) */
     int64_t logit_rows;   /* rows of logits a call may ask for (default B) */
     int n_threads;        /* CPU threads (default 2) */
+    const gm_lora *adapter; /* LoRA adapters to apply (NULL: the base model); their buffers must
+                               be memory of `backend` */
+    gm_backend *backend;  /* where to run (NULL: a CPU backend of the infer's own) */
 } gm_infer_opts;
 
 typedef struct gm_infer {
     const gm_model *model;
-    const gm_kernel_table *k;
-    gm_kctx kctx;
-    gm_arena arena;
+    gm_backend *be;             /* borrowed, or owned_be */
+    gm_backend *owned_be;
+    gm_weights w;               /* the model's weights on the backend (as stored) */
+    gm_graph g;                 /* the forward in inference mode */
+    gm_arena arena;             /* backend: weights copies, activations, KV caches, scratch */
+    gm_arena host;              /* host: id / position staging, logits */
     int64_t B, T_max, ctx_max, logit_rows;
     int64_t n_past;             /* positions already in the caches */
-    /* activations, rows = B*T_max */
-    float *x;                   /* (B*T, C) residual stream */
-    float *xn;                  /* (B*T, C) normed input of a sub-block */
-    float *q, *att;             /* (B*T, H*D) */
-    float *kx, *vx;             /* (B*T, KVH*D) new keys/values of this call */
-    float *tmp;                 /* (B*T, C) sub-block output */
-    float *gate, *up;           /* (B*T, F_max) */
-    int32_t *pos;               /* (B*T) absolute positions */
-    int32_t *ids;               /* (B*T) copy of the input ids */
-    float *k_cache[GM_MAX_LAYERS], *v_cache[GM_MAX_LAYERS]; /* (B, S_l, KVH, D) */
-    int64_t cache_slots[GM_MAX_LAYERS];                      /* S_l */
-    float *logits;              /* (logit_rows, V) */
-    float *logit_in;            /* (logit_rows, C) final-normed rows fed to the LM head */
+    int32_t *logit_sel;         /* (logit_rows) backend: rows whose logits are wanted */
+    int32_t *host_sel;          /* (logit_rows) host staging of logit_sel */
+    float *logit_in;            /* (logit_rows, C) backend: final-normed rows fed to the LM head */
+    float *logits_dev;          /* (logit_rows, V) backend */
+    float *logits;              /* (logit_rows, V) host: the last call's logits */
     int64_t n_logit_rows;       /* rows filled by the last call */
-    /* optional capture of the residual stream for tests: (L+1, B*T, C), set by the caller */
+    /* optional capture of the residual stream for tests: (L+1, B*T, C) host, set by the caller */
     float *capture_hidden;
 } gm_infer;
 
@@ -84,10 +86,14 @@ void gm_infer_reset(gm_infer *st);
 
 /* Runs ids (B, T) at positions n_past .. n_past+T-1 of every sequence and appends them to the
  * caches. all_logits: logits for every one of the B*T positions (needs logit_rows >= B*T);
- * otherwise for the last position of each sequence (B rows). Result in st->logits, row-major
- * (n_logit_rows, V). */
+ * otherwise for the last position of each sequence (B rows). Result in st->logits (host),
+ * row-major (n_logit_rows, V). */
 gm_status gm_decoder_forward(gm_infer *st, const int32_t *ids, int64_t T, bool all_logits,
                              gm_error *err);
+
+/* The same with soft tokens: in->ids (B, in->T), and in->embeds placed at in->embed_rows (see
+ * gm_graph_input; in->B must be the state's batch and in->pos0 is ignored: n_past is used). */
+gm_status gm_decoder_forward_input(gm_infer *st, const gm_graph_input *in, bool all_logits, gm_error *err);
 
 #ifdef __cplusplus
 }

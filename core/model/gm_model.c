@@ -1,9 +1,10 @@
 /*
- * gm_model.c - loading a Gemma 3 text decoder from GGUF or Hugging Face safetensors.
+ * gm_model.c - loading a Gemma text decoder from GGUF or Hugging Face safetensors.
  *
- * One table (weight_slots) lists every per-layer weight once: its field, its GGUF name, its
- * Hugging Face name and its expected shape. Both loaders walk the same table, so the two formats
- * cannot drift apart.
+ * The architecture's spec (core/arch/gm_arch.h) lists every weight once: its GGUF name, its
+ * Hugging Face name, its shape in config dimensions and whether the layer has it. Both loaders
+ * walk that table, so the two formats - and the trainer, the quantizer and the planner, which
+ * read the same table - cannot drift apart.
  */
 #include "gm_model.h"
 
@@ -23,64 +24,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-const char *gm_linear_name(gm_linear w) {
-    static const char *n[GM_LIN_COUNT] = {"q_proj", "k_proj", "v_proj", "o_proj",
-                                          "gate_proj", "up_proj", "down_proj"};
-    return (unsigned)w < GM_LIN_COUNT ? n[w] : "?";
-}
-
-const gm_tensor *gm_layer_linear(const gm_layer_weights *lw, gm_linear w) {
-    switch (w) {
-    case GM_LIN_Q: return &lw->q;
-    case GM_LIN_K: return &lw->k;
-    case GM_LIN_V: return &lw->v;
-    case GM_LIN_O: return &lw->o;
-    case GM_LIN_GATE: return &lw->gate;
-    case GM_LIN_UP: return &lw->up;
-    case GM_LIN_DOWN: return &lw->down;
-    default: return NULL;
-    }
-}
-
-/* Shape of a weight in units of the config: each dim is one of these. */
-typedef enum dimsym { DIM_C, DIM_QW, DIM_KVW, DIM_F, DIM_D, DIM_NONE } dimsym;
-
-typedef struct weight_slot {
-    size_t field;          /* offsetof in gm_layer_weights */
-    const char *gguf;      /* GGUF name after "blk.N." */
-    const char *hf;        /* Hugging Face name after "layers.N." */
-    bool is_norm;
-    dimsym rows, cols;     /* cols = DIM_NONE for 1-D norms */
-} weight_slot;
-
-static const weight_slot weight_slots[] = {
-    {offsetof(gm_layer_weights, attn_norm), "attn_norm.weight", "input_layernorm.weight", true, DIM_C, DIM_NONE},
-    {offsetof(gm_layer_weights, q), "attn_q.weight", "self_attn.q_proj.weight", false, DIM_QW, DIM_C},
-    {offsetof(gm_layer_weights, k), "attn_k.weight", "self_attn.k_proj.weight", false, DIM_KVW, DIM_C},
-    {offsetof(gm_layer_weights, v), "attn_v.weight", "self_attn.v_proj.weight", false, DIM_KVW, DIM_C},
-    {offsetof(gm_layer_weights, o), "attn_output.weight", "self_attn.o_proj.weight", false, DIM_C, DIM_QW},
-    {offsetof(gm_layer_weights, q_norm), "attn_q_norm.weight", "self_attn.q_norm.weight", true, DIM_D, DIM_NONE},
-    {offsetof(gm_layer_weights, k_norm), "attn_k_norm.weight", "self_attn.k_norm.weight", true, DIM_D, DIM_NONE},
-    {offsetof(gm_layer_weights, post_attn_norm), "post_attention_norm.weight", "post_attention_layernorm.weight", true, DIM_C, DIM_NONE},
-    {offsetof(gm_layer_weights, ffn_norm), "ffn_norm.weight", "pre_feedforward_layernorm.weight", true, DIM_C, DIM_NONE},
-    {offsetof(gm_layer_weights, gate), "ffn_gate.weight", "mlp.gate_proj.weight", false, DIM_F, DIM_C},
-    {offsetof(gm_layer_weights, up), "ffn_up.weight", "mlp.up_proj.weight", false, DIM_F, DIM_C},
-    {offsetof(gm_layer_weights, down), "ffn_down.weight", "mlp.down_proj.weight", false, DIM_C, DIM_F},
-    {offsetof(gm_layer_weights, post_ffw_norm), "post_ffw_norm.weight", "post_feedforward_layernorm.weight", true, DIM_C, DIM_NONE},
-};
-#define N_SLOTS (sizeof weight_slots / sizeof weight_slots[0])
-
-static int64_t dim_value(const gm_config *c, int64_t layer, dimsym s) {
-    switch (s) {
-    case DIM_C: return c->hidden_size;
-    case DIM_QW: return c->n_heads * c->head_dim;
-    case DIM_KVW: return c->n_kv_heads * c->head_dim;
-    case DIM_F: return c->ffn_dim[layer];
-    case DIM_D: return c->head_dim;
-    default: return 0;
-    }
-}
 
 /* A raw tensor found in a file, before it becomes a view. */
 typedef struct raw_tensor {
@@ -161,39 +104,53 @@ static gm_status bind_weight(gm_model *m, const char *file_name, const char *hf_
     return GM_OK;
 }
 
-/* Walks every weight; pass 1 (arena measuring) sizes the norm arena, pass 2 fills it. */
-static gm_status bind_all(gm_model *m, const char *hf_prefix, gm_error *err) {
+/* The GGUF / Hugging Face file name and our canonical name of a weight (layer < 0: model-level). */
+static void weight_names(const gm_model *m, const gm_weight_spec *w, int64_t layer, const char *hf_prefix, char *fname,
+                         size_t fcap, char *hname, size_t hcap) {
+    bool gguf = m->gguf != NULL;
+    if (layer >= 0) {
+        if (gguf) snprintf(fname, fcap, "blk.%lld.%s", (long long)layer, w->gguf);
+        else snprintf(fname, fcap, "%slayers.%lld.%s", hf_prefix, (long long)layer, w->hf);
+        snprintf(hname, hcap, "%slayers.%lld.%s", m->prefix, (long long)layer, w->hf);
+    } else {
+        if (gguf) snprintf(fname, fcap, "%s", w->gguf);
+        else snprintf(fname, fcap, "%s%s", w->top_level ? "" : hf_prefix, w->hf);
+        snprintf(hname, hcap, "%s%s", w->top_level ? "" : m->prefix, w->hf);
+    }
+}
+
+/* Binds one weight of the spec; norms get an f32 buffer from the norm arena (measuring: sized only). */
+static gm_status bind_spec(gm_model *m, const gm_weight_spec *w, int64_t layer, const char *hf_prefix, gm_tensor *dst,
+                           gm_error *err) {
     const gm_config *c = &m->cfg;
     char fname[256], hname[256];
-    m->mapped_bytes = 0;
-    bool gguf = m->gguf != NULL;
+    weight_names(m, w, layer, hf_prefix, fname, sizeof fname, hname, sizeof hname);
+    int64_t rows = gm_dim_value(c, layer, w->rows, 0), cols = w->cols == GM_DIM_NONE ? 0 : gm_dim_value(c, layer, w->cols, 0);
+    bool norm = w->kind == GM_W_NORM;
+    float *nb = norm ? gm_arena_alloc(&m->arena, (size_t)rows * sizeof(float), GM_MEM_WEIGHTS) : NULL;
+    return bind_weight(m, fname, hname, norm, rows, cols, dst, nb, err);
+}
 
-    /* embedding */
-    snprintf(fname, sizeof fname, gguf ? "token_embd.weight" : "%sembed_tokens.weight", hf_prefix);
-    GM_TRY(bind_weight(m, fname, "model.embed_tokens.weight", false, c->vocab_size, c->hidden_size,
-                       &m->embed, NULL, err));
-    float *buf = gm_arena_alloc(&m->arena, (size_t)c->hidden_size * sizeof(float), GM_MEM_WEIGHTS);
-    snprintf(fname, sizeof fname, gguf ? "output_norm.weight" : "%snorm.weight", hf_prefix);
-    GM_TRY(bind_weight(m, fname, "model.norm.weight", true, c->hidden_size, 0, &m->final_norm, buf, err));
-    if (c->tie_word_embeddings) {
-        m->lm_head = m->embed;
-    } else {
-        const char *lm = gguf ? "output.weight" : "lm_head.weight";
-        GM_TRY(bind_weight(m, lm, "lm_head.weight", false, c->vocab_size, c->hidden_size, &m->lm_head, NULL, err));
+/* Walks every weight of the spec; pass 1 (arena measuring) sizes the norm arena, pass 2 fills it. */
+static gm_status bind_all(gm_model *m, const char *hf_prefix, gm_error *err) {
+    const gm_config *c = &m->cfg;
+    const gm_arch_def *ar = m->arch;
+    m->mapped_bytes = 0;
+    for (int gi = 0; gi < ar->n_globals; gi++) {
+        const gm_weight_spec *w = &ar->globals[gi];
+        memset(&m->global[gi], 0, sizeof m->global[gi]);
+        if (gi == GM_GLOBAL_LM_HEAD && c->tie_word_embeddings) continue;
+        if (!gm_weight_present(w, c, -1)) continue;
+        GM_TRY(bind_spec(m, w, -1, hf_prefix, &m->global[gi], err));
     }
-    for (int64_t l = 0; l < c->n_layers; l++) {
-        for (size_t s = 0; s < N_SLOTS; s++) {
-            const weight_slot *ws = &weight_slots[s];
-            if (gguf) snprintf(fname, sizeof fname, "blk.%lld.%s", (long long)l, ws->gguf);
-            else snprintf(fname, sizeof fname, "%slayers.%lld.%s", hf_prefix, (long long)l, ws->hf);
-            snprintf(hname, sizeof hname, "model.layers.%lld.%s", (long long)l, ws->hf);
-            int64_t rows = dim_value(c, l, ws->rows), cols = ws->is_norm ? 0 : dim_value(c, l, ws->cols);
-            float *nb = NULL;
-            if (ws->is_norm) nb = gm_arena_alloc(&m->arena, (size_t)rows * sizeof(float), GM_MEM_WEIGHTS);
-            gm_tensor *dst = (gm_tensor *)((char *)&m->layers[l] + ws->field);
-            GM_TRY(bind_weight(m, fname, hname, ws->is_norm, rows, cols, dst, nb, err));
+    if (c->tie_word_embeddings) m->global[GM_GLOBAL_LM_HEAD] = m->global[GM_GLOBAL_EMBED];
+    for (int64_t l = 0; l < c->n_layers; l++)
+        for (int s = 0; s < ar->n_layer; s++) {
+            gm_tensor *dst = &m->layer[l * ar->n_layer + s];
+            memset(dst, 0, sizeof *dst);
+            if (!gm_weight_present(&ar->layer[s], c, l)) continue; /* e.g. k/v of a KV-shared layer: never read */
+            GM_TRY(bind_spec(m, &ar->layer[s], l, hf_prefix, dst, err));
         }
-    }
     return GM_OK;
 }
 
@@ -208,12 +165,15 @@ gm_wview gm_wview_of(const gm_tensor *t) {
     return w;
 }
 
-static void build_views(gm_model *m) {
-    gm_weights_view *v = m->views;
-    v->embed = gm_wview_of(&m->embed);
-    v->lm_head = gm_wview_of(&m->lm_head);
-    for (int64_t l = 0; l < m->cfg.n_layers; l++)
-        for (int w = 0; w < GM_LIN_COUNT; w++) v->lin[l][w] = gm_wview_of(gm_layer_linear(&m->layers[l], (gm_linear)w));
+/* The architecture's definition and the per-layer weight table, once the config is known. */
+static gm_status setup_arch(gm_model *m, gm_error *err) {
+    m->arch = gm_arch_get(m->cfg.arch);
+    if (!m->arch)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: %s models cannot be loaded by gemmarun yet (it can plan them: "
+                            "`gemmarun plan`)", m->path, gm_arch_name(m->cfg.arch));
+    m->layer = gm_calloc((size_t)(m->cfg.n_layers * m->arch->n_layer), sizeof *m->layer);
+    if (!m->layer) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    return GM_OK;
 }
 
 static bool is_dir(const char *p) {
@@ -276,6 +236,9 @@ static gm_status load_hf(gm_model *m, const char *path, const gm_model_opts *o, 
                             "%s: no embedding tensor (looked for model.embed_tokens.weight and the "
                             "multimodal prefixes)",
                             path);
+    /* PEFT names modules by their path in the checkpoint's model: the text decoder's prefix */
+    snprintf(m->prefix, sizeof m->prefix, "%s", prefix);
+    GM_TRY(setup_arch(m, err));
     gm_arena_init(&m->arena, "norm weights", GM_DEVICE_CPU);
     GM_TRY(bind_all(m, prefix, err));
     GM_TRY(gm_arena_commit(&m->arena, err));
@@ -302,6 +265,8 @@ static gm_status load_gguf(gm_model *m, const char *path, const gm_model_opts *o
                                 "%s: tensor '%s' belongs to layer %lld, but gemma3.block_count says the model has %lld layers",
                                 path, t->cname, layer, (long long)m->cfg.n_layers);
     }
+    snprintf(m->prefix, sizeof m->prefix, "model."); /* a text-only Gemma3ForCausalLM's layout */
+    GM_TRY(setup_arch(m, err));
     gm_arena_init(&m->arena, "norm weights", GM_DEVICE_CPU);
     GM_TRY(bind_all(m, "", err));
     GM_TRY(gm_arena_commit(&m->arena, err));
@@ -328,20 +293,11 @@ gm_status gm_model_load(const char *path, const gm_model_opts *opts, gm_model **
     gm_model *m = gm_calloc(1, sizeof *m);
     if (!m) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     snprintf(m->path, sizeof m->path, "%s", path);
-    m->layers = gm_calloc(GM_MAX_LAYERS, sizeof *m->layers);
-    m->views = gm_calloc(1, sizeof *m->views);
-    if (!m->layers || !m->views) {
-        gm_free(m->layers);
-        gm_free(m->views);
-        gm_free(m);
-        return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    }
     gm_status s = is_hf_checkpoint(path) ? load_hf(m, path, &o, err) : load_gguf(m, path, &o, err);
     if (s != GM_OK) {
         gm_model_free(m);
         return s;
     }
-    build_views(m);
     *out = m;
     return GM_OK;
 }
@@ -352,26 +308,25 @@ void gm_model_free(gm_model *m) {
     if (m->gguf) gm_gguf_free(m->gguf);
     if (m->st) gm_safetensors_free(m->st);
     gm_arena_free(&m->arena);
-    gm_free(m->layers);
-    gm_free(m->views);
+    gm_free(m->layer);
     gm_free(m);
 }
 
 void gm_model_for_each_tensor(const gm_model *m, gm_model_tensor_fn fn, void *user) {
-    fn(&m->embed, user);
-    if (!m->cfg.tie_word_embeddings) fn(&m->lm_head, user);
-    fn(&m->final_norm, user);
+    fn(&m->global[GM_GLOBAL_EMBED], user);
+    if (!m->cfg.tie_word_embeddings) fn(&m->global[GM_GLOBAL_LM_HEAD], user);
+    fn(&m->global[GM_GLOBAL_FINAL_NORM], user);
+    for (int gi = GM_GLOBAL_LM_HEAD + 1; gi < m->arch->n_globals; gi++)
+        if (m->global[gi].data) fn(&m->global[gi], user);
     for (int64_t l = 0; l < m->cfg.n_layers; l++)
-        for (size_t s = 0; s < N_SLOTS; s++)
-            fn((const gm_tensor *)((const char *)&m->layers[l] + weight_slots[s].field), user);
+        for (int s = 0; s < m->arch->n_layer; s++)
+            if (gm_model_weight(m, l, s)->data) fn(gm_model_weight(m, l, s), user);
 }
 
 void gm_model_release_linear_pages(const gm_model *m) {
     for (int64_t l = 0; l < m->cfg.n_layers; l++)
-        for (int w = 0; w < GM_LIN_COUNT; w++) {
-            const gm_tensor *t = gm_layer_linear(&m->layers[l], (gm_linear)w);
-            gm_mmap_release(t->data, gm_tensor_nbytes(t));
+        for (int s = 0; s < m->arch->n_layer; s++) {
+            const gm_tensor *t = gm_model_weight(m, l, s);
+            if (m->arch->layer[s].kind == GM_W_LINEAR && t->data) gm_mmap_release(t->data, gm_tensor_nbytes(t));
         }
 }
-
-float gm_model_embed_scale(const gm_model *m) { return sqrtf((float)m->cfg.hidden_size); }

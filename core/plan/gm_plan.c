@@ -78,15 +78,6 @@ size_t gm_plan_runtime_bytes(const gm_config *cfg) {
     return RUNTIME_BASE_BYTES + (size_t)cfg->vocab_size * TOKENIZER_BYTES_PER_TOKEN;
 }
 
-static size_t embed_bytes(const gm_config *c, gm_dtype t) {
-    size_t rows = (size_t)c->vocab_size * (c->tie_word_embeddings ? 1 : 2);
-    return rows * gm_dtype_row_bytes(t, c->hidden_size);
-}
-
-static size_t norm_bytes(const gm_config *c) {
-    return ((size_t)c->n_layers * (size_t)(4 * c->hidden_size + 2 * c->head_dim) + (size_t)c->hidden_size) * 4;
-}
-
 /* Whether a model name already says "Gemma" (any case). */
 static bool names_gemma(const char *name) {
     for (const char *p = name; *p; p++) {
@@ -111,23 +102,20 @@ gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtyp
     GM_TRY(gm_lora_config_validate(&o->lora, cfg, err));
     /* before the trainer's layout multiplies batch x max_length into byte counts */
     GM_TRY(gm_plan_check_size(cfg, o, inputs, err));
-    /* the trainer's own layout, on a measuring arena: adapters, gradients, optimizer state,
-     * activations, transients, workspace, and the requantized base weights when not aliased */
-    size_t by_kind[GM_MEM_KIND_COUNT];
-    gm_train_plan(cfg, o, stored, by_kind);
-    memcpy(out->by_kind, by_kind, sizeof by_kind);
+    /* the trainer's own layout, on measuring arenas: adapters, gradients, optimizer state,
+     * activations, transients, workspace, and the re-encoded base weights when not aliased */
+    gm_train_plan_info tp;
+    GM_TRY(gm_train_plan(cfg, o, stored, stored_embed, &tp, err));
+    memcpy(out->by_kind, tp.by_kind, sizeof tp.by_kind);
     /* base weights read in place from the file (memory-mapped pages become resident): the
-     * embedding / LM head always, the linear weights when trained on as stored */
-    size_t linear_stored = gm_quant_bytes(cfg, GM_QUANT_STORED, stored);
+     * embedding / LM head and norms always, the linear weights when trained on as stored */
+    out->by_kind[GM_MEM_WEIGHTS] += tp.alias_bytes;
     bool alias = gm_quant_is_alias(o->quant, stored);
-    size_t emb = embed_bytes(cfg, stored_embed);
-    out->by_kind[GM_MEM_WEIGHTS] += emb + norm_bytes(cfg) + (alias ? linear_stored : 0);
     snprintf(out->base_detail, sizeof out->base_detail, "linear %s %.1f MiB%s; embedding %s %.1f MiB (memory-mapped)",
-             alias ? gm_dtype_name(stored) : gm_quant_name(o->quant),
-             (double)(alias ? linear_stored : by_kind[GM_MEM_WEIGHTS]) / 1048576.0, alias ? " (memory-mapped)" : "",
-             gm_dtype_name(stored_embed), (double)emb / 1048576.0);
+             alias ? gm_dtype_name(stored) : gm_quant_name(o->quant), (double)tp.weight_bytes[GM_W_LINEAR] / 1048576.0,
+             alias ? " (memory-mapped)" : "", gm_dtype_name(stored_embed), (double)tp.weight_bytes[GM_W_EMBED] / 1048576.0);
     out->n_params = gm_config_n_params(cfg);
-    gm_lora_count(&o->lora, cfg, &out->n_trainable);
+    out->n_trainable = tp.n_trainable;
     out->by_kind[GM_MEM_TRANSIENT] += gm_plan_checkpoint_bytes(out->n_trainable);
     out->runtime = gm_plan_runtime_bytes(cfg);
     out->total = out->runtime;

@@ -1,14 +1,19 @@
 /*
  * gm_plan_arch.c - memory estimates for Gemma 3n / Gemma 4 training runs (see gm_plan_arch.h).
  *
- * Structure: the trainer's buffers are reserved, one by one, on a measuring arena (gm_arena.h), so
- * every buffer gets the arena's 64-byte rounding exactly as gm_train.c's layout() would; each
- * buffer below names the layout() buffer it mirrors, or the section of gemma_architecture.md that
- * makes the architecture keep it. Base weights are computed apart (memory-mapped ones are not in
- * the arena) with gm_quant's per-matrix rounding.
+ * Structure: the part of such a run that is a Gemma 3 decoder - attention and MLP of every layer
+ * with their LoRA adapters, norms, embedding, the loss, the kernels' scratch, KV-shared layers
+ * without their own keys and values, Gemma 4's wide full-attention heads - is planned by the
+ * trainer's own layout (gm_train_plan on the config viewed as Gemma 3: core/arch/gemma3.c's spec
+ * walked by core/arch/gm_graph.c), so it cannot drift from what gemmarun allocates. What these
+ * architectures add (AltUp streams, per-layer embeddings, LAuReL, sparsity statistics, weightless
+ * value norms, mixture-of-experts FFNs, KV-sharing gradient buffers, the towers) is listed below
+ * per token and per layer, each with the section of gemma_architecture.md that makes the model
+ * keep it, and reserved on a measuring arena so every buffer gets the arena's 64-byte rounding.
  */
 #include "gm_plan_arch.h"
 
+#include "gm_arch.h"
 #include "gm_arena.h"
 #include "gm_dtype.h"
 #include "gm_lora.h"
@@ -19,9 +24,6 @@
 #include <stdio.h>
 #include <string.h>
 
-/* LM-head chunking of the trainer (gm_train.c LM_ROWS / LM_VOCAB): rows x vocabulary entries. */
-#define LM_ROWS 512
-#define LM_VOCAB 8192
 /* Gemma 3n: activation sparsity (gaussian top-k) on layers 0-9 (§3.1). */
 #define G3N_SPARSE_LAYERS 10
 /* Longest audio clip the feature extractors take (§3.9, §4.6): longer audio is several clips. */
@@ -30,69 +32,21 @@
 #define G3N_AUDIO_TOKENS_PER_CLIP 188
 /* Patch vector of the Gemma 4 vision encoder: 16 x 16 pixels x 3 channels (§4.5). */
 #define G4_PATCH_VEC 768
-/* Factorized position table of the Gemma 4 vision encoder: [2, 10240, dv] (§4.5). */
-#define G4_POS_ROWS (2 * 10240)
-
-/* ---- geometry ------------------------------------------------------------------------------ */
-
-/* One decoder layer as the accounting needs it. */
-typedef struct lgeo {
-    int64_t hd, kvh, QW, KW, F; /* head width, KV heads, q width H*hd, kv width kvh*hd, dense FFN */
-    bool has_k;                 /* computes its own K/V (false: KV-shared, §3.5 / §4.4) */
-    bool has_vproj;             /* has a v_proj (false: k_eq_v full layer, §4.2) */
-    bool sparse;                /* Gemma 3n gaussian top-k layer (§3.4 step 6) */
-} lgeo;
-
-static lgeo geo(const gm_config *c, int64_t l) {
-    lgeo g;
-    bool full = c->layer_type[l] == GM_LAYER_FULL;
-    g.hd = (full && c->head_dim_full > 0) ? c->head_dim_full : c->head_dim;
-    g.kvh = (full && c->n_kv_heads_full > 0) ? c->n_kv_heads_full : c->n_kv_heads;
-    g.QW = c->n_heads * g.hd;
-    g.KW = g.kvh * g.hd;
-    g.F = c->ffn_dim[l] > 0 ? c->ffn_dim[l] : c->intermediate_size;
-    g.has_k = c->kv_source[l] == l;
-    g.has_vproj = g.has_k && !(c->k_eq_v_full && full);
-    g.sparse = c->arch == GM_ARCH_GEMMA3N && l < G3N_SPARSE_LAYERS;
-    return g;
-}
-
-/* (in, out) of linear w of layer l, false when the layer has no such linear to adapt. */
-static bool lin_shape(const gm_config *c, int64_t l, int w, int64_t *in, int64_t *out) {
-    lgeo g = geo(c, l);
-    int64_t C = c->hidden_size;
-    switch ((gm_linear)w) {
-    case GM_LIN_Q: *in = C, *out = g.QW; return true;
-    case GM_LIN_K: *in = C, *out = g.KW; return g.has_k;
-    case GM_LIN_V: *in = C, *out = g.KW; return g.has_vproj;
-    case GM_LIN_O: *in = g.QW, *out = C; return true;
-    case GM_LIN_GATE:
-    case GM_LIN_UP: *in = C, *out = g.F; return true;
-    case GM_LIN_DOWN: *in = g.F, *out = C; return true;
-    default: *in = *out = 0; return false;
-    }
-}
-
-static bool adapted(const gm_train_opts *o, int64_t l, int w) {
-    return o->lora.layers[l] && (o->lora.targets & (1u << w));
-}
 
 int64_t gm_plan_sequence_length(const gm_config *c, int64_t max_length, const gm_plan_inputs *in) {
     int64_t T = max_length;
     if (!in) return T;
-    if (in->images > 0 && c->vision_tokens > 0) T += in->images * (c->vision_tokens + 2);
-    if (in->audio_seconds > 0 && c->audio_tokens_per_s > 0) {
+    if (in->images > 0 && c->vision.tokens > 0) T += in->images * (c->vision.tokens + 2);
+    if (in->audio_seconds > 0 && c->audio.tokens_per_s > 0) {
         int64_t clips = (int64_t)ceil(in->audio_seconds / AUDIO_CLIP_S);
         int64_t tok = c->arch == GM_ARCH_GEMMA3N ? clips * G3N_AUDIO_TOKENS_PER_CLIP
-                                                 : (int64_t)ceil(in->audio_seconds * c->audio_tokens_per_s);
+                                                 : (int64_t)ceil(in->audio_seconds * c->audio.tokens_per_s);
         T += tok + 2 * clips;
     }
     return T;
 }
 
-/* ---- base weights -------------------------------------------------------------------------- */
-
-static size_t align_up(size_t b) { return (b + GM_ARENA_ALIGN - 1) / GM_ARENA_ALIGN * GM_ARENA_ALIGN; }
+/* ---- base weights beyond the Gemma 3 part ------------------------------------------------ */
 
 /* Bytes of n elements of dtype t (blocks rounded up; for the stored, memory-mapped parts). */
 static double elem_bytes(gm_dtype t, double n) {
@@ -100,74 +54,52 @@ static double elem_bytes(gm_dtype t, double n) {
     return ceil(n / d->block_size) * d->type_size;
 }
 
-/* Resident bytes of one (N, K) linear weight in format q: as stored (memory-mapped) when the
- * format aliases the file, else the converted buffer with gm_quant_layout's per-part rounding
- * (gm_quant.c matrix_bytes: f32 4NK, bf16 2NK, int8 NK + 4N, nf4 NK/2 + NK/64 + 4 ceil(NK/16384)). */
+/* Resident bytes of one (N, K) matrix in format q: as stored (memory-mapped) when the format
+ * aliases the file, else the re-encoded buffers exactly as gm_quant_reserve lays them out. */
 static double matrix_bytes(gm_quant q, gm_dtype stored, int64_t N, int64_t K) {
-    if (gm_quant_is_alias(q, stored)) {
-        const gm_dtype_info *d = gm_dtype_get(stored);
-        return (double)N * (double)((K + d->block_size - 1) / d->block_size) * d->type_size;
-    }
-    size_t nk = (size_t)N * (size_t)K;
-    switch (q) {
-    case GM_QUANT_F32: return (double)align_up(nk * 4);
-    case GM_QUANT_BF16: return (double)align_up(nk * 2);
-    case GM_QUANT_INT8: return (double)(align_up(nk) + align_up((size_t)N * 4));
-    case GM_QUANT_NF4: {
-        gm_nf4_sizes s = gm_nf4_sizes_of((int64_t)nk);
-        return (double)(align_up(s.packed_bytes) + align_up((size_t)s.n_blocks) + align_up((size_t)s.n_groups * 4));
-    }
-    default: return (double)nk * 2;
-    }
-}
-
-/* Dtype the trainer's matmul kernels see for a weight in format q (gm_train.c scratch_floats). */
-static gm_dtype kernel_dtype(gm_quant q, gm_dtype stored) {
-    switch (q) {
-    case GM_QUANT_NF4: return GM_NF4;
-    case GM_QUANT_BF16: return GM_BF16;
-    case GM_QUANT_INT8: return GM_I8;
-    case GM_QUANT_F32: return GM_F32;
-    default: return stored;
-    }
+    if (gm_quant_is_alias(q, stored)) return (double)N * elem_bytes(stored, (double)K);
+    gm_arena a;
+    gm_wview v;
+    gm_arena_init(&a, "matrix", GM_DEVICE_CPU);
+    gm_quant_reserve(q, N, K, &a, &v);
+    return (double)a.used;
 }
 
 /* Linear-layer parameters of the towers (the part bitsandbytes would quantize) and the FFN width
  * of the Gemma 4 vision encoder (§4.5: 3072 at width 768, 4304 at width 1152). Same formulas as
  * the presets in gm_config.c. */
-static int64_t g4_vision_ffn(const gm_config *c) { return c->vision_hidden == 1152 ? 4304 : 4 * c->vision_hidden; }
+static int64_t g4_vision_ffn(const gm_config *c) { return c->vision.hidden_size == 1152 ? 4304 : 4 * c->vision.hidden_size; }
 
 static int64_t vision_linear_params(const gm_config *c) {
-    if (c->vision_params <= 0) return 0;
-    int64_t C = c->hidden_size, dv = c->vision_hidden;
+    if (c->vision.params <= 0) return 0;
+    int64_t C = c->hidden_size, dv = c->vision.hidden_size;
     if (c->arch == GM_ARCH_GEMMA3N) return 2048 * C; /* only the embedder: MobileNet-V5 is Conv2d */
-    return c->vision_layers * (4 * dv * dv + 3 * dv * g4_vision_ffn(c)) + G4_PATCH_VEC * dv + dv * C;
+    return c->vision.n_layers * (4 * dv * dv + 3 * dv * g4_vision_ffn(c)) + G4_PATCH_VEC * dv + dv * C;
 }
 
 static int64_t audio_linear_params(const gm_config *c) {
-    if (c->audio_params <= 0) return 0;
-    int64_t C = c->hidden_size, da = c->audio_hidden;
-    int64_t n = c->audio_layers * 24 * da * da + 1024 * da; /* conformer blocks + sub-sampling projection */
+    if (c->audio.params <= 0) return 0;
+    int64_t C = c->hidden_size, da = c->audio.hidden_size;
+    int64_t n = c->audio.n_layers * 24 * da * da + 1024 * da; /* conformer blocks + sub-sampling projection */
     if (c->arch == GM_ARCH_GEMMA3N) return n + da * C;      /* embedder Linear(1536 -> D) (§3.8) */
     return n + da * 1536 + 1536 * C;                        /* output_proj + LM embedder (§4.6) */
 }
 
-typedef struct base_bytes {
-    double linear, embed, ple, other, vision, audio;
-    int64_t linear_params; /* resident linear parameters (for the check against gm_quant_bytes) */
-} base_bytes;
+typedef struct extra_bytes {
+    double linear, ple, other, vision, audio;
+} extra_bytes;
 
-/* Every linear map of the text decoder that training reads, plus the rest, by part. */
-static base_bytes base_weights(const gm_config *c, gm_quant q, gm_dtype stored, gm_dtype stored_embed) {
-    base_bytes b;
+/* The base weights the Gemma 3 part does not count: experts and router, LAuReL, AltUp and PLE
+ * linears (in format q), the per-layer embedding table (stored), the remaining parameters
+ * (coefficient matrices, scalars, the extra norms: f32 as the trainer keeps norms) and the
+ * towers. `g3_norm_bytes`: the Gemma 3 part's norms, already counted. */
+static extra_bytes extra_weights(const gm_config *c, gm_quant q, gm_dtype stored, gm_dtype stored_embed, size_t g3_norm_bytes) {
+    extra_bytes b;
     memset(&b, 0, sizeof b);
     int64_t C = c->hidden_size, L = c->n_layers, A = c->altup_inputs, P = c->ple_dim, R = c->laurel_rank;
     int64_t lin = 0;
 #define MAT(N, K) (b.linear += matrix_bytes(q, stored, (N), (K)), lin += (int64_t)(N) * (K))
     for (int64_t l = 0; l < L; l++) {
-        int64_t in, out;
-        for (int w = 0; w < GM_LIN_COUNT; w++)
-            if (lin_shape(c, l, w, &in, &out)) MAT(out, in);
         if (c->n_experts > 0) { /* gate_up [E, 2Fe, C], down [E, C, Fe] (§4.4), router [E, C] */
             for (int64_t e = 0; e < c->n_experts; e++) MAT(2 * c->expert_ffn, C), MAT(C, c->expert_ffn);
             MAT(c->n_experts, C);
@@ -179,32 +111,38 @@ static base_bytes base_weights(const gm_config *c, gm_quant q, gm_dtype stored, 
     if (P > 0) MAT(L * P, C);                 /* per-layer model projection (§3.3 step 3) */
     for (int64_t i = 1; i < A; i++) MAT(C, C), MAT(C, C); /* AltUp stream (un)projections (§3.3, §3.6) */
 #undef MAT
-    b.linear_params = lin;
-    b.embed = (double)c->vocab_size * (c->tie_word_embeddings ? 1 : 2) * elem_bytes(stored_embed, (double)C);
     if (P > 0) b.ple = (double)c->ple_vocab * elem_bytes(stored_embed, (double)(L * P));
-    /* norms, scalars, small coefficient matrices: whatever the checkpoint holds beyond the above
-     * (Gemma 3n's unused k/v of KV-shared layers excluded), kept in f32 as the trainer does */
-    int64_t unused_kv = 0;
-    if (c->arch == GM_ARCH_GEMMA3N)
-        for (int64_t l = 0; l < L; l++)
-            if (c->kv_source[l] != l) unused_kv += 2 * C * geo(c, l).KW;
-    int64_t text = gm_config_n_params(c) - c->vision_params - c->audio_params;
-    int64_t rest = text - lin - unused_kv - c->vocab_size * C * (c->tie_word_embeddings ? 1 : 2) - c->ple_vocab * L * P;
-    b.other = rest > 0 ? 4.0 * (double)rest : 0.0;
+    /* what the checkpoint holds beyond all linear maps, both embeddings and the Gemma 3 part's
+     * norms (Gemma 3n's unused k/v of KV-shared layers excluded: never read) */
+    const gm_arch_def *g3 = gm_arch_get(GM_ARCH_GEMMA3);
+    int64_t g3_lin = 0, unused_kv = 0;
+    for (int64_t l = 0; l < L; l++)
+        for (int s = 0; s < g3->n_layer; s++) {
+            const gm_weight_spec *w = &g3->layer[s];
+            if (w->kind != GM_W_LINEAR) continue;
+            int64_t n = gm_dim_value(c, l, w->rows, 0) * gm_dim_value(c, l, w->cols, 0);
+            if (gm_weight_present(w, c, l)) g3_lin += n;
+            else if (c->arch == GM_ARCH_GEMMA3N && w->when == GM_WHEN_OWN_V) unused_kv += 2 * n; /* its k and v */
+        }
+    int64_t text = gm_config_n_params(c) - c->vision.params - c->audio.params;
+    int64_t rest = text - g3_lin - lin - unused_kv - c->vocab_size * C * (c->tie_word_embeddings ? 1 : 2) - c->ple_vocab * L * P;
+    double other = 4.0 * (double)(rest > 0 ? rest : 0) - (double)g3_norm_bytes;
+    b.other = other > 0 ? other : 0.0;
     /* towers: Linear layers in format q (bitsandbytes quantizes every nn.Linear), the rest as stored */
     int64_t vl = vision_linear_params(c), al = audio_linear_params(c);
-    if (c->vision_params > 0)
-        b.vision = matrix_bytes(q, stored, c->vision_hidden > 0 ? c->vision_hidden : 1, vl / (c->vision_hidden > 0 ? c->vision_hidden : 1)) +
-                   elem_bytes(stored_embed, (double)(c->vision_params - vl));
-    if (c->audio_params > 0)
-        b.audio = matrix_bytes(q, stored, c->audio_hidden, al / c->audio_hidden) + elem_bytes(stored_embed, (double)(c->audio_params - al));
+    if (c->vision.params > 0) {
+        int64_t dv = c->vision.hidden_size > 0 ? c->vision.hidden_size : 1;
+        b.vision = matrix_bytes(q, stored, dv, vl / dv) + elem_bytes(stored_embed, (double)(c->vision.params - vl));
+    }
+    if (c->audio.params > 0)
+        b.audio = matrix_bytes(q, stored, c->audio.hidden_size, al / c->audio.hidden_size) + elem_bytes(stored_embed, (double)(c->audio.params - al));
     return b;
 }
 
 /* ---- towers' forward buffers (f32, one image / one clip at a time, nothing saved) ---------- */
 
 static size_t vision_forward_floats(const gm_config *c, int n_threads) {
-    int64_t P = c->vision_patches, dv = c->vision_hidden, C = c->hidden_size, tok = c->vision_tokens;
+    int64_t P = c->vision.patches, dv = c->vision.hidden_size, C = c->hidden_size, tok = c->vision.tokens;
     if (c->arch == GM_ARCH_GEMMA3N) {
         /* MobileNet-V5 at 768 x 768 (§3.10): the largest live set is stage 0 (192 x 192 x 128,
          * fused 3x3 expansion x4): block input + expanded + output = 6 x 192^2 x 128; plus the
@@ -223,8 +161,8 @@ static size_t vision_forward_floats(const gm_config *c, int n_threads) {
 static size_t audio_forward_floats(const gm_config *c, double seconds) {
     double s = seconds < AUDIO_CLIP_S ? seconds : AUDIO_CLIP_S;
     int64_t mel = (int64_t)ceil(100.0 * s);                        /* 10 ms hop, 128 mel bins (§3.9, §4.6) */
-    int64_t frames = (int64_t)ceil(s * c->audio_frames_per_s);     /* after the two stride-2 convolutions */
-    int64_t da = c->audio_hidden, tok = (int64_t)ceil(s * c->audio_tokens_per_s);
+    int64_t frames = (int64_t)ceil(s * c->audio.frames_per_s);     /* after the two stride-2 convolutions */
+    int64_t da = c->audio.hidden_size, tok = (int64_t)ceil(s * c->audio.tokens_per_s);
     /* sub-sampling: features, conv 1 output (128 ch x mel/2 x 64 freq), conv 2 output (32 x mel/4 x 32) */
     size_t sub = (size_t)mel * 128 + (size_t)128 * (size_t)((mel + 1) / 2) * 64 + (size_t)32 * (size_t)((mel + 3) / 4) * 32;
     /* one conformer block: residual, norm, FFN hidden (4 da), q, k, v, attention output, GLU input
@@ -234,71 +172,57 @@ static size_t audio_forward_floats(const gm_config *c, double seconds) {
     return (sub > conf ? sub : conf) + outp;
 }
 
-/* ---- the estimate -------------------------------------------------------------------------- */
+/* ---- activations beyond the Gemma 3 part ---------------------------------------------------- */
 
-/* Per-token widths (floats) of the buffers one layer saves, by slot: layout()'s layer_acts first,
- * then what Gemma 3n / 4 keep besides. With checkpointing one record holds the widest layer. */
+/* Floats per token layer l keeps beyond Gemma 3's record, by what keeps them (one slot each, so
+ * that a checkpointed record takes each slot's widest). */
 enum {
-    /* gm_train.c layer_acts */
-    S_XN1, S_RSTD1, S_QPRE, S_RSTDQ, S_KPRE, S_RSTDK, S_Q, S_K, S_V, S_ATT, S_LSE, S_OPRE, S_RSTDPA, S_XMID, S_XN2,
-    S_RSTD2, S_GATE, S_UP, S_H, S_DPRE, S_RSTDPF, S_LORA_U0,
     /* v_norm without weight (§3.2, §4.2): the projection before the norm and its 1/rms; k_eq_v
      * layers take V from k_pre, so only the 1/rms */
-    S_VPRE = S_LORA_U0 + GM_LIN_COUNT, S_RSTDV,
+    X_VPRE, X_RSTDV,
     /* AltUp (§3.4 steps 1, 2, 7): router norm output + 1/rms, tanh(router), 4x4 coefficients,
      * pred_0 (the attention input), then the correction's router norm + 1/rms, tanh, innovation
      * delta and its 4 gains */
-    S_AU_RN, S_AU_RRSTD, S_AU_R, S_AU_COEF, S_AU_PRED0, S_AU_RN2, S_AU_RRSTD2, S_AU_R2, S_AU_DELTA, S_AU_K,
+    X_AU_RN, X_AU_RRSTD, X_AU_R, X_AU_COEF, X_AU_PRED0, X_AU_RN2, X_AU_RRSTD2, X_AU_R2, X_AU_DELTA, X_AU_K,
     /* LAuReL (§3.4 step 3): the low-rank branch before its norm, and 1/rms */
-    S_LR_PRE, S_LR_RSTD,
+    X_LR_PRE, X_LR_RSTD,
     /* gaussian top-k (§3.4 step 6): mean and std of the gate over F per token */
-    S_SP_STATS,
+    X_SP_STATS,
     /* PLE injection (§3.4 step 8, §4.2): gate pre-activation (for gelu'), projection before its
      * norm, 1/rms */
-    S_PLE_GATE, S_PLE_PRE, S_PLE_RSTD,
+    X_PLE_GATE, X_PLE_PRE, X_PLE_RSTD,
     /* MoE (§4.4): router probabilities, router-norm 1/rms, top-k weights and indices, the experts'
      * normed input + 1/rms, per selected expert gate / up / gelu(gate)*up and its output (for the
      * gradient of its weight), the expert sum and the FFN sum before their norms + 1/rms */
-    S_MOE_PROBS, S_MOE_RRSTD, S_MOE_TOPW, S_MOE_TOPI, S_MOE_XN, S_MOE_XRSTD, S_MOE_GATE, S_MOE_UP, S_MOE_H, S_MOE_Y,
-    S_MOE_D2, S_MOE_D2RSTD, S_MOE_SUM, S_MOE_SUMRSTD,
-    S_COUNT
+    X_MOE_PROBS, X_MOE_RRSTD, X_MOE_TOPW, X_MOE_TOPI, X_MOE_XN, X_MOE_XRSTD, X_MOE_GATE, X_MOE_UP, X_MOE_H, X_MOE_Y,
+    X_MOE_D2, X_MOE_D2RSTD, X_MOE_SUM, X_MOE_SUMRSTD,
+    X_COUNT
 };
 
-static void record_widths(const gm_config *c, const gm_train_opts *o, int64_t l, int64_t w[S_COUNT]) {
-    memset(w, 0, sizeof(int64_t) * S_COUNT);
-    lgeo g = geo(c, l);
-    int64_t C = c->hidden_size, H = c->n_heads, A = c->altup_inputs, E = c->n_experts, K = c->experts_top_k,
-            Fe = c->expert_ffn, r = o->lora.rank;
-    w[S_XN1] = C, w[S_RSTD1] = 1, w[S_QPRE] = g.QW, w[S_RSTDQ] = H;
-    if (g.has_k) w[S_KPRE] = g.KW, w[S_RSTDK] = g.kvh, w[S_K] = g.KW, w[S_V] = g.KW;
-    w[S_Q] = g.QW, w[S_ATT] = g.QW, w[S_LSE] = H;
-    w[S_OPRE] = C, w[S_RSTDPA] = 1, w[S_XMID] = C, w[S_XN2] = C, w[S_RSTD2] = 1;
-    w[S_GATE] = w[S_UP] = w[S_H] = g.F;
-    w[S_DPRE] = C, w[S_RSTDPF] = 1;
-    /* layout() keeps a LoRA input per target module in every record (whether or not this layer is
-     * selected); a layer without the linear has none */
-    for (int t = 0; t < GM_LIN_COUNT; t++) {
-        int64_t in, out;
-        if ((o->lora.targets & (1u << t)) && lin_shape(c, l, t, &in, &out)) w[S_LORA_U0 + t] = r;
-    }
-    if (c->arch == GM_ARCH_GEMMA3) return;
-    if (g.has_k) {
-        if (g.has_vproj) w[S_VPRE] = g.KW;
-        w[S_RSTDV] = g.kvh;
+static void extra_widths(const gm_config *c, int64_t l, int64_t w[X_COUNT]) {
+    memset(w, 0, sizeof(int64_t) * X_COUNT);
+    int64_t C = c->hidden_size, A = c->altup_inputs, E = c->n_experts, K = c->experts_top_k, Fe = c->expert_ffn;
+    int64_t KW = gm_dim_value(c, l, GM_DIM_KW, 0), kvh = gm_dim_value(c, l, GM_DIM_KVH, 0);
+    bool own_kv = c->kv_source[l] == l;
+    bool own_v = own_kv && !(c->k_eq_v_full && c->layer_type[l] == GM_LAYER_FULL);
+    if (c->arch == GM_ARCH_GEMMA3) return; /* the part is the whole layer */
+    if (own_kv) {
+        if (own_v) w[X_VPRE] = KW;
+        w[X_RSTDV] = kvh;
     }
     if (A > 1) {
-        w[S_AU_RN] = C, w[S_AU_RRSTD] = 1, w[S_AU_R] = A, w[S_AU_COEF] = A * A, w[S_AU_PRED0] = C;
-        w[S_AU_RN2] = C, w[S_AU_RRSTD2] = 1, w[S_AU_R2] = A, w[S_AU_DELTA] = C, w[S_AU_K] = A;
+        w[X_AU_RN] = C, w[X_AU_RRSTD] = 1, w[X_AU_R] = A, w[X_AU_COEF] = A * A, w[X_AU_PRED0] = C;
+        w[X_AU_RN2] = C, w[X_AU_RRSTD2] = 1, w[X_AU_R2] = A, w[X_AU_DELTA] = C, w[X_AU_K] = A;
     }
-    if (c->laurel_rank > 0) w[S_LR_PRE] = C, w[S_LR_RSTD] = 1;
-    if (g.sparse) w[S_SP_STATS] = 2;
-    if (c->ple_dim > 0) w[S_PLE_GATE] = c->ple_dim, w[S_PLE_PRE] = C, w[S_PLE_RSTD] = 1;
+    if (c->laurel_rank > 0) w[X_LR_PRE] = C, w[X_LR_RSTD] = 1;
+    if (c->arch == GM_ARCH_GEMMA3N && l < G3N_SPARSE_LAYERS) w[X_SP_STATS] = 2;
+    if (c->ple_dim > 0) w[X_PLE_GATE] = c->ple_dim, w[X_PLE_PRE] = C, w[X_PLE_RSTD] = 1;
     if (E > 0) {
-        w[S_MOE_PROBS] = E, w[S_MOE_RRSTD] = 1, w[S_MOE_TOPW] = K, w[S_MOE_TOPI] = K;
-        w[S_MOE_XN] = C, w[S_MOE_XRSTD] = 1;
-        w[S_MOE_GATE] = w[S_MOE_UP] = w[S_MOE_H] = K * Fe;
-        w[S_MOE_Y] = K * C;
-        w[S_MOE_D2] = C, w[S_MOE_D2RSTD] = 1, w[S_MOE_SUM] = C, w[S_MOE_SUMRSTD] = 1;
+        w[X_MOE_PROBS] = E, w[X_MOE_RRSTD] = 1, w[X_MOE_TOPW] = K, w[X_MOE_TOPI] = K;
+        w[X_MOE_XN] = C, w[X_MOE_XRSTD] = 1;
+        w[X_MOE_GATE] = w[X_MOE_UP] = w[X_MOE_H] = K * Fe;
+        w[X_MOE_Y] = K * C;
+        w[X_MOE_D2] = C, w[X_MOE_D2RSTD] = 1, w[X_MOE_SUM] = C, w[X_MOE_SUMRSTD] = 1;
     }
 }
 
@@ -347,10 +271,10 @@ gm_status gm_plan_check_size(const gm_config *c, const gm_train_opts *o, const g
         if (!(in->audio_seconds >= 0 && in->audio_seconds <= maxpos * AUDIO_CLIP_S))
             return gm_error_set(err, GM_ERR_INVALID, "audio_seconds = %g: must be in 0..%.0f (each %.0f s clip takes positions "
                                 "of the model's max_position_embeddings)", in->audio_seconds, maxpos * AUDIO_CLIP_S, AUDIO_CLIP_S);
-        if (in->images > 0 && c->vision_tokens > 0) T += (double)in->images * ((double)c->vision_tokens + 2);
-        if (in->audio_seconds > 0 && c->audio_tokens_per_s > 0) {
+        if (in->images > 0 && c->vision.tokens > 0) T += (double)in->images * ((double)c->vision.tokens + 2);
+        if (in->audio_seconds > 0 && c->audio.tokens_per_s > 0) {
             double clips = ceil(in->audio_seconds / AUDIO_CLIP_S);
-            T += (c->arch == GM_ARCH_GEMMA3N ? clips * G3N_AUDIO_TOKENS_PER_CLIP : ceil(in->audio_seconds * c->audio_tokens_per_s)) +
+            T += (c->arch == GM_ARCH_GEMMA3N ? clips * G3N_AUDIO_TOKENS_PER_CLIP : ceil(in->audio_seconds * c->audio.tokens_per_s)) +
                  2 * clips;
         }
     }
@@ -374,16 +298,19 @@ gm_status gm_plan_check_size(const gm_config *c, const gm_train_opts *o, const g
     w = dmax(w, dmax((double)c->n_experts, L * (double)c->ple_dim));
     w = dmax(w, dmax((double)o->lora.rank, 1));
     double N = (double)o->batch * T, nt = (double)o->n_threads;
-    /* f32 activations and workspace: block inputs, one record per layer (S_COUNT buffers) and the
+    /* f32 activations and workspace: block inputs, one record per layer (the Gemma 3 spec's
+     * activations, a LoRA intermediate per weight slot and X_COUNT extras) and the
      * KV-sharing copies (4), the backward's and the loss's buffers (< 64) */
-    double bytes = 4 * N * w * ((L + 1) + L * (S_COUNT + 4) + 64);
+    const gm_arch_def *g3 = gm_arch_get(GM_ARCH_GEMMA3);
+    double per_layer = (double)(g3->n_acts + g3->n_layer + X_COUNT + 4);
+    double bytes = 4 * N * w * ((L + 1) + L * per_layer + 64);
     /* attention scratch (n_threads x 2 x T x T), the widest dequantized panel per thread, the
      * towers' forward (one image: n_threads x patches^2 attention maps), the LM-head chunk */
-    bytes += 4 * nt * (2 * T * T + (double)c->vision_patches * (double)c->vision_patches + w) +
-             4 * (GM_MATMUL_PANEL_ROWS + 8.0) * dmax(w, C) + 4.0 * LM_ROWS * LM_VOCAB;
+    bytes += 4 * nt * (2 * T * T + (double)c->vision.patches * (double)c->vision.patches + w) +
+             4 * (GM_MATMUL_PANEL_ROWS + 8.0) * dmax(w, C) + 4.0 * GM_LM_ROWS * GM_LM_VOCAB;
     /* adapters with their gradients and AdamW moments (16 bytes per parameter), base weights
      * converted (<= 4 bytes per parameter) or mapped, the tokenizer */
-    bytes += 16 * L * GM_LIN_COUNT * (double)o->lora.rank * 2 * w + 8 * (double)gm_config_n_params(c) +
+    bytes += 16 * L * (double)g3->n_layer * (double)o->lora.rank * 2 * w + 8 * (double)gm_config_n_params(c) +
              128 * (double)c->vocab_size;
     if (!(bytes < PLAN_MAX_BYTES))
         return gm_error_set(err, GM_ERR_INVALID,
@@ -407,54 +334,47 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
     GM_TRY(gm_plan_check_size(c, o, in, err));
     int64_t T = gm_plan_sequence_length(c, o->max_length, in);
     GM_TRY(validate(c, o, T, err));
-    int64_t B = o->batch, N = B * T, C = c->hidden_size, H = c->n_heads, L = c->n_layers, r = o->lora.rank;
+    int64_t B = o->batch, N = B * T, C = c->hidden_size, L = c->n_layers;
     int64_t A = c->altup_inputs > 1 ? c->altup_inputs : 1;
     int nt = o->n_threads;
+
+    /* the Gemma 3 part: the trainer's own layout, on T = text + soft-token positions */
+    gm_config g3 = *c;
+    g3.arch = GM_ARCH_GEMMA3;
+    gm_train_opts o3 = *o;
+    o3.max_length = T;
+    gm_train_plan_info tp;
+    GM_TRY(gm_train_plan(&g3, &o3, stored, stored_embed, &tp, err));
+
     gm_arena a;
     gm_arena_init(&a, "plan", GM_DEVICE_CPU);
 #define F32(n, kind) gm_arena_alloc(&a, (size_t)(n) * sizeof(float), kind)
 #define I32(n, kind) gm_arena_alloc(&a, (size_t)(n) * sizeof(int32_t), kind)
-
-    /* adapters: A (r x in), B (out x r), f32 parameters, gradients, AdamW m and v (layout()) */
-    int64_t n_trainable = 0, Imax = 1;
-    for (int64_t l = 0; l < L; l++)
-        for (int w = 0; w < GM_LIN_COUNT; w++) {
-            int64_t fin, fout;
-            if (!adapted(o, l, w) || !lin_shape(c, l, w, &fin, &fout)) continue;
-            int64_t na = r * fin, nb = fout * r;
-            F32(na, GM_MEM_ADAPTERS), F32(nb, GM_MEM_ADAPTERS);
-            F32(na, GM_MEM_GRADS), F32(nb, GM_MEM_GRADS);
-            F32(na, GM_MEM_OPTIMIZER), F32(na, GM_MEM_OPTIMIZER), F32(nb, GM_MEM_OPTIMIZER), F32(nb, GM_MEM_OPTIMIZER);
-            n_trainable += na + nb;
-            if (fin > Imax) Imax = fin;
-        }
-
-    /* saved activations: every block's input (X[0..L], all AltUp streams), then the per-layer
-     * records - one per layer, or the widest one under checkpointing (layout()) */
-    for (int64_t l = 0; l <= L; l++) F32(N * C * A, GM_MEM_ACTIVATIONS);
-    int64_t w[S_COUNT], wmax[S_COUNT];
+    /* block inputs of all AltUp streams: the part keeps one stream per block input */
+    if (A > 1)
+        for (int64_t l = 0; l <= L; l++) F32(N * C * (A - 1), GM_MEM_ACTIVATIONS);
+    /* the extra record entries: per layer, or the widest one under checkpointing */
+    int64_t w[X_COUNT], wmax[X_COUNT];
     memset(wmax, 0, sizeof wmax);
-    int64_t QWmax = 1, KWmax = 1, Fmax = 1, hdmax = 1;
+    int64_t Fmax = 1;
     for (int64_t l = 0; l < L; l++) {
-        record_widths(c, o, l, w);
-        lgeo g = geo(c, l);
-        QWmax = g.QW > QWmax ? g.QW : QWmax, KWmax = g.KW > KWmax ? g.KW : KWmax;
-        Fmax = g.F > Fmax ? g.F : Fmax, hdmax = g.hd > hdmax ? g.hd : hdmax;
-        for (int s = 0; s < S_COUNT; s++) {
+        extra_widths(c, l, w);
+        int64_t F = gm_dim_value(c, l, GM_DIM_F, 0);
+        Fmax = F > Fmax ? F : Fmax;
+        for (int s = 0; s < X_COUNT; s++) {
             if (!o->checkpointing && w[s]) {
-                if (s == S_MOE_TOPI) I32(N * w[s], GM_MEM_ACTIVATIONS);
+                if (s == X_MOE_TOPI) I32(N * w[s], GM_MEM_ACTIVATIONS);
                 else F32(N * w[s], GM_MEM_ACTIVATIONS);
             }
             if (w[s] > wmax[s]) wmax[s] = w[s];
         }
     }
     if (o->checkpointing)
-        for (int s = 0; s < S_COUNT; s++) {
+        for (int s = 0; s < X_COUNT; s++) {
             if (!wmax[s]) continue;
-            if (s == S_MOE_TOPI) I32(N * wmax[s], GM_MEM_ACTIVATIONS);
+            if (s == X_MOE_TOPI) I32(N * wmax[s], GM_MEM_ACTIVATIONS);
             else F32(N * wmax[s], GM_MEM_ACTIVATIONS);
         }
-    I32(N, GM_MEM_ACTIVATIONS), I32(N, GM_MEM_ACTIVATIONS); /* ids, pos */
     /* KV sharing (§3.5, §4.4): the source layers' K and V are read by later layers - kept apart
      * when checkpointing recycles the record; in the backward their dK/dV accumulate over every
      * sharing layer until the source's own backward (workspace) */
@@ -463,7 +383,7 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
         if (c->kv_source[l] != l && c->kv_source[l] >= 0 && c->kv_source[l] < l) src[c->kv_source[l]] = true;
     for (int64_t l = 0; l < L; l++) {
         if (!src[l]) continue;
-        int64_t KW = geo(c, l).KW;
+        int64_t KW = gm_dim_value(c, l, GM_DIM_KW, 0);
         if (o->checkpointing) F32(N * KW, GM_MEM_ACTIVATIONS), F32(N * KW, GM_MEM_ACTIVATIONS);
         F32(N * KW, GM_MEM_WORKSPACE), F32(N * KW, GM_MEM_WORKSPACE);
     }
@@ -472,93 +392,67 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
     if (c->ple_dim > 0) F32(N * L * c->ple_dim, GM_MEM_ACTIVATIONS);
     /* AltUp output (§3.6): streams 1..3 unembedded and their RMS, the average (final norm input) */
     if (A > 1) F32(N * (A - 1) * C, GM_MEM_ACTIVATIONS), F32(N * (A - 1), GM_MEM_ACTIVATIONS), F32(N * C, GM_MEM_ACTIVATIONS);
-
-    /* backward workspace (layout()): residual gradient (all streams), two C-wide temporaries, q/k/v
-     * and attention-output gradients at the widest layer, FFN gradients at the widest FFN (MoE: k
-     * experts' intermediates per token), LoRA temporaries; AltUp needs a second stream-wide
-     * gradient (prediction backward), MoE the router-logit gradient */
-    int64_t Fwork = Fmax;
-    if (c->n_experts > 0 && c->experts_top_k * c->expert_ffn > Fwork) Fwork = c->experts_top_k * c->expert_ffn;
-    F32(N * C * A, GM_MEM_WORKSPACE);
-    if (A > 1) F32(N * C * A, GM_MEM_WORKSPACE);
-    F32(N * C, GM_MEM_WORKSPACE), F32(N * C, GM_MEM_WORKSPACE);
-    F32(N * QWmax, GM_MEM_WORKSPACE), F32(N * QWmax, GM_MEM_WORKSPACE);
-    F32(N * KWmax, GM_MEM_WORKSPACE), F32(N * KWmax, GM_MEM_WORKSPACE);
-    F32(N * Fwork, GM_MEM_WORKSPACE), F32(N * Fwork, GM_MEM_WORKSPACE), F32(N * Fwork, GM_MEM_WORKSPACE);
-    if (c->n_experts > 0) F32(N * c->n_experts, GM_MEM_WORKSPACE);
-    F32(N * r, GM_MEM_WORKSPACE);
-    F32(N * Imax, GM_MEM_WORKSPACE), F32(N * Imax, GM_MEM_WORKSPACE);
-    /* loss (layout()): supervised rows and targets, gathered rows, running log-sum-exp; the
-     * logits chunk LM_ROWS x LM_VOCAB never grows with the 262k vocabulary */
-    I32(N, GM_MEM_WORKSPACE), I32(N, GM_MEM_WORKSPACE);
-    F32(N * C, GM_MEM_WORKSPACE), F32(N * C, GM_MEM_WORKSPACE), F32(N * C, GM_MEM_WORKSPACE), F32(N, GM_MEM_WORKSPACE);
-    int64_t rows = N < LM_ROWS ? N : LM_ROWS, vc = c->vocab_size < LM_VOCAB ? c->vocab_size : LM_VOCAB;
-    F32(rows * vc, GM_MEM_TRANSIENT);
-    for (int i = 0; i < 4; i++) F32(N, GM_MEM_WORKSPACE);
-
-    /* kernel scratch (gm_train.c scratch_floats): attention (n_threads x 2 x T x T + partial dK/dV
-     * per query head) at the widest head, or the widest dequantized weight panel; the LM head's
-     * panel uses the linear weights' stored type as the trainer does */
-    size_t scratch = 0, t;
-    for (int64_t l = 0; l < L; l++) {
-        t = gm_k_attention_scratch_floats(B, T, H, geo(c, l).hd, nt);
-        scratch = t > scratch ? t : scratch;
+    /* backward: the residual gradient of the other AltUp streams and a second stream-wide
+     * gradient (prediction backward); MoE: the FFN gradients at the k experts' width and the
+     * router-logit gradient */
+    if (A > 1) F32(N * C * (A - 1), GM_MEM_WORKSPACE), F32(N * C * A, GM_MEM_WORKSPACE);
+    if (c->n_experts > 0) {
+        int64_t Fwork = c->experts_top_k * c->expert_ffn;
+        if (Fwork > Fmax) F32(N * (Fwork - Fmax), GM_MEM_WORKSPACE), F32(N * (Fwork - Fmax), GM_MEM_WORKSPACE),
+            F32(N * (Fwork - Fmax), GM_MEM_WORKSPACE);
+        F32(N * c->n_experts, GM_MEM_WORKSPACE);
     }
-    gm_dtype kd = kernel_dtype(o->quant, stored);
-    t = gm_k_matmul_scratch_floats(stored, LM_VOCAB, C, nt);
-    scratch = t > scratch ? t : scratch;
-    for (int64_t l = 0; l < L; l++)
-        for (int wl = 0; wl < GM_LIN_COUNT; wl++) {
-            int64_t fin, fout;
-            if (!lin_shape(c, l, wl, &fin, &fout)) continue;
-            t = gm_k_matmul_scratch_floats(kd, fout, fin, nt);
-            scratch = t > scratch ? t : scratch;
-        }
+    /* kernel scratch: one buffer, the widest need - the part's, or a dequantized panel of an
+     * expert or tower matrix */
+    gm_quant q = o->quant;
+    gm_dtype kd = q == GM_QUANT_NF4 ? GM_NF4 : q == GM_QUANT_BF16 ? GM_BF16 : q == GM_QUANT_INT8 ? GM_I8
+                : q == GM_QUANT_F32 ? GM_F32 : stored;
+    size_t scratch = tp.scratch_floats, t;
     if (c->n_experts > 0) {
         t = gm_k_matmul_scratch_floats(kd, C, c->expert_ffn, nt);
         scratch = t > scratch ? t : scratch;
     }
-    if (c->vision_params > 0 && c->arch == GM_ARCH_GEMMA4) {
-        t = gm_k_matmul_scratch_floats(kd, c->vision_hidden, g4_vision_ffn(c), nt);
+    if (c->vision.params > 0 && c->arch == GM_ARCH_GEMMA4) {
+        t = gm_k_matmul_scratch_floats(kd, c->vision.hidden_size, g4_vision_ffn(c), nt);
         scratch = t > scratch ? t : scratch;
     }
-    if (c->audio_params > 0) {
-        t = gm_k_matmul_scratch_floats(kd, c->audio_hidden, 4 * c->audio_hidden, nt);
+    if (c->audio.params > 0) {
+        t = gm_k_matmul_scratch_floats(kd, c->audio.hidden_size, 4 * c->audio.hidden_size, nt);
         scratch = t > scratch ? t : scratch;
     }
-    F32(scratch, GM_MEM_TRANSIENT);
+    if (scratch > tp.scratch_floats) F32(scratch - tp.scratch_floats, GM_MEM_TRANSIENT);
     /* frozen towers, forward only, one item at a time (counted apart from the decoder's scratch,
      * as the trainer reserves every buffer for the whole run) */
-    bool vis = in && in->images > 0 && c->vision_params > 0, aud = in && in->audio_seconds > 0 && c->audio_params > 0;
+    bool vis = in && in->images > 0 && c->vision.params > 0, aud = in && in->audio_seconds > 0 && c->audio.params > 0;
     if (vis) F32(vision_forward_floats(c, nt), GM_MEM_TRANSIENT);
     if (aud) F32(audio_forward_floats(c, in->audio_seconds), GM_MEM_TRANSIENT);
 #undef F32
 #undef I32
-    memcpy(out->by_kind, a.by_kind, sizeof a.by_kind);
+    for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->by_kind[k] = tp.by_kind[k] + a.by_kind[k];
     gm_arena_free(&a);
 
-    /* base weights */
-    base_bytes bw = base_weights(c, o->quant, stored, stored_embed);
-    out->by_kind[GM_MEM_WEIGHTS] = (size_t)(bw.linear + bw.embed + bw.ple + bw.other + bw.vision + bw.audio);
-    bool alias = gm_quant_is_alias(o->quant, stored);
-    const char *lf = alias ? gm_dtype_name(stored) : gm_quant_name(o->quant), *ef = gm_dtype_name(stored_embed);
+    /* base weights: the part's (re-encoded in the arena, or read in place) and the extras */
+    extra_bytes xb = extra_weights(c, q, stored, stored_embed, tp.weight_bytes[GM_W_NORM]);
+    out->by_kind[GM_MEM_WEIGHTS] += tp.alias_bytes + (size_t)(xb.linear + xb.ple + xb.other + xb.vision + xb.audio);
+    bool alias = gm_quant_is_alias(q, stored);
+    const char *lf = alias ? gm_dtype_name(stored) : gm_quant_name(q), *ef = gm_dtype_name(stored_embed);
     size_t n = 0;
-    gib_part(out->base_detail, sizeof out->base_detail, &n, "linear", lf, bw.linear);
-    gib_part(out->base_detail, sizeof out->base_detail, &n, "embeddings", ef, bw.embed);
-    gib_part(out->base_detail, sizeof out->base_detail, &n, "per-layer embeddings", ef, bw.ple);
-    gib_part(out->base_detail, sizeof out->base_detail, &n, "vision tower", lf, bw.vision);
-    gib_part(out->base_detail, sizeof out->base_detail, &n, "audio tower", lf, bw.audio);
-    gib_part(out->base_detail, sizeof out->base_detail, &n, "norms", "f32", bw.other);
+    gib_part(out->base_detail, sizeof out->base_detail, &n, "linear", lf, (double)tp.weight_bytes[GM_W_LINEAR] + xb.linear);
+    gib_part(out->base_detail, sizeof out->base_detail, &n, "embeddings", ef, (double)tp.weight_bytes[GM_W_EMBED]);
+    gib_part(out->base_detail, sizeof out->base_detail, &n, "per-layer embeddings", ef, xb.ple);
+    gib_part(out->base_detail, sizeof out->base_detail, &n, "vision tower", lf, xb.vision);
+    gib_part(out->base_detail, sizeof out->base_detail, &n, "audio tower", lf, xb.audio);
+    gib_part(out->base_detail, sizeof out->base_detail, &n, "norms", "f32", (double)tp.weight_bytes[GM_W_NORM] + xb.other);
 
-    out->by_kind[GM_MEM_TRANSIENT] += gm_plan_checkpoint_bytes(n_trainable);
+    out->n_trainable = tp.n_trainable;
+    out->by_kind[GM_MEM_TRANSIENT] += gm_plan_checkpoint_bytes(out->n_trainable);
     out->runtime = gm_plan_runtime_bytes(c);
     out->total = out->runtime;
     for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->total += out->by_kind[k];
     out->exact = false;
     out->n_params = gm_config_n_params(c);
-    out->n_trainable = n_trainable;
     snprintf(out->note, sizeof out->note,
-             "estimate: the Gemma 3 trainer's f32 layout per layer on T = %lld positions (%lld text + %lld image/audio)%s; "
+             "estimate: the Gemma 3 trainer's own layout on T = %lld positions (%lld text + %lld image/audio)%s; "
              "LoRA on q/k/v/o/gate/up/down only (none on KV-shared k/v, no v where k=v; experts, PLE/AltUp/LAuReL "
              "linears, towers frozen); towers run forward in f32, one item at a time; %s base: every text linear%s, "
              "embeddings %s",

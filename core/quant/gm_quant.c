@@ -30,7 +30,6 @@
 #include "gm_quant.h"
 
 #include "gm_alloc.h"
-#include "gm_mmap.h"    /* gm_mmap_release */
 #include "kernels.h"    /* gm_wview, gm_dequant_wrow */
 #include "nf4_tables.h" /* GM_NF4_CODE, GM_DYNAMIC_MAP_SIGNED */
 
@@ -316,64 +315,6 @@ bool gm_quant_is_alias(gm_quant q, gm_dtype stored) {
            (q == GM_QUANT_BF16 && stored == GM_BF16);
 }
 
-static size_t align_up(size_t b) { return (b + GM_ARENA_ALIGN - 1) / GM_ARENA_ALIGN * GM_ARENA_ALIGN; }
-
-/* Arena bytes of one converted (N, K) matrix in format q (same rounding as gm_arena_alloc). */
-static size_t matrix_bytes(gm_quant q, int64_t N, int64_t K) {
-    size_t nk = (size_t)N * (size_t)K;
-    switch (q) {
-    case GM_QUANT_F32: return align_up(nk * 4);
-    case GM_QUANT_BF16: return align_up(nk * 2);
-    case GM_QUANT_INT8: return align_up(nk) + align_up((size_t)N * 4);
-    case GM_QUANT_NF4: {
-        gm_nf4_sizes s = gm_nf4_sizes_of((int64_t)nk);
-        return align_up(s.packed_bytes) + align_up((size_t)s.n_blocks) + align_up((size_t)s.n_groups * 4);
-    }
-    default: GM_ASSERT(!"no converted size for this format"); return 0;
-    }
-}
-
-/* (N, K) of linear w of layer l, from the config (gm_layer_weights shapes in gm_model.h). */
-static void linear_shape(const gm_config *cfg, int64_t l, int w, int64_t *N, int64_t *K) {
-    int64_t C = cfg->hidden_size, HD = cfg->n_heads * cfg->head_dim, KVD = cfg->n_kv_heads * cfg->head_dim;
-    int64_t F = cfg->ffn_dim[l] > 0 ? cfg->ffn_dim[l] : cfg->intermediate_size;
-    switch ((gm_linear)w) {
-    case GM_LIN_Q: *N = HD, *K = C; return;
-    case GM_LIN_K:
-    case GM_LIN_V: *N = KVD, *K = C; return;
-    case GM_LIN_O: *N = C, *K = HD; return;
-    case GM_LIN_GATE:
-    case GM_LIN_UP: *N = F, *K = C; return;
-    default: *N = C, *K = F; return; /* down */
-    }
-}
-
-size_t gm_quant_bytes(const gm_config *cfg, gm_quant q, gm_dtype stored_linear_dtype) {
-    GM_ASSERT((unsigned)q < GM_QUANT_COUNT);
-    const gm_dtype_info *in = gm_dtype_get(stored_linear_dtype);
-    size_t total = 0;
-    for (int64_t l = 0; l < cfg->n_layers; l++)
-        for (int w = 0; w < GM_LIN_COUNT; w++) {
-            int64_t N, K;
-            linear_shape(cfg, l, w, &N, &K);
-            if (gm_quant_is_alias(q, stored_linear_dtype)) {
-                int64_t blocks = (K + in->block_size - 1) / in->block_size; /* rounded up if K is not whole blocks */
-                total += (size_t)N * (size_t)blocks * (size_t)in->type_size;
-            } else {
-                total += matrix_bytes(q, N, K);
-            }
-        }
-    return total;
-}
-
-/* Transient host buffers of one gm_quant_layout call, sized for its largest matrix. */
-typedef struct quant_work {
-    int n_threads;
-    float *rows;    /* n_threads * K_max: one dequantized row per thread (bf16, int8) */
-    float *panel;   /* NF4: n_threads panels of whole 64-blocks, panel_max floats each */
-    float *absmax;  /* NF4: first-level absmax of one matrix */
-} quant_work;
-
 /* Rows per NF4 panel for K columns: a multiple of 64/gcd(K, 64) (so a panel is whole 64-blocks)
  * near 2^14 elements (64 KiB of f32 per thread, in cache; enough panels to balance the threads). */
 static int64_t nf4_panel_rows(int64_t K, int64_t N) {
@@ -394,7 +335,7 @@ static void encode_f32(const gm_wview *src, float *dst, int nt) {
     for (int64_t r = 0; r < src->rows; r++) gm_dequant_wrow(src, r, dst + r * K);
 }
 
-static void encode_bf16(const gm_wview *src, uint16_t *dst, quant_work *w) {
+static void encode_bf16(const gm_wview *src, uint16_t *dst, gm_quant_work *w) {
     int64_t K = src->cols;
 #pragma omp parallel num_threads(w->n_threads)
     {
@@ -407,7 +348,7 @@ static void encode_bf16(const gm_wview *src, uint16_t *dst, quant_work *w) {
     }
 }
 
-static void encode_int8(const gm_wview *src, int8_t *q, float *scale, quant_work *w) {
+static void encode_int8(const gm_wview *src, int8_t *q, float *scale, gm_quant_work *w) {
     int64_t K = src->cols;
 #pragma omp parallel num_threads(w->n_threads)
     {
@@ -422,7 +363,7 @@ static void encode_int8(const gm_wview *src, int8_t *q, float *scale, quant_work
 
 /* Each thread takes whole panels: dequantizes the rows into its own buffer, NF4-encodes them (blocks
  * never straddle panels), then the matrix's absmax vector is double-quantized. */
-static void encode_nf4(const gm_wview *src, gm_wview *dst, quant_work *w) {
+static void encode_nf4(const gm_wview *src, gm_wview *dst, gm_quant_work *w) {
     int64_t N = src->rows, K = src->cols, n = N * K;
     int64_t R = nf4_panel_rows(K, N), n_panels = (N + R - 1) / R;
     uint8_t *packed = (uint8_t *)dst->data;
@@ -445,9 +386,7 @@ static void encode_nf4(const gm_wview *src, gm_wview *dst, quant_work *w) {
     dst->absmax_offset = offset;
 }
 
-/* Reserves (measuring) or allocates and fills (committed) linear (l, w) in format q. */
-static void layout_linear(const gm_wview *src, gm_quant q, gm_arena *a, gm_wview *dst, quant_work *work) {
-    int64_t N = src->rows, K = src->cols;
+void gm_quant_reserve(gm_quant q, int64_t N, int64_t K, gm_arena *a, gm_wview *dst) {
     size_t nk = (size_t)N * (size_t)K;
     memset(dst, 0, sizeof *dst);
     dst->rows = N;
@@ -457,20 +396,17 @@ static void layout_linear(const gm_wview *src, gm_quant q, gm_arena *a, gm_wview
         dst->type = GM_F32;
         dst->row_bytes = (size_t)K * 4;
         dst->data = gm_arena_alloc(a, nk * 4, GM_MEM_WEIGHTS);
-        if (a->committed) encode_f32(src, (float *)dst->data, work->n_threads);
         return;
     case GM_QUANT_BF16:
         dst->type = GM_BF16;
         dst->row_bytes = (size_t)K * 2;
         dst->data = gm_arena_alloc(a, nk * 2, GM_MEM_WEIGHTS);
-        if (a->committed) encode_bf16(src, (uint16_t *)dst->data, work);
         return;
     case GM_QUANT_INT8:
         dst->type = GM_I8;
         dst->row_bytes = (size_t)K;
         dst->data = gm_arena_alloc(a, nk, GM_MEM_WEIGHTS);
         dst->row_scale = gm_arena_alloc(a, (size_t)N * 4, GM_MEM_WEIGHTS);
-        if (a->committed) encode_int8(src, (int8_t *)dst->data, (float *)dst->row_scale, work);
         return;
     case GM_QUANT_NF4: {
         gm_nf4_sizes s = gm_nf4_sizes_of((int64_t)nk);
@@ -479,71 +415,53 @@ static void layout_linear(const gm_wview *src, gm_quant q, gm_arena *a, gm_wview
         dst->data = gm_arena_alloc(a, s.packed_bytes, GM_MEM_WEIGHTS);
         dst->absmax_code = gm_arena_alloc(a, (size_t)s.n_blocks, GM_MEM_WEIGHTS);
         dst->absmax2 = gm_arena_alloc(a, (size_t)s.n_groups * 4, GM_MEM_WEIGHTS);
-        if (a->committed) encode_nf4(src, dst, work);
         return;
     }
-    default: GM_ASSERT(!"layout_linear: format aliases or is invalid");
+    default: GM_ASSERT(!"gm_quant_reserve: format aliases or is invalid");
     }
 }
 
-gm_status gm_quant_layout(const gm_model *m, gm_quant q, gm_arena *a, gm_weights_view *out, int n_threads,
-                          gm_error *err) {
-    GM_ASSERT(m && a && out);
-    if ((unsigned)q >= GM_QUANT_COUNT)
-        return gm_error_set(err, GM_ERR_INVALID, "gm_quant_layout: invalid format %d; allowed: stored, f32, "
-                            "bf16, nf4, int8", (int)q);
-    if (a->device != GM_DEVICE_CPU)
-        return gm_error_set(err, GM_ERR_UNSUPPORTED,
-                            "gm_quant_layout: arena '%s' is a device arena; weights are re-encoded on the host\n"
-                            "hint: lay them out in a host arena and copy the buffers with gm_device_copy",
-                            a->name ? a->name : "?");
-    const gm_weights_view *sv = m->views;
-    const int64_t L = m->cfg.n_layers;
-    *out = *sv; /* embed, lm_head, and every linear that stays as stored */
-    if (q == GM_QUANT_STORED) return GM_OK;
+void gm_quant_work_init(gm_quant_work *w, gm_quant q, int n_threads) {
+    memset(w, 0, sizeof *w);
+    w->q = q;
+    w->n_threads = threads_or_default(n_threads);
+}
 
-    quant_work work = {threads_or_default(n_threads), NULL, NULL, NULL};
-    if (a->committed) {
-        /* transient buffers for the largest matrix, before touching the arena */
-        int64_t k_max = 0, panel_max = 0, nb_max = 0;
-        for (int64_t l = 0; l < L; l++)
-            for (int w = 0; w < GM_LIN_COUNT; w++) {
-                const gm_wview *s = &sv->lin[l][w];
-                if (!s->data || gm_quant_is_alias(q, s->type)) continue;
-                if (s->cols > k_max) k_max = s->cols;
-                if (q == GM_QUANT_NF4) {
-                    int64_t p = nf4_panel_rows(s->cols, s->rows) * s->cols;
-                    if (p > panel_max) panel_max = p;
-                    int64_t nb = gm_nf4_sizes_of(s->rows * s->cols).n_blocks;
-                    if (nb > nb_max) nb_max = nb;
-                }
-            }
-        size_t row_floats = (size_t)work.n_threads * (size_t)k_max;
-        work.rows = gm_malloc((row_floats ? row_floats : 1) * sizeof(float));
-        work.panel = gm_malloc((size_t)work.n_threads * (size_t)(panel_max ? panel_max : 1) * sizeof(float));
-        work.absmax = gm_malloc((size_t)(nb_max ? nb_max : 1) * sizeof(float));
-        if (!work.rows || !work.panel || !work.absmax) {
-            gm_free(work.rows);
-            gm_free(work.panel);
-            gm_free(work.absmax);
-            return gm_error_set(err, GM_ERR_NOMEM,
-                                "gm_quant_layout: cannot allocate %.1f MiB of transient buffers for %s",
-                                (double)(row_floats + (size_t)work.n_threads * (size_t)panel_max + (size_t)nb_max) *
-                                    4.0 / 1048576.0,
-                                gm_quant_name(q));
-        }
+void gm_quant_work_size(gm_quant_work *w, int64_t N, int64_t K) {
+    if (K > w->k_max) w->k_max = K;
+    if (w->q == GM_QUANT_NF4) {
+        int64_t p = nf4_panel_rows(K, N) * K, nb = gm_nf4_sizes_of(N * K).n_blocks;
+        if (p > w->panel_max) w->panel_max = p;
+        if (nb > w->nb_max) w->nb_max = nb;
     }
-    for (int64_t l = 0; l < L; l++)
-        for (int w = 0; w < GM_LIN_COUNT; w++) {
-            const gm_wview *s = &sv->lin[l][w];
-            if (!s->data || gm_quant_is_alias(q, s->type)) continue; /* absent (shared) or free */
-            layout_linear(s, q, a, &out->lin[l][w], &work);
-            /* the source is not read again: its mapped pages leave resident memory now, so the
-             * re-encoding never holds the whole stored base beside the new one */
-            if (a->committed) gm_mmap_release(s->data, (size_t)s->rows * s->row_bytes);
-        }
-    gm_free(work.rows);
-    gm_free(work.panel);
-    gm_free(work.absmax);
+}
+
+gm_status gm_quant_work_alloc(gm_quant_work *w, gm_error *err) {
+    size_t row_floats = (size_t)w->n_threads * (size_t)w->k_max, panel = (size_t)w->n_threads * (size_t)w->panel_max;
+    w->rows = gm_malloc((row_floats ? row_floats : 1) * sizeof(float));
+    w->panel = gm_malloc((panel ? panel : 1) * sizeof(float));
+    w->absmax = gm_malloc((size_t)(w->nb_max ? w->nb_max : 1) * sizeof(float));
+    if (!w->rows || !w->panel || !w->absmax) {
+        gm_quant_work_free(w);
+        return gm_error_set(err, GM_ERR_NOMEM, "cannot allocate %.1f MiB of transient buffers to re-encode weights to %s",
+                            (double)(row_floats + panel + (size_t)w->nb_max) * 4.0 / 1048576.0, gm_quant_name(w->q));
+    }
     return GM_OK;
+}
+
+void gm_quant_work_free(gm_quant_work *w) {
+    gm_free(w->rows);
+    gm_free(w->panel);
+    gm_free(w->absmax);
+    w->rows = w->panel = w->absmax = NULL;
+}
+
+void gm_quant_encode(const gm_wview *src, gm_wview *dst, gm_quant_work *w) {
+    switch (w->q) {
+    case GM_QUANT_F32: encode_f32(src, (float *)dst->data, w->n_threads); return;
+    case GM_QUANT_BF16: encode_bf16(src, (uint16_t *)dst->data, w); return;
+    case GM_QUANT_INT8: encode_int8(src, (int8_t *)dst->data, (float *)dst->row_scale, w); return;
+    case GM_QUANT_NF4: encode_nf4(src, dst, w); return;
+    default: GM_ASSERT(!"gm_quant_encode: format aliases or is invalid");
+    }
 }

@@ -1,7 +1,7 @@
 /*
  * gm_quant.h - quantizers for the frozen base weights: bitsandbytes NF4 with double quantization
- * (QLoRA), LLM.int8-style vector-wise int8, bf16/f32 copies, and the model-level re-encoding that
- * turns a loaded model's linears into a gm_weights_view in one of those formats.
+ * (QLoRA), LLM.int8-style vector-wise int8, bf16/f32 copies, and the re-encoding of one weight
+ * matrix into one of those formats (core/model/gm_weights.c walks a model's linears with it).
  *
  * NF4 reproduces bitsandbytes 0.50.2 `quantize_4bit(x, blocksize=64, compress_statistics=True,
  * quant_type="nf4")` on CPU bit for bit (formats.md §5.1; the arithmetic is restated at each
@@ -10,17 +10,15 @@
  * tests/ref/nf4_ref.h5). Int8 is LLM.int8's vector-wise quantization without the outlier
  * decomposition (formats.md §5.2).
  *
- * gm_quant_layout follows the two-pass arena protocol of gm_arena.h: on a measuring arena it only
- * reserves bytes (kind GM_MEM_WEIGHTS); on the committed arena it fills them. Embedding and LM head
- * are never re-encoded (frozen, tied; QLoRA keeps them unquantized).
+ * gm_quant_reserve follows the two-pass arena protocol of gm_arena.h: on a measuring arena it only
+ * reserves bytes (kind GM_MEM_WEIGHTS); on the committed arena it hands out the buffers that
+ * gm_quant_encode fills.
  *
  * Ownership: nothing here keeps state. The array functions write into caller buffers of the sizes
- * given by gm_nf4_sizes_of (or documented per function). Views produced by gm_quant_layout borrow
- * the arena (converted linears) and the model (embedding, LM head, and linears left as stored):
- * valid until gm_arena_free/gm_arena_reset or gm_model_free, whichever comes first.
- * Errors: gm_quant_from_name returns GM_ERR_INVALID listing the allowed names; gm_quant_layout
- * returns GM_ERR_INVALID (bad gm_quant), GM_ERR_UNSUPPORTED (a device arena: quantize on the host),
- * GM_ERR_NOMEM (its transient host buffers). The array functions cannot fail (misuse asserts).
+ * given by gm_nf4_sizes_of (or documented per function). Views set up by gm_quant_reserve borrow
+ * the arena; gm_quant_work owns its transient buffers until gm_quant_work_free.
+ * Errors: gm_quant_from_name returns GM_ERR_INVALID listing the allowed names; gm_quant_work_alloc
+ * returns GM_ERR_NOMEM. The array functions cannot fail (misuse asserts).
  * Thread-safety: all functions are reentrant; they use OpenMP with the thread count passed in, and
  * their results do not depend on it.
  */
@@ -30,7 +28,7 @@
 #include "gm_arena.h"  /* gm_arena, GM_MEM_WEIGHTS */
 #include "gm_config.h"
 #include "gm_dtype.h"
-#include "gm_model.h" /* gm_model, gm_weights_view */
+#include "kernels.h"  /* gm_wview */
 #include "gm_status.h"
 
 #include <stdbool.h>
@@ -131,32 +129,43 @@ void gm_nf4_dequantize(const uint8_t *packed, const uint8_t *absmax_code, const 
  * An all-zero row gives q = 0 and scale 0. q (rows*cols), row_scale (rows). */
 void gm_int8_quantize(const float *x, int64_t rows, int64_t cols, int8_t *q, float *row_scale, int n_threads);
 
-/* ---- model re-encoding ---------------------------------------------------------------------- */
+/* ---- matrix re-encoding (the model-level walk is core/model/gm_weights.c) ------------------ */
 
-/* True when format q for a linear stored as `stored` aliases the model's memory (STORED always;
- * F32 of f32; BF16 of bf16): gm_quant_layout then reserves nothing for it. */
+/* True when format q for a matrix stored as `stored` aliases the stored bytes (STORED always;
+ * F32 of f32; BF16 of bf16): nothing is re-encoded or reserved for it. */
 bool gm_quant_is_alias(gm_quant q, gm_dtype stored);
 
-/* Bytes of all linear weights (q,k,v,o,gate,up,down of every layer) of a model with this config in
- * format q, with each buffer rounded up to GM_ARENA_ALIGN as gm_quant_layout reserves them. For
- * formats that alias (gm_quant_is_alias) it is the stored size - mmapped, not in the arena; for
- * GGUF files that mix block types (Q4_K_M) pass the dominant type: the result is then approximate.
- *   f32 4NK, bf16 2NK, int8 NK + 4N, nf4 NK/2 + NK/64 + 4*ceil(NK/16384) (+ alignment). */
-size_t gm_quant_bytes(const gm_config *cfg, gm_quant q, gm_dtype stored_linear_dtype);
+/* Reserves (measuring arena) or allocates (committed arena) the buffers of one (N, K) matrix in
+ * format q (one that does not alias): dst gets type, shape, row_bytes and, committed, its
+ * uninitialized buffers. Bytes, each buffer rounded to GM_ARENA_ALIGN: f32 4NK, bf16 2NK,
+ * int8 NK + 4N (codes, row scales), nf4 NK/2 + NK/64 + 4 ceil(NK/16384) (packed codes, absmax
+ * codes, second-level absmax). All kind GM_MEM_WEIGHTS. */
+void gm_quant_reserve(gm_quant q, int64_t N, int64_t K, gm_arena *a, gm_wview *dst);
 
-/* Lays out (measuring arena) or builds (committed arena) the weight views of m with every linear
- * in format q. Each linear W (N, K) is dequantized row by row from m->views->lin[l][w]
- * (gm_dequant_wrow: any GGUF block type, bf16, f16, f32) and re-encoded; NF4 quantizes the whole
- * (N, K) matrix flattened row-major, as bitsandbytes flattens a Linear weight. Linears for which
- * gm_quant_is_alias holds keep the model's view; embed and lm_head are always the model's views.
- * The arena must be a host arena. On a measuring arena only the sizes are reserved and `out` gets
- * shapes and types but NULL data. Work is split over n_threads OpenMP threads (< 1: OpenMP's
- * default); the bytes produced do not depend on the thread count. Transient host buffers (a row and
- * an NF4 panel of ~16K floats per thread, the first-level absmax of the largest matrix) are
- * gm_malloc'd before the arena is touched and freed before returning. Time on 2 threads for
- * Gemma 3 270M (100 M weights from Q4_K_M): nf4 ~1.9 s, bf16 ~0.5 s, int8 ~0.5 s. */
-gm_status gm_quant_layout(const gm_model *m, gm_quant q, gm_arena *a, gm_weights_view *out, int n_threads,
-                          gm_error *err);
+/* Transient host buffers for re-encoding a set of matrices: size it with gm_quant_work_size for
+ * every matrix, allocate, encode, free. */
+typedef struct gm_quant_work {
+    gm_quant q;
+    int n_threads;              /* OpenMP threads (< 1: OpenMP's default) */
+    int64_t k_max, panel_max, nb_max;
+    float *rows;                /* n_threads * k_max: one dequantized row per thread (bf16, int8) */
+    float *panel;               /* NF4: n_threads panels of whole 64-blocks, panel_max floats each */
+    float *absmax;              /* NF4: first-level absmax of one matrix (nb_max) */
+} gm_quant_work;
+
+void gm_quant_work_init(gm_quant_work *w, gm_quant q, int n_threads);
+/* Grows the work's sizes for one (N, K) matrix. */
+void gm_quant_work_size(gm_quant_work *w, int64_t N, int64_t K);
+/* Allocates the buffers (gm_malloc): GM_ERR_NOMEM naming the size. */
+gm_status gm_quant_work_alloc(gm_quant_work *w, gm_error *err);
+void gm_quant_work_free(gm_quant_work *w);
+
+/* Re-encodes src (any storage gm_dequant_wrow reads: GGUF blocks, bf16, f16, f32) into dst, which
+ * gm_quant_reserve set up on a committed HOST arena for the work's format. Row by row, or for
+ * NF4 panel by panel of the (N, K) matrix flattened row-major as bitsandbytes flattens a Linear
+ * weight; the bytes do not depend on the thread count. Time on 2 threads for Gemma 3 270M's
+ * linears (100 M weights from Q4_K_M): nf4 ~1.9 s, bf16 ~0.5 s, int8 ~0.5 s. */
+void gm_quant_encode(const gm_wview *src, gm_wview *dst, gm_quant_work *w);
 
 #ifdef __cplusplus
 }

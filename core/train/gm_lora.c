@@ -1,12 +1,15 @@
 /*
- * gm_lora.c - LoRA adapter description: targets, shapes, PEFT names, scaling, init.
+ * gm_lora.c - LoRA adapters: module names from the architecture's spec, PEFT-style target
+ * matching, shapes, PEFT keys, scaling, buffers and initialization. See gm_lora.h.
  */
 #include "gm_lora.h"
 
+#include "gm_alloc.h"
 #include "gm_rng.h"
 
 #include <ctype.h>
 #include <math.h>
+#include <regex.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -15,38 +18,9 @@ gm_lora_config gm_lora_config_default(void) {
     memset(&c, 0, sizeof c);
     c.rank = 8;
     c.alpha = 8.0f;
-    c.targets = (1u << GM_LIN_COUNT) - 1u;
+    snprintf(c.targets, sizeof c.targets, "all-linear");
     for (int i = 0; i < GM_MAX_LAYERS; i++) c.layers[i] = true;
     return c;
-}
-
-gm_status gm_lora_parse_targets(const char *spec, uint32_t *targets, gm_error *err) {
-    *targets = 0;
-    if (strcmp(spec, "all-linear") == 0) {
-        *targets = (1u << GM_LIN_COUNT) - 1u;
-        return GM_OK;
-    }
-    const char *p = spec;
-    while (*p) {
-        while (*p == ',' || isspace((unsigned char)*p)) p++;
-        if (!*p) break;
-        const char *e = p;
-        while (*e && *e != ',' && !isspace((unsigned char)*e)) e++;
-        int found = -1;
-        for (int w = 0; w < GM_LIN_COUNT; w++)
-            if (strlen(gm_linear_name((gm_linear)w)) == (size_t)(e - p) && strncmp(gm_linear_name((gm_linear)w), p, (size_t)(e - p)) == 0)
-                found = w;
-        if (found < 0)
-            return gm_error_set(err, GM_ERR_INVALID,
-                                "unknown target module '%.*s' (allowed: all-linear, q_proj, k_proj, v_proj, o_proj, "
-                                "gate_proj, up_proj, down_proj)",
-                                (int)(e - p), p);
-        *targets |= 1u << found;
-        p = e;
-    }
-    if (!*targets)
-        return gm_error_set(err, GM_ERR_INVALID, "no target modules given (use \"all-linear\" or a list such as \"q_proj,v_proj\")");
-    return GM_OK;
 }
 
 gm_status gm_lora_config_validate(const gm_lora_config *lc, const gm_config *mc, gm_error *err) {
@@ -56,8 +30,8 @@ gm_status gm_lora_config_validate(const gm_lora_config *lc, const gm_config *mc,
         return gm_error_set(err, GM_ERR_INVALID, "alpha = %g: must be a positive number", (double)lc->alpha);
     if (!(lc->dropout >= 0 && lc->dropout < 1))
         return gm_error_set(err, GM_ERR_INVALID, "dropout = %g: must be in [0, 1)", (double)lc->dropout);
-    if (!lc->targets || lc->targets >= (1u << GM_LIN_COUNT))
-        return gm_error_set(err, GM_ERR_INVALID, "no valid target modules");
+    if (!lc->targets[0])
+        return gm_error_set(err, GM_ERR_INVALID, "no target modules given (use \"all-linear\" or a list such as \"q_proj,v_proj\")");
     /* an explicit layer list (the default selects every slot) must name layers the model has */
     bool all = true;
     for (int l = 0; l < GM_MAX_LAYERS; l++) all = all && lc->layers[l];
@@ -76,49 +50,253 @@ float gm_lora_scaling(const gm_lora_config *lc) {
     return lc->rslora ? lc->alpha / sqrtf((float)lc->rank) : lc->alpha / (float)lc->rank;
 }
 
-void gm_lora_linear_shape(const gm_config *mc, int layer, gm_linear which, int64_t *in, int64_t *out) {
-    int64_t C = mc->hidden_size, Q = mc->n_heads * mc->head_dim, KV = mc->n_kv_heads * mc->head_dim,
-            F = mc->ffn_dim[layer];
-    switch (which) {
-    case GM_LIN_Q: *in = C, *out = Q; break;
-    case GM_LIN_K:
-    case GM_LIN_V: *in = C, *out = KV; break;
-    case GM_LIN_O: *in = Q, *out = C; break;
-    case GM_LIN_GATE:
-    case GM_LIN_UP: *in = C, *out = F; break;
-    case GM_LIN_DOWN: *in = F, *out = C; break;
-    default: *in = *out = 0;
+/* ---- target matching ---------------------------------------------------------------------- */
+
+/* A target string is a regular expression when it uses regex syntax beyond a name's
+ * characters ('.' alone is a name separator: "self_attn.q_proj" is a suffix, as in PEFT lists). */
+static bool is_regex(const char *t) { return strpbrk(t, "^$*+?()[]{}|\\") != NULL; }
+
+/* Calls fn on each entry of a name list ("a,b c"); stops when fn returns true. */
+static bool any_entry(const char *list, bool (*fn)(const char *e, size_t n, const void *u), const void *u) {
+    const char *p = list;
+    while (*p) {
+        while (*p == ',' || isspace((unsigned char)*p)) p++;
+        if (!*p) break;
+        const char *e = p;
+        while (*e && *e != ',' && !isspace((unsigned char)*e)) e++;
+        if (fn(p, (size_t)(e - p), u)) return true;
+        p = e;
+    }
+    return false;
+}
+
+/* PEFT: key == target or key.endswith("." + target) */
+static bool suffix_match(const char *e, size_t n, const void *u) {
+    const char *module = u;
+    size_t m = strlen(module);
+    if (m == n) return strncmp(module, e, n) == 0;
+    return m > n && module[m - n - 1] == '.' && strncmp(module + m - n, e, n) == 0;
+}
+
+static bool regex_full_match(const char *pattern, const char *s, bool *bad) {
+    char anchored[GM_LORA_TARGETS_MAX + 8];
+    snprintf(anchored, sizeof anchored, "^(%s)$", pattern);
+    regex_t re;
+    if (regcomp(&re, anchored, REG_EXTENDED | REG_NOSUB) != 0) {
+        if (bad) *bad = true;
+        return false;
+    }
+    bool ok = regexec(&re, s, 0, NULL, 0) == 0;
+    regfree(&re);
+    return ok;
+}
+
+bool gm_lora_target_matches(const char *targets, const char *module) {
+    if (strcmp(targets, "all-linear") == 0) return true;
+    if (is_regex(targets)) return regex_full_match(targets, module, NULL);
+    return any_entry(targets, suffix_match, module);
+}
+
+void gm_lora_targets_join(const char *const *names, int n, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && k < cap; i++) {
+        int w = snprintf(buf + k, cap - k, "%s%s", i ? "," : "", names[i]);
+        if (w > 0) k += (size_t)w;
     }
 }
 
-void gm_lora_peft_name(int layer, gm_linear which, char ab, char *buf, size_t cap) {
-    const char *block = which <= GM_LIN_O ? "self_attn" : "mlp";
-    snprintf(buf, cap, "base_model.model.model.layers.%d.%s.%s.lora_%c.weight", layer, block,
-             gm_linear_name(which), ab);
+/* ---- description -------------------------------------------------------------------------- */
+
+/* The distinct short names of the targetable modules ("q_proj, k_proj, ..."), for messages. */
+static void module_names(const gm_arch_def *arch, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int s = 0; s < arch->n_layer && k < cap; s++) {
+        if (arch->layer[s].lora_id < 0) continue;
+        const char *hf = arch->layer[s].hf, *dot = strrchr(hf, '.');
+        const char *start = hf;
+        /* the last component before ".weight" */
+        for (const char *p = hf; p < dot; p++)
+            if (*p == '.') start = p + 1;
+        int w = snprintf(buf + k, cap - k, "%s%.*s", k ? ", " : "", (int)(dot - start), start);
+        if (w > 0) k += (size_t)w;
+    }
 }
 
-int64_t gm_lora_count(const gm_lora_config *lc, const gm_config *mc, int64_t *n_params) {
-    int64_t n = 0, p = 0;
+/* Entry of a name list that matches no module: its text into `bad` (returns true to stop). */
+typedef struct unmatched_ctx {
+    const gm_arch_def *arch;
+    const char *prefix;
+    char *bad;
+    size_t cap;
+} unmatched_ctx;
+
+static bool entry_matches_none(const char *e, size_t n, const void *u) {
+    const unmatched_ctx *c = u;
+    char module[160];
+    for (int s = 0; s < c->arch->n_layer; s++) {
+        const gm_weight_spec *w = &c->arch->layer[s];
+        if (w->lora_id < 0) continue;
+        /* any layer gives the same suffixes: check layer 0's name */
+        snprintf(module, sizeof module, "%slayers.0.%.*s", c->prefix, (int)(strlen(w->hf) - strlen(".weight")), w->hf);
+        if (suffix_match(e, n, module)) return false;
+    }
+    snprintf(c->bad, c->cap, "%.*s", (int)n, e);
+    return true;
+}
+
+/* Which modules get an adapter: those lc's targets and layers select, or (only != NULL) those
+ * named in the list (matched on "layers.N.<module>"). */
+static bool wanted(const gm_lora_config *lc, const char *module, int64_t l, const char *const *only, int n_only) {
+    if (!only) return lc->layers[l] && gm_lora_target_matches(lc->targets, module);
+    const char *tail = strstr(module, "layers.");
+    for (int i = 0; i < n_only; i++) {
+        const char *t = strstr(only[i], "layers.");
+        if (t && tail && strcmp(t, tail) == 0) return true;
+    }
+    return false;
+}
+
+static gm_status describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_def *arch, const gm_config *mc,
+                          const char *prefix, const char *const *only, int n_only, const char *names, gm_error *err) {
+    lo->cfg = *lc;
+    lo->scaling = gm_lora_scaling(lc);
+    lo->n_layers = mc->n_layers;
+    lo->n_slots = arch->n_layer;
+    lo->in_max = 1;
+    lo->index = gm_malloc((size_t)(lo->n_layers * lo->n_slots) * sizeof(int));
+    lo->ad = gm_calloc((size_t)(lo->n_layers * lo->n_slots), sizeof *lo->ad);
+    if (!lo->index || !lo->ad) {
+        gm_lora_free(lo);
+        return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    }
     for (int64_t l = 0; l < mc->n_layers; l++) {
-        if (!lc->layers[l]) continue;
-        for (int w = 0; w < GM_LIN_COUNT; w++) {
-            if (!(lc->targets & (1u << w))) continue;
-            int64_t in, out;
-            gm_lora_linear_shape(mc, (int)l, (gm_linear)w, &in, &out);
-            n++;
-            p += (int64_t)lc->rank * (in + out);
+        for (int s = 0; s < arch->n_layer; s++) {
+            const gm_weight_spec *w = &arch->layer[s];
+            lo->index[l * lo->n_slots + s] = -1;
+            if (w->lora_id < 0 || w->kind != GM_W_LINEAR || !gm_weight_present(w, mc, l)) continue;
+            char module[128];
+            snprintf(module, sizeof module, "%slayers.%lld.%.*s", prefix, (long long)l,
+                     (int)(strlen(w->hf) - strlen(".weight")), w->hf);
+            if (!wanted(lc, module, l, only, n_only)) continue;
+            gm_lora_adapter *ad = &lo->ad[lo->n];
+            snprintf(ad->module, sizeof ad->module, "%s", module);
+            ad->layer = (int)l;
+            ad->slot = s;
+            ad->lora_id = w->lora_id;
+            ad->out = gm_dim_value(mc, l, w->rows, lc->rank);
+            ad->in = gm_dim_value(mc, l, w->cols, lc->rank);
+            snprintf(ad->name_A, sizeof ad->name_A, "base_model.model.%s.lora_A.weight", module);
+            snprintf(ad->name_B, sizeof ad->name_B, "base_model.model.%s.lora_B.weight", module);
+            if (ad->in > lo->in_max) lo->in_max = ad->in;
+            lo->n_params += (int64_t)lc->rank * (ad->in + ad->out);
+            lo->slot_used[s] = true;
+            lo->index[l * lo->n_slots + s] = lo->n++;
         }
     }
-    if (n_params) *n_params = p;
-    return n;
+    if (lo->n == 0) {
+        gm_lora_free(lo);
+        return gm_error_set(err, GM_ERR_INVALID, "targets '%s' select no module of this model (modules: %s; e.g. %slayers.0.%s)",
+                            lc->targets, names, prefix, "self_attn.q_proj");
+    }
+    return GM_OK;
 }
 
-void gm_lora_init_adapter(const gm_lora_config *lc, gm_lora_adapter *ad) {
+
+gm_status gm_lora_describe_modules(gm_lora *lo, const gm_lora_config *lc, const gm_arch_def *arch, const gm_config *mc,
+                                   const char *prefix, const char *const *modules, int n_modules, gm_error *err) {
+    memset(lo, 0, sizeof *lo);
+    if (!prefix) prefix = "model.";
+    char names[256];
+    module_names(arch, names, sizeof names);
+    gm_lora_config all = *lc;
+    for (int l = 0; l < GM_MAX_LAYERS; l++) all.layers[l] = true;
+    snprintf(all.targets, sizeof all.targets, "all-linear");
+    GM_TRY(gm_lora_config_validate(&all, mc, err));
+    /* every listed module must be one this model has */
+    for (int i = 0; i < n_modules; i++) {
+        const char *t = strstr(modules[i], "layers.");
+        long long layer = -1;
+        int off = 0;
+        bool ok = t && sscanf(t, "layers.%lld.%n", &layer, &off) == 1 && off > 0 && layer >= 0 && layer < mc->n_layers;
+        int slot = -1;
+        if (ok) {
+            char hf[160];
+            snprintf(hf, sizeof hf, "%s.weight", t + off);
+            slot = gm_arch_slot(arch, hf);
+        }
+        if (!ok || slot < 0 || arch->layer[slot].lora_id < 0 || !gm_weight_present(&arch->layer[slot], mc, layer))
+            return gm_error_set(err, GM_ERR_INVALID,
+                                "adapter module '%s' is not a LoRA-targetable module of this model (%lld layers; modules: %s)",
+                                modules[i], (long long)mc->n_layers, names);
+    }
+    return describe(lo, &all, arch, mc, prefix, modules, n_modules, names, err);
+}
+
+gm_status gm_lora_targets_check(const char *targets, const gm_arch_def *arch, const char *prefix, gm_error *err) {
+    if (!prefix) prefix = "model.";
+    if (!targets[0])
+        return gm_error_set(err, GM_ERR_INVALID, "no target modules given (use \"all-linear\" or a list such as \"q_proj,v_proj\")");
+    if (strcmp(targets, "all-linear") == 0) return GM_OK;
+    char names[256];
+    module_names(arch, names, sizeof names);
+    if (is_regex(targets)) {
+        bool bad = false;
+        regex_full_match(targets, "", &bad);
+        if (bad)
+            return gm_error_set(err, GM_ERR_INVALID, "targets '%s': not a valid regular expression (POSIX extended syntax)",
+                                targets);
+        return GM_OK;
+    }
+    char bad[128] = "";
+    unmatched_ctx uc = {arch, prefix, bad, sizeof bad};
+    if (any_entry(targets, entry_matches_none, &uc))
+        return gm_error_set(err, GM_ERR_INVALID, "unknown target module '%s' (allowed: all-linear, %s, or a regular expression)",
+                            bad, names);
+    return GM_OK;
+}
+
+gm_status gm_lora_describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_def *arch, const gm_config *mc,
+                           const char *prefix, gm_error *err) {
+    memset(lo, 0, sizeof *lo);
+    if (!prefix) prefix = "model.";
+    GM_TRY(gm_lora_config_validate(lc, mc, err));
+    GM_TRY(gm_lora_targets_check(lc->targets, arch, prefix, err));
+    char names[256];
+    module_names(arch, names, sizeof names);
+    return describe(lo, lc, arch, mc, prefix, NULL, 0, names, err);
+}
+
+void gm_lora_free(gm_lora *lo) {
+    if (!lo) return;
+    gm_free(lo->index);
+    gm_free(lo->ad);
+    lo->index = NULL;
+    lo->ad = NULL;
+    lo->n = 0;
+}
+
+void gm_lora_layout(gm_lora *lo, gm_arena *a, bool train) {
+    int64_t r = lo->cfg.rank;
+#define F32(n, kind) (float *)gm_arena_alloc(a, (size_t)(n) * sizeof(float), kind)
+    for (int i = 0; i < lo->n; i++) {
+        gm_lora_adapter *ad = &lo->ad[i];
+        int64_t na = r * ad->in, nb = ad->out * r;
+        ad->A = F32(na, GM_MEM_ADAPTERS), ad->B = F32(nb, GM_MEM_ADAPTERS);
+        if (!train) continue;
+        ad->dA = F32(na, GM_MEM_GRADS), ad->dB = F32(nb, GM_MEM_GRADS);
+        ad->mA = F32(na, GM_MEM_OPTIMIZER), ad->vA = F32(na, GM_MEM_OPTIMIZER);
+        ad->mB = F32(nb, GM_MEM_OPTIMIZER), ad->vB = F32(nb, GM_MEM_OPTIMIZER);
+    }
+#undef F32
+}
+
+void gm_lora_init_A(const gm_lora_config *lc, const gm_lora_adapter *ad, float *A_host) {
     /* kaiming_uniform_(a = sqrt(5)) on A (rank x in): bound = gain * sqrt(3 / fan_in) with
      * gain = sqrt(2 / (1 + a^2)) = sqrt(1/3), i.e. 1 / sqrt(in) (formats.md §5.4). */
     float bound = 1.0f / sqrtf((float)ad->in);
-    uint64_t key = gm_rng_seed(lc->seed, (uint64_t)ad->layer * 16u + (uint64_t)ad->which).key;
+    uint64_t key = gm_rng_seed(lc->seed, (uint64_t)ad->layer * 16u + (uint64_t)ad->lora_id).key;
     int64_t n = (int64_t)lc->rank * ad->in;
-    for (int64_t i = 0; i < n; i++) ad->A[i] = (2.0f * gm_rng_uniform_at(key, (uint64_t)i) - 1.0f) * bound;
-    memset(ad->B, 0, (size_t)(ad->out * lc->rank) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) A_host[i] = (2.0f * gm_rng_uniform_at(key, (uint64_t)i) - 1.0f) * bound;
 }

@@ -1,85 +1,149 @@
 /*
- * gm_lora.h - LoRA adapters on the linear layers of the Gemma decoder (Hu et al. 2021,
- * arXiv 2106.09685; PEFT conventions, formats.md §5.4 and §6).
+ * gm_lora.h - LoRA adapters on the linear layers of a model, keyed by module name (Hu et al.
+ * 2021, arXiv 2106.09685; PEFT conventions, formats.md §5.4 and §6).
  *
  * For a target linear y = x W^T (W: out x in), the adapter adds
  *     y += scaling * dropout(x) A^T B^T,   A: (rank, in), B: (out, rank)
  * with scaling = alpha / rank, or alpha / sqrt(rank) with rsLoRA (Kalajdzievski 2023,
  * arXiv 2312.03732). Initialization as PEFT's default: A ~ U(-1/sqrt(in), 1/sqrt(in))
  * (kaiming_uniform with a = sqrt(5)), B = 0, so training starts from the base model. Our draws
- * come from the counter-based RNG (core/base/gm_rng.h) keyed by the seed and the adapter, so
- * they do not depend on the thread count; they are not torch's draws (tests that compare with
- * PEFT load PEFT's initial A instead).
+ * come from the counter-based RNG (core/base/gm_rng.h) keyed by the seed, the layer and the
+ * weight's stable lora_id (core/arch/gm_arch.h), so they do not depend on the thread count; they
+ * are not torch's draws (tests that compare with PEFT load PEFT's initial A instead).
  *
- * Targets: any subset of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or
- * "all-linear" (all seven in every selected layer; never the tied embedding / LM head, as PEFT
- * excludes the output embedding), on a selection of layers (default all).
+ * Modules: every weight the architecture's spec marks LoRA-targetable is a module, named as
+ * PEFT names it - the checkpoint's module prefix, the layer and the spec's Hugging Face name
+ * without ".weight", e.g. "model.layers.3.self_attn.q_proj" (Gemma3ForCausalLM) or
+ * "model.language_model.layers.3.self_attn.q_proj" (Gemma3ForConditionalGeneration).
+ * Targets match as PEFT's target_modules does (peft/tuners/tuners_utils.py,
+ * check_target_module_exists):
+ *   - "all-linear": every targetable module (never the tied embedding / LM head, which PEFT
+ *     excludes as the output embedding);
+ *   - a list of names, as a comma- or space-separated string ("q_proj,v_proj",
+ *     "self_attn.o_proj"): a module matches when its name equals an entry or ends with "." and
+ *     the entry;
+ *   - a regular expression (a string with any of ^$*+?()[]{}|\): POSIX extended syntax, matched
+ *     against the whole module name as PEFT's re.fullmatch does, e.g. ".*\.layers\.[0-3]\..*_proj".
+ * Layers select further (layers_to_transform, default all).
  *
- * Names: every adapter tensor is named by its PEFT key, e.g.
- * "base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight", in checkpoints, results and
- * exported adapter_model.safetensors.
+ * Names: every adapter tensor is named by its PEFT key, "base_model.model." + module +
+ * ".lora_A.weight", in checkpoints, results and exported adapter_model.safetensors.
  *
- * Ownership: gm_lora only describes the adapters (shapes, names, scaling). The trainer owns the
- * parameter, gradient and optimizer buffers and points each gm_lora_adapter into its arenas.
- * Errors: gm_lora_parse_targets returns GM_ERR_INVALID naming the unknown module and the allowed
- * names; gm_lora_config_validate names the bad field and its allowed range.
+ * Ownership: a gm_lora owns its adapter descriptions (gm_lora_free). The buffers (parameters,
+ * gradients, AdamW moments) belong to the arena gm_lora_layout reserved them on - the trainer's,
+ * or an adapter file's (core/store/gm_adapter.h) - and are backend memory.
+ * Errors: gm_lora_describe returns GM_ERR_INVALID naming a target that matches no module (with
+ * the module names there are) or a bad regular expression; gm_lora_config_validate names the bad
+ * field and its allowed range.
  */
 #ifndef GM_LORA_H
 #define GM_LORA_H
 
+#include "gm_arch.h"
+#include "gm_arena.h"
 #include "gm_config.h"
-#include "gm_model.h"
 #include "gm_status.h"
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
+#define GM_LORA_TARGETS_MAX 256
+
 typedef struct gm_lora_config {
     int rank;                     /* r >= 1 */
     float alpha;                  /* lora_alpha */
     float dropout;                /* lora_dropout in [0, 1) */
     bool rslora;                  /* scaling alpha / sqrt(r) instead of alpha / r */
-    uint32_t targets;             /* bit (1 << gm_linear) per target module */
+    char targets[GM_LORA_TARGETS_MAX]; /* target_modules: "all-linear", a name list or a regex */
     bool layers[GM_MAX_LAYERS];   /* layers to adapt (layers_to_transform) */
     uint64_t seed;                /* initialization seed */
 } gm_lora_config;
 
-/* Defaults: rank 8, alpha 8, dropout 0, all-linear, every layer, seed 0. */
+/* Defaults (PEFT's LoraConfig, except targets): rank 8, alpha 8, dropout 0, all-linear, every
+ * layer, seed 0. The training options' schema (gm_train_opts.def) overrides them for runs. */
 gm_lora_config gm_lora_config_default(void);
 
-/* Parses "all-linear" or a comma/space separated list of module names into a target mask. */
-gm_status gm_lora_parse_targets(const char *spec, uint32_t *targets, gm_error *err);
-
+/* Checks rank, alpha, dropout and the layer selection against the model config; the targets are
+ * checked against the model's modules by gm_lora_describe. */
 gm_status gm_lora_config_validate(const gm_lora_config *lc, const gm_config *mc, gm_error *err);
 
 float gm_lora_scaling(const gm_lora_config *lc);
 
-/* One adapter: the trainer fills the buffer pointers (all f32, contiguous). */
+/* One adapter: description plus buffer pointers (backend memory, f32, contiguous; gradients and
+ * moments NULL unless laid out for training). */
 typedef struct gm_lora_adapter {
+    char module[128];         /* "model.layers.3.self_attn.q_proj" */
     int layer;
-    gm_linear which;
+    int slot;                 /* the weight's index in the architecture's layer spec */
+    int lora_id;              /* the spec's stable id (RNG streams) */
     int64_t in, out;          /* in_features, out_features of the base linear */
     float *A, *B;             /* (rank, in), (out, rank) */
     float *dA, *dB;           /* gradients, same shapes */
     float *mA, *vA, *mB, *vB; /* AdamW moments */
-    char name_A[128], name_B[128]; /* PEFT keys */
+    char name_A[160], name_B[160]; /* PEFT keys */
 } gm_lora_adapter;
 
-/* in/out features of a target linear in a layer (from the model config). */
-void gm_lora_linear_shape(const gm_config *mc, int layer, gm_linear which, int64_t *in, int64_t *out);
+typedef struct gm_lora {
+    gm_lora_config cfg;
+    float scaling;
+    int n;                    /* adapters */
+    gm_lora_adapter *ad;      /* [n]: by layer, then by the spec's order */
+    int64_t n_layers;
+    int n_slots;
+    int *index;               /* [n_layers * n_slots]: adapter index, or -1 */
+    bool slot_used[GM_MAX_LAYER_WEIGHTS]; /* some layer adapts this slot */
+    int64_t in_max;           /* widest adapter input (1 if none) */
+    int64_t n_params;         /* trainable parameters: sum of rank * (in + out) */
+} gm_lora;
 
-/* The PEFT key of an adapter matrix ("A" or "B"). */
-void gm_lora_peft_name(int layer, gm_linear which, char ab, char *buf, size_t cap);
+/* Describes the adapters lc gives on a model of this architecture and config, with module names
+ * under `prefix` ("model." when NULL). No buffers yet. GM_ERR_INVALID (see the file comment),
+ * GM_ERR_NOMEM. On failure *lo is empty (gm_lora_free is still allowed). */
+gm_status gm_lora_describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_def *arch, const gm_config *mc,
+                           const char *prefix, gm_error *err);
+void gm_lora_free(gm_lora *lo);
 
-/* Number of adapters and trainable parameters the config gives on this model. */
-int64_t gm_lora_count(const gm_lora_config *lc, const gm_config *mc, int64_t *n_params);
+/* Describes exactly the adapters on the given modules (e.g. read from an adapter file), each
+ * named "<any prefix>layers.N.<module>" with <module> a LoRA-targetable weight of the spec without
+ * ".weight" ("self_attn.q_proj"); lc gives rank, alpha, dropout, rslora (its targets and layers
+ * are ignored). Module names are rebuilt under `prefix`. GM_ERR_INVALID naming a module the model
+ * has not (layer out of range, unknown or non-targetable name), GM_ERR_NOMEM. */
+gm_status gm_lora_describe_modules(gm_lora *lo, const gm_lora_config *lc, const gm_arch_def *arch, const gm_config *mc,
+                                   const char *prefix, const char *const *modules, int n_modules, gm_error *err);
 
-/* PEFT default init of one adapter (A uniform, B zero), deterministic in (seed, layer, which). */
-void gm_lora_init_adapter(const gm_lora_config *lc, gm_lora_adapter *ad);
+/* Reserves (measuring arena) or hands out (committed) the buffers: A and B, and with `train`
+ * also dA, dB and the four AdamW moments, per adapter in that order (kinds adapters, gradients,
+ * optimizer state). */
+void gm_lora_layout(gm_lora *lo, gm_arena *a, bool train);
+
+/* The adapter on layer l's weight in `slot`, or NULL. */
+static inline gm_lora_adapter *gm_lora_at(const gm_lora *lo, int64_t l, int slot) {
+    if (!lo || !lo->index) return NULL;
+    int i = lo->index[l * lo->n_slots + slot];
+    return i >= 0 ? &lo->ad[i] : NULL;
+}
+
+/* Checks a targets text before any model is loaded: "all-linear", a list whose every name is (a
+ * suffix of) a targetable module of the architecture, or a regular expression that compiles.
+ * GM_ERR_INVALID naming the unknown module (with the allowed names) or the bad expression.
+ * Whether a regex selects anything is known only with the model (gm_lora_describe). */
+gm_status gm_lora_targets_check(const char *targets, const gm_arch_def *arch, const char *prefix, gm_error *err);
+
+/* True when `module` (a LoRA-targetable module's name) is selected by `targets` (the rules
+ * above). A bad regular expression matches nothing (gm_lora_describe reports it). */
+bool gm_lora_target_matches(const char *targets, const char *module);
+
+/* Joins a list of module names into the targets text ("q_proj,v_proj"). */
+void gm_lora_targets_join(const char *const *names, int n, char *buf, size_t cap);
+
+/* PEFT's initial A of one adapter into A_host (rank x in floats, host memory): uniform in
+ * +-1/sqrt(in), deterministic in (seed, layer, lora_id). B starts at zero. */
+void gm_lora_init_A(const gm_lora_config *lc, const gm_lora_adapter *ad, float *A_host);
 
 #ifdef __cplusplus
 }

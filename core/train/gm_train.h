@@ -1,14 +1,16 @@
 /*
- * gm_train.h - LoRA / QLoRA training of the Gemma 3 text decoder: forward with saved
- * activations, backward into the adapters only, loss on response tokens, AdamW.
+ * gm_train.h - LoRA / QLoRA training: the architecture's forward with saved activations, its
+ * backward into the adapters only, loss on response tokens, AdamW.
  *
- * One gm_trainer is one training run on one model: it owns the (optionally requantized) base
- * weight views, the adapters with their gradients and AdamW moments, and every activation and
- * workspace buffer, all laid out from the config and the options and allocated once in one arena
- * (gm_arena.h protocol): nothing is allocated inside a step, and the peak does not depend on
- * which examples a step draws. gm_train_plan gives the same itemized sizes without a model.
+ * One gm_trainer is one training run on one model on one backend: it owns the (optionally
+ * re-encoded) base weights, the adapters with their gradients and AdamW moments, and every
+ * activation and workspace buffer, all laid out from the config and the options and allocated
+ * once in one arena per memory (gm_arena.h protocol): nothing is allocated inside a step, and the
+ * peak does not depend on which examples a step draws. gm_train_plan gives the same itemized
+ * sizes without a model: it runs the same layout on measuring arenas.
  *
- * The graph is gemma_architecture.md §1.3 (see core/model/gm_decoder.h) run on whole padded
+ * The forward and backward are the architecture's (core/arch/gemma3.c), the one definition
+ * generation also runs (core/model/gm_decoder.h), in the graph's training mode on whole padded
  * sequences (B, T <= max_length), with the backward formulas of §1.4-1.7 (kernels.h). The frozen
  * base gets no weight gradients; the embedding is frozen too. Loss: cross-entropy of the
  * supervised positions only (targets >= 0), computed chunk by chunk over rows and over the
@@ -21,7 +23,10 @@
  * recomputes the block's activations (same kernels, same dropout masks) right before its
  * backward, trading one extra forward for ~L-fold less activation memory.
  *
- * Ownership: the trainer borrows the model (which must outlive it) and owns everything else.
+ * Ownership: the trainer borrows the model (and a backend given to gm_trainer_new_on), which must
+ * outlive it, and owns everything else. Adapter buffers are backend memory: read and write them
+ * with gm_trainer_read_adapter / gm_trainer_write_adapter (on the CPU backend the pointers of
+ * gm_trainer_adapters are host memory too).
  * Errors: gm_trainer_new: GM_ERR_INVALID (bad options, naming the field and allowed values),
  * GM_ERR_NOMEM (with the planned size). gm_trainer_step: GM_ERR_INVALID for a batch that does not
  * fit the plan or an example with no supervised token (naming the example), GM_ERR_NONFINITE
@@ -32,6 +37,7 @@
 #define GM_TRAIN_H
 
 #include "gm_arena.h"
+#include "gm_backend.h"
 #include "gm_lora.h"
 #include "gm_model.h"
 #include "gm_quant.h"
@@ -43,6 +49,11 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The chunked cross-entropy's logits block: supervised rows x vocabulary entries at a time (f32,
+ * 16 MiB), so the (tokens x 262,144) logits never exist. The planner reads these too. */
+#define GM_LM_ROWS 512
+#define GM_LM_VOCAB 8192
 
 typedef enum gm_schedule { GM_SCHED_CONSTANT = 0, GM_SCHED_LINEAR, GM_SCHED_COSINE } gm_schedule;
 const char *gm_schedule_name(gm_schedule s);
@@ -65,8 +76,7 @@ typedef struct gm_train_opts {
     int n_threads;
 } gm_train_opts;
 
-/* AdamW defaults of PyTorch (lr 2e-4, betas 0.9/0.999, eps 1e-8, weight decay 0.01), constant
- * schedule, batch 1, max_length 256, no clipping, LoRA defaults, stored base weights. */
+/* The defaults of the training options' schema (gm_train_opts.def, docs/experiments.md). */
 gm_train_opts gm_train_opts_default(void);
 
 /* One micro-batch: B sequences of T tokens (T <= max_length, B <= batch), right-padded.
@@ -90,7 +100,10 @@ typedef struct gm_step_stats {
 
 typedef struct gm_trainer gm_trainer;
 
+/* A trainer on its own CPU backend. */
 gm_status gm_trainer_new(const gm_model *m, const gm_train_opts *o, gm_trainer **out, gm_error *err);
+/* A trainer on backend `be` (borrowed: the CPU, strict or CUDA backend). */
+gm_status gm_trainer_new_on(const gm_model *m, const gm_train_opts *o, gm_backend *be, gm_trainer **out, gm_error *err);
 void gm_trainer_free(gm_trainer *tr);
 
 /* One optimizer step over n_micro micro-batches (gradient accumulation). */
@@ -111,27 +124,59 @@ gm_status gm_trainer_score(gm_trainer *tr, const gm_batch *b, double *seq_logpro
 gm_status gm_trainer_choice_logits(gm_trainer *tr, const gm_batch *b, const int64_t *pos, const int32_t *cand,
                                    int64_t K, float *out, gm_error *err);
 
+/* Logits of chosen positions (forward only, no dropout): out (n_rows, V) = the LM head applied to
+ * the final-normed hidden state at rows[i] = b*T + t of the batch, soft-capped like the loss's.
+ * n_rows <= GM_LM_ROWS. What generation computes token by token with the KV cache
+ * (gm_decoder_forward) for the same sequence and adapters. */
+gm_status gm_trainer_logits(gm_trainer *tr, const gm_batch *b, const int64_t *rows, int64_t n_rows, float *out,
+                            gm_error *err);
+
 /* Lower-level pieces (tests): zero the gradients; run forward + backward on one micro-batch,
  * accumulating gradients scaled by grad_scale (1 / supervised tokens of the whole step). */
 void gm_trainer_zero_grad(gm_trainer *tr);
 gm_status gm_trainer_forward_backward(gm_trainer *tr, const gm_batch *b, float grad_scale, double *loss_sum,
                                       gm_error *err);
 
-/* The adapters (array owned by the trainer). */
+/* The adapters (array owned by the trainer; buffers are backend memory). */
 gm_lora_adapter *gm_trainer_adapters(gm_trainer *tr, int *n);
+/* The adapter set, to attach to a generation state on the same backend (gm_infer_opts.adapter). */
+const gm_lora *gm_trainer_lora(const gm_trainer *tr);
+/* The trainer's backend. */
+gm_backend *gm_trainer_backend(const gm_trainer *tr);
+/* Copies adapter i's A (which = 'A', rank x in floats) or B ('B', out x rank) into host memory
+ * dst, or writes it from src. */
+void gm_trainer_read_adapter(gm_trainer *tr, int i, char which, float *dst);
+void gm_trainer_write_adapter(gm_trainer *tr, int i, char which, const float *src);
 const gm_train_opts *gm_trainer_opts(const gm_trainer *tr);
 int64_t gm_trainer_step_count(const gm_trainer *tr);
 /* Sets the step counter (restoring a checkpoint). */
 void gm_trainer_set_step(gm_trainer *tr, int64_t step);
-/* The trainer's arena (sizes per memory kind, for reports). */
+/* The trainer's backend arena (sizes per memory kind, for reports); gm_trainer_host_bytes: its
+ * host staging arena's size (ids, targets and the loss's per-row values before upload). */
 const gm_arena *gm_trainer_arena(const gm_trainer *tr);
+size_t gm_trainer_host_bytes(const gm_trainer *tr);
 
 /* Learning rate at optimizer step `step` (0-based), Hugging Face get_scheduler semantics. */
 double gm_train_lr_at(const gm_train_opts *o, int64_t step);
 
-/* Bytes the trainer would allocate for this config and these options, by memory kind (the
- * plan; loads nothing). `stored` is the stored dtype of the linear weights (for quant = stored). */
-size_t gm_train_plan(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, size_t by_kind[GM_MEM_KIND_COUNT]);
+/* What a training run allocates, from the config and the options alone (loads nothing): the
+ * trainer's own layout run on measuring arenas, for a host-visible backend. */
+typedef struct gm_train_plan_info {
+    size_t by_kind[GM_MEM_KIND_COUNT]; /* the arenas (backend + host staging), by memory kind */
+    size_t total;                      /* their sum */
+    size_t alias_bytes;                /* base weights read in place from the file (memory-mapped,
+                                          resident, not in an arena) */
+    size_t weight_bytes[3];            /* resident base weights by gm_wkind: linear, norm,
+                                          embedding (aliased or re-encoded) */
+    int64_t n_trainable;               /* LoRA parameters */
+    size_t scratch_floats;             /* the kernels' workspace (part of the transient item) */
+} gm_train_plan_info;
+
+/* Plans a run. `stored` / `stored_embed`: the stored dtypes of the linear weights and the
+ * embedding. Errors as gm_trainer_new's for the options (GM_ERR_INVALID naming the field),
+ * GM_ERR_UNSUPPORTED for an architecture without a definition. */
+gm_status gm_train_plan(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
+                        gm_train_plan_info *out, gm_error *err);
 
 /* Checkpoints (core/store/gm_checkpoint.h): adapters, AdamW moments, step, RNG and data position. */
 gm_status gm_trainer_save(gm_trainer *tr, const char *path, int64_t epoch, int64_t data_pos, double loss,

@@ -26,6 +26,11 @@ int gm_cuda_memcpy(void *dst, int dst_dev, const void *src, int src_dev, size_t 
 int gm_cuda_sync(void);
 size_t gm_cuda_peak_bytes(void);
 void gm_cuda_shutdown(void);
+/* Records a failure (the first one since the last gm_cuda_take_error wins); gm_cuda_check and
+ * the cuBLAS wrappers call it. */
+void gm_cuda_record_error(const char *msg);
+/* Copies the recorded failure into buf and clears it; returns 1 if there was one. */
+int gm_cuda_take_error(char *buf, size_t cap);
 /* Name of the device 0 and its compute capability, for logs. */
 const char *gm_cuda_device_name(void);
 

@@ -6,6 +6,9 @@
  * panel by panel into ctx->scratch (device memory) first, as on the CPU.
  */
 #include "common.cuh"
+#include "gm_cuda.h"
+
+#include <stdio.h>
 
 extern "C" {
 #include "gm_log.h"
@@ -16,10 +19,18 @@ static cublasHandle_t handle;
 cublasHandle_t gm_cuda_blas(cudaStream_t s) {
     if (!handle && cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
         gm_log(GM_LOG_ERROR, "cuBLAS initialisation failed");
+        gm_cuda_record_error("cuBLAS initialisation failed");
         return NULL;
     }
     cublasSetStream(handle, s);
     return handle;
+}
+
+static void blas_failed(cublasStatus_t st) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "cublasSgemm failed (status %d)", (int)st);
+    gm_log(GM_LOG_ERROR, "%s", msg);
+    gm_cuda_record_error(msg);
 }
 
 void gm_cuda_blas_shutdown(void) {
@@ -34,7 +45,7 @@ static void sgemm(cudaStream_t s, float *out, const float *x, const float *w, in
     const float one = 1.0f;
     cublasStatus_t st = cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)M, (int)K, &one, w, (int)ldw, x,
                                     (int)K, &beta, out, (int)ldc);
-    if (st != CUBLAS_STATUS_SUCCESS) gm_log(GM_LOG_ERROR, "cublasSgemm failed (status %d)", (int)st);
+    if (st != CUBLAS_STATUS_SUCCESS) blas_failed(st);
 }
 
 extern "C" void gm_k_matmul_fwd_cuda(const gm_kctx *ctx, float *out, const float *x, const gm_wview *w, int64_t M,
@@ -58,7 +69,7 @@ void gm_cuda_sgemm_rm(cudaStream_t s, bool trans_a, bool trans_b, int64_t M, int
     if (!h) return;
     cublasStatus_t st = cublasSgemm(h, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
                                     (int)N, (int)M, (int)K, &alpha, B, (int)ldb, A, (int)lda, &beta, C, (int)ldc);
-    if (st != CUBLAS_STATUS_SUCCESS) gm_log(GM_LOG_ERROR, "cublasSgemm failed (status %d)", (int)st);
+    if (st != CUBLAS_STATUS_SUCCESS) blas_failed(st);
 }
 
 extern "C" void gm_k_matmul_bwd_input_cuda(const gm_kctx *ctx, float *dx, const float *dy, const gm_wview *w,

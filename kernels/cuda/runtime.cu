@@ -14,8 +14,29 @@ extern "C" {
 
 static std::atomic<size_t> live_bytes{0}, peak_bytes{0};
 
+/* The first failure since it was last taken: the CUDA backend turns it into its sticky error at
+ * the next synchronization (core/backend/gm_backend.h), so a device error stops the run. */
+static char first_error[512];
+static std::atomic<int> have_error{0};
+
+extern "C" void gm_cuda_record_error(const char *msg) {
+    int expected = 0;
+    if (have_error.compare_exchange_strong(expected, 1)) snprintf(first_error, sizeof first_error, "%s", msg);
+}
+
+extern "C" int gm_cuda_take_error(char *buf, size_t cap) {
+    if (!have_error.load()) return 0;
+    snprintf(buf, cap, "%s", first_error);
+    have_error.store(0);
+    return 1;
+}
+
 void gm_cuda_check(cudaError_t e, const char *what, const char *file, int line) {
-    if (e != cudaSuccess) gm_log(GM_LOG_ERROR, "CUDA error %s at %s:%d (%s)", cudaGetErrorString(e), file, line, what);
+    if (e == cudaSuccess) return;
+    char msg[512];
+    snprintf(msg, sizeof msg, "CUDA error %s at %s:%d (%s)", cudaGetErrorString(e), file, line, what);
+    gm_log(GM_LOG_ERROR, "%s", msg);
+    gm_cuda_record_error(msg);
 }
 
 extern "C" int gm_cuda_device_count(void) {

@@ -118,6 +118,24 @@ table_md=$(cat results/tiny.md)
 expect_run "gemmarun table re-renders from the stored files" 0 "baseline \(no fine-tuning\)" -- "$GM" table results/tiny
 [ "$(cat results/tiny.md)" = "$table_md" ] && { pass=$((pass + 1)); echo "ok    same table from the stored files"; } \
   || { fail=$((fail + 1)); echo "FAIL  gemmarun table gave another table"; }
+
+# ---- generation with a trained adapter ---------------------------------------------------------
+TINY="$SRC/tests/ref/tiny_gemma3_chat"
+expect_run "generate --adapter picks a trial of a results folder by index" 0 "adapter results/tiny/trial-[0-9a-f]+\.h5, trial [0-9a-f]+: 42 modules, rank 4, alpha 8" -- "$GM" generate "$TINY" --adapter results/tiny --trial 3 "a short note" --max-tokens 4
+id3=$("$GM" generate "$TINY" --adapter results/tiny --trial 3 "a short note" --max-tokens 4 2>&1 >/dev/null | sed -n 's/.*, trial \([0-9a-f]*\):.*/\1/p')
+expect_run "the same trial by a prefix of its id" 0 "trial $id3: 42 modules" -- "$GM" generate "$TINY" --adapter results/tiny --trial "${id3:0:6}" "a short note" --max-tokens 4
+expect_run "a trial file directly" 0 "adapter results/tiny/trial-$id3.h5" -- "$GM" generate "$TINY" --adapter "results/tiny/trial-$id3.h5" "a short note" --max-tokens 4
+# (that the adapter changes the logits, and exactly as training evaluates them, is checked in
+# tests/unit/test_backend.c and test_adapter.c; the tiny random model's greedy text rarely moves)
+tuned=$("$GM" generate "$TINY" --adapter results/tiny --trial 3 "a short note" --max-tokens 6 2>/dev/null)
+expect_run "generate --adapter on a folder of several trials asks for --trial" 2 "several trials have an adapter; choose one with --trial \(its index or id\): 1 \([0-9a-f]+, completed\), 2 \(" -- "$GM" generate "$TINY" --adapter results/tiny "a short note"
+expect_run "generate --adapter with a trial that does not exist lists the trials" 2 "no trial 9 with an adapter; trials: 1 \(" -- "$GM" generate "$TINY" --adapter results/tiny --trial 9 "a short note"
+expect_run "generate --trial without --adapter" 2 "--trial picks a trial of --adapter RESULTS" -- "$GM" generate "$TINY" --trial 1 "a short note"
+expect_run "generate --adapter on a file that is no results file" 2 "is not a gemmarun results or checkpoint file" -- "$GM" generate "$TINY" --adapter "$SRC/tests/ref/tiny_gemma3_ref.h5" "a short note"
+printf 'local m <close> = gm.load_model("%s")\nprint("lua:" .. m:generate("a short note", { adapter = "results/tiny", trial = "%s", max_tokens = 6 }))\n' "$TINY" "$id3" > gen.lua
+lua_out=$("$GM" gen.lua 2>&1)
+[ -n "$tuned" ] && [ "$lua_out" = "lua:${tuned#a short note}" ] && { pass=$((pass + 1)); echo "ok    m:generate{adapter = ..., trial = ...} in Lua gives the command line's text"; } \
+  || { fail=$((fail + 1)); echo "FAIL  Lua generate with an adapter: '$lua_out' vs 'lua:${tuned#a short note}'"; }
 # the same experiment rerun with another prompt: a new trial, never pooled with the old ones
 sed 's/prompt = "Which fruit?"/prompt = "Name the fruit."/' tiny.lua > reprompt.lua
 expect_run "an edited prompt gives rows of its own" 0 "Rows also split by prompt" -- "$GM" reprompt.lua --trial 1

@@ -286,7 +286,46 @@ static void test_threads_deterministic(void) {
     gm_free(wf), gm_free(x), gm_free(w), gm_free(o1), gm_free(o2), gm_free(k.scratch);
 }
 
+/* fill, row gather / scatter, KV-cache store, log-sum-exp finish (kernels/cpu/movement.c), against
+ * loops written from the contracts in kernels.h. */
+static void test_movement(void) {
+    gm_kctx k = make_ctx(2, 0);
+    int64_t R = 5, C = 12, rows_in = 9;
+    float *x = rnd(rows_in * C, 1.0f), *out = gm_malloc((size_t)(rows_in * C) * 4), *ref = gm_malloc((size_t)(rows_in * C) * 4);
+    int32_t rows[5] = {8, 0, 3, 7, 1};
+    gm_k_fill_cpu(&k, out, rows_in * C, -2.5f);
+    bool filled = true;
+    for (int64_t i = 0; i < rows_in * C; i++) filled = filled && out[i] == -2.5f;
+    CHECK(filled, "fill");
+    gm_k_gather_rows_cpu(&k, out, x, rows, R, C);
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t c = 0; c < C; c++) ref[i * C + c] = x[rows[i] * C + c];
+    gm_check_close("gather_rows", out, ref, (size_t)(R * C), 0, 0);
+    /* scatter: rows of x into out at rows[i]; the other rows keep their value */
+    for (int64_t i = 0; i < rows_in * C; i++) out[i] = ref[i] = 7.0f;
+    gm_k_scatter_rows_cpu(&k, out, x, rows, R, C);
+    for (int64_t i = 0; i < R; i++)
+        for (int64_t c = 0; c < C; c++) ref[rows[i] * C + c] = x[i * C + c];
+    gm_check_close("scatter_rows", out, ref, (size_t)(rows_in * C), 0, 0);
+    /* kv_store: a ring of S = 4 slots, positions 5..7 of 2 sequences */
+    int64_t B = 2, T = 3, S = 4, W = 6, pos0 = 5;
+    float *kv = rnd(B * T * W, 1.0f), *cache = gm_malloc((size_t)(B * S * W) * 4), *cref = gm_malloc((size_t)(B * S * W) * 4);
+    for (int64_t i = 0; i < B * S * W; i++) cache[i] = cref[i] = -1.0f;
+    gm_k_kv_store_cpu(&k, cache, kv, B, T, S, W, pos0);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t w = 0; w < W; w++) cref[(b * S + (pos0 + t) % S) * W + w] = kv[(b * T + t) * W + w];
+    gm_check_close("kv_store ring buffer", cache, cref, (size_t)(B * S * W), 0, 0);
+    /* lse = max + log(sum) in f32 */
+    float mx[3] = {1.5f, -3.0f, 40.0f}, sm[3] = {1.0f, 2.5f, 1234.5f}, lse[3], lref[3];
+    gm_k_xent_lse_finish_cpu(&k, lse, mx, sm, 3);
+    for (int i = 0; i < 3; i++) lref[i] = mx[i] + logf(sm[i]);
+    gm_check_close("xent_lse_finish", lse, lref, 3, 0, 0);
+    gm_free(x), gm_free(out), gm_free(ref), gm_free(kv), gm_free(cache), gm_free(cref);
+}
+
 int main(void) {
+    test_movement();
     test_rmsnorm();
     test_rope();
     test_attention();

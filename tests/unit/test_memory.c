@@ -125,10 +125,10 @@ int main(int argc, char **argv) {
     gm_trainer *tr = NULL;
     gm_train_opts o = opts();
     CHECK_OK(gm_trainer_new(m, &o, &tr, &err), &err);
-    size_t by_kind[GM_MEM_KIND_COUNT];
-    size_t planned = gm_train_plan(&m->cfg, &o, GM_F32, by_kind);
-    CHECK(tr && gm_trainer_arena(tr)->capacity == planned, "arena %zu bytes, plan %zu bytes",
-          tr ? gm_trainer_arena(tr)->capacity : 0, planned);
+    gm_train_plan_info plan;
+    CHECK_OK(gm_train_plan(&m->cfg, &o, GM_F32, GM_F32, &plan, &err), &err);
+    size_t arenas = tr ? gm_trainer_arena(tr)->capacity + gm_trainer_host_bytes(tr) : 0;
+    CHECK(arenas == plan.total, "arenas %zu bytes, plan %zu bytes", arenas, plan.total);
     gm_trainer_free(tr);
     gm_model_free(m);
 

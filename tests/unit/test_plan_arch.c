@@ -36,7 +36,7 @@ static gm_train_opts opts(int rank, int64_t T, int64_t B, bool ckpt, gm_quant q)
 
 static double rel(double a, double b) { return fabs(a - b) / fabs(b); }
 
-static int64_t text_params(const gm_config *c) { return gm_config_n_params(c) - c->vision_params - c->audio_params; }
+static int64_t text_params(const gm_config *c) { return gm_config_n_params(c) - c->vision.params - c->audio.params; }
 
 /* ---- presets ------------------------------------------------------------------------------- */
 
@@ -105,8 +105,8 @@ static void test_param_totals(void) {
     c = preset("gemma4-31b");
     CHECK(rel((double)text_params(&c), 30.7e9) <= TOL_PARAMS_PUBLISHED_REL, "31B text %lld vs 30.7B",
           (long long)text_params(&c));
-    CHECK(c.vision_params - 1152 * c.hidden_size == 569550384, "31B vision tower %lld",
-          (long long)(c.vision_params - 1152 * c.hidden_size));
+    CHECK(c.vision.params - 1152 * c.hidden_size == 569550384, "31B vision tower %lld",
+          (long long)(c.vision.params - 1152 * c.hidden_size));
     /* 26B-A4B: "25.2B total, 3.8B active" (text model, ~550M vision encoder apart) */
     c = preset("gemma4-26b-a4b");
     CHECK(rel((double)text_params(&c), 25.2e9) <= TOL_PARAMS_PUBLISHED_REL, "26B text %lld vs 25.2B",
@@ -114,8 +114,8 @@ static void test_param_totals(void) {
     double inactive = (double)c.n_layers * (double)(c.n_experts - c.experts_top_k) * 3.0 * (double)(c.hidden_size * c.expert_ffn);
     CHECK(rel((double)text_params(&c) - inactive, 3.8e9) <= TOL_PARAMS_ROUGH_REL, "26B active %.4g vs 3.8B",
           (double)text_params(&c) - inactive);
-    CHECK(c.vision_params - 1152 * c.hidden_size == 569550384, "26B vision tower (as the 31B's) %lld",
-          (long long)(c.vision_params - 1152 * c.hidden_size));
+    CHECK(c.vision.params - 1152 * c.hidden_size == 569550384, "26B vision tower (as the 31B's) %lld",
+          (long long)(c.vision.params - 1152 * c.hidden_size));
 
     /* Gemma 3 presets unchanged: 270M = 268,098,176 (embedding 167.8M + 100.3M in the blocks) */
     c = preset("gemma3-270m");
@@ -150,8 +150,7 @@ static void test_gemma3_vs_trainer(void) {
     compare_with_trainer("gemma3-1b", opts(8, 2048, 1, true, GM_QUANT_BF16), GM_BF16, GM_BF16);
     compare_with_trainer("gemma3-4b", opts(64, 512, 4, false, GM_QUANT_INT8), GM_BF16, GM_BF16);
     gm_train_opts o = opts(4, 300, 3, true, GM_QUANT_F32);
-    gm_error err;
-    CHECK_OK(gm_lora_parse_targets("q_proj,v_proj", &o.lora.targets, &err), &err);
+    snprintf(o.lora.targets, sizeof o.lora.targets, "q_proj,v_proj");
     o.n_threads = 4;
     compare_with_trainer("gemma3-12b", o, GM_BF16, GM_BF16);
     o = opts(16, 1024, 1, false, GM_QUANT_NF4);
@@ -191,7 +190,7 @@ static void test_monotonic(const char *name) {
     gm_config c = preset(name);
     gm_plan_inputs img = {1, 0.0};
     gm_plan im = plan_of(name, opts(16, 1024, 1, false, GM_QUANT_BF16), &img);
-    CHECK(gm_plan_sequence_length(&c, 1024, &img) == 1024 + c.vision_tokens + 2, "%s: image positions", name);
+    CHECK(gm_plan_sequence_length(&c, 1024, &img) == 1024 + c.vision.tokens + 2, "%s: image positions", name);
     CHECK(im.by_kind[GM_MEM_ACTIVATIONS] > a.by_kind[GM_MEM_ACTIVATIONS] &&
               im.by_kind[GM_MEM_TRANSIENT] > a.by_kind[GM_MEM_TRANSIENT],
           "%s: an image costs activations and tower buffers", name);

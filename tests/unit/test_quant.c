@@ -11,6 +11,7 @@
 #include "gm_alloc.h"
 #include "gm_model.h"
 #include "gm_quant.h"
+#include "gm_weights.h"
 #include "kernels.h"
 #include "nf4_tables.h"
 
@@ -426,6 +427,22 @@ static double elem_bound(gm_quant q, const gm_wview *v, int64_t r, int64_t k, fl
     (void)k;
 }
 
+/* Builds m's weights in format q on a host arena (both passes); returns the arena bytes. */
+static size_t build_weights(const gm_model *m, gm_quant q, int threads, gm_backend *be, gm_weights *w, gm_arena *a) {
+    gm_error err = {0};
+    CHECK_OK(gm_weights_init(w, &m->cfg, q, &err), &err);
+    if (be) gm_backend_arena(be, a, "quant-test");
+    else gm_arena_init(a, "quant-test", GM_DEVICE_CPU);
+    CHECK_OK(gm_weights_layout(w, m, GM_F32, GM_F32, be, a, threads, &err), &err);
+    size_t measured = a->used;
+    CHECK_OK(gm_arena_commit(a, &err), &err);
+    CHECK_OK(gm_weights_layout(w, m, GM_F32, GM_F32, be, a, threads, &err), &err);
+    CHECK(a->used == measured, "%s: the committed pass used %zu bytes, measured %zu", gm_quant_name(q), a->used, measured);
+    return measured;
+}
+
+static size_t align64(size_t b) { return (b + 63) / 64 * 64; }
+
 static void test_layout_tiny(void) {
     gm_error err = {0};
     gm_model *m = NULL;
@@ -433,41 +450,40 @@ static void test_layout_tiny(void) {
     CHECK_OK(gm_model_load(gm_test_path("tests/ref/tiny_gemma3"), &mo, &m, &err), &err);
     if (!m) return;
     const gm_config *cfg = &m->cfg;
+    const gm_arch_def *ar = m->arch;
     const int64_t L = cfg->n_layers;
     const size_t MAXW = 1 << 20; /* floats: far above the tiny model's largest linear (128 x 64) */
     float *worig = gm_malloc(MAXW * 4), *wq = gm_malloc(MAXW * 4), *absmax = gm_malloc(MAXW / 64 * 4);
 
     for (int qi = 0; qi < GM_QUANT_COUNT; qi++) {
         gm_quant q = (gm_quant)qi;
-        gm_arena a;
-        gm_arena_init(&a, "quant-test", GM_DEVICE_CPU);
-        gm_weights_view v;
-        CHECK_OK(gm_quant_layout(m, q, &a, &v, 2, &err), &err);
-        size_t measured = a.by_kind[GM_MEM_WEIGHTS];
-        size_t want = gm_quant_is_alias(q, GM_F32) ? 0 : gm_quant_bytes(cfg, q, GM_F32);
-        CHECK(measured == want && a.used == measured, "%s: measured %zu bytes, gm_quant_bytes %zu", gm_quant_name(q), measured,
-              want);
-        CHECK_OK(gm_arena_commit(&a, &err), &err);
-        CHECK_OK(gm_quant_layout(m, q, &a, &v, 2, &err), &err);
-        CHECK(a.used == measured, "%s: the committed pass used %zu bytes, measured %zu", gm_quant_name(q), a.used, measured);
-        CHECK(memcmp(&v.embed, &m->views->embed, sizeof v.embed) == 0 &&
-                  memcmp(&v.lm_head, &m->views->lm_head, sizeof v.lm_head) == 0,
+        gm_weights v, v1, plan;
+        gm_arena a, a1, pa;
+        size_t measured = build_weights(m, q, 2, NULL, &v, &a);
+        /* the plan from the config alone reserves the same bytes */
+        CHECK_OK(gm_weights_init(&plan, cfg, q, &err), &err);
+        gm_arena_init(&pa, "plan", GM_DEVICE_CPU);
+        CHECK_OK(gm_weights_layout(&plan, NULL, GM_F32, GM_F32, NULL, &pa, 2, &err), &err);
+        CHECK(pa.used == measured && v.alias_bytes == plan.alias_bytes, "%s: built %zu / %zu aliased bytes, planned %zu / %zu",
+              gm_quant_name(q), measured, v.alias_bytes, pa.used, plan.alias_bytes);
+        gm_weights_free(&plan);
+        const gm_wview emb = gm_wview_of(&m->global[GM_GLOBAL_EMBED]);
+        CHECK(memcmp(&v.global[GM_GLOBAL_EMBED], &emb, sizeof emb) == 0 &&
+                  memcmp(&v.global[GM_GLOBAL_LM_HEAD], &emb, sizeof emb) == 0,
               "%s: embedding / LM head must be the model's views", gm_quant_name(q));
 
         /* a second build with 1 thread: identical bytes */
-        gm_arena a1;
-        gm_arena_init(&a1, "quant-test-1", GM_DEVICE_CPU);
-        gm_weights_view v1;
-        CHECK_OK(gm_quant_layout(m, q, &a1, &v1, 1, &err), &err);
-        CHECK_OK(gm_arena_commit(&a1, &err), &err);
-        CHECK_OK(gm_quant_layout(m, q, &a1, &v1, 1, &err), &err);
+        build_weights(m, q, 1, NULL, &v1, &a1);
 
         double worst_w = 0, worst_mm = 0;
         bool types_ok = true, det_ok = true, nf4_exact = true;
+        size_t by_hand = 0;
         uint64_t st = 99;
         for (int64_t l = 0; l < L; l++)
-            for (int wi = 0; wi < GM_LIN_COUNT; wi++) {
-                const gm_wview *src = &m->views->lin[l][wi], *dst = &v.lin[l][wi], *d1 = &v1.lin[l][wi];
+            for (int wi = 0; wi < ar->n_layer; wi++) {
+                if (ar->layer[wi].kind != GM_W_LINEAR) continue;
+                const gm_wview srcv = gm_wview_of(gm_model_weight(m, l, wi));
+                const gm_wview *src = &srcv, *dst = gm_weights_at(&v, l, wi), *d1 = gm_weights_at(&v1, l, wi);
                 int64_t N = src->rows, K = src->cols;
                 gm_dtype want_t = q == GM_QUANT_STORED || q == GM_QUANT_F32 ? GM_F32
                                   : q == GM_QUANT_BF16                     ? GM_BF16
@@ -475,6 +491,12 @@ static void test_layout_tiny(void) {
                                                                            : GM_I8;
                 types_ok = types_ok && dst->type == want_t && dst->rows == N && dst->cols == K;
                 if (gm_quant_is_alias(q, GM_F32)) types_ok = types_ok && dst->data == src->data;
+                size_t nk = (size_t)(N * K);
+                gm_nf4_sizes ns = gm_nf4_sizes_of(N * K);
+                by_hand += q == GM_QUANT_BF16   ? align64(2 * nk)
+                           : q == GM_QUANT_INT8 ? align64(nk) + align64((size_t)N * 4)
+                           : q == GM_QUANT_NF4  ? align64(ns.packed_bytes) + align64((size_t)ns.n_blocks) + align64((size_t)ns.n_groups * 4)
+                                                : 0;
                 for (int64_t r = 0; r < N; r++) gm_dequant_wrow(src, r, worig + r * K);
                 for (int64_t r = 0; r < N; r++) gm_dequant_wrow(dst, r, wq + r * K);
                 /* thread independence */
@@ -518,7 +540,7 @@ static void test_layout_tiny(void) {
                     for (int64_t i = 0; i < M * K; i++) x[i] = gm_test_rand(&st);
                     size_t sf = gm_k_matmul_scratch_floats(dst->type, N, K, 2);
                     float *scratch = gm_malloc((sf ? sf : 1) * 4);
-                    gm_kctx ctx = {2, NULL, scratch, sf};
+                    gm_kctx ctx = {2, NULL, scratch, sf, NULL};
                     gm_k_matmul_fwd_cpu(&ctx, y, x, dst, M, 0.0f);
                     for (int64_t mi = 0; mi < M; mi++)
                         for (int64_t n = 0; n < N; n++) {
@@ -543,32 +565,44 @@ static void test_layout_tiny(void) {
         CHECK(types_ok, "%s: view types/shapes (or aliasing) wrong", gm_quant_name(q));
         CHECK(det_ok, "%s: bytes depend on the thread count", gm_quant_name(q));
         CHECK(nf4_exact, "%s: layout differs from gm_nf4_quantize of the flattened matrix", gm_quant_name(q));
+        CHECK(measured == by_hand, "%s: %zu arena bytes, by hand %zu", gm_quant_name(q), measured, by_hand);
         CHECK(worst_w <= 1.0, "%s: weight error reaches %.3f of its bound", gm_quant_name(q), worst_w);
         CHECK(worst_mm <= 1.0, "%s: matmul error reaches %.3f of its bound", gm_quant_name(q), worst_mm);
         printf("layout %-6s (tiny): %8zu arena bytes; worst weight error %.3f, matmul %.3f of bound\n", gm_quant_name(q),
                measured, worst_w, worst_mm);
+
+        /* on a backend the host cannot address, every weight is uploaded: same bytes, read back */
+        gm_backend *sb = NULL;
+        CHECK_OK(gm_backend_strict_new(2, &sb, &err), &err);
+        gm_weights vs;
+        gm_arena as;
+        build_weights(m, q, 2, sb, &vs, &as);
+        bool same_up = true;
+        for (int64_t l = 0; l < L; l++)
+            for (int wi = 0; wi < ar->n_layer; wi++) {
+                const gm_wview *h = gm_weights_at(&v, l, wi), *d = gm_weights_at(&vs, l, wi);
+                size_t nb = h->type == GM_NF4 ? gm_nf4_sizes_of(h->rows * h->cols).packed_bytes : (size_t)h->rows * h->row_bytes;
+                uint8_t *tmp = gm_malloc(nb);
+                gm_backend_download(sb, tmp, d->data, nb);
+                same_up = same_up && d->type == h->type && d->data != h->data && memcmp(tmp, h->data, nb) == 0;
+                gm_free(tmp);
+            }
+        CHECK(same_up, "%s: weights uploaded to the strict backend differ from the host build", gm_quant_name(q));
+        gm_arena_free(&as);
+        gm_weights_free(&vs);
+        gm_backend_free(sb);
+
         gm_arena_free(&a);
         gm_arena_free(&a1);
+        gm_arena_free(&pa);
+        gm_weights_free(&v);
+        gm_weights_free(&v1);
     }
 
     /* failures */
-    gm_weights_view v;
-    gm_arena a;
-    gm_arena_init(&a, "quant-test", GM_DEVICE_CPU);
-    gm_status s = gm_quant_layout(m, GM_QUANT_COUNT, &a, &v, 1, &err);
+    gm_weights v;
+    gm_status s = gm_weights_init(&v, cfg, GM_QUANT_COUNT, &err);
     CHECK(s == GM_ERR_INVALID && strstr(err.msg, "nf4"), "invalid format: %s", err.msg);
-    gm_arena_init(&a, "device-arena", GM_DEVICE_CUDA);
-    s = gm_quant_layout(m, GM_QUANT_NF4, &a, &v, 1, &err);
-    CHECK(s == GM_ERR_UNSUPPORTED && strstr(err.msg, "device-arena") && strstr(err.msg, "hint"), "device arena: %s", err.msg);
-    CHECK(a.used == 0, "a rejected layout reserves nothing");
-    /* gm_quant_bytes by hand for one format: per layer q,k,v,o,gate,up,down */
-    {
-        int64_t C = cfg->hidden_size, HD = cfg->n_heads * cfg->head_dim, KVD = cfg->n_kv_heads * cfg->head_dim,
-                F = cfg->intermediate_size;
-        size_t per = (size_t)(HD * C + 2 * KVD * C + C * HD + 3 * F * C);
-        CHECK(gm_quant_bytes(cfg, GM_QUANT_F32, GM_F32) == (size_t)L * per * 4, "f32 bytes");
-        CHECK(gm_quant_bytes(cfg, GM_QUANT_STORED, GM_BF16) == (size_t)L * per * 2, "stored bf16 bytes");
-    }
     gm_free(worig), gm_free(wq), gm_free(absmax);
     gm_model_free(m);
 }
@@ -580,20 +614,16 @@ static void test_layout_bf16_model(void) {
     gm_model_opts mo = {.load_tokenizer = false};
     CHECK_OK(gm_model_load(gm_test_path("tests/ref/tiny_gemma3_legacy"), &mo, &m, &err), &err);
     if (!m) return;
-    const gm_wview *src = &m->views->lin[1][GM_LIN_DOWN];
+    int down = gm_arch_slot(m->arch, "mlp.down_proj.weight");
+    const gm_wview srcv = gm_wview_of(gm_model_weight(m, 1, down)), *src = &srcv;
     CHECK(src->type == GM_BF16, "the legacy tiny model stores bf16 (got %s)", gm_dtype_name(src->type));
     const gm_quant qs[] = {GM_QUANT_BF16, GM_QUANT_F32, GM_QUANT_NF4};
     for (int i = 0; i < 3; i++) {
         gm_arena a;
-        gm_arena_init(&a, "quant-bf16", GM_DEVICE_CPU);
-        gm_weights_view v;
-        CHECK_OK(gm_quant_layout(m, qs[i], &a, &v, 2, &err), &err);
-        size_t want = gm_quant_is_alias(qs[i], GM_BF16) ? 0 : gm_quant_bytes(&m->cfg, qs[i], GM_BF16);
-        CHECK(a.by_kind[GM_MEM_WEIGHTS] == want, "bf16 model, %s: %zu bytes, want %zu", gm_quant_name(qs[i]),
-              a.by_kind[GM_MEM_WEIGHTS], want);
-        CHECK_OK(gm_arena_commit(&a, &err), &err);
-        CHECK_OK(gm_quant_layout(m, qs[i], &a, &v, 2, &err), &err);
-        const gm_wview *d = &v.lin[1][GM_LIN_DOWN];
+        gm_weights v;
+        size_t used = build_weights(m, qs[i], 2, NULL, &v, &a);
+        CHECK(gm_quant_is_alias(qs[i], GM_BF16) == (used == 0), "bf16 model, %s: %zu arena bytes", gm_quant_name(qs[i]), used);
+        const gm_wview *d = gm_weights_at(&v, 1, down);
         int64_t N = src->rows, K = src->cols;
         float *w = gm_malloc((size_t)(N * K) * 4), *wq = gm_malloc((size_t)(N * K) * 4);
         for (int64_t r = 0; r < N; r++) gm_dequant_wrow(src, r, w + r * K), gm_dequant_wrow(d, r, wq + r * K);
@@ -613,6 +643,7 @@ static void test_layout_bf16_model(void) {
         }
         gm_free(w), gm_free(wq);
         gm_arena_free(&a);
+        gm_weights_free(&v);
     }
     gm_model_free(m);
 }

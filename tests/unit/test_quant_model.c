@@ -1,7 +1,8 @@
 /*
- * test_quant_model.c - gm_quant_layout on the real Gemma 3 270M (GGUF Q4_K_M): every linear of all
- * 18 layers re-encoded to NF4, bf16 and int8 on 2 threads, timed (printed, not asserted), checked:
- *   - arena bytes == gm_quant_bytes, every view has the right type and shape;
+ * test_quant_model.c - gm_weights_layout on the real Gemma 3 270M (GGUF Q4_K_M): every linear of
+ * all 18 layers re-encoded to NF4, bf16 and int8 on 2 threads, timed (printed, not asserted),
+ * checked:
+ *   - arena bytes == the plan from the config alone, every view has the right type and shape;
  *   - NF4 of a multi-panel matrix == gm_nf4_quantize of the whole flattened matrix (the path that
  *     is bit-exact with bitsandbytes, test_quant.c), i.e. streaming by panels changes nothing;
  *   - bf16 == round-to-nearest-even of the dequantized GGUF weight, exactly;
@@ -12,6 +13,7 @@
 #include "gm_alloc.h"
 #include "gm_model.h"
 #include "gm_quant.h"
+#include "gm_weights.h"
 #include "kernels.h"
 
 #include <omp.h>
@@ -58,12 +60,15 @@ int main(void) {
     CHECK(cfg->n_layers == 18, "Gemma 3 270M has 18 layers (got %lld)", (long long)cfg->n_layers);
 
     /* what the file stores */
+    const gm_arch_def *ar = m->arch;
     int count[GM_DTYPE_COUNT] = {0};
     int64_t n_elems = 0;
     for (int64_t l = 0; l < cfg->n_layers; l++)
-        for (int w = 0; w < GM_LIN_COUNT; w++) {
-            count[m->views->lin[l][w].type]++;
-            n_elems += m->views->lin[l][w].rows * m->views->lin[l][w].cols;
+        for (int w = 0; w < ar->n_layer; w++) {
+            if (ar->layer[w].kind != GM_W_LINEAR) continue;
+            const gm_tensor *t = gm_model_weight(m, l, w);
+            count[t->dtype]++;
+            n_elems += t->shape[0] * t->shape[1];
         }
     printf("linears: %lld x 7, %.1f M weights, stored as", (long long)cfg->n_layers, (double)n_elems / 1e6);
     gm_dtype dominant = GM_F32;
@@ -75,21 +80,27 @@ int main(void) {
     printf("\n");
 
     /* sampled matrices (layer, linear), every stored type; layer 0 gate is 82 NF4 panels of 25 rows */
-    const int samples[][2] = {{0, GM_LIN_GATE}, {0, GM_LIN_Q}, {5, GM_LIN_V}, {17, GM_LIN_DOWN}, {11, GM_LIN_O}};
+    const struct { int layer; const char *name; } samples[] = {
+        {0, "mlp.gate_proj.weight"}, {0, "self_attn.q_proj.weight"}, {5, "self_attn.v_proj.weight"},
+        {17, "mlp.down_proj.weight"}, {11, "self_attn.o_proj.weight"}};
     const gm_quant formats[] = {GM_QUANT_NF4, GM_QUANT_BF16, GM_QUANT_INT8};
     for (size_t fi = 0; fi < sizeof formats / sizeof formats[0]; fi++) {
         gm_quant q = formats[fi];
-        gm_arena a;
+        gm_arena a, pa;
+        gm_weights v, plan;
+        CHECK_OK(gm_weights_init(&v, cfg, q, &err), &err);
         gm_arena_init(&a, "base-weights", GM_DEVICE_CPU);
-        gm_weights_view v;
-        CHECK_OK(gm_quant_layout(m, q, &a, &v, THREADS, &err), &err);
-        size_t want = gm_quant_bytes(cfg, q, dominant);
-        CHECK(a.by_kind[GM_MEM_WEIGHTS] == want, "%s: measured %zu bytes, gm_quant_bytes %zu", gm_quant_name(q),
-              a.by_kind[GM_MEM_WEIGHTS], want);
+        CHECK_OK(gm_weights_layout(&v, m, dominant, GM_Q8_0, NULL, &a, THREADS, &err), &err);
+        CHECK_OK(gm_weights_init(&plan, cfg, q, &err), &err);
+        gm_arena_init(&pa, "plan", GM_DEVICE_CPU);
+        CHECK_OK(gm_weights_layout(&plan, NULL, dominant, GM_Q8_0, NULL, &pa, THREADS, &err), &err);
+        CHECK(a.by_kind[GM_MEM_WEIGHTS] == pa.used, "%s: measured %zu bytes, planned from the config %zu", gm_quant_name(q),
+              a.by_kind[GM_MEM_WEIGHTS], pa.used);
+        gm_weights_free(&plan);
         CHECK_OK(gm_arena_commit(&a, &err), &err);
         if (!a.committed) continue;
         double t0 = omp_get_wtime();
-        CHECK_OK(gm_quant_layout(m, q, &a, &v, THREADS, &err), &err);
+        CHECK_OK(gm_weights_layout(&v, m, dominant, GM_Q8_0, NULL, &a, THREADS, &err), &err);
         double dt = omp_get_wtime() - t0;
         printf("%-5s: all %lld layers re-encoded in %.2f s on %d threads (%.1f MiB, %.0f M weights/s)\n",
                gm_quant_name(q), (long long)cfg->n_layers, dt, THREADS, (double)a.used / 1048576.0,
@@ -98,16 +109,20 @@ int main(void) {
         bool shapes = true;
         gm_dtype want_t = q == GM_QUANT_NF4 ? GM_NF4 : q == GM_QUANT_BF16 ? GM_BF16 : GM_I8;
         for (int64_t l = 0; l < cfg->n_layers; l++)
-            for (int w = 0; w < GM_LIN_COUNT; w++) {
-                const gm_wview *s = &m->views->lin[l][w], *d = &v.lin[l][w];
-                shapes = shapes && d->type == want_t && d->rows == s->rows && d->cols == s->cols && d->data;
+            for (int w = 0; w < ar->n_layer; w++) {
+                if (ar->layer[w].kind != GM_W_LINEAR) continue;
+                const gm_tensor *s = gm_model_weight(m, l, w);
+                const gm_wview *d = gm_weights_at(&v, l, w);
+                shapes = shapes && d->type == want_t && d->rows == s->shape[0] && d->cols == s->shape[1] && d->data;
             }
         CHECK(shapes, "%s: every linear view has the format and the source's shape", gm_quant_name(q));
-        CHECK(memcmp(&v.embed, &m->views->embed, sizeof v.embed) == 0, "%s: embedding left as stored", gm_quant_name(q));
+        gm_wview emb = gm_wview_of(&m->global[GM_GLOBAL_EMBED]);
+        CHECK(memcmp(&v.global[GM_GLOBAL_EMBED], &emb, sizeof emb) == 0, "%s: embedding left as stored", gm_quant_name(q));
 
         for (size_t si = 0; si < sizeof samples / sizeof samples[0]; si++) {
-            int l = samples[si][0], wi = samples[si][1];
-            const gm_wview *src = &m->views->lin[l][wi], *enc = &v.lin[l][wi];
+            int l = samples[si].layer, wi = gm_arch_slot(ar, samples[si].name);
+            const gm_wview srcv = gm_wview_of(gm_model_weight(m, l, wi)), *src = &srcv, *enc = gm_weights_at(&v, l, wi);
+            const char *lname = samples[si].name;
             int64_t N = src->rows, K = src->cols, n = N * K;
             float *w = rows_of(src), *wq = rows_of(enc);
             float *absmax = NULL;
@@ -120,19 +135,19 @@ int main(void) {
                 CHECK(memcmp(pk, enc->data, sz.packed_bytes) == 0 && memcmp(cd, enc->absmax_code, (size_t)sz.n_blocks) == 0 &&
                           memcmp(a2, enc->absmax2, (size_t)sz.n_groups * 4) == 0 && same_bits(off, enc->absmax_offset),
                       "nf4 layer %d %s: panel-streamed layout differs from whole-matrix gm_nf4_quantize", l,
-                      gm_linear_name((gm_linear)wi));
+                      lname);
                 gm_free(pk), gm_free(cd), gm_free(a2);
             }
             if (q == GM_QUANT_BF16) {
                 int64_t bad = -1;
                 for (int64_t e = 0; e < n && bad < 0; e++)
                     if (!same_bits(wq[e], gm_round_bf16(w[e]))) bad = e;
-                CHECK(bad < 0, "bf16 layer %d %s: element %lld %.9g is not bf16(%.9g)", l, gm_linear_name((gm_linear)wi),
+                CHECK(bad < 0, "bf16 layer %d %s: element %lld %.9g is not bf16(%.9g)", l, lname,
                       (long long)bad, bad < 0 ? 0.0 : (double)wq[bad], bad < 0 ? 0.0 : (double)w[bad]);
             }
             double worst = worst_ratio(q, w, wq, enc, absmax);
             CHECK(worst <= 1.0, "%s layer %d %s: error reaches %.3f of its bound", gm_quant_name(q), l,
-                  gm_linear_name((gm_linear)wi), worst);
+                  lname, worst);
             /* relative RMS error, for information */
             double se = 0, sw = 0;
             for (int64_t e = 0; e < n; e++) {
@@ -140,7 +155,7 @@ int main(void) {
                 se += d * d, sw += (double)w[e] * w[e];
             }
             printf("  %-5s layer %2d %-9s (%5lld x %5lld, stored %-4s): relative RMS error %.4f, worst %.3f of bound\n",
-                   gm_quant_name(q), l, gm_linear_name((gm_linear)wi), (long long)N, (long long)K,
+                   gm_quant_name(q), l, lname, (long long)N, (long long)K,
                    gm_dtype_name(src->type), sqrt(se / sw), worst);
 
             /* a matmul through the encoded view, M = 4 (row-by-row path) */
@@ -151,7 +166,7 @@ int main(void) {
                 for (int64_t i = 0; i < M * K; i++) x[i] = gm_test_rand(&st);
                 size_t sf = gm_k_matmul_scratch_floats(enc->type, N, K, THREADS);
                 float *scratch = gm_malloc(sf * 4);
-                gm_kctx ctx = {THREADS, NULL, scratch, sf};
+                gm_kctx ctx = {THREADS, NULL, scratch, sf, NULL};
                 gm_k_matmul_fwd_cpu(&ctx, y, x, enc, M, 0.0f);
                 double worst_mm = 0;
                 for (int64_t mi = 0; mi < M; mi++)
@@ -180,6 +195,8 @@ int main(void) {
             gm_free(w), gm_free(wq), gm_free(absmax);
         }
         gm_arena_free(&a);
+        gm_arena_free(&pa);
+        gm_weights_free(&v);
     }
     gm_model_free(m);
     return gm_test_finish();

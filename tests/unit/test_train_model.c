@@ -2,12 +2,17 @@
  * test_train_model.c - LoRA on the real Gemma 3 270M with real text (Debian's fortunes):
  *   - the loss of the training examples falls (stored Q4_K_M base, then NF4 and bf16 bases);
  *   - activation checkpointing on and off give bit-identical losses;
- *   - the same seed and thread count give bit-identical losses twice.
+ *   - the same seed and thread count give bit-identical losses twice;
+ *   - generation equals training-time evaluation on the real model: after training, the logits of
+ *     a training example computed token by token through the KV cache with the trained adapters
+ *     equal those of the whole sequence through the training forward (TOL_GEN_VS_TRAIN_REAL_ABS),
+ *     and differ from the base model's by far more.
  * Examples: "Tell me a fortune about <topic>." -> a fortune of that topic, loss on the response
  * tokens only (the chat template's model turn).
  */
 #include "gm_alloc.h"
 #include "gm_data.h"
+#include "gm_decoder.h"
 #include "gm_model.h"
 #include "gm_train.h"
 #include "test_util.h"
@@ -62,9 +67,50 @@ static double eval_loss(gm_trainer *tr) {
     return sum / (double)n;
 }
 
+/* Logits (T, V) of `ids` one token per call through the KV cache, with the adapter `lora` (NULL:
+ * the base model), on backend be. */
+static void cached_logits(const gm_model *m, gm_backend *be, const gm_lora *lora, const int32_t *tok, int64_t T, float *out) {
+    gm_error err = {0};
+    gm_infer *st = NULL;
+    gm_infer_opts io = {.batch = 1, .ctx = T, .max_tokens = 1, .n_threads = 2, .adapter = lora, .backend = be};
+    CHECK_OK(gm_infer_new(m, &io, &st, &err), &err);
+    if (!st) return;
+    int64_t V = m->cfg.vocab_size;
+    for (int64_t t = 0; t < T; t++) {
+        CHECK_OK(gm_decoder_forward(st, &tok[t], 1, false, &err), &err);
+        memcpy(out + t * V, st->logits, (size_t)V * sizeof(float));
+    }
+    gm_infer_free(st);
+}
+
+/* Generation with the trainer's adapters vs its training forward, on example 0 (the first
+ * sequence of batch 0, all its positions). */
+static void check_generation_equals_training(const gm_model *m, gm_trainer *tr) {
+    gm_error err = {0};
+    int64_t T = batches[0].T, V = m->cfg.vocab_size;
+    float *train_l = gm_malloc((size_t)(T * V) * 4), *gen_l = gm_malloc((size_t)(T * V) * 4);
+    int64_t rows[MAX_LEN];
+    for (int64_t t = 0; t < T; t++) rows[t] = t;
+    gm_batch one = {1, T, batches[0].ids, batches[0].targets, NULL};
+    CHECK_OK(gm_trainer_logits(tr, &one, rows, T, train_l, &err), &err);
+    cached_logits(m, gm_trainer_backend(tr), gm_trainer_lora(tr), one.ids, T, gen_l);
+    double d = 0, moved = 0;
+    for (int64_t i = 0; i < T * V; i++) d = fmax(d, fabs((double)gen_l[i] - train_l[i]));
+    cached_logits(m, gm_trainer_backend(tr), NULL, one.ids, T, gen_l);
+    for (int64_t i = 0; i < T * V; i++) moved = fmax(moved, fabs((double)gen_l[i] - train_l[i]));
+    CHECK(d <= TOL_GEN_VS_TRAIN_REAL_ABS, "generation with adapters vs the training forward: max |diff| %.3g over %lld x %lld logits",
+          d, (long long)T, (long long)V);
+    CHECK(moved > 100 * TOL_GEN_VS_TRAIN_REAL_ABS, "the trained adapters move the logits by only %.3g", moved);
+    printf("generation (KV cache, token by token) with the trained adapters vs the training forward: max |diff| %.2e over "
+           "%lld positions x %lld logits; the adapters move them by %.2f\n", d, (long long)T, (long long)V, moved);
+    gm_free(train_l), gm_free(gen_l);
+}
+
 /* Trains `steps` steps alternating the two batches; returns eval loss before/after and the
- * per-step losses. */
-static void run(const gm_model *m, gm_quant q, bool ckpt, int steps, double *before, double *after, double *losses) {
+ * per-step losses; with `gen_check`, compares generation with the trained adapters to the training
+ * forward at the end. */
+static void run_checked(const gm_model *m, gm_quant q, bool ckpt, int steps, double *before, double *after, double *losses,
+                        bool gen_check) {
     gm_train_opts o = gm_train_opts_default();
     o.lora.rank = 8;
     o.lora.alpha = 16;
@@ -90,7 +136,12 @@ static void run(const gm_model *m, gm_quant q, bool ckpt, int steps, double *bef
            *before, *after);
     for (int s = 0; s < steps; s++) printf(" %.4f", losses[s]);
     printf("\n");
+    if (gen_check) check_generation_equals_training(m, tr);
     gm_trainer_free(tr);
+}
+
+static void run(const gm_model *m, gm_quant q, bool ckpt, int steps, double *before, double *after, double *losses) {
+    run_checked(m, q, ckpt, steps, before, after, losses, false);
 }
 
 int main(void) {
@@ -113,7 +164,7 @@ int main(void) {
     make_batches(&ds, m->cfg.pad_id);
 
     double b0, a0, l0[6], b1, a1, l1[6], b2, a2, l2[6];
-    run(m, GM_QUANT_STORED, false, 6, &b0, &a0, l0);
+    run_checked(m, GM_QUANT_STORED, false, 6, &b0, &a0, l0, true);
     CHECK(a0 < 0.6 * b0, "stored base: training loss did not fall enough (%.4f -> %.4f)", b0, a0);
     run(m, GM_QUANT_STORED, true, 6, &b1, &a1, l1);
     CHECK(memcmp(l0, l1, sizeof l0) == 0 && a0 == a1, "checkpointing on/off: losses differ");

@@ -115,6 +115,14 @@
 /* Activations at batch 2 vs batch 1: every saved buffer is N = B*T rows wide, so exactly 2x up to
  * the arena's 64-byte rounding of a few tiny buffers. */
 #define TOL_PLAN_BATCH_SCALING_REL 0.001
+/* Generation with adapters (KV cache, one token per call) vs the training forward on the whole
+ * sequence, same weights and adapters (test_backend on the tiny model, test_train_model on the real
+ * 270M): the same layer code, but decode-time attention over the cache (attention_fwd) vs the
+ * training kernel (attention_train_fwd), and 1-row GEMVs vs GEMMs, sum in different orders.
+ * Tiny model (logits <= ~5, 6 layers): measured TINY_MEASURED; real 270M (logits ~50, 18 layers
+ * with RMSNorm scales up to ~740 amplifying rounding): measured REAL_MEASURED. */
+#define TOL_GEN_VS_TRAIN_ABS 1e-4
+#define TOL_GEN_VS_TRAIN_REAL_ABS 2e-3
 /* Tokenizer, chat template, parsers: exact. */
 
 /* ---- checks ---- */

@@ -1,0 +1,50 @@
+/*
+ * gm_arch.c - the registry of architecture definitions and the spec helpers (see gm_arch.h).
+ */
+#include "gm_arch.h"
+
+#include <string.h>
+
+int64_t gm_dim_value(const gm_config *c, int64_t layer, gm_dim d, int64_t rank) {
+    bool full = layer >= 0 && c->layer_type[layer] == GM_LAYER_FULL;
+    /* Gemma 4's full-attention layers have their own head width and kv heads (0: the same) */
+    int64_t D = full && c->head_dim_full > 0 ? c->head_dim_full : c->head_dim;
+    int64_t KVH = full && c->n_kv_heads_full > 0 ? c->n_kv_heads_full : c->n_kv_heads;
+    switch (d) {
+    case GM_DIM_NONE: return 0;
+    case GM_DIM_1: return 1;
+    case GM_DIM_C: return c->hidden_size;
+    case GM_DIM_V: return c->vocab_size;
+    case GM_DIM_D: return D;
+    case GM_DIM_H: return c->n_heads;
+    case GM_DIM_KVH: return KVH;
+    case GM_DIM_QW: return c->n_heads * D;
+    case GM_DIM_KW: return KVH * D;
+    case GM_DIM_F: return layer >= 0 && c->ffn_dim[layer] > 0 ? c->ffn_dim[layer] : c->intermediate_size;
+    case GM_DIM_R: return rank;
+    default: return 0;
+    }
+}
+
+bool gm_weight_present(const gm_weight_spec *w, const gm_config *c, int64_t layer) {
+    switch (w->when) {
+    case GM_WHEN_OWN_KV: return layer >= 0 && c->kv_source[layer] == layer;
+    case GM_WHEN_OWN_V:
+        return layer >= 0 && c->kv_source[layer] == layer && !(c->k_eq_v_full && c->layer_type[layer] == GM_LAYER_FULL);
+    case GM_WHEN_UNTIED: return !c->tie_word_embeddings;
+    default: return true;
+    }
+}
+
+int gm_arch_slot(const gm_arch_def *a, const char *hf) {
+    for (int s = 0; s < a->n_layer; s++)
+        if (strcmp(a->layer[s].hf, hf) == 0) return s;
+    return -1;
+}
+
+const gm_arch_def *gm_arch_get(gm_arch a) {
+    switch (a) {
+    case GM_ARCH_GEMMA3: return &gm_arch_gemma3;
+    default: return NULL; /* Gemma 3n, Gemma 4: presets and memory estimates only, so far */
+    }
+}

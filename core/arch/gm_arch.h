@@ -1,0 +1,140 @@
+/*
+ * gm_arch.h - one definition per architecture: its spec (weights and activations) and its layer
+ * forward with the backward beside it.
+ *
+ * An architecture file (core/arch/gemma3.c, ...) defines a gm_arch_def:
+ *   - the weights, as a table of gm_weight_spec: Hugging Face name, GGUF name, shape written in
+ *     config dimensions (gm_dim), kind (linear / norm / embedding), when the layer has it, and
+ *     whether LoRA may target it. The loader (core/model/gm_model.c), the quantizer
+ *     (core/model/gm_weights.c), LoRA (core/train/gm_lora.c: module names, targets, shapes) and
+ *     the memory planner all read this table; nothing else lists weights;
+ *   - the activations one layer keeps, as a table of gm_act_spec (width per token, whether
+ *     training saves it or only inference uses it) and the backward's workspace. The graph's
+ *     layout (core/arch/gm_graph.c) walks these tables to reserve and hand out every buffer -
+ *     the same walk the planner runs on a measuring arena, so the plan is the allocation;
+ *   - layer_fwd / layer_bwd: the layer, written once on the calls of gm_graph.h, whose behaviour
+ *     comes from the graph: a KV cache when decoding, saved activations when training, adapters
+ *     applied when attached. Generation, evaluation, label scoring and training all run it.
+ *
+ * What a new architecture adds: its file here (spec + forward + backward), one line in
+ * gm_arch_get (gm_arch.c), its config reader (core/model/gm_config.c). See docs/architecture.md.
+ *
+ * Ownership: the definitions are static tables. Errors: none here (the loader reports missing or
+ * mis-shaped weights with both shapes).
+ */
+#ifndef GM_ARCH_H
+#define GM_ARCH_H
+
+#include "gm_config.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The dimensions shapes and widths are written in (llm.c letters, kernels.h). Per-layer values
+ * (head width, kv heads, FFN width) are the layer's own: Gemma 4's full layers differ. */
+typedef enum gm_dim {
+    GM_DIM_NONE = 0, /* no second dimension (1-D weights) */
+    GM_DIM_1,        /* one element per token (RMSNorm's 1/rms) */
+    GM_DIM_C,        /* hidden_size */
+    GM_DIM_V,        /* vocab_size */
+    GM_DIM_D,        /* head_dim of the layer */
+    GM_DIM_H,        /* query heads */
+    GM_DIM_KVH,      /* kv heads of the layer */
+    GM_DIM_QW,       /* H * D */
+    GM_DIM_KW,       /* KVH * D */
+    GM_DIM_F,        /* FFN width of the layer */
+    GM_DIM_R,        /* LoRA rank */
+    GM_DIM_COUNT
+} gm_dim;
+
+/* The value of d in layer `layer` of config c (layer < 0 for model-level weights); rank for
+ * GM_DIM_R. */
+int64_t gm_dim_value(const gm_config *c, int64_t layer, gm_dim d, int64_t rank);
+
+typedef enum gm_wkind {
+    GM_W_LINEAR = 0, /* a matrix the forward multiplies by (any stored dtype, re-encodable) */
+    GM_W_NORM,       /* RMSNorm weight: copied to f32 as the effective scale (1 + w or w) */
+    GM_W_EMBED,      /* embedding table (also the tied LM head); gathered by rows */
+} gm_wkind;
+
+/* When a layer (or the model) has the weight. */
+typedef enum gm_wcond {
+    GM_WHEN_ALWAYS = 0,
+    GM_WHEN_OWN_KV,  /* the layer computes its own keys and values (kv_source[l] == l) */
+    GM_WHEN_OWN_V,   /* ... and its own values (not a k_eq_v full layer of Gemma 4: V = K) */
+    GM_WHEN_UNTIED,  /* the LM head is not the embedding */
+} gm_wcond;
+
+typedef struct gm_weight_spec {
+    const char *hf;   /* Hugging Face name below "<prefix>layers.N." (layer weights) or "<prefix>"
+                         (model weights); the LoRA module name is it without ".weight" */
+    const char *gguf; /* GGUF name below "blk.N." (layer weights) or at the top level */
+    gm_wkind kind;
+    gm_dim rows, cols; /* shape, outermost first (cols GM_DIM_NONE: 1-D) */
+    gm_wcond when;
+    int lora_id;      /* -1: LoRA never targets it; else a stable small id that seeds the
+                         adapter's initialization and dropout streams (never renumber: it would
+                         change every run's numbers) */
+    bool top_level;   /* named without the model prefix (lm_head.weight) */
+} gm_weight_spec;
+
+/* How training and inference use an activation. */
+typedef enum gm_act_use {
+    GM_ACT_BOTH = 0, /* written by the forward in both modes; saved for the backward in training */
+    GM_ACT_TRAIN,    /* kept only for the backward (1/rms, log-sum-exp): NULL at inference */
+} gm_act_use;
+
+typedef struct gm_act_spec {
+    const char *name; /* for plans and messages */
+    gm_dim width;     /* floats per token (N = B*T rows) */
+    gm_wcond when;    /* layers that have it */
+    gm_act_use use;
+} gm_act_spec;
+
+/* Model-level weights every Gemma architecture has, at these indices of its `globals` table. */
+enum { GM_GLOBAL_EMBED = 0, GM_GLOBAL_FINAL_NORM = 1, GM_GLOBAL_LM_HEAD = 2 };
+#define GM_MAX_GLOBALS 8
+#define GM_MAX_LAYER_WEIGHTS 32
+
+struct gm_graph;
+
+typedef struct gm_arch_def {
+    gm_arch id;
+    const char *name;                  /* "gemma3" */
+    const gm_weight_spec *globals;     /* model-level weights, GM_GLOBAL_* first */
+    int n_globals;
+    const gm_weight_spec *layer;       /* per-layer weights; a weight's slot is its index */
+    int n_layer;
+    const gm_act_spec *acts;           /* what one layer keeps (the record) */
+    int n_acts;
+    const gm_act_spec *grads;          /* the backward's workspace, one layer at a time */
+    int n_grads;
+    /* multiplier of the token embedding rows (Gemma: sqrt(hidden_size), in f32) */
+    float (*embed_scale)(const gm_config *c);
+    /* layer l: g->X[l] -> g->X[l+1] (gm_graph.h) */
+    void (*layer_fwd)(struct gm_graph *g, int64_t l);
+    /* layer l: g->g holds dL/dX[l+1] on entry and dL/dX[l] on exit; adapter gradients += */
+    void (*layer_bwd)(struct gm_graph *g, int64_t l);
+} gm_arch_def;
+
+/* The definition of an architecture, or NULL when gemmarun has its presets and memory estimates
+ * but no forward yet (Gemma 3n, Gemma 4). */
+const gm_arch_def *gm_arch_get(gm_arch a);
+
+/* True when the weight exists in layer l (layer < 0: a model-level weight) of config c. */
+bool gm_weight_present(const gm_weight_spec *w, const gm_config *c, int64_t layer);
+
+/* Index of the layer weight whose Hugging Face name is `hf` (e.g. "self_attn.q_proj.weight"),
+ * or -1. */
+int gm_arch_slot(const gm_arch_def *a, const char *hf);
+
+extern const gm_arch_def gm_arch_gemma3;
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_ARCH_H */

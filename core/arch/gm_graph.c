@@ -1,0 +1,302 @@
+/*
+ * gm_graph.c - buffers and shared calls of the one forward / backward (see gm_graph.h).
+ *
+ * Layout order (both passes walk it identically): block inputs X[0..L] (training) or one
+ * residual buffer (inference), the records (the arch's activation spec, then one LoRA
+ * intermediate per adapted slot), ids and positions, the backward workspace (training), the
+ * LoRA temporaries, the KV caches (inference), the kernel scratch. Widths come from the spec per
+ * layer; a record shared by several layers (checkpointing, inference) takes the widest.
+ */
+#include "gm_graph.h"
+
+#include "gm_alloc.h"
+#include "gm_rng.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- create ------------------------------------------------------------------------------- */
+
+static int64_t sliding_slots(const gm_config *c, const gm_graph_opts *o, int64_t l) {
+    if (c->layer_type[l] == GM_LAYER_FULL) return o->ctx;
+    /* a ring buffer big enough for every query of a chunk to see its whole window */
+    int64_t s = c->sliding_window + o->max_tokens - 1;
+    return s < o->ctx ? s : o->ctx;
+}
+
+static size_t scratch_floats(const gm_graph *g) {
+    const gm_config *c = g->cfg;
+    int nt = g->o.n_threads > 0 ? g->o.n_threads : 2;
+    size_t s = gm_weights_scratch_floats(g->w, g->o.lm_rows, nt);
+    if (g->o.mode == GM_GRAPH_TRAIN) {
+        for (int64_t l = 0; l < c->n_layers; l++) {
+            size_t t = gm_k_attention_scratch_floats(g->o.batch, g->o.max_tokens, c->n_heads,
+                                                     gm_dim_value(c, l, GM_DIM_D, 0), nt);
+            if (t > s) s = t;
+        }
+    }
+    return s;
+}
+
+gm_status gm_graph_init(gm_graph *g, const gm_config *cfg, const gm_weights *w, const gm_lora *lora, gm_backend *be,
+                        const gm_graph_opts *o, gm_error *err) {
+    memset(g, 0, sizeof *g);
+    g->arch = gm_arch_get(cfg->arch);
+    if (!g->arch)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s models have no forward in gemmarun yet (presets and memory plans only)",
+                            gm_arch_name(cfg->arch));
+    if (o->batch < 1 || o->max_tokens < 1 || (o->mode == GM_GRAPH_INFER && o->ctx < o->max_tokens))
+        return gm_error_set(err, GM_ERR_INVALID, "graph sizes: batch %lld, tokens %lld, context %lld", (long long)o->batch,
+                            (long long)o->max_tokens, (long long)o->ctx);
+    g->cfg = cfg;
+    g->w = w;
+    g->lora = lora && lora->n > 0 ? lora : NULL;
+    g->be = be;
+    g->k = be ? be->k : NULL;
+    g->o = *o;
+    if (g->o.lm_rows < 1) g->o.lm_rows = 1;
+    g->n_rec = o->mode == GM_GRAPH_TRAIN && !o->checkpointing ? cfg->n_layers : 1;
+    g->rec = gm_calloc((size_t)(g->n_rec * g->arch->n_acts), sizeof *g->rec);
+    g->lora_u = gm_calloc((size_t)(g->n_rec * g->arch->n_layer), sizeof *g->lora_u);
+    g->grad = gm_calloc((size_t)(g->arch->n_grads > 0 ? g->arch->n_grads : 1), sizeof *g->grad);
+    if (!g->rec || !g->lora_u || !g->grad) {
+        gm_graph_free(g);
+        return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    }
+    return GM_OK;
+}
+
+void gm_graph_free(gm_graph *g) {
+    if (!g) return;
+    gm_free(g->rec);
+    gm_free(g->lora_u);
+    gm_free(g->grad);
+    g->rec = g->lora_u = g->grad = NULL;
+}
+
+/* ---- layout ------------------------------------------------------------------------------- */
+
+/* Width of activation `s` in a record used by layers [l0, l1): the widest among them (0 when no
+ * layer has it, or it is training-only at inference). */
+static int64_t record_width(const gm_graph *g, const gm_act_spec *s, int64_t l0, int64_t l1) {
+    if (s->use == GM_ACT_TRAIN && g->o.mode != GM_GRAPH_TRAIN) return 0;
+    int64_t w = 0;
+    for (int64_t l = l0; l < l1; l++) {
+        gm_weight_spec cond = {.when = s->when};
+        if (!gm_weight_present(&cond, g->cfg, l)) continue;
+        int64_t v = gm_dim_value(g->cfg, l, s->width, g->o.rank);
+        if (v > w) w = v;
+    }
+    return w;
+}
+
+void gm_graph_layout(gm_graph *g, gm_arena *a, gm_arena *host) {
+    const gm_config *c = g->cfg;
+    const gm_arch_def *ar = g->arch;
+    bool train = g->o.mode == GM_GRAPH_TRAIN;
+    int64_t L = c->n_layers, N = g->o.batch * g->o.max_tokens, C = c->hidden_size, r = g->o.rank;
+#define F32(n, kind) (float *)gm_arena_alloc(a, (size_t)(n) * sizeof(float), kind)
+    /* the residual stream: every block input kept for the backward, or one buffer in place */
+    if (train) {
+        for (int64_t l = 0; l <= L; l++) g->X[l] = F32(N * C, GM_MEM_ACTIVATIONS);
+    } else {
+        float *x = F32(N * C, GM_MEM_ACTIVATIONS);
+        for (int64_t l = 0; l <= L; l++) g->X[l] = x;
+    }
+    /* the records */
+    for (int64_t i = 0; i < g->n_rec; i++) {
+        int64_t l0 = g->n_rec == 1 ? 0 : i, l1 = g->n_rec == 1 ? L : i + 1;
+        float **rec = g->rec + i * ar->n_acts;
+        for (int s = 0; s < ar->n_acts; s++) {
+            int64_t w = record_width(g, &ar->acts[s], l0, l1);
+            rec[s] = w > 0 ? F32(N * w, GM_MEM_ACTIVATIONS) : NULL;
+        }
+        for (int s = 0; s < ar->n_layer; s++)
+            g->lora_u[i * ar->n_layer + s] = g->lora && g->lora->slot_used[s] ? F32(N * r, GM_MEM_ACTIVATIONS) : NULL;
+    }
+    g->ids = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_ACTIVATIONS);
+    g->pos = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_ACTIVATIONS);
+    /* the backward's workspace, one layer at a time */
+    if (train) {
+        g->g = F32(N * C, GM_MEM_WORKSPACE);
+        for (int s = 0; s < ar->n_grads; s++) {
+            int64_t w = record_width(g, &ar->grads[s], 0, L);
+            g->grad[s] = w > 0 ? F32(N * w, GM_MEM_WORKSPACE) : NULL;
+        }
+    }
+    if (g->lora && train) { /* inference needs none: no dropout, no backward */
+        g->lora_dv = F32(N * r, GM_MEM_WORKSPACE);
+        g->lora_x = F32(N * g->lora->in_max, GM_MEM_WORKSPACE);
+        g->lora_t = F32(N * g->lora->in_max, GM_MEM_WORKSPACE);
+    }
+    /* KV caches (inference): one per layer that computes its own keys and values */
+    if (!train) {
+        for (int64_t l = 0; l < L; l++) {
+            g->k_cache[l] = g->v_cache[l] = NULL;
+            g->cache_slots[l] = 0;
+            if (c->kv_source[l] != l) continue;
+            int64_t S = sliding_slots(c, &g->o, l), KW = gm_dim_value(c, l, GM_DIM_KW, 0);
+            g->cache_slots[l] = S;
+            g->k_cache[l] = F32(g->o.batch * S * KW, GM_MEM_KV_CACHE);
+            g->v_cache[l] = F32(g->o.batch * S * KW, GM_MEM_KV_CACHE);
+        }
+    }
+    /* the weights are laid out (types known) before the graph in every pass */
+    g->scratch_floats = scratch_floats(g);
+    g->scratch = F32(g->scratch_floats ? g->scratch_floats : 1, GM_MEM_TRANSIENT);
+#undef F32
+    g->host_ids = (int32_t *)gm_arena_alloc(host, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
+    g->host_pos = (int32_t *)gm_arena_alloc(host, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
+    if (g->be) g->kc = gm_backend_kctx(g->be, g->scratch, g->scratch_floats);
+}
+
+float **gm_graph_record(const gm_graph *g, int64_t l) { return g->rec + (g->n_rec == 1 ? 0 : l) * g->arch->n_acts; }
+
+static float *lora_u(const gm_graph *g, int64_t l, int slot) {
+    return g->lora_u[(g->n_rec == 1 ? 0 : l) * g->arch->n_layer + slot];
+}
+
+const gm_wview *gm_graph_weight(const gm_graph *g, int64_t l, int slot) { return gm_weights_at(g->w, l, slot); }
+
+const float *gm_graph_norm(const gm_graph *g, int64_t l, int slot) {
+    return (const float *)gm_weights_at(g->w, l, slot)->data;
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+gm_status gm_graph_begin(gm_graph *g, const gm_graph_input *in, gm_error *err) {
+    const gm_config *c = g->cfg;
+    int64_t B = in->B, T = in->T, N = B * T, V = c->vocab_size;
+    if (B < 1 || B > g->o.batch || T < 1 || T > g->o.max_tokens)
+        return gm_error_set(err, GM_ERR_INVALID, "input of %lld x %lld tokens does not fit the plan (batch %lld, %lld tokens)",
+                            (long long)B, (long long)T, (long long)g->o.batch, (long long)g->o.max_tokens);
+    if (g->o.mode == GM_GRAPH_INFER && (B != g->o.batch || in->pos0 < 0 || in->pos0 + T > g->o.ctx))
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "forward would reach position %lld, past the planned context of %lld positions",
+                            (long long)(in->pos0 + T), (long long)g->o.ctx);
+    for (int64_t i = 0; i < N; i++)
+        if (in->ids[i] < 0 || in->ids[i] >= V)
+            return gm_error_set(err, GM_ERR_INVALID, "token id %d at index %lld is outside the vocabulary (0..%lld)",
+                                in->ids[i], (long long)i, (long long)(V - 1));
+    for (int64_t i = 0; i < in->n_embeds; i++)
+        if (in->embed_rows[i] < 0 || in->embed_rows[i] >= N)
+            return gm_error_set(err, GM_ERR_INVALID, "soft token %lld is placed at row %lld, outside the input (%lld rows)",
+                                (long long)i, (long long)in->embed_rows[i], (long long)N);
+    g->B = B, g->T = T, g->N = N, g->pos0 = in->pos0;
+    for (int64_t i = 0; i < N; i++) {
+        g->host_ids[i] = in->ids[i];
+        g->host_pos[i] = (int32_t)(in->pos0 + i % T);
+    }
+    gm_backend_upload(g->be, g->ids, g->host_ids, (size_t)N * sizeof(int32_t));
+    gm_backend_upload(g->be, g->pos, g->host_pos, (size_t)N * sizeof(int32_t));
+    g->k->embed_fwd(&g->kc, g->X[0], g->ids, &g->w->global[GM_GLOBAL_EMBED], N, g->arch->embed_scale(c));
+    int64_t C = c->hidden_size;
+    for (int64_t i = 0; i < in->n_embeds; i++)
+        gm_backend_upload(g->be, g->X[0] + in->embed_rows[i] * C, in->embeds + i * C, (size_t)C * sizeof(float));
+    return GM_OK;
+}
+
+void gm_graph_forward(gm_graph *g) {
+    for (int64_t l = 0; l < g->cfg->n_layers; l++) g->arch->layer_fwd(g, l);
+}
+
+/* ---- linear with adapter ------------------------------------------------------------------ */
+
+/* Dropout key of one adapter in one micro-batch of one step: the same in the forward, in a
+ * checkpointing recompute and in the backward. */
+static uint64_t dropout_key(const gm_graph *g, int layer, int lora_id) {
+    uint64_t stream = (g->dropout_step << 24) ^ (g->dropout_micro << 12) ^ ((uint64_t)layer << 4) ^ (uint64_t)lora_id;
+    return gm_rng_seed(g->lora->cfg.seed ^ 0x6c6f7261ull, stream).key;
+}
+
+void gm_graph_linear(gm_graph *g, int64_t l, int slot, float *y, const float *x) {
+    const gm_kctx *kc = &g->kc;
+    int64_t N = g->N;
+    g->k->matmul_fwd(kc, y, x, gm_weights_at(g->w, l, slot), N, 0.0f);
+    gm_lora_adapter *ad = gm_lora_at(g->lora, l, slot);
+    if (!ad) return;
+    int64_t r = g->lora->cfg.rank;
+    float *u = lora_u(g, l, slot);
+    const float *xin = x;
+    if (g->lora->cfg.dropout > 0 && g->dropout) {
+        g->k->dropout_fwd(kc, g->lora_x, x, N * ad->in, g->lora->cfg.dropout, dropout_key(g, ad->layer, ad->lora_id));
+        xin = g->lora_x;
+    }
+    gm_wview A = gm_wview_f32(ad->A, r, ad->in), Bv = gm_wview_f32(ad->B, ad->out, r);
+    g->k->matmul_fwd(kc, u, xin, &A, N, 0.0f);
+    g->k->scale_fwd(kc, u, u, N * r, g->lora->scaling);
+    g->k->matmul_fwd(kc, y, u, &Bv, N, 1.0f);
+}
+
+void gm_graph_linear_bwd(gm_graph *g, int64_t l, int slot, float *dx, const float *dy, const float *x, float beta) {
+    const gm_kctx *kc = &g->kc;
+    int64_t N = g->N;
+    g->k->matmul_bwd_input(kc, dx, dy, gm_weights_at(g->w, l, slot), N, beta);
+    gm_lora_adapter *ad = gm_lora_at(g->lora, l, slot);
+    if (!ad) return;
+    int64_t r = g->lora->cfg.rank;
+    const float *u = lora_u(g, l, slot);
+    /* dB += dy^T u ; dv = scaling * dy B ; dA += dv^T dropout(x) ; dx += dropout(dv A) */
+    g->k->matmul_bwd_weight(kc, ad->dB, dy, u, N, ad->out, r, 1.0f);
+    gm_wview Bv = gm_wview_f32(ad->B, ad->out, r), A = gm_wview_f32(ad->A, r, ad->in);
+    g->k->matmul_bwd_input(kc, g->lora_dv, dy, &Bv, N, 0.0f);
+    g->k->scale_fwd(kc, g->lora_dv, g->lora_dv, N * r, g->lora->scaling);
+    if (g->lora->cfg.dropout > 0) {
+        uint64_t key = dropout_key(g, ad->layer, ad->lora_id);
+        g->k->dropout_fwd(kc, g->lora_x, x, N * ad->in, g->lora->cfg.dropout, key);
+        g->k->matmul_bwd_weight(kc, ad->dA, g->lora_dv, g->lora_x, N, r, ad->in, 1.0f);
+        g->k->matmul_bwd_input(kc, g->lora_t, g->lora_dv, &A, N, 0.0f);
+        g->k->dropout_fwd(kc, g->lora_t, g->lora_t, N * ad->in, g->lora->cfg.dropout, key);
+        g->k->add_fwd(kc, dx, g->lora_t, N * ad->in);
+    } else {
+        g->k->matmul_bwd_weight(kc, ad->dA, g->lora_dv, x, N, r, ad->in, 1.0f);
+        g->k->matmul_bwd_input(kc, dx, g->lora_dv, &A, N, 1.0f);
+    }
+}
+
+/* ---- attention ---------------------------------------------------------------------------- */
+
+void gm_graph_attention(gm_graph *g, int64_t l, float *out, float *lse, const float *q, const float *k,
+                        const float *v, float scale) {
+    const gm_config *c = g->cfg;
+    int64_t B = g->B, T = g->T, H = c->n_heads, KVH = gm_dim_value(c, l, GM_DIM_KVH, 0), D = gm_dim_value(c, l, GM_DIM_D, 0);
+    int64_t window = c->layer_type[l] == GM_LAYER_SLIDING ? c->sliding_window : 0;
+    int64_t src = c->kv_source[l];
+    if (g->o.mode == GM_GRAPH_INFER) {
+        if (src == l) {
+            int64_t S = g->cache_slots[l], KW = KVH * D;
+            g->k->kv_store(&g->kc, g->k_cache[l], k, B, T, S, KW, g->pos0);
+            g->k->kv_store(&g->kc, g->v_cache[l], v, B, T, S, KW, g->pos0);
+        }
+        g->k->attention_fwd(&g->kc, out, q, g->k_cache[src], g->v_cache[src], B, T, H, KVH, D, g->cache_slots[src], g->pos0,
+                            window, scale);
+        return;
+    }
+    g->k->attention_train_fwd(&g->kc, out, lse, q, k, v, B, T, H, KVH, D, window, scale);
+}
+
+/* ---- head --------------------------------------------------------------------------------- */
+
+void gm_graph_final_norm(gm_graph *g, float *out, float *rstd, const float *x, int64_t R) {
+    const gm_config *c = g->cfg;
+    g->k->rmsnorm_fwd(&g->kc, out, rstd, x, (const float *)g->w->global[GM_GLOBAL_FINAL_NORM].data, R, c->hidden_size,
+                      c->rms_norm_eps);
+}
+
+static gm_wview head_rows(const gm_graph *g, int64_t v0, int64_t Vc) {
+    const gm_wview *E = &g->w->global[GM_GLOBAL_LM_HEAD];
+    gm_wview Ec = *E;
+    Ec.data = (const uint8_t *)E->data + (size_t)v0 * E->row_bytes;
+    Ec.rows = Vc;
+    return Ec;
+}
+
+void gm_graph_lm_head(gm_graph *g, float *out, const float *h, int64_t R, int64_t v0, int64_t Vc) {
+    gm_wview Ec = head_rows(g, v0, Vc);
+    g->k->matmul_fwd(&g->kc, out, h, &Ec, R, 0.0f);
+}
+
+void gm_graph_lm_head_bwd(gm_graph *g, float *dh, const float *dlogits, int64_t R, int64_t v0, int64_t Vc, float beta) {
+    gm_wview Ec = head_rows(g, v0, Vc);
+    g->k->matmul_bwd_input(&g->kc, dh, dlogits, &Ec, R, beta);
+}

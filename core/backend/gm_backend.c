@@ -1,0 +1,235 @@
+/*
+ * gm_backend.c - the backend object, the CPU backend and the strict checking backend.
+ *
+ * The CPU backend is host memory from gm_malloc (so the counting / fault-injecting allocator of
+ * gm_alloc.h sees it) with the CPU kernel table. The strict backend runs the same kernels on
+ * memory the host cannot touch between calls: every block comes from mmap and is PROT_NONE
+ * except while a kernel or a copy function runs (the kernel table is a set of wrappers,
+ * generated from kernels.def, that open every live block, call the CPU kernel, and close them
+ * again). Model code that dereferences backend memory from the host - a memcpy into an
+ * activation, a loop over the logits, a kernel writing a host double - faults at once, which
+ * is how tests/unit/test_backend.c proves the model code goes through the backend.
+ */
+#define _GNU_SOURCE
+#include "gm_backend.h"
+
+#include "gm_alloc.h"
+#include "gm_device.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+
+/* ---- generic ------------------------------------------------------------------------------ */
+
+static void *mem_alloc(void *user, size_t bytes, gm_error *err) { return ((gm_backend *)user)->iface.alloc(user, bytes, err); }
+static void mem_free(void *user, void *p) { ((gm_backend *)user)->iface.free(user, p); }
+
+void gm_backend_init(gm_backend *be, const char *name, gm_device device, int n_threads) {
+    be->name = name;
+    be->device = device;
+    be->n_threads = n_threads > 0 ? n_threads : 2;
+    be->mem.alloc = mem_alloc;
+    be->mem.free = mem_free;
+    be->mem.user = be;
+    be->error = GM_OK;
+}
+
+void gm_backend_free(gm_backend *be) {
+    if (!be) return;
+    if (be->iface.destroy) be->iface.destroy(be);
+    gm_free(be);
+}
+
+void gm_backend_arena(gm_backend *be, gm_arena *a, const char *name) { gm_arena_init_mem(a, name, be->device, &be->mem); }
+
+void gm_backend_upload(gm_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes) be->iface.upload(be, dst, src, bytes);
+}
+
+void gm_backend_download(gm_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes) be->iface.download(be, dst, src, bytes);
+}
+
+void gm_backend_copy(gm_backend *be, void *dst, const void *src, size_t bytes) {
+    if (bytes && dst != src) be->iface.copy(be, dst, src, bytes);
+}
+
+void gm_backend_memset(gm_backend *be, void *dst, int value, size_t bytes) {
+    if (bytes) be->iface.memset(be, dst, value, bytes);
+}
+
+gm_kctx gm_backend_kctx(const gm_backend *be, float *scratch, size_t scratch_floats) {
+    gm_kctx c = {.n_threads = be->n_threads, .stream = be->stream, .scratch = scratch,
+                 .scratch_floats = scratch_floats, .blas = be->blas};
+    return c;
+}
+
+void gm_backend_set_error(gm_backend *be, gm_status code, const char *fmt, ...) {
+    if (be->error != GM_OK) return; /* the first failure is the cause; later ones follow from it */
+    be->error = code;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(be->error_msg, sizeof be->error_msg, fmt, ap);
+    va_end(ap);
+}
+
+void gm_backend_clear_error(gm_backend *be) {
+    be->error = GM_OK;
+    be->error_msg[0] = '\0';
+}
+
+gm_status gm_backend_status(gm_backend *be, gm_error *err) {
+    if (be->iface.synchronize) be->iface.synchronize(be);
+    if (be->error == GM_OK) return GM_OK;
+    return gm_error_set(err, be->error, "%s backend: %s", be->name, be->error_msg);
+}
+
+/* ---- CPU ---------------------------------------------------------------------------------- */
+
+static void *cpu_alloc(gm_backend *be, size_t bytes, gm_error *err) {
+    (void)be;
+    void *p = gm_malloc(bytes);
+    if (!p) {
+        gm_error_set(err, GM_ERR_NOMEM, "cannot allocate %.1f MiB of host memory", (double)bytes / 1048576.0);
+        return NULL;
+    }
+    /* touch every page now: the resident memory reaches the plan at once (gm_arena_commit) */
+    memset(p, 0, bytes);
+    return p;
+}
+
+static void cpu_free(gm_backend *be, void *p) {
+    (void)be;
+    gm_free(p);
+}
+
+static void cpu_copy(gm_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    memmove(dst, src, bytes);
+}
+
+static void cpu_memset(gm_backend *be, void *dst, int value, size_t bytes) {
+    (void)be;
+    memset(dst, value, bytes);
+}
+
+gm_status gm_backend_cpu_new(int n_threads, gm_backend **out, gm_error *err) {
+    *out = NULL;
+    gm_backend *be = gm_calloc(1, sizeof *be);
+    if (!be) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    gm_backend_init(be, "cpu", GM_DEVICE_CPU, n_threads);
+    be->host_visible = true;
+    be->k = &gm_kernels_cpu;
+    be->iface = (gm_backend_iface){.alloc = cpu_alloc, .free = cpu_free, .upload = cpu_copy, .download = cpu_copy,
+                                   .copy = cpu_copy, .memset = cpu_memset, .synchronize = NULL, .destroy = NULL};
+    *out = be;
+    return GM_OK;
+}
+
+/* ---- strict ------------------------------------------------------------------------------- */
+
+/* Live blocks of the strict backend (one process-wide list: the kernel wrappers have no backend
+ * argument, only the kernel context). */
+#define STRICT_MAX_BLOCKS 256
+static struct strict_block {
+    void *p;
+    size_t bytes; /* mapped length (page multiple) */
+} strict_blocks[STRICT_MAX_BLOCKS];
+static int strict_open_depth;
+
+static void strict_protect(int prot) {
+    for (int i = 0; i < STRICT_MAX_BLOCKS; i++)
+        if (strict_blocks[i].p) GM_ASSERT(mprotect(strict_blocks[i].p, strict_blocks[i].bytes, prot) == 0);
+}
+
+/* Opens every block for the duration of a kernel or a copy (nested calls keep them open). */
+static void strict_open(void) {
+    if (strict_open_depth++ == 0) strict_protect(PROT_READ | PROT_WRITE);
+}
+
+static void strict_close(void) {
+    if (--strict_open_depth == 0) strict_protect(PROT_NONE);
+}
+
+static size_t page_round(size_t bytes) {
+    size_t pg = 4096;
+    return (bytes + pg - 1) / pg * pg;
+}
+
+static void *strict_alloc(gm_backend *be, size_t bytes, gm_error *err) {
+    (void)be;
+    int slot = -1;
+    for (int i = 0; i < STRICT_MAX_BLOCKS && slot < 0; i++)
+        if (!strict_blocks[i].p) slot = i;
+    if (slot < 0) {
+        gm_error_set(err, GM_ERR_NOMEM, "strict backend: more than %d live blocks", STRICT_MAX_BLOCKS);
+        return NULL;
+    }
+    size_t len = page_round(bytes ? bytes : 1);
+    /* anonymous mappings come zero-filled */
+    void *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+        gm_error_set(err, GM_ERR_NOMEM, "strict backend: cannot map %.1f MiB", (double)len / 1048576.0);
+        return NULL;
+    }
+    strict_blocks[slot].p = p;
+    strict_blocks[slot].bytes = len;
+    if (strict_open_depth > 0) GM_ASSERT(mprotect(p, len, PROT_READ | PROT_WRITE) == 0);
+    return p;
+}
+
+static void strict_free(gm_backend *be, void *p) {
+    (void)be;
+    for (int i = 0; i < STRICT_MAX_BLOCKS; i++)
+        if (strict_blocks[i].p == p) {
+            munmap(p, strict_blocks[i].bytes);
+            strict_blocks[i].p = NULL;
+            return;
+        }
+    GM_ASSERT(!"strict backend: free of a block it did not allocate");
+}
+
+static void strict_copy(gm_backend *be, void *dst, const void *src, size_t bytes) {
+    (void)be;
+    strict_open();
+    memmove(dst, src, bytes);
+    strict_close();
+}
+
+static void strict_memset(gm_backend *be, void *dst, int value, size_t bytes) {
+    (void)be;
+    strict_open();
+    memset(dst, value, bytes);
+    strict_close();
+}
+
+#define GM_KERNEL(name, params, args)                                                        \
+    static void strict_##name params {                                                       \
+        strict_open();                                                                       \
+        gm_k_##name##_cpu args;                                                              \
+        strict_close();                                                                      \
+    }
+#include "kernels.def"
+#undef GM_KERNEL
+
+static const gm_kernel_table strict_kernels = {
+#define GM_KERNEL(name, params, args) .name = strict_##name,
+#include "kernels.def"
+#undef GM_KERNEL
+};
+
+gm_status gm_backend_strict_new(int n_threads, gm_backend **out, gm_error *err) {
+    *out = NULL;
+    gm_backend *be = gm_calloc(1, sizeof *be);
+    if (!be) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    gm_backend_init(be, "strict", GM_DEVICE_CPU, n_threads);
+    be->host_visible = false;
+    be->k = &strict_kernels;
+    be->iface = (gm_backend_iface){.alloc = strict_alloc, .free = strict_free, .upload = strict_copy,
+                                   .download = strict_copy, .copy = strict_copy, .memset = strict_memset,
+                                   .synchronize = NULL, .destroy = NULL};
+    *out = be;
+    return GM_OK;
+}

@@ -1,0 +1,132 @@
+/*
+ * gm_backend.h - where a model runs: a kernel table plus the memory it computes on.
+ *
+ * A backend is the one object model code talks to for compute and memory, in the spirit of
+ * ggml's ggml-backend.h: the kernel table (kernels/kernels.def), allocation of its memory,
+ * host <-> backend copies, memset, synchronize, the execution context (threads, stream, BLAS
+ * handle) and a sticky error. Model code (core/arch, core/train, core/model) never dereferences
+ * backend memory from the host: it calls kernels on it, and moves data across with
+ * gm_backend_upload / gm_backend_download. Memory that a backend lets the host read in place
+ * (gm_backend_host_ptr, e.g. the CPU backend) may be used without a copy by I/O code
+ * (checkpoints, results), as ggml's buffer_is_host does; everything else goes through the copies.
+ *
+ * Three backends exist:
+ *   - the CPU backend (gm_backend_cpu_new): host memory, the CPU kernels, OpenMP threads;
+ *   - the strict backend (gm_backend_strict_new): the CPU kernels on memory the host cannot
+ *     touch between kernel calls (PROT_NONE pages, opened only inside kernels and the copy
+ *     functions), so any stray host access by model code crashes at once - a test device;
+ *   - the CUDA backend (gm_backend_cuda_new, kernels/cuda/backend.cu, CUDA builds only).
+ *
+ * Arenas (gm_arena.h) are laid out as usual and committed on a backend with gm_backend_arena;
+ * the block comes zero-filled from the backend's allocator.
+ *
+ * Ownership: gm_backend_*_new returns an owned backend that the caller frees with
+ * gm_backend_free after every arena committed on it has been freed. The kernel table is static.
+ * Errors: allocation returns GM_ERR_NOMEM / GM_ERR_DEVICE with the size. Copies, memset and kernel
+ * launches cannot return an error at the call (CUDA runs them asynchronously): a failure is
+ * recorded as the backend's sticky error, and gm_backend_status (which synchronizes) turns it
+ * into a gm_status with the message; it stays set until gm_backend_clear_error, so a broken
+ * device stops a run instead of being logged and ignored.
+ * Thread-safety: one backend per thread of control.
+ */
+#ifndef GM_BACKEND_H
+#define GM_BACKEND_H
+
+#include "gm_arena.h"
+#include "gm_status.h"
+#include "kernels.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gm_backend gm_backend;
+
+/* The functions a backend implements (all receive the backend itself). */
+typedef struct gm_backend_iface {
+    /* zero-filled block of `bytes`, or NULL (then *err explains) */
+    void *(*alloc)(gm_backend *be, size_t bytes, gm_error *err);
+    void (*free)(gm_backend *be, void *p);
+    void (*upload)(gm_backend *be, void *dst, const void *src, size_t bytes);   /* host -> backend */
+    void (*download)(gm_backend *be, void *dst, const void *src, size_t bytes); /* backend -> host */
+    void (*copy)(gm_backend *be, void *dst, const void *src, size_t bytes);     /* backend -> backend */
+    void (*memset)(gm_backend *be, void *dst, int value, size_t bytes);
+    void (*synchronize)(gm_backend *be);
+    void (*destroy)(gm_backend *be);
+} gm_backend_iface;
+
+struct gm_backend {
+    const char *name;             /* "cpu", "strict", "cuda" */
+    gm_device device;             /* where its memory is (the strict backend: GM_DEVICE_CPU) */
+    bool host_visible;            /* the host may read and write its memory in place (CPU) */
+    const gm_kernel_table *k;     /* the kernels, called with a gm_kctx from gm_backend_kctx */
+    int n_threads;                /* CPU threads for kernels and BLAS */
+    void *stream;                 /* cudaStream_t (CUDA), NULL otherwise */
+    void *blas;                   /* cublasHandle_t bound to the stream (CUDA), NULL otherwise */
+    gm_backend_iface iface;
+    gm_arena_mem mem;             /* the allocator gm_backend_arena gives arenas */
+    gm_status error;              /* sticky: GM_OK until something failed */
+    char error_msg[512];
+    void *impl;                   /* backend-private state */
+};
+
+/* ---- create / destroy ------------------------------------------------------------------- */
+
+/* The CPU backend with n_threads threads (< 1: 2). Never fails for lack of a device. */
+gm_status gm_backend_cpu_new(int n_threads, gm_backend **out, gm_error *err);
+
+/* The strict checking backend: CPU kernels on memory that is PROT_NONE between kernel calls
+ * (see the file comment). Slow (two mprotect calls per live block per kernel); for tests. */
+gm_status gm_backend_strict_new(int n_threads, gm_backend **out, gm_error *err);
+
+#ifdef GM_HAVE_CUDA
+/* The CUDA backend on device `device` (kernels/cuda/backend.cu): its own stream and cuBLAS
+ * handle, cudaMalloc'd memory. GM_ERR_DEVICE when there is no such device. */
+gm_status gm_backend_cuda_new(int device, gm_backend **out, gm_error *err);
+#endif
+
+/* For backend implementations: fills the common fields of a zeroed backend (name, device,
+ * threads, the arena allocator that calls iface.alloc / iface.free, no error). */
+void gm_backend_init(gm_backend *be, const char *name, gm_device device, int n_threads);
+
+/* Frees the backend (NULL is a no-op). Arenas committed on it must be freed first. */
+void gm_backend_free(gm_backend *be);
+
+/* ---- memory ----------------------------------------------------------------------------- */
+
+/* Starts a measuring arena whose commit allocates from the backend (gm_arena.h protocol). */
+void gm_backend_arena(gm_backend *be, gm_arena *a, const char *name);
+
+/* host -> backend, backend -> host, backend -> backend copies of `bytes` (0 is a no-op). */
+void gm_backend_upload(gm_backend *be, void *dst, const void *src, size_t bytes);
+void gm_backend_download(gm_backend *be, void *dst, const void *src, size_t bytes);
+void gm_backend_copy(gm_backend *be, void *dst, const void *src, size_t bytes);
+void gm_backend_memset(gm_backend *be, void *dst, int value, size_t bytes);
+
+/* The host address of backend memory p when the host may read and write it in place (CPU
+ * backend), else NULL (strict, CUDA): callers then stage through upload/download. */
+static inline void *gm_backend_host_ptr(const gm_backend *be, const void *p) {
+    return be->host_visible ? (void *)(uintptr_t)p : NULL;
+}
+
+/* ---- execution and errors --------------------------------------------------------------- */
+
+/* The kernel context of this backend with the caller's scratch (floats, backend memory). */
+gm_kctx gm_backend_kctx(const gm_backend *be, float *scratch, size_t scratch_floats);
+
+/* Waits for queued work, then returns the sticky error (GM_OK if none) with its message. */
+gm_status gm_backend_status(gm_backend *be, gm_error *err);
+
+/* Records a failure as the sticky error (the first one wins). */
+void gm_backend_set_error(gm_backend *be, gm_status code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void gm_backend_clear_error(gm_backend *be);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_BACKEND_H */

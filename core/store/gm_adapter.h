@@ -1,0 +1,59 @@
+/*
+ * gm_adapter.h - a trained LoRA adapter read back from disk, to generate or evaluate with.
+ *
+ * Sources (what `gemmarun generate --adapter` and `m:generate{adapter = ...}` accept):
+ *   - a trial file of a results folder (results/<experiment>/trial-<id>.h5, format
+ *     "gemmarun-results"): its /adapter group, the final adapter of a completed trial;
+ *   - a results folder (results/<experiment>/): the trial chosen with `trial`, by its 1-based
+ *     index in the sweep (a number, as `gemmarun x.lua --trial N`) or its id (or a prefix of it of
+ *     at least 6 characters); without `trial` the folder must hold exactly one trial with an
+ *     adapter;
+ *   - a merged results file (results/<experiment>.h5, "gemmarun-results-merged", written with
+ *     adapters = true): /trial/trial-<id>/adapter of the chosen trial;
+ *   - a checkpoint (format "gemmarun-checkpoint", e.g. results/<experiment>/trial-<id>.ckpt.h5):
+ *     /adapter, the adapter as of that step.
+ * The tensors are named by PEFT keys ("base_model.model.<module>.lora_A.weight", formats.md §6);
+ * the modules present say where the adapters go, their shapes give the rank, and the stored
+ * configuration (config_json: alpha, rslora) gives the scaling. Modules are matched on
+ * "layers.N.<module>", so an adapter trained on a GGUF applies to the same model's Hugging Face
+ * checkpoint in either layout.
+ *
+ * Ownership: gm_adapter_load returns an owned adapter (gm_adapter_free) whose buffers live on the
+ * given backend; it borrows nothing after returning. Attach `&a->lora` to a generation state on
+ * that backend (gm_infer_opts.adapter).
+ * Errors: GM_ERR_IO / GM_ERR_FORMAT (unreadable or not one of the formats above, naming the
+ * path), GM_ERR_NOT_FOUND (no adapter in the file; a trial that does not exist - the message
+ * lists the trials there are; a folder with several trials and no `trial`), GM_ERR_INVALID
+ * (adapter shapes that do not fit the model, naming the tensor and both shapes).
+ */
+#ifndef GM_ADAPTER_H
+#define GM_ADAPTER_H
+
+#include "gm_arena.h"
+#include "gm_backend.h"
+#include "gm_lora.h"
+#include "gm_model.h"
+#include "gm_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gm_adapter {
+    gm_lora lora;            /* the adapters (A, B on the backend) */
+    gm_arena arena;          /* their buffers */
+    char source[1200];       /* the file the tensors came from */
+    char trial_id[64];       /* the trial's id ("" for a checkpoint) */
+    int64_t step;            /* optimizer steps the adapter was trained for (-1: unknown) */
+} gm_adapter;
+
+/* Loads the adapter at `path` (see the file comment) for model m onto backend be. `trial` may be
+ * NULL or "". */
+gm_status gm_adapter_load(const gm_model *m, gm_backend *be, const char *path, const char *trial, gm_adapter **out,
+                          gm_error *err);
+void gm_adapter_free(gm_adapter *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_ADAPTER_H */
