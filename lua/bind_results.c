@@ -5,7 +5,7 @@
  *   gm.results(path)                 -> results (opens or creates results/<exp>/trial-<id>.h5)
  *     r:set{experiment=, trial_id=, trial_index=, n_trials=, status=, reason=, config_json=,
  *           report_json=, swept_json=, started_at=, finished_at=, wall_seconds=}
- *           (*_json: JSON text or a Lua table, encoded with sorted keys)
+ *           (*_json: JSON text, stored as given, or a Lua table, encoded with sorted keys)
  *     r:set_config{field = string|number|boolean, ...}   (nested tables: "a.b" keys; lists: JSON
  *           text); also stores config_json unless r:set gave one
  *     r:append{name = number, ...}   one logged row (series missing from it get NaN)
@@ -35,8 +35,14 @@
  * runs with fds 1 and 2 pointed at /dev/null and with an exit handler that longjmps back here;
  * the device is looked up first (an absent pngcairo driver would make PLplot prompt on stdin).
  * The written PNG is decoded again with libpng, so a returned plot is a complete, valid image.
+ *
+ * JSON: tables given for JSON attributes are encoded by lua/bind_json.h with empty tables as []
+ * (the fields that may be empty hold lists). Read back, a JSON attribute that holds null
+ * (swept_json of an experiment without a sweep) is a missing field (nil); nulls inside a value
+ * are gm.null.
  */
 #define _GNU_SOURCE
+#include "bind_json.h"
 #include "bind_util.h"
 #include "gm_lua.h"
 
@@ -44,7 +50,6 @@
 #include "gm_results.h"
 #include "gm_train.h"
 
-#include <cjson/cJSON.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <lauxlib.h>
@@ -167,121 +172,29 @@ static void check_write_path(lua_State *L, const char *path, const char *fn) {
     lua_settop(L, top);
 }
 
-/* ---- JSON <-> Lua (cJSON) ---------------------------------------------------------------- */
+/* ---- JSON attributes ----------------------------------------------------------------------- */
 
-static int cmp_cstr(const void *a, const void *b) {
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-/* Lua value at idx -> new cJSON (NULL after raising is impossible: raises instead). Arrays are
- * tables with keys exactly 1..n (and the empty table); other tables are objects, keys sorted. */
-static cJSON *to_json(lua_State *L, int idx, int depth, const char *what) {
-    idx = lua_absindex(L, idx);
-    if (depth > 32) luaL_error(L, "%s: nesting too deep for JSON", what);
-    switch (lua_type(L, idx)) {
-    case LUA_TBOOLEAN: return cJSON_CreateBool(lua_toboolean(L, idx));
-    case LUA_TNUMBER: return cJSON_CreateNumber((double)lua_tonumber(L, idx));
-    case LUA_TSTRING: return cJSON_CreateString(lua_tostring(L, idx));
-    case LUA_TTABLE: break;
-    default: luaL_error(L, "%s: a %s cannot be stored as JSON", what, luaL_typename(L, idx));
-    }
-    lua_Integer n = (lua_Integer)lua_rawlen(L, idx), count = 0;
-    bool string_keys = true;
-    lua_pushnil(L);
-    while (lua_next(L, idx)) {
-        count++;
-        string_keys = string_keys && lua_type(L, -2) == LUA_TSTRING;
-        lua_pop(L, 1);
-    }
-    if (count == n) {
-        cJSON *a = cJSON_CreateArray();
-        for (lua_Integer i = 1; i <= n; i++) {
-            lua_rawgeti(L, idx, i);
-            cJSON *item = to_json(L, -1, depth + 1, what);
-            lua_pop(L, 1);
-            cJSON_AddItemToArray(a, item);
-        }
-        return a;
-    }
-    if (!string_keys) luaL_error(L, "%s: a table with both list and named entries", what);
-    const char **keys = lua_newuserdatauv(L, (size_t)count * sizeof *keys, 0); // freed by the GC
-    int ku = lua_gettop(L);
-    lua_Integer k = 0;
-    lua_pushnil(L);
-    while (lua_next(L, idx)) {
-        lua_pop(L, 1);
-        keys[k++] = lua_tostring(L, -1); // alive: the key is in the table
-    }
-    qsort(keys, (size_t)count, sizeof *keys, cmp_cstr);
-    cJSON *o = cJSON_CreateObject();
-    for (lua_Integer i = 0; i < count; i++) {
-        lua_getfield(L, idx, keys[i]);
-        cJSON *item = to_json(L, -1, depth + 1, what);
-        lua_pop(L, 1);
-        cJSON_AddItemToObject(o, keys[i], item);
-    }
-    lua_remove(L, ku);
-    return o;
-}
-
-/* Pushes the JSON text of the Lua value at idx (a string is taken as JSON text already). */
+/* Pushes the JSON text of the value at idx for the attribute `what`: a string is taken as JSON
+ * text already, a table is encoded (empty tables as lists). */
 static const char *push_json_text(lua_State *L, int idx, const char *what) {
-    idx = lua_absindex(L, idx);
     if (lua_type(L, idx) == LUA_TSTRING) {
         lua_pushvalue(L, idx);
         return lua_tostring(L, -1);
     }
-    cJSON *j = to_json(L, idx, 0, what); // a raise inside leaks at most this tree: none yet
-    char *text = cJSON_PrintUnformatted(j);
-    cJSON_Delete(j);
-    if (!text) luaL_error(L, "%s: out of memory", what);
-    lua_pushstring(L, text);
-    free(text);
-    return lua_tostring(L, -1);
+    gm_json_enc how = {what, true};
+    return gm_json_push_encoded(L, idx, &how);
 }
 
-/* Pushes a decoded cJSON value (objects -> tables, arrays -> lists, integral numbers ->
- * integers, null -> nil). */
-static void push_json(lua_State *L, const cJSON *j) {
-    luaL_checkstack(L, 4, "JSON too deep");
-    if (cJSON_IsObject(j)) {
-        lua_newtable(L);
-        for (const cJSON *e = j->child; e; e = e->next) {
-            if (cJSON_IsNull(e)) continue;
-            push_json(L, e);
-            lua_setfield(L, -2, e->string);
-        }
-    } else if (cJSON_IsArray(j)) {
-        lua_newtable(L);
-        lua_Integer i = 0;
-        for (const cJSON *e = j->child; e; e = e->next) {
-            push_json(L, e);
-            lua_rawseti(L, -2, ++i);
-        }
-    } else if (cJSON_IsString(j)) {
-        lua_pushstring(L, j->valuestring);
-    } else if (cJSON_IsNumber(j)) {
-        double v = j->valuedouble;
-        if (v == floor(v) && fabs(v) < 9007199254740992.0)
-            lua_pushinteger(L, (lua_Integer)v);
-        else
-            lua_pushnumber(L, v);
-    } else if (cJSON_IsBool(j)) {
-        lua_pushboolean(L, cJSON_IsTrue(j));
-    } else {
+/* Pushes the decoded JSON attribute `name` of `as`: nil when it is absent, not text, not JSON,
+ * or JSON null (an attribute holding null has no value). */
+static void push_json_attr(lua_State *L, const gm_results_attrs *as, const char *name) {
+    const gm_results_attr *a = gm_results_find(as, name);
+    if (!a || a->kind != GM_RV_STR || !gm_json_push_decoded(L, a->s, strlen(a->s), NULL)) {
+        lua_pushnil(L);
+    } else if (gm_json_is_null(L, -1)) {
+        lua_pop(L, 1);
         lua_pushnil(L);
     }
-}
-
-/* Pushes the decoded JSON text, or nil when it does not parse. */
-static void push_json_decoded(lua_State *L, const char *text) {
-    cJSON *j = text ? cJSON_Parse(text) : NULL;
-    if (!j) {
-        lua_pushnil(L);
-        return;
-    }
-    push_json(L, j);
-    cJSON_Delete(j);
 }
 
 /* ---- the results userdata ---------------------------------------------------------------- */
@@ -771,25 +684,25 @@ static void push_trial(lua_State *L, const gm_results_trial *t) {
     int tt = lua_gettop(L);
     lua_pushstring(L, t->source);
     lua_setfield(L, tt, "path");
-    const gm_results_attr *a = gm_results_find(&t->root, "report_json");
-    push_json_decoded(L, a && a->kind == GM_RV_STR ? a->s : NULL);
+    push_json_attr(L, &t->root, "report_json");
     lua_setfield(L, tt, "report");
-    a = gm_results_find(&t->root, "swept_json");
-    push_json_decoded(L, a && a->kind == GM_RV_STR ? a->s : NULL);
+    push_json_attr(L, &t->root, "swept_json");
     lua_setfield(L, tt, "swept");
     // config; a field stored as 0/1 that config_json holds as a boolean comes back a boolean
-    a = gm_results_find(&t->root, "config_json");
-    cJSON *cj = a && a->kind == GM_RV_STR ? cJSON_Parse(a->s) : NULL;
+    push_json_attr(L, &t->root, "config_json");
+    int cj = lua_gettop(L);
     push_attrs(L, &t->config);
-    for (int i = 0; i < t->config.n; i++) {
+    for (int i = 0; i < t->config.n && lua_istable(L, cj); i++) {
         const gm_results_attr *c = &t->config.a[i];
-        const cJSON *j = cj ? cJSON_GetObjectItemCaseSensitive(cj, c->name) : NULL;
-        if (c->kind == GM_RV_I64 && j && cJSON_IsBool(j)) {
+        lua_getfield(L, cj, c->name);
+        bool is_bool = lua_isboolean(L, -1);
+        lua_pop(L, 1);
+        if (c->kind == GM_RV_I64 && is_bool) {
             lua_pushboolean(L, c->i != 0);
             lua_setfield(L, -2, c->name);
         }
     }
-    cJSON_Delete(cj);
+    lua_remove(L, cj);
     lua_setfield(L, tt, "config");
     lua_createtable(L, 0, t->n_metrics);
     for (int i = 0; i < t->n_metrics; i++) {
@@ -843,8 +756,7 @@ static void push_trial(lua_State *L, const gm_results_trial *t) {
     push_attrs(L, &t->memory);
     lua_setfield(L, tt, "memory");
     push_attrs(L, &t->data);
-    a = gm_results_find(&t->data, "rejections_json");
-    push_json_decoded(L, a && a->kind == GM_RV_STR ? a->s : NULL);
+    push_json_attr(L, &t->data, "rejections_json");
     lua_setfield(L, -2, "rejections");
     lua_setfield(L, tt, "data");
     lua_createtable(L, t->n_adapter, 0);
@@ -1499,15 +1411,7 @@ void gm_lua_open_results(lua_State *L) {
                                    {"write_text", l_write_text},
                                    {"plot", l_plot},
                                    {NULL, NULL}};
-    lua_getglobal(L, "gm");
-    if (!lua_istable(L, -1)) {
-        lua_pop(L, 1);
-        lua_newtable(L);
-        lua_pushvalue(L, -1);
-        lua_setglobal(L, "gm");
-    }
-    luaL_setfuncs(L, fns, 0);
-    lua_pop(L, 1);
+    gm_bind_add_functions(L, fns);
     lua_getfield(L, LUA_REGISTRYINDEX, ROOT_KEY);
     bool unset = lua_isnil(L, -1);
     lua_pop(L, 1);

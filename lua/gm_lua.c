@@ -174,6 +174,7 @@ gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err) {
     lua_pushboolean(L, opts && opts->allow_os);
     lua_setglobal(L, "GM_ALLOW_OS");
     gm_lua_open_model(L);
+    gm_lua_open_json(L);
     gm_lua_open_train(L);
     gm_lua_open_results(L);
     gm_lua_open_run(L);

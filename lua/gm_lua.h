@@ -51,8 +51,11 @@ gm_status gm_lua_call(lua_State *L, int nargs, int nres, gm_error *err);
 void gm_lua_open_model(lua_State *L);
 /* Registers lua/bind_train.c (data sets, trainers); needs gm_lua_open_model first. */
 void gm_lua_open_train(lua_State *L);
-/* Registers lua/bind_run.c (data files, JSON, hashing, plans, progress, Ctrl-C). */
+/* Registers lua/bind_run.c (data files, hashing, plans, progress, Ctrl-C). */
 void gm_lua_open_run(lua_State *L);
+/* Registers lua/bind_json.c (gm.json_encode, gm.json_decode, gm.null); needs gm_lua_open_model
+ * first. */
+void gm_lua_open_json(lua_State *L);
 /* Marks the run as interrupted (called from main's SIGINT handler; async-signal-safe). */
 void gm_lua_set_interrupted(void);
 /* The flag itself (nonzero after Ctrl-C): long operations (generation) poll it. */
