@@ -17,12 +17,13 @@
  *       for each example, the candidate whose first token has the highest logit at the response start
  *   trainer:score(dataset, {i, ...}) -> {logprob, ...}   sum of log p over each example's response
  *
- * Reading is allowed in the sandbox (experiment files must read their data); writing is not, and
- * only the results bindings (bind_results.c) write, under the results folder.
+ * Reading is allowed in the sandbox (experiment files must read their data); writing is not,
+ * except where lua/write_rule.h allows it.
  */
 #define _GNU_SOURCE
 #include "bind_util.h"
 #include "gm_lua.h"
+#include "write_rule.h"
 
 #include "gm_alloc.h"
 #include "gm_config.h"
@@ -187,16 +188,8 @@ static int l_plan(lua_State *L) {
     return 1;
 }
 
-/* Paths the runner may create or delete: relative, without "..", under a results folder. */
-static const char *check_results_path(lua_State *L, int idx) {
-    const char *p = luaL_checkstring(L, idx);
-    if (p[0] == '/' || strstr(p, "..") || strncmp(p, "results", 7) != 0)
-        luaL_error(L, "%s: results paths must be relative, under results/, without '..'", p);
-    return p;
-}
-
 static int l_make_results_dir(lua_State *L) {
-    const char *p = check_results_path(L, 1);
+    const char *p = gm_bind_check_runner_path(L, 1);
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", p);
     for (char *c = buf + 1; *c; c++) {
@@ -210,7 +203,7 @@ static int l_make_results_dir(lua_State *L) {
 }
 
 static int l_remove_checkpoint(lua_State *L) {
-    const char *p = check_results_path(L, 1);
+    const char *p = gm_bind_check_runner_path(L, 1);
     size_t n = strlen(p);
     if (n < 8 || strcmp(p + n - 8, ".ckpt.h5") != 0) return luaL_error(L, "%s: only *.ckpt.h5 files can be removed", p);
     unlink(p);
