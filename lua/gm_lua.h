@@ -8,6 +8,12 @@
  * gemmarun bindings (lua/bind_*.c) and the embedded prelude (lua/prelude.lua), which defines
  * env(), experiment{} and friends.
  *
+ * Two environments: the prelude, the runner and the report (and chunks run with
+ * gm_lua_run_string) use the state's global table; experiment files (gm_lua_run_file,
+ * gm_lua_run_experiment) run in a fresh table of their own made by the prelude (M.file_env):
+ * the API, the allowed base functions and copies of the library tables, so that nothing a file
+ * assigns reaches the code that validates and runs it.
+ *
  * Ownership: the caller owns the lua_State and closes it with gm_lua_close. Userdata created by
  * the bindings (loaded models) are released by their __gc/__close when the state closes.
  * Errors: gm_lua_run_* return GM_ERR_INVALID with the Lua error message and traceback in err
@@ -34,12 +40,19 @@ typedef struct gm_lua_opts {
 gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err);
 void gm_lua_close(lua_State *L);
 
-/* Runs a Lua file; `args` (may be NULL) becomes the global table `arg` (1-based). The file's
- * return values are left on the stack (nresults = LUA_MULTRET). */
+/* Runs an experiment file in its own environment (above); `args` (may be NULL) becomes its
+ * global table `arg` (arg[0] = path, then 1-based). The file's return values are left on the
+ * stack (nresults = LUA_MULTRET). */
 gm_status gm_lua_run_file(lua_State *L, const char *path, const char *const *args, int nargs,
                           gm_error *err);
 
-/* Runs a chunk of Lua source held in memory; `name` appears in messages ("=quickstart"). */
+/* Runs experiment source held in memory as gm_lua_run_file runs a file (no `arg`); `name`
+ * appears in messages ("@experiments/quickstart.lua"). */
+gm_status gm_lua_run_experiment(lua_State *L, const char *src, size_t len, const char *name,
+                                gm_error *err);
+
+/* Runs a chunk of trusted Lua source held in memory in the global table (the prelude, the
+ * `gemmarun table` driver, tests); `name` appears in messages ("=quickstart"). */
 gm_status gm_lua_run_string(lua_State *L, const char *src, size_t len, const char *name,
                             gm_error *err);
 
