@@ -1,27 +1,29 @@
 /*
- * bind_run.c - Lua bindings the experiment runner (lua/prelude.lua) needs from C: reading data
- * files, JSON, hashing, model configs and memory plans without loading weights, candidate
- * scoring for classification, progress display and Ctrl-C.
+ * bind_run.c - Lua bindings the experiment runner (lua/runner.lua) needs from C: reading data
+ * files, hashing, model configs and memory plans without loading weights, candidate scoring
+ * for classification, progress display and Ctrl-C. (JSON: lua/bind_json.c.)
  *
  *   gm.read_text(path) -> string             gm.list_dir(path) -> {name, ...} (sorted; files and folders)
- *   gm.is_dir(path), gm.file_exists(path)    gm.json_decode(text) -> value (null -> gm.null)
- *   gm.json_encode(value) -> text (keys sorted: a canonical form, used for trial ids)
- *   gm.sha256(text) -> hex                   gm.isatty() -> bool (stderr)
+ *   gm.is_dir(path), gm.file_exists(path)    gm.sha256(text) -> hex
+ *   gm.isatty() -> bool (stderr)
  *   gm.progress(line [, final])               redraws one status line on a TTY, prints lines otherwise
  *   gm.interrupted() -> bool                  true once Ctrl-C was pressed (main installs the handler)
  *   gm.model_config(path_or_name) -> table    the config only (GGUF header, config.json or preset;
  *                                             preset = true for a built-in size: no weights)
  *   gm.plan(path_or_name, train_opts) -> {[kind] = bytes, total = bytes}
+ *   gm.plan_fit(path_or_name, train_opts, limit) -> train_opts', total, chosen
+ *   gm.make_results_dir(dir), gm.remove_checkpoint(path)   the runner's folders and checkpoints
  *   trainer:choose(dataset, {i, ...}, {tok, ...}) -> {k, ...}, {{logit, ...}, ...}
  *       for each example, the candidate whose first token has the highest logit at the response start
  *   trainer:score(dataset, {i, ...}) -> {logprob, ...}   sum of log p over each example's response
  *
- * Reading is allowed in the sandbox (experiment files must read their data); writing is not, and
- * only the results bindings (bind_results.c) write, under the results folder.
+ * Reading is allowed in the sandbox (experiment files must read their data); writing is not,
+ * except where lua/write_rule.h allows it.
  */
 #define _GNU_SOURCE
 #include "bind_util.h"
 #include "gm_lua.h"
+#include "write_rule.h"
 
 #include "gm_alloc.h"
 #include "gm_config.h"
@@ -32,7 +34,6 @@
 #include "gm_plan.h"
 #include "gm_train.h"
 
-#include <cjson/cJSON.h>
 #include <dirent.h>
 #include <lauxlib.h>
 #include <openssl/evp.h>
@@ -102,164 +103,6 @@ static int l_is_dir(lua_State *L) {
 
 static int l_file_exists(lua_State *L) {
     lua_pushboolean(L, access(luaL_checkstring(L, 1), R_OK) == 0);
-    return 1;
-}
-
-/* ---- JSON ---- */
-
-static void push_json(lua_State *L, const cJSON *j) {
-    luaL_checkstack(L, 4, "JSON too deep");
-    if (cJSON_IsObject(j)) {
-        lua_newtable(L);
-        for (const cJSON *c = j->child; c; c = c->next) {
-            push_json(L, c);
-            lua_setfield(L, -2, c->string);
-        }
-    } else if (cJSON_IsArray(j)) {
-        lua_newtable(L);
-        lua_Integer i = 1;
-        for (const cJSON *c = j->child; c; c = c->next) {
-            push_json(L, c);
-            lua_rawseti(L, -2, i++);
-        }
-    } else if (cJSON_IsString(j)) {
-        lua_pushstring(L, j->valuestring);
-    } else if (cJSON_IsNumber(j)) {
-        double v = j->valuedouble;
-        if (v == (double)(lua_Integer)v && v > -9e15 && v < 9e15) lua_pushinteger(L, (lua_Integer)v);
-        else lua_pushnumber(L, v);
-    } else if (cJSON_IsBool(j)) {
-        lua_pushboolean(L, cJSON_IsTrue(j));
-    } else {
-        lua_getfield(L, LUA_REGISTRYINDEX, "gm.null");
-    }
-}
-
-static int l_json_decode(lua_State *L) {
-    size_t len;
-    const char *text = luaL_checklstring(L, 1, &len);
-    const char *end = NULL;
-    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
-    if (!j) {
-        long off = end ? (long)(end - text) : -1;
-        return luaL_error(L, "invalid JSON near byte %d", (int)off);
-    }
-    push_json(L, j);
-    cJSON_Delete(j);
-    return 1;
-}
-
-/* Canonical JSON: object keys sorted, numbers with 17 significant digits (%.17g round-trips). */
-static void encode(lua_State *L, int idx, luaL_Buffer *b, int depth) {
-    if (depth > 64) luaL_error(L, "json_encode: nesting too deep");
-    idx = lua_absindex(L, idx);
-    switch (lua_type(L, idx)) {
-    case LUA_TNIL: luaL_addstring(b, "null"); return;
-    case LUA_TBOOLEAN: luaL_addstring(b, lua_toboolean(L, idx) ? "true" : "false"); return;
-    case LUA_TNUMBER: {
-        char num[64];
-        if (lua_isinteger(L, idx)) snprintf(num, sizeof num, "%lld", (long long)lua_tointeger(L, idx));
-        else snprintf(num, sizeof num, "%.17g", (double)lua_tonumber(L, idx));
-        luaL_addstring(b, num);
-        return;
-    }
-    case LUA_TSTRING: {
-        size_t n;
-        const char *s = lua_tolstring(L, idx, &n);
-        luaL_addchar(b, '"');
-        for (size_t i = 0; i < n; i++) {
-            unsigned char c = (unsigned char)s[i];
-            if (c == '"' || c == '\\') {
-                luaL_addchar(b, '\\');
-                luaL_addchar(b, (char)c);
-            } else if (c < 0x20) {
-                char esc[8];
-                snprintf(esc, sizeof esc, "\\u%04x", c);
-                luaL_addstring(b, esc);
-            } else {
-                luaL_addchar(b, (char)c);
-            }
-        }
-        luaL_addchar(b, '"');
-        return;
-    }
-    case LUA_TTABLE: {
-        lua_getfield(L, LUA_REGISTRYINDEX, "gm.null");
-        bool is_null = lua_rawequal(L, -1, idx);
-        lua_pop(L, 1);
-        if (is_null) {
-            luaL_addstring(b, "null");
-            return;
-        }
-        lua_Integer n = (lua_Integer)lua_rawlen(L, idx);
-        /* an array when keys are exactly 1..n (n > 0), else an object with sorted string keys */
-        lua_Integer count = 0;
-        lua_pushnil(L);
-        while (lua_next(L, idx)) {
-            count++;
-            lua_pop(L, 1);
-        }
-        if (n > 0 && count == n) {
-            luaL_addchar(b, '[');
-            for (lua_Integer i = 1; i <= n; i++) {
-                if (i > 1) luaL_addchar(b, ',');
-                lua_rawgeti(L, idx, i);
-                encode(L, -1, b, depth + 1);
-                lua_pop(L, 1);
-            }
-            luaL_addchar(b, ']');
-            return;
-        }
-        /* collect and sort keys through Lua's table.sort-free path: simple insertion sort */
-        lua_createtable(L, (int)count, 0);
-        int keys = lua_gettop(L);
-        lua_Integer k = 0;
-        lua_pushnil(L);
-        while (lua_next(L, idx)) {
-            lua_pop(L, 1);
-            if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "json_encode: object keys must be strings");
-            lua_pushvalue(L, -1);
-            lua_rawseti(L, keys, ++k);
-        }
-        for (lua_Integer i = 2; i <= k; i++)
-            for (lua_Integer j = i; j > 1; j--) {
-                lua_rawgeti(L, keys, j - 1);
-                lua_rawgeti(L, keys, j);
-                int gt = strcmp(lua_tostring(L, -2), lua_tostring(L, -1)) > 0;
-                if (gt) {
-                    lua_rawseti(L, keys, j - 1);
-                    lua_rawseti(L, keys, j);
-                } else {
-                    lua_pop(L, 2);
-                    break;
-                }
-            }
-        luaL_addchar(b, '{');
-        for (lua_Integer i = 1; i <= k; i++) {
-            if (i > 1) luaL_addchar(b, ',');
-            lua_rawgeti(L, keys, i);
-            encode(L, -1, b, depth + 1);
-            luaL_addchar(b, ':');
-            lua_gettable(L, idx);
-            encode(L, -1, b, depth + 1);
-            lua_pop(L, 1);
-        }
-        luaL_addchar(b, '}');
-        lua_remove(L, keys);
-        return;
-    }
-    default: luaL_error(L, "json_encode: cannot encode a %s", luaL_typename(L, idx));
-    }
-}
-
-static int l_json_encode(lua_State *L) {
-    luaL_checkany(L, 1);
-    luaL_Buffer b;
-    /* the buffer lives on the stack above argument 1; encode() works at absolute indices */
-    lua_settop(L, 1);
-    luaL_buffinit(L, &b);
-    encode(L, 1, &b, 0);
-    luaL_pushresult(&b);
     return 1;
 }
 
@@ -345,16 +188,8 @@ static int l_plan(lua_State *L) {
     return 1;
 }
 
-/* Paths the runner may create or delete: relative, without "..", under a results folder. */
-static const char *check_results_path(lua_State *L, int idx) {
-    const char *p = luaL_checkstring(L, idx);
-    if (p[0] == '/' || strstr(p, "..") || strncmp(p, "results", 7) != 0)
-        luaL_error(L, "%s: results paths must be relative, under results/, without '..'", p);
-    return p;
-}
-
 static int l_make_results_dir(lua_State *L) {
-    const char *p = check_results_path(L, 1);
+    const char *p = gm_bind_check_runner_path(L, 1);
     char buf[1024];
     snprintf(buf, sizeof buf, "%s", p);
     for (char *c = buf + 1; *c; c++) {
@@ -368,7 +203,7 @@ static int l_make_results_dir(lua_State *L) {
 }
 
 static int l_remove_checkpoint(lua_State *L) {
-    const char *p = check_results_path(L, 1);
+    const char *p = gm_bind_check_runner_path(L, 1);
     size_t n = strlen(p);
     if (n < 8 || strcmp(p + n - 8, ".ckpt.h5") != 0) return luaL_error(L, "%s: only *.ckpt.h5 files can be removed", p);
     unlink(p);
@@ -419,19 +254,11 @@ static int l_plan_fit(lua_State *L) {
 }
 
 void gm_lua_open_run(lua_State *L) {
-    /* a unique sentinel for JSON null */
-    lua_newtable(L);
-    lua_setfield(L, LUA_REGISTRYINDEX, "gm.null");
     static const luaL_Reg fns[] = {{"read_text", l_read_text}, {"list_dir", l_list_dir}, {"is_dir", l_is_dir},
-                                   {"file_exists", l_file_exists}, {"json_decode", l_json_decode},
-                                   {"json_encode", l_json_encode}, {"sha256", l_sha256}, {"isatty", l_isatty},
+                                   {"file_exists", l_file_exists}, {"sha256", l_sha256}, {"isatty", l_isatty},
                                    {"progress", l_progress}, {"interrupted", l_interrupted},
                                    {"model_config", l_model_config}, {"plan", l_plan}, {"plan_fit", l_plan_fit},
                                    {"make_results_dir", l_make_results_dir}, {"remove_checkpoint", l_remove_checkpoint},
                                    {"reset_peak_rss", l_reset_peak_rss}, {NULL, NULL}};
-    lua_getglobal(L, "gm");
-    luaL_setfuncs(L, fns, 0);
-    lua_getfield(L, LUA_REGISTRYINDEX, "gm.null");
-    lua_setfield(L, -2, "null");
-    lua_pop(L, 1);
+    gm_bind_add_functions(L, fns);
 }

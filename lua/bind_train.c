@@ -21,6 +21,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "bind_util.h"
 #include "gm_lua.h"
+#include "write_rule.h"
 
 #include "gm_alloc.h"
 #include "gm_data.h"

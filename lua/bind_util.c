@@ -25,6 +25,12 @@ int gm_bind_usage_error(lua_State *L, const char *fmt, ...) {
     return lua_error(L);
 }
 
+void gm_bind_add_functions(lua_State *L, const luaL_Reg *fns) {
+    lua_getglobal(L, "gm");
+    luaL_setfuncs(L, fns, 0);
+    lua_pop(L, 1);
+}
+
 /* Checks that every key of the options table at idx is one of `allowed`. */
 void gm_bind_check_opts(lua_State *L, int idx, const char *fn, const char *const *allowed) {
     if (lua_isnoneornil(L, idx)) return;

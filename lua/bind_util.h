@@ -13,6 +13,7 @@
 #include "gm_model.h"
 #include "gm_status.h"
 
+#include <lauxlib.h>
 #include <lua.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -62,8 +63,8 @@ bool gm_bind_opt_bool(lua_State *L, int idx, const char *key, bool def);
 /* String option; returns def when absent. The pointer is valid while the table is on the stack. */
 const char *gm_bind_opt_str(lua_State *L, int idx, const char *key, const char *def);
 
-/* Raises unless `path` is inside the results folder (no '..', see bind_results.c), creating its
- * missing folders: the only places experiment files may write (sandbox). */
-void gm_bind_check_write_path(lua_State *L, const char *path, const char *fn);
+/* Adds the functions of `fns` (NULL-terminated) to the global table `gm`, which
+ * gm_lua_open_model creates (called first by gm_lua_new). */
+void gm_bind_add_functions(lua_State *L, const luaL_Reg *fns);
 
 #endif /* GM_BIND_UTIL_H */

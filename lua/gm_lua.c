@@ -1,9 +1,12 @@
 /*
- * gm_lua.c - sandboxed Lua state, error handling with tracebacks, the embedded prelude.
+ * gm_lua.c - sandboxed Lua state, error handling with tracebacks, the embedded prelude, and
+ * running experiment files in their own environment.
  *
  * The sandbox is an allow-list [Redis scripting]: we open only the libraries we want with
  * luaL_requiref and then delete the dangerous members, instead of opening everything and hoping
- * to remove enough.
+ * to remove enough. What an experiment file sees of that state is decided by the prelude
+ * (M.file_env, lua/prelude.lua): this file only installs the table it makes as the _ENV of each
+ * file's main chunk.
  */
 #include "gm_lua.h"
 
@@ -107,6 +110,8 @@ static int l_module(lua_State *L) {
     return 1;
 }
 
+#define FILE_ENV_KEY "gm.file_env" /* registry: the prelude's M.file_env */
+
 static gm_status pcall_tb(lua_State *L, int nargs, int nres, const char *what, gm_error *err) {
     int base = lua_gettop(L) - nargs;
     lua_pushcfunction(L, traceback);
@@ -174,8 +179,10 @@ gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err) {
     lua_pushboolean(L, opts && opts->allow_os);
     lua_setglobal(L, "GM_ALLOW_OS");
     gm_lua_open_model(L);
+    gm_lua_open_json(L);
     gm_lua_open_train(L);
     gm_lua_open_results(L);
+    gm_lua_open_plot(L);
     gm_lua_open_run(L);
     lua_newtable(L);
     lua_setfield(L, LUA_REGISTRYINDEX, "gm.modules");
@@ -183,6 +190,12 @@ gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err) {
     lua_setglobal(L, "gm_module");
     const gm_embedded *prelude = gm_lua_module("prelude");
     gm_status s = gm_lua_run_string(L, (const char *)prelude->data, prelude->len, "=lua/prelude.lua", err);
+    if (s == GM_OK) {
+        lua_getglobal(L, "GM_PRELUDE");
+        if (lua_istable(L, -1)) lua_getfield(L, -1, "file_env");
+        if (!lua_isfunction(L, -1)) s = gm_error_set(err, GM_ERR_RUNTIME, "it defines no GM_PRELUDE.file_env");
+        else lua_setfield(L, LUA_REGISTRYINDEX, FILE_ENV_KEY);
+    }
     if (s != GM_OK) {
         gm_error_prefix(err, "internal error in the embedded prelude");
         lua_close(L);
@@ -197,7 +210,29 @@ void gm_lua_close(lua_State *L) {
     if (L) lua_close(L);
 }
 
+/* Runs the chunk below the value on top (the file's `arg` table, or nil) in a fresh
+ * environment from the prelude's file_env(arg), leaving its results. */
+static gm_status run_in_file_env(lua_State *L, const char *name, gm_error *err) {
+    lua_getfield(L, LUA_REGISTRYINDEX, FILE_ENV_KEY);
+    lua_insert(L, -2);
+    gm_status s = pcall_tb(L, 1, 1, name, err);
+    if (s != GM_OK) {
+        lua_pop(L, 1); /* the chunk */
+        gm_error_prefix(err, "internal error making the experiment file's environment");
+        return s;
+    }
+    /* a main chunk has exactly one upvalue, _ENV */
+    if (!lua_setupvalue(L, -2, 1)) lua_pop(L, 1);
+    return pcall_tb(L, 0, LUA_MULTRET, name, err);
+}
+
 gm_status gm_lua_run_file(lua_State *L, const char *path, const char *const *args, int nargs, gm_error *err) {
+    int rc = luaL_loadfilex(L, path, "t");
+    if (rc != LUA_OK) { /* a missing file or a syntax error: bad usage, nothing ran */
+        gm_error_set(err, rc == LUA_ERRFILE ? GM_ERR_IO : GM_ERR_INVALID, "%s", lua_tostring(L, -1));
+        lua_pop(L, 1);
+        return err ? err->code : GM_ERR_INVALID;
+    }
     lua_createtable(L, nargs, 1);
     lua_pushstring(L, path);
     lua_rawseti(L, -2, 0);
@@ -205,14 +240,18 @@ gm_status gm_lua_run_file(lua_State *L, const char *path, const char *const *arg
         lua_pushstring(L, args[i]);
         lua_rawseti(L, -2, i + 1);
     }
-    lua_setglobal(L, "arg");
-    int rc = luaL_loadfilex(L, path, "t");
-    if (rc != LUA_OK) { /* a missing file or a syntax error: bad usage, nothing ran */
-        gm_error_set(err, rc == LUA_ERRFILE ? GM_ERR_IO : GM_ERR_INVALID, "%s", lua_tostring(L, -1));
+    return run_in_file_env(L, path, err);
+}
+
+gm_status gm_lua_run_experiment(lua_State *L, const char *src, size_t len, const char *name, gm_error *err) {
+    int rc = luaL_loadbufferx(L, src, len, name, "t");
+    if (rc != LUA_OK) {
+        gm_error_set(err, GM_ERR_INVALID, "%s", lua_tostring(L, -1));
         lua_pop(L, 1);
-        return err ? err->code : GM_ERR_INVALID;
+        return GM_ERR_INVALID;
     }
-    return pcall_tb(L, 0, LUA_MULTRET, path, err);
+    lua_pushnil(L); /* no arg */
+    return run_in_file_env(L, name, err);
 }
 
 gm_status gm_lua_run_string(lua_State *L, const char *src, size_t len, const char *name, gm_error *err) {

@@ -663,8 +663,8 @@ static int run_lua(const char *file, int argc, char **argv) {
         lua_setglobal(L, "GM_EXPERIMENT_FILE");
         s = gm_lua_run_file(L, file, NULL, 0, &err);
     } else {
-        s = gm_lua_run_string(L, (const char *)gm_embedded_quickstart, gm_embedded_quickstart_len,
-                              "@experiments/quickstart.lua", &err);
+        s = gm_lua_run_experiment(L, (const char *)gm_embedded_quickstart, gm_embedded_quickstart_len,
+                                  "@experiments/quickstart.lua", &err);
     }
     int rc = 0;
     if (s != GM_OK) {

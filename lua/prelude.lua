@@ -7,19 +7,20 @@
 --   experiments/x.lua:12: train.rnak: unknown key (allowed: alpha, batch, ...)
 -- Validation of a whole experiment (unknown keys, wrong types, impossible values) and the sweep
 -- expansion into trials also live here; lua/runner.lua runs the trials.
+--
+-- Two environments: this file, the runner and the report run in the state's global table; an
+-- experiment file runs in a table of its own, made by M.file_env (end of this file), which
+-- holds the API above, the allowed standard functions and copies of the library tables. So a
+-- file that assigns `type = nil` or `string.format = nil` changes its own globals and copies,
+-- never the code that validates and runs it.
 
--- The sandbox: keep what we need from `debug`, then remove it; load() takes text chunks only.
+-- The sandbox: keep what we need from `debug`, then remove it (a file's load() takes text
+-- chunks only: M.file_env).
 local getinfo = debug.getinfo
-if not GM_ALLOW_OS then
-  debug = nil
-  local raw_load = load
-  -- env passed on only when given: an explicit nil would leave the chunk without globals
-  load = function(chunk, name, mode, ...)
-    return raw_load(chunk, name, "t", ...)
-  end
-end
+if not GM_ALLOW_OS then debug = nil end
 
-local M = {} -- exported to the runner as gm_module("prelude")-free global GM_PRELUDE
+local M = {} -- exported to the runner as the global GM_PRELUDE (gm_module refuses "prelude")
+local API = {} -- what an experiment file sees besides the standard library (M.file_env)
 
 --------------------------------------------------------------------------------------------------
 -- errors
@@ -67,7 +68,7 @@ end
 -- env
 
 --- env(name, default): the value of an environment variable, or `default` when unset or empty.
-function env(name, default)
+function API.env(name, default)
   if type(name) ~= "string" then usage(caller_where(), "env(name, default): name must be a string, got %s", type(name)) end
   local v = os.getenv(name)
   if v == nil or v == "" then return default end
@@ -75,7 +76,7 @@ function env(name, default)
 end
 
 --- load_model(path_or_name [, opts]): shorthand for gm.load_model.
-function load_model(...) return gm.load_model(...) end
+function API.load_model(...) return gm.load_model(...) end
 
 --------------------------------------------------------------------------------------------------
 -- schema
@@ -267,7 +268,7 @@ end
 
 --- experiment{ name=, model=, task=, train={...}, sweep=grid{...}|random{...}, seeds={...},
 ---             memory_limit="48GiB", fit=false, report=table{...}, threads=2 }
-function experiment(spec)
+function API.experiment(spec)
   local e = tagged("experiment", spec, "experiment")
   check_keys(e, EXPERIMENT_KEYS, "experiment")
   GM_EXPERIMENT_BUILT = true -- main.c: an experiment built but not returned is an error
@@ -275,29 +276,30 @@ function experiment(spec)
 end
 
 --- grid{ field = {v1, v2, ...}, ... }: every combination (the first key varies slowest).
-function grid(spec) return tagged("grid", spec) end
+function API.grid(spec) return tagged("grid", spec) end
 
 --- random{ n = trials, seed = s, field = {choices} | uniform(a, b) | log_uniform(a, b) | int(a, b) }
-function random(spec) return tagged("random", spec) end
-function uniform(a, b) return { _dist = "uniform", a = a, b = b } end
-function log_uniform(a, b) return { _dist = "log_uniform", a = a, b = b } end
-function int_uniform(a, b) return { _dist = "int_uniform", a = a, b = b } end
+function API.random(spec) return tagged("random", spec) end
+function API.uniform(a, b) return { _dist = "uniform", a = a, b = b } end
+function API.log_uniform(a, b) return { _dist = "log_uniform", a = a, b = b } end
+function API.int_uniform(a, b) return { _dist = "int_uniform", a = a, b = b } end
 
 --- classify{ data = <data set>, prompt = "instruction", labels = {...} (default: the data's) }
-function classify(spec)
+function API.classify(spec)
   local t = tagged("classify", spec)
   check_keys(t, { "data", "prompt", "labels", "max_eval", "template" }, "classify")
   return t
 end
 
 --- sft{ data = <chat data set> }: supervised fine-tuning on the assistant turns.
-function sft(spec)
+function API.sft(spec)
   local t = tagged("sft", spec)
   check_keys(t, { "data", "max_eval" }, "sft")
   return t
 end
 
-data = {}
+local data = {}
+API.data = data
 
 --- data.fortunes{ topics = {...}, train = 40, test = 20, max_chars = 300 }: Debian's fortunes,
 --- label = topic file; for each topic the first `train` entries (file order) train, the next
@@ -340,13 +342,14 @@ function data.oxford_pets(spec)
   return t
 end
 
--- table{ rows = {...}, cols = {...}, metric = "accuracy" }: the report spec. `table` stays Lua's
--- table library (table.concat etc. keep working); calling it makes a report spec.
-setmetatable(table, { __call = function(_, spec)
+-- table{ rows = {...}, cols = {...}, metric = "accuracy" }: the report spec. A file's `table`
+-- stays Lua's table library (table.concat etc. keep working; M.file_env gives each file a copy
+-- with this metatable); calling it makes a report spec.
+local REPORT_MT = { __call = function(_, spec)
   local t = tagged("report", spec)
   check_keys(t, { "rows", "cols", "metric", "phase", "digits" }, "table")
   return t
-end })
+end }
 
 --------------------------------------------------------------------------------------------------
 -- --set overrides
@@ -634,6 +637,63 @@ function M.expand(e)
     end
   end
   return trials, swept
+end
+
+--------------------------------------------------------------------------------------------------
+-- the experiment file's environment
+
+-- What a file sees of the standard library: the base functions (dofile, loadfile and require
+-- are the sandbox's refusals unless --allow-os, lua/gm_lua.c), and copies of the libraries.
+local BASE = { "assert", "collectgarbage", "dofile", "error", "getmetatable", "ipairs", "loadfile", "next",
+  "pairs", "pcall", "print", "rawequal", "rawget", "rawlen", "rawset", "require", "select", "setmetatable",
+  "tonumber", "tostring", "type", "warn", "xpcall", "_VERSION" }
+local LIBRARIES = { "string", "table", "math", "utf8", "os", "io", "coroutine", "debug", "package", "gm" }
+-- captured now, before any file runs: the values a file's environment is made of
+local base, libraries = {}, {}
+for _, name in ipairs(BASE) do base[name] = _G[name] end
+for _, name in ipairs(LIBRARIES) do libraries[name] = _G[name] end
+local raw_load, raw_loadfile, allow_os = load, loadfile, GM_ALLOW_OS
+
+local function copy(t)
+  local c = {}
+  for k, v in next, t do c[k] = v end
+  return c
+end
+
+--- A fresh table of globals for one experiment file (lua/gm_lua.c sets it as the file's _ENV):
+--- the API (experiment, grid, random, uniform, log_uniform, int_uniform, classify, sft, data,
+--- table{}, env, load_model), the allowed base functions, `arg` (the command-line arguments,
+--- when given), and copies of string, table, math, utf8, os, io, gm (and, with --allow-os,
+--- debug and package), so that what the file assigns or deletes, there or in a library, stays
+--- in the file. (The file can still reach the real string library through getmetatable(""):
+--- editing that is sabotage on purpose, and grants nothing the sandbox refuses.)
+--- load() takes text chunks only (unless --allow-os) and gives the chunk the file's globals
+--- unless it is given an environment; with --allow-os, loadfile and dofile do the same (a
+--- module loaded with require runs in the common global table: use what it returns).
+function M.file_env(args)
+  local fe = {}
+  for name, f in pairs(base) do fe[name] = f end
+  for name, lib in pairs(libraries) do fe[name] = copy(lib) end
+  for name, v in pairs(API) do fe[name] = v end
+  fe.data = copy(data)
+  setmetatable(fe.table, REPORT_MT)
+  -- an environment is passed on only when given: an explicit nil would leave the chunk
+  -- without globals
+  fe.load = function(chunk, name, mode, ...)
+    if not allow_os then mode = "t" end
+    if select("#", ...) == 0 then return raw_load(chunk, name, mode, fe) end
+    return raw_load(chunk, name, mode, ...)
+  end
+  if allow_os then
+    fe.loadfile = function(path, mode, ...)
+      if select("#", ...) == 0 then return raw_loadfile(path, mode, fe) end
+      return raw_loadfile(path, mode, ...)
+    end
+    fe.dofile = function(path) return assert(raw_loadfile(path, "bt", fe))() end
+  end
+  fe.arg = args
+  fe._G = fe
+  return fe
 end
 
 GM_PRELUDE = M

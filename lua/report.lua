@@ -288,47 +288,60 @@ local function varying_fields(trials, rows, cols)
   return out
 end
 
-function report.render(trials, spec)
-  check_spec(spec)
-  trials = in_order(trials)
-  local rows = {}
-  for _, f in ipairs(spec.rows or {}) do rows[#rows + 1] = f end
-  local cols = spec.cols or {}
+-- report.render builds a table model `m` in named steps, then writes it four ways. Each step
+-- reads fields of `m` that earlier steps set and returns new ones; render() stores them in `m`.
+
+local BASE_LABEL = "baseline (no fine-tuning)"
+local MEM_TITLE = "Peak memory (MiB): planned / measured (measured vs planned), largest over the cell's trials"
+local MIB = 1048576
+
+--- Settings: takes the ordered trials and the spec; returns m with the row fields (those of the
+--- spec plus the fields the trials differ in that it does not name), cols, split_note, metric,
+--- phase, better, percent, scale, label and all_fields (rows then cols).
+local function settings(trials, spec)
+  local m = {trials = trials}
+  m.rows = {}
+  for _, f in ipairs(spec.rows or {}) do m.rows[#m.rows + 1] = f end
+  m.cols = spec.cols or {}
   -- trials that differ in a field the report does not show get rows of their own
-  local split = varying_fields(trials, rows, cols)
-  for _, f in ipairs(split) do rows[#rows + 1] = f end
-  local split_note = #split > 0 and ("Rows also split by " .. table.concat(split, ", ") ..
+  local split = varying_fields(trials, m.rows, m.cols)
+  for _, f in ipairs(split) do m.rows[#m.rows + 1] = f end
+  m.split_note = #split > 0 and ("Rows also split by " .. table.concat(split, ", ") ..
     ": the trials differ in " .. (#split > 1 and "these fields" or "this field") ..
     ", which the report's rows and columns do not name (never pooled as seeds)") or nil
-  local metric = spec.metric or "accuracy"
-  local phase = spec.phase or "final"
-  local lower = metric:find("loss") or metric:find("perplexity") or metric:find("error")
-  local better = spec.better or (lower and "min" or "max")
-  local percent = spec.percent
-  if percent == nil then percent = metric:find("accuracy") ~= nil end
-  local scale = percent and 100 or 1
-  local label = metric .. (percent and " (" .. PCT .. ")" or "")
+  m.metric = spec.metric or "accuracy"
+  m.phase = spec.phase or "final"
+  local lower = m.metric:find("loss") or m.metric:find("perplexity") or m.metric:find("error")
+  m.better = spec.better or (lower and "min" or "max")
+  m.percent = spec.percent
+  if m.percent == nil then m.percent = m.metric:find("accuracy") ~= nil end
+  m.scale = m.percent and 100 or 1
+  m.label = m.metric .. (m.percent and " (" .. PCT .. ")" or "")
+  m.all_fields = {}
+  for _, f in ipairs(m.rows) do m.all_fields[#m.all_fields + 1] = f end
+  for _, f in ipairs(m.cols) do m.all_fields[#m.all_fields + 1] = f end
+  return m
+end
 
-  -- trials by status
+--- Cells: takes m's trials and fields; returns the completed trials (done) and the others
+--- (excluded), the row and column combinations with their key functions (over every trial, so
+--- that a combination whose trials all failed still gets its row, with n/a), cells[i][j] (the
+--- stats of the metric over the completed trials of row i, column j) and all_stats (the
+--- non-empty cells, row by row).
+local function collect_cells(m)
   local done, excluded = {}, {}
-  for _, t in ipairs(trials) do
+  for _, t in ipairs(m.trials) do
     if t.status == "completed" then done[#done + 1] = t else excluded[#excluded + 1] = t end
   end
-  local all_fields = {}
-  for _, f in ipairs(rows) do all_fields[#all_fields + 1] = f end
-  for _, f in ipairs(cols) do all_fields[#all_fields + 1] = f end
-
-  -- cells: rows x cols over the completed trials (combinations of every trial, so that a
-  -- combination whose trials all failed still gets its row, with n/a)
-  local row_combos, row_key = combos(trials, rows)
-  local col_combos, col_key = combos(trials, cols)
+  local row_combos, row_key = combos(m.trials, m.rows)
+  local col_combos, col_key = combos(m.trials, m.cols)
   local buckets = {}
   for _, t in ipairs(done) do
-    local v = metric_of(t, metric, phase)
+    local v = metric_of(t, m.metric, m.phase)
     if v then
-      local k = row_key(values_of(t, rows)) .. "\2" .. col_key(values_of(t, cols))
+      local k = row_key(values_of(t, m.rows)) .. "\2" .. col_key(values_of(t, m.cols))
       buckets[k] = buckets[k] or {}
-      table.insert(buckets[k], v * scale)
+      table.insert(buckets[k], v * m.scale)
     end
   end
   local cells, all_stats = {}, {}
@@ -340,191 +353,233 @@ function report.render(trials, spec)
       if s.n > 0 then all_stats[#all_stats + 1] = s end
     end
   end
+  return done, excluded, row_combos, row_key, col_combos, col_key, cells, all_stats
+end
 
-  -- baseline cells
+--- Baseline rows: takes m (after collect_cells) and the spec; returns the list of baseline rows
+--- {fields, vals, cells = {stats per column}}, one per combination of the row fields the model
+--- before fine-tuning depends on (spec.baseline_by, else BASE_FIELDS); empty when the spec
+--- turns the baseline off or no completed trial has a baseline value.
+local function baseline_rows(m, spec)
   local base_rows = {}
   local want_base = spec.baseline
   if want_base == nil then
     want_base = false
-    for _, t in ipairs(done) do
-      if metric_of(t, metric, "baseline") then want_base = true; break end
+    for _, t in ipairs(m.done) do
+      if metric_of(t, m.metric, "baseline") then want_base = true; break end
     end
   end
-  if want_base then
-    local by = spec.baseline_by
-    if not by then
-      by = {}
-      for _, f in ipairs(all_fields) do if BASE_FIELDS[f] then by[#by + 1] = f end end
-    end
-    local is_by = {}
-    for _, f in ipairs(by) do is_by[f] = true end
-    local brow_fields, bcol_fields = {}, {}
-    for _, f in ipairs(rows) do if is_by[f] then brow_fields[#brow_fields + 1] = f end end
-    for _, f in ipairs(cols) do if is_by[f] then bcol_fields[#bcol_fields + 1] = f end end
-    local bcombos, bkey = combos(done, brow_fields)
-    local _, bckey = combos(done, bcol_fields)
-    for _, bv in ipairs(bcombos) do
-      local br = {fields = brow_fields, vals = bv, cells = {}}
-      for j, cv in ipairs(col_combos) do
-        -- the column's values of the baseline fields among the column fields
-        local cvals = {}
-        for ci, f in ipairs(cols) do
-          if is_by[f] then cvals[#cvals + 1] = cv[ci] end
-        end
-        local xs = {}
-        for _, t in ipairs(done) do
-          if bkey(values_of(t, brow_fields)) == bkey(bv) and bckey(values_of(t, bcol_fields)) == bckey(cvals) then
-            local v = metric_of(t, metric, "baseline")
-            if v then xs[#xs + 1] = v * scale end
-          end
-        end
-        br.cells[j] = stats(xs)
+  if not want_base then return base_rows end
+  local by = spec.baseline_by
+  if not by then
+    by = {}
+    for _, f in ipairs(m.all_fields) do if BASE_FIELDS[f] then by[#by + 1] = f end end
+  end
+  local is_by = {}
+  for _, f in ipairs(by) do is_by[f] = true end
+  local brow_fields, bcol_fields = {}, {}
+  for _, f in ipairs(m.rows) do if is_by[f] then brow_fields[#brow_fields + 1] = f end end
+  for _, f in ipairs(m.cols) do if is_by[f] then bcol_fields[#bcol_fields + 1] = f end end
+  local bcombos, bkey = combos(m.done, brow_fields)
+  local _, bckey = combos(m.done, bcol_fields)
+  for _, bv in ipairs(bcombos) do
+    local br = {fields = brow_fields, vals = bv, cells = {}}
+    for j, cv in ipairs(m.col_combos) do
+      -- the column's values of the baseline fields among the column fields
+      local cvals = {}
+      for ci, f in ipairs(m.cols) do
+        if is_by[f] then cvals[#cvals + 1] = cv[ci] end
       end
-      base_rows[#base_rows + 1] = br
+      local xs = {}
+      for _, t in ipairs(m.done) do
+        if bkey(values_of(t, brow_fields)) == bkey(bv) and bckey(values_of(t, bcol_fields)) == bckey(cvals) then
+          local v = metric_of(t, m.metric, "baseline")
+          if v then xs[#xs + 1] = v * m.scale end
+        end
+      end
+      br.cells[j] = stats(xs)
     end
+    base_rows[#base_rows + 1] = br
   end
+  return base_rows
+end
 
-  -- digits
+--- Number format: takes m (percent, all_stats) and the spec; returns num(x), the cell number
+--- as text with the spec's digits (default: 1 for percentages, else 3 significant digits of
+--- the largest mean).
+local function number_format(m, spec)
   local digits = spec.digits
   if digits == nil or digits == "auto" then
-    if percent then
+    if m.percent then
       digits = 1
     else
-      local m = 0
-      for _, s in ipairs(all_stats) do m = math.max(m, math.abs(s.mean)) end
-      digits = m > 0 and math.max(0, math.min(4, 2 - math.floor(math.log(m, 10)))) or 3
+      local mx = 0
+      for _, s in ipairs(m.all_stats) do mx = math.max(mx, math.abs(s.mean)) end
+      digits = mx > 0 and math.max(0, math.min(4, 2 - math.floor(math.log(mx, 10)))) or 3
     end
   end
   digits = math.tointeger(digits) or math.floor(digits)
   local numfmt = "%." .. digits .. "f"
-  local function num(x) return string.format(numfmt, x) end
+  return function(x) return string.format(numfmt, x) end
+end
 
-  -- the typical number of trials per cell (seeds); cells with fewer say so
+--- Typical count: takes all_stats; returns the most common number of trials per cell (seeds;
+--- the larger on a tie, 0 without cells). Cells with fewer say so.
+local function typical_count(all_stats)
   local count = {}
   for _, s in ipairs(all_stats) do count[s.n] = (count[s.n] or 0) + 1 end
   local mode_n, best_count = 0, -1
   for n, c in pairs(count) do
     if c > best_count or (c == best_count and n > mode_n) then mode_n, best_count = n, c end
   end
+  return mode_n
+end
 
-  -- best (on the shown digits)
+--- The best: takes m (all_stats, better, num); returns the best mean on the shown digits (nil
+--- without cells) and is_best(stats) (ties on the shown digits all count).
+local function choose_best(m)
   local best_val
-  for _, s in ipairs(all_stats) do
-    local r = tonumber(num(s.mean))
-    if best_val == nil or (better == "max" and r > best_val) or (better == "min" and r < best_val) then
+  for _, s in ipairs(m.all_stats) do
+    local r = tonumber(m.num(s.mean))
+    if best_val == nil or (m.better == "max" and r > best_val) or (m.better == "min" and r < best_val) then
       best_val = r
     end
   end
-  local function is_best(s) return s.n > 0 and tonumber(num(s.mean)) == best_val end
-  local function cell_text(s)
-    if s.n == 0 then return "n/a" end
-    local t = num(s.mean)
-    if s.std then t = t .. " ± " .. num(s.std) end
-    if s.n < mode_n then t = t .. " (n=" .. s.n .. ")" end
-    return t
-  end
+  local function is_best(s) return s.n > 0 and tonumber(m.num(s.mean)) == best_val end
+  return best_val, is_best
+end
 
-  -- headers and labels
-  local head = {}
-  local row_fields_shown = #rows > 0 and rows or {"model"}
-  for _, f in ipairs(row_fields_shown) do head[#head + 1] = f end
-  local col_heads = {}
-  for j, cv in ipairs(col_combos) do
-    col_heads[j] = #cols > 0 and describe(cols, cv) or label
-  end
-  local function row_labels(rv)
-    if #rows == 0 then return {"fine-tuned"} end
-    local out = {}
-    for i = 1, #rows do out[i] = fmt_val(rv[i]) end
-    return out
-  end
-  local BASE = "baseline (no fine-tuning)"
-  local function base_label(br)
-    local d = describe(br.fields, br.vals)
-    return d ~= "" and (BASE .. ", " .. d) or BASE
-  end
+--- Cell text: takes m (num, mode_n) and a cell's stats; returns "mean ± std", with " (n=k)"
+--- when the cell has fewer trials than most, or "n/a".
+local function cell_text(m, s)
+  if s.n == 0 then return "n/a" end
+  local t = m.num(s.mean)
+  if s.std then t = t .. " ± " .. m.num(s.std) end
+  if s.n < m.mode_n then t = t .. " (n=" .. s.n .. ")" end
+  return t
+end
 
-  local experiment = (trials[1] and trials[1].experiment) or "results"
+--- Row labels: takes m and a row combination; returns the row's label cells.
+local function row_labels(m, rv)
+  if #m.rows == 0 then return {"fine-tuned"} end
+  local out = {}
+  for i = 1, #m.rows do out[i] = fmt_val(rv[i]) end
+  return out
+end
+
+--- The title: takes m and the spec; returns the title line (spec.title, else experiment,
+--- metric, phase and what the cells pool) and `shown` (set of the row and column fields).
+local function title_of(m, spec)
+  local experiment = (m.trials[1] and m.trials[1].experiment) or "results"
   -- "seeds" when the cells pool nothing but seeds (every swept field is a row or column field)
   local pooled = "seeds"
   local shown = {}
-  for _, f in ipairs(all_fields) do shown[f] = true end
-  for _, t in ipairs(trials) do
+  for _, f in ipairs(m.all_fields) do shown[f] = true end
+  for _, t in ipairs(m.trials) do
     for _, f in ipairs(type(t.swept) == "table" and t.swept or {}) do
       if f ~= "seed" and not shown[f] then pooled = "trials" end
     end
   end
-  local seeds = mode_n == 0 and "no completed trial" or mode_n == 1 and ("single " .. pooled:sub(1, -2))
-    or ("mean ± std over " .. mode_n .. " " .. pooled)
-  local title = spec.title or string.format("%s: %s, %s eval, %s", experiment, label, phase, seeds)
+  local seeds = m.mode_n == 0 and "no completed trial" or m.mode_n == 1 and ("single " .. pooled:sub(1, -2))
+    or ("mean ± std over " .. m.mode_n .. " " .. pooled)
+  return spec.title or string.format("%s: %s, %s eval, %s", experiment, m.label, m.phase, seeds), shown
+end
 
-  -- footnotes: excluded trials
+--- Footnotes: takes m (excluded, all_fields, shown); returns the heading of the excluded
+--- trials (nil when there are none) and one line per excluded trial with its reason.
+local function excluded_notes(m)
   local notes = {}
-  for _, t in ipairs(excluded) do
+  for _, t in ipairs(m.excluded) do
     local what = t.status == "failed" and "failed" or ("not finished (" .. tostring(t.status) .. ")")
-    local cfg = describe(all_fields, values_of(t, all_fields))
+    local cfg = describe(m.all_fields, values_of(t, m.all_fields))
     local seed = t.config and t.config.seed
-    if seed ~= nil and not shown.seed then cfg = cfg .. (cfg ~= "" and ", " or "") .. "seed=" .. fmt_val(seed) end
+    if seed ~= nil and not m.shown.seed then cfg = cfg .. (cfg ~= "" and ", " or "") .. "seed=" .. fmt_val(seed) end
     local why = (t.reason and t.reason ~= "") and (": " .. t.reason:gsub("%s+", " ")) or ""
     notes[#notes + 1] = string.format("%s: trial %s (%s)%s", what, tostring(t.trial_id or t.trial_index), cfg, why)
   end
-  local note_head = #excluded > 0 and ("Excluded from the means (" .. #excluded .. " trial" .. (#excluded > 1 and "s" or "") .. ")") or nil
+  local n = #m.excluded
+  return n > 0 and ("Excluded from the means (" .. n .. " trial" .. (n > 1 and "s" or "") .. ")") or nil, notes
+end
 
-  -- peak memory per cell: the plan's total and the measured peak (CPU: peak resident memory;
-  -- the largest over the cell's completed trials), when the trials recorded them (issue 5.3)
+--- Memory cells: takes m (after collect_cells); returns mem_cells[i][j] = {n, planned,
+--- measured} (the plan's total and the measured peak, largest over the cell's completed
+--- trials; issue 5.3) and whether any trial recorded memory.
+local function memory_cells(m)
   local mem_cells, any_mem = {}, false
-  for i, rv in ipairs(row_combos) do
+  for i, rv in ipairs(m.row_combos) do
     mem_cells[i] = {}
-    for j, cv in ipairs(col_combos) do
-      local k = row_key(rv) .. "\2" .. col_key(cv)
-      local m = {}
-      for _, t in ipairs(done) do
+    for j, cv in ipairs(m.col_combos) do
+      local k = m.row_key(rv) .. "\2" .. m.col_key(cv)
+      local c = {}
+      for _, t in ipairs(m.done) do
         local mm = t.memory
-        if type(mm) == "table" and row_key(values_of(t, rows)) .. "\2" .. col_key(values_of(t, cols)) == k then
-          m.n = (m.n or 0) + 1
-          if type(mm.planned_total) == "number" then m.planned = math.max(m.planned or 0, mm.planned_total) end
+        if type(mm) == "table" and m.row_key(values_of(t, m.rows)) .. "\2" .. m.col_key(values_of(t, m.cols)) == k then
+          c.n = (c.n or 0) + 1
+          if type(mm.planned_total) == "number" then c.planned = math.max(c.planned or 0, mm.planned_total) end
           if type(mm.measured_peak_rss) == "number" and mm.measured_peak_rss > 0 then
-            m.measured = math.max(m.measured or 0, mm.measured_peak_rss)
+            c.measured = math.max(c.measured or 0, mm.measured_peak_rss)
           end
         end
       end
-      if m.planned or m.measured then any_mem = true end
-      mem_cells[i][j] = m
+      if c.planned or c.measured then any_mem = true end
+      mem_cells[i][j] = c
     end
   end
-  local MIB = 1048576
-  local function mem_text(m)
-    if not (m.planned or m.measured) then return "n/a" end
-    local p = m.planned and string.format("%.0f", m.planned / MIB) or "?"
-    local q = m.measured and string.format("%.0f", m.measured / MIB) or "?"
-    local d = (m.planned and m.measured and m.planned > 0)
-      and string.format(" (%+.1f%%)", 100 * (m.measured - m.planned) / m.planned) or ""
-    return p .. " / " .. q .. d
-  end
-  local MEM_TITLE = "Peak memory (MiB): planned / measured (measured vs planned), largest over the cell's trials"
+  return mem_cells, any_mem
+end
 
-  -- ---- text
-  local grid = {} -- rows of cells (strings), first the header
-  local kinds = {} -- "head" | "base" | "row"
-  grid[1] = {}
+--- Memory cell text: takes a memory cell; returns "planned / measured (+d%)" in MiB, or "n/a".
+local function mem_text(c)
+  if not (c.planned or c.measured) then return "n/a" end
+  local p = c.planned and string.format("%.0f", c.planned / MIB) or "?"
+  local q = c.measured and string.format("%.0f", c.measured / MIB) or "?"
+  local d = (c.planned and c.measured and c.planned > 0)
+    and string.format(" (%+.1f%%)", 100 * (c.measured - c.planned) / c.planned) or ""
+  return p .. " / " .. q .. d
+end
+
+--- The grid: takes m (after the steps above); returns the table's cells as strings (grid[1] the
+--- header, then the baseline rows, then the rows), kinds[g] ("head" | "base" | "row"), the
+--- number of label columns nh and of data columns nc, and the memory grid's header (the
+--- metric table's, with "peak memory" where that names the metric).
+local function build_grid(m)
+  local head = {}
+  for _, f in ipairs(#m.rows > 0 and m.rows or {"model"}) do head[#head + 1] = f end
+  local grid, kinds = {{}}, {"head"}
   for _, h in ipairs(head) do grid[1][#grid[1] + 1] = h end
-  for j = 1, #col_combos do grid[1][#grid[1] + 1] = col_heads[j] end
-  kinds[1] = "head"
-  for _, br in ipairs(base_rows) do
-    local r = {base_label(br)}
+  for _, cv in ipairs(m.col_combos) do grid[1][#grid[1] + 1] = #m.cols > 0 and describe(m.cols, cv) or m.label end
+  for _, br in ipairs(m.base_rows) do
+    local d = describe(br.fields, br.vals)
+    local r = {d ~= "" and (BASE_LABEL .. ", " .. d) or BASE_LABEL}
     for _ = 2, #head do r[#r + 1] = "" end
-    for j = 1, #col_combos do r[#r + 1] = cell_text(br.cells[j]) end
+    for j = 1, #m.col_combos do r[#r + 1] = cell_text(m, br.cells[j]) end
     grid[#grid + 1] = r
     kinds[#grid] = "base"
   end
-  for i, rv in ipairs(row_combos) do
-    local r = row_labels(rv)
-    for j = 1, #col_combos do r[#r + 1] = cell_text(cells[i][j]) end
+  for i, rv in ipairs(m.row_combos) do
+    local r = row_labels(m, rv)
+    for j = 1, #m.col_combos do r[#r + 1] = cell_text(m, m.cells[i][j]) end
     grid[#grid + 1] = r
     kinds[#grid] = "row"
   end
+  local nh, nc = #head, #m.col_combos
+  local mem_head = {}
+  for c, h in ipairs(grid[1]) do mem_head[c] = h end
+  if #m.cols == 0 then mem_head[nh + 1] = "peak memory" end
+  return grid, kinds, nh, nc, mem_head
+end
+
+--- The stats of the cell at grid row g, data column c (nil outside the fine-tuned rows).
+local function grid_cell(m, g, c)
+  if m.kinds[g] ~= "row" then return nil end
+  return m.cells[g - 1 - #m.base_rows][c - m.nh]
+end
+
+--- The text table: takes m; returns the plain-text table: aligned columns, a * after the
+--- best cell, the notes, and the memory grid when any trial recorded memory.
+local function text_table(m)
+  local grid, kinds, nh, nc = m.grid, m.kinds, m.nh, m.nc
   -- text: baseline labels may be wider than the first column; they span the row-key columns
-  local nh, nc = #head, #col_combos
   local w = {}
   for c = 1, nh + nc do w[c] = 0 end
   for g, r in ipairs(grid) do
@@ -541,7 +596,7 @@ function report.render(trials, spec)
       span = width(r[1])
     end
   end
-  local lines = {title}
+  local lines = {m.title}
   local function text_row(g, r)
     local parts = {}
     if kinds[g] == "base" then
@@ -550,13 +605,8 @@ function report.render(trials, spec)
       for c = 1, nh do parts[#parts + 1] = pad(r[c], w[c]) end
     end
     for c = nh + 1, nh + nc do
-      local s = r[c]
-      local mark = "  "
-      if kinds[g] == "row" then
-        local i, j = g - 1 - #base_rows, c - nh
-        if is_best(cells[i][j]) then mark = " *" end
-      end
-      parts[#parts + 1] = pad(s, w[c], true) .. mark
+      local cell = grid_cell(m, g, c)
+      parts[#parts + 1] = pad(r[c], w[c], true) .. ((cell and m.is_best(cell)) and " *" or "  ")
     end
     return (table.concat(parts, "  "):gsub("%s+$", ""))
   end
@@ -569,22 +619,18 @@ function report.render(trials, spec)
     lines[#lines + 1] = text_row(g, grid[g])
     if kinds[g] == "base" and kinds[g + 1] == "row" then lines[#lines + 1] = table.concat(rule, "  ") end
   end
-  if best_val then lines[#lines + 1] = "* best " .. (better == "max" and "(highest)" or "(lowest)") .. " mean" end
-  if split_note then lines[#lines + 1] = split_note end
-  if note_head then
-    lines[#lines + 1] = note_head .. ":"
-    for _, n in ipairs(notes) do lines[#lines + 1] = "  " .. n end
+  if m.best_val then lines[#lines + 1] = "* best " .. (m.better == "max" and "(highest)" or "(lowest)") .. " mean" end
+  if m.split_note then lines[#lines + 1] = m.split_note end
+  if m.note_head then
+    lines[#lines + 1] = m.note_head .. ":"
+    for _, n in ipairs(m.notes) do lines[#lines + 1] = "  " .. n end
   end
-  -- the memory grid's header: the metric table's, with "peak memory" where that names the metric
-  local mem_head = {}
-  for c, h in ipairs(grid[1]) do mem_head[c] = h end
-  if #cols == 0 then mem_head[nh + 1] = "peak memory" end
-  if any_mem then
+  if m.any_mem then
     -- the same rows and columns as the metric table
-    local mg = {mem_head}
-    for i, rv in ipairs(row_combos) do
-      local r = row_labels(rv)
-      for j = 1, #col_combos do r[#r + 1] = mem_text(mem_cells[i][j]) end
+    local mg = {m.mem_head}
+    for i, rv in ipairs(m.row_combos) do
+      local r = row_labels(m, rv)
+      for j = 1, #m.col_combos do r[#r + 1] = mem_text(m.mem_cells[i][j]) end
       mg[#mg + 1] = r
     end
     local mw = {}
@@ -605,10 +651,14 @@ function report.render(trials, spec)
       end
     end
   end
-  local text = table.concat(lines, "\n") .. "\n"
+  return table.concat(lines, "\n") .. "\n"
+end
 
-  -- ---- markdown
-  local md = {"**" .. md_escape(title) .. "**", ""}
+--- The Markdown table: takes m; returns the title in bold, the table (best cell in bold), the
+--- notes as a list, and the memory grid as a second table.
+local function markdown_table(m)
+  local grid, nh, nc = m.grid, m.nh, m.nc
+  local md = {"**" .. md_escape(m.title) .. "**", ""}
   local hdr, align = {}, {}
   for c = 1, nh + nc do
     hdr[c] = md_escape(grid[1][c])
@@ -620,39 +670,44 @@ function report.render(trials, spec)
     local r = {}
     for c = 1, nh + nc do
       local s = md_escape(grid[g][c])
-      if kinds[g] == "row" and c > nh and is_best(cells[g - 1 - #base_rows][c - nh]) then s = "**" .. s .. "**" end
+      local cell = c > nh and grid_cell(m, g, c)
+      if cell and m.is_best(cell) then s = "**" .. s .. "**" end
       r[c] = s
     end
     md[#md + 1] = ("| " .. table.concat(r, " | ") .. " |"):gsub("  +", " ")
   end
   md[#md + 1] = ""
-  if best_val then md[#md + 1] = "Bold: best " .. (better == "max" and "(highest)" or "(lowest)") .. " mean." end
-  if split_note then md[#md + 1] = ""; md[#md + 1] = md_escape(split_note) .. "." end
-  if note_head then
+  if m.best_val then md[#md + 1] = "Bold: best " .. (m.better == "max" and "(highest)" or "(lowest)") .. " mean." end
+  if m.split_note then md[#md + 1] = ""; md[#md + 1] = md_escape(m.split_note) .. "." end
+  if m.note_head then
     md[#md + 1] = ""
-    md[#md + 1] = md_escape(note_head) .. ":"
+    md[#md + 1] = md_escape(m.note_head) .. ":"
     md[#md + 1] = ""
-    for _, n in ipairs(notes) do md[#md + 1] = "- " .. md_escape(n) end
+    for _, n in ipairs(m.notes) do md[#md + 1] = "- " .. md_escape(n) end
   end
-  if any_mem then
+  if m.any_mem then
     md[#md + 1] = ""
     md[#md + 1] = md_escape(MEM_TITLE) .. ":"
     md[#md + 1] = ""
     local mh = {}
-    for c = 1, nh + nc do mh[c] = md_escape(mem_head[c]) end
+    for c = 1, nh + nc do mh[c] = md_escape(m.mem_head[c]) end
     md[#md + 1] = "| " .. table.concat(mh, " | ") .. " |"
     md[#md + 1] = "|" .. table.concat(align, "|") .. "|"
-    for i, rv in ipairs(row_combos) do
-      local r = row_labels(rv)
+    for i, rv in ipairs(m.row_combos) do
+      local r = row_labels(m, rv)
       for c = 1, #r do r[c] = md_escape(r[c]) end
-      for j = 1, #col_combos do r[#r + 1] = mem_text(mem_cells[i][j]) end
+      for j = 1, #m.col_combos do r[#r + 1] = mem_text(m.mem_cells[i][j]) end
       md[#md + 1] = "| " .. table.concat(r, " | ") .. " |"
     end
   end
-  local markdown = table.concat(md, "\n") .. "\n"
+  return table.concat(md, "\n") .. "\n"
+end
 
-  -- ---- LaTeX (booktabs)
-  local tex = {"% " .. title:gsub("\n", " "), "% generated by gemmarun; needs \\usepackage{booktabs}"}
+--- The LaTeX table: takes m; returns a booktabs tabular (best cell in \textbf), the notes and
+--- the memory grid as comments.
+local function latex_table(m)
+  local grid, kinds, nh, nc = m.grid, m.kinds, m.nh, m.nc
+  local tex = {"% " .. m.title:gsub("\n", " "), "% generated by gemmarun; needs \\usepackage{booktabs}"}
   tex[#tex + 1] = "\\begin{tabular}{" .. string.rep("l", nh) .. string.rep("r", nc) .. "}"
   tex[#tex + 1] = "\\toprule"
   local th = {}
@@ -668,7 +723,8 @@ function report.render(trials, spec)
     end
     for c = nh + 1, nh + nc do
       local s = tex_escape(grid[g][c])
-      if kinds[g] == "row" and is_best(cells[g - 1 - #base_rows][c - nh]) then s = "\\textbf{" .. s .. "}" end
+      local cell = grid_cell(m, g, c)
+      if cell and m.is_best(cell) then s = "\\textbf{" .. s .. "}" end
       r[#r + 1] = s
     end
     tex[#tex + 1] = table.concat(r, " & ") .. " \\\\"
@@ -676,29 +732,32 @@ function report.render(trials, spec)
   end
   tex[#tex + 1] = "\\bottomrule"
   tex[#tex + 1] = "\\end{tabular}"
-  if split_note then tex[#tex + 1] = "% " .. split_note end
-  if note_head then
-    tex[#tex + 1] = "% " .. note_head .. ":"
-    for _, n in ipairs(notes) do tex[#tex + 1] = "%   " .. n:gsub("\n", " ") end
+  if m.split_note then tex[#tex + 1] = "% " .. m.split_note end
+  if m.note_head then
+    tex[#tex + 1] = "% " .. m.note_head .. ":"
+    for _, n in ipairs(m.notes) do tex[#tex + 1] = "%   " .. n:gsub("\n", " ") end
   end
-  if any_mem then
+  if m.any_mem then
     tex[#tex + 1] = "% " .. MEM_TITLE .. ":"
-    for i, rv in ipairs(row_combos) do
-      for j, cv in ipairs(col_combos) do
-        local d = describe(all_fields, (function()
-          local v = {}
-          for _, x in ipairs(rv) do v[#v + 1] = x end
-          for _, x in ipairs(cv) do v[#v + 1] = x end
-          return v
-        end)())
-        tex[#tex + 1] = "%   " .. (d ~= "" and d or "all") .. ": " .. mem_text(mem_cells[i][j])
+    for i, rv in ipairs(m.row_combos) do
+      for j, cv in ipairs(m.col_combos) do
+        local v = {}
+        for _, x in ipairs(rv) do v[#v + 1] = x end
+        for _, x in ipairs(cv) do v[#v + 1] = x end
+        local d = describe(m.all_fields, v)
+        tex[#tex + 1] = "%   " .. (d ~= "" and d or "all") .. ": " .. mem_text(m.mem_cells[i][j])
       end
     end
   end
-  local latex = table.concat(tex, "\n") .. "\n"
+  return table.concat(tex, "\n") .. "\n"
+end
 
-  -- ---- CSV (long form, full precision)
-  local metric_name = metric .. (percent and "_percent" or "")
+--- The CSV: takes m; returns the long form, one line per cell (kind, row fields, column
+--- fields, metric, phase, mean, std, n, best) at full precision: the baseline cells, the
+--- fine-tuned cells, then the memory lines.
+local function csv_table(m)
+  local rows, cols = m.rows, m.cols
+  local metric_name = m.metric .. (m.percent and "_percent" or "")
   local ch = {"kind"}
   for _, f in ipairs(rows) do ch[#ch + 1] = f end
   for _, f in ipairs(cols) do ch[#ch + 1] = f end
@@ -717,23 +776,24 @@ function report.render(trials, spec)
     r[#r + 1] = best and "1" or "0"
     csv[#csv + 1] = table.concat(r, ",")
   end
-  for _, br in ipairs(base_rows) do
+  for _, br in ipairs(m.base_rows) do
     local rvals = {}
     for i, f in ipairs(rows) do
       rvals[i] = ""
       for k, bf in ipairs(br.fields) do if bf == f then rvals[i] = br.vals[k] end end
     end
-    for j, cv in ipairs(col_combos) do csv_line("baseline", rvals, cv, br.cells[j], "baseline", false) end
+    for j, cv in ipairs(m.col_combos) do csv_line("baseline", rvals, cv, br.cells[j], "baseline", false) end
   end
-  for i, rv in ipairs(row_combos) do
-    for j, cv in ipairs(col_combos) do csv_line("fine-tuned", rv, cv, cells[i][j], phase, is_best(cells[i][j])) end
+  for i, rv in ipairs(m.row_combos) do
+    for j, cv in ipairs(m.col_combos) do csv_line("fine-tuned", rv, cv, m.cells[i][j], m.phase, m.is_best(m.cells[i][j])) end
   end
-  if any_mem then
+  if m.any_mem then
     -- memory lines: metric planned_peak_mib / measured_peak_mib, phase "train", the largest
     -- over the cell's n completed trials (std empty: a maximum, not a mean)
-    for i, rv in ipairs(row_combos) do
-      for j, cv in ipairs(col_combos) do
-        for _, pm in ipairs({{"planned_peak_mib", mem_cells[i][j].planned}, {"measured_peak_mib", mem_cells[i][j].measured}}) do
+    for i, rv in ipairs(m.row_combos) do
+      for j, cv in ipairs(m.col_combos) do
+        local c = m.mem_cells[i][j]
+        for _, pm in ipairs({{"planned_peak_mib", c.planned}, {"measured_peak_mib", c.measured}}) do
           if pm[2] then
             local r = {"memory"}
             for _, v in ipairs(rv) do r[#r + 1] = csv_field(fmt_val(v)) end
@@ -742,7 +802,7 @@ function report.render(trials, spec)
             r[#r + 1] = "train"
             r[#r + 1] = csv_num(pm[2] / MIB)
             r[#r + 1] = ""
-            r[#r + 1] = tostring(mem_cells[i][j].n or 0)
+            r[#r + 1] = tostring(c.n or 0)
             r[#r + 1] = "0"
             csv[#csv + 1] = table.concat(r, ",")
           end
@@ -750,9 +810,24 @@ function report.render(trials, spec)
       end
     end
   end
-  local csvtext = table.concat(csv, "\n") .. "\n"
+  return table.concat(csv, "\n") .. "\n"
+end
 
-  return {text = text, md = markdown, tex = latex, csv = csvtext}
+--- The tables of `trials` under `spec`: {text=, md=, tex=, csv=} (the header comment says what
+--- they hold).
+function report.render(trials, spec)
+  check_spec(spec)
+  local m = settings(in_order(trials), spec)
+  m.done, m.excluded, m.row_combos, m.row_key, m.col_combos, m.col_key, m.cells, m.all_stats = collect_cells(m)
+  m.base_rows = baseline_rows(m, spec)
+  m.num = number_format(m, spec)
+  m.mode_n = typical_count(m.all_stats)
+  m.best_val, m.is_best = choose_best(m)
+  m.title, m.shown = title_of(m, spec)
+  m.note_head, m.notes = excluded_notes(m)
+  m.mem_cells, m.any_mem = memory_cells(m)
+  m.grid, m.kinds, m.nh, m.nc, m.mem_head = build_grid(m)
+  return {text = text_table(m), md = markdown_table(m), tex = latex_table(m), csv = csv_table(m)}
 end
 
 --- Writes <dir>/<name>.md, .tex and .csv; returns the paths.

@@ -11,22 +11,7 @@ set -u
 source "$(dirname "$0")/lib.bash"
 SRC=$(pwd)
 cd "$TMP"
-for lab in apple berry cherry; do
-  mkdir -p data/$lab
-  for i in 1 2 3 4 5 6 7 8 9 10; do echo "a short note $i about the $lab" > data/$lab/$i.txt; done
-done
-cat > tiny.lua <<EOF
-return experiment {
-  name = "tiny",
-  model = "$SRC/tests/ref/tiny_gemma3_chat",
-  task = classify { data = data.folder { root = "data" }, prompt = "Which fruit?" },
-  train = { epochs = math.tointeger(tonumber(env("EPOCHS", "2"))), batch = 2, lr = 1e-2, rank = 4, alpha = 8,
-            max_length = 64, checkpoint_every = 5 },
-  sweep = grid { lr = {1e-2, 3e-3} },
-  seeds = {1, 2},
-  report = table { rows = {"lr"}, metric = "accuracy" },
-}
-EOF
+tiny_fixture "$SRC" 2
 
 # ---- validation: bad file -> the error it gives -------------------------------------------
 bad() { # NAME PATTERN SED-EXPRESSION

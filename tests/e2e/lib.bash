@@ -38,3 +38,27 @@ real_model() {
   fi
   echo "$p"
 }
+
+# tiny_fixture SRC EPOCHS: writes, in the working folder, data/ (a labelled folder: apple, berry,
+# cherry, 10 short notes each) and tiny.lua (classify them with the tiny random Gemma 3 with a
+# tokenizer, SRC/tests/ref/tiny_gemma3_chat: a grid of 2 lr x 2 seeds; $EPOCHS epochs, by
+# default EPOCHS).
+tiny_fixture() {
+  local lab i
+  for lab in apple berry cherry; do
+    mkdir -p data/$lab
+    for i in 1 2 3 4 5 6 7 8 9 10; do echo "a short note $i about the $lab" > data/$lab/$i.txt; done
+  done
+  cat > tiny.lua <<EOF
+return experiment {
+  name = "tiny",
+  model = "$1/tests/ref/tiny_gemma3_chat",
+  task = classify { data = data.folder { root = "data" }, prompt = "Which fruit?" },
+  train = { epochs = math.tointeger(tonumber(env("EPOCHS", "$2"))), batch = 2, lr = 1e-2, rank = 4, alpha = 8,
+            max_length = 64, checkpoint_every = 5 },
+  sweep = grid { lr = {1e-2, 3e-3} },
+  seeds = {1, 2},
+  report = table { rows = {"lr"}, metric = "accuracy" },
+}
+EOF
+}

@@ -1,0 +1,514 @@
+/*
+ * bind_plot.c - gm.plot: line and point plots as PNG files, for the runner's loss curves and
+ * metric-vs-field plots (lua/report.lua) and for scripts.
+ *
+ *   gm.plot{file=, title=, xlabel=, ylabel=, logx=, kind="lines"|"points", xticks={..},
+ *           xticklabels={..}, series={{label=, x={..}, y={..}, err={..}, color=}, ..}}
+ *                                    -> {file=, width=, height=, ink=} (PNG 1024x640)
+ *
+ * The file must end in .png and lie inside the results folder (lua/write_rule.h). A NaN in a
+ * series breaks its line; on a log axis non-positive x are left out; `color` picks one of 10
+ * colors x 4 dash styles; legends that do not fit end in a "... N more" line.
+ *
+ * PLplot draws (pngcairo device, Debian package plplot-driver-cairo, loaded at run time). It
+ * prints to stdout/stderr and calls exit() on fatal errors, so every PLplot call runs with fds 1
+ * and 2 pointed at /dev/null and with an exit handler that longjmps back here; the device is
+ * looked up first (an absent pngcairo driver would make PLplot prompt on stdin). The written
+ * PNG is decoded again with libpng, so a returned plot is a complete, valid image.
+ *
+ * Ownership: the spec's arrays live in userdata on the Lua stack for the duration of the call;
+ * the PLplot stream is ended before returning, also after a fatal PLplot error. Errors: Lua
+ * errors naming gm.plot and the offending field; the file is removed when drawing fails.
+ */
+#define _GNU_SOURCE
+#include "bind_util.h"
+#include "gm_lua.h"
+#include "write_rule.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <lauxlib.h>
+#include <math.h>
+#include <plplot.h>
+#include <png.h>
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define PLOT_W 1024
+#define PLOT_H 640
+#define PLOT_MAX_SERIES 256
+#define LEGEND_MAX_COLS 2
+
+/* Tableau 10 (matplotlib's default cycle): distinct for color-blind readers too. */
+static const unsigned char PALETTE[10][3] = {
+    {31, 119, 180}, {255, 127, 14},  {44, 160, 44},   {214, 39, 40},  {148, 103, 189},
+    {140, 86, 75},  {227, 119, 194}, {127, 127, 127}, {188, 189, 34}, {23, 190, 207}};
+#define COL_BG 0
+#define COL_FG 1
+#define COL_GRID 2
+#define COL_FIRST 3 // palette colors follow
+
+typedef struct plot_series {
+    const char *label; // NULL: not in the legend
+    int n;
+    double *x, *y, *err; // (n); err may be NULL
+    int color;
+} plot_series;
+
+typedef struct plot_spec {
+    const char *file, *title, *xlabel, *ylabel;
+    bool logx, points;
+    int n_series;
+    plot_series *s;
+    int n_ticks;
+    double *ticks;
+    const char **tick_labels;
+} plot_spec;
+
+static jmp_buf *plot_jmp;
+static char plot_msg[512];
+
+/* PLplot's exit handler: PLplot would call exit() after it returns, so it never does. */
+static int plot_exit(const char *msg) {
+    snprintf(plot_msg, sizeof plot_msg, "%s", msg ? msg : "PLplot failed");
+    longjmp(*plot_jmp, 1);
+    return 0;
+}
+
+static void plot_abort(const char *msg) {
+    if (!plot_msg[0]) snprintf(plot_msg, sizeof plot_msg, "%s", msg ? msg : "PLplot error");
+}
+
+/* fds 1 and 2 to /dev/null (PLplot prints there) and back. */
+typedef struct quiet {
+    int saved[2];
+} quiet;
+
+static void quiet_on(quiet *q) {
+    fflush(stdout);
+    fflush(stderr);
+    int dn = open("/dev/null", O_WRONLY | O_CLOEXEC);
+    for (int i = 0; i < 2; i++) {
+        q->saved[i] = dup(i + 1);
+        if (dn >= 0) dup2(dn, i + 1);
+    }
+    if (dn >= 0) close(dn);
+}
+
+static void quiet_off(quiet *q) {
+    fflush(stdout);
+    fflush(stderr);
+    for (int i = 0; i < 2; i++)
+        if (q->saved[i] >= 0) {
+            dup2(q->saved[i], i + 1);
+            close(q->saved[i]);
+        }
+}
+
+static bool have_device(const char *name) {
+    const char **menu = NULL, **devs = NULL;
+    PLINT n = 64;
+    menu = calloc((size_t)n, sizeof *menu);
+    devs = calloc((size_t)n, sizeof *devs);
+    bool found = false;
+    if (menu && devs) {
+        plgDevs(&menu, &devs, &n);
+        for (PLINT i = 0; i < n && !found; i++) found = devs[i] && strcmp(devs[i], name) == 0;
+    }
+    free(menu);
+    free(devs);
+    return found;
+}
+
+static double tx(const plot_spec *p, double x) { return p->logx ? log10(x) : x; }
+
+/* Draws the plot; returns false with plot_msg set on failure. Runs under quiet + setjmp. */
+static bool draw(const plot_spec *p) {
+    // data range (finite values; log axis: positive x only)
+    double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
+    for (int i = 0; i < p->n_series; i++)
+        for (int k = 0; k < p->s[i].n; k++) {
+            double x = p->s[i].x[k], y = p->s[i].y[k], e = p->s[i].err ? p->s[i].err[k] : 0;
+            if (!isfinite(x) || !isfinite(y) || (p->logx && x <= 0)) continue;
+            if (!isfinite(e)) e = 0;
+            x = tx(p, x);
+            x0 = fmin(x0, x), x1 = fmax(x1, x);
+            y0 = fmin(y0, y - fabs(e)), y1 = fmax(y1, y + fabs(e));
+        }
+    for (int i = 0; i < p->n_ticks; i++)
+        if (isfinite(p->ticks[i]) && !(p->logx && p->ticks[i] <= 0)) {
+            x0 = fmin(x0, tx(p, p->ticks[i]));
+            x1 = fmax(x1, tx(p, p->ticks[i]));
+        }
+    if (!(x0 <= x1) || !(y0 <= y1)) {
+        snprintf(plot_msg, sizeof plot_msg, "no finite data points to plot");
+        return false;
+    }
+    // margins: 5% of the range (a flat series gets +-0.5 or 5% of its value)
+    double dx = x1 - x0, dy = y1 - y0;
+    if (dx == 0) dx = fabs(x0) > 0 ? fabs(x0) * 0.1 : 1;
+    if (dy == 0) dy = fabs(y0) > 0 ? fabs(y0) * 0.1 : 1;
+    double wx0 = x0 - 0.05 * dx, wx1 = x1 + 0.05 * dx, wy0 = y0 - 0.06 * dy, wy1 = y1 + 0.06 * dy;
+    if (p->n_ticks > 0 && x1 - x0 > 0) wx0 = x0 - 0.08 * dx, wx1 = x1 + 0.08 * dx;
+
+    // The legend sits right of the plot: up to `rows_fit` entries per column (the page height
+    // below the plot's top), up to LEGEND_MAX_COLS columns; entries beyond that are summed up
+    // in a last "... N more" line. Its width (the longest label plus the line sample) comes
+    // off the plot. legend_ts is pllegend's text_scale, relative to the *default* character
+    // height (pllegend sets it itself).
+    int n_legend = 0;
+    for (int i = 0; i < p->n_series; i++) n_legend += p->s[i].label != NULL;
+    double legend_ts = n_legend > 16 ? 0.75 : 0.9, legend_frac = 0;
+    double spacing = n_legend > 18 ? 1.25 : 1.6;
+    int ncol = 1, shown = n_legend;
+    const double vy1 = 0.89;
+    pladv(0);
+    if (n_legend) {
+        PLFLT def_ht, ht, sx0, sx1, sy0, sy1;
+        plgchr(&def_ht, &ht);
+        plgspa(&sx0, &sx1, &sy0, &sy1);
+        double page = sx1 - sx0, fixed = 0.07 * page; // sample line, gaps, frame
+        // measured with pngcairo: an entry takes text_spacing x 1.1 default heights, whatever
+        // text_scale is
+        int rows_fit = (int)((vy1 - 0.02) * (sy1 - sy0) / (spacing * 1.12 * def_ht));
+        if (rows_fit < 1) rows_fit = 1;
+        ncol = (n_legend + rows_fit - 1) / rows_fit;
+        if (ncol > LEGEND_MAX_COLS) ncol = LEGEND_MAX_COLS;
+        if (n_legend > ncol * rows_fit) shown = ncol * rows_fit - 1; // + the "more" line
+        size_t longest = 0; // in characters (UTF-8 code points)
+        for (int i = 0; i < p->n_series; i++) {
+            size_t n = 0;
+            for (const char *c = p->s[i].label; c && *c; c++)
+                n += ((unsigned char)*c & 0xC0) != 0x80;
+            if (p->s[i].label && n > longest) longest = n;
+        }
+        if (longest < 12) longest = 12; // room for the "... N more" line
+        // PLplot 5.15 exports no text-length query. Measured with pngcairo and DejaVu Sans:
+        // 0.68 x text_scale x the default height per character (lower case, digits, '=', ',')
+        double per_char = 0.70 * def_ht;
+        double text_mm = per_char * legend_ts * (double)longest;
+        if (ncol > 1) fixed = 0.11 * page; // pllegend spaces its columns more generously
+        double max_frac = 0.42 + 0.08 * (ncol - 1);
+        if (ncol * (text_mm + fixed) / page > max_frac) { // a smaller font, not a tiny plot
+            legend_ts = fmax(0.55, (max_frac * page / ncol - fixed) / (per_char * (double)longest));
+            text_mm = per_char * legend_ts * (double)longest;
+        }
+        legend_frac = fmin(0.7, ncol * (text_mm + fixed) / page);
+    }
+    double vx0 = 0.10, vx1 = n_legend ? 0.985 - legend_frac - 0.02 : 0.97, vy0 = 0.13;
+    plschr(0, 1.1);
+    plvpor(vx0, vx1, vy0, vy1);
+    plwind(wx0, wx1, wy0, wy1);
+    // grid, then the frame and the axes
+    plcol0(COL_GRID);
+    plwidth(1);
+    plbox(p->n_ticks ? "" : (p->logx ? "gl" : "g"), 0, 0, "g", 0, 0);
+    plcol0(COL_FG);
+    plwidth(1.5);
+    if (p->n_ticks) {
+        plbox("bc", 0, 0, "bcnstv", 0, 0);
+        for (int i = 0; i < p->n_ticks; i++) {
+            double t = p->ticks[i];
+            if (!isfinite(t) || (p->logx && t <= 0)) continue;
+            double x = tx(p, t);
+            pljoin(x, wy0, x, wy0 + 0.015 * (wy1 - wy0));
+            char def[32];
+            snprintf(def, sizeof def, "%g", t);
+            const char *lab = p->tick_labels && p->tick_labels[i] ? p->tick_labels[i] : def;
+            plmtex("b", 1.6, (x - wx0) / (wx1 - wx0), 0.5, lab);
+        }
+    } else {
+        plbox(p->logx ? "bcnstl" : "bcnst", 0, 0, "bcnstv", 0, 0);
+    }
+    plmtex("b", 3.2, 0.5, 0.5, p->xlabel ? p->xlabel : "");
+    plmtex("l", 5.0, 0.5, 0.5, p->ylabel ? p->ylabel : "");
+
+    static const char *const symbols[4] = {"●", "■", "▲", "◆"};
+    PLINT opt[PLOT_MAX_SERIES], tcol[PLOT_MAX_SERIES], lcol[PLOT_MAX_SERIES], lsty[PLOT_MAX_SERIES],
+        scol[PLOT_MAX_SERIES], snum[PLOT_MAX_SERIES];
+    PLFLT lwid[PLOT_MAX_SERIES], sscl[PLOT_MAX_SERIES];
+    const char *text[PLOT_MAX_SERIES], *sym[PLOT_MAX_SERIES];
+    int nl = 0;
+    for (int i = 0; i < p->n_series; i++) {
+        const plot_series *s = &p->s[i];
+        int c = s->color >= 0 ? s->color : i;
+        PLINT col = COL_FIRST + c % 10, style = 1 + (c / 10) % 4; // 10 colors x 4 dash styles
+        plcol0(col);
+        pllsty(style);
+        plwidth(p->points ? 1.5 : 2.0);
+        // lines: each run of finite points (a NaN breaks the line)
+        for (int k = 0; k < s->n;) {
+            while (k < s->n &&
+                   (!isfinite(s->x[k]) || !isfinite(s->y[k]) || (p->logx && s->x[k] <= 0)))
+                k++;
+            int a = k;
+            while (k < s->n && isfinite(s->x[k]) && isfinite(s->y[k]) && !(p->logx && s->x[k] <= 0))
+                k++;
+            PLFLT *xs = k - a >= 2 ? malloc(2 * (size_t)(k - a) * sizeof *xs) : NULL;
+            if (xs) {
+                PLFLT *ys = xs + (k - a);
+                for (int j = a; j < k; j++) xs[j - a] = tx(p, s->x[j]), ys[j - a] = s->y[j];
+                plline(k - a, xs, ys);
+                free(xs);
+            }
+        }
+        pllsty(1);
+        if (p->points) {
+            for (int k = 0; k < s->n; k++) {
+                if (!isfinite(s->x[k]) || !isfinite(s->y[k]) || (p->logx && s->x[k] <= 0)) continue;
+                PLFLT x = tx(p, s->x[k]), y = s->y[k];
+                if (s->err && isfinite(s->err[k]) && s->err[k] > 0) {
+                    PLFLT lo = y - s->err[k], hi = y + s->err[k];
+                    plerry(1, &x, &lo, &hi);
+                }
+                plstring(1, &x, &y, symbols[c % 4]);
+            }
+        }
+        if (s->label && nl < shown) {
+            opt[nl] = PL_LEGEND_LINE | (p->points ? PL_LEGEND_SYMBOL : 0);
+            text[nl] = s->label;
+            tcol[nl] = COL_FG;
+            lcol[nl] = col;
+            lsty[nl] = style;
+            lwid[nl] = 2.0;
+            scol[nl] = col;
+            snum[nl] = 1;
+            sscl[nl] = 1.0;
+            sym[nl] = symbols[c % 4];
+            nl++;
+        }
+    }
+    char more[48];
+    if (shown < n_legend) { // the entries that did not fit, as one text-only line
+        snprintf(more, sizeof more, "... %d more", n_legend - shown);
+        opt[nl] = PL_LEGEND_NONE;
+        text[nl] = more;
+        tcol[nl] = COL_FG;
+        lcol[nl] = scol[nl] = COL_FG;
+        lsty[nl] = snum[nl] = 1;
+        lwid[nl] = sscl[nl] = 1.0;
+        sym[nl] = "";
+        nl++;
+    }
+    if (nl > 0) {
+        PLFLT lw, lh;
+        int nrow = (nl + ncol - 1) / ncol;
+        // top right corner of the page, level with the top of the plot area
+        pllegend(&lw, &lh, PL_LEGEND_BACKGROUND | PL_LEGEND_BOUNDING_BOX,
+                 PL_POSITION_SUBPAGE | PL_POSITION_INSIDE | PL_POSITION_TOP | PL_POSITION_RIGHT,
+                 0.015, 1.0 - vy1, 0.04 * legend_ts / 0.9, COL_BG, COL_FG, 1, nrow, ncol, nl, opt,
+                 0.6, legend_ts, spacing, 0.0, tcol, text, NULL, NULL, NULL, NULL, lcol, lsty, lwid,
+                 scol, sscl, snum, sym);
+    }
+    // the title, centered on the page
+    plvpor(0.0, 1.0, 0.0, vy1);
+    plschr(0, 1.3);
+    plcol0(COL_FG);
+    plmtex("t", 1.3, 0.5, 0.5, p->title ? p->title : "");
+    return true;
+}
+
+/* Decodes the PNG at path completely with libpng; the size and the fraction of pixels that are
+ * not background white. */
+static bool png_check(const char *path, int *w, int *h, double *ink, char *why, size_t cap) {
+    png_image img;
+    memset(&img, 0, sizeof img);
+    img.version = PNG_IMAGE_VERSION;
+    if (!png_image_begin_read_from_file(&img, path)) {
+        snprintf(why, cap, "libpng cannot read it: %s", img.message);
+        return false;
+    }
+    img.format = PNG_FORMAT_RGB;
+    unsigned char *buf = malloc(PNG_IMAGE_SIZE(img));
+    if (!buf) {
+        png_image_free(&img);
+        snprintf(why, cap, "out of memory");
+        return false;
+    }
+    if (!png_image_finish_read(&img, NULL, buf, 0, NULL)) {
+        snprintf(why, cap, "libpng cannot decode it: %s", img.message);
+        free(buf);
+        return false;
+    }
+    size_t n = (size_t)img.width * img.height, dark = 0;
+    for (size_t i = 0; i < n; i++)
+        dark += buf[3 * i] < 250 || buf[3 * i + 1] < 250 || buf[3 * i + 2] < 250;
+    free(buf);
+    *w = (int)img.width;
+    *h = (int)img.height;
+    *ink = n ? (double)dark / (double)n : 0;
+    return true;
+}
+
+/* Reads a list of numbers at field `key` of the table at idx into a userdata (pushed). */
+static double *num_list(lua_State *L, int idx, const char *key, int *n, bool required,
+                        const char *ctx) {
+    lua_getfield(L, idx, key);
+    if (lua_isnil(L, -1)) {
+        if (required) luaL_error(L, "gm.plot: %s needs '%s' (a list of numbers)", ctx, key);
+        *n = -1;
+        return NULL; // the nil stays on the stack
+    }
+    if (!lua_istable(L, -1)) luaL_error(L, "gm.plot: %s: '%s' must be a list of numbers", ctx, key);
+    int len = (int)lua_rawlen(L, -1);
+    double *v = lua_newuserdatauv(L, (size_t)(len ? len : 1) * sizeof *v, 0);
+    for (int i = 1; i <= len; i++) {
+        lua_rawgeti(L, -2, i);
+        if (lua_type(L, -1) != LUA_TNUMBER)
+            luaL_error(L, "gm.plot: %s: %s[%d] must be a number", ctx, key, i);
+        v[i - 1] = (double)lua_tonumber(L, -1);
+        lua_pop(L, 1);
+    }
+    lua_remove(L, -2); // the list table; the userdata stays (anchors v)
+    *n = len;
+    return v;
+}
+
+static int l_plot(lua_State *L) {
+    luaL_checktype(L, 1, LUA_TTABLE);
+    static const char *const keys[] = {"file", "title",  "xlabel", "ylabel",      "logx",
+                                       "kind", "series", "xticks", "xticklabels", NULL};
+    gm_bind_check_opts(L, 1, "gm.plot", keys);
+    plot_spec p = {0};
+    p.file = gm_bind_opt_str(L, 1, "file", NULL);
+    if (!p.file) return luaL_error(L, "gm.plot: 'file' (a .png path) is required");
+    size_t fl = strlen(p.file);
+    if (fl < 5 || strcmp(p.file + fl - 4, ".png") != 0)
+        return luaL_error(L, "gm.plot: file '%s' must end in .png", p.file);
+    p.title = gm_bind_opt_str(L, 1, "title", "");
+    p.xlabel = gm_bind_opt_str(L, 1, "xlabel", "");
+    p.ylabel = gm_bind_opt_str(L, 1, "ylabel", "");
+    p.logx = gm_bind_opt_bool(L, 1, "logx", false);
+    const char *kind = gm_bind_opt_str(L, 1, "kind", "lines");
+    if (strcmp(kind, "lines") != 0 && strcmp(kind, "points") != 0)
+        return luaL_error(L, "gm.plot: kind '%s' (allowed: lines, points)", kind);
+    p.points = strcmp(kind, "points") == 0;
+    p.ticks = num_list(L, 1, "xticks", &p.n_ticks, false, "xticks");
+    if (p.n_ticks < 0) p.n_ticks = 0;
+    lua_getfield(L, 1, "xticklabels");
+    if (!lua_isnil(L, -1)) {
+        if (!lua_istable(L, -1) || (int)lua_rawlen(L, -1) != p.n_ticks)
+            return luaL_error(L,
+                              "gm.plot: 'xticklabels' must be a list of %d strings (one per xtick)",
+                              p.n_ticks);
+        p.tick_labels =
+            lua_newuserdatauv(L, (size_t)(p.n_ticks ? p.n_ticks : 1) * sizeof *p.tick_labels, 0);
+        for (int i = 1; i <= p.n_ticks; i++) {
+            lua_rawgeti(L, -2, i);
+            if (lua_type(L, -1) != LUA_TSTRING)
+                return luaL_error(L, "gm.plot: xticklabels[%d] must be a string", i);
+            p.tick_labels[i - 1] = lua_tostring(L, -1);
+            lua_pop(L, 1);
+        }
+    }
+    lua_getfield(L, 1, "series");
+    if (!lua_istable(L, -1))
+        return luaL_error(L, "gm.plot: 'series' must be a list of {label=, x=, y=, err=}");
+    int series = lua_gettop(L);
+    p.n_series = (int)lua_rawlen(L, series);
+    if (p.n_series < 1 || p.n_series > PLOT_MAX_SERIES)
+        return luaL_error(L, "gm.plot: 1..%d series, got %d", PLOT_MAX_SERIES, p.n_series);
+    p.s = lua_newuserdatauv(L, (size_t)p.n_series * sizeof *p.s, 0);
+    static const char *const skeys[] = {"label", "x", "y", "err", "color", NULL};
+    for (int i = 0; i < p.n_series; i++) {
+        luaL_checkstack(L, 8, "gm.plot: too many series");
+        lua_rawgeti(L, series, i + 1);
+        int st = lua_gettop(L);
+        if (!lua_istable(L, st)) return luaL_error(L, "gm.plot: series[%d] must be a table", i + 1);
+        gm_bind_check_opts(L, st, "gm.plot series", skeys);
+        char ctx[32];
+        snprintf(ctx, sizeof ctx, "series[%d]", i + 1);
+        plot_series *s = &p.s[i];
+        s->label = gm_bind_opt_str(L, st, "label", NULL);
+        s->color = (int)gm_bind_opt_int(L, st, "color", i);
+        if (s->color < 0) return luaL_error(L, "gm.plot: %s: color must be >= 0", ctx);
+        int nx, ny, ne;
+        s->x = num_list(L, st, "x", &nx, true, ctx);
+        s->y = num_list(L, st, "y", &ny, true, ctx);
+        s->err = num_list(L, st, "err", &ne, false, ctx);
+        if (nx != ny || (ne >= 0 && ne != ny))
+            return luaL_error(L,
+                              "gm.plot: %s: x, y (and err) must have the same length (%d, %d, %d)",
+                              ctx, nx, ny, ne);
+        s->n = nx;
+        // series[i] and its x/y/err arrays stay on the stack (anchored) until the plot is done
+    }
+    gm_bind_check_write_path(L, p.file, "gm.plot");
+
+    // PLplot asks on stdin for another name when it cannot open the file: find out first
+    FILE *probe = fopen(p.file, "wb");
+    if (!probe) return luaL_error(L, "gm.plot: cannot create %s: %s", p.file, strerror(errno));
+    fclose(probe);
+    plot_msg[0] = '\0';
+    quiet q;
+    quiet_on(&q);
+    if (!have_device("pngcairo")) {
+        quiet_off(&q);
+        unlink(p.file);
+        return luaL_error(L, "gm.plot: PLplot has no pngcairo device (install the Debian package "
+                             "plplot-driver-cairo)");
+    }
+    jmp_buf jb;
+    jmp_buf *prev = plot_jmp;
+    plot_jmp = &jb;
+    PLINT old_strm = 0, strm = 0;
+    volatile bool begun = false, ok = false;
+    plgstrm(&old_strm);
+    if (setjmp(jb) == 0) {
+        plsexit(plot_exit);
+        plsabort(plot_abort);
+        plmkstrm(&strm);
+        begun = true;
+        plsdev("pngcairo");
+        plsfnam(p.file);
+        plspage(0, 0, PLOT_W, PLOT_H, 0, 0);
+        plscmap0n(16);
+        plscol0(COL_BG, 255, 255, 255);
+        plscol0(COL_FG, 0, 0, 0);
+        plscol0(COL_GRID, 225, 225, 225);
+        for (int i = 0; i < 10; i++)
+            plscol0(COL_FIRST + i, PALETTE[i][0], PALETTE[i][1], PALETTE[i][2]);
+        plinit();
+        ok = draw(&p);
+        plend1();
+        begun = false;
+    } else if (begun) {
+        // a fatal PLplot error inside the stream: end it as well as it can be ended
+        plend1();
+    }
+    plsstrm(old_strm);
+    plsexit(NULL);
+    plsabort(NULL);
+    plot_jmp = prev;
+    quiet_off(&q);
+    if (!ok) {
+        unlink(p.file);
+        return luaL_error(L, "gm.plot: %s: %s", p.file, plot_msg[0] ? plot_msg : "PLplot failed");
+    }
+    int w = 0, h = 0;
+    double ink = 0;
+    char why[256];
+    if (!png_check(p.file, &w, &h, &ink, why, sizeof why))
+        return luaL_error(L, "gm.plot: %s was written but is not a valid PNG: %s", p.file, why);
+    lua_createtable(L, 0, 4);
+    lua_pushstring(L, p.file);
+    lua_setfield(L, -2, "file");
+    lua_pushinteger(L, w);
+    lua_setfield(L, -2, "width");
+    lua_pushinteger(L, h);
+    lua_setfield(L, -2, "height");
+    lua_pushnumber(L, ink);
+    lua_setfield(L, -2, "ink");
+    return 1;
+}
+
+/* ---- registration ----------------------------------------------------------------------------- */
+
+void gm_lua_open_plot(lua_State *L) {
+    static const luaL_Reg fns[] = {{"plot", l_plot}, {NULL, NULL}};
+    gm_bind_add_functions(L, fns);
+}
