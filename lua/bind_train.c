@@ -7,7 +7,8 @@
  *   dataset:size(), dataset:stats()         -> {n, rejected, truncated}
  *   dataset:example(i)                      -> {tokens = n, response_start = k, label = n}
  *   gm.fortunes(topic [, {max_chars = 400, dir = "/usr/share/games/fortunes"}]) -> {text, ...}
- *   model:trainer(opts)                    -> trainer   (opts: see TRAIN_KEYS below)
+ *   model:trainer(opts)                    -> trainer   (opts: the schema's options, gm_train_opts.def,
+ *                                              plus seed, steps, threads)
  *   trainer:step(dataset, {i, ...})        -> {loss, tokens, grad_norm, lr, step}
  *       the indices (1-based) are split into micro-batches of opts.batch (gradient accumulation)
  *   trainer:eval(dataset, {i, ...})        -> mean loss, supervised tokens
@@ -15,6 +16,7 @@
  *   trainer:memory()                       -> {[kind] = bytes, total = bytes}
  *   gm.peak_rss(), gm.clock()               -> bytes, seconds (monotonic)
  *   gm.lora_targets_check(targets)          -> true | false, message (PEFT target_modules rules)
+ *   gm.train_schema()                       -> the training options' schema (gm_train_opts.def)
  *
  * Userdata keep their model alive through a user value; __gc/__close free the core objects.
  */
@@ -28,6 +30,7 @@
 #include "gm_train.h"
 
 #include <lauxlib.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -180,60 +183,174 @@ static int l_fortunes(lua_State *L) {
 
 /* ---- trainer ---- */
 
-static const char *const TRAIN_KEYS[] = {
-    "rank", "alpha", "dropout", "rslora", "targets", "layers", "seed", "quant", "batch", "max_length",
-    "grad_accum", "lr", "weight_decay", "beta1", "beta2", "eps", "max_grad_norm", "schedule", "warmup",
-    "steps", "checkpointing", "threads", NULL};
+/* Keys a trainer's option table takes beyond the schema's (core/train/gm_train_opts.def): the
+ * runner's derived values - the seed, the total steps the schedule decays over, the threads. */
+static const char *const EXTRA_KEYS[] = {"seed", "steps", "threads"};
+#define N_EXTRA ((int)(sizeof EXTRA_KEYS / sizeof EXTRA_KEYS[0]))
 
-/* Reads the option table at idx into o (defaults from gm_train_opts_default); also used by
- * gm.plan (bind_run.c). */
-void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads);
-void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads) {
-    gm_bind_check_opts(L, idx, "trainer", TRAIN_KEYS);
-    *o = gm_train_opts_default();
-    o->n_threads = def_threads;
-    gm_error err = {0};
-    o->lora.rank = (int)gm_bind_opt_int(L, idx, "rank", o->lora.rank);
-    o->lora.alpha = (float)gm_bind_opt_num(L, idx, "alpha", o->lora.alpha);
-    o->lora.dropout = (float)gm_bind_opt_num(L, idx, "dropout", o->lora.dropout);
-    o->lora.rslora = gm_bind_opt_bool(L, idx, "rslora", false);
-    o->lora.seed = (uint64_t)gm_bind_opt_int(L, idx, "seed", 0);
-    const char *targets = gm_bind_opt_str(L, idx, "targets", "all-linear");
-    if (strlen(targets) >= sizeof o->lora.targets)
-        luaL_error(L, "option 'targets' is longer than %d characters", (int)sizeof o->lora.targets - 1);
-    snprintf(o->lora.targets, sizeof o->lora.targets, "%s", targets);
-    lua_getfield(L, idx, "layers");
-    if (!lua_isnil(L, -1)) {
-        if (!lua_istable(L, -1)) luaL_error(L, "option 'layers' must be a list of layer indices (0-based)");
-        for (int i = 0; i < GM_MAX_LAYERS; i++) o->lora.layers[i] = false;
+/* Raises "trainer: unknown option 'x' (allowed: ...)" listing the schema's names and the extras. */
+static void unknown_option(lua_State *L, const char *key) {
+    int n;
+    const gm_opt_spec *sp = gm_train_opt_specs(&n);
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    for (int i = 0; i < n; i++) {
+        if (i) luaL_addstring(&b, ", ");
+        luaL_addstring(&b, sp[i].name);
+    }
+    for (int i = 0; i < N_EXTRA; i++) {
+        luaL_addstring(&b, ", ");
+        luaL_addstring(&b, EXTRA_KEYS[i]);
+    }
+    luaL_pushresult(&b);
+    luaL_error(L, "trainer: unknown option '%s' (allowed: %s)", key, lua_tostring(L, -1));
+}
+
+/* Sets one schema option from the Lua value on top of the stack; raises on a wrong type or value. */
+static void set_from_lua(lua_State *L, gm_train_opts *o, const gm_opt_spec *sp) {
+    gm_opt_value v = {0, NULL, NULL};
+    bool layers[GM_MAX_LAYERS];
+    char joined[GM_LORA_TARGETS_MAX];
+    int t = lua_type(L, -1);
+    switch (sp->kind) {
+    case GM_OPT_INT:
+    case GM_OPT_NUM:
+        if (t != LUA_TNUMBER) luaL_error(L, "trainer: option '%s' must be a number", sp->name);
+        v.num = lua_tonumber(L, -1);
+        break;
+    case GM_OPT_BOOL:
+        if (t != LUA_TBOOLEAN) luaL_error(L, "trainer: option '%s' must be true or false", sp->name);
+        v.num = lua_toboolean(L, -1);
+        break;
+    case GM_OPT_ENUM:
+        if (t != LUA_TSTRING) luaL_error(L, "trainer: option '%s' must be a string", sp->name);
+        v.text = lua_tostring(L, -1);
+        break;
+    case GM_OPT_TARGETS:
+        if (t == LUA_TTABLE) { /* a list of module names */
+            size_t k = 0;
+            joined[0] = '\0';
+            lua_Integer n = luaL_len(L, -1);
+            for (lua_Integer i = 1; i <= n; i++) {
+                lua_rawgeti(L, -1, i);
+                if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "trainer: targets[%d] must be a module name", (int)i);
+                int w = snprintf(joined + k, sizeof joined - k, "%s%s", i > 1 ? "," : "", lua_tostring(L, -1));
+                if (w < 0 || (size_t)w >= sizeof joined - k) luaL_error(L, "trainer: targets: the list is too long");
+                k += (size_t)w;
+                lua_pop(L, 1);
+            }
+            v.text = joined;
+        } else if (t == LUA_TSTRING) {
+            v.text = lua_tostring(L, -1);
+        } else {
+            luaL_error(L, "trainer: option 'targets' must be a string or a list of module names");
+        }
+        break;
+    case GM_OPT_LAYERS: {
+        if (t != LUA_TTABLE) luaL_error(L, "trainer: option 'layers' must be a list of layer indices (0-based)");
+        for (int i = 0; i < GM_MAX_LAYERS; i++) layers[i] = false;
         lua_Integer n = luaL_len(L, -1);
         for (lua_Integer i = 1; i <= n; i++) {
             lua_rawgeti(L, -1, i);
             if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0 || lua_tointeger(L, -1) >= GM_MAX_LAYERS)
-                luaL_error(L, "layers[%d] must be a layer index 0..%d", (int)i, GM_MAX_LAYERS - 1);
-            o->lora.layers[lua_tointeger(L, -1)] = true;
+                luaL_error(L, "trainer: layers[%d] must be a layer index 0..%d", (int)i, GM_MAX_LAYERS - 1);
+            layers[lua_tointeger(L, -1)] = true;
             lua_pop(L, 1);
         }
+        v.layers = layers;
+        break;
     }
-    lua_pop(L, 1);
-    const char *q = gm_bind_opt_str(L, idx, "quant", "stored");
-    if (gm_quant_from_name(q, &o->quant, &err) != GM_OK) gm_bind_raise(L, &err);
-    o->batch = gm_bind_opt_int(L, idx, "batch", o->batch);
-    o->max_length = gm_bind_opt_int(L, idx, "max_length", o->max_length);
-    o->grad_accum = gm_bind_opt_int(L, idx, "grad_accum", o->grad_accum);
-    o->lr = (float)gm_bind_opt_num(L, idx, "lr", o->lr);
-    o->weight_decay = (float)gm_bind_opt_num(L, idx, "weight_decay", o->weight_decay);
-    o->beta1 = (float)gm_bind_opt_num(L, idx, "beta1", o->beta1);
-    o->beta2 = (float)gm_bind_opt_num(L, idx, "beta2", o->beta2);
-    o->eps = (float)gm_bind_opt_num(L, idx, "eps", o->eps);
-    o->max_grad_norm = (float)gm_bind_opt_num(L, idx, "max_grad_norm", o->max_grad_norm);
-    const char *sched = gm_bind_opt_str(L, idx, "schedule", "constant");
-    if (!gm_schedule_from_name(sched, &o->schedule))
-        luaL_error(L, "option 'schedule' = '%s' (allowed: constant, linear, cosine)", sched);
-    o->warmup_steps = gm_bind_opt_int(L, idx, "warmup", 0);
-    o->total_steps = gm_bind_opt_int(L, idx, "steps", 1);
-    o->checkpointing = gm_bind_opt_bool(L, idx, "checkpointing", false);
-    o->n_threads = (int)gm_bind_opt_int(L, idx, "threads", def_threads);
+    }
+    gm_error err = {0};
+    if (gm_train_opt_set(o, sp, v, &err) != GM_OK) luaL_error(L, "trainer: %s", err.msg);
+}
+
+/* Reads the option table at idx into o: the schema's options (core/train/gm_train_opts.def, its
+ * defaults for the missing ones), the seed, the total steps (the schedule's length; warmup is
+ * resolved against it) and the threads (def_threads when absent). Also used by gm.plan
+ * (bind_run.c). Raises on an unknown key, a wrong type or a value out of range. */
+void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads);
+void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads) {
+    *o = gm_train_opts_default();
+    o->n_threads = def_threads;
+    if (lua_isnoneornil(L, idx)) return;
+    luaL_checktype(L, idx, LUA_TTABLE);
+    idx = lua_absindex(L, idx);
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
+        if (!k) luaL_error(L, "trainer: option keys must be names, got a %s key", luaL_typename(L, -2));
+        const gm_opt_spec *sp = gm_train_opt_find(k);
+        if (sp) {
+            set_from_lua(L, o, sp);
+        } else if (!strcmp(k, "seed") || !strcmp(k, "steps") || !strcmp(k, "threads")) {
+            if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < (strcmp(k, "seed") ? 1 : 0))
+                luaL_error(L, "trainer: option '%s' must be %s", k, strcmp(k, "seed") ? "a positive integer" : "an integer >= 0");
+            lua_Integer v = lua_tointeger(L, -1);
+            if (!strcmp(k, "seed")) o->lora.seed = (uint64_t)v;
+            else if (!strcmp(k, "steps")) o->total_steps = v;
+            else o->n_threads = v > 256 ? 256 : (int)v;
+        } else {
+            unknown_option(L, k);
+        }
+        lua_pop(L, 1);
+    }
+    gm_train_opts_resolve(o);
+}
+
+/* gm.train_schema() -> list of {name, kind, default, min, max, gt, lt, values = {...}, doc, source}:
+ * the training options' schema, for lua/prelude.lua's validation and defaults. */
+static int l_train_schema(lua_State *L) {
+    int n;
+    const gm_opt_spec *sp = gm_train_opt_specs(&n);
+    lua_createtable(L, n, 0);
+    for (int i = 0; i < n; i++) {
+        const gm_opt_spec *s = &sp[i];
+        lua_createtable(L, 0, 10);
+        lua_pushstring(L, s->name);
+        lua_setfield(L, -2, "name");
+        lua_pushstring(L, gm_opt_kind_name(s->kind));
+        lua_setfield(L, -2, "kind");
+        switch (s->kind) { /* the default as the prelude stores it; none for max_steps and layers */
+        case GM_OPT_INT:
+            if (!isnan(s->def)) lua_pushinteger(L, (lua_Integer)s->def), lua_setfield(L, -2, "default");
+            break;
+        case GM_OPT_NUM: lua_pushnumber(L, s->def), lua_setfield(L, -2, "default"); break;
+        case GM_OPT_BOOL: lua_pushboolean(L, s->def != 0), lua_setfield(L, -2, "default"); break;
+        case GM_OPT_ENUM:
+        case GM_OPT_TARGETS: lua_pushstring(L, s->def_text), lua_setfield(L, -2, "default"); break;
+        case GM_OPT_LAYERS: break;
+        }
+#define BOUND(key, val)                                                                      \
+    if (!isnan(val)) {                                                                       \
+        if (s->kind == GM_OPT_INT) lua_pushinteger(L, (lua_Integer)(val));                   \
+        else lua_pushnumber(L, (val));                                                       \
+        lua_setfield(L, -2, key);                                                            \
+    }
+        BOUND("min", s->min);
+        BOUND("max", s->max);
+        BOUND("gt", s->gt);
+        BOUND("lt", s->lt);
+#undef BOUND
+        if (s->values) {
+            lua_newtable(L);
+            int k = 0;
+            for (const char *p = s->values; *p;) {
+                const char *e = strchr(p, ',');
+                size_t len = e ? (size_t)(e - p) : strlen(p);
+                lua_pushlstring(L, p, len);
+                lua_rawseti(L, -2, ++k);
+                p = e ? e + 1 : p + len;
+            }
+            lua_setfield(L, -2, "values");
+        }
+        lua_pushstring(L, s->doc);
+        lua_setfield(L, -2, "doc");
+        lua_pushstring(L, s->source);
+        lua_setfield(L, -2, "source");
+        lua_rawseti(L, -2, i + 1);
+    }
+    return 1;
 }
 
 static int l_trainer(lua_State *L) {
@@ -526,6 +643,8 @@ void gm_lua_open_train(lua_State *L) {
     lua_setfield(L, -2, "peak_rss");
     lua_pushcfunction(L, l_lora_targets_check);
     lua_setfield(L, -2, "lora_targets_check");
+    lua_pushcfunction(L, l_train_schema);
+    lua_setfield(L, -2, "train_schema");
     lua_pushcfunction(L, l_clock);
     lua_setfield(L, -2, "clock");
     lua_pop(L, 1);

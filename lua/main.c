@@ -63,6 +63,7 @@ static void usage(FILE *f) {
             "                    [--threads N]   (--adapter: results/EXP/, a trial file, a merged results\n"
             "                    file or a checkpoint; --trial: the trial's index or id)\n"
             "  gemmarun plan MODEL [key=value ...] the memory plan of a training run (loads no weights)\n"
+            "  gemmarun options [--markdown]       the training options: defaults, ranges, meaning\n"
             "  gemmarun fetch NAME                (known: gemma3-270m)\n"
             "  gemmarun table RESULTS             tables (.md .tex .csv) and plots of results/EXP/\n"
             "                                     (trial files) or results/EXP.h5 (merged)\n"
@@ -342,8 +343,6 @@ static int cmd_generate(int argc, char **argv) {
 
 /* Upper bounds of plan's settings: far beyond any real run, yet small enough that no product of
  * them wraps (the planner checks its byte counts too: gm_plan_check_size). */
-#define PLAN_MAX_BATCH 65536             /* batch, grad_accum */
-#define PLAN_MAX_LENGTH 1048576          /* max_length (also capped by the model's positions) */
 #define PLAN_MAX_IMAGES 65536            /* images per example */
 #define PLAN_MAX_AUDIO_S 86400.0         /* audio_seconds per example: a day */
 #define PLAN_MAX_LIMIT 1152921504606846976.0 /* memory_limit: 2^60 bytes (1 EiB) */
@@ -385,11 +384,37 @@ static const char *fmt_size(double bytes, char *buf, size_t cap) {
     return buf;
 }
 
+/* The training options with their defaults and ranges, from the schema (gm_train_opts.def):
+ * `gemmarun options` (text) and `--markdown` (the table of docs/experiments.md). */
+static void print_options(FILE *f, bool markdown) {
+    int n;
+    const gm_opt_spec *sp = gm_train_opt_specs(&n);
+    if (markdown) fprintf(f, "| field | default | allowed | meaning | default from |\n|---|---|---|---|---|\n");
+    for (int i = 0; i < n; i++) {
+        char range[160];
+        gm_opt_describe_range(&sp[i], range, sizeof range);
+        const char *def = sp[i].def_text[0] ? sp[i].def_text : "none";
+        if (markdown) fprintf(f, "| `%s` | %s | %s | %s | %s |\n", sp[i].name, def, range, sp[i].doc, sp[i].source);
+        else fprintf(f, "  %-16s %-12s %s; %s\n", sp[i].name, def, range, sp[i].doc);
+    }
+}
+
+static int cmd_options(int argc, char **argv) {
+    bool md = argc > 0 && strcmp(argv[0], "--markdown") == 0;
+    if (argc > (md ? 1 : 0)) {
+        fprintf(stderr, "usage: gemmarun options [--markdown]\n");
+        return 2;
+    }
+    if (!md) printf("training options (experiment files' train = {...}, --set key=value, gemmarun plan key=value):\n");
+    print_options(stdout, md);
+    return 0;
+}
+
 static int cmd_plan(int argc, char **argv) {
     if (argc < 1) {
-        fprintf(stderr, "usage: gemmarun plan MODEL [key=value ...]; the keys and their defaults:\n"
-                        "  quant=stored (stored|f32|bf16|int8|nf4)  rank=16 (1..4096)  alpha=2*rank  targets=all-linear\n"
-                        "  batch=1 (1..65536)  grad_accum=1 (1..65536)  max_length=1024 (8..1048576)  checkpointing=off\n"
+        fprintf(stderr, "usage: gemmarun plan MODEL [key=value ...]; the keys, their defaults and ranges:\n");
+        print_options(stderr, false);
+        fprintf(stderr, "  and, for the plan only:\n"
                         "  images=0 (0..65536)  audio_seconds=0 (0..86400)  threads=2 (1..256)\n"
                         "  memory_limit=none (e.g. 48GiB; at most 2^60 bytes = 1048576TiB)  fit=false (needs memory_limit)\n"
                         "  on/off settings take on/off, true/false, yes/no or 1/0\n"
@@ -399,9 +424,6 @@ static int cmd_plan(int argc, char **argv) {
         return 2;
     }
     gm_train_opts o = gm_train_opts_default();
-    o.lora.rank = 16;
-    bool alpha_given = false;
-    o.max_length = 1024;
     gm_plan_inputs in = {0, 0};
     double limit = 0;
     bool fit = false;
@@ -419,24 +441,29 @@ static int cmd_plan(int argc, char **argv) {
         double d = 0;
         bool ok = true, b = false;
         const char *want = NULL; /* the allowed values, for the error */
-        if (!strcmp(key, "quant")) ok = gm_quant_from_name(v, &o.quant, &err) == GM_OK;
-        else if (!strcmp(key, "rank")) ok = parse_long(v, &n) && n > 0 && n <= 4096, o.lora.rank = (int)n, want = "an integer 1..4096";
-        else if (!strcmp(key, "alpha")) ok = parse_double(v, &d) && d > 0 && d <= FLT_MAX, o.lora.alpha = (float)d, alpha_given = true, want = "a number > 0 (a finite float)";
-        else if (!strcmp(key, "targets")) ok = strlen(v) > 0 && strlen(v) < sizeof o.lora.targets, snprintf(o.lora.targets, sizeof o.lora.targets, "%s", v), want = "all-linear, module names such as q_proj,v_proj, or a regular expression";
-        else if (!strcmp(key, "batch")) ok = parse_long(v, &n) && n > 0 && n <= PLAN_MAX_BATCH, o.batch = n, want = "an integer 1..65536";
-        else if (!strcmp(key, "grad_accum")) ok = parse_long(v, &n) && n > 0 && n <= PLAN_MAX_BATCH, o.grad_accum = n, want = "an integer 1..65536";
-        else if (!strcmp(key, "max_length")) ok = parse_long(v, &n) && n >= 8 && n <= PLAN_MAX_LENGTH, o.max_length = n, want = "an integer 8..1048576";
-        else if (!strcmp(key, "checkpointing")) ok = parse_bool(v, &b), o.checkpointing = b, want = BOOL_VALUES;
-        else if (!strcmp(key, "threads")) ok = parse_long(v, &n) && n > 0 && n <= 256, o.n_threads = (int)n, want = "an integer 1..256";
+        const gm_opt_spec *sp = gm_train_opt_find(key);
+        if (sp) {
+            if (gm_train_opt_parse(&o, sp, v, &err) != GM_OK) {
+                char range[160];
+                fprintf(stderr, "gemmarun plan: bad value for %s: %s (expected %s)\n", key, v,
+                        sp->kind == GM_OPT_BOOL ? BOOL_VALUES : gm_opt_describe_range(sp, range, sizeof range));
+                return 2;
+            }
+            continue;
+        }
+        if (!strcmp(key, "threads")) ok = parse_long(v, &n) && n > 0 && n <= 256, o.n_threads = (int)n, want = "an integer 1..256";
         else if (!strcmp(key, "images")) ok = parse_long(v, &n) && n >= 0 && n <= PLAN_MAX_IMAGES, in.images = n, want = "an integer 0..65536";
         else if (!strcmp(key, "audio_seconds")) ok = parse_double(v, &d) && d >= 0 && d <= PLAN_MAX_AUDIO_S, in.audio_seconds = d, want = "seconds 0..86400";
         else if (!strcmp(key, "memory_limit"))
             ok = parse_size(v, &limit) && limit >= 1 && limit <= PLAN_MAX_LIMIT,
             want = "a size from 1 byte to 2^60 bytes (1048576TiB), such as 48GiB or 512MB";
-        else if (!strcmp(key, "fit")) ok = parse_bool(v, &fit), want = BOOL_VALUES;
+        else if (!strcmp(key, "fit")) ok = parse_bool(v, &b), fit = b, want = BOOL_VALUES;
         else {
-            fprintf(stderr, "gemmarun plan: unknown setting '%s' (allowed: quant, rank, alpha, targets, batch, grad_accum, "
-                            "max_length, checkpointing, threads, images, audio_seconds, memory_limit, fit)\n", key);
+            int nk;
+            const gm_opt_spec *all = gm_train_opt_specs(&nk);
+            fprintf(stderr, "gemmarun plan: unknown setting '%s' (allowed: ", key);
+            for (int k = 0; k < nk; k++) fprintf(stderr, "%s, ", all[k].name);
+            fprintf(stderr, "threads, images, audio_seconds, memory_limit, fit)\n");
             return 2;
         }
         if (!ok) {
@@ -451,7 +478,6 @@ static int cmd_plan(int argc, char **argv) {
         fprintf(stderr, "gemmarun plan: fit requires memory_limit (e.g. memory_limit=8GiB) to fit into\n");
         return 2;
     }
-    if (!alpha_given) o.lora.alpha = 2.0f * (float)o.lora.rank; /* the experiment files' default ratio */
     gm_config cfg;
     gm_dtype stored, stored_embed;
     if (gm_config_probe(argv[0], &cfg, &stored, &stored_embed, &err) != GM_OK) return fail(&err, 2);
@@ -754,6 +780,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "generate") == 0) return cmd_generate(argc - 2, argv + 2);
     if (strcmp(cmd, "fetch") == 0) return cmd_fetch(argc - 2, argv + 2);
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
+    if (strcmp(cmd, "options") == 0) return cmd_options(argc - 2, argv + 2);
     if (strcmp(cmd, "table") == 0) return cmd_table(argc - 2, argv + 2);
     size_t n = strlen(cmd);
     if (n > 4 && strcmp(cmd + n - 4, ".lua") == 0) return run_lua(cmd, argc - 2, argv + 2);

@@ -81,31 +81,11 @@ function API.load_model(...) return gm.load_model(...) end
 --------------------------------------------------------------------------------------------------
 -- schema
 
--- Training fields: type, range and default. PEFT / TRL vocabulary.
-local TRAIN = {
-  epochs = { kind = "integer", min = 1, default = 1, doc = "passes over the training split" },
-  max_steps = { kind = "integer", min = 1, doc = "stop after this many optimizer steps (default: epochs)" },
-  batch = { kind = "integer", min = 1, max = 65536, default = 4 },
-  grad_accum = { kind = "integer", min = 1, max = 65536, default = 1, doc = "micro-batches per optimizer step" },
-  lr = { kind = "number", min = 0, default = 2e-4 },
-  rank = { kind = "integer", min = 1, max = 4096, default = 8 },
-  alpha = { kind = "number", gt = 0, default = 16 },
-  dropout = { kind = "number", min = 0, lt = 1, default = 0.0 },
-  rslora = { kind = "boolean", default = false },
-  targets = { kind = "targets", default = "all-linear" },
-  layers = { kind = "layers" },
-  quant = { kind = "enum", values = { "stored", "gguf", "f32", "bf16", "nf4", "int8" }, default = "stored" },
-  max_length = { kind = "integer", min = 8, max = 1048576, default = 256 },
-  warmup = { kind = "number", min = 0, default = 0, doc = "fraction of the steps if < 1, else steps" },
-  schedule = { kind = "enum", values = { "constant", "linear", "cosine" }, default = "constant" },
-  weight_decay = { kind = "number", min = 0, default = 0.0 },
-  max_grad_norm = { kind = "number", min = 0, default = 1.0 },
-  beta1 = { kind = "number", min = 0, lt = 1, default = 0.9 },
-  beta2 = { kind = "number", min = 0, lt = 1, default = 0.999 },
-  eps = { kind = "number", gt = 0, default = 1e-8 },
-  checkpointing = { kind = "boolean", default = false, doc = "activation checkpointing per block" },
-  checkpoint_every = { kind = "integer", min = 1, default = 25, doc = "save a resumable checkpoint every N steps" },
-}
+-- Training fields: type, range and default, from the one schema of the training options
+-- (core/train/gm_train_opts.def, through gm.train_schema()): the C defaults, `gemmarun plan` and
+-- docs/experiments.md read the same table. PEFT / TRL vocabulary.
+local TRAIN = {}
+for _, f in ipairs(gm.train_schema()) do TRAIN[f.name] = f end
 M.TRAIN = TRAIN
 
 local EXPERIMENT_KEYS = { "name", "model", "task", "train", "sweep", "seeds", "memory_limit", "fit", "report",

@@ -18,6 +18,7 @@
 #include "kernels.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -63,23 +64,150 @@ bool gm_schedule_from_name(const char *name, gm_schedule *out) {
     return false;
 }
 
+/* ---- the options' schema (gm_train_opts.def) ------------------------------------------------ */
+
+static const gm_opt_spec opt_specs[] = {
+#define GM_TRAIN_OPT(name, kind, def, def_text, min, max, gt, lt, values, doc, source, assign)                       \
+    {#name, GM_OPT_##kind, def, def_text, min, max, gt, lt, values, doc, source},
+#include "gm_train_opts.def"
+#undef GM_TRAIN_OPT
+};
+#define N_OPTS ((int)(sizeof opt_specs / sizeof opt_specs[0]))
+
+const char *gm_opt_kind_name(gm_opt_kind k) {
+    static const char *const names[] = {"integer", "number", "boolean", "enum", "targets", "layers"};
+    return (unsigned)k < sizeof names / sizeof names[0] ? names[k] : "?";
+}
+
+const gm_opt_spec *gm_train_opt_specs(int *n) {
+    *n = N_OPTS;
+    return opt_specs;
+}
+
+const gm_opt_spec *gm_train_opt_find(const char *name) {
+    for (int i = 0; i < N_OPTS; i++)
+        if (strcmp(opt_specs[i].name, name) == 0) return &opt_specs[i];
+    return NULL;
+}
+
+/* Stores an already checked value (the table's assign statements). */
+static void assign(gm_train_opts *o, const gm_opt_spec *s, gm_opt_value v) {
+    int id = (int)(s - opt_specs), i = 0;
+#define GM_TRAIN_OPT(name, kind, def, def_text, min, max, gt, lt, values, doc, source, stmt)                           \
+    if (id == i++) {                                                                         \
+        stmt;                                                                                \
+        return;                                                                              \
+    }
+#include "gm_train_opts.def"
+#undef GM_TRAIN_OPT
+}
+
+const char *gm_opt_describe_range(const gm_opt_spec *s, char *buf, size_t cap) {
+    char lo[48] = "", hi[48] = "";
+    bool integer = s->kind == GM_OPT_INT;
+    const char *what = integer ? "an integer" : "a number";
+    switch (s->kind) {
+    case GM_OPT_BOOL: snprintf(buf, cap, "true or false"); return buf;
+    case GM_OPT_ENUM: { /* "a, b, c" */
+        size_t k = 0;
+        for (const char *p = s->values; *p && k + 2 < cap; p++) {
+            buf[k++] = *p;
+            if (*p == ',' && k + 1 < cap) buf[k++] = ' ';
+        }
+        buf[k] = '\0';
+        return buf;
+    }
+    case GM_OPT_TARGETS: snprintf(buf, cap, "all-linear, module names or a regular expression"); return buf;
+    case GM_OPT_LAYERS: snprintf(buf, cap, "a list of 0-based layer indices"); return buf;
+    default: break;
+    }
+    if (!isnan(s->min)) snprintf(lo, sizeof lo, ">= %g", s->min);
+    if (!isnan(s->gt)) snprintf(lo, sizeof lo, "> %g", s->gt);
+    if (!isnan(s->max)) snprintf(hi, sizeof hi, "<= %g", s->max);
+    if (!isnan(s->lt)) snprintf(hi, sizeof hi, "< %g", s->lt);
+    if (integer && !isnan(s->min) && !isnan(s->max))
+        snprintf(buf, cap, "%s %lld..%lld", what, (long long)s->min, (long long)s->max);
+    else if (lo[0] && hi[0]) snprintf(buf, cap, "%s %s and %s", what, lo, hi);
+    else if (lo[0] || hi[0]) snprintf(buf, cap, "%s %s", what, lo[0] ? lo : hi);
+    else snprintf(buf, cap, "%s", what);
+    return buf;
+}
+
+gm_status gm_train_opt_set(gm_train_opts *o, const gm_opt_spec *s, gm_opt_value v, gm_error *err) {
+    char range[160];
+    gm_opt_describe_range(s, range, sizeof range);
+    switch (s->kind) {
+    case GM_OPT_INT:
+    case GM_OPT_NUM:
+        if (!isfinite(v.num) || (s->kind == GM_OPT_INT && v.num != floor(v.num)) || (!isnan(s->min) && v.num < s->min) ||
+            (!isnan(s->max) && v.num > s->max) || (!isnan(s->gt) && !(v.num > s->gt)) || (!isnan(s->lt) && !(v.num < s->lt)))
+            return isfinite(v.num) && v.num == floor(v.num) && fabs(v.num) < 1e18
+                       ? gm_error_set(err, GM_ERR_INVALID, "%s = %lld: must be %s", s->name, (long long)v.num, range)
+                       : gm_error_set(err, GM_ERR_INVALID, "%s = %g: must be %s", s->name, v.num, range);
+        break;
+    case GM_OPT_BOOL: break;
+    case GM_OPT_ENUM: {
+        bool ok = false;
+        size_t n = v.text ? strlen(v.text) : 0;
+        for (const char *p = s->values; v.text && *p && !ok;) {
+            const char *e = strchr(p, ',');
+            size_t k = e ? (size_t)(e - p) : strlen(p);
+            ok = k == n && strncmp(p, v.text, n) == 0;
+            p = e ? e + 1 : p + k;
+        }
+        if (!ok) return gm_error_set(err, GM_ERR_INVALID, "%s = %s: allowed values are %s", s->name, v.text ? v.text : "?", range);
+        break;
+    }
+    case GM_OPT_TARGETS:
+        if (!v.text || !v.text[0] || strlen(v.text) >= GM_LORA_TARGETS_MAX)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: must be %s (1..%d characters)", s->name, range, GM_LORA_TARGETS_MAX - 1);
+        break;
+    case GM_OPT_LAYERS: break;
+    }
+    assign(o, s, v);
+    return GM_OK;
+}
+
+gm_status gm_train_opt_parse(gm_train_opts *o, const gm_opt_spec *s, const char *text, gm_error *err) {
+    gm_opt_value v = {0, text, NULL};
+    char range[160];
+    gm_opt_describe_range(s, range, sizeof range);
+    if (s->kind == GM_OPT_INT || s->kind == GM_OPT_NUM) {
+        char *end;
+        v.num = strtod(text, &end);
+        if (end == text || *end)
+            return gm_error_set(err, GM_ERR_INVALID, "%s = %s: must be %s", s->name, text, range);
+    } else if (s->kind == GM_OPT_BOOL) {
+        if (!strcmp(text, "true") || !strcmp(text, "on") || !strcmp(text, "1") || !strcmp(text, "yes")) v.num = 1;
+        else if (!strcmp(text, "false") || !strcmp(text, "off") || !strcmp(text, "0") || !strcmp(text, "no")) v.num = 0;
+        else return gm_error_set(err, GM_ERR_INVALID, "%s = %s: must be on/off, true/false, yes/no or 1/0", s->name, text);
+    } else if (s->kind == GM_OPT_LAYERS) {
+        return gm_error_set(err, GM_ERR_INVALID, "%s: set layers in an experiment file or the Lua API (a list)", s->name);
+    }
+    return gm_train_opt_set(o, s, v, err);
+}
+
 gm_train_opts gm_train_opts_default(void) {
     gm_train_opts o;
     memset(&o, 0, sizeof o);
     o.lora = gm_lora_config_default();
-    o.quant = GM_QUANT_STORED;
-    o.batch = 1;
-    o.max_length = 256;
-    o.grad_accum = 1;
-    o.lr = 2e-4f;
-    o.weight_decay = 0.01f;
-    o.beta1 = 0.9f;
-    o.beta2 = 0.999f;
-    o.eps = 1e-8f;
-    o.schedule = GM_SCHED_CONSTANT;
+    for (int i = 0; i < N_OPTS; i++) {
+        const gm_opt_spec *s = &opt_specs[i];
+        if (s->kind == GM_OPT_INT || s->kind == GM_OPT_NUM || s->kind == GM_OPT_BOOL) {
+            if (isnan(s->def)) continue; /* no default: stays 0 ("none") */
+            assign(&o, s, (gm_opt_value){s->def, NULL, NULL});
+        } else {
+            assign(&o, s, (gm_opt_value){0, s->def_text, NULL});
+        }
+    }
     o.total_steps = 1;
     o.n_threads = 2;
+    gm_train_opts_resolve(&o);
     return o;
+}
+
+void gm_train_opts_resolve(gm_train_opts *o) {
+    o->warmup_steps = o->warmup < 1 ? (int64_t)floor(o->warmup * (double)o->total_steps + 0.5) : (int64_t)o->warmup;
 }
 
 double gm_train_lr_at(const gm_train_opts *o, int64_t step) {

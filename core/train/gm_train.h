@@ -59,6 +59,9 @@ typedef enum gm_schedule { GM_SCHED_CONSTANT = 0, GM_SCHED_LINEAR, GM_SCHED_COSI
 const char *gm_schedule_name(gm_schedule s);
 bool gm_schedule_from_name(const char *name, gm_schedule *out);
 
+/* The options of a training run. The user-facing ones are listed, with their defaults and
+ * ranges, in gm_train_opts.def (the schema); warmup_steps, total_steps, the seed and the thread
+ * count are set by the caller (the runner derives them). */
 typedef struct gm_train_opts {
     gm_lora_config lora;
     gm_quant quant;          /* base weight precision */
@@ -70,14 +73,63 @@ typedef struct gm_train_opts {
     float beta1, beta2, eps;
     float max_grad_norm;     /* 0 = no clipping */
     gm_schedule schedule;
-    int64_t warmup_steps;
+    double warmup;           /* schema: a fraction of total_steps if < 1, else steps */
+    int64_t warmup_steps;    /* what the trainer uses (gm_train_opts_resolve sets it from warmup) */
     int64_t total_steps;     /* for the linear/cosine decay */
     bool checkpointing;      /* activation checkpointing per decoder block */
+    int64_t epochs;          /* the runner's loop: passes over the data */
+    int64_t max_steps;       /* ... or this many steps (0: the epochs decide) */
+    int64_t checkpoint_every; /* ... with a resumable checkpoint every this many steps */
     int n_threads;
 } gm_train_opts;
 
-/* The defaults of the training options' schema (gm_train_opts.def, docs/experiments.md). */
+/* The defaults of the schema (gm_train_opts.def), plus seed 0, 2 threads, total_steps 1. */
 gm_train_opts gm_train_opts_default(void);
+
+/* Sets warmup_steps from warmup and total_steps (a fraction rounded half up, as the runner
+ * rounds: floor(warmup * total_steps + 0.5); else warmup steps). */
+void gm_train_opts_resolve(gm_train_opts *o);
+
+/* ---- the schema of the training options (gm_train_opts.def) ------------------------------ */
+
+typedef enum gm_opt_kind { GM_OPT_INT = 0, GM_OPT_NUM, GM_OPT_BOOL, GM_OPT_ENUM, GM_OPT_TARGETS, GM_OPT_LAYERS } gm_opt_kind;
+
+/* "integer", "number", "boolean", "enum", "targets", "layers" (the prelude's kind names). */
+const char *gm_opt_kind_name(gm_opt_kind k);
+
+typedef struct gm_opt_spec {
+    const char *name;
+    gm_opt_kind kind;
+    double def;              /* numeric / boolean default; NAN: none */
+    const char *def_text;    /* the default as written ("linear", "all-linear", "all", "" for none) */
+    double min, max;         /* inclusive bounds, NAN when none */
+    double gt, lt;           /* exclusive bounds, NAN when none */
+    const char *values;      /* ENUM: allowed values, comma-separated */
+    const char *doc;         /* one line */
+    const char *source;      /* where the default comes from */
+} gm_opt_spec;
+
+/* A value for gm_train_opt_set: num for INT / NUM / BOOL, text for ENUM / TARGETS, layers for
+ * LAYERS (a GM_MAX_LAYERS bool array, NULL: all layers). */
+typedef struct gm_opt_value {
+    double num;
+    const char *text;
+    const bool *layers;
+} gm_opt_value;
+
+/* The schema's rows (static), *n of them, in the table's order. */
+const gm_opt_spec *gm_train_opt_specs(int *n);
+/* The row of an option, or NULL. */
+const gm_opt_spec *gm_train_opt_find(const char *name);
+/* Checks v against the row's kind and range and stores it. GM_ERR_INVALID naming the option,
+ * the value and what is allowed ("rank = 0: must be >= 1"); o is unchanged then. */
+gm_status gm_train_opt_set(gm_train_opts *o, const gm_opt_spec *s, gm_opt_value v, gm_error *err);
+/* The same from text as users type it on a command line ("1e-4", "on", "q_proj,v_proj"): numbers
+ * for INT / NUM, on/off, true/false, yes/no or 1/0 for BOOL, the text itself otherwise. */
+gm_status gm_train_opt_parse(gm_train_opts *o, const gm_opt_spec *s, const char *text, gm_error *err);
+/* The allowed values of a row as one phrase ("an integer 1..4096", "a number > 0", "constant,
+ * linear, cosine") into buf; returns buf. */
+const char *gm_opt_describe_range(const gm_opt_spec *s, char *buf, size_t cap);
 
 /* One micro-batch: B sequences of T tokens (T <= max_length, B <= batch), right-padded.
  * targets[b*T + t] is the token position t must predict (normally ids[b*T + t + 1]) or -1 for

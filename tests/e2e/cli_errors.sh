@@ -44,11 +44,22 @@ expect_run "plan: largest batch still plans" 0 "batch 65536 x accumulation 65536
 expect_run "plan: small memory_limit in its unit" 1 "memory_limit 1\.00 KiB: does NOT fit" -- "$GM" plan gemma3-270m memory_limit=1KiB
 expect_run "plan: image inputs on a text model" 2 "error: Gemma 3 270m takes no image inputs" -- "$GM" plan gemma3-270m images=1
 # the core's reason follows on its own indented line, with no whitespace-only line before it
-expect_run "plan: bad quant, no blank line" 2 "unknown base-weight format 'nf5'.*no blank line" -- bash -c \
+expect_run "plan: bad quant, no blank line" 2 "bad value for quant: nf5 \(expected stored, gguf, f32, bf16, nf4, int8\).no blank line" -- bash -c \
   "out=\$('$GM' plan gemma3-270m quant=nf5 2>&1); rc=\$?; echo \"\$out\"; printf '%s\n' \"\$out\" | grep -q '^[[:space:]]*\$' || echo 'no blank line'; exit \$rc"
 expect_run "plan: fit without memory_limit" 2 "fit requires memory_limit" -- "$GM" plan gemma3-270m fit=true
 expect_run "plan: fit=yes like checkpointing=yes" 0 "activation checkpointing on" -- "$GM" plan gemma3-270m fit=yes checkpointing=yes memory_limit=8GiB
 expect_run "plan: fit=maybe" 2 "bad value for fit: maybe \(expected on/off, true/false, yes/no or 1/0\)" -- "$GM" plan gemma3-270m fit=maybe memory_limit=8GiB
 expect_run "plan: checkpointing=maybe" 2 "bad value for checkpointing: maybe \(expected on/off, true/false, yes/no or 1/0\)" -- "$GM" plan gemma3-270m checkpointing=maybe
+
+# the training options' one schema: docs/experiments.md holds exactly what `gemmarun options --markdown` prints
+opts_md=$("$GM" options --markdown)
+grep -qF -- "$opts_md" docs/experiments.md && [ "$(printf '%s\n' "$opts_md" | wc -l)" -gt 20 ] \
+  && { pass=$((pass + 1)); echo "ok    docs/experiments.md's training table is gemmarun options --markdown"; } \
+  || { fail=$((fail + 1)); echo "FAIL  docs/experiments.md's training table differs from gemmarun options --markdown"; }
+expect_run "plan: the schema's defaults (rank 8, alpha 8, batch 8, max_length 1024)" 0 "LoRA rank 8 alpha 8 on all-linear .*batch 8 x accumulation 1, max_length 1024" -- "$GM" plan gemma3-270m
+expect_run "plan: a regex for targets" 0 "on .\*self_attn.* \(0\.4M trainable\)" -- "$GM" plan gemma3-270m 'targets=.*self_attn\.(q|v)_proj'
+expect_run "plan: a bad regex" 2 "targets '\(q_proj': not a valid regular expression" -- "$GM" plan gemma3-270m 'targets=(q_proj'
+expect_run "plan: an unknown module" 2 "unknown target module 'qproj' \(allowed: all-linear, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or a regular expression\)" -- "$GM" plan gemma3-270m targets=qproj
+expect_run "options: an unknown argument" 2 "usage: gemmarun options \[--markdown\]" -- "$GM" options --html
 
 finish

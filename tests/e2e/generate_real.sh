@@ -15,8 +15,29 @@ b=$("$GM" generate gemma3-270m "Hello" --max-tokens 12 --temperature 1 --top-k 6
 expect_run "inspect" 0 "q8_0\[262144, 640\]" -- "$GM" inspect gemma3-270m
 expect_run "lua API" 0 "lua api ok" -- "$GM" tests/lua/model_api.lua
 expect_run "quickstart: dry run lists the 8 trials" 0 "experiment quickstart: 8 trials \(sweep over lr, quant x 2 seeds\).*trial  8 .*lr=0.001 quant=nf4 seed=2  plan" -- "$GM" experiments/quickstart.lua --dry-run
-# one quickstart trial, shortened to 3 steps, on the real model and the real fortunes, in a scratch folder
+# one quickstart trial (trial 3: NF4 base, lr 3e-4, seed 1; all 30 steps, ~2 min) on the real model and
+# the real fortunes, in a scratch folder
 SRC=$(pwd)
-expect_run "quickstart: one real trial end to end" 0 "baseline accuracy [0-9.]+%.*final accuracy [0-9.]+%.*quickstart: accuracy \(%\).*written: results/quickstart.md" -- bash -c "cd '$TMP' && '$GM' '$SRC/experiments/quickstart.lua' --trial 1 --set max_steps=3"
+expect_run "quickstart: one real trial end to end" 0 "baseline accuracy [0-9.]+%.*final accuracy [0-9.]+%.*quickstart: accuracy \(%\).*written: results/quickstart.md" -- bash -c "cd '$TMP' && '$GM' '$SRC/experiments/quickstart.lua' --trial 3"
+
+# generation with that trial's adapter: the fine-tuned model answers the quickstart question with
+# one of the five topic words for a quote of each topic; the base model does not (it continues the
+# prompt) - the same question in the chat template the trial trained on
+Q="Which topic is this quote about? Answer with one word: computers, food, love, science or sports."
+topics="computers food love science sports"
+n_topic=0; n_base=0
+for topic in $topics; do
+  quote=$(awk -v RS='\n%\n' 'NR==30{print; exit}' "/usr/share/games/fortunes/$topic" | head -c 250)
+  ans=$(cd "$TMP" && "$GM" generate gemma3-270m --adapter results/quickstart --trial 3 --chat "$Q
+
+$quote" --max-tokens 3 2>/dev/null | head -1)
+  base=$("$GM" generate gemma3-270m --chat "$Q
+
+$quote" --max-tokens 3 2>/dev/null | head -1)
+  echo "      $topic quote: fine-tuned '$ans', base '$base'"
+  for t in $topics; do [ "$ans" = "$t" ] && n_topic=$((n_topic + 1)); [ "$base" = "$t" ] && n_base=$((n_base + 1)); done
+done
+[ "$n_topic" = 5 ] && [ "$n_base" = 0 ] && { pass=$((pass + 1)); echo "ok    generate --adapter: the fine-tuned model answers with a topic word (5 of 5), the base model does not"; } \
+  || { fail=$((fail + 1)); echo "FAIL  generate --adapter: $n_topic of 5 fine-tuned answers are topic words, $n_base of 5 base answers"; }
 
 finish
