@@ -185,17 +185,7 @@ static void test_strict_training(const gm_model *m) {
 
 /* Logits of sequence 0 (all T_ positions), token by token through the KV cache. */
 static void generate_logits(const gm_model *m, gm_backend *be, const gm_lora *lora, float *out) {
-    gm_error err = {0};
-    gm_infer *st = NULL;
-    gm_infer_opts io = {.batch = 1, .ctx = T_, .max_tokens = 1, .n_threads = 2, .adapter = lora, .backend = be};
-    CHECK_OK(gm_infer_new(m, &io, &st, &err), &err);
-    if (!st) return;
-    int64_t V = m->cfg.vocab_size;
-    for (int64_t t = 0; t < T_; t++) {
-        CHECK_OK(gm_decoder_forward(st, &ids[t], 1, false, &err), &err);
-        memcpy(out + t * V, st->logits, (size_t)V * sizeof(float));
-    }
-    gm_infer_free(st);
+    gm_test_cached_logits(m, be, lora, ids, T_, out);
 }
 
 static double max_abs_diff(const float *a, const float *b, size_t n) {

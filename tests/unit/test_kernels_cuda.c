@@ -2,7 +2,9 @@
  * test_kernels_cuda.c - every CUDA kernel against its CPU twin on identical random inputs
  * (style guide §4.7 rule 26). Skips (exit 77) in a CPU-only build or without a GPU, so the suite
  * passes on machines without one; on a GPU machine it is part of the device check script
- * (tests/cuda/device_check.sh).
+ * (tests/cuda/device_check.sh). Also the CUDA backend (kernels/cuda/backend.cu): a tiny-model
+ * LoRA run and generation on it against the CPU backend - this is the program that links the
+ * CUDA backend, so a kernel without its CUDA twin fails to link here.
  */
 #include "test_util.h"
 
@@ -10,7 +12,11 @@
 int main(void) { return gm_test_skip("built without CUDA (nvcc not found at configure time)"); }
 #else
 #include "gm_alloc.h"
+#include "gm_backend.h"
 #include "gm_cuda.h"
+#include "gm_decoder.h"
+#include "gm_model.h"
+#include "gm_train.h"
 #include "kernels.h"
 
 #include <string.h>
@@ -168,6 +174,90 @@ static void test_matmul_embed(gm_kctx *hc, gm_kctx *dc) {
     }
 }
 
+/* fill, gather / scatter rows, KV-cache store, log-sum-exp finish: exact on both sides */
+static void test_movement(gm_kctx *hc, gm_kctx *dc) {
+    int64_t R = 37, C = 96, rows_in = 80, B = 2, T = 5, S = 7, W = 48;
+    float *x = host_rand((size_t)(rows_in * C), 1), *o = gm_malloc((size_t)(rows_in * C) * 4), *r = gm_malloc((size_t)(rows_in * C) * 4);
+    int32_t rows[37];
+    for (int i = 0; i < R; i++) rows[i] = (int32_t)((i * 13 + 5) % rows_in); /* distinct */
+    float *dx = to_dev(x, (size_t)(rows_in * C) * 4), *dout = gm_cuda_malloc((size_t)(rows_in * C) * 4);
+    int32_t *drows = to_dev(rows, sizeof rows);
+    gm_k_gather_rows_cpu(hc, r, x, rows, R, C);
+    gm_k_gather_rows_cuda(dc, dout, dx, drows, R, C);
+    from_dev(o, dout, (size_t)(R * C) * 4);
+    gm_check_close("cuda gather_rows", o, r, (size_t)(R * C), 0, 0);
+    gm_k_fill_cpu(hc, r, rows_in * C, 0.5f);
+    gm_k_fill_cuda(dc, dout, rows_in * C, 0.5f);
+    gm_k_scatter_rows_cpu(hc, r, x, rows, R, C);
+    gm_k_scatter_rows_cuda(dc, dout, dx, drows, R, C);
+    from_dev(o, dout, (size_t)(rows_in * C) * 4);
+    gm_check_close("cuda fill + scatter_rows", o, r, (size_t)(rows_in * C), 0, 0);
+    gm_k_fill_cpu(hc, r, B * S * W, -1.0f);
+    gm_k_fill_cuda(dc, dout, B * S * W, -1.0f);
+    gm_k_kv_store_cpu(hc, r, x, B, T, S, W, 4);
+    gm_k_kv_store_cuda(dc, dout, dx, B, T, S, W, 4);
+    from_dev(o, dout, (size_t)(B * S * W) * 4);
+    gm_check_close("cuda kv_store", o, r, (size_t)(B * S * W), 0, 0);
+    float mx[3] = {1, -2, 30}, sm[3] = {1.5f, 2, 1000}, lse[3], got[3];
+    float *dmx = to_dev(mx, sizeof mx), *dsm = to_dev(sm, sizeof sm);
+    gm_k_xent_lse_finish_cpu(hc, lse, mx, sm, 3);
+    gm_k_xent_lse_finish_cuda(dc, dout, dmx, dsm, 3);
+    from_dev(got, dout, sizeof got);
+    cmp("cuda xent_lse_finish", got, lse, 3);
+    gm_cuda_free(dx), gm_cuda_free(dout), gm_cuda_free(drows), gm_cuda_free(dmx), gm_cuda_free(dsm);
+    gm_free(x), gm_free(o), gm_free(r);
+}
+
+/* The tiny model trained 3 steps and its generation, on the CUDA backend and on the CPU one. */
+static void test_backend(void) {
+    gm_error err = {0};
+    gm_model *m = NULL;
+    CHECK_OK(gm_model_load(gm_test_path("tests/ref/tiny_gemma3"), NULL, &m, &err), &err);
+    if (!m) return;
+    gm_backend *be[2] = {NULL, NULL};
+    CHECK_OK(gm_backend_cpu_new(2, &be[0], &err), &err);
+    CHECK_OK(gm_backend_cuda_new(0, &be[1], &err), &err);
+    if (!be[1]) return;
+    int32_t ids[32], tg[32];
+    uint64_t st = 5;
+    for (int i = 0; i < 32; i++) ids[i] = 4 + (int32_t)((gm_test_rand(&st) + 1.0f) * 100.0f);
+    for (int i = 0; i < 32; i++) tg[i] = i % 16 >= 6 && i % 16 < 15 ? ids[i + 1] : -1;
+    double loss[2][3];
+    int64_t V = m->cfg.vocab_size;
+    float *logits[2] = {gm_malloc((size_t)V * 4), gm_malloc((size_t)V * 4)};
+    for (int k = 0; k < 2; k++) {
+        gm_train_opts o = gm_train_opts_default();
+        o.lora.rank = 4, o.batch = 2, o.max_length = 16, o.lr = 1e-2f;
+        gm_trainer *tr = NULL;
+        CHECK_OK(gm_trainer_new_on(m, &o, be[k], &tr, &err), &err);
+        if (!tr) continue;
+        gm_batch b = {2, 16, ids, tg, NULL};
+        for (int s = 0; s < 3; s++) {
+            gm_step_stats ss;
+            CHECK_OK(gm_trainer_step(tr, &b, 1, &ss, &err), &err);
+            loss[k][s] = ss.loss;
+        }
+        gm_infer *inf = NULL;
+        gm_infer_opts io = {.batch = 1, .ctx = 16, .max_tokens = 16, .n_threads = 2, .adapter = gm_trainer_lora(tr),
+                            .backend = be[k]};
+        CHECK_OK(gm_infer_new(m, &io, &inf, &err), &err);
+        if (inf) {
+            CHECK_OK(gm_decoder_forward(inf, ids, 16, false, &err), &err);
+            memcpy(logits[k], inf->logits, (size_t)V * 4);
+        }
+        gm_infer_free(inf);
+        gm_trainer_free(tr);
+    }
+    for (int s = 0; s < 3; s++)
+        CHECK(fabs(loss[1][s] - loss[0][s]) <= TOL_CUDA_VS_CPU_REL * fabs(loss[0][s]) + TOL_CUDA_VS_CPU_ABS,
+              "cuda backend: step %d loss %.9g vs cpu %.9g", s + 1, loss[1][s], loss[0][s]);
+    cmp("cuda backend: logits after training, with the adapters", logits[1], logits[0], (size_t)V);
+    gm_free(logits[0]), gm_free(logits[1]);
+    gm_backend_free(be[1]);
+    gm_backend_free(be[0]);
+    gm_model_free(m);
+}
+
 int main(void) {
     if (gm_cuda_device_count() <= 0) return gm_test_skip("no CUDA device");
     printf("device: %s\n", gm_cuda_device_name());
@@ -178,6 +268,8 @@ int main(void) {
     test_norm_rope(&hc, &dc);
     test_attention(&hc, &dc);
     test_matmul_embed(&hc, &dc);
+    test_movement(&hc, &dc);
+    test_backend();
     gm_cuda_free(dc.scratch);
     gm_free(hc.scratch);
     return gm_test_finish();

@@ -67,22 +67,6 @@ static double eval_loss(gm_trainer *tr) {
     return sum / (double)n;
 }
 
-/* Logits (T, V) of `ids` one token per call through the KV cache, with the adapter `lora` (NULL:
- * the base model), on backend be. */
-static void cached_logits(const gm_model *m, gm_backend *be, const gm_lora *lora, const int32_t *tok, int64_t T, float *out) {
-    gm_error err = {0};
-    gm_infer *st = NULL;
-    gm_infer_opts io = {.batch = 1, .ctx = T, .max_tokens = 1, .n_threads = 2, .adapter = lora, .backend = be};
-    CHECK_OK(gm_infer_new(m, &io, &st, &err), &err);
-    if (!st) return;
-    int64_t V = m->cfg.vocab_size;
-    for (int64_t t = 0; t < T; t++) {
-        CHECK_OK(gm_decoder_forward(st, &tok[t], 1, false, &err), &err);
-        memcpy(out + t * V, st->logits, (size_t)V * sizeof(float));
-    }
-    gm_infer_free(st);
-}
-
 /* Generation with the trainer's adapters vs its training forward, on example 0 (the first
  * sequence of batch 0, all its positions). */
 static void check_generation_equals_training(const gm_model *m, gm_trainer *tr) {
@@ -93,10 +77,10 @@ static void check_generation_equals_training(const gm_model *m, gm_trainer *tr) 
     for (int64_t t = 0; t < T; t++) rows[t] = t;
     gm_batch one = {1, T, batches[0].ids, batches[0].targets, NULL};
     CHECK_OK(gm_trainer_logits(tr, &one, rows, T, train_l, &err), &err);
-    cached_logits(m, gm_trainer_backend(tr), gm_trainer_lora(tr), one.ids, T, gen_l);
+    gm_test_cached_logits(m, gm_trainer_backend(tr), gm_trainer_lora(tr), one.ids, T, gen_l);
     double d = 0, moved = 0;
     for (int64_t i = 0; i < T * V; i++) d = fmax(d, fabs((double)gen_l[i] - train_l[i]));
-    cached_logits(m, gm_trainer_backend(tr), NULL, one.ids, T, gen_l);
+    gm_test_cached_logits(m, gm_trainer_backend(tr), NULL, one.ids, T, gen_l);
     for (int64_t i = 0; i < T * V; i++) moved = fmax(moved, fabs((double)gen_l[i] - train_l[i]));
     CHECK(d <= TOL_GEN_VS_TRAIN_REAL_ABS, "generation with adapters vs the training forward: max |diff| %.3g over %lld x %lld logits",
           d, (long long)T, (long long)V);

@@ -3,6 +3,8 @@
  */
 #include "test_util.h"
 
+#include "gm_decoder.h"
+
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -173,4 +175,19 @@ bool gm_test_h5_attr_double(const char *file, const char *obj, const char *attr,
     }
     H5Fclose(f);
     return ok;
+}
+
+void gm_test_cached_logits(const gm_model *m, gm_backend *be, const gm_lora *lora, const int32_t *ids, int64_t T,
+                           float *out) {
+    gm_error err = {0};
+    gm_infer *st = NULL;
+    gm_infer_opts io = {.batch = 1, .ctx = T, .max_tokens = 1, .n_threads = 2, .adapter = lora, .backend = be};
+    CHECK_OK(gm_infer_new(m, &io, &st, &err), &err);
+    if (!st) return;
+    int64_t V = m->cfg.vocab_size;
+    for (int64_t t = 0; t < T; t++) {
+        CHECK_OK(gm_decoder_forward(st, &ids[t], 1, false, &err), &err);
+        memcpy(out + t * V, st->logits, (size_t)V * sizeof(float));
+    }
+    gm_infer_free(st);
 }

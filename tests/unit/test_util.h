@@ -119,8 +119,10 @@
  * sequence, same weights and adapters (test_backend on the tiny model, test_train_model on the real
  * 270M): the same layer code, but decode-time attention over the cache (attention_fwd) vs the
  * training kernel (attention_train_fwd), and 1-row GEMVs vs GEMMs, sum in different orders.
- * Tiny model (logits <= ~5, 6 layers): measured TINY_MEASURED; real 270M (logits ~50, 18 layers
- * with RMSNorm scales up to ~740 amplifying rounding): measured REAL_MEASURED. */
+ * Tiny model (logits <= ~5, 6 layers): measured 1.5e-5 (2026-12-01); real 270M (logits ~50, 18
+ * layers with RMSNorm scales up to ~740 amplifying rounding): measured 2.1e-4 over 64 positions x
+ * 262,144 logits. Bounds ~7x and ~10x the measurements; the adapters themselves move the logits by
+ * 6.5 (tiny) and 36 (270M), so a missing adapter term fails by orders of magnitude. */
 #define TOL_GEN_VS_TRAIN_ABS 1e-4
 #define TOL_GEN_VS_TRAIN_REAL_ABS 2e-3
 /* Tokenizer, chat template, parsers: exact. */
@@ -188,6 +190,15 @@ double gm_test_now_s(void);
  * checks that SIGKILL is what ended it (a counted check naming `what`). Returns the read end of
  * the report pipe, which the caller drains and closes; -1 if the pipe could not be made. */
 int gm_test_fork_and_kill(double delay, void (*child)(void *ctx, int fd), void *ctx, const char *what);
+
+struct gm_model;
+struct gm_backend;
+struct gm_lora;
+/* Generation's logits of ids[0..T): one token per gm_decoder_forward call through the KV cache
+ * (batch 1), with adapters `lora` (NULL: none) on backend be (NULL: a CPU backend of its own);
+ * out (T, V). Counts a failed check on error. */
+void gm_test_cached_logits(const struct gm_model *m, struct gm_backend *be, const struct gm_lora *lora, const int32_t *ids,
+                           int64_t T, float *out);
 
 /* A tiny deterministic PRNG for test inputs (xorshift64*): uniform in [-1, 1). */
 float gm_test_rand(uint64_t *state);
