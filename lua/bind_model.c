@@ -189,17 +189,31 @@ static int l_generate(lua_State *L) {
         return gm_bind_raise(L, &err);
     }
     int64_t ctx = n_prompt + max_tokens;
-    if (!lm->st || lm->st_ctx < ctx) {
+    /* the state is kept between calls; a longer context or another adapter makes a new one (the
+     * adapter loaded onto the same backend) */
+    char key[sizeof lm->ad_key];
+    snprintf(key, sizeof key, "%s|%s", adapter ? adapter : "", trial ? trial : "");
+    bool same_adapter = strcmp(key, lm->ad_key) == 0;
+    if (!lm->st || lm->st_ctx < ctx || !same_adapter) {
         gm_infer_free(lm->st);
         lm->st = NULL;
+        lm->ad_key[0] = '\0';
+        if (!same_adapter) {
+            gm_adapter_free(lm->ad);
+            lm->ad = NULL;
+        }
+        gm_status s = lm->be ? GM_OK : gm_backend_cpu_new(lm->n_threads, &lm->be, &err);
+        if (s == GM_OK && adapter && !lm->ad) s = gm_adapter_load(lm->m, lm->be, adapter, trial, &lm->ad, &err);
         gm_infer_opts io = {.batch = 1, .ctx = ctx, .max_tokens = n_prompt < 512 ? n_prompt : 512,
-                            .n_threads = lm->n_threads};
+                            .n_threads = lm->n_threads, .adapter = lm->ad ? &lm->ad->lora : NULL, .backend = lm->be};
         if (io.max_tokens < 1) io.max_tokens = 1;
-        if (gm_infer_new(lm->m, &io, &lm->st, &err) != GM_OK) {
+        if (s == GM_OK) s = gm_infer_new(lm->m, &io, &lm->st, &err);
+        if (s != GM_OK) {
             gm_free(ids);
             return gm_bind_raise(L, &err);
         }
         lm->st_ctx = ctx;
+        snprintf(lm->ad_key, sizeof lm->ad_key, "%s", key);
     }
     gm_special_ids sp = gm_tokenizer_special(lm->m->tok);
     int32_t stops[2];

@@ -4,6 +4,7 @@
  * for classification, progress display and Ctrl-C. (JSON: lua/bind_json.c.)
  *
  *   gm.read_text(path) -> string             gm.list_dir(path) -> {name, ...} (sorted; files and folders)
+ *   gm.lora_count(model, opts)               -> adapters, trainable parameters (targets checked on the model)
  *   gm.is_dir(path), gm.file_exists(path)    gm.sha256(text) -> hex
  *   gm.isatty() -> bool (stderr)
  *   gm.progress(line [, final])               redraws one status line on a TTY, prints lines otherwise
@@ -31,6 +32,8 @@
 #include "gm_fetch.h"
 #include "gm_gguf.h"
 #include "gm_mmap.h"
+#include "gm_lora.h"
+#include "gm_model.h"
 #include "gm_plan.h"
 #include "gm_train.h"
 
@@ -153,16 +156,41 @@ static int l_model_config(lua_State *L) {
     return 1;
 }
 
-void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads);
 
 /* Arguments 1 (model path or name) and 2 (training options) of gm.plan / gm.plan_fit: the options
  * and the config from gm_config_probe, weights never loaded. Raises on any error. */
 static void plan_args(lua_State *L, gm_train_opts *o, gm_config *cfg, gm_dtype *stored, gm_dtype *stored_embed) {
     const char *arg = luaL_checkstring(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
-    gm_bind_read_train_opts(L, 2, o, 2);
+    gm_bind_read_train_opts(L, 2, "plan", o, 2);
     gm_error err = {0};
     if (gm_config_probe(arg, cfg, stored, stored_embed, &err) != GM_OK) gm_bind_raise(L, &err);
+}
+
+/* gm.lora_count(model, opts) -> adapters, trainable parameters: the adapters opts (targets,
+ * layers, rank) give on that model, module names in the checkpoint's own layout (gm_model_prefix),
+ * from its config and names alone. Raises with gm_lora_describe's message (targets that select no
+ * module, unknown names, layers beyond the model). Gemma 3n / 4 configs count on the Gemma 3 part
+ * of their layers, as the planner does. */
+static int l_lora_count(lua_State *L) {
+    gm_train_opts o;
+    gm_config cfg;
+    gm_dtype stored, stored_embed;
+    plan_args(L, &o, &cfg, &stored, &stored_embed);
+    const char *arg = lua_tostring(L, 1);
+    char prefix[64] = "model.", path[1200];
+    gm_error err = {0};
+    if (!gm_config_probe_is_preset(arg) &&
+        (gm_resolve_model(arg, path, sizeof path, &err) != GM_OK || gm_model_prefix(path, prefix, sizeof prefix, &err) != GM_OK))
+        return gm_bind_raise(L, &err);
+    const gm_arch_def *ar = gm_arch_get(cfg.arch);
+    gm_lora lo;
+    if (gm_lora_describe(&lo, &o.lora, ar ? ar : gm_arch_get(GM_ARCH_GEMMA3), &cfg, prefix, &err) != GM_OK)
+        return gm_bind_raise(L, &err);
+    lua_pushinteger(L, lo.n);
+    lua_pushinteger(L, lo.n_params);
+    gm_lora_free(&lo);
+    return 2;
 }
 
 static int l_plan(lua_State *L) {
@@ -257,7 +285,7 @@ void gm_lua_open_run(lua_State *L) {
     static const luaL_Reg fns[] = {{"read_text", l_read_text}, {"list_dir", l_list_dir}, {"is_dir", l_is_dir},
                                    {"file_exists", l_file_exists}, {"sha256", l_sha256}, {"isatty", l_isatty},
                                    {"progress", l_progress}, {"interrupted", l_interrupted},
-                                   {"model_config", l_model_config}, {"plan", l_plan}, {"plan_fit", l_plan_fit},
+                                   {"model_config", l_model_config}, {"lora_count", l_lora_count}, {"plan", l_plan}, {"plan_fit", l_plan_fit},
                                    {"make_results_dir", l_make_results_dir}, {"remove_checkpoint", l_remove_checkpoint},
                                    {"reset_peak_rss", l_reset_peak_rss}, {NULL, NULL}};
     gm_bind_add_functions(L, fns);

@@ -15,8 +15,9 @@
  *   trainer:save(path [, {epoch, pos, loss, config}]), trainer:load(path) -> {step, epoch, pos}
  *   trainer:memory()                       -> {[kind] = bytes, total = bytes}
  *   gm.peak_rss(), gm.clock()               -> bytes, seconds (monotonic)
- *   gm.lora_targets_check(targets)          -> true | false, message (PEFT target_modules rules)
+ *   gm.lora_targets_check(targets)          -> true, nil, text | false, message (PEFT target_modules rules)
  *   gm.train_schema()                       -> the training options' schema (gm_train_opts.def)
+ *   gm.train_option_check(name, value)      -> true, value | false, message (the schema's check)
  *
  * Userdata keep their model alive through a user value; __gc/__close free the core objects.
  */
@@ -188,8 +189,9 @@ static int l_fortunes(lua_State *L) {
 static const char *const EXTRA_KEYS[] = {"seed", "steps", "threads"};
 #define N_EXTRA ((int)(sizeof EXTRA_KEYS / sizeof EXTRA_KEYS[0]))
 
-/* Raises "trainer: unknown option 'x' (allowed: ...)" listing the schema's names and the extras. */
-static void unknown_option(lua_State *L, const char *key) {
+/* Raises "<fn>: unknown option 'x' (did you mean ...?) (allowed: ...)" listing the schema's names
+ * and the extras. */
+static void unknown_option(lua_State *L, const char *fn, const char *key) {
     int n;
     const gm_opt_spec *sp = gm_train_opt_specs(&n);
     luaL_Buffer b;
@@ -203,74 +205,156 @@ static void unknown_option(lua_State *L, const char *key) {
         luaL_addstring(&b, EXTRA_KEYS[i]);
     }
     luaL_pushresult(&b);
-    luaL_error(L, "trainer: unknown option '%s' (allowed: %s)", key, lua_tostring(L, -1));
+    const gm_opt_spec *near = gm_train_opt_closest(key);
+    luaL_error(L, "%s: unknown option '%s'%s%s%s (allowed: %s)", fn, key, near ? " (did you mean '" : "", near ? near->name : "",
+               near ? "'?)" : "", lua_tostring(L, -1));
+}
+
+/* The targets text of the Lua value at idx: a string as it is, or a list of plain module names
+ * joined with commas (PEFT: list entries are names, never patterns). NULL with a message in msg
+ * when the value is neither. */
+static const char *targets_text(lua_State *L, int idx, char *buf, size_t cap, char *msg, size_t msgcap) {
+    idx = lua_absindex(L, idx);
+    if (lua_type(L, idx) == LUA_TSTRING) return lua_tostring(L, idx);
+    if (lua_type(L, idx) != LUA_TTABLE) {
+        snprintf(msg, msgcap, "targets must be \"all-linear\", a list of module names or a regular expression (a string)");
+        return NULL;
+    }
+    size_t k = 0;
+    buf[0] = '\0';
+    lua_Integer n = luaL_len(L, idx);
+    if (n == 0) {
+        snprintf(msg, msgcap, "targets is an empty list");
+        return NULL;
+    }
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, idx, i);
+        const char *e = lua_type(L, -1) == LUA_TSTRING ? lua_tostring(L, -1) : NULL;
+        bool bad = !e || !*e || gm_lora_targets_is_regex(e) || strpbrk(e, ", \t");
+        if (bad) {
+            if (e && gm_lora_targets_is_regex(e))
+                snprintf(msg, msgcap, "targets[%d] = '%s': a list holds module names; give a regular expression as one string",
+                         (int)i, e);
+            else snprintf(msg, msgcap, "targets[%d] is not a module name", (int)i);
+            lua_pop(L, 1);
+            return NULL;
+        }
+        int w = snprintf(buf + k, cap - k, "%s%s", i > 1 ? "," : "", e);
+        lua_pop(L, 1);
+        if (w < 0 || (size_t)w >= cap - k) {
+            snprintf(msg, msgcap, "targets: longer than %d characters", (int)cap - 1);
+            return NULL;
+        }
+        k += (size_t)w;
+    }
+    return buf;
 }
 
 /* Sets one schema option from the Lua value on top of the stack; raises on a wrong type or value. */
-static void set_from_lua(lua_State *L, gm_train_opts *o, const gm_opt_spec *sp) {
+/* "8", "\"8\" (a string)", "{...} (a table)": a Lua value as the messages show it. */
+static void show_value(lua_State *L, int idx, char *buf, size_t cap) {
+    switch (lua_type(L, idx)) {
+    case LUA_TNUMBER:
+        if (lua_isinteger(L, idx)) snprintf(buf, cap, "%lld", (long long)lua_tointeger(L, idx));
+        else snprintf(buf, cap, "%.14g", lua_tonumber(L, idx));
+        break;
+    case LUA_TSTRING: snprintf(buf, cap, "\"%.60s\" (a string)", lua_tostring(L, idx)); break;
+    case LUA_TBOOLEAN: snprintf(buf, cap, "%s", lua_toboolean(L, idx) ? "true" : "false"); break;
+    default: snprintf(buf, cap, "a %s", luaL_typename(L, idx)); break;
+    }
+}
+
+/* Checks the Lua value at idx against schema row sp and stores it into o; false with the
+ * schema's message ("rank = 0: must be an integer 1..4096") in msg otherwise. The one check every
+ * Lua entry point uses: m:trainer{}, gm.plan and experiment files (gm.train_option_check). */
+static bool option_from_lua(lua_State *L, int idx, gm_train_opts *o, const gm_opt_spec *sp, char *msg, size_t cap) {
+    idx = lua_absindex(L, idx);
     gm_opt_value v = {0, NULL, NULL};
     bool layers[GM_MAX_LAYERS];
-    char joined[GM_LORA_TARGETS_MAX];
-    int t = lua_type(L, -1);
+    char joined[GM_LORA_TARGETS_MAX], shown[96], range[160];
+    int t = lua_type(L, idx);
+    gm_opt_describe_range(sp, range, sizeof range);
+    show_value(L, idx, shown, sizeof shown);
     switch (sp->kind) {
     case GM_OPT_INT:
     case GM_OPT_NUM:
-        if (t != LUA_TNUMBER) luaL_error(L, "trainer: option '%s' must be a number", sp->name);
-        v.num = lua_tonumber(L, -1);
+        if (t != LUA_TNUMBER) return snprintf(msg, cap, "%s = %s: must be %s", sp->name, shown, range), false;
+        v.num = lua_tonumber(L, idx);
+        if (!isfinite(v.num)) return snprintf(msg, cap, "%s = %s: must be a finite number", sp->name, shown), false;
         break;
     case GM_OPT_BOOL:
-        if (t != LUA_TBOOLEAN) luaL_error(L, "trainer: option '%s' must be true or false", sp->name);
-        v.num = lua_toboolean(L, -1);
+        if (t != LUA_TBOOLEAN) return snprintf(msg, cap, "%s = %s: must be true or false", sp->name, shown), false;
+        v.num = lua_toboolean(L, idx);
         break;
     case GM_OPT_ENUM:
-        if (t != LUA_TSTRING) luaL_error(L, "trainer: option '%s' must be a string", sp->name);
-        v.text = lua_tostring(L, -1);
+        if (t != LUA_TSTRING) return snprintf(msg, cap, "%s = %s: allowed values are %s", sp->name, shown, range), false;
+        v.text = lua_tostring(L, idx);
         break;
-    case GM_OPT_TARGETS:
-        if (t == LUA_TTABLE) { /* a list of module names */
-            size_t k = 0;
-            joined[0] = '\0';
-            lua_Integer n = luaL_len(L, -1);
-            for (lua_Integer i = 1; i <= n; i++) {
-                lua_rawgeti(L, -1, i);
-                if (lua_type(L, -1) != LUA_TSTRING) luaL_error(L, "trainer: targets[%d] must be a module name", (int)i);
-                int w = snprintf(joined + k, sizeof joined - k, "%s%s", i > 1 ? "," : "", lua_tostring(L, -1));
-                if (w < 0 || (size_t)w >= sizeof joined - k) luaL_error(L, "trainer: targets: the list is too long");
-                k += (size_t)w;
-                lua_pop(L, 1);
-            }
-            v.text = joined;
-        } else if (t == LUA_TSTRING) {
-            v.text = lua_tostring(L, -1);
-        } else {
-            luaL_error(L, "trainer: option 'targets' must be a string or a list of module names");
-        }
+    case GM_OPT_TARGETS: {
+        char m2[300];
+        v.text = targets_text(L, idx, joined, sizeof joined, m2, sizeof m2);
+        if (!v.text) return snprintf(msg, cap, "%s", m2), false;
+        gm_error err = {0};
+        if (gm_lora_targets_check(v.text, gm_arch_get(GM_ARCH_GEMMA3), NULL, &err) != GM_OK)
+            return snprintf(msg, cap, "%s", err.msg), false;
         break;
+    }
     case GM_OPT_LAYERS: {
-        if (t != LUA_TTABLE) luaL_error(L, "trainer: option 'layers' must be a list of layer indices (0-based)");
+        if (t != LUA_TTABLE) return snprintf(msg, cap, "layers must be a list of layer indices (0-based)"), false;
         for (int i = 0; i < GM_MAX_LAYERS; i++) layers[i] = false;
-        lua_Integer n = luaL_len(L, -1);
+        lua_Integer n = luaL_len(L, idx);
+        if (n == 0)
+            return snprintf(msg, cap, "layers is empty: list at least one layer (0-based), or leave it out for every layer"), false;
         for (lua_Integer i = 1; i <= n; i++) {
-            lua_rawgeti(L, -1, i);
-            if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0 || lua_tointeger(L, -1) >= GM_MAX_LAYERS)
-                luaL_error(L, "trainer: layers[%d] must be a layer index 0..%d", (int)i, GM_MAX_LAYERS - 1);
-            layers[lua_tointeger(L, -1)] = true;
+            lua_rawgeti(L, idx, i);
+            show_value(L, -1, shown, sizeof shown);
+            lua_Integer l = lua_isinteger(L, -1) ? lua_tointeger(L, -1) : -1;
             lua_pop(L, 1);
+            if (l < 0 || l >= GM_MAX_LAYERS) return snprintf(msg, cap, "layers: %s is not a layer index", shown), false;
+            if (layers[l]) return snprintf(msg, cap, "layers: %lld is listed twice", (long long)l), false;
+            layers[l] = true;
         }
         v.layers = layers;
         break;
     }
     }
     gm_error err = {0};
-    if (gm_train_opt_set(o, sp, v, &err) != GM_OK) luaL_error(L, "trainer: %s", err.msg);
+    if (gm_train_opt_set(o, sp, v, &err) != GM_OK) return snprintf(msg, cap, "%s", err.msg), false;
+    return true;
+}
+
+static void set_from_lua(lua_State *L, const char *fn, gm_train_opts *o, const gm_opt_spec *sp) {
+    char msg[1600];
+    if (!option_from_lua(L, -1, o, sp, msg, sizeof msg)) luaL_error(L, "%s: %s", fn, msg);
+}
+
+/* gm.train_option_check(name, value) -> true, value | false, message: one training option checked
+ * by the schema (as m:trainer{} checks it), the value normalized (integral numbers of integer
+ * options as integers, a targets list joined). For lua/prelude.lua's validation. */
+static int l_train_option_check(lua_State *L) {
+    const char *name = luaL_checkstring(L, 1);
+    luaL_checkany(L, 2);
+    const gm_opt_spec *sp = gm_train_opt_find(name);
+    if (!sp) return luaL_error(L, "train_option_check: '%s' is not a training option", name);
+    gm_train_opts o = gm_train_opts_default();
+    char msg[1600];
+    if (!option_from_lua(L, 2, &o, sp, msg, sizeof msg)) {
+        lua_pushboolean(L, 0);
+        lua_pushstring(L, msg);
+        return 2;
+    }
+    lua_pushboolean(L, 1);
+    if (sp->kind == GM_OPT_INT) lua_pushinteger(L, (lua_Integer)lua_tonumber(L, 2));
+    else if (sp->kind == GM_OPT_TARGETS) lua_pushstring(L, o.lora.targets);
+    else lua_pushvalue(L, 2);
+    return 2;
 }
 
 /* Reads the option table at idx into o: the schema's options (core/train/gm_train_opts.def, its
  * defaults for the missing ones), the seed, the total steps (the schedule's length; warmup is
  * resolved against it) and the threads (def_threads when absent). Also used by gm.plan
  * (bind_run.c). Raises on an unknown key, a wrong type or a value out of range. */
-void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads);
-void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_threads) {
+void gm_bind_read_train_opts(lua_State *L, int idx, const char *fn, gm_train_opts *o, int def_threads) {
     *o = gm_train_opts_default();
     o->n_threads = def_threads;
     if (lua_isnoneornil(L, idx)) return;
@@ -279,19 +363,19 @@ void gm_bind_read_train_opts(lua_State *L, int idx, gm_train_opts *o, int def_th
     lua_pushnil(L);
     while (lua_next(L, idx)) {
         const char *k = lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : NULL;
-        if (!k) luaL_error(L, "trainer: option keys must be names, got a %s key", luaL_typename(L, -2));
+        if (!k) luaL_error(L, "%s: option keys must be names, got a %s key", fn, luaL_typename(L, -2));
         const gm_opt_spec *sp = gm_train_opt_find(k);
         if (sp) {
-            set_from_lua(L, o, sp);
+            set_from_lua(L, fn, o, sp);
         } else if (!strcmp(k, "seed") || !strcmp(k, "steps") || !strcmp(k, "threads")) {
             if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < (strcmp(k, "seed") ? 1 : 0))
-                luaL_error(L, "trainer: option '%s' must be %s", k, strcmp(k, "seed") ? "a positive integer" : "an integer >= 0");
+                luaL_error(L, "%s: option '%s' must be %s", fn, k, strcmp(k, "seed") ? "a positive integer" : "an integer >= 0");
             lua_Integer v = lua_tointeger(L, -1);
             if (!strcmp(k, "seed")) o->lora.seed = (uint64_t)v;
             else if (!strcmp(k, "steps")) o->total_steps = v;
             else o->n_threads = v > 256 ? 256 : (int)v;
         } else {
-            unknown_option(L, k);
+            unknown_option(L, fn, k);
         }
         lua_pop(L, 1);
     }
@@ -357,7 +441,7 @@ static int l_trainer(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     gm_train_opts o;
-    gm_bind_read_train_opts(L, 2, &o, lm->n_threads);
+    gm_bind_read_train_opts(L, 2, "trainer", &o, lm->n_threads);
     ltrainer *t = lua_newuserdatauv(L, sizeof *t, 1);
     memset(t, 0, sizeof *t);
     luaL_setmetatable(L, TRAINER_MT);
@@ -576,19 +660,28 @@ static int l_tr_close(lua_State *L) {
     return 0;
 }
 
-/* gm.lora_targets_check(targets) -> true | false, message: the targets text checked against the
- * Gemma 3 module names (core/train/gm_lora.h gm_lora_targets_check), before any model loads. */
+/* gm.lora_targets_check(targets) -> true, nil, text | false, message: targets (a string, or a list
+ * of module names) checked against the Gemma 3 module names (core/train/gm_lora.h
+ * gm_lora_targets_check) before any model loads; text is the targets as one string. */
 static int l_lora_targets_check(lua_State *L) {
-    const char *t = luaL_checkstring(L, 1);
+    char buf[GM_LORA_TARGETS_MAX], msg[300];
+    const char *t = targets_text(L, 1, buf, sizeof buf, msg, sizeof msg);
     gm_error err = {0};
+    if (!t) {
+        lua_pushboolean(L, 0);
+        lua_pushstring(L, msg);
+        return 2;
+    }
     if (strlen(t) >= GM_LORA_TARGETS_MAX) {
         lua_pushboolean(L, 0);
-        lua_pushfstring(L, "longer than %d characters", GM_LORA_TARGETS_MAX - 1);
+        lua_pushfstring(L, "targets: longer than %d characters", GM_LORA_TARGETS_MAX - 1);
         return 2;
     }
     if (gm_lora_targets_check(t, gm_arch_get(GM_ARCH_GEMMA3), NULL, &err) == GM_OK) {
         lua_pushboolean(L, 1);
-        return 1;
+        lua_pushnil(L);
+        lua_pushstring(L, t);
+        return 3;
     }
     lua_pushboolean(L, 0);
     lua_pushstring(L, err.msg);
@@ -645,6 +738,8 @@ void gm_lua_open_train(lua_State *L) {
     lua_setfield(L, -2, "lora_targets_check");
     lua_pushcfunction(L, l_train_schema);
     lua_setfield(L, -2, "train_schema");
+    lua_pushcfunction(L, l_train_option_check);
+    lua_setfield(L, -2, "train_option_check");
     lua_pushcfunction(L, l_clock);
     lua_setfield(L, -2, "clock");
     lua_pop(L, 1);

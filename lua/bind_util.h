@@ -38,6 +38,14 @@ lmodel *gm_bind_check_model(lua_State *L, int idx);
  * not a trainer or was closed. Borrowed: valid while the userdata is alive and open. */
 struct gm_trainer *gm_bind_check_trainer(lua_State *L, int idx);
 
+struct gm_train_opts;
+/* Reads the option table at idx into o: the schema's options (core/train/gm_train_opts.def, its
+ * defaults for the missing ones), seed, steps (the schedule's length; warmup is resolved against
+ * it) and threads (def_threads when absent). `fn` prefixes messages ("trainer", "plan"). Raises
+ * on an unknown key (with a "did you mean"), a wrong type or a value out of range, with the
+ * schema's message. lua/bind_train.c. */
+void gm_bind_read_train_opts(lua_State *L, int idx, const char *fn, struct gm_train_opts *o, int def_threads);
+
 /* Raises a Lua error carrying the core's message. Never returns. */
 int gm_bind_raise(lua_State *L, const gm_error *err);
 

@@ -202,34 +202,53 @@ static int cmd_generate(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    const char *model_arg = argv[0], *prompt = NULL, *adapter = NULL, *trial = NULL;
+    const char *model_arg = NULL, *prompt = NULL, *adapter = NULL, *trial = NULL;
     long long max_tokens = 64, top_k = 0, seed = 0, threads = 2;
     double temperature = 0, top_p = 1;
-    bool chat = false;
-    for (int i = 1; i < argc; i++) {
+    bool chat = false, options_done = false;
+    char opt_buf[64];
+    for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         bool ok = true;
-        if (a[0] != '-' || a[1] == '\0') { /* the prompt, wherever it stands among the options */
-            if (prompt) {
-                fprintf(stderr, "gemmarun generate: two prompts given ('%s' and '%s'); quote the prompt as one argument\n",
-                        prompt, a);
-                return 2;
-            }
-            prompt = a;
+        if (!options_done && strcmp(a, "--") == 0) { /* the rest is positional (a prompt may start with '-') */
+            options_done = true;
             continue;
         }
-        if (strcmp(a, "--max-tokens") == 0 && v) ok = parse_long(v, &max_tokens) && max_tokens > 0 && max_tokens <= (1 << 24), i++;
-        else if (strcmp(a, "--temperature") == 0 && v) ok = parse_double(v, &temperature) && temperature >= 0, i++;
-        else if (strcmp(a, "--top-k") == 0 && v) ok = parse_long(v, &top_k) && top_k >= 0, i++;
-        else if (strcmp(a, "--top-p") == 0 && v) ok = parse_double(v, &top_p) && top_p > 0 && top_p <= 1, i++;
-        else if (strcmp(a, "--seed") == 0 && v) ok = parse_long(v, &seed), i++;
-        else if (strcmp(a, "--threads") == 0 && v) ok = parse_long(v, &threads) && threads > 0 && threads <= 256, i++;
-        else if (strcmp(a, "--chat") == 0) chat = true;
-        else if (strcmp(a, "--adapter") == 0 && v) adapter = v, i++;
-        else if (strcmp(a, "--trial") == 0 && v) trial = v, i++;
+        if (options_done || a[0] != '-' || a[1] == '\0') { /* MODEL, then the prompt, wherever they stand */
+            if (!model_arg) {
+                model_arg = a;
+            } else if (!prompt) {
+                prompt = a;
+            } else {
+                fprintf(stderr, "gemmarun generate: too many arguments: MODEL '%s', prompt '%s', and '%s'; quote the prompt as "
+                        "one argument\n", model_arg, prompt, a);
+                return 2;
+            }
+            continue;
+        }
+        const char *eq = strchr(a, '=');
+        bool inline_value = false; /* --option=value: the value is in this argument */
+        if (eq && strncmp(a, "--", 2) == 0 && (size_t)(eq - a) < sizeof opt_buf) {
+            snprintf(opt_buf, sizeof opt_buf, "%.*s", (int)(eq - a), a);
+            a = opt_buf, v = eq + 1, inline_value = true;
+        }
+        if ((strcmp(a, "--adapter") == 0 || strcmp(a, "--trial") == 0) && v && !*v) {
+            fprintf(stderr, "gemmarun generate: %s needs a value\n", a);
+            return 2;
+        }
+        int step = inline_value ? 0 : 1; /* arguments a value option consumes beyond its name */
+        if (strcmp(a, "--max-tokens") == 0 && v) ok = parse_long(v, &max_tokens) && max_tokens > 0 && max_tokens <= (1 << 24), i += step;
+        else if (strcmp(a, "--temperature") == 0 && v) ok = parse_double(v, &temperature) && temperature >= 0, i += step;
+        else if (strcmp(a, "--top-k") == 0 && v) ok = parse_long(v, &top_k) && top_k >= 0, i += step;
+        else if (strcmp(a, "--top-p") == 0 && v) ok = parse_double(v, &top_p) && top_p > 0 && top_p <= 1, i += step;
+        else if (strcmp(a, "--seed") == 0 && v) ok = parse_long(v, &seed), i += step;
+        else if (strcmp(a, "--threads") == 0 && v) ok = parse_long(v, &threads) && threads > 0 && threads <= 256, i += step;
+        else if (strcmp(a, "--chat") == 0 && !inline_value) chat = true;
+        else if (strcmp(a, "--adapter") == 0 && v) adapter = v, i += step;
+        else if (strcmp(a, "--trial") == 0 && v) trial = v, i += step;
         else {
-            fprintf(stderr, "gemmarun generate: unknown option or missing value: %s\n", a);
+            fprintf(stderr, "gemmarun generate: unknown option or missing value: %s\n", argv[i]);
             usage(stderr);
             return 2;
         }
@@ -238,8 +257,8 @@ static int cmd_generate(int argc, char **argv) {
             return 2;
         }
     }
-    if (!prompt) {
-        fprintf(stderr, "gemmarun generate: no prompt given\n");
+    if (!model_arg || !prompt) {
+        fprintf(stderr, "gemmarun generate: %s\n", model_arg ? "no prompt given" : "no MODEL given");
         usage(stderr);
         return 2;
     }
@@ -317,10 +336,11 @@ static int cmd_generate(int argc, char **argv) {
         if (s == GM_OK) {
             double dec = stats.n_generated > 1 ? (double)(stats.n_generated - 1) / stats.decode_seconds : 0;
             fprintf(stderr,
-                    "gemmarun: %lld prompt tokens at %.1f tokens/s, %lld new tokens at %.1f tokens/s (%d threads), "
+                    "gemmarun: %lld prompt tokens at %.1f tokens/s, %lld new tokens at %.1f tokens/s (%d thread%s), "
                     "peak memory %.0f MiB\n",
                     (long long)stats.n_prompt, (double)stats.n_prompt / stats.prefill_seconds,
-                    (long long)stats.n_generated, dec, (int)threads, (double)gm_process_peak_rss() / 1048576.0);
+                    (long long)stats.n_generated, dec, (int)threads, threads == 1 ? "" : "s",
+                    (double)gm_process_peak_rss() / 1048576.0);
         }
     }
     if (s == GM_ERR_INTERRUPTED) {
@@ -445,8 +465,11 @@ static int cmd_plan(int argc, char **argv) {
         if (sp) {
             if (gm_train_opt_parse(&o, sp, v, &err) != GM_OK) {
                 char range[160];
-                fprintf(stderr, "gemmarun plan: bad value for %s: %s (expected %s)\n", key, v,
-                        sp->kind == GM_OPT_BOOL ? BOOL_VALUES : gm_opt_describe_range(sp, range, sizeof range));
+                if (sp->kind == GM_OPT_TARGETS || sp->kind == GM_OPT_LAYERS) /* the schema's message says more */
+                    fprintf(stderr, "gemmarun plan: bad value: %s\n", err.msg);
+                else
+                    fprintf(stderr, "gemmarun plan: bad value for %s: %.80s%s (expected %s)\n", key, v, strlen(v) > 80 ? "..." : "",
+                            sp->kind == GM_OPT_BOOL ? BOOL_VALUES : gm_opt_describe_range(sp, range, sizeof range));
                 return 2;
             }
             continue;
@@ -460,8 +483,10 @@ static int cmd_plan(int argc, char **argv) {
         else if (!strcmp(key, "fit")) ok = parse_bool(v, &b), fit = b, want = BOOL_VALUES;
         else {
             int nk;
-            const gm_opt_spec *all = gm_train_opt_specs(&nk);
-            fprintf(stderr, "gemmarun plan: unknown setting '%s' (allowed: ", key);
+            const gm_opt_spec *all = gm_train_opt_specs(&nk), *near = gm_train_opt_closest(key);
+            fprintf(stderr, "gemmarun plan: unknown setting '%s'", key);
+            if (near) fprintf(stderr, " (did you mean '%s'?)", near->name);
+            fprintf(stderr, " (allowed: ");
             for (int k = 0; k < nk; k++) fprintf(stderr, "%s, ", all[k].name);
             fprintf(stderr, "threads, images, audio_seconds, memory_limit, fit)\n");
             return 2;
@@ -492,11 +517,14 @@ static int cmd_plan(int argc, char **argv) {
                                      : gm_plan_training(&cfg, &o, stored, stored_embed, &in, &p, &err);
     if (s != GM_OK) return fail(&err, s == GM_ERR_LIMIT ? 1 : 2);
     printf("memory plan: %s (%s, %.2fB parameters)\n", argv[0], cfg.name, (double)p.n_params / 1e9);
-    printf("LoRA rank %d alpha %g on %s (%.1fM trainable), base %s, batch %lld x accumulation %lld, max_length %lld,\n"
-           "activation checkpointing %s, %d threads\n",
-           o.lora.rank, (double)o.lora.alpha, o.lora.targets,
-           (double)p.n_trainable / 1e6, gm_quant_name(o.quant), (long long)o.batch, (long long)o.grad_accum,
-           (long long)o.max_length, o.checkpointing ? "on" : "off", o.n_threads);
+    char trainable[32]; /* 3.8M, or the exact count below 100,000 */
+    if (p.n_trainable >= 100000) snprintf(trainable, sizeof trainable, "%.1fM", (double)p.n_trainable / 1e6);
+    else snprintf(trainable, sizeof trainable, "%lld", (long long)p.n_trainable);
+    printf("LoRA rank %d alpha %g on %s (%s trainable), base %s, batch %lld x accumulation %lld, max_length %lld,\n"
+           "activation checkpointing %s, %d thread%s\n",
+           o.lora.rank, (double)o.lora.alpha, o.lora.targets, trainable, gm_quant_name(o.quant), (long long)o.batch,
+           (long long)o.grad_accum, (long long)o.max_length, o.checkpointing ? "on" : "off", o.n_threads,
+           o.n_threads == 1 ? "" : "s");
     if (in.images) printf("images per example: %lld\n", (long long)in.images);
     if (in.audio_seconds > 0) printf("audio per example: %.1f s\n", in.audio_seconds);
     char table[4096];

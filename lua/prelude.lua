@@ -172,54 +172,16 @@ local function check_train_value(where, key, v)
     usage(key_where(where, key), "train.%s: unknown key%s (allowed: %s)", key, did_you_mean(key, sorted_keys(TRAIN)),
       list_str(sorted_keys(TRAIN)))
   end
-  local k = f.kind
-  if k == "integer" then
-    if math.type(v) ~= "integer" then
-      if type(v) == "number" and v == math.floor(v) then v = math.tointeger(v)
-      else usage(where, "train.%s = %s: must be an integer%s", key, show(v), type(v) == "table" and LIST_HINT or "") end
-    end
-  elseif k == "number" then
-    if type(v) ~= "number" then usage(where, "train.%s = %s: must be a number%s", key, show(v), type(v) == "table" and LIST_HINT or "") end
-  elseif k == "boolean" then
-    if type(v) ~= "boolean" then usage(where, "train.%s = %s: must be true or false", key, show(v)) end
-  elseif k == "enum" then
-    local ok = false
-    for _, a in ipairs(f.values) do ok = ok or a == v end
-    if not ok then usage(where, "train.%s = %s: allowed values are %s", key, show(v), list_str(f.values)) end
-  elseif k == "targets" then
-    -- PEFT's target_modules: "all-linear", a list of module names (or dotted suffixes), or a
-    -- regular expression matched against the whole module name; the module names come from the
-    -- architecture's spec (core/train/gm_lora.h)
-    if type(v) ~= "string" and not is_list(v) then
-      usage(where, "train.targets must be \"all-linear\", a list of module names or a regular expression")
-    end
-    if type(v) == "table" then
-      for _, n in ipairs(v) do
-        if type(n) ~= "string" then usage(where, "train.targets: %s is not a module name", show(n)) end
-      end
-      v = table.concat(v, ",")
-    end
-    local ok, msg = gm.lora_targets_check(v)
-    if not ok then usage(where, "train.targets: %s", msg) end
-  elseif k == "layers" then
-    if not is_list(v) then usage(where, "train.layers must be a list of layer indices (0-based)") end
-    if #v == 0 then usage(where, "train.layers is empty: list at least one layer (0-based), or leave it out for every layer") end
-    local seen = {}
-    for _, l in ipairs(v) do
-      if math.type(l) ~= "integer" or l < 0 then usage(where, "train.layers: %s is not a layer index", show(l)) end
-      if seen[l] then usage(where, "train.layers: %d is listed twice", l) end
-      seen[l] = true
-    end
+  -- the schema's own check, as m:trainer{} and `gemmarun plan` make it (core/train/gm_train_opts.def):
+  -- kinds, ranges, PEFT's target_modules rules, layer lists; the value comes back normalized
+  -- (integral numbers of integer options as integers, a targets list joined)
+  local ok, res = gm.train_option_check(key, v)
+  if not ok then
+    local msg = res
+    if type(v) == "table" then msg = msg:gsub("^([%w_]+) = a table", "%1 = " .. show(v):gsub("%%", "%%%%")) end
+    usage(where, "train.%s%s", msg, (type(v) == "table" and f.kind ~= "targets" and f.kind ~= "layers") and LIST_HINT or "")
   end
-  if type(v) == "number" then
-    if f.min and v < f.min then usage(where, "train.%s = %s: must be >= %s", key, show(v), tostring(f.min)) end
-    if f.max and v > f.max then usage(where, "train.%s = %s: must be <= %s", key, show(v), tostring(f.max)) end
-    if f.gt and not (v > f.gt) then usage(where, "train.%s = %s: must be > %s", key, show(v), tostring(f.gt)) end
-    if f.lt and not (v < f.lt) then usage(where, "train.%s = %s: must be < %s", key, show(v), tostring(f.lt)) end
-    if v ~= v then usage(where, "train.%s is NaN", key) end
-    if v == math.huge or v == -math.huge then usage(where, "train.%s = %s: must be a finite number", key, show(v)) end
-  end
-  return v
+  return res
 end
 M.check_train_value = check_train_value
 

@@ -500,7 +500,7 @@ end
 --- every model's config is readable and holds max_length, the data sources read and give a
 --- usable data set. Raises usage errors (exit 2). Returns the raw items and the configs by model.
 local function preflight(e, selected, dry_run)
-  local cfgs = {}
+  local cfgs, targets_ok = {}, {}
   for _, t in ipairs(selected) do
     local m = t.config.model
     if not cfgs[m] then
@@ -520,6 +520,13 @@ local function preflight(e, selected, dry_run)
         P.usage(P.where_of("layers"), "train.layers: %d is not a layer of %s (it has %d: 0..%d)", l, m,
           c.num_hidden_layers, c.num_hidden_layers - 1)
       end
+    end
+    -- the LoRA targets against this model's module names (a regular expression may select none)
+    local tkey = m .. "\0" .. tostring(t.config.targets) .. "\0" .. gm.json_encode(t.config.layers or gm.null)
+    if not targets_ok[tkey] then
+      local ok, msg = pcall(gm.lora_count, m, { targets = t.config.targets, layers = t.config.layers, rank = t.config.rank })
+      if not ok then P.usage(P.where_of("targets"), "train.%s", clean_msg(msg)) end
+      targets_ok[tkey] = true
     end
     if c.max_position_embeddings and c.max_position_embeddings > 0 and t.config.max_length > c.max_position_embeddings then
       P.usage(P.where_of("max_length"), "train.max_length = %d: %s (%s) has %d positions; use at most %d",

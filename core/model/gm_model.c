@@ -202,6 +202,36 @@ static void dirname_of(const char *path, char *out, size_t cap) {
     else snprintf(out, cap, ".");
 }
 
+/* The text decoder's module prefix in a Hugging Face checkpoint: Gemma3ForCausalLM uses
+ * "model."; multimodal checkpoints "language_model.model." (legacy) or "model.language_model."
+ * (transformers >= 4.52), gemma_architecture.md §5.2. NULL when no embedding tensor is found. */
+static const char *find_prefix(const gm_safetensors *st) {
+    static const char *prefixes[] = {"model.", "language_model.model.", "model.language_model."};
+    char probe[256];
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        snprintf(probe, sizeof probe, "%sembed_tokens.weight", prefixes[i]);
+        if (gm_safetensors_find(st, probe)) return prefixes[i];
+    }
+    return NULL;
+}
+
+gm_status gm_model_prefix(const char *path, char *out, size_t cap, gm_error *err) {
+    snprintf(out, cap, "model."); /* GGUF files hold a text-only model */
+    if (!is_hf_checkpoint(path)) return GM_OK;
+    char dir[1024];
+    if (is_dir(path)) snprintf(dir, sizeof dir, "%s", path);
+    else dirname_of(path, dir, sizeof dir);
+    if (ends_with(path, "/config.json") || strcmp(path, "config.json") == 0) path = dir;
+    gm_safetensors *st = NULL;
+    GM_TRY(gm_safetensors_open(path, &st, err)); /* the header only: no weight is read */
+    const char *p = find_prefix(st);
+    gm_safetensors_free(st);
+    if (!p) return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no embedding tensor (looked for model.embed_tokens.weight and the "
+                                "multimodal prefixes)", path);
+    snprintf(out, cap, "%s", p);
+    return GM_OK;
+}
+
 static gm_status load_hf(gm_model *m, const char *path, const gm_model_opts *o, gm_error *err) {
     char dir[1024], cfgpath[1100];
     if (is_dir(path)) snprintf(dir, sizeof dir, "%s", path);
@@ -219,18 +249,7 @@ static gm_status load_hf(gm_model *m, const char *path, const gm_model_opts *o, 
     GM_TRY(gm_config_from_json_file(cfgpath, &m->cfg, err));
     GM_TRY(gm_safetensors_open(path, &m->st, err));
     m->format = GM_FORMAT_SAFETENSORS;
-    /* Gemma3ForCausalLM uses "model."; multimodal checkpoints "language_model.model." (legacy)
-     * or "model.language_model." (transformers >= 4.52), gemma_architecture.md §5.2. */
-    static const char *prefixes[] = {"model.", "language_model.model.", "model.language_model."};
-    const char *prefix = NULL;
-    char probe[256];
-    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
-        snprintf(probe, sizeof probe, "%sembed_tokens.weight", prefixes[i]);
-        if (gm_safetensors_find(m->st, probe)) {
-            prefix = prefixes[i];
-            break;
-        }
-    }
+    const char *prefix = find_prefix(m->st);
     if (!prefix)
         return gm_error_set(err, GM_ERR_NOT_FOUND,
                             "%s: no embedding tensor (looked for model.embed_tokens.weight and the "

@@ -76,6 +76,11 @@ gm_status gm_model_load(const char *path, const gm_model_opts *opts, gm_model **
 
 void gm_model_free(gm_model *m);
 
+/* The module prefix (gm_model.prefix) of the checkpoint at `path` without loading it: "model." for
+ * GGUF files, from the safetensors header's names for Hugging Face checkpoints (no weight is read).
+ * Errors as gm_model_load's for the safetensors files. */
+gm_status gm_model_prefix(const char *path, char *out, size_t cap, gm_error *err);
+
 /* Layer l's weight in `slot` (m->arch->layer[slot]). */
 static inline const gm_tensor *gm_model_weight(const gm_model *m, int64_t l, int slot) {
     return &m->layer[l * m->arch->n_layer + slot];

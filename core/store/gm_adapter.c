@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 
 #define PEFT_PREFIX "base_model.model."
@@ -35,28 +36,98 @@ static bool all_digits(const char *s) {
     return true;
 }
 
-/* Does trial (id, 1-based index) answer to `want`: an index (a short number, as `gemmarun
- * x.lua --trial N` takes), or the id or a prefix of it of at least 6 characters (ids are 12 hex
- * digits, so a short number is never read as an id prefix)? */
-static bool trial_matches(const char *want, const char *id, int64_t index) {
-    size_t n = strlen(want);
-    if (all_digits(want) && strtoll(want, NULL, 10) == index) return true;
-    return n >= 6 && strncmp(id, want, n) == 0;
+/* Does group `group` of f hold LoRA tensors (a failed or interrupted trial keeps an empty
+ * /adapter group)? */
+static bool has_lora(gm_h5_file *f, const char *group) {
+    if (!gm_h5_exists(f, group)) return false;
+    gm_h5_child *ch = NULL;
+    int n = 0;
+    if (gm_h5_list(f, group, &ch, &n, NULL) != GM_OK) return false;
+    bool any = false;
+    for (int i = 0; i < n && !any; i++) any = ch[i].kind == GM_H5_DATASET && ends_with(ch[i].name, A_SUFFIX);
+    gm_h5_list_free(ch, n);
+    return any;
 }
 
-/* ---- choosing the trial of a folder ------------------------------------------------------- */
+/* ---- choosing a trial ----------------------------------------------------------------------- */
 
-/* Picks the trial file of results folder `dir` (see gm_adapter.h) into path. */
-static gm_status pick_trial_file(const char *dir, const char *trial, char *path, size_t cap, gm_error *err) {
+/* One trial a folder or a merged file holds. */
+typedef struct cand {
+    int64_t index;
+    char id[64], status[24];
+    bool has_adapter;
+    char where[1200];   /* its trial file (folder) or its group (merged file) */
+} cand;
+
+static int cand_cmp(const void *a, const void *b) {
+    const cand *x = a, *y = b;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* "1 (9ce98632d53c, completed), 2 (..., failed, no adapter), ..." of cands[0..n) */
+static void listing(const cand *c, int n, char *buf, size_t cap) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < n && k < cap; i++) {
+        int w = snprintf(buf + k, cap - k, "%s%lld (%s, %s%s)", i ? ", " : "", (long long)c[i].index, c[i].id, c[i].status,
+                         c[i].has_adapter ? "" : ", no adapter");
+        if (w > 0) k += (size_t)w;
+    }
+}
+
+/* Picks the candidate `trial` names (see gm_adapter.h): its index, or its id or an unambiguous
+ * prefix of it (any case); without `trial`, the only one with an adapter. `label` names the
+ * folder or file in messages. */
+static gm_status choose(cand *c, int n, const char *trial, const char *label, int *pick, gm_error *err) {
+    char list[1024];
+    qsort(c, (size_t)n, sizeof *c, cand_cmp);
+    listing(c, n, list, sizeof list);
+    if (n == 0) return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no trials in it", label);
+    int hits[64], nh = 0;
+    if (!trial || !*trial) {
+        for (int i = 0; i < n && nh < 64; i++)
+            if (c[i].has_adapter) hits[nh++] = i;
+        if (nh == 1) return *pick = hits[0], GM_OK;
+        if (nh == 0) return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no trial has an adapter (a trial stores it when it completes); "
+                                         "trials: %s", label, list);
+        return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: several trials have an adapter; choose one with --trial (its index or id): %s",
+                            label, list);
+    }
+    if (all_digits(trial)) /* an index, as `gemmarun x.lua --trial N` takes */
+        for (int i = 0; i < n && nh < 64; i++)
+            if (c[i].index == strtoll(trial, NULL, 10)) hits[nh++] = i;
+    if (nh > 1)
+        return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: several trials have index %s (the experiment's sweep changed between "
+                            "runs); give the id instead: %s", label, trial, list);
+    /* an id, or a prefix of one (a short number is an index only: "--trial 9" never means the
+     * id 9c12cfed1d88) */
+    if (nh == 0 && !(all_digits(trial) && strlen(trial) < 4)) {
+        size_t k = strlen(trial);
+        for (int i = 0; i < n && nh < 64; i++)
+            if (strncasecmp(c[i].id, trial, k) == 0) hits[nh++] = i;
+        if (nh > 1)
+            return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: '%s' is the start of %d trial ids; give more of the id: %s", label, trial,
+                                nh, list);
+    }
+    if (nh == 0) return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no trial %s (by index or id); trials: %s", label, trial, list);
+    const cand *t = &c[hits[0]];
+    if (!t->has_adapter)
+        return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: trial %lld (%s) is %s and has no adapter (a trial stores it when it "
+                            "completes; its checkpoint trial-%s.ckpt.h5 in the results folder holds the latest one, while it is kept)",
+                            label, (long long)t->index, t->id, t->status, t->id);
+    *pick = hits[0];
+    return GM_OK;
+}
+
+/* The trial files of results folder `dir` as candidates (*out gm_malloc'd). */
+static gm_status folder_trials(const char *dir, cand **out, int *n_out, gm_error *err) {
+    *out = NULL, *n_out = 0;
     DIR *d = opendir(dir);
     if (!d) return gm_error_set(err, GM_ERR_IO, "%s: cannot open the folder", dir);
-    char found[8][1200], listing[1024] = "";
-    int n_found = 0, n_trials = 0;
-    size_t ln = 0;
-    struct { int64_t index; char text[96]; } seen[64]; /* the listing, sorted by index below */
-    int n_seen = 0;
+    int n = 0, cap = 16;
+    cand *c = gm_malloc((size_t)cap * sizeof *c);
     struct dirent *e;
-    while ((e = readdir(d))) {
+    while (c && (e = readdir(d))) {
         const char *name = e->d_name;
         /* trial-<id>.h5 only: not checkpoints (trial-<id>.ckpt.h5) nor saves in flight */
         if (strncmp(name, "trial-", 6) != 0 || !ends_with(name, ".h5") || strchr(name + 6, '.') != name + strlen(name) - 3)
@@ -64,59 +135,87 @@ static gm_status pick_trial_file(const char *dir, const char *trial, char *path,
         char p[1200];
         snprintf(p, sizeof p, "%s/%s", dir, name);
         gm_h5_file *f = NULL;
-        gm_error ignore = {0};
-        if (gm_h5_open(p, false, &f, &ignore) != GM_OK) continue;
-        char *id = NULL, *status = NULL;
-        int64_t index = 0;
-        gm_h5_attr_get_str(f, "/", "trial_id", &id, &ignore);
-        gm_h5_attr_get_str(f, "/", "status", &status, &ignore);
-        gm_h5_attr_get_i64(f, "/", "trial_index", &index, &ignore);
-        bool has_adapter = gm_h5_exists(f, "/adapter");
-        gm_h5_close(&f, NULL);
-        n_trials++;
-        if (n_seen < 64) {
-            seen[n_seen].index = index;
-            snprintf(seen[n_seen++].text, sizeof seen[0].text, "%lld (%s, %s%s)", (long long)index, id ? id : "?",
-                     status ? status : "?", has_adapter ? "" : ", no adapter");
+        if (gm_h5_open(p, false, &f, NULL) != GM_OK) continue;
+        if (n == cap) {
+            cand *g = gm_realloc(c, (size_t)(cap *= 2) * sizeof *c);
+            if (!g) break;
+            c = g;
         }
-        bool match = has_adapter && (trial && *trial ? trial_matches(trial, id ? id : "", index) : true);
-        if (match && n_found < 8) snprintf(found[n_found++], sizeof found[0], "%s", p);
+        cand *t = &c[n++];
+        memset(t, 0, sizeof *t);
+        char *id = NULL, *status = NULL;
+        gm_h5_attr_get_str(f, "/", "trial_id", &id, NULL);
+        gm_h5_attr_get_str(f, "/", "status", &status, NULL);
+        gm_h5_attr_get_i64(f, "/", "trial_index", &t->index, NULL);
+        snprintf(t->id, sizeof t->id, "%s", id ? id : "?");
+        snprintf(t->status, sizeof t->status, "%s", status ? status : "?");
+        t->has_adapter = has_lora(f, "/adapter");
+        snprintf(t->where, sizeof t->where, "%s", p);
         gm_free(id), gm_free(status);
+        gm_h5_close(&f, NULL);
     }
     closedir(d);
-    for (int i = 1; i < n_seen; i++) /* insertion sort by index: a few dozen trials */
-        for (int j = i; j > 0 && seen[j].index < seen[j - 1].index; j--) {
-            __typeof__(seen[0]) t = seen[j];
-            seen[j] = seen[j - 1], seen[j - 1] = t;
-        }
-    for (int i = 0; i < n_seen && ln < sizeof listing; i++)
-        ln += (size_t)snprintf(listing + ln, sizeof listing - ln, "%s%s", i ? ", " : "", seen[i].text);
-    if (n_seen < n_trials && ln < sizeof listing) snprintf(listing + ln, sizeof listing - ln, ", ...");
-    if (n_trials == 0)
+    if (!c) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    if (n == 0) {
+        gm_free(c);
         return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no trial files (trial-<id>.h5) in this folder", dir);
-    if (n_found == 1) {
-        snprintf(path, cap, "%s", found[0]);
-        return GM_OK;
     }
-    if (n_found == 0)
-        return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no trial %s%swith an adapter; trials: %s", dir,
-                            trial && *trial ? trial : "", trial && *trial ? " " : "", listing);
-    return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: several trials have an adapter; choose one with --trial (its index or id): %s",
-                        dir, listing);
+    *out = c, *n_out = n;
+    return GM_OK;
+}
+
+/* The trials of a merged results file as candidates (groups /trial/trial-<id>). */
+static gm_status merged_trials(gm_h5_file *f, cand **out, int *n_out, gm_error *err) {
+    *out = NULL, *n_out = 0;
+    gm_h5_child *ch = NULL;
+    int n = 0;
+    GM_TRY(gm_h5_list(f, "/trial", &ch, &n, err));
+    cand *c = gm_calloc((size_t)(n > 0 ? n : 1), sizeof *c);
+    if (!c) {
+        gm_h5_list_free(ch, n);
+        return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        cand *t = &c[i];
+        snprintf(t->where, sizeof t->where, "/trial/%s", ch[i].name);
+        snprintf(t->id, sizeof t->id, "%s", strncmp(ch[i].name, "trial-", 6) == 0 ? ch[i].name + 6 : ch[i].name);
+        char *status = NULL;
+        gm_h5_attr_get_i64(f, t->where, "trial_index", &t->index, NULL);
+        gm_h5_attr_get_str(f, t->where, "status", &status, NULL);
+        snprintf(t->status, sizeof t->status, "%s", status ? status : "?");
+        gm_free(status);
+        char ag[1300];
+        snprintf(ag, sizeof ag, "%s/adapter", t->where);
+        t->has_adapter = has_lora(f, ag);
+    }
+    gm_h5_list_free(ch, n);
+    *out = c, *n_out = n;
+    return GM_OK;
 }
 
 /* ---- reading ------------------------------------------------------------------------------ */
 
-/* LoRA alpha and rsLoRA from a stored configuration (the runner's trial config). */
-static gm_status scaling_of(const char *config_json, const char *where, gm_lora_config *lc, gm_error *err) {
+/* LoRA alpha and rsLoRA: the trainer's own attributes lora_alpha / lora_rslora when the file has
+ * them (checkpoints), else the stored configuration (the runner's trial config). */
+static gm_status scaling_of(gm_h5_file *f, const char *obj, const char *config_json, const char *where, gm_lora_config *lc,
+                            gm_error *err) {
+    double alpha_attr = 0;
+    int64_t rs_attr = 0;
+    if (gm_h5_attr_get_f64(f, obj, "lora_alpha", &alpha_attr, NULL) == GM_OK && alpha_attr > 0) {
+        gm_h5_attr_get_i64(f, obj, "lora_rslora", &rs_attr, NULL);
+        lc->alpha = (float)alpha_attr;
+        lc->rslora = rs_attr != 0;
+        return GM_OK;
+    }
     cJSON *j = config_json ? cJSON_Parse(config_json) : NULL;
     const cJSON *alpha = j ? cJSON_GetObjectItemCaseSensitive(j, "alpha") : NULL;
     const cJSON *rs = j ? cJSON_GetObjectItemCaseSensitive(j, "rslora") : NULL;
     gm_status s = GM_OK;
     if (!cJSON_IsNumber(alpha) || !(alpha->valuedouble > 0))
         s = gm_error_set(err, GM_ERR_FORMAT,
-                         "%s: the stored configuration does not give the LoRA alpha, so the adapter's scaling is unknown\n"
-                         "  hint: save checkpoints with their config (trainer:save(path, {config = ...}))", where);
+                         "%s: neither the file nor its stored configuration gives the LoRA alpha, so the adapter's "
+                         "scaling is unknown\n  hint: it was saved by an older gemmarun without its configuration; "
+                         "trainer:save(path) now stores the alpha", where);
     else lc->alpha = (float)alpha->valuedouble;
     lc->rslora = cJSON_IsTrue(rs);
     cJSON_Delete(j);
@@ -171,7 +270,7 @@ static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, 
     lc.rank = (int)rank;
     char *cfg = NULL;
     if (s == GM_OK && gm_h5_attr_get_str(f, config_obj, "config_json", &cfg, err) != GM_OK) cfg = NULL;
-    if (s == GM_OK) s = scaling_of(cfg, path, &lc, err);
+    if (s == GM_OK) s = scaling_of(f, config_obj, cfg, path, &lc, err);
     gm_free(cfg);
     if (s == GM_OK) s = gm_lora_describe_modules(&a->lora, &lc, m->arch, &m->cfg, m->prefix, modules, nm, err);
     if (s == GM_OK && a->lora.n != nm)
@@ -214,9 +313,20 @@ static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, 
 gm_status gm_adapter_load(const gm_model *m, gm_backend *be, const char *path, const char *trial, gm_adapter **out,
                           gm_error *err) {
     *out = NULL;
+    if (!path || !*path) return gm_error_set(err, GM_ERR_INVALID, "no adapter path given");
     char file[1200];
-    if (is_dir(path)) GM_TRY(pick_trial_file(path, trial, file, sizeof file, err));
-    else snprintf(file, sizeof file, "%s", path);
+    bool from_folder = is_dir(path);
+    if (from_folder) {
+        cand *c = NULL;
+        int n = 0, pick = -1;
+        GM_TRY(folder_trials(path, &c, &n, err));
+        gm_status s = choose(c, n, trial, path, &pick, err);
+        if (s == GM_OK) snprintf(file, sizeof file, "%s", c[pick].where);
+        gm_free(c);
+        if (s != GM_OK) return s;
+    } else {
+        snprintf(file, sizeof file, "%s", path);
+    }
     gm_h5_file *f = NULL;
     GM_TRY(gm_h5_open(file, false, &f, err));
     gm_adapter *a = gm_calloc(1, sizeof *a);
@@ -230,47 +340,48 @@ gm_status gm_adapter_load(const gm_model *m, gm_backend *be, const char *path, c
     gm_status s = gm_h5_attr_get_str(f, "/", "format", &format, err);
     if (s != GM_OK) {
         gm_error_prefix(err, "%s is not a gemmarun results or checkpoint file", file);
-    } else if (strcmp(format, "gemmarun-results") == 0 || strcmp(format, "gemmarun-checkpoint") == 0) {
-        bool ckpt = strcmp(format, "gemmarun-checkpoint") == 0;
-        char *id = NULL;
-        if (!ckpt && gm_h5_attr_get_str(f, "/", "trial_id", &id, NULL) == GM_OK) snprintf(a->trial_id, sizeof a->trial_id, "%s", id);
-        gm_free(id);
-        if (ckpt) gm_h5_attr_get_i64(f, "/", "step", &a->step, NULL);
-        if (!gm_h5_exists(f, "/adapter"))
-            s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no adapter in this file (a trial stores it when it completes; "
-                             "its checkpoint %s holds the latest one)", file, ckpt ? "" : "trial-<id>.ckpt.h5");
+    } else if (strcmp(format, "gemmarun-results") == 0) {
+        /* one trial's file: it must be the trial asked for, if one was */
+        cand t;
+        memset(&t, 0, sizeof t);
+        char *id = NULL, *status = NULL;
+        gm_h5_attr_get_str(f, "/", "trial_id", &id, NULL);
+        gm_h5_attr_get_str(f, "/", "status", &status, NULL);
+        gm_h5_attr_get_i64(f, "/", "trial_index", &t.index, NULL);
+        snprintf(t.id, sizeof t.id, "%s", id ? id : "?");
+        snprintf(t.status, sizeof t.status, "%s", status ? status : "?");
+        gm_free(id), gm_free(status);
+        t.has_adapter = has_lora(f, "/adapter");
+        int pick;
+        s = choose(&t, 1, from_folder ? NULL : trial, file, &pick, err);
+        if (s == GM_OK) snprintf(a->trial_id, sizeof a->trial_id, "%s", t.id);
+        if (s == GM_OK) s = read_adapter(m, be, f, "/adapter", "/", a, err);
+    } else if (strcmp(format, "gemmarun-checkpoint") == 0) {
+        gm_h5_attr_get_i64(f, "/", "step", &a->step, NULL);
+        if (trial && *trial)
+            s = gm_error_set(err, GM_ERR_INVALID, "%s is a checkpoint (one adapter); --trial picks a trial of a results folder "
+                             "or a merged results file", file);
+        else if (!has_lora(f, "/adapter"))
+            s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: this checkpoint holds no adapter", file);
         else s = read_adapter(m, be, f, "/adapter", "/", a, err);
     } else if (strcmp(format, "gemmarun-results-merged") == 0) {
-        gm_h5_child *ch = NULL;
-        int n = 0;
-        char group[256] = "";
-        s = gm_h5_list(f, "/trial", &ch, &n, err);
-        int hits = 0;
-        for (int i = 0; i < n && s == GM_OK; i++) {
-            char obj[256];
-            snprintf(obj, sizeof obj, "/trial/%s", ch[i].name);
-            int64_t index = 0;
-            gm_h5_attr_get_i64(f, obj, "trial_index", &index, NULL);
-            const char *id = strncmp(ch[i].name, "trial-", 6) == 0 ? ch[i].name + 6 : ch[i].name;
-            if (trial && *trial && trial_matches(trial, id, index)) {
-                snprintf(group, sizeof group, "%s", obj);
-                snprintf(a->trial_id, sizeof a->trial_id, "%s", id);
-                hits++;
-            }
+        cand *c = NULL;
+        int n = 0, pick = -1;
+        s = merged_trials(f, &c, &n, err);
+        if (s == GM_OK) s = choose(c, n, trial, file, &pick, err);
+        if (s == GM_OK) {
+            char ag[1300];
+            snprintf(ag, sizeof ag, "%s/adapter", c[pick].where);
+            snprintf(a->trial_id, sizeof a->trial_id, "%s", c[pick].id);
+            s = read_adapter(m, be, f, ag, c[pick].where, a, err);
+        } else if (s == GM_ERR_NOT_FOUND && c) {
+            bool any = false;
+            for (int i = 0; i < n; i++) any = any || c[i].has_adapter;
+            if (!any) /* the runner merges without adapters: say where they are */
+                gm_error_prefix(err, "%s was merged without adapters (use a trial's file in the results folder, "
+                                "results/<experiment>/trial-<id>.h5)", file);
         }
-        gm_h5_list_free(ch, n);
-        if (s == GM_OK && (!trial || !*trial))
-            s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: a merged results file holds %d trials; choose one with --trial", file, n);
-        else if (s == GM_OK && hits != 1)
-            s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: %s trial '%s' (by index or id)", file, hits ? "more than one" : "no",
-                             trial);
-        char ag[300];
-        snprintf(ag, sizeof ag, "%s/adapter", group);
-        if (s == GM_OK && !gm_h5_exists(f, ag))
-            s = gm_error_set(err, GM_ERR_NOT_FOUND,
-                             "%s: trial %s was merged without its adapter\n  hint: use its trial file in the results folder, "
-                             "or merge with adapters = true", file, a->trial_id);
-        if (s == GM_OK) s = read_adapter(m, be, f, ag, group, a, err);
+        gm_free(c);
     } else {
         s = gm_error_set(err, GM_ERR_FORMAT, "%s: format '%s' holds no adapter (expected a gemmarun results or checkpoint file)",
                          file, format);

@@ -5,16 +5,18 @@
  *   - a trial file of a results folder (results/<experiment>/trial-<id>.h5, format
  *     "gemmarun-results"): its /adapter group, the final adapter of a completed trial;
  *   - a results folder (results/<experiment>/): the trial chosen with `trial`, by its 1-based
- *     index in the sweep (a number, as `gemmarun x.lua --trial N`) or its id (or a prefix of it of
- *     at least 6 characters); without `trial` the folder must hold exactly one trial with an
- *     adapter;
- *   - a merged results file (results/<experiment>.h5, "gemmarun-results-merged", written with
- *     adapters = true): /trial/trial-<id>/adapter of the chosen trial;
+ *     index in the sweep (a number, as `gemmarun x.lua --trial N`) or its id (or a prefix of it
+ *     that only one trial's id starts with, any case; a number of 1-3 digits is an index only); without `trial`, the only trial that has
+ *     an adapter (failed and interrupted trials have none);
+ *   - a merged results file (results/<experiment>.h5, "gemmarun-results-merged", when merged with
+ *     adapters, gm.results_merge(..., {adapters = true})): /trial/trial-<id>/adapter of the trial
+ *     chosen as in a folder; the runner's own merged file has no adapters (use the folder);
  *   - a checkpoint (format "gemmarun-checkpoint", e.g. results/<experiment>/trial-<id>.ckpt.h5):
  *     /adapter, the adapter as of that step.
  * The tensors are named by PEFT keys ("base_model.model.<module>.lora_A.weight", formats.md §6);
  * the modules present say where the adapters go, their shapes give the rank, and the stored
- * configuration (config_json: alpha, rslora) gives the scaling. Modules are matched on
+ * configuration gives the scaling: the attributes lora_alpha / lora_rslora a trainer writes into its
+ * checkpoints, else config_json's alpha and rslora (trial files). Modules are matched on
  * "layers.N.<module>", so an adapter trained on a GGUF applies to the same model's Hugging Face
  * checkpoint in either layout.
  *
@@ -22,9 +24,10 @@
  * given backend; it borrows nothing after returning. Attach `&a->lora` to a generation state on
  * that backend (gm_infer_opts.adapter).
  * Errors: GM_ERR_IO / GM_ERR_FORMAT (unreadable or not one of the formats above, naming the
- * path), GM_ERR_NOT_FOUND (no adapter in the file; a trial that does not exist - the message
- * lists the trials there are; a folder with several trials and no `trial`), GM_ERR_INVALID
- * (adapter shapes that do not fit the model, naming the tensor and both shapes).
+ * path), GM_ERR_NOT_FOUND (no adapter in the file; a trial that does not exist, is ambiguous or
+ * has no adapter - the messages list the trials there are; several trials and no `trial`; a
+ * trial file that is not the trial asked for), GM_ERR_INVALID (`trial` given with a checkpoint;
+ * adapter shapes that do not fit the model, naming the tensor and both shapes).
  */
 #ifndef GM_ADAPTER_H
 #define GM_ADAPTER_H

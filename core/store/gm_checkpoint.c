@@ -103,6 +103,10 @@ static gm_status write_contents(gm_h5_file *f, const gm_ckpt *c, gm_error *err) 
     GM_TRY(gm_h5_attr_set_u64(f, "/", "rng_counter", c->rng_counter, err));
     GM_TRY(gm_h5_attr_set_f64(f, "/", "loss", c->loss, err));
     GM_TRY(gm_h5_attr_set_str(f, "/", "config_json", c->config_json ? c->config_json : "{}", err));
+    if (c->lora_alpha > 0) { /* the adapters' scaling, whatever config_json says (gm_adapter.h) */
+        GM_TRY(gm_h5_attr_set_f64(f, "/", "lora_alpha", c->lora_alpha, err));
+        GM_TRY(gm_h5_attr_set_i64(f, "/", "lora_rslora", c->lora_rslora ? 1 : 0, err));
+    }
     GM_TRY(gm_h5_attr_set_str(f, "/", "created_by", CKPT_CREATED_BY, err));
     for (int k = 0; k < 3; k++) GM_TRY(gm_h5_group_create(f, group_of[k], err));
     for (int i = 0; i < c->n_tensors; i++) {

@@ -40,6 +40,7 @@
 
 #include "gm_status.h"
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -63,6 +64,9 @@ typedef struct gm_ckpt {
     uint64_t rng_counter;
     double loss;           /* loss of the last completed step (for display) */
     const char *config_json; /* save: written as an attribute; load: ignored (see read_config) */
+    double lora_alpha;     /* save: the adapters' LoRA alpha, written as attribute lora_alpha when
+                              > 0 (with lora_rslora), so that the file alone gives their scaling */
+    bool lora_rslora;
     int n_tensors;
     gm_ckpt_tensor *tensors;
 } gm_ckpt;

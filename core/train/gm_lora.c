@@ -78,15 +78,56 @@ static bool suffix_match(const char *e, size_t n, const void *u) {
     return m > n && module[m - n - 1] == '.' && strncmp(module + m - n, e, n) == 0;
 }
 
+/* Python's shorthands in POSIX extended syntax (PEFT users write re.fullmatch patterns): \\d \\w \\s
+ * and their negations as bracket classes, (?: as a plain group. False when the result does not
+ * fit. */
+static bool translate_python(const char *in, char *out, size_t cap) {
+    size_t k = 0;
+    for (const char *p = in; *p; p++) {
+        const char *rep = NULL;
+        if (p[0] == '\\' && p[1]) {
+            switch (p[1]) {
+            case 'd': rep = "[0-9]"; break;
+            case 'D': rep = "[^0-9]"; break;
+            case 'w': rep = "[A-Za-z0-9_]"; break;
+            case 'W': rep = "[^A-Za-z0-9_]"; break;
+            case 's': rep = "[[:space:]]"; break;
+            case 'S': rep = "[^[:space:]]"; break;
+            default: break;
+            }
+        } else if (p[0] == '(' && p[1] == '?' && p[2] == ':') {
+            rep = "(";
+        }
+        if (rep) {
+            size_t n = strlen(rep);
+            if (k + n >= cap) return false;
+            memcpy(out + k, rep, n), k += n;
+            p += p[0] == '(' ? 2 : 1;
+            continue;
+        }
+        if (k + 1 >= cap) return false;
+        out[k++] = *p;
+        if (p[0] == '\\' && p[1]) { /* an escaped character stays escaped */
+            if (k + 1 >= cap) return false;
+            out[k++] = *++p;
+        }
+    }
+    out[k] = '\0';
+    return true;
+}
+
+/* re.fullmatch(pattern, s): compiled as it stands (not wrapped in ^( )$, which an unbalanced
+ * pattern could escape), then the leftmost-longest match must cover the whole string - with
+ * POSIX leftmost-longest matching, that is exactly "some match spans the string". */
 static bool regex_full_match(const char *pattern, const char *s, bool *bad) {
-    char anchored[GM_LORA_TARGETS_MAX + 8];
-    snprintf(anchored, sizeof anchored, "^(%s)$", pattern);
+    char ere[GM_LORA_TARGETS_MAX * 4];
     regex_t re;
-    if (regcomp(&re, anchored, REG_EXTENDED | REG_NOSUB) != 0) {
+    if (!translate_python(pattern, ere, sizeof ere) || regcomp(&re, ere, REG_EXTENDED) != 0) {
         if (bad) *bad = true;
         return false;
     }
-    bool ok = regexec(&re, s, 0, NULL, 0) == 0;
+    regmatch_t mt;
+    bool ok = regexec(&re, s, 1, &mt, 0) == 0 && mt.rm_so == 0 && (size_t)mt.rm_eo == strlen(s);
     regfree(&re);
     return ok;
 }
@@ -97,14 +138,7 @@ bool gm_lora_target_matches(const char *targets, const char *module) {
     return any_entry(targets, suffix_match, module);
 }
 
-void gm_lora_targets_join(const char *const *names, int n, char *buf, size_t cap) {
-    size_t k = 0;
-    buf[0] = '\0';
-    for (int i = 0; i < n && k < cap; i++) {
-        int w = snprintf(buf + k, cap - k, "%s%s", i ? "," : "", names[i]);
-        if (w > 0) k += (size_t)w;
-    }
-}
+bool gm_lora_targets_is_regex(const char *targets) { return strcmp(targets, "all-linear") != 0 && is_regex(targets); }
 
 /* ---- description -------------------------------------------------------------------------- */
 
@@ -245,10 +279,14 @@ gm_status gm_lora_targets_check(const char *targets, const gm_arch_def *arch, co
         bool bad = false;
         regex_full_match(targets, "", &bad);
         if (bad)
-            return gm_error_set(err, GM_ERR_INVALID, "targets '%s': not a valid regular expression (POSIX extended syntax)",
-                                targets);
+            return gm_error_set(err, GM_ERR_INVALID,
+                                "targets '%s': not a valid regular expression (POSIX extended syntax; Python's \\d \\w \\s "
+                                "and (?:...) are accepted)", targets);
         return GM_OK;
     }
+    if (strstr(targets, "all-linear"))
+        return gm_error_set(err, GM_ERR_INVALID, "targets '%s': all-linear stands alone (it already means every linear module)",
+                            targets);
     char bad[128] = "";
     unmatched_ctx uc = {arch, prefix, bad, sizeof bad};
     if (any_entry(targets, entry_matches_none, &uc))

@@ -22,8 +22,10 @@
  *   - a list of names, as a comma- or space-separated string ("q_proj,v_proj",
  *     "self_attn.o_proj"): a module matches when its name equals an entry or ends with "." and
  *     the entry;
- *   - a regular expression (a string with any of ^$*+?()[]{}|\): POSIX extended syntax, matched
- *     against the whole module name as PEFT's re.fullmatch does, e.g. ".*\.layers\.[0-3]\..*_proj".
+ *   - a regular expression (a string with any of ^$*+?()[]{}|\): POSIX extended syntax, with
+ *     Python's \d \w \s (and negations) and (?:...) groups translated, matched against the whole
+ *     module name as PEFT's re.fullmatch does, e.g. ".*\.layers\.\d+\.self_attn\.(q_proj|v_proj)".
+ *     In a list (Lua table) every entry is a plain name, as in PEFT.
  * Layers select further (layers_to_transform, default all).
  *
  * Names: every adapter tensor is named by its PEFT key, "base_model.model." + module +
@@ -138,8 +140,8 @@ gm_status gm_lora_targets_check(const char *targets, const gm_arch_def *arch, co
  * above). A bad regular expression matches nothing (gm_lora_describe reports it). */
 bool gm_lora_target_matches(const char *targets, const char *module);
 
-/* Joins a list of module names into the targets text ("q_proj,v_proj"). */
-void gm_lora_targets_join(const char *const *names, int n, char *buf, size_t cap);
+/* True when a targets text is a regular expression (not "all-linear", not a list of names). */
+bool gm_lora_targets_is_regex(const char *targets);
 
 /* PEFT's initial A of one adapter into A_host (rank x in floats, host memory): uniform in
  * +-1/sqrt(in), deterministic in (seed, layer, lora_id). B starts at zero. */

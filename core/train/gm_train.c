@@ -181,10 +181,54 @@ gm_status gm_train_opt_parse(gm_train_opts *o, const gm_opt_spec *s, const char 
         if (!strcmp(text, "true") || !strcmp(text, "on") || !strcmp(text, "1") || !strcmp(text, "yes")) v.num = 1;
         else if (!strcmp(text, "false") || !strcmp(text, "off") || !strcmp(text, "0") || !strcmp(text, "no")) v.num = 0;
         else return gm_error_set(err, GM_ERR_INVALID, "%s = %s: must be on/off, true/false, yes/no or 1/0", s->name, text);
-    } else if (s->kind == GM_OPT_LAYERS) {
-        return gm_error_set(err, GM_ERR_INVALID, "%s: set layers in an experiment file or the Lua API (a list)", s->name);
+    } else if (s->kind == GM_OPT_LAYERS) { /* "0,1,5": comma-separated layer indices */
+        static bool layers[GM_MAX_LAYERS];
+        for (int i = 0; i < GM_MAX_LAYERS; i++) layers[i] = false;
+        const char *p = text;
+        int n = 0;
+        while (*p) {
+            char *end;
+            long l = strtol(p, &end, 10);
+            if (end == p || l < 0 || l >= GM_MAX_LAYERS || (*end && *end != ','))
+                return gm_error_set(err, GM_ERR_INVALID, "%s = %s: must be %s, comma-separated (0,1,5)", s->name, text, range);
+            if (layers[l]) return gm_error_set(err, GM_ERR_INVALID, "%s: %ld is listed twice", s->name, l);
+            layers[l] = true, n++;
+            p = *end ? end + 1 : end;
+        }
+        if (n == 0) return gm_error_set(err, GM_ERR_INVALID, "%s is empty: list at least one layer (0-based)", s->name);
+        v.layers = layers;
     }
     return gm_train_opt_set(o, s, v, err);
+}
+
+/* Edit distance counting a swap of neighbours as one edit (optimal string alignment), for "did
+ * you mean": the same rule as lua/prelude.lua's. */
+static int osa_distance(const char *a, const char *b) {
+    int n = (int)strlen(a), m = (int)strlen(b);
+    if (n > 40 || m > 40) return 99;
+    int d[41][41];
+    for (int i = 0; i <= n; i++) d[i][0] = i;
+    for (int j = 0; j <= m; j++) d[0][j] = j;
+    for (int i = 1; i <= n; i++)
+        for (int j = 1; j <= m; j++) {
+            int c = a[i - 1] == b[j - 1] ? 0 : 1, v = d[i - 1][j] + 1;
+            if (d[i][j - 1] + 1 < v) v = d[i][j - 1] + 1;
+            if (d[i - 1][j - 1] + c < v) v = d[i - 1][j - 1] + c;
+            if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] && d[i - 2][j - 2] + 1 < v) v = d[i - 2][j - 2] + 1;
+            d[i][j] = v;
+        }
+    return d[n][m];
+}
+
+const gm_opt_spec *gm_train_opt_closest(const char *name) {
+    const gm_opt_spec *best = NULL;
+    int bd = 99, len = (int)strlen(name);
+    for (int i = 0; i < N_OPTS; i++) {
+        int d = osa_distance(name, opt_specs[i].name);
+        if (d < bd) bd = d, best = &opt_specs[i];
+    }
+    int limit = len / 3 > 1 ? (len / 3 < 3 ? len / 3 : 3) : 1;
+    return bd <= limit ? best : NULL;
 }
 
 gm_train_opts gm_train_opts_default(void) {
@@ -272,9 +316,9 @@ static gm_status validate_opts(const gm_config *c, const gm_train_opts *o, gm_er
 #define NEED(cond, ...)                                                                      \
     if (!(cond)) return gm_error_set(err, GM_ERR_INVALID, __VA_ARGS__)
     NEED(o->batch >= 1, "batch = %lld: must be >= 1", (long long)o->batch);
-    NEED(o->max_length >= 2 && o->max_length <= c->max_position_embeddings,
-         "max_length = %lld: must be in 2..%lld (the model's max_position_embeddings)", (long long)o->max_length,
-         (long long)c->max_position_embeddings);
+    NEED(o->max_length >= 2, "max_length = %lld: must be >= 2", (long long)o->max_length);
+    NEED(o->max_length <= c->max_position_embeddings, "max_length = %lld: the model has %lld positions; use at most %lld",
+         (long long)o->max_length, (long long)c->max_position_embeddings, (long long)c->max_position_embeddings);
     NEED(o->grad_accum >= 1, "gradient accumulation = %lld: must be >= 1", (long long)o->grad_accum);
     NEED(o->lr >= 0 && isfinite(o->lr), "lr = %g: must be >= 0", (double)o->lr);
     NEED(o->weight_decay >= 0, "weight_decay = %g: must be >= 0", (double)o->weight_decay);
@@ -753,8 +797,8 @@ gm_status gm_trainer_save(gm_trainer *tr, const char *path, int64_t epoch, int64
     if (!t) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     if (stage) ckpt_stage(tr, t, n, true);
     gm_ckpt c = {.step = tr->step, .epoch = epoch, .data_pos = data_pos, .rng_seed = tr->o.lora.seed,
-                 .rng_counter = (uint64_t)tr->step, .loss = loss, .config_json = config_json, .n_tensors = n,
-                 .tensors = t};
+                 .rng_counter = (uint64_t)tr->step, .loss = loss, .config_json = config_json,
+                 .lora_alpha = tr->o.lora.alpha, .lora_rslora = tr->o.lora.rslora, .n_tensors = n, .tensors = t};
     gm_status s = gm_backend_status(tr->be, err);
     if (s == GM_OK) s = gm_ckpt_save(path, &c, err);
     gm_free(stage);

@@ -121,11 +121,15 @@ typedef struct gm_opt_value {
 const gm_opt_spec *gm_train_opt_specs(int *n);
 /* The row of an option, or NULL. */
 const gm_opt_spec *gm_train_opt_find(const char *name);
+/* The row whose name is closest to a mistyped one (a typo: within a third of its length, at most 3
+ * edits), or NULL: for "did you mean". */
+const gm_opt_spec *gm_train_opt_closest(const char *name);
 /* Checks v against the row's kind and range and stores it. GM_ERR_INVALID naming the option,
  * the value and what is allowed ("rank = 0: must be >= 1"); o is unchanged then. */
 gm_status gm_train_opt_set(gm_train_opts *o, const gm_opt_spec *s, gm_opt_value v, gm_error *err);
-/* The same from text as users type it on a command line ("1e-4", "on", "q_proj,v_proj"): numbers
- * for INT / NUM, on/off, true/false, yes/no or 1/0 for BOOL, the text itself otherwise. */
+/* The same from text as users type it on a command line ("1e-4", "on", "q_proj,v_proj", "0,1,5"):
+ * numbers for INT / NUM, on/off, true/false, yes/no or 1/0 for BOOL, comma-separated indices for
+ * LAYERS, the text itself otherwise. */
 gm_status gm_train_opt_parse(gm_train_opts *o, const gm_opt_spec *s, const char *text, gm_error *err);
 /* The allowed values of a row as one phrase ("an integer 1..4096", "a number > 0", "constant,
  * linear, cosine") into buf; returns buf. */

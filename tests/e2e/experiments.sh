@@ -20,11 +20,11 @@ bad() { # NAME PATTERN SED-EXPRESSION
 }
 bad "unknown top-level key" "bad.lua:8: experiment: unknown key 'modle' \(did you mean 'model'\?\) \(allowed: name, model," 's/  seeds = {1, 2},/  seeds = {1, 2}, modle = 1,/'
 bad "unknown training key" "bad.lua:5: train.rnak: unknown key \(did you mean 'rank'\?\) \(allowed: alpha, batch," 's/rank = 4,/rnak = 4,/'
-bad "wrong type" "bad.lua:5: train.lr = fast: must be a number" 's/lr = 1e-2, rank/lr = "fast", rank/'
-bad "rank 0" "bad.lua:5: train.rank = 0: must be >= 1" 's/rank = 4,/rank = 0,/'
-bad "negative lr in the sweep" "bad.lua:7: train.lr = -0.003: must be >= 0" 's/lr = {1e-2, 3e-3}/lr = {1e-2, -3e-3}/'
+bad "wrong type" "bad.lua:5: train.lr = \"fast\" \(a string\): must be a number >= 0" 's/lr = 1e-2, rank/lr = "fast", rank/'
+bad "rank 0" "bad.lua:5: train.rank = 0: must be an integer 1..4096" 's/rank = 4,/rank = 0,/'
+bad "negative lr in the sweep" "bad.lua:7: train.lr = -0.003: must be a number >= 0" 's/lr = {1e-2, 3e-3}/lr = {1e-2, -3e-3}/'
 bad "unknown quant" "train.quant = nf5: allowed values are stored, gguf, f32, bf16, nf4, int8" 's/rank = 4,/rank = 4, quant = "nf5",/'
-bad "dropout out of range" "train.dropout = 1: must be < 1" 's/rank = 4,/rank = 4, dropout = 1,/'
+bad "dropout out of range" "train.dropout = 1: must be a number >= 0 and < 1" 's/rank = 4,/rank = 4, dropout = 1,/'
 bad "unknown sweep key" "bad.lua:7: grid: unknown key 'rnak' \(did you mean 'rank'\?\) \(sweepable: model, alpha" 's/sweep = grid { lr = {1e-2, 3e-3} }/sweep = grid { rnak = {4} }/'
 bad "seeds not a list" "experiment.seeds must be a list of integers" 's/seeds = {1, 2},/seeds = 3,/'
 bad "bad name" "experiment.name = tiny run: must be a name" 's/name = "tiny"/name = "tiny run"/'
@@ -52,7 +52,7 @@ bad "a seed listed twice" "experiment.seeds: 1 is listed twice" 's/seeds = {1, 2
 bad "infinite lr" "train.lr = inf: must be a finite number" 's/lr = 1e-2, rank/lr = math.huge, rank/'
 mkdir -p withempty/a withempty/b withempty/empty && for lab in a b; do for i in 1 2 3 4 5; do echo "note $i $lab" > withempty/$lab/$i.txt; done; done
 bad "an empty label folder" "data.folder: withempty/empty \(label 'empty'\) has no text file" 's/root = "data"/root = "withempty"/'
-expect_run "invalid: a list for one value" 2 "--set lr=1e-4,2e-4: train.lr = \{0.0001, 0.0002\}: must be a number \(one value; to try several, sweep it" -- "$GM" tiny.lua --set lr=1e-4,2e-4 --dry-run
+expect_run "invalid: a list for one value" 2 "--set lr=1e-4,2e-4: train.lr = \{0.0001, 0.0002\}: must be a number >= 0 \(one value; to try several, sweep it" -- "$GM" tiny.lua --set lr=1e-4,2e-4 --dry-run
 expect_run "a built-in size plans in the dry run, with a note" 0 "note: model gemma3-1b is a built-in size .*trial  1 .* plan [0-9.]+ GiB" -- "$GM" tiny.lua --set model=gemma3-1b --dry-run
 expect_run "invalid: a built-in size cannot train" 2 "--set model=gemma3-1b: model gemma3-1b is a built-in size .* training needs its weights" -- "$GM" tiny.lua --set model=gemma3-1b --trial 1
 bad "an empty layer list" "train.layers is empty" 's/rank = 4,/rank = 4, layers = {},/'
@@ -114,13 +114,15 @@ expect_run "a trial file directly" 0 "adapter results/tiny/trial-$id3.h5" -- "$G
 # tests/unit/test_backend.c and test_adapter.c; the tiny random model's greedy text rarely moves)
 tuned=$("$GM" generate "$TINY" --adapter results/tiny --trial 3 "a short note" --max-tokens 6 2>/dev/null)
 expect_run "generate --adapter on a folder of several trials asks for --trial" 2 "several trials have an adapter; choose one with --trial \(its index or id\): 1 \([0-9a-f]+, completed\), 2 \(" -- "$GM" generate "$TINY" --adapter results/tiny "a short note"
-expect_run "generate --adapter with a trial that does not exist lists the trials" 2 "no trial 9 with an adapter; trials: 1 \(" -- "$GM" generate "$TINY" --adapter results/tiny --trial 9 "a short note"
+expect_run "generate --adapter with a trial that does not exist lists the trials" 2 "no trial 9 \(by index or id\); trials: 1 \(" -- "$GM" generate "$TINY" --adapter results/tiny --trial 9 "a short note"
 expect_run "generate --trial without --adapter" 2 "--trial picks a trial of --adapter RESULTS" -- "$GM" generate "$TINY" --trial 1 "a short note"
 expect_run "generate --adapter on a file that is no results file" 2 "is not a gemmarun results or checkpoint file" -- "$GM" generate "$TINY" --adapter "$SRC/tests/ref/tiny_gemma3_ref.h5" "a short note"
 printf 'local m <close> = gm.load_model("%s")\nprint("lua:" .. m:generate("a short note", { adapter = "results/tiny", trial = "%s", max_tokens = 6 }))\n' "$TINY" "$id3" > gen.lua
 lua_out=$("$GM" gen.lua 2>&1)
 [ -n "$tuned" ] && [ "$lua_out" = "lua:${tuned#a short note}" ] && { pass=$((pass + 1)); echo "ok    m:generate{adapter = ..., trial = ...} in Lua gives the command line's text"; } \
   || { fail=$((fail + 1)); echo "FAIL  Lua generate with an adapter: '$lua_out' vs 'lua:${tuned#a short note}'"; }
+printf 'local m <close> = gm.load_model("%s")\nlocal ok, err = pcall(m.generate, m, "a short note", { adapter = "results/tiny", max_tokens = 2 })\nprint(ok, err)\n' "$TINY" > generr.lua
+expect_run "m:generate{adapter} loads the adapter: a folder of several trials asks for one" 0 "false.*several trials have an adapter; choose one with --trial" -- "$GM" generr.lua
 # the same experiment rerun with another prompt: a new trial, never pooled with the old ones
 sed 's/prompt = "Which fruit?"/prompt = "Name the fruit."/' tiny.lua > reprompt.lua
 expect_run "an edited prompt gives rows of its own" 0 "Rows also split by prompt" -- "$GM" reprompt.lua --trial 1

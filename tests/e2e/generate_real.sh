@@ -39,5 +39,14 @@ $quote" --max-tokens 3 2>/dev/null | head -1)
 done
 [ "$n_topic" = 5 ] && [ "$n_base" = 0 ] && { pass=$((pass + 1)); echo "ok    generate --adapter: the fine-tuned model answers with a topic word (5 of 5), the base model does not"; } \
   || { fail=$((fail + 1)); echo "FAIL  generate --adapter: $n_topic of 5 fine-tuned answers are topic words, $n_base of 5 base answers"; }
+# the same through the Lua API: m:generate{adapter = ..., trial = ...} answers as the command line does
+quote=$(awk -v RS='\n%\n' 'NR==30{print; exit}' /usr/share/games/fortunes/food | head -c 250)
+cli=$(cd "$TMP" && "$GM" generate gemma3-270m --adapter results/quickstart --trial 3 --chat "$Q
+
+$quote" --max-tokens 3 2>/dev/null | head -1)
+printf 'local m <close> = gm.load_model("gemma3-270m")\nlocal q = os.getenv("Q") .. "\\n\\n" .. os.getenv("QUOTE")\nlocal a = m:generate(q, { chat = true, max_tokens = 3, adapter = "results/quickstart", trial = 3 })\nlocal b = m:generate(q, { chat = true, max_tokens = 3 })\nprint("tuned=" .. (a:match("[^\\n]*")) .. " base=" .. (b:match("[^\\n]*")))\n' > "$TMP/gen.lua"
+lua=$(cd "$TMP" && Q="$Q" QUOTE="$quote" "$GM" gen.lua 2>&1)
+[ "$lua" = "tuned=$cli base=Which topic is" ] && { pass=$((pass + 1)); echo "ok    m:generate{adapter = ...} answers '$cli' as the command line does; without it the model continues the prompt"; } \
+  || { fail=$((fail + 1)); echo "FAIL  Lua generate with the quickstart adapter: '$lua' (command line: '$cli')"; }
 
 finish

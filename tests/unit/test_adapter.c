@@ -15,6 +15,7 @@
 #define _GNU_SOURCE
 #include "gm_adapter.h"
 #include "gm_alloc.h"
+#include "gm_checkpoint.h"
 #include "gm_decoder.h"
 #include "gm_lora.h"
 #include "gm_model.h"
@@ -208,7 +209,9 @@ static void test_adapter_files(const gm_model *m) {
     snprintf(ck, sizeof ck, "%s/ck.h5", tmpdir);
     snprintf(ck_bare, sizeof ck_bare, "%s/ck_bare.h5", tmpdir);
     CHECK_OK(gm_trainer_save(tr, ck, 0, 3, 0.0, "{\"alpha\": 12, \"rslora\": true, \"rank\": 4}", &err), &err);
-    CHECK_OK(gm_trainer_save(tr, ck_bare, 0, 3, 0.0, "{}", &err), &err);
+    /* a checkpoint whose stored configuration is missing or stale: the trainer's own lora_alpha /
+     * lora_rslora attributes decide the scaling */
+    CHECK_OK(gm_trainer_save(tr, ck_bare, 0, 3, 0.0, "{\"alpha\": 99, \"rslora\": false}", &err), &err);
     float *want = gm_malloc((size_t)V * 4), *got = gm_malloc((size_t)V * 4), *base = gm_malloc((size_t)V * 4);
     logits_of(m, be, gm_trainer_lora(tr), IDS, 12, want);
     logits_of(m, be, NULL, IDS, 12, base);
@@ -244,10 +247,26 @@ static void test_adapter_files(const gm_model *m) {
         }
         gm_model_free(mm);
     }
-    /* errors */
     a = NULL;
-    CHECK(gm_adapter_load(m, be, ck_bare, NULL, &a, &err) == GM_ERR_FORMAT && gm_test_contains(err.msg, "alpha") && !a,
-          "a checkpoint without its config: %s", err.msg);
+    CHECK_OK(gm_adapter_load(m, be, ck_bare, NULL, &a, &err), &err);
+    CHECK(a && a->lora.cfg.alpha == 12 && a->lora.cfg.rslora && a->lora.scaling == gm_trainer_lora(tr)->scaling,
+          "the checkpoint's own alpha (12, rsLoRA) wins over a stale config (99)");
+    gm_adapter_free(a);
+    /* errors: a file that gives no alpha at all (written without the trainer's attributes) */
+    char ck_old[512];
+    snprintf(ck_old, sizeof ck_old, "%s/ck_old.h5", tmpdir);
+    {
+        const gm_lora_adapter *ad0 = &gm_trainer_lora(tr)->ad[0];
+        gm_ckpt_tensor t[2] = {{ad0->name_A, ad0->A, NULL, NULL, 2, {4, ad0->in, 0, 0}},
+                               {ad0->name_B, ad0->B, NULL, NULL, 2, {ad0->out, 4, 0, 0}}};
+        gm_ckpt c = {.step = 1, .config_json = "{}", .n_tensors = 2, .tensors = t};
+        CHECK_OK(gm_ckpt_save(ck_old, &c, &err), &err);
+    }
+    a = NULL;
+    CHECK(gm_adapter_load(m, be, ck_old, NULL, &a, &err) == GM_ERR_FORMAT && gm_test_contains(err.msg, "alpha") && !a,
+          "a checkpoint that gives no alpha: %s", err.msg);
+    CHECK(gm_adapter_load(m, be, ck, "1", &a, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "is a checkpoint"),
+          "--trial with a checkpoint: %s", err.msg);
     CHECK(gm_adapter_load(m, be, tmpdir, NULL, &a, &err) == GM_ERR_NOT_FOUND && gm_test_contains(err.msg, "no trial files"),
           "a folder without trial files: %s", err.msg);
     CHECK(gm_adapter_load(m, be, gm_test_path("tests/ref/tiny_gemma3_ref.h5"), NULL, &a, &err) != GM_OK &&
