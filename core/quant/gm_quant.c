@@ -30,6 +30,7 @@
 #include "gm_quant.h"
 
 #include "gm_alloc.h"
+#include "gm_omp.h"
 #include "kernels.h"    /* gm_wview, gm_dequant_wrow */
 #include "nf4_tables.h" /* GM_NF4_CODE, GM_DYNAMIC_MAP_SIGNED */
 
@@ -134,12 +135,11 @@ void gm_nf4_quantize_blocks(const float *x, int64_t n, uint8_t *packed, float *a
         nf4_blocks(x, n, 0, nb, packed, absmax);
         return;
     }
-#pragma omp parallel num_threads(nt)
-    {
+    GM_OMP_PARALLEL(nt, 1, {
         /* one contiguous range of blocks per thread */
         int t = omp_get_thread_num(), T = omp_get_num_threads();
         nf4_blocks(x, n, nb * t / T, nb * (t + 1) / T, packed, absmax);
-    }
+    });
 }
 
 /* ---- torch.mean (the nested offset) ---------------------------------------------------------- */
@@ -237,7 +237,7 @@ void gm_nf4_quantize_absmax(const float *absmax, int64_t n_blocks, uint8_t *absm
     const float off = gm_nf4_torch_mean(absmax, n_blocks);
     *offset = off;
     int64_t ng = (n_blocks + GM_NF4_BLOCK2 - 1) / GM_NF4_BLOCK2;
-#pragma omp parallel for num_threads(threads_or_default(n_threads)) schedule(static) if (ng > 8)
+    GM_OMP_FOR(threads_or_default(n_threads), ng > 8, schedule(static),
     for (int64_t g = 0; g < ng; g++) {
         int64_t b0 = g * GM_NF4_BLOCK2;
         int64_t b1 = b0 + GM_NF4_BLOCK2 < n_blocks ? b0 + GM_NF4_BLOCK2 : n_blocks;
@@ -258,7 +258,7 @@ void gm_nf4_quantize_absmax(const float *absmax, int64_t n_blocks, uint8_t *absm
             int j = (int)(uint16_t)(int32_t)t; /* cvttss2si, then the low 16 bits */
             absmax_code[b] = (uint8_t)dyn_lut_entry(mid, j);
         }
-    }
+    });
 }
 
 void gm_nf4_quantize(const float *x, int64_t n, uint8_t *packed, uint8_t *absmax_code, float *absmax2,
@@ -304,8 +304,9 @@ static void int8_row(const float *x, int64_t cols, int8_t *q, float *scale) {
 }
 
 void gm_int8_quantize(const float *x, int64_t rows, int64_t cols, int8_t *q, float *row_scale, int n_threads) {
-#pragma omp parallel for num_threads(threads_or_default(n_threads)) schedule(static) if (rows * cols > 65536)
-    for (int64_t r = 0; r < rows; r++) int8_row(x + r * cols, cols, q + r * cols, row_scale + r);
+    GM_OMP_FOR(threads_or_default(n_threads), rows * cols > 65536, schedule(static),
+        for (int64_t r = 0; r < rows; r++) int8_row(x + r * cols, cols, q + r * cols, row_scale + r);
+    );
 }
 
 /* ---- model re-encoding ----------------------------------------------------------------------- */
@@ -331,34 +332,33 @@ static int64_t nf4_panel_rows(int64_t K, int64_t N) {
 
 static void encode_f32(const gm_wview *src, float *dst, int nt) {
     int64_t K = src->cols;
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int64_t r = 0; r < src->rows; r++) gm_dequant_wrow(src, r, dst + r * K);
+    GM_OMP_FOR(nt, 1, schedule(static),
+        for (int64_t r = 0; r < src->rows; r++) gm_dequant_wrow(src, r, dst + r * K);
+    );
 }
 
 static void encode_bf16(const gm_wview *src, uint16_t *dst, gm_quant_work *w) {
     int64_t K = src->cols;
-#pragma omp parallel num_threads(w->n_threads)
-    {
+    GM_OMP_PARALLEL(w->n_threads, 1, {
         float *row = w->rows + (size_t)omp_get_thread_num() * (size_t)K;
-#pragma omp for schedule(static)
+        GM_PRAGMA(omp for schedule(static))
         for (int64_t r = 0; r < src->rows; r++) {
             gm_dequant_wrow(src, r, row);
             for (int64_t k = 0; k < K; k++) dst[r * K + k] = gm_f32_to_bf16(row[k]);
         }
-    }
+    });
 }
 
 static void encode_int8(const gm_wview *src, int8_t *q, float *scale, gm_quant_work *w) {
     int64_t K = src->cols;
-#pragma omp parallel num_threads(w->n_threads)
-    {
+    GM_OMP_PARALLEL(w->n_threads, 1, {
         float *row = w->rows + (size_t)omp_get_thread_num() * (size_t)K;
-#pragma omp for schedule(static)
+        GM_PRAGMA(omp for schedule(static))
         for (int64_t r = 0; r < src->rows; r++) {
             gm_dequant_wrow(src, r, row);
             int8_row(row, K, q + r * K, scale + r);
         }
-    }
+    });
 }
 
 /* Each thread takes whole panels: dequantizes the rows into its own buffer, NF4-encodes them (blocks
@@ -367,10 +367,9 @@ static void encode_nf4(const gm_wview *src, gm_wview *dst, gm_quant_work *w) {
     int64_t N = src->rows, K = src->cols, n = N * K;
     int64_t R = nf4_panel_rows(K, N), n_panels = (N + R - 1) / R;
     uint8_t *packed = (uint8_t *)dst->data;
-#pragma omp parallel num_threads(w->n_threads)
-    {
+    GM_OMP_PARALLEL(w->n_threads, 1, {
         float *panel = w->panel + (size_t)omp_get_thread_num() * (size_t)(R * K);
-#pragma omp for schedule(static)
+        GM_PRAGMA(omp for schedule(static))
         for (int64_t p = 0; p < n_panels; p++) {
             int64_t r0 = p * R, rr = N - r0 < R ? N - r0 : R;
             for (int64_t r = 0; r < rr; r++) gm_dequant_wrow(src, r0 + r, panel + r * K);
@@ -379,7 +378,7 @@ static void encode_nf4(const gm_wview *src, gm_wview *dst, gm_quant_work *w) {
             nf4_blocks(panel, len, 0, (len + GM_NF4_BLOCK - 1) / GM_NF4_BLOCK, packed + e0 / 2,
                        w->absmax + e0 / GM_NF4_BLOCK);
         }
-    }
+    });
     float offset = 0.0f;
     gm_nf4_quantize_absmax(w->absmax, gm_nf4_sizes_of(n).n_blocks, (uint8_t *)dst->absmax_code,
                            (float *)dst->absmax2, &offset, w->n_threads);

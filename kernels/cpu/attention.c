@@ -16,6 +16,7 @@
 #include "kernels.h"
 
 #include "gm_status.h"
+#include "gm_omp.h"
 
 #include <math.h>
 #include <string.h>
@@ -38,7 +39,7 @@ void gm_k_attention_fwd_cpu(const gm_kctx *ctx, float *out, const float *q, cons
                             int64_t D, int64_t S, int64_t pos0, int64_t window, float scale) {
     GM_ASSERT(H % KVH == 0 && D <= MAX_HEAD_DIM);
     int64_t group = H / KVH;
-#pragma omp parallel for collapse(3) num_threads(ctx->n_threads) schedule(static)
+    GM_OMP_FOR(ctx->n_threads, 1, collapse(3) schedule(static),
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < T; t++) {
             for (int64_t h = 0; h < H; h++) {
@@ -79,5 +80,5 @@ void gm_k_attention_fwd_cpu(const gm_kctx *ctx, float *out, const float *q, cons
                 for (int64_t d = 0; d < D; d++) o[d] = acc[d] * inv;
             }
         }
-    }
+    });
 }

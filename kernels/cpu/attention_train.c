@@ -13,6 +13,7 @@
 #include "kernels.h"
 
 #include "gm_status.h"
+#include "gm_omp.h"
 
 #include <cblas.h>
 #include <math.h>
@@ -34,7 +35,7 @@ void gm_k_attention_train_fwd_cpu(const gm_kctx *ctx, float *out, float *lse, co
                                   int64_t window, float scale) {
     GM_ASSERT(ctx->scratch && ctx->scratch_floats >= gm_k_attention_scratch_floats(B, T, H, D, ctx->n_threads));
     int64_t group = H / KVH, qs = H * D, ks = KVH * D;
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(dynamic, 1)
+    GM_OMP_FOR(ctx->n_threads, 1, schedule(dynamic, 1),
     for (int64_t task = 0; task < B * H; task++) {
         int64_t b = task / H, h = task % H, kvh = h / group;
         float *S = ctx->scratch + (size_t)omp_get_thread_num() * 2u * (size_t)(T * T);
@@ -60,7 +61,7 @@ void gm_k_attention_train_fwd_cpu(const gm_kctx *ctx, float *out, float *lse, co
         /* O = P V  (T x D), written into the strided (B, T, H, D) output */
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)D, (int)T, 1.0f, S, (int)T, vh,
                     (int)ks, 0.0f, out + b * T * qs + h * D, (int)qs);
-    }
+    });
 }
 
 void gm_k_attention_bwd_cpu(const gm_kctx *ctx, float *dq, float *dk, float *dv, const float *dout,
@@ -71,7 +72,7 @@ void gm_k_attention_bwd_cpu(const gm_kctx *ctx, float *dq, float *dk, float *dv,
     int64_t group = H / KVH, qs = H * D, ks = KVH * D;
     float *dk_part = ctx->scratch + (size_t)ctx->n_threads * 2u * (size_t)(T * T);
     float *dv_part = dk_part + (size_t)(B * H * T * D);
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(dynamic, 1)
+    GM_OMP_FOR(ctx->n_threads, 1, schedule(dynamic, 1),
     for (int64_t task = 0; task < B * H; task++) {
         int64_t b = task / H, h = task % H, kvh = h / group;
         float *P = ctx->scratch + (size_t)omp_get_thread_num() * 2u * (size_t)(T * T);
@@ -105,9 +106,9 @@ void gm_k_attention_bwd_cpu(const gm_kctx *ctx, float *dq, float *dk, float *dv,
                     (int)ks, 0.0f, dq + b * T * qs + h * D, (int)qs);
         cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)T, (int)D, (int)T, scale, dP, (int)T, qh,
                     (int)qs, 0.0f, dk_part + (b * H + h) * T * D, (int)D);
-    }
+    });
     /* sum the query heads of each group into the kv-head gradients */
-#pragma omp parallel for collapse(2) num_threads(ctx->n_threads) schedule(static)
+    GM_OMP_FOR(ctx->n_threads, 1, collapse(2) schedule(static),
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < T; t++) {
             for (int64_t kh = 0; kh < KVH; kh++) {
@@ -123,5 +124,5 @@ void gm_k_attention_bwd_cpu(const gm_kctx *ctx, float *dq, float *dk, float *dv,
                 }
             }
         }
-    }
+    });
 }

@@ -10,6 +10,7 @@
 #include "nf4_tables.h"
 
 #include "gm_status.h"
+#include "gm_omp.h"
 
 #include <string.h>
 
@@ -263,6 +264,7 @@ void gm_dequant_wrow(const gm_wview *w, int64_t r, float *dst) {
 
 void gm_k_dequant_rows_cpu(const gm_kctx *ctx, float *out, const gm_wview *w, int64_t row0, int64_t rows) {
     int64_t K = w->cols;
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (rows * K > 65536)
-    for (int64_t r = 0; r < rows; r++) gm_dequant_wrow(w, row0 + r, out + r * K);
+    GM_OMP_FOR(ctx->n_threads, rows * K > 65536, schedule(static),
+        for (int64_t r = 0; r < rows; r++) gm_dequant_wrow(w, row0 + r, out + r * K);
+    );
 }

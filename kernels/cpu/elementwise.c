@@ -8,6 +8,7 @@
 #include "kernels.h"
 
 #include "gm_philox.h"
+#include "gm_omp.h"
 
 #include <math.h>
 
@@ -19,18 +20,21 @@ static inline float gelu_tanh(float z) {
 
 void gm_k_geglu_fwd_cpu(const gm_kctx *ctx, float *out, const float *gate, const float *up,
                         int64_t n) {
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) out[i] = gelu_tanh(gate[i]) * up[i];
+    GM_OMP_FOR(ctx->n_threads, n > 65536, schedule(static),
+        for (int64_t i = 0; i < n; i++) out[i] = gelu_tanh(gate[i]) * up[i];
+    );
 }
 
 void gm_k_add_fwd_cpu(const gm_kctx *ctx, float *y, const float *x, int64_t n) {
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (n > 262144)
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    GM_OMP_FOR(ctx->n_threads, n > 262144, schedule(static),
+        for (int64_t i = 0; i < n; i++) y[i] += x[i];
+    );
 }
 
 void gm_k_softcap_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, int64_t n, float cap) {
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) out[i] = cap * tanhf(x[i] / cap);
+    GM_OMP_FOR(ctx->n_threads, n > 65536, schedule(static),
+        for (int64_t i = 0; i < n; i++) out[i] = cap * tanhf(x[i] / cap);
+    );
 }
 
 /* d gelu_tanh / dz = 0.5 (1 + t) + 0.5 z (1 - t^2) c (1 + 3 * 0.044715 z^2), t = tanh(c (z + 0.044715 z^3))
@@ -38,7 +42,7 @@ void gm_k_softcap_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, int64_
  * before it is written. */
 void gm_k_geglu_bwd_cpu(const gm_kctx *ctx, float *dgate, float *dup, const float *dh, const float *gate,
                         const float *up, int64_t n) {
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (n > 65536)
+    GM_OMP_FOR(ctx->n_threads, n > 65536, schedule(static),
     for (int64_t i = 0; i < n; i++) {
         float z = gate[i], u = up[i], g = dh[i];
         float t = tanhf(GELU_C * (z + 0.044715f * z * z * z));
@@ -46,16 +50,18 @@ void gm_k_geglu_bwd_cpu(const gm_kctx *ctx, float *dgate, float *dup, const floa
         float dgelu = 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * 0.044715f * z * z);
         dgate[i] = g * u * dgelu;
         dup[i] = g * gelu;
-    }
+    });
 }
 
 void gm_k_scale_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, int64_t n, float s) {
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (n > 262144)
-    for (int64_t i = 0; i < n; i++) out[i] = s * x[i];
+    GM_OMP_FOR(ctx->n_threads, n > 262144, schedule(static),
+        for (int64_t i = 0; i < n; i++) out[i] = s * x[i];
+    );
 }
 
 void gm_k_dropout_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, int64_t n, float p, uint64_t key) {
     float keep_scale = 1.0f / (1.0f - p);
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) out[i] = gm_philox_uniform(key, (uint64_t)i) >= p ? x[i] * keep_scale : 0.0f;
+    GM_OMP_FOR(ctx->n_threads, n > 65536, schedule(static),
+        for (int64_t i = 0; i < n; i++) out[i] = gm_philox_uniform(key, (uint64_t)i) >= p ? x[i] * keep_scale : 0.0f;
+    );
 }

@@ -12,6 +12,7 @@
 #include "kernels.h"
 
 #include "gm_status.h"
+#include "gm_omp.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -60,10 +61,9 @@ void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const g
     }
     GM_ASSERT(ctx->scratch && ctx->scratch_floats >= gm_k_matmul_scratch_floats(w->type, N, K, ctx->n_threads));
     if (M <= GEMV_MAX_M) {
-#pragma omp parallel num_threads(ctx->n_threads)
-        {
+        GM_OMP_PARALLEL(ctx->n_threads, 1, {
             float *row = ctx->scratch + (size_t)omp_get_thread_num() * (size_t)K;
-#pragma omp for schedule(static)
+        GM_PRAGMA(omp for schedule(static))
             for (int64_t n = 0; n < N; n++) {
                 gm_dequant_wrow(w, n, row);
                 for (int64_t m = 0; m < M; m++) {
@@ -71,7 +71,7 @@ void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const g
                     out[m * N + n] = beta != 0.0f ? out[m * N + n] + v : v;
                 }
             }
-        }
+        });
         return;
     }
     for (int64_t p0 = 0; p0 < N; p0 += GM_MATMUL_PANEL_ROWS) {

@@ -7,12 +7,13 @@
  * Hugging Face checkpoints, the stored value for GGUF, which already holds 1 + w).
  */
 #include "kernels.h"
+#include "gm_omp.h"
 
 #include <math.h>
 
 void gm_k_rmsnorm_fwd_cpu(const gm_kctx *ctx, float *out, float *rstd, const float *x,
                           const float *w, int64_t N, int64_t C, float eps) {
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (N * C > 32768)
+    GM_OMP_FOR(ctx->n_threads, N * C > 32768, schedule(static),
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * C;
         double ss = 0.0;
@@ -21,12 +22,12 @@ void gm_k_rmsnorm_fwd_cpu(const gm_kctx *ctx, float *out, float *rstd, const flo
         if (rstd) rstd[n] = r;
         float *o = out + n * C;
         for (int64_t c = 0; c < C; c++) o[c] = (xr[c] * r) * w[c];
-    }
+    });
 }
 
 void gm_k_rmsnorm_bwd_cpu(const gm_kctx *ctx, float *dx, float *dw, const float *dy, const float *x,
                           const float *w, const float *rstd, int64_t N, int64_t C, float beta) {
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (N * C > 32768)
+    GM_OMP_FOR(ctx->n_threads, N * C > 32768, schedule(static),
     for (int64_t n = 0; n < N; n++) {
         const float *xr = x + n * C, *dyr = dy + n * C;
         float r = rstd[n];
@@ -38,13 +39,13 @@ void gm_k_rmsnorm_bwd_cpu(const gm_kctx *ctx, float *dx, float *dw, const float 
             float g = r * (dyr[c] * w[c] - xr[c] * r * mean);
             dxr[c] = beta != 0.0f ? dxr[c] + g : g;
         }
-    }
+    });
     if (dw) { /* column sums, parallel over columns so no two threads write one element */
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (N * C > 32768)
+        GM_OMP_FOR(ctx->n_threads, N * C > 32768, schedule(static),
         for (int64_t c = 0; c < C; c++) {
             double s = 0.0;
             for (int64_t n = 0; n < N; n++) s += (double)dy[n * C + c] * (double)(x[n * C + c] * rstd[n]);
             dw[c] += (float)s;
-        }
+        });
     }
 }

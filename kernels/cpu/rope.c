@@ -8,6 +8,7 @@
  * Backward: the rotation is orthogonal, so the gradient is rotated by -angle (sin negated).
  */
 #include "kernels.h"
+#include "gm_omp.h"
 
 #include <math.h>
 
@@ -15,7 +16,7 @@
 static void rope(const gm_kctx *ctx, float *out, const float *x, const int32_t *pos, int64_t N, int64_t NH,
                  int64_t D, float theta, float pos_scale, float sign) {
     int64_t half = D / 2;
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static) if (N * NH * D > 32768)
+    GM_OMP_FOR(ctx->n_threads, N * NH * D > 32768, schedule(static),
     for (int64_t n = 0; n < N; n++) {
         float p = (float)pos[n] * pos_scale;
         for (int64_t i = 0; i < half; i++) {
@@ -31,7 +32,7 @@ static void rope(const gm_kctx *ctx, float *out, const float *x, const int32_t *
                 o[i + half] = x2 * c + x1 * s;
             }
         }
-    }
+    });
 }
 
 void gm_k_rope_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const int32_t *pos, int64_t N, int64_t NH,

@@ -8,6 +8,7 @@
  * z = c tanh(l / c) (Gemma 3n/4) with dz/dl = 1 - (z/c)^2 (gemma_architecture.md §1.7).
  */
 #include "kernels.h"
+#include "gm_omp.h"
 
 #include <math.h>
 
@@ -16,7 +17,7 @@ static inline float capped(float l, float c) { return c > 0.0f ? c * tanhf(l / c
 void gm_k_xent_lse_update_cpu(const gm_kctx *ctx, float *run_max, float *run_sum, float *tgt_logit,
                               const float *logits, const int32_t *targets, int64_t R, int64_t Vc, int64_t v0,
                               float softcap) {
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static)
+    GM_OMP_FOR(ctx->n_threads, 1, schedule(static),
     for (int64_t r = 0; r < R; r++) {
         const float *row = logits + r * Vc;
         float mx = run_max[r];
@@ -31,12 +32,12 @@ void gm_k_xent_lse_update_cpu(const gm_kctx *ctx, float *run_max, float *run_sum
         run_sum[r] = (float)s;
         int32_t t = targets[r];
         if (t >= v0 && t < v0 + Vc) tgt_logit[r] = capped(row[t - v0], softcap);
-    }
+    });
 }
 
 void gm_k_xent_grad_cpu(const gm_kctx *ctx, float *dlogits, const float *lse, const int32_t *targets, int64_t R,
                         int64_t Vc, int64_t v0, float softcap, float grad_scale) {
-#pragma omp parallel for num_threads(ctx->n_threads) schedule(static)
+    GM_OMP_FOR(ctx->n_threads, 1, schedule(static),
     for (int64_t r = 0; r < R; r++) {
         float *row = dlogits + r * Vc;
         int32_t t = targets[r];
@@ -50,5 +51,5 @@ void gm_k_xent_grad_cpu(const gm_kctx *ctx, float *dlogits, const float *lse, co
             if (softcap > 0.0f) g *= 1.0f - (z / softcap) * (z / softcap);
             row[j] = grad_scale * g;
         }
-    }
+    });
 }
