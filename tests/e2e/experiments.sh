@@ -6,7 +6,10 @@
 #   - a full sweep, the rerun that keeps finished trials, `gemmarun table` from the stored files;
 #   - a trial that fails (NaN) while the others complete (exit 1);
 #   - kill -9 in the middle of a trial: the finished trial's file is untouched, the interrupted
-#     one resumes from its checkpoint; Ctrl-C checkpoints and exits cleanly.
+#     one resumes from its checkpoint and ends bit-identical (loss, lr and grad-norm series,
+#     every adapter tensor, the final evaluation) to the same trial run without interruption;
+#     Ctrl-C checkpoints and exits cleanly;
+#   - a runner trial's measured peak memory is within 5% of its plan.
 set -u
 source "$(dirname "$0")/lib.bash"
 SRC=$(pwd)
@@ -148,8 +151,30 @@ first=$(grep -o "trial 1/2  [0-9a-f]*" killed1.log | head -1 | awk '{print $3}')
 before=$(sha256sum "results/killed/trial-$first.h5" | cut -c1-64)
 expect_run "after kill -9 the interrupted trial resumes from its checkpoint" 0 "trial 1/2  $first  lr=0.01 seed=1: done \(kept\).*resuming from step [0-9]+" -- env EPOCHS=60 "$GM" killed.lua
 after=$(sha256sum "results/killed/trial-$first.h5" | cut -c1-64)
-[ "$before" = "$after" ] && { pass=$((pass + 1)); echo "ok    the finished trial's file is untouched"; } \
+[ -n "$first" ] && [ -n "$before" ] && [ "$before" = "$after" ] && { pass=$((pass + 1)); echo "ok    the finished trial's file is untouched"; } \
   || { fail=$((fail + 1)); echo "FAIL  the finished trial's file changed"; }
+# the resumed trial against the same trial run straight through, in a folder of its own: the
+# series and tensors must be equal value for value (h5diff without a tolerance)
+second=$(grep -o "trial 2/2  [0-9a-f]*" killed1.log | head -1 | awk '{print $3}')
+mkdir -p straight && ln -sfn ../data straight/data && cp killed.lua straight/
+(cd straight && EPOCHS=60 "$GM" killed.lua --trial 2 > straight.log 2>&1)
+differ=""
+for obj in /metrics/step /metrics/loss /metrics/lr /metrics/grad_norm /metrics/supervised_tokens /adapter /eval/final; do
+  h5diff -q "results/killed/trial-$second.h5" "straight/results/killed/trial-$second.h5" "$obj" "$obj" > /dev/null 2>&1 || differ="$differ $obj"
+done
+[ -n "$second" ] && [ -z "$differ" ] && [ "$(h5dump -d /metrics/step straight/results/killed/trial-$second.h5 | grep -c "DATASPACE.*SIMPLE")" = 1 ] \
+  && { pass=$((pass + 1)); echo "ok    the resumed trial equals the uninterrupted one: step, loss, lr and grad-norm series, all adapter tensors, final evaluation"; } \
+  || { fail=$((fail + 1)); echo "FAIL  the resumed trial '$second' differs from the uninterrupted one in:${differ:- (no trial)}"; }
+
+# planned vs measured peak memory of a runner trial (the plan includes the runner's own share)
+h5attr() { h5dump -a "$2" "$1" 2>/dev/null | sed -n 's/^ *(0): *//p' | head -1; }
+planned=$(h5attr "straight/results/killed/trial-$second.h5" /memory/planned_total)
+measured=$(h5attr "straight/results/killed/trial-$second.h5" /memory/measured_peak_rss)
+if [ -n "$planned" ] && [ -n "$measured" ] && awk -v p="$planned" -v m="$measured" 'BEGIN { d = (m - p) / p; exit !(d <= 0.05 && d >= -0.05) }'; then
+  pass=$((pass + 1)); echo "ok    a runner trial's peak memory is within 5% of its plan ($measured vs $planned bytes)"
+else
+  fail=$((fail + 1)); echo "FAIL  a runner trial's peak memory '$measured' vs plan '$planned': outside 5%"
+fi
 
 # ---- Ctrl-C -------------------------------------------------------------------------------------
 sed -e 's/name = "tiny"/name = "ctrlc"/' -e 's/seeds = {1, 2}/seeds = {1}/' -e 's/sweep = grid { lr = {1e-2, 3e-3} },//' tiny.lua > ctrlc.lua

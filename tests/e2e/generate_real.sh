@@ -7,11 +7,27 @@ MODEL=$(real_model) || { echo "0 passed, 1 failed"; exit 1; }
 # Greedy text of the reference (transformers, tests/ref/gemma3_270m_ref.h5 /p0 greedy_text).
 expect_run "generate greedy" 0 "The capital of France is the capital of the country of France\. It is the largest city in France" \
   -- "$GM" generate gemma3-270m "The capital of France is" --max-tokens 16
-expect_run "generate sampled is reproducible" 0 "." -- "$GM" generate gemma3-270m "Hello" --max-tokens 8 --temperature 1 --seed 7
-a=$("$GM" generate gemma3-270m "Hello" --max-tokens 12 --temperature 1 --top-k 64 --top-p 0.95 --seed 7 2>/dev/null)
-b=$("$GM" generate gemma3-270m "Hello" --max-tokens 12 --temperature 1 --top-k 64 --top-p 0.95 --seed 7 --threads 1 2>/dev/null)
-[ "$a" = "$b" ] && { pass=$((pass + 1)); echo "ok    same seed, different thread count: same text"; } \
+# sampled generation: the text (stdout) and the report (stderr) apart; the text is the prompt and
+# a continuation of the requested 12 tokens, the same for the same seed (with 2 threads or 1),
+# another for another seed; the report counts the 12 tokens and nothing else is said
+sample() { # SEED THREADS: sets out, err, rc
+  rc=0
+  out=$("$GM" generate gemma3-270m "Hello" --max-tokens 12 --temperature 1 --top-k 64 --top-p 0.95 --seed "$1" \
+        --threads "$2" 2> "$TMP/err") || rc=$?
+  err=$(cat "$TMP/err")
+}
+sample 7 2; a=$out; a_err=$err; a_rc=$rc
+sample 7 1; b=$out; b_rc=$rc
+sample 8 2; c=$out; c_rc=$rc
+ntok=$(printf '%s' "$a_err" | sed -n 's/.* prompt tokens at .*, \([0-9]*\) new tokens at .*/\1/p')
+[ "$a_rc$b_rc$c_rc" = 000 ] && [ "${a#Hello}" != "$a" ] && [ ${#a} -gt 12 ] && [ "$ntok" = 12 ] \
+  && [ "$(printf '%s\n' "$a_err" | grep -vc "^gemmarun: .* prompt tokens at .* new tokens at ")" = 0 ] \
+  && { pass=$((pass + 1)); echo "ok    sampled: 'Hello' and 12 new tokens ('${a#Hello}'), one report line on stderr"; } \
+  || { fail=$((fail + 1)); echo "FAIL  sampled generation: exit $a_rc/$b_rc/$c_rc, text '$a', stderr '$a_err'"; }
+[ -n "$a" ] && [ "$a" = "$b" ] && { pass=$((pass + 1)); echo "ok    same seed, different thread count: same text"; } \
   || { fail=$((fail + 1)); echo "FAIL  sampled text depends on the thread count: '$a' vs '$b'"; }
+[ -n "$c" ] && [ "$a" != "$c" ] && { pass=$((pass + 1)); echo "ok    another seed, another text ('${c#Hello}')"; } \
+  || { fail=$((fail + 1)); echo "FAIL  seeds 7 and 8 give the same text '$a'"; }
 expect_run "inspect" 0 "q8_0\[262144, 640\]" -- "$GM" inspect gemma3-270m
 expect_run "lua API" 0 "lua api ok" -- "$GM" tests/lua/model_api.lua
 expect_run "quickstart: dry run lists the 8 trials" 0 "experiment quickstart: 8 trials \(sweep over lr, quant x 2 seeds\).*trial  8 .*lr=0.001 quant=nf4 seed=2  plan" -- "$GM" experiments/quickstart.lua --dry-run

@@ -24,6 +24,15 @@ expect_run() {
   fi
 }
 
+# skip_unless_ci WHAT: a check that cannot run here (a missing tool) is a skip on a developer's
+# machine and a failure under CI (CI set, not 0/false), where setup.sh installs every tool.
+skip_unless_ci() {
+  case "${CI:-}" in
+    "" | 0 | false) echo "skip  $1" ;;
+    *) fail=$((fail + 1)); echo "FAIL  $1 (CI is set: a skip is a failure here)" ;;
+  esac
+}
+
 finish() {
   echo "$pass passed, $fail failed"
   [ "$fail" = 0 ]

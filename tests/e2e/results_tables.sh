@@ -171,7 +171,7 @@ print("python readers ok")
 EOF
   expect_run "pandas.read_hdf and h5py read the files" 0 "python readers ok" -- "$PY" read.py
 else
-  echo "skip  pandas/h5py check (no Python with pandas, h5py and tables: run ./setup.sh)"
+  skip_unless_ci "pandas/h5py check (no Python with pandas, h5py and tables: run ./setup.sh)"
 fi
 
 # Trials that differ in a field the report does not name (max_length edited between two runs of

@@ -2,8 +2,12 @@
 """LoRA / QLoRA training reference for gemmarun (run by hand, never in CI).
 
 Writes tests/ref/lora_ref.h5: what Hugging Face PEFT (LoRA, "all-linear") computes on the tiny random
-Gemma 3 in tests/ref/tiny_gemma3/ (f32 safetensors), once on the f32 base and once on a
-bitsandbytes NF4 (double-quantized) base, on the CPU:
+Gemma 3 in tests/ref/tiny_gemma3_lora/ (f32 safetensors), once on the f32 base and once on a
+bitsandbytes NF4 (double-quantized) base, on the CPU. tiny_gemma3_lora/ is tests/ref/tiny_gemma3/
+with its embedding (= the tied LM head) scaled by EMBED_SCALE, written here: with tiny_gemma3's
+N(0,1) embedding the model put ~all probability on one token (loss ~57 nats, top probability
+>= 1 - 1.4e-7 on every target), so a cross-entropy that dropped every non-max term would still
+have matched. Scaled, the loss is near ln V and no target is saturated (asserted below).
 
   /f32/...  /nf4/...   init  : PEFT's default LoRA init (A kaiming-uniform, B = 0), torch.manual_seed(0)
                        grad  : loss, logits and every LoRA gradient for random A and B (seed 1)
@@ -11,6 +15,10 @@ bitsandbytes NF4 (double-quantized) base, on the CPU:
                        accum : the same 10 steps as 2 micro-batches x gradient accumulation 2
   /f32/rslora          use_rslora=True, r=8, alpha=16: loss + gradients for random A and B
   /f32/dropout         lora_dropout=0.1 evaluated in eval mode (dropout off): equals /f32/grad/loss
+  /multichunk          a second random Gemma 3 (tests/ref/tiny_gemma3_v9k/, written here: vocabulary
+                       9,000 > one LM-head chunk of 8,192 columns) on 2 x 300 tokens, 558 targets >
+                       one chunk of 512 rows: loss + gradients for random A and B, then 3 AdamW steps
+                       from them, so the trainer's multi-chunk online log-sum-exp meets PEFT
   /nf4/quant, /nf4/... the exact NF4 quantization state of every quantized Linear, the NF4 and
                        nested (dynamic 8-bit) code tables, a verification of the dequantization
                        formula against bitsandbytes, and one extra tensor that spans several
@@ -56,7 +64,11 @@ from peft.tuners.lora import LoraLayer  # noqa: E402
 from transformers import BitsAndBytesConfig, Gemma3ForCausalLM, get_linear_schedule_with_warmup  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODEL_DIR = os.path.join(HERE, "tiny_gemma3")
+SRC_MODEL_DIR = os.path.join(HERE, "tiny_gemma3")
+MODEL_DIR = os.path.join(HERE, "tiny_gemma3_lora")
+MC_MODEL_DIR = os.path.join(HERE, "tiny_gemma3_v9k")
+EMBED_SCALE = 0.1              # tiny_gemma3_lora = tiny_gemma3 with embedding x EMBED_SCALE
+MAX_TOP_PROB = 0.5             # de-saturation: no supervised target's top probability above this
 
 # ---------------------------------------------------------------------------------------------
 # Fixed choices (all recorded in the file)
@@ -82,6 +94,17 @@ LR, BETAS, EPS, WD = 2e-3, (0.9, 0.999), 1e-8, 0.01
 WARMUP = 2
 MAX_GRAD_NORM = 1.0
 MICRO_BATCHES = [[0, 1], [2, 3]]
+
+# /multichunk: vocabulary and supervised rows above one LM-head chunk (gm_train.h GM_LM_VOCAB 8192,
+# GM_LM_ROWS 512)
+MC_SEED_WEIGHTS = 20251202
+MC_SEED_DATA = 20251203
+MC_VOCAB = 9000
+MC_B, MC_T = 2, 300
+MC_LENGTHS = [300, 290]
+MC_PROMPT_LENS = [10, 20]
+MC_EMBED_STD = 0.1
+MC_STEPS, MC_WARMUP = 3, 0
 
 NF4_BLOCK, NESTED_BLOCK = 64, 256
 QUANT_EXTRA_SHAPE = (40, 832)  # 33280 elements = 520 NF4 blocks = 3 nested groups (256, 256, 8)
@@ -157,14 +180,15 @@ def h5_attrs(obj, d):
 # ---------------------------------------------------------------------------------------------
 
 
-def make_data():
-    rng = np.random.default_rng(SEED_DATA)
-    ids = np.full((B, T), PAD_ID, dtype=np.int64)
-    mask = np.zeros((B, T), dtype=np.int64)
-    labels = np.full((B, T), -100, dtype=np.int64)
-    for b in range(B):
-        n, p = LENGTHS[b], PROMPT_LENS[b]
-        ids[b, :n] = rng.integers(4, VOCAB, size=n)
+def make_data(seed=SEED_DATA, shape=(B, T), lengths=LENGTHS, prompt_lens=PROMPT_LENS, vocab=VOCAB):
+    rng = np.random.default_rng(seed)
+    nb, nt = shape
+    ids = np.full((nb, nt), PAD_ID, dtype=np.int64)
+    mask = np.zeros((nb, nt), dtype=np.int64)
+    labels = np.full((nb, nt), -100, dtype=np.int64)
+    for b in range(nb):
+        n, p = lengths[b], prompt_lens[b]
+        ids[b, :n] = rng.integers(4, vocab, size=n)
         mask[b, :n] = 1
         labels[b, p:n] = ids[b, p:n]
     # supervised shifted targets: labels[:, 1:] != -100 (position 0 is never a target)
@@ -182,10 +206,58 @@ def make_data():
 # ---------------------------------------------------------------------------------------------
 
 
-def load_base(kind):
+def save_model_dir(out_dir, config_bytes, weights):
+    """config.json as given + model.safetensors (deterministic: sorted keys, fixed metadata)."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "wb") as f:
+        f.write(config_bytes)
+    safetensors.torch.save_file({k: weights[k].contiguous() for k in sorted(weights)},
+                                os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
+
+
+def make_lora_model_dir():
+    """tests/ref/tiny_gemma3_lora: tiny_gemma3 with its embedding (tied LM head) x EMBED_SCALE."""
+    with open(os.path.join(SRC_MODEL_DIR, "config.json"), "rb") as f:
+        cfg = f.read()
+    w = safetensors.torch.load_file(os.path.join(SRC_MODEL_DIR, "model.safetensors"))
+    w["model.embed_tokens.weight"] = w["model.embed_tokens.weight"] * np.float32(EMBED_SCALE)
+    save_model_dir(MODEL_DIR, cfg, w)
+
+
+def make_mc_model_dir():
+    """tests/ref/tiny_gemma3_v9k: a random Gemma 3 with a 9,000-entry vocabulary (2 layers, width 32).
+    Weights: embedding N(0, MC_EMBED_STD^2), norms N(0, 0.3^2) (effective scale 1 + w), Linears
+    N(0, 1/fan_in), from torch.Generator(MC_SEED_WEIGHTS) in named_parameters order."""
+    from transformers import Gemma3TextConfig
+    cfg = Gemma3TextConfig(
+        vocab_size=MC_VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16, rms_norm_eps=1e-6, sliding_window=16,
+        max_position_embeddings=512, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+                         "full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0}},
+        tie_word_embeddings=True, pad_token_id=0, eos_token_id=1, bos_token_id=2, attn_implementation="eager")
+    model = Gemma3ForCausalLM(cfg)
+    g = torch.Generator().manual_seed(MC_SEED_WEIGHTS)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "embed_tokens" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * MC_EMBED_STD)
+            elif "norm" in n:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) / math.sqrt(p.shape[1]))
+    with tempfile.TemporaryDirectory() as d:
+        model.save_pretrained(d)
+        with open(os.path.join(d, "config.json"), "rb") as f:
+            cfg_bytes = f.read()
+    w = {k: v.detach().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_model_dir(MC_MODEL_DIR, cfg_bytes, w)
+
+
+def load_base(kind, model_dir=MODEL_DIR):
     common = dict(dtype=torch.float32, attn_implementation="eager")
     if kind == "f32":
-        m = Gemma3ForCausalLM.from_pretrained(MODEL_DIR, **common)
+        m = Gemma3ForCausalLM.from_pretrained(model_dir, **common)
     elif kind == "nf4":
         q = BitsAndBytesConfig(
             load_in_4bit=True,
@@ -285,6 +357,13 @@ def forward_loss(pm, data, rows=None, num_items=None):
     return out.loss, out.logits
 
 
+def max_target_prob(logits, labels):
+    """Largest softmax probability at any supervised position (saturation check)."""
+    lg = logits.double()[:, :-1].reshape(-1, logits.shape[-1])
+    keep = labels[:, 1:].reshape(-1) != -100
+    return float(torch.softmax(lg[keep], -1).max())
+
+
 def manual_loss_f64(logits, labels, denom=None):
     """HF ForCausalLMLoss recomputed in f64 (check only)."""
     lg = logits.double()[:, :-1].reshape(-1, logits.shape[-1])
@@ -304,13 +383,13 @@ def zero_grads(params):
         p.grad = None
 
 
-def train_steps(pm, params, data, accum):
-    """10 AdamW steps as HF Trainer does them. Returns (loss[10], lr[10], grad_norm[10], final weights)."""
+def train_steps(pm, params, data, accum, n_steps=N_STEPS, warmup=WARMUP):
+    """n_steps AdamW steps as HF Trainer does them. Returns (loss[n], lr[n], grad_norm[n], final weights)."""
     plist = list(params.values())
     opt = torch.optim.AdamW(plist, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD)
-    sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=WARMUP, num_training_steps=N_STEPS)
+    sched = get_linear_schedule_with_warmup(opt, num_warmup_steps=warmup, num_training_steps=n_steps)
     losses, lrs, norms = [], [], []
-    for _ in range(N_STEPS):
+    for _ in range(n_steps):
         zero_grads(params)
         if not accum:
             loss, _ = forward_loss(pm, data)
@@ -634,7 +713,9 @@ def run_base(kind, data, f32_weights):
     loss.backward()
     res["grad"] = dict(weights=wr, loss=float(loss.detach()), grads=grads_of(params),
                        logits=logits.detach().float().numpy(),
-                       loss_f64_check=manual_loss_f64(logits.detach(), data["labels"]))
+                       loss_f64_check=manual_loss_f64(logits.detach(), data["labels"]),
+                       max_top_prob=max_target_prob(logits.detach(), data["labels"]))
+    assert res["grad"]["max_top_prob"] < MAX_TOP_PROB, ("saturated", res["grad"]["max_top_prob"])
     zero_grads(params)
 
     # 3. steps
@@ -654,6 +735,30 @@ def run_base(kind, data, f32_weights):
             if isinstance(m, bnb.nn.Linear4bit):
                 assert not getattr(m.weight.quant_state, "packing_format_for_cpu", False), n
     res["seconds"] = time.time() - t0
+    return res
+
+
+def run_multichunk():
+    """PEFT on tiny_gemma3_v9k: loss + grads at random A/B, then MC_STEPS AdamW steps from them."""
+    data = make_data(MC_SEED_DATA, (MC_B, MC_T), MC_LENGTHS, MC_PROMPT_LENS, MC_VOCAB)
+    assert data["n_supervised"] > 512, data["n_supervised"]
+    base = load_base("f32", MC_MODEL_DIR)
+    pm = make_peft(base, lora_config())
+    params = adapter_params(pm)
+    wr = random_ab(params)
+    load_weights(params, wr)
+    zero_grads(params)
+    loss, logits = forward_loss(pm, data)
+    loss.backward()
+    res = dict(data=data, weights=wr, loss=float(loss.detach()), grads=grads_of(params),
+               loss_f64_check=manual_loss_f64(logits.detach(), data["labels"]),
+               max_top_prob=max_target_prob(logits.detach(), data["labels"]),
+               keys=list(params))
+    assert res["max_top_prob"] < MAX_TOP_PROB, res["max_top_prob"]
+    zero_grads(params)
+    load_weights(params, wr)
+    res["steps"] = dict(zip(("loss", "lr", "grad_norm", "final"),
+                            train_steps(pm, params, data, accum=False, n_steps=MC_STEPS, warmup=MC_WARMUP)))
     return res
 
 
@@ -714,6 +819,7 @@ def write_base(f, res):
     write_tensors(h5_path(gr, "weights"), res["grad"]["weights"])
     write_tensors(h5_path(gr, "grads"), res["grad"]["grads"])
     h5_attrs(gr, {"loss_recomputed_f64_from_logits": np.float64(res["grad"]["loss_f64_check"]),
+                  "max_target_top_probability": np.float64(res["grad"]["max_top_prob"]),
                   "random_ab": f"torch.Generator().manual_seed({SEED_RANDOM_AB}); for each key in state-dict "
                                f"order: lora_A = torch.rand(shape)*{2 * A_RANGE} - {A_RANGE}; "
                                f"lora_B = torch.randn(shape)*{B_STD}"})
@@ -771,7 +877,34 @@ def write_base(f, res):
                             "compress_statistics=True, quant_type='nf4'); dequant = bnb dequantize_4bit"})
 
 
-def write_file(path, data, results, rslora, dropout):
+def write_multichunk(f, mc):
+    g = h5_path(f, "multichunk")
+    d = mc["data"]
+    h5_attrs(g, {"model_dir": "tests/ref/tiny_gemma3_v9k", "vocab_size": np.int32(MC_VOCAB),
+                 "lengths": np.array(MC_LENGTHS, np.int32), "prompt_lengths": np.array(MC_PROMPT_LENS, np.int32),
+                 "n_supervised": np.int32(d["n_supervised"]), "seed_data": np.int64(MC_SEED_DATA),
+                 "seed_weights": np.int64(MC_SEED_WEIGHTS),
+                 "why": "vocabulary 9000 > GM_LM_VOCAB 8192 and supervised rows > GM_LM_ROWS 512: the trainer's "
+                        "LM head runs in 2 x 2 chunks with an online log-sum-exp"})
+    h5_dset(g, "input_ids", d["input_ids"].numpy(), np.int32)
+    h5_dset(g, "attention_mask", d["attention_mask"].numpy(), np.int32)
+    h5_dset(g, "labels", d["labels"].numpy(), np.int32)
+    gr = h5_path(g, "grad")
+    h5_dset(gr, "loss", np.float64(mc["loss"]), np.float64)
+    write_tensors(h5_path(gr, "weights"), mc["weights"])
+    write_tensors(h5_path(gr, "grads"), mc["grads"])
+    h5_attrs(gr, {"loss_recomputed_f64_from_logits": np.float64(mc["loss_f64_check"]),
+                  "max_target_top_probability": np.float64(mc["max_top_prob"])})
+    st = h5_path(g, "steps")
+    h5_dset(st, "loss", mc["steps"]["loss"], np.float64)
+    h5_dset(st, "lr", mc["steps"]["lr"], np.float64)
+    h5_dset(st, "grad_norm", mc["steps"]["grad_norm"], np.float64)
+    write_tensors(h5_path(st, "final"), mc["steps"]["final"])
+    h5_attrs(st, {"how": f"{MC_STEPS} steps from grad/weights, the same AdamW / clipping as /f32/steps, "
+                         f"get_linear_schedule_with_warmup(warmup={MC_WARMUP}, total={MC_STEPS})"})
+
+
+def write_file(path, data, results, rslora, dropout, mc):
     tmp = path + ".tmp"
     if os.path.exists(tmp):
         os.remove(tmp)
@@ -780,7 +913,8 @@ def write_file(path, data, results, rslora, dropout):
         attrs = {f"version_{k}": str(v) for k, v in versions().items()}
         attrs.update({
             "generator": "tests/ref/make_lora_ref.py",
-            "model_dir": "tests/ref/tiny_gemma3",
+            "model_dir": "tests/ref/tiny_gemma3_lora",
+            "embed_scale_vs_tiny_gemma3": np.float64(EMBED_SCALE),
             "torch_num_threads": np.int32(torch.get_num_threads()),
             "lora_config": json.dumps(dict(r=LORA_R, lora_alpha=LORA_ALPHA, lora_dropout=0.0,
                                            target_modules="all-linear", bias="none", use_rslora=False,
@@ -817,6 +951,7 @@ def write_file(path, data, results, rslora, dropout):
         g = h5_path(f, "f32/dropout")
         h5_dset(g, "loss_eval", np.float64(dropout["loss_eval"]), np.float64)
         h5_attrs(g, {"lora_dropout": np.float64(0.1), "equals_grad_loss": np.int32(dropout["equal"])})
+        write_multichunk(f, mc)
     os.replace(tmp, path)
 
 
@@ -826,6 +961,8 @@ def main():
     args = ap.parse_args()
     t0 = time.time()
     setup_torch()
+    make_lora_model_dir()
+    make_mc_model_dir()
     data = make_data()
     f32_weights = safetensors.torch.load_file(os.path.join(MODEL_DIR, "model.safetensors"))
     results = {k: run_base(k, data, f32_weights) for k in ("f32", "nf4")}
@@ -835,7 +972,8 @@ def main():
         assert torch.equal(results["f32"]["init"][k], results["nf4"]["init"][k]), k
     rslora = run_rslora(data)
     dropout = run_dropout(data, results["f32"]["grad"]["loss"])
-    write_file(args.out, data, results, rslora, dropout)
+    mc = run_multichunk()
+    write_file(args.out, data, results, rslora, dropout, mc)
 
     f32, nf4 = results["f32"], results["nf4"]
     log(f"versions: {versions()}")
@@ -856,6 +994,15 @@ def main():
         f"HF-loaded == bnb quantize_4bit(f32 w): {nf4['requant_equal']}, replica {nf4['replica']} "
         f"extra {nf4['replica_extra']}, Linear4bit fwd/bwd vs dequant f32 matmul: "
         f"{nf4['matmul_fwd_diff']} / {nf4['matmul_bwd_diff']}")
+    for r in (f32, nf4):
+        log(f"[{r['kind']}] largest top probability at a target {r['grad']['max_top_prob']:.4f} (ln V = {math.log(VOCAB):.4f})")
+    log(f"multichunk: n_supervised {mc['data']['n_supervised']}, loss {mc['loss']!r} (f64 {mc['loss_f64_check']!r}, "
+        f"ln V = {math.log(MC_VOCAB):.4f}), largest top probability {mc['max_top_prob']:.4f}; "
+        f"steps/loss {mc['steps']['loss'].tolist()}")
+    for dd in (MODEL_DIR, MC_MODEL_DIR):
+        for fn in ("config.json", "model.safetensors"):
+            pth = os.path.join(dd, fn)
+            log(f"wrote {os.path.relpath(pth, HERE)}: {os.path.getsize(pth)} bytes, sha256 {sha256_file(pth)}")
     log(f"rslora: scaling {rslora['scaling']!r} loss {rslora['loss']!r}")
     log(f"dropout: eval loss {dropout['loss_eval']!r} equals grad/loss: {dropout['equal']}")
     log(f"wrote {args.out}: {os.path.getsize(args.out)} bytes, sha256 {sha256_file(args.out)}")

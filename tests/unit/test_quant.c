@@ -648,8 +648,63 @@ static void test_layout_bf16_model(void) {
     gm_model_free(m);
 }
 
+/* The NF4 bytes training uses (gm_weights_layout with quant nf4, the trainer's path) for every
+ * linear of the tiny model that the PEFT fixture was made from, against what bitsandbytes put in
+ * its Linear4bit modules there (tests/ref/lora_ref.h5:/nf4/quant/<module>/: packed nibbles,
+ * 8-bit absmax codes, nested absmax2, offset), byte for byte. */
+static void test_nf4_model_vs_bnb(void) {
+    gm_error err = {0};
+    gm_model *m = NULL;
+    gm_model_opts mo = {.load_tokenizer = false};
+    CHECK_OK(gm_model_load(gm_test_path(GM_TEST_LORA_MODEL), &mo, &m, &err), &err);
+    if (!m) return;
+    char lref[1024];
+    snprintf(lref, sizeof lref, "%s", gm_test_path("tests/ref/lora_ref.h5"));
+    gm_weights w;
+    gm_arena a;
+    build_weights(m, GM_QUANT_NF4, 2, NULL, &w, &a);
+    const gm_arch_def *ar = m->arch;
+    int n_linear = 0, n_equal = 0;
+    for (int64_t l = 0; l < m->cfg.n_layers; l++)
+        for (int wi = 0; wi < ar->n_layer; wi++) {
+            if (ar->layer[wi].kind != GM_W_LINEAR) continue;
+            const gm_wview *q = gm_weights_at(&w, l, wi);
+            char mod[256], ds[320];
+            size_t hl = strlen(ar->layer[wi].hf) - strlen(".weight");
+            snprintf(mod, sizeof mod, "/nf4/quant/model.layers.%lld.%.*s", (long long)l, (int)hl, ar->layer[wi].hf);
+            gm_nf4_sizes sz = gm_nf4_sizes_of(q->rows * q->cols);
+            size_t n_pk, n_cd, n_a2, n_off;
+            snprintf(ds, sizeof ds, "%s/packed", mod);
+            int32_t *pk = gm_test_h5_read(lref, ds, 1, &n_pk, NULL, NULL);
+            snprintf(ds, sizeof ds, "%s/absmax_code", mod);
+            int32_t *cd = gm_test_h5_read(lref, ds, 1, &n_cd, NULL, NULL);
+            snprintf(ds, sizeof ds, "%s/absmax2", mod);
+            float *a2 = gm_test_h5_read(lref, ds, 0, &n_a2, NULL, NULL);
+            snprintf(ds, sizeof ds, "%s/offset", mod);
+            float *off = gm_test_h5_read(lref, ds, 0, &n_off, NULL, NULL);
+            n_linear++;
+            bool eq = pk && cd && a2 && off && q->type == GM_NF4 && n_pk == sz.packed_bytes &&
+                      n_cd == (size_t)sz.n_blocks && n_a2 == (size_t)sz.n_groups && n_off == 1;
+            const uint8_t *qp = q->data, *qc = q->absmax_code;
+            for (size_t i = 0; eq && i < n_pk; i++) eq = qp[i] == (uint8_t)pk[i];
+            for (size_t i = 0; eq && i < n_cd; i++) eq = qc[i] == (uint8_t)cd[i];
+            for (size_t i = 0; eq && i < n_a2; i++) eq = same_bits(q->absmax2[i], a2[i]);
+            eq = eq && same_bits(q->absmax_offset, off[0]);
+            CHECK(eq, "%s: our NF4 bytes differ from bitsandbytes'", mod + 11);
+            n_equal += eq;
+            gm_free(pk), gm_free(cd), gm_free(a2), gm_free(off);
+        }
+    CHECK(n_linear == 42, "the tiny model has %d linears, expected 42", n_linear);
+    printf("nf4: %d of %d linears of the tiny model byte-identical to bitsandbytes' Linear4bit (packed, absmax "
+           "codes, absmax2, offset)\n", n_equal, n_linear);
+    gm_weights_free(&w);
+    gm_arena_free(&a);
+    gm_model_free(m);
+}
+
 int main(void) {
     snprintf(REF, sizeof REF, "%s", gm_test_path("tests/ref/nf4_ref.h5"));
+    test_nf4_model_vs_bnb();
     test_tables();
     for (size_t i = 0; i < sizeof TENSORS / sizeof TENSORS[0]; i++) test_nf4_tensor(TENSORS[i]);
     test_mean();

@@ -1,5 +1,8 @@
 /*
  * test_train_model.c - LoRA on the real Gemma 3 270M with real text (Debian's fortunes):
+ *   - the trainer's loss at initialization (LoRA B = 0: the base model) equals an independent
+ *     cross-entropy: the decoder's logits (checked against transformers in test_decoder_model)
+ *     through a double-precision log-softmax over the whole vocabulary (TOL_REAL_LOSS_F64_REL);
  *   - the loss of the training examples falls (stored Q4_K_M base, then NF4 and bf16 bases);
  *   - activation checkpointing on and off give bit-identical losses;
  *   - the same seed and thread count give bit-identical losses twice;
@@ -67,6 +70,38 @@ static double eval_loss(gm_trainer *tr) {
     return sum / (double)n;
 }
 
+/* The mean cross-entropy of the 8 examples from the decoder's logits (the inference forward, one
+ * prefill per sequence), log-softmax in double over all V logits of each supervised position. */
+static double reference_loss(const gm_model *m) {
+    gm_error err = {0};
+    int64_t V = m->cfg.vocab_size;
+    double sum = 0;
+    int64_t n = 0;
+    for (int b = 0; b < 2; b++) {
+        int64_t T = batches[b].T;
+        gm_infer *st = NULL;
+        gm_infer_opts io = {.batch = 1, .ctx = T, .max_tokens = T, .logit_rows = T, .n_threads = 2};
+        CHECK_OK(gm_infer_new(m, &io, &st, &err), &err);
+        if (!st) return NAN;
+        for (int i = 0; i < BATCH; i++) {
+            const int32_t *row_ids = batches[b].ids + i * T, *row_tg = batches[b].targets + i * T;
+            gm_infer_reset(st);
+            CHECK_OK(gm_decoder_forward(st, row_ids, T, true, &err), &err);
+            for (int64_t t = 0; t < T; t++) {
+                if (row_tg[t] < 0) continue;
+                const float *l = st->logits + t * V;
+                double mx = -INFINITY, z = 0;
+                for (int64_t v = 0; v < V; v++) mx = fmax(mx, (double)l[v]);
+                for (int64_t v = 0; v < V; v++) z += exp((double)l[v] - mx);
+                sum += mx + log(z) - (double)l[row_tg[t]];
+                n++;
+            }
+        }
+        gm_infer_free(st);
+    }
+    return sum / (double)n;
+}
+
 /* Generation with the trainer's adapters vs its training forward, on example 0 (the first
  * sequence of batch 0, all its positions). */
 static void check_generation_equals_training(const gm_model *m, gm_trainer *tr) {
@@ -115,6 +150,13 @@ static void run_checked(const gm_model *m, gm_quant q, bool ckpt, int steps, dou
     CHECK_OK(gm_trainer_new(m, &o, &tr, &err), &err);
     if (!tr) return;
     *before = eval_loss(tr);
+    if (gen_check) {
+        double want = reference_loss(m), d = fabs(*before - want) / want;
+        CHECK(d <= TOL_REAL_LOSS_F64_REL, "loss at initialization %.9f, from the decoder's logits in double %.9f "
+              "(relative difference %.3g)", *before, want, d);
+        printf("loss at initialization %.9f; from the decoder's logits, log-softmax in double: %.9f (relative "
+               "difference %.2e)\n", *before, want, d);
+    }
     for (int s = 0; s < steps; s++) {
         gm_step_stats st;
         CHECK_OK(gm_trainer_step(tr, &batches[s % 2], 1, &st, &err), &err);

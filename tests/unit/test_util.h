@@ -34,23 +34,28 @@
 #define TOL_TINY_LOGITS_ABS 2e-4
 /* Real Gemma 3 270M (dequantized weights, f32 compute) vs. transformers in f32: 18 layers with
  * RMSNorm scales up to ~740 amplify summation-order differences; logits reach ~50. Measured
- * (2026-11-30, OpenBLAS 0.3.21, 2 threads): worst |diff| 2.9e-4 over 5 prompts x 1,056 ids x
- * every position; the bound is ~5x that. test_decoder_model prints the measured value. */
-#define TOL_REAL_LOGITS_ABS 1.5e-3
-/* A logit passes if within the absolute bound OR within this fraction of the position's logit
- * spread (max - min, ~30-60): measured worst 8.5e-6 of the spread. */
-#define TOL_REAL_LOGITS_REL 5e-5
-/* log-sum-exp over the 262,144-entry vocabulary, same reasons as above: measured 1.8e-4. */
-#define TOL_REAL_LSE_ABS 1e-3
+ * (2026-12-02, OpenBLAS 0.3.21, 2 threads, test_decoder_model): worst |diff| 1.6e-4 over 5 prompts
+ * x 1,056 ids x every prefill position, 5.0e-5 on the top-32 ids of 48 cached decode steps (2.9e-4
+ * before the one-model-definition forward, 2026-11-30). Absolute, no relative escape: 2.5x the
+ * worst measurement. */
+#define TOL_REAL_LOGITS_ABS 4e-4
+/* log-sum-exp over the 262,144-entry vocabulary, same reasons: measured 7.8e-5 (prefill), 4.1e-5
+ * (decode); 2.5x. */
+#define TOL_REAL_LSE_ABS 2e-4
+/* The real 270M's training loss at initialization (training forward, chunked f32 online
+ * log-sum-exp) vs the mean cross-entropy from the decoder's logits with a double log-softmax over
+ * all 262,144 entries (test_train_model, 8 fortunes, 2026-12-02): measured 1.7e-8 relative; 6x. */
+#define TOL_REAL_LOSS_F64_REL 1e-7
 /* LoRA training of the tiny Gemma 3 vs. PEFT (+ bitsandbytes NF4) on CPU, f32 both sides
- * (tests/unit/test_train.c). Measured 2026-11-30: loss 1.5e-7 relative (loss ~57 nats),
- * gradients 1.4e-6 of each tensor's largest element, adapter weights after 10 AdamW steps
- * 9.1e-6 absolute (Adam's m/sqrt(v) turns tiny gradient differences of near-zero gradients into
- * full-size updates, so weights diverge faster than losses). Bounds: ~10x the loss and gradient
- * measurements, ~2x the weights. */
-#define TOL_PEFT_LOSS_REL 2e-6
+ * (tests/unit/test_train.c, fixture tests/ref/lora_ref.h5 on tiny_gemma3_lora: loss 6.6 nats near
+ * ln 512, no saturated target; and tiny_gemma3_v9k, 9,000 x 560 logits in 2 x 2 LM chunks).
+ * Measured 2026-12-02: loss 1.0e-7 relative; gradients 9.6e-6 of each tensor's largest element
+ * (rsLoRA; 4.7e-6 otherwise); adapter weights after 10 AdamW steps 3.9e-6 absolute (Adam's
+ * m/sqrt(v) turns tiny gradient differences of near-zero gradients into full-size updates, so
+ * weights diverge faster than losses). Bounds: 10x the loss, 2x the gradients, 2.5x the weights. */
+#define TOL_PEFT_LOSS_REL 1e-6
 #define TOL_PEFT_GRAD_REL 2e-5
-#define TOL_PEFT_WEIGHT_ABS 2e-5
+#define TOL_PEFT_WEIGHT_ABS 1e-5
 /* Gradient checks (tests/unit/test_grad.c). f32 analytic gradients vs the 4th-order central
  * difference of a double-precision loss, relative to the tensor's largest gradient: measured
  * <= 2.6e-7 on every kernel (2026-11-30); 5e-6 leaves room for other inputs and still catches any
@@ -166,8 +171,12 @@ double gm_check_close(const char *what, const float *a, const float *b, size_t n
 /* Prints "N passed, N failed" and returns the process exit code. */
 int gm_test_finish(void);
 
-/* Marks the whole test skipped (prints why) and returns 77. */
+/* Marks the whole test skipped (prints why) and returns 77. For what a machine may lack by design
+ * (a GPU). */
 int gm_test_skip(const char *why);
+/* The same, except under CI (environment CI set, not "0"/"false"): a failed check and exit 1. For a
+ * missing tool or library that CI installs, so a broken install cannot pass as a skip. */
+int gm_test_skip_unless_ci(const char *why);
 
 /* Absolute path of a file under the source tree (tests/ref/..., etc.); static buffer. */
 const char *gm_test_path(const char *rel);
@@ -200,14 +209,17 @@ struct gm_lora;
 void gm_test_cached_logits(const struct gm_model *m, struct gm_backend *be, const struct gm_lora *lora, const int32_t *ids,
                            int64_t T, float *out);
 
+/* The tiny Gemma 3 that tests/ref/make_lora_ref.py ran PEFT on (lora_ref.h5). */
+#define GM_TEST_LORA_MODEL "tests/ref/tiny_gemma3_lora"
+
 /* A tiny deterministic PRNG for test inputs (xorshift64*): uniform in [-1, 1). */
 float gm_test_rand(uint64_t *state);
 
-#endif /* GM_TEST_UTIL_H */
-
 /* Reads a whole dataset of a reference HDF5 file into a gm_malloc'd buffer converted to
- * float32 (is_int = 0) or int32 (is_int = 1). *n receives the element count; dims (up to 4) the
+ * float32 (is_int = 0), int32 (is_int = 1) or float64 (is_int = 2). *n receives the element count; dims (up to 4) the
  * shape if not NULL. Returns NULL (and counts a failed check) if the file or dataset is missing. */
 void *gm_test_h5_read(const char *file, const char *dataset, int is_int, size_t *n, int64_t *dims, int *ndim);
 /* Reads a numeric or string attribute of an object; returns false if absent. */
 bool gm_test_h5_attr_double(const char *file, const char *obj, const char *attr, double *out);
+
+#endif /* GM_TEST_UTIL_H */
