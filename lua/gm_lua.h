@@ -17,7 +17,11 @@
  * Ownership: the caller owns the lua_State and closes it with gm_lua_close. Userdata created by
  * the bindings (loaded models) are released by their __gc/__close when the state closes.
  * Errors: gm_lua_run_* return GM_ERR_INVALID with the Lua error message and traceback in err
- * (file:line: message), never longjmp out to C callers, never exit().
+ * (file:line: message), never longjmp out to C callers, never exit(). An error raised while an
+ * experiment file's top level runs (gm_lua_run_file, gm_lua_run_experiment) is the user's to
+ * fix: GM_ERR_INVALID with one line naming file:line (the traceback only when opts.verbose),
+ * as are the limits: more than max_instructions at the top level, or a Lua heap above
+ * max_memory (that one anywhere, GM_ERR_INVALID inside the file and GM_ERR_NOMEM elsewhere).
  */
 #ifndef GM_LUA_H
 #define GM_LUA_H
@@ -34,7 +38,17 @@ extern "C" {
 typedef struct gm_lua_opts {
     bool allow_os;   /* open the full io and os libraries */
     int n_threads;   /* threads for kernels started from Lua (models, generation) */
+    bool verbose;    /* errors in an experiment file come with their Lua traceback */
+    /* Limits on experiment code (0: the default). An experiment file is code: these end an
+     * endless loop or an endless allocation with a clear error instead of a hang or swapping. */
+    long long max_instructions; /* Lua VM instructions the file's top level may run
+                                   (GM_LUA_MAX_INSTRUCTIONS); < 0: unlimited */
+    long long max_memory;       /* bytes the whole Lua heap may hold (GM_LUA_MAX_MEMORY); < 0:
+                                   unlimited */
 } gm_lua_opts;
+
+#define GM_LUA_MAX_INSTRUCTIONS 250000000LL /* ~1-2 s of Lua on one core */
+#define GM_LUA_MAX_MEMORY (1LL << 30)        /* 1 GiB */
 
 /* Creates a sandboxed state with the bindings and the prelude loaded. */
 gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err);

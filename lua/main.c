@@ -57,6 +57,9 @@ static void usage(FILE *f) {
             "  gemmarun [--dry-run] [--trial N] [--set key=value ...] [--threads N]\n"
             "                                     run the embedded default experiment (experiments/quickstart.lua)\n"
             "  gemmarun EXPERIMENT.lua [--dry-run] [--trial N] [--set key=value ...] [--allow-os] [--threads N]\n"
+            "                    [--verbose] [--max-trials N] [--max-lua-instructions N] [--max-lua-memory SIZE]\n"
+            "                    (limits on experiment code: 10000 trials, 250000000 instructions at the\n"
+            "                    file's top level, 1GiB of Lua heap; --verbose: Lua tracebacks)\n"
             "  gemmarun inspect MODEL\n"
             "  gemmarun generate MODEL [--adapter RESULTS_OR_CHECKPOINT [--trial ID]] \"prompt\"\n"
             "                    [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
@@ -681,12 +684,30 @@ static int run_lua(const char *file, int argc, char **argv) {
     gm_lua_opts lo = {.allow_os = false, .n_threads = 2};
     const char *sets[128];
     int nsets = 0;
-    long long trial = 0;
+    long long trial = 0, max_trials = 0;
     bool dry = false;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--allow-os") == 0) lo.allow_os = true;
         else if (strcmp(a, "--dry-run") == 0) dry = true;
+        else if (strcmp(a, "--verbose") == 0) lo.verbose = true;
+        else if ((strcmp(a, "--max-trials") == 0 || strcmp(a, "--max-lua-instructions") == 0) && i + 1 < argc) {
+            long long n = 0;
+            if (!parse_long(argv[++i], &n) || n < 1) {
+                fprintf(stderr, "gemmarun: bad value for %s: %s (expected a positive integer)\n", a, argv[i]);
+                return 2;
+            }
+            if (strcmp(a, "--max-trials") == 0) max_trials = n;
+            else lo.max_instructions = n;
+        } else if (strcmp(a, "--max-lua-memory") == 0 && i + 1 < argc) {
+            double b = 0;
+            if (!parse_size(argv[++i], &b) || b < 1048576.0 || b > 1152921504606846976.0) {
+                fprintf(stderr, "gemmarun: bad value for --max-lua-memory: %s (expected a size from 1MiB, e.g. 4GiB)\n",
+                        argv[i]);
+                return 2;
+            }
+            lo.max_memory = (long long)b;
+        }
         else if ((strcmp(a, "--threads") == 0 || strcmp(a, "--trial") == 0 || strcmp(a, "--set") == 0) && i + 1 < argc) {
             const char *v = argv[++i];
             long long n = 0;
@@ -748,6 +769,10 @@ static int run_lua(const char *file, int argc, char **argv) {
                 lua_rawseti(L, -2, i + 1);
             }
             lua_setfield(L, -2, "set");
+            if (max_trials > 0) {
+                lua_pushinteger(L, max_trials);
+                lua_setfield(L, -2, "max_trials");
+            }
             s = gm_lua_call(L, 2, 1, &err);
             if (s != GM_OK) rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
             else rc = (int)lua_tointeger(L, -1);

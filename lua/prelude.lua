@@ -560,7 +560,39 @@ M.task_identity = task_identity
 --- Expands a validated experiment into trials: {index, id, config (flat), point (swept values)}.
 --- The trial id is a hash of the resolved configuration, the task and the seed, so a rerun
 --- recognizes finished trials even if the sweep order changes.
-function M.expand(e)
+M.MAX_TRIALS = 10000 -- default cap on trials per experiment (--max-trials N raises it)
+
+--- How many trials e expands to, without expanding it (a grid's product, a random search's n,
+--- times the seeds), as a float so that a huge product cannot overflow.
+function M.count_trials(e)
+  local s, n = e.sweep, 1.0
+  if s and s._kind == "grid" then
+    for k, v in pairs(s) do
+      if k:sub(1, 1) ~= "_" then n = n * #v end
+    end
+  elseif s then
+    n = s.n
+  end
+  return n * #e.seeds
+end
+
+function M.expand(e, max_trials)
+  max_trials = max_trials or M.MAX_TRIALS
+  local count = M.count_trials(e)
+  if count > max_trials then
+    local s, parts = e.sweep, {}
+    if s and s._kind == "grid" then
+      local keys = {}
+      for k in pairs(s) do if k:sub(1, 1) ~= "_" then keys[#keys + 1] = k end end
+      table.sort(keys)
+      for _, k in ipairs(keys) do parts[#parts + 1] = string.format("%s %d", k, #s[k]) end
+    elseif s then
+      parts[#parts + 1] = string.format("random n = %d", s.n)
+    end
+    parts[#parts + 1] = string.format("seeds %d", #e.seeds)
+    usage((s and s._where) or e._where, "the experiment expands to %.0f trials (%s), more than the limit of %d; "
+      .. "sweep fewer values, or raise the limit with --max-trials N", count, table.concat(parts, " x "), max_trials)
+  end
   local trials = {}
   local swept = {}
   if e.sweep then

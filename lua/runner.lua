@@ -627,7 +627,7 @@ end
 function R.run(e, cli)
   P.apply_overrides(e, cli.set)
   P.validate(e)
-  local trials, swept = P.expand(e)
+  local trials, swept = P.expand(e, cli.max_trials)
   local selected = trials
   if cli.trial then
     if cli.trial < 1 or cli.trial > #trials then P.usage(nil, "--trial %d: the experiment has trials 1..%d", cli.trial, #trials) end
