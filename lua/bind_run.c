@@ -78,16 +78,19 @@ static int l_list_dir(lua_State *L) {
     struct dirent *e;
     while ((e = readdir(d))) {
         if (e->d_name[0] == '.') continue; /* hidden files, . and .. */
-        if (n == cap) {
-            cap = cap ? 2 * cap : 64;
-            char **nn = gm_realloc(names, cap * sizeof *names);
-            if (!nn) break;
-            names = nn;
+        char **nn = n == cap ? gm_realloc(names, (cap = cap ? 2 * cap : 64) * sizeof *names) : names;
+        char *name = nn ? gm_strdup(e->d_name) : NULL;
+        if (nn) names = nn;
+        if (!name) { /* say so rather than return a partial listing */
+            closedir(d);
+            for (size_t i = 0; i < n; i++) gm_free(names[i]);
+            gm_free(names);
+            return luaL_error(L, "%s: out of memory listing the folder", path);
         }
-        names[n++] = gm_strdup(e->d_name);
+        names[n++] = name;
     }
     closedir(d);
-    qsort(names, n, sizeof *names, cmp_str);
+    if (n > 1) qsort(names, n, sizeof *names, cmp_str); /* qsort's base must not be NULL */
     lua_createtable(L, (int)n, 0);
     for (size_t i = 0; i < n; i++) {
         lua_pushstring(L, names[i]);
