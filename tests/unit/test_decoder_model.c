@@ -26,15 +26,6 @@
 #define N_GREEDY 48
 #define N_TOP 32
 
-/* log-sum-exp of one row of V logits, in double */
-static double row_lse(const float *row, int64_t V) {
-    double mx = -1e30, z = 0;
-    for (int64_t v = 0; v < V; v++)
-        if (row[v] > mx) mx = row[v];
-    for (int64_t v = 0; v < V; v++) z += exp((double)row[v] - mx);
-    return mx + log(z);
-}
-
 /* The decode path's check, run after each generated token while st->logits still holds the row
  * it was picked from: that row against the reference's step (top-32 logits, log-sum-exp). */
 typedef struct decode_check {
@@ -58,7 +49,7 @@ static bool on_token(int32_t token, void *user) {
         c->worst_logit = d > c->worst_logit ? d : c->worst_logit;
         if (d > TOL_REAL_LOGITS_ABS) c->bad++;
     }
-    double dl = fabs(row_lse(row, c->V) - c->lse[c->step]);
+    double dl = fabs(gm_test_lse(row, c->V) - c->lse[c->step]);
     c->worst_lse = dl > c->worst_lse ? dl : c->worst_lse;
     if (dl > TOL_REAL_LSE_ABS) c->bad++;
     c->step++;
@@ -113,7 +104,7 @@ int main(void) {
         size_t bad = 0;
         for (size_t t = 0; t < T; t++) {
             const float *row = st->logits + t * (size_t)V;
-            double dl = fabs(row_lse(row, V) - want_lse[t]);
+            double dl = fabs(gm_test_lse(row, V) - want_lse[t]);
             worst_lse = dl > worst_lse ? dl : worst_lse;
             if (dl > TOL_REAL_LSE_ABS) bad++;
             for (size_t k = 0; k < n_probe; k++) {

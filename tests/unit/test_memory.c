@@ -210,6 +210,19 @@ int main(int argc, char **argv) {
     CHECK_OK(gm_model_load(gm_test_path("tests/ref/tiny_gemma3"), NULL, &m, &err), &err);
     if (!m) return gm_test_finish();
 
+#ifdef GM_COUNT_LIBC
+    /* the counter itself: one malloc and one free made here must be seen (else a zero below
+     * would only mean that nothing was counted) */
+    {
+        void *(*volatile alloc)(size_t) = malloc;
+        libc_count_start();
+        free(alloc(16));
+        atomic_store(&libc_counting, 0);
+        CHECK(atomic_load(&n_other) == 1 && atomic_load(&n_free) == 1,
+              "the C-library counter saw %ld allocations and %ld releases of a probe (want 1 and 1)",
+              (long)atomic_load(&n_other), (long)atomic_load(&n_free));
+    }
+#endif
     /* allocate once */
     uint64_t allocs = 1;
     libc_counts libc = {1, 1, 0, NULL};
@@ -223,8 +236,14 @@ int main(int argc, char **argv) {
     CHECK(libc.other == 0, "training steps after the first made %ld C-library allocations (malloc/calloc/realloc/"
           "memalign/mmap) outside OpenBLAS (want 0; one from %s %s)", libc.other, di.dli_fname ? di.dli_fname : "?",
           di.dli_sname ? di.dli_sname : "");
-    CHECK(libc.blas + libc.other == libc.freed, "the steps kept memory from the C library: %ld allocations, %ld "
-          "releases", libc.blas + libc.other, libc.freed);
+    /* Nothing kept per step: a block retained by every step would leave >= 23 unreleased. On a
+     * loaded machine an OpenBLAS worker thread may make its one-time allocation in a later step
+     * than the first (seen once in five runs beside other jobs: 1,591 allocations, 1,590
+     * releases), so up to one block per thread may stay. */
+    long kept = libc.blas + libc.other - libc.freed;
+    CHECK(kept >= 0 && kept <= gm_train_opts_default().n_threads,
+          "the steps kept memory from the C library: %ld allocations, %ld releases", libc.blas + libc.other,
+          libc.freed);
 #endif
     printf("after the first step: %llu gm_malloc allocations; at the C library %ld allocations outside OpenBLAS, "
            "%ld inside sgemm (all %ld released within the steps; -1: not counted under ASan); resident memory "

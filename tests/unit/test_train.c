@@ -37,19 +37,28 @@
 
 static int32_t ids[B_ * T_], targets[B_ * T_];
 
-static void load_batch(void) {
+/* Reads <group>/input_ids and <group>/labels (B, T) into ids and next-token targets (-1: no
+ * loss); returns the number of supervised targets. HF shifts: logits at t predict labels[t + 1];
+ * -100 = no loss. */
+static int64_t load_hf_batch(const char *group, int B, int T, int32_t *out_ids, int32_t *out_tg) {
     size_t n;
-    int32_t *in = gm_test_h5_read(gm_test_path(REF), "/input_ids", 1, &n, NULL, NULL);
-    int32_t *lab = gm_test_h5_read(gm_test_path(REF), "/labels", 1, &n, NULL, NULL);
-    /* HF shifts: logits at t predict labels[t + 1]; -100 = no loss */
-    for (int b = 0; b < B_; b++)
-        for (int t = 0; t < T_; t++) {
-            ids[b * T_ + t] = in[b * T_ + t];
-            int32_t l = t + 1 < T_ ? lab[b * T_ + t + 1] : -100;
-            targets[b * T_ + t] = l == -100 ? -1 : l;
-        }
+    char ds[128];
+    snprintf(ds, sizeof ds, "%s/input_ids", group);
+    int32_t *in = gm_test_h5_read(gm_test_path(REF), ds, 1, &n, NULL, NULL);
+    snprintf(ds, sizeof ds, "%s/labels", group);
+    int32_t *lab = gm_test_h5_read(gm_test_path(REF), ds, 1, &n, NULL, NULL);
+    int64_t n_sup = 0;
+    for (int i = 0; in && lab && i < B * T; i++) {
+        out_ids[i] = in[i];
+        int32_t l = i % T + 1 < T ? lab[i + 1] : -100;
+        out_tg[i] = l == -100 ? -1 : l;
+        n_sup += out_tg[i] >= 0;
+    }
     gm_free(in), gm_free(lab);
+    return n_sup;
 }
+
+static void load_batch(void) { load_hf_batch("", B_, T_, ids, targets); }
 
 static gm_batch batch(int b0, int nb) {
     gm_batch b = {nb, T_, ids + b0 * T_, targets + b0 * T_, NULL};
@@ -151,19 +160,9 @@ static void test_multichunk(void) {
     if (!m) return;
     CHECK(m->cfg.vocab_size > GM_LM_VOCAB, "vocabulary %lld must exceed one LM chunk (%d)", (long long)m->cfg.vocab_size,
           GM_LM_VOCAB);
-    size_t n;
-    int32_t *in = gm_test_h5_read(gm_test_path(REF), "/multichunk/input_ids", 1, &n, NULL, NULL);
-    int32_t *lab = gm_test_h5_read(gm_test_path(REF), "/multichunk/labels", 1, &n, NULL, NULL);
     static int32_t mids[MC_B * MC_T], mtg[MC_B * MC_T];
-    int64_t n_sup = 0;
-    for (int i = 0; in && lab && i < MC_B * MC_T; i++) {
-        int t = i % MC_T;
-        mids[i] = in[i];
-        int32_t l = t + 1 < MC_T ? lab[i + 1] : -100;
-        mtg[i] = l == -100 ? -1 : l;
-        n_sup += mtg[i] >= 0;
-    }
-    gm_free(in), gm_free(lab);
+    int64_t n_sup = load_hf_batch("/multichunk", MC_B, MC_T, mids, mtg);
+    size_t n;
     CHECK(n_sup > GM_LM_ROWS, "%lld supervised rows must exceed one LM chunk (%d)", (long long)n_sup, GM_LM_ROWS);
     gm_train_opts o = ref_opts(GM_QUANT_STORED, MC_B);
     o.max_length = MC_T;

@@ -90,10 +90,7 @@ static double reference_loss(const gm_model *m) {
             for (int64_t t = 0; t < T; t++) {
                 if (row_tg[t] < 0) continue;
                 const float *l = st->logits + t * V;
-                double mx = -INFINITY, z = 0;
-                for (int64_t v = 0; v < V; v++) mx = fmax(mx, (double)l[v]);
-                for (int64_t v = 0; v < V; v++) z += exp((double)l[v] - mx);
-                sum += mx + log(z) - (double)l[row_tg[t]];
+                sum += gm_test_lse(l, V) - (double)l[row_tg[t]];
                 n++;
             }
         }

@@ -48,6 +48,13 @@ int gm_test_finish(void) {
     return gm_test_failed ? 1 : 0;
 }
 
+double gm_test_lse(const float *row, int64_t V) {
+    double mx = -INFINITY, z = 0;
+    for (int64_t v = 0; v < V; v++) mx = fmax(mx, (double)row[v]);
+    for (int64_t v = 0; v < V; v++) z += exp((double)row[v] - mx);
+    return mx + log(z);
+}
+
 int gm_test_skip(const char *why) {
     printf("SKIPPED: %s\n0 passed, 0 failed\n", why);
     return 77;

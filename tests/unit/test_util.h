@@ -212,6 +212,10 @@ void gm_test_cached_logits(const struct gm_model *m, struct gm_backend *be, cons
 /* The tiny Gemma 3 that tests/ref/make_lora_ref.py ran PEFT on (lora_ref.h5). */
 #define GM_TEST_LORA_MODEL "tests/ref/tiny_gemma3_lora"
 
+/* log-sum-exp of one row of V logits, in double (an independent reference for the kernels'
+ * f32 online log-sum-exp). */
+double gm_test_lse(const float *row, int64_t V);
+
 /* A tiny deterministic PRNG for test inputs (xorshift64*): uniform in [-1, 1). */
 float gm_test_rand(uint64_t *state);
 
