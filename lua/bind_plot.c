@@ -439,16 +439,21 @@ static int l_plot(lua_State *L) {
     }
     gm_bind_check_write_path(L, p.file, "gm.plot");
 
+    // drawn into <file>.tmp, checked, then renamed: a failed or killed plot leaves the previous
+    // PNG in place (as gm_write_file_atomic does for tables and results files)
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", p.file) >= (int)sizeof tmp)
+        return luaL_error(L, "gm.plot: file name too long: %s", p.file);
     // PLplot asks on stdin for another name when it cannot open the file: find out first
-    FILE *probe = fopen(p.file, "wb");
-    if (!probe) return luaL_error(L, "gm.plot: cannot create %s: %s", p.file, strerror(errno));
+    FILE *probe = fopen(tmp, "wb");
+    if (!probe) return luaL_error(L, "gm.plot: cannot create %s: %s", tmp, strerror(errno));
     fclose(probe);
     plot_msg[0] = '\0';
     quiet q;
     quiet_on(&q);
     if (!have_device("pngcairo")) {
         quiet_off(&q);
-        unlink(p.file);
+        unlink(tmp);
         return luaL_error(L, "gm.plot: PLplot has no pngcairo device (install the Debian package "
                              "plplot-driver-cairo)");
     }
@@ -464,7 +469,7 @@ static int l_plot(lua_State *L) {
         plmkstrm(&strm);
         begun = true;
         plsdev("pngcairo");
-        plsfnam(p.file);
+        plsfnam(tmp);
         plspage(0, 0, PLOT_W, PLOT_H, 0, 0);
         plscmap0n(16);
         plscol0(COL_BG, 255, 255, 255);
@@ -486,14 +491,22 @@ static int l_plot(lua_State *L) {
     plot_jmp = prev;
     quiet_off(&q);
     if (!ok) {
-        unlink(p.file);
+        unlink(tmp);
         return luaL_error(L, "gm.plot: %s: %s", p.file, plot_msg[0] ? plot_msg : "PLplot failed");
     }
     int w = 0, h = 0;
     double ink = 0;
     char why[256];
-    if (!png_check(p.file, &w, &h, &ink, why, sizeof why))
-        return luaL_error(L, "gm.plot: %s was written but is not a valid PNG: %s", p.file, why);
+    if (!png_check(tmp, &w, &h, &ink, why, sizeof why)) {
+        unlink(tmp);
+        return luaL_error(L, "gm.plot: %s was written but is not a valid PNG: %s (the previous file, if any, "
+                          "is untouched)", p.file, why);
+    }
+    if (rename(tmp, p.file) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return luaL_error(L, "gm.plot: cannot rename %s onto %s: %s", tmp, p.file, strerror(e));
+    }
     lua_createtable(L, 0, 4);
     lua_pushstring(L, p.file);
     lua_setfield(L, -2, "file");

@@ -20,7 +20,7 @@
  *   gm.results_read_all(path)        -> {trial, ...} from a folder, a trial file or a merged file
  *   gm.results_list(dir)             -> {path, ...} (trial-*.h5, sorted; {} if dir is missing)
  *   gm.results_merge(dir, out [, {adapters = false}])
- *   gm.write_text(path, text)        written atomically (tmp + rename)
+ *   gm.write_text(path, text)        written atomically (gm_write_file_atomic)
  *
  * Every path written here must lie inside the results folder (the rule is lua/write_rule.h).
  * Tables given for JSON attributes are encoded by lua/bind_json.h with empty tables as [] (the
@@ -38,6 +38,7 @@
 #include "write_rule.h"
 
 #include "gm_alloc.h"
+#include "gm_file.h"
 #include "gm_results.h"
 #include "gm_train.h"
 
@@ -769,23 +770,9 @@ static int l_write_text(lua_State *L) {
     size_t n;
     const char *text = luaL_checklstring(L, 2, &n);
     gm_bind_check_write_path(L, path, "gm.write_text");
-    // tmp + rename: a reader never sees half a table
-    lua_pushfstring(L, "%s.tmp", path);
-    const char *tmp = lua_tostring(L, -1);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return luaL_error(L, "gm.write_text: cannot create %s: %s", tmp, strerror(errno));
-    size_t w = fwrite(text, 1, n, f);
-    int e = w == n ? 0 : errno;
-    if (fclose(f) != 0 && !e) e = errno;
-    if (e || w != n) {
-        unlink(tmp);
-        return luaL_error(L, "gm.write_text: cannot write %s: %s", path, strerror(e ? e : EIO));
-    }
-    if (rename(tmp, path) != 0) {
-        e = errno;
-        unlink(tmp);
-        return luaL_error(L, "gm.write_text: cannot rename %s onto %s: %s", tmp, path, strerror(e));
-    }
+    // tmp + fsync + rename: a reader never sees half a table, a crash leaves the old one
+    gm_error err = {0};
+    if (gm_write_file_atomic(path, text, n, &err) != GM_OK) return luaL_error(L, "gm.write_text: %s", err.msg);
     return 0;
 }
 

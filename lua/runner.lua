@@ -130,29 +130,35 @@ local function chat_problem(msgs)
   return nil
 end
 
-local function load_chat_items(d)
-  local bad = {}
-  local function read(path)
-    local out = {}
-    local n = 0
-    for line in (gm.read_text(path) .. "\n"):gmatch("([^\n]*)\n") do
-      n = n + 1
-      if line:match("%S") then
-        local ok, obj = pcall(gm.json_decode, line)
-        if not ok or type(obj) ~= "table" or type(obj.messages) ~= "table" then
-          error(string.format("%s:%d: expected a JSON object with \"messages\": [{\"role\": ..., \"content\": ...}, ...]", path, n), 0)
-        end
-        -- a conversation the chat template cannot render is rejected (counted, with its line)
-        local why = chat_problem(obj.messages)
-        if why then
-          bad[#bad + 1] = { example = path .. ":" .. n, reason = why }
-        else
-          out[#out + 1] = obj.messages
-        end
+--- Parses the text of a JSONL chat file (one {"messages": [...]} per line; blank lines skipped):
+--- returns the conversations, and appends to `bad` those the chat template cannot render
+--- ({example = "path:line", reason}). A line that is not such an object is an error naming
+--- path:line. (Fuzzed by tests/fuzz/fuzz_jsonl.c.)
+function R.parse_chat_jsonl(text, path, bad)
+  local out = {}
+  local n = 0
+  for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+    n = n + 1
+    if line:match("%S") then
+      local ok, obj = pcall(gm.json_decode, line)
+      if not ok or type(obj) ~= "table" or type(obj.messages) ~= "table" then
+        error(string.format("%s:%d: expected a JSON object with \"messages\": [{\"role\": ..., \"content\": ...}, ...]", path, n), 0)
+      end
+      -- a conversation the chat template cannot render is rejected (counted, with its line)
+      local why = chat_problem(obj.messages)
+      if why then
+        bad[#bad + 1] = { example = path .. ":" .. n, reason = why }
+      else
+        out[#out + 1] = obj.messages
       end
     end
-    return out
   end
+  return out
+end
+
+local function load_chat_items(d)
+  local bad = {}
+  local function read(path) return R.parse_chat_jsonl(gm.read_text(path), path, bad) end
   local items = { train = read(d.train or d.path) }
   if d.test then
     items.test = read(d.test)
@@ -355,6 +361,14 @@ local function use_model(ctx, e, model)
   ctx.data = {}
 end
 
+--- Runs a write (a checkpoint, a results file); a failure - disk full, quota, a read-only or
+--- vanished folder - is the machine's, not the trial's: it is raised as {io = true, msg} so that
+--- the sweep stops instead of failing every later trial the same way (R.run).
+local function guarded_write(fn, ...)
+  local ok, err = pcall(fn, ...)
+  if not ok then error({ io = true, msg = clean_msg(err) }, 0) end
+end
+
 local function run_trial(ctx, e, trial, n_trials)
   local cfg = trial.config
   local threads = e.threads or GM_THREADS
@@ -411,7 +425,7 @@ local function run_trial(ctx, e, trial, n_trials)
     say("  baseline %s", b.accuracy and string.format("accuracy %.1f%%", 100 * b.accuracy) or string.format("loss %.4f", b.loss))
   end
   res:set({ status = "running" })
-  res:save()
+  guarded_write(res.save, res)
   -- training
   local t0, tokens, last_loss = gm.clock(), 0, 0 / 0
   ctx.last_elapsed = 0
@@ -443,12 +457,12 @@ local function run_trial(ctx, e, trial, n_trials)
       n_trials, step, total, st.loss, tokens / math.max(1e-9, elapsed), fmt_time(eta), fmt_bytes(gm.peak_rss()))
     gm.progress(okp and line or string.format("trial %d/%d  step %d/%d", trial.index, n_trials, step, total))
     if gm.interrupted() or step % (cfg.checkpoint_every or 25) == 0 or step == total then
-      tr:save(ckpt, { epoch = epoch, pos = pos, loss = st.loss, config = gm.json_encode(cfg) })
-      res:save()
+      guarded_write(tr.save, tr, ckpt, { epoch = epoch, pos = pos, loss = st.loss, config = gm.json_encode(cfg) })
+      guarded_write(res.save, res)
       if gm.interrupted() then
         gm.progress(string.format("trial %d/%d  interrupted at step %d: checkpoint saved", trial.index, n_trials, step), true)
         res:set({ status = "interrupted" })
-        res:save()
+        guarded_write(res.save, res)
         error({ interrupted = true }, 0)
       end
     end
@@ -460,7 +474,7 @@ local function run_trial(ctx, e, trial, n_trials)
   res:set_memory(mem)
   res:put_adapter(tr)
   res:set({ status = "completed", wall_seconds = gm.clock() - t_start })
-  res:save()
+  guarded_write(res.save, res)
   gm.remove_checkpoint(ckpt)
 end
 
@@ -679,7 +693,7 @@ function R.run(e, cli)
   end
   ctx.dir = dir
   gm.make_results_dir(dir)
-  local failed, interrupted = 0, false
+  local failed, interrupted, stopped = 0, false, nil
   local report = e.report and { rows = e.report.rows, cols = e.report.cols, metric = e.report.metric, phase = e.report.phase, digits = e.report.digits }
     or { rows = swept, cols = {}, metric = e.task._kind == "classify" and "accuracy" or "loss" }
   for _, t in ipairs(selected) do
@@ -696,19 +710,29 @@ function R.run(e, cli)
       ctx.res:set_config(with_task(t.config, e.task))
       local ok, err = pcall(run_trial, ctx, e, t, #trials)
       if not ok then
-        if type(err) == "table" and err.interrupted then
+        if type(err) == "table" and (err.interrupted or err.io) then
           interrupted = true
-          ctx.res:set({ status = "interrupted" })
-          ctx.res:save()
+          if err.io then
+            stopped = err.msg
+            gm.progress(string.format("trial %d/%d  STOPPED: cannot write: %s", t.index, #trials, err.msg), true)
+          end
+          -- (the disk may still be full: the trial is resumable whether or not this lands)
+          ctx.res:set({ status = "interrupted", reason = err.io and ("cannot write: " .. err.msg) or "" })
+          pcall(ctx.res.save, ctx.res)
           ctx.res:close()
           break
         end
         failed = failed + 1
-        local reason = type(err) == "table" and tostring(err.msg or err) or tostring(err)
-        reason = reason:gsub("^lua/[%w_]+%.lua:%d+: ", "") -- the runner's own position is noise
+        local reason = clean_msg(err)
         gm.progress(string.format("trial %d/%d  FAILED: %s", t.index, #trials, reason), true)
         ctx.res:set({ status = "failed", reason = reason })
-        ctx.res:save()
+        local sok, serr = pcall(ctx.res.save, ctx.res)
+        if not sok then
+          stopped, interrupted = clean_msg(serr), true
+          say("cannot record the failure: %s", stopped)
+          ctx.res:close()
+          break
+        end
       end
       ctx.res:close()
       ctx.res = nil
@@ -716,11 +740,21 @@ function R.run(e, cli)
   end
   if ctx.model then ctx.model:close() end
   for _, ds in pairs(ctx.data) do ds.train:close(); ds.test:close() end
+  if stopped then
+    say("stopped: a checkpoint or results file could not be written (above). Finished trials are kept; free space (or "
+      .. "fix the folder) and run the same command again: the interrupted trial resumes from its last checkpoint")
+    return 1
+  end
   if interrupted then
     say("interrupted: finished trials are kept and the current one resumes from its checkpoint when you run the same command again")
     return 1
   end
-  R.render(dir, e.results or "results", e.name)
+  local rok, rerr = pcall(R.render, dir, e.results or "results", e.name)
+  if not rok then
+    say("the trials are done and kept, but the tables could not be written: %s (run `gemmarun table %s` once it "
+      .. "can be)", clean_msg(rerr), dir)
+    return 1
+  end
   return failed > 0 and 1 or 0
 end
 

@@ -92,7 +92,8 @@ static void *cpu_alloc(gm_backend *be, size_t bytes, gm_error *err) {
     (void)be;
     void *p = gm_malloc(bytes);
     if (!p) {
-        gm_error_set(err, GM_ERR_NOMEM, "cannot allocate %.1f MiB of host memory", (double)bytes / 1048576.0);
+        gm_error_set(err, GM_ERR_NOMEM, "out of memory: cannot allocate %zu bytes (%.1f MiB) of host memory", bytes,
+                     (double)bytes / 1048576.0);
         return NULL;
     }
     /* touch every page now: the resident memory reaches the plan at once (gm_arena_commit) */

@@ -16,11 +16,16 @@
 #define HDR 64
 
 static _Atomic uint64_t n_alloc, n_free, bytes_live, bytes_peak, fail_countdown;
+static _Atomic int fail_persist, fail_active; /* persistent mode; armed and already fired */
 
 static int should_fail(void) {
+    if (atomic_load(&fail_active)) return 1;
     uint64_t c = atomic_load(&fail_countdown);
     while (c > 0) {
-        if (atomic_compare_exchange_weak(&fail_countdown, &c, c - 1)) return c == 1;
+        if (atomic_compare_exchange_weak(&fail_countdown, &c, c - 1)) {
+            if (c == 1 && atomic_load(&fail_persist)) atomic_store(&fail_active, 1);
+            return c == 1;
+        }
     }
     return 0;
 }
@@ -98,7 +103,19 @@ void gm_alloc_reset_counters(void) {
     atomic_store(&bytes_peak, atomic_load(&bytes_live));
 }
 
-void gm_alloc_fail_after(uint64_t n) { atomic_store(&fail_countdown, n); }
+void gm_alloc_fail_after(uint64_t n) {
+    atomic_store(&fail_active, 0);
+    atomic_store(&fail_persist, 0);
+    atomic_store(&fail_countdown, n);
+}
+
+void gm_alloc_fail_from(uint64_t n) {
+    atomic_store(&fail_active, 0);
+    atomic_store(&fail_persist, n > 0);
+    atomic_store(&fail_countdown, n);
+}
+
+bool gm_alloc_fail_pending(void) { return atomic_load(&fail_countdown) > 0; }
 
 static uint64_t status_kib(const char *key) {
     FILE *f = fopen("/proc/self/status", "r");

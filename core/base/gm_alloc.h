@@ -44,9 +44,15 @@ typedef struct gm_alloc_stats {
 gm_alloc_stats gm_alloc_get_stats(void);
 void gm_alloc_reset_counters(void);
 
-/* Fault injection for tests: the n-th allocation from now (1-based) fails and returns NULL;
- * 0 disables. */
+/* Fault injection for tests (SQLite's two modes, https://sqlite.org/testing.html §3.1):
+ * gm_alloc_fail_after: the n-th allocation from now (1-based) fails and returns NULL, the later
+ * ones succeed ("transient"); gm_alloc_fail_from: the n-th and every later one fail
+ * ("persistent": the error paths themselves get no memory). 0 disables either. */
 void gm_alloc_fail_after(uint64_t n);
+void gm_alloc_fail_from(uint64_t n);
+/* True while the armed failure has not happened yet (the operation under test made fewer
+ * allocations than n: a sweep over n is complete). */
+bool gm_alloc_fail_pending(void);
 
 /* Peak resident set size of this process in bytes (Linux VmHWM), or 0 if unknown. */
 uint64_t gm_process_peak_rss(void);

@@ -28,14 +28,15 @@ gm_status gm_device_malloc(gm_device d, size_t bytes, void **out, gm_error *err)
     if (d == GM_DEVICE_CPU) {
         *out = gm_malloc(bytes);
         if (!*out)
-            return gm_error_set(err, GM_ERR_NOMEM, "cannot allocate %.1f MiB of host memory",
-                                (double)bytes / 1048576.0);
+            return gm_error_set(err, GM_ERR_NOMEM, "out of memory: cannot allocate %zu bytes (%.1f MiB) of "
+                                "host memory", bytes, (double)bytes / 1048576.0);
         return GM_OK;
     }
     if (!gm_device_cuda_available()) return no_cuda(err);
     *out = cuda->malloc(bytes);
     if (!*out)
-        return gm_error_set(err, GM_ERR_NOMEM, "cannot allocate %.1f MiB of CUDA memory", (double)bytes / 1048576.0);
+        return gm_error_set(err, GM_ERR_NOMEM, "out of CUDA memory: cannot allocate %zu bytes (%.1f MiB)", bytes,
+                            (double)bytes / 1048576.0);
     return GM_OK;
 }
 

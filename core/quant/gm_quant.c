@@ -442,7 +442,7 @@ gm_status gm_quant_work_alloc(gm_quant_work *w, gm_error *err) {
     w->absmax = gm_malloc((size_t)(w->nb_max ? w->nb_max : 1) * sizeof(float));
     if (!w->rows || !w->panel || !w->absmax) {
         gm_quant_work_free(w);
-        return gm_error_set(err, GM_ERR_NOMEM, "cannot allocate %.1f MiB of transient buffers to re-encode weights to %s",
+        return gm_error_set(err, GM_ERR_NOMEM, "out of memory: cannot allocate %.1f MiB of transient buffers to re-encode weights to %s",
                             (double)(row_floats + panel + (size_t)w->nb_max) * 4.0 / 1048576.0, gm_quant_name(w->q));
     }
     return GM_OK;

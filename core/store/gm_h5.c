@@ -22,6 +22,7 @@
 #include "gm_h5.h"
 
 #include "gm_alloc.h" // gm_malloc, gm_free, gm_strdup
+#include "gm_file.h"  // gm_write_file, gm_write_file_atomic
 
 #include <errno.h>
 #include <fcntl.h>
@@ -256,110 +257,55 @@ gm_status gm_h5_create_memory(const char *name, size_t size_hint, gm_h5_file **o
     return s == GM_OK ? wrap(id, name, true, out, err) : s;
 }
 
-gm_status gm_h5_write_image(gm_h5_file *f, const char *path, bool durable, gm_error *err) {
+/* The complete current image of a memory file into a gm_malloc'd buffer (*img, *size). */
+static gm_status memory_image(gm_h5_file *f, unsigned char **img, size_t *size, gm_error *err) {
     gm_h5_silence();
+    *img = NULL;
     if (!f->in_memory)
         return gm_error_set(err, GM_ERR_INVALID, "%s: not an in-memory file (gm_h5_create_memory)",
                             f->path);
     // the image is complete only once the metadata cache (and cached series chunks) are in it
     if (H5Fflush(f->id, H5F_SCOPE_GLOBAL) < 0)
         return gm_h5_error_set(err, GM_ERR_IO, "%s: cannot flush the in-memory file", f->path);
-    ssize_t size = H5Fget_file_image(f->id, NULL, 0);
-    if (size <= 0)
+    ssize_t n = H5Fget_file_image(f->id, NULL, 0);
+    if (n <= 0)
         return gm_h5_error_set(err, GM_ERR_IO, "%s: cannot get the size of the file image",
                                f->path);
-    unsigned char *img = gm_malloc((size_t)size);
-    if (!img)
+    unsigned char *p = gm_malloc((size_t)n);
+    if (!p)
         return gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory copying the %lld-byte file "
-                            "image", f->path, (long long)size);
-    gm_status s = GM_OK;
-    int fd = -1;
-    if (H5Fget_file_image(f->id, img, (size_t)size) != size) {
-        s = gm_h5_error_set(err, GM_ERR_IO, "%s: cannot copy the file image", f->path);
-        goto cleanup;
+                            "image", f->path, (long long)n);
+    if (H5Fget_file_image(f->id, p, (size_t)n) != n) {
+        gm_free(p);
+        return gm_h5_error_set(err, GM_ERR_IO, "%s: cannot copy the file image", f->path);
     }
-    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        s = gm_error_set(err, GM_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-        goto cleanup;
-    }
-    for (size_t done = 0; done < (size_t)size;) {
-        ssize_t w = write(fd, img + done, (size_t)size - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) {
-            s = gm_error_set(err, GM_ERR_IO, "%s: write failed after %zu of %lld bytes: %s", path,
-                             done, (long long)size, w < 0 ? strerror(errno) : "no progress");
-            goto cleanup;
-        }
-        done += (size_t)w;
-    }
-    if (durable && fsync(fd) != 0) {
-        s = gm_error_set(err, GM_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
-        goto cleanup;
-    }
-cleanup:
-    if (fd >= 0 && close(fd) != 0 && s == GM_OK) // NFS reports write errors at close
-        s = gm_error_set(err, GM_ERR_IO, "%s: close failed: %s", path, strerror(errno));
-    gm_free(img);
-    return s;
-}
-
-/* open(2)s `p` and fsync(2)s it. Folders: EINVAL (a file system that cannot sync folders) is
- * not an error. */
-static gm_status sync_path(const char *p, bool folder, gm_error *err) {
-    int fd = open(p, folder ? O_RDONLY | O_DIRECTORY | O_CLOEXEC : O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return gm_error_set(err, GM_ERR_IO, "%s: cannot open to fsync: %s", p, strerror(errno));
-    int rc = fsync(fd), e = errno;
-    close(fd);
-    if (rc != 0 && !(folder && e == EINVAL))
-        return gm_error_set(err, GM_ERR_IO, "%s: fsync failed: %s", p, strerror(e));
+    *img = p;
+    *size = (size_t)n;
     return GM_OK;
 }
 
-/* gm_malloc'd folder part of a path ("." when there is none). */
-static char *folder_of(const char *path) {
-    const char *slash = strrchr(path, '/');
-    if (!slash) return gm_strdup(".");
-    if (slash == path) return gm_strdup("/");
-    return gm_strndup(path, (size_t)(slash - path));
+gm_status gm_h5_write_image(gm_h5_file *f, const char *path, bool durable, gm_error *err) {
+    unsigned char *img;
+    size_t n;
+    gm_status s = memory_image(f, &img, &n, err);
+    if (s == GM_OK) s = gm_write_file(path, img, n, durable, err);
+    gm_free(img);
+    return s;
 }
 
 gm_status gm_h5_save_atomic(gm_h5_file *f, const char *path, gm_error *err) {
     if (!f->in_memory)
         return gm_error_set(err, GM_ERR_INVALID, "%s: not a memory file (gm_h5_create_memory); "
                             "cannot snapshot it to %s", f->path, path);
-    size_t n = strlen(path);
-    char *tmp = gm_malloc(n + 5), *folder = folder_of(path);
-    if (!tmp || !folder) {
-        gm_free(tmp);
-        gm_free(folder);
-        return gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory", path);
-    }
-    memcpy(tmp, path, n);
-    memcpy(tmp + n, ".tmp", 5);
-    // 1. the image into <path>.tmp, durable before it can replace anything
-    gm_status s = gm_h5_write_image(f, tmp, true, err);
+    unsigned char *img;
+    size_t n;
+    gm_status s = memory_image(f, &img, &n, err);
     if (s != GM_OK) {
-        unlink(tmp); // never leave a partial image behind (it may be absent: ignore errors)
-        gm_error_prefix(err, "%s not replaced (the previous file there, if any, is untouched)",
-                        path);
-        goto cleanup;
+        gm_error_prefix(err, "%s not replaced (the previous file there, if any, is untouched)", path);
+        return s;
     }
-    // 2. the atomic switch
-    if (rename(tmp, path) != 0) {
-        s = gm_error_set(err, GM_ERR_IO, "%s: cannot rename %s onto it: %s (the previous file "
-                         "there, if any, is untouched)", path, tmp, strerror(errno));
-        unlink(tmp);
-        goto cleanup;
-    }
-    // 3. the new folder entry durable too
-    if ((s = sync_path(folder, true, err)) != GM_OK)
-        gm_error_prefix(err, "%s was replaced, but the new file may not survive a power cut",
-                        path);
-cleanup:
-    gm_free(tmp);
-    gm_free(folder);
+    s = gm_write_file_atomic(path, img, n, err);
+    gm_free(img);
     return s;
 }
 

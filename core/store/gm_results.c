@@ -154,7 +154,8 @@ static herr_t copy_attr_cb(hid_t loc, const char *name, const H5A_info_t *info, 
     hssize_t npts = H5Sget_simple_extent_npoints(space);
     size_t size = H5Tget_size(type);
     if (npts < 0 || size == 0 || !(buf = gm_calloc((size_t)(npts > 0 ? npts : 1), size))) {
-        c->s = gm_error_set(c->err, GM_ERR_NOMEM, "%s: cannot copy attribute '%s'", c->label, name);
+        c->s = gm_error_set(c->err, GM_ERR_NOMEM, "%s: out of memory copying attribute '%s'", c->label,
+                            name);
         goto cleanup;
     }
     if (H5Aread(a, type, buf) < 0) {
@@ -398,7 +399,12 @@ static gm_status check_format(gm_h5_file *f, const char *want, char **format_out
     char *fmt = NULL;
     int64_t version = 0;
     gm_error e = {0};
-    if (gm_h5_attr_get_str(f, "/", "format", &fmt, &e) != GM_OK)
+    gm_status sf = gm_h5_attr_get_str(f, "/", "format", &fmt, &e);
+    if (sf == GM_ERR_NOMEM) { // not a verdict on the file: say what happened
+        if (err) *err = e;
+        return sf;
+    }
+    if (sf != GM_OK)
         return gm_error_set(err, GM_ERR_FORMAT,
                             "%s: not a gemmarun results file (no 'format' "
                             "attribute at the root)",
@@ -443,7 +449,7 @@ static gm_status open_existing(const char *path, gm_h5_file **out, gm_error *err
         return gm_error_set(err, GM_ERR_IO, "%s: %s", path,
                             errno == ENOENT ? "no such file" : strerror(errno));
     gm_status s = gm_h5_open(path, false, out, err);
-    if (s == GM_OK) return GM_OK;
+    if (s == GM_OK || s == GM_ERR_NOMEM) return s; // out of memory says nothing about the file
     if (s == GM_ERR_IO) gm_error_prefix(err, "%s: damaged or not a results file", path);
     return as_format(err);
 }
@@ -481,8 +487,10 @@ gm_status gm_results_open(const char *path, gm_results **out, gm_error *err) {
         r->resumed = true;
         if ((s = copy_tree((hid_t)gm_h5_raw_id(disk), "/", (hid_t)gm_h5_raw_id(r->f), "/", NULL,
                            path, err)) != GM_OK) {
-            gm_error_prefix(err, "%s: damaged results file", path);
-            s = as_format(err);
+            if (s != GM_ERR_NOMEM) { // out of memory says nothing about the file
+                gm_error_prefix(err, "%s: damaged results file", path);
+                s = as_format(err);
+            }
             goto cleanup;
         }
     } else {

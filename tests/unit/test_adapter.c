@@ -278,8 +278,7 @@ static void test_adapter_files(const gm_model *m) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gm_test_adapter_%d", (int)getpid());
-    mkdir(tmpdir, 0755);
+    if (!gm_test_make_tmpdir("adapter", tmpdir, sizeof tmpdir)) return gm_test_finish();
     gm_error err = {0};
     gm_model *m = NULL;
     CHECK_OK(gm_model_load(gm_test_path("tests/ref/tiny_gemma3"), NULL, &m, &err), &err);
@@ -288,8 +287,6 @@ int main(void) {
         test_adapter_files(m);
         gm_model_free(m);
     }
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    gm_test_remove_tmpdir(tmpdir);
     return gm_test_finish();
 }

@@ -1092,11 +1092,7 @@ static void test_ckpt_alloc_failures(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gm_ckpt_XXXXXX");
-    if (!mkdtemp(tmpdir)) { /* a failure, never a skip: the checks below would silently not run */
-        CHECK(0, "cannot create a temporary folder %s", tmpdir);
-        return gm_test_finish();
-    }
+    if (!gm_test_make_tmpdir("ckpt", tmpdir, sizeof tmpdir)) return gm_test_finish();
     gm_h5_silence();
     h5_baseline = gm_h5_open_objects();
     char sample[600], metrics[700];
@@ -1122,8 +1118,6 @@ int main(void) {
     test_ckpt_kill9();
     printf("total %.1f s\n", gm_test_now_s() - t0);
 
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    gm_test_remove_tmpdir(tmpdir);
     return gm_test_finish();
 }

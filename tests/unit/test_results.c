@@ -712,11 +712,7 @@ static void test_lua(void) {
 }
 
 int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/gm_results_XXXXXX");
-    if (!mkdtemp(tmpdir)) { /* a failure, never a skip: the checks below would silently not run */
-        CHECK(0, "cannot create a temporary folder %s", tmpdir);
-        return gm_test_finish();
-    }
+    if (!gm_test_make_tmpdir("results", tmpdir, sizeof tmpdir)) return gm_test_finish();
     gm_h5_silence();
     h5_baseline = gm_h5_open_objects();
     char sample_dir[600], merged[700], trial[700];
@@ -735,8 +731,6 @@ int main(void) {
     test_lua();
     printf("total %.1f s; samples for h5py/pandas: %s, %s\n", gm_test_now_s() - t0, trial, merged);
 
-    char cmd[400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    gm_test_remove_tmpdir(tmpdir);
     return gm_test_finish();
 }

@@ -5,6 +5,7 @@
 
 #include "gm_decoder.h"
 
+#include <errno.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,4 +208,17 @@ void gm_test_cached_logits(const gm_model *m, gm_backend *be, const gm_lora *lor
         memcpy(out + t * V, st->logits, (size_t)V * sizeof(float));
     }
     gm_infer_free(st);
+}
+
+bool gm_test_make_tmpdir(const char *name, char *buf, size_t cap) {
+    snprintf(buf, cap, "/tmp/gm_%s_XXXXXX", name);
+    bool ok = mkdtemp(buf) != NULL;
+    CHECK(ok, "cannot create a temporary folder %s: %s", buf, strerror(errno));
+    return ok;
+}
+
+void gm_test_remove_tmpdir(const char *dir) {
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
 }

@@ -191,6 +191,12 @@ bool gm_test_contains(const char *hay, const char *needle);
 /* true if the path exists (stat succeeds). */
 bool gm_test_file_exists(const char *path);
 
+/* A fresh scratch folder /tmp/gm_<name>_XXXXXX (mkdtemp) into buf (>= 64 bytes), or false after
+ * a failed CHECK (a failure, never a skip: the checks that need it would silently not run). */
+bool gm_test_make_tmpdir(const char *name, char *buf, size_t cap);
+/* Removes a scratch folder and everything in it. */
+void gm_test_remove_tmpdir(const char *dir);
+
 /* Monotonic clock in seconds (CLOCK_MONOTONIC), for the timings some tests print. */
 double gm_test_now_s(void);
 

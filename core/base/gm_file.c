@@ -1,0 +1,80 @@
+/*
+ * gm_file.c - whole-file writes: a plain one and the crash-safe tmp + fsync + rename one.
+ */
+#include "gm_file.h"
+
+#include "gm_alloc.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+gm_status gm_write_file(const char *path, const void *data, size_t n, bool durable, gm_error *err) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) return gm_error_set(err, GM_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+    gm_status s = GM_OK;
+    const unsigned char *p = data;
+    for (size_t done = 0; done < n;) {
+        ssize_t w = write(fd, p + done, n - done);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) { // 0 from a regular file means no progress is possible: never spin on it
+            s = gm_error_set(err, GM_ERR_IO, "%s: write failed after %zu of %zu bytes: %s", path, done, n,
+                             w < 0 ? strerror(errno) : "no progress");
+            break;
+        }
+        done += (size_t)w;
+    }
+    if (s == GM_OK && durable && fsync(fd) != 0)
+        s = gm_error_set(err, GM_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
+    // close releases the descriptor even when it fails; NFS reports deferred write errors here
+    if (close(fd) != 0 && s == GM_OK)
+        s = gm_error_set(err, GM_ERR_IO, "%s: close failed: %s", path, strerror(errno));
+    return s;
+}
+
+/* open(2)s the folder `p` and fsync(2)s it; EINVAL (a file system that cannot sync folders) is
+ * not an error. */
+static gm_status sync_folder(const char *p, gm_error *err) {
+    int fd = open(p, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0) return gm_error_set(err, GM_ERR_IO, "%s: cannot open to fsync: %s", p, strerror(errno));
+    int rc = fsync(fd), e = errno;
+    close(fd);
+    if (rc != 0 && e != EINVAL) return gm_error_set(err, GM_ERR_IO, "%s: fsync failed: %s", p, strerror(e));
+    return GM_OK;
+}
+
+gm_status gm_write_file_atomic(const char *path, const void *data, size_t n, gm_error *err) {
+    size_t len = strlen(path);
+    const char *slash = strrchr(path, '/');
+    char *tmp = gm_malloc(len + 5);
+    char *folder = !slash ? gm_strdup(".") : slash == path ? gm_strdup("/") : gm_strndup(path, (size_t)(slash - path));
+    gm_status s = GM_OK;
+    if (!tmp || !folder) {
+        s = gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory", path);
+        goto cleanup;
+    }
+    memcpy(tmp, path, len);
+    memcpy(tmp + len, ".tmp", 5);
+    // 1. the bytes into <path>.tmp, durable before they can replace anything
+    if ((s = gm_write_file(tmp, data, n, true, err)) != GM_OK) {
+        unlink(tmp); // never leave a partial file behind (it may be absent: ignore errors)
+        gm_error_prefix(err, "%s not replaced (the previous file there, if any, is untouched)", path);
+        goto cleanup;
+    }
+    // 2. the atomic switch
+    if (rename(tmp, path) != 0) {
+        s = gm_error_set(err, GM_ERR_IO, "%s: cannot rename %s onto it: %s (the previous file there, if any, "
+                         "is untouched)", path, tmp, strerror(errno));
+        unlink(tmp);
+        goto cleanup;
+    }
+    // 3. the new folder entry durable too
+    if ((s = sync_folder(folder, err)) != GM_OK)
+        gm_error_prefix(err, "%s was replaced, but the new file may not survive a power cut", path);
+cleanup:
+    gm_free(tmp);
+    gm_free(folder);
+    return s;
+}
