@@ -17,6 +17,7 @@
  *              adapter (a results folder, trial file, merged results file or checkpoint:
  *              core/store/gm_adapter.h), trial (the trial's index or id within it)
  *   model:config()                                     -> table of the config fields
+ *   model:sha256()                                     -> hex, "file=<12 hex> ..." (gm_model_sha256)
  *   model:close()
  */
 #include "gm_lua.h"
@@ -291,6 +292,17 @@ static int l_config(lua_State *L) {
     return 1;
 }
 
+/* model:sha256() -> hex, files: the identity of the model's files (gm_model_sha256). */
+static int l_sha256(lua_State *L) {
+    lmodel *lm = gm_bind_check_model(L, 1);
+    char hex[65], files[1024];
+    gm_error err = {0};
+    if (gm_model_sha256(lm->m, hex, files, sizeof files, &err) != GM_OK) return gm_bind_raise(L, &err);
+    lua_pushstring(L, hex);
+    lua_pushstring(L, files);
+    return 2;
+}
+
 /* model:release_weight_pages(): drops the resident pages of the mapped linear weights (they fault
  * back in when read). The runner calls it before each trial, so that a trial on a re-encoded base
  * does not carry the stored base a previous trial paged in, and its peak is its own. */
@@ -322,7 +334,7 @@ static int l_tostring(lua_State *L) {
 
 void gm_lua_open_model(lua_State *L) {
     static const luaL_Reg methods[] = {{"tokenize", l_tokenize}, {"detokenize", l_detokenize},
-                                       {"generate", l_generate}, {"config", l_config},
+                                       {"generate", l_generate}, {"config", l_config}, {"sha256", l_sha256},
                                        {"release_weight_pages", l_release_weight_pages},
                                        {"close", l_close}, {NULL, NULL}};
     luaL_newmetatable(L, GM_MODEL_MT);

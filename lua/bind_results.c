@@ -14,6 +14,7 @@
  *           confusion={{..},..}, <other name> = number, ...})   (replaces the phase)
  *     r:set_memory{planned={[kind]=bytes}, measured={[kind]=bytes}, measured_peak_rss=bytes}
  *     r:set_data{n_train=, n_test=, n_rejected=, n_truncated=, rejections={{example=, reason=}}}
+ *     r:set_provenance{name = string, ...}   /provenance attributes (lua/runner.lua: what produced it)
  *     r:put_adapter(trainer)         the trainer's LoRA weights under /adapter/<PEFT key>
  *     r:truncate(rows), r:rows(), r:resumed(), r:path(), r:save(), r:close()
  *   gm.results_read(path)            -> trial table | nil, "no such file"
@@ -451,6 +452,27 @@ static int l_set_memory(lua_State *L) {
     return 0;
 }
 
+/* r:set_provenance{name = string, ...}: every value a string (numbers are converted). */
+static int l_set_provenance(lua_State *L) {
+    lresults *u = check_res(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    lua_pushnil(L);
+    while (lua_next(L, 2)) { // check everything before writing anything
+        if (lua_type(L, -2) != LUA_TSTRING || (lua_type(L, -1) != LUA_TSTRING && lua_type(L, -1) != LUA_TNUMBER))
+            luaL_error(L, "results:set_provenance: expected {name = string, ...}");
+        lua_pop(L, 1);
+    }
+    gm_error err = {0};
+    lua_pushnil(L);
+    while (lua_next(L, 2)) {
+        lua_pushvalue(L, -1);
+        gm_status s = gm_results_set_provenance(u->r, lua_tostring(L, -3), lua_tostring(L, -1), &err);
+        lua_pop(L, 2);
+        raise_if(L, s, &err);
+    }
+    return 0;
+}
+
 static int l_set_data(lua_State *L) {
     lresults *u = check_res(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
@@ -645,6 +667,8 @@ static void push_trial(lua_State *L, const gm_results_trial *t) {
     push_json_attr(L, &t->data, "rejections_json");
     lua_setfield(L, -2, "rejections");
     lua_setfield(L, tt, "data");
+    push_attrs(L, &t->provenance);
+    lua_setfield(L, tt, "provenance");
     lua_createtable(L, t->n_adapter, 0);
     for (int i = 0; i < t->n_adapter; i++) {
         lua_createtable(L, 0, 2);
@@ -785,6 +809,7 @@ void gm_lua_open_results(lua_State *L) {
                                        {"set_eval", l_set_eval},
                                        {"set_memory", l_set_memory},
                                        {"set_data", l_set_data},
+                                       {"set_provenance", l_set_provenance},
                                        {"put_adapter", l_put_adapter},
                                        {"truncate", l_truncate},
                                        {"rows", l_rows},

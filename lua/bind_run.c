@@ -7,6 +7,8 @@
  *   gm.lora_count(model, opts)               -> adapters, trainable parameters (targets checked on the model)
  *   gm.is_dir(path), gm.file_exists(path)    gm.sha256(text) -> hex
  *   gm.isatty() -> bool (stderr)
+ *   gm.build_info() -> {version, git_commit, compiler, blas, hdf5, lua, cjson, libc, cpu}
+ *                                             what built this program and what it runs on (provenance)
  *   gm.progress(line [, final])               redraws one status line on a TTY, prints lines otherwise
  *   gm.interrupted() -> bool                  true once Ctrl-C was pressed (main installs the handler)
  *   gm.model_config(path_or_name) -> table    the config only (GGUF header, config.json or preset;
@@ -31,13 +33,16 @@
 #include "gm_data.h"
 #include "gm_fetch.h"
 #include "gm_gguf.h"
+#include "gm_h5.h"
 #include "gm_mmap.h"
 #include "gm_lora.h"
 #include "gm_model.h"
 #include "gm_plan.h"
 #include "gm_train.h"
 
+#include <cjson/cJSON.h>
 #include <dirent.h>
+#include <gnu/libc-version.h>
 #include <lauxlib.h>
 #include <openssl/evp.h>
 #include <signal.h>
@@ -121,6 +126,54 @@ static int l_sha256(lua_State *L) {
     char hex[65];
     for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
     lua_pushstring(L, hex);
+    return 1;
+}
+
+/* The git commit this program was built from ("<12 hex>[-dirty]", "unknown" outside a checkout):
+ * generated at every build by lua/build_info.cmake. */
+extern const char gm_git_commit[];
+/* OpenBLAS's build line ("OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64"), from
+ * its own API (declared here rather than through cblas.h, whose location depends on the build). */
+extern char *openblas_get_config(void);
+
+/* The CPU's model name from /proc/cpuinfo into buf ("unknown" when there is none). */
+static void cpu_model(char *buf, size_t cap) {
+    snprintf(buf, cap, "unknown");
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    if (!f) return;
+    char line[512];
+    while (fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) == 0 && colon) {
+            colon += 1 + (colon[1] == ' ');
+            colon[strcspn(colon, "\n")] = '\0';
+            snprintf(buf, cap, "%s", colon);
+            break;
+        }
+    }
+    fclose(f);
+}
+
+#ifdef __clang__
+#define GM_COMPILER "clang " __clang_version__
+#else
+#define GM_COMPILER "gcc " __VERSION__
+#endif
+
+static int l_build_info(lua_State *L) {
+    char h5[32], cpu[256];
+    gm_h5_library_version(h5, sizeof h5);
+    cpu_model(cpu, sizeof cpu);
+    const char *const kv[][2] = {
+        {"version", GM_VERSION},  {"git_commit", gm_git_commit},       {"compiler", GM_COMPILER},
+        {"blas", openblas_get_config()}, {"hdf5", h5}, {"lua", LUA_RELEASE}, {"cjson", cJSON_Version()},
+        {"libc", gnu_get_libc_version()}, {"cpu", cpu},
+    };
+    lua_createtable(L, 0, (int)(sizeof kv / sizeof kv[0]));
+    for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+        lua_pushstring(L, kv[i][1] ? kv[i][1] : "unknown");
+        lua_setfield(L, -2, kv[i][0]);
+    }
     return 1;
 }
 
@@ -287,6 +340,7 @@ static int l_plan_fit(lua_State *L) {
 void gm_lua_open_run(lua_State *L) {
     static const luaL_Reg fns[] = {{"read_text", l_read_text}, {"list_dir", l_list_dir}, {"is_dir", l_is_dir},
                                    {"file_exists", l_file_exists}, {"sha256", l_sha256}, {"isatty", l_isatty},
+                                   {"build_info", l_build_info},
                                    {"progress", l_progress}, {"interrupted", l_interrupted},
                                    {"model_config", l_model_config}, {"lora_count", l_lora_count}, {"plan", l_plan}, {"plan_fit", l_plan_fit},
                                    {"make_results_dir", l_make_results_dir}, {"remove_checkpoint", l_remove_checkpoint},

@@ -5,6 +5,7 @@
  *   dataset:add_chat(messages [, {max_length = 256, label = n}])
  *                                           -> true | false, reason   (messages: {{role=, content=}, ...})
  *   dataset:size(), dataset:stats()         -> {n, rejected, truncated}
+ *   dataset:sha256()                        -> hex of the tokenized examples (gm_dataset_sha256)
  *   dataset:example(i)                      -> {tokens = n, response_start = k, label = n}
  *   gm.fortunes(topic [, {max_chars = 400, dir = "/usr/share/games/fortunes"}]) -> {text, ...}
  *   model:trainer(opts)                    -> trainer   (opts: the schema's options, gm_train_opts.def,
@@ -147,6 +148,15 @@ static int l_ds_example(lua_State *L) {
     lua_setfield(L, -2, "response_start");
     lua_pushinteger(L, e->label);
     lua_setfield(L, -2, "label");
+    return 1;
+}
+
+static int l_ds_sha256(lua_State *L) {
+    ldataset *d = check_ds(L, 1);
+    char hex[65];
+    gm_error err = {0};
+    if (gm_dataset_sha256(&d->ds, hex, &err) != GM_OK) return gm_bind_raise(L, &err);
+    lua_pushstring(L, hex);
     return 1;
 }
 
@@ -714,6 +724,7 @@ static void new_class(lua_State *L, const char *name, const luaL_Reg *methods, l
 
 void gm_lua_open_train(lua_State *L) {
     static const luaL_Reg ds_methods[] = {{"add_chat", l_ds_add_chat}, {"size", l_ds_size}, {"stats", l_ds_stats},
+                                          {"sha256", l_ds_sha256},
                                           {"example", l_ds_example}, {"close", l_ds_close}, {NULL, NULL}};
     static const luaL_Reg tr_methods[] = {{"step", l_tr_step}, {"eval", l_tr_eval}, {"save", l_tr_save},
                                           {"load", l_tr_load}, {"memory", l_tr_memory}, {"choose", l_tr_choose},

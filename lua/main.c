@@ -678,6 +678,24 @@ static void on_sigint_run(int sig) {
     signal(SIGINT, SIG_DFL); /* a second Ctrl-C stops at once */
 }
 
+/* The command line as typed (arguments with spaces or quotes single-quoted), for the provenance
+ * of results files: GM_COMMAND_LINE in Lua (lua/runner.lua). Cut at its size. */
+static char command_line[4096];
+extern const char gm_git_commit[]; /* lua/build_info.cmake */
+
+static void record_command_line(int argc, char **argv) {
+    size_t n = 0;
+    for (int i = 0; i < argc && n + 4 < sizeof command_line; i++) {
+        const char *a = argv[i];
+        bool quote = a[0] == '\0' || strpbrk(a, " \t\n'\"$`\\*?;&|<>()") != NULL;
+        int w = snprintf(command_line + n, sizeof command_line - n, "%s%s%s%s", i ? " " : "", quote ? "'" : "", a,
+                         quote ? "'" : "");
+        if (w < 0) break;
+        n += (size_t)w;
+    }
+    if (n >= sizeof command_line) command_line[sizeof command_line - 1] = '\0';
+}
+
 /* Runs an experiment file (or the embedded default when file is NULL). If the file returns an
  * experiment{...}, the runner (lua/runner.lua) runs its trials with the command-line options. */
 static int run_lua(const char *file, int argc, char **argv) {
@@ -733,6 +751,8 @@ static int run_lua(const char *file, int argc, char **argv) {
     signal(SIGINT, on_sigint_run);
     gm_status s;
     int base = lua_gettop(L);
+    lua_pushstring(L, command_line);
+    lua_setglobal(L, "GM_COMMAND_LINE");
     if (file) {
         lua_pushstring(L, file);
         lua_setglobal(L, "GM_EXPERIMENT_FILE");
@@ -810,6 +830,7 @@ static int run_lua(const char *file, int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    record_command_line(argc, argv);
     /* Large buffers (arenas, checkpoint and results images) get their own mappings and go back
      * to the system when freed. Left alone, glibc raises its mmap threshold after the first such
      * free and serves the next ones from the heap, which then keeps them: each checkpoint save
@@ -826,7 +847,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {
-        printf("gemmarun %s\n", GM_VERSION);
+        printf("gemmarun %s (git %s)\n", GM_VERSION, gm_git_commit);
         return 0;
     }
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);

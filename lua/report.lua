@@ -252,9 +252,26 @@ end
 
 --- The trials in sweep order (trial_index), so that string values keep the order the user
 --- listed them in; a folder lists its files by name, which is another order.
+--- The trials in trial order. Each is a shallow copy whose config also holds the identity of
+--- what it ran on, from its provenance (model_sha256, data_sha256: the first 12 hex digits), so
+--- that trials of another model file or other data are never pooled with these as seeds: they
+--- differ in a field, and varying_fields splits them into rows of their own, with the note.
+local IDENTITY = {"model_sha256", "data_sha256"}
 local function in_order(trials)
   local out = {}
-  for i, t in ipairs(trials) do out[i] = t end
+  for i, t in ipairs(trials) do
+    local c = {}
+    for k, v in pairs(t) do c[k] = v end
+    if type(t.provenance) == "table" then
+      local cfg = {}
+      for k, v in pairs(t.config or {}) do cfg[k] = v end
+      for _, f in ipairs(IDENTITY) do
+        if type(t.provenance[f]) == "string" then cfg[f] = t.provenance[f]:sub(1, 12) end
+      end
+      c.config = cfg
+    end
+    out[i] = c
+  end
   table.sort(out, function(a, b)
     local ia, ib = tonumber(a.trial_index) or 0, tonumber(b.trial_index) or 0
     if ia ~= ib then return ia < ib end

@@ -369,6 +369,52 @@ local function guarded_write(fn, ...)
   if not ok then error({ io = true, msg = clean_msg(err) }, 0) end
 end
 
+--- The tokenized data's identity (gm_dataset_sha256 of each split, and of both), once per set.
+local function data_sha(d)
+  if not d.sha then
+    local tr, te = d.train:sha256(), d.test:sha256()
+    d.sha = { train = tr, test = te, both = gm.sha256(tr .. "\n" .. te .. "\n") }
+  end
+  return d.sha
+end
+
+--- What produced a trial (results /provenance): the model files' and the tokenized data's
+--- sha256, the build and the machine, the command line. Hashes are computed once per model and
+--- data set in a run (ctx caches them).
+local function provenance(ctx, e, cfg, d)
+  ctx.model_sha = ctx.model_sha or {}
+  local ms = ctx.model_sha[cfg.model]
+  if not ms then
+    local hex, files = ctx.model:sha256()
+    ms = { hex = hex, files = files }
+    ctx.model_sha[cfg.model] = ms
+  end
+  data_sha(d)
+  ctx.build = ctx.build or gm.build_info()
+  local p = {
+    model_path = cfg.model, model_sha256 = ms.hex, model_files = ms.files,
+    data_sha256 = d.sha.both, data_train_sha256 = d.sha.train, data_test_sha256 = d.sha.test,
+    threads = tostring(e.threads or GM_THREADS), device = "cpu", compute_dtype = "f32",
+    command_line = GM_COMMAND_LINE or "", set_overrides_json = gm.json_encode(ctx.cli_set or {}),
+  }
+  for k, v in pairs(ctx.build) do p[k == "version" and "gemmarun_version" or k] = v end
+  return p
+end
+
+--- A trial resumed from its checkpoint must continue on what it started on: the model files and
+--- the tokenized data of the stored provenance (raises naming what changed).
+local function check_resume_identity(prior, p, ckpt)
+  local was = prior and prior.provenance or {}
+  for _, f in ipairs({ { "model_sha256", "the model files" }, { "data_sha256", "the data (as tokenized)" } }) do
+    local old, new = was[f[1]], p[f[1]]
+    if old and old ~= new then
+      error(string.format("%s changed since this trial started (sha256 %s... then, %s... now): its checkpoint "
+        .. "belongs to the old ones; restore them, or delete %s to start this trial over", f[2], old:sub(1, 12),
+        new:sub(1, 12), ckpt), 0)
+    end
+  end
+end
+
 local function run_trial(ctx, e, trial, n_trials)
   local cfg = trial.config
   local threads = e.threads or GM_THREADS
@@ -376,6 +422,7 @@ local function run_trial(ctx, e, trial, n_trials)
   local res = ctx.res
   -- data (tokenized up front, cached per model and max_length)
   local d = R.datasets(ctx, e, cfg)
+  local prov = provenance(ctx, e, cfg, d)
   local st_tr, st_te = d.train:stats(), d.test:stats()
   res:set_data({ n_train = st_tr.n, n_test = st_te.n, n_rejected = st_tr.rejected + st_te.rejected,
     n_truncated = st_tr.truncated + st_te.truncated, rejections = d.rejected })
@@ -409,6 +456,7 @@ local function run_trial(ctx, e, trial, n_trials)
   local ckpt = ctx.dir .. "/trial-" .. trial.id .. ".ckpt.h5"
   local epoch, pos, step = 0, 0, 0
   if gm.file_exists(ckpt) then
+    check_resume_identity(ctx.prior, prov, ckpt)
     local at = tr:load(ckpt)
     epoch, pos, step = at.epoch, at.pos, at.step
     trial.resumed_from = step
@@ -424,6 +472,7 @@ local function run_trial(ctx, e, trial, n_trials)
     if b then res:set_eval("baseline", b) else b = evaluate("baseline"); ctx.baselines[bkey] = b end
     say("  baseline %s", b.accuracy and string.format("accuracy %.1f%%", 100 * b.accuracy) or string.format("loss %.4f", b.loss))
   end
+  res:set_provenance(prov)
   res:set({ status = "running" })
   guarded_write(res.save, res)
   -- training
@@ -694,13 +743,20 @@ function R.run(e, cli)
   ctx.dir = dir
   gm.make_results_dir(dir)
   local failed, interrupted, stopped = 0, false, nil
+  ctx.cli_set = cli.set
   local report = e.report and { rows = e.report.rows, cols = e.report.cols, metric = e.report.metric, phase = e.report.phase, digits = e.report.digits }
     or { rows = swept, cols = {}, metric = e.task._kind == "classify" and "accuracy" or "loss" }
   for _, t in ipairs(selected) do
     local path = dir .. "/trial-" .. t.id .. ".h5"
     local prior = gm.file_exists(path) and gm.results_read(path) or nil
     if prior and prior.status == "completed" then
-      say("trial %d/%d  %s  %s: done (kept)", t.index, #trials, t.id, describe_point(t, swept))
+      -- kept as it is; but say so when it was trained on other data than the data set is now
+      local d = ctx.data[t.config.model .. "|" .. t.config.max_length]
+      local was = prior.provenance and prior.provenance.data_sha256
+      local other = d and was and was ~= data_sha(d).both
+      say("trial %d/%d  %s  %s: done (kept%s)", t.index, #trials, t.id, describe_point(t, swept), other and
+        string.format("; trained on other data than the data set now: sha256 %s... then, %s... now; delete %s to run "
+          .. "it again", was:sub(1, 12), data_sha(d).both:sub(1, 12), path) or "")
     else
       say("trial %d/%d  %s  %s", t.index, #trials, t.id, describe_point(t, swept))
       use_model(ctx, e, t.config.model)
@@ -708,6 +764,7 @@ function R.run(e, cli)
       ctx.res:set({ experiment = e.name, trial_id = t.id, trial_index = t.index, n_trials = #trials, status = "running",
         reason = "", config_json = gm.json_encode(t.config), report_json = gm.json_encode(report), swept_json = gm.json_encode(#swept > 0 and swept or gm.null) })
       ctx.res:set_config(with_task(t.config, e.task))
+      ctx.prior = prior
       local ok, err = pcall(run_trial, ctx, e, t, #trials)
       if not ok then
         if type(err) == "table" and (err.interrupted or err.io) then

@@ -7,6 +7,7 @@
 #include "gm_mmap.h"
 
 #include <ctype.h>
+#include <openssl/evp.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -62,6 +63,29 @@ gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_
         ds->cap = cap;
     }
     ds->ex[ds->n++] = (gm_example){ids, n, start, label};
+    return GM_OK;
+}
+
+gm_status gm_dataset_sha256(const gm_dataset *ds, char hex[65], gm_error *err) {
+    EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+    if (!ctx || EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) != 1) {
+        EVP_MD_CTX_free(ctx);
+        return gm_error_set(err, GM_ERR_IO, "sha256: OpenSSL initialisation failed");
+    }
+    // (x86-64 and every host we build for are little-endian: the fields are hashed as stored)
+    for (int64_t i = 0; i < ds->n; i++) {
+        const gm_example *e = &ds->ex[i];
+        EVP_DigestUpdate(ctx, &e->n, sizeof e->n);
+        EVP_DigestUpdate(ctx, &e->response_start, sizeof e->response_start);
+        EVP_DigestUpdate(ctx, &e->label, sizeof e->label);
+        EVP_DigestUpdate(ctx, e->ids, (size_t)e->n * sizeof *e->ids);
+    }
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int mdlen = 0;
+    int ok = EVP_DigestFinal_ex(ctx, md, &mdlen);
+    EVP_MD_CTX_free(ctx);
+    if (ok != 1) return gm_error_set(err, GM_ERR_IO, "sha256 failed");
+    for (unsigned k = 0; k < 32; k++) snprintf(hex + 2 * k, 3, "%02x", md[k]);
     return GM_OK;
 }
 

@@ -52,6 +52,13 @@ void gm_dataset_free(gm_dataset *ds);
 gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                               int64_t max_length, int32_t label, gm_error *err);
 
+/* The identity of the data actually trained or evaluated on, for provenance: sha256 over every
+ * example in order - its token count, response start, label (int64, int64, int32, little-endian)
+ * and token ids (int32) - as 64 hex digits. Two data sets hash equal iff the model sees the same
+ * tokens with the same supervision: an edited file, another tokenizer, max_length or template
+ * changes it; a reformatted but equivalent file does not. Errors: GM_ERR_IO if OpenSSL fails. */
+gm_status gm_dataset_sha256(const gm_dataset *ds, char hex[65], gm_error *err);
+
 /* Collates examples idx[0..B) into ids/targets (B, T) with T = the longest of them (right-padded
  * with pad_id, targets -1 on padding and prompt). Returns T. */
 int64_t gm_batch_collate(const gm_dataset *ds, const int64_t *idx, int64_t B, int32_t pad_id, int32_t *ids,

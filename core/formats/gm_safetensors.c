@@ -727,6 +727,8 @@ const char *gm_safetensors_metadata(const gm_safetensors *st, const char *key) {
     return NULL;
 }
 
+int gm_safetensors_n_shards(const gm_safetensors *st) { return st->n_shards; }
+
 const char *gm_safetensors_shard_path(const gm_safetensors *st, int shard) {
     return (shard >= 0 && shard < st->n_shards) ? st->shards[shard].path : NULL;
 }

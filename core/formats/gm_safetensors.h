@@ -55,6 +55,8 @@ const gm_st_tensor *gm_safetensors_tensor_at(const gm_safetensors *st, int64_t i
 const gm_st_tensor *gm_safetensors_find(const gm_safetensors *st, const char *name);
 /* Value of a "__metadata__" entry of the first shard, or NULL. */
 const char *gm_safetensors_metadata(const gm_safetensors *st, const char *key);
+/* Number of files the tensors come from (1 for a single .safetensors file). */
+int gm_safetensors_n_shards(const gm_safetensors *st);
 /* Path of shard i (for messages). */
 const char *gm_safetensors_shard_path(const gm_safetensors *st, int shard);
 

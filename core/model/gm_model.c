@@ -9,6 +9,7 @@
 #include "gm_model.h"
 
 #include "gm_alloc.h"
+#include "gm_fetch.h" // gm_sha256_file
 #include "gm_gguf.h"
 #include "gm_log.h"
 #include "gm_mmap.h" // gm_mmap_release
@@ -17,6 +18,7 @@
 #include "kernels.h"
 
 #include <math.h>
+#include <openssl/evp.h>
 
 #include <errno.h>
 #include <stddef.h>
@@ -269,6 +271,63 @@ static gm_status load_hf(gm_model *m, const char *path, const gm_model_opts *o, 
         if (file_exists(tj)) GM_TRY(gm_tokenizer_from_hf_json(tj, file_exists(tc) ? tc : NULL, &m->tok, err));
     }
     return GM_OK;
+}
+
+gm_status gm_model_sha256(const gm_model *m, char hex[65], char *files, size_t cap, gm_error *err) {
+    if (files && cap) files[0] = '\0';
+    if (m->format == GM_FORMAT_GGUF) {
+        GM_TRY(gm_sha256_file(m->path, hex, err));
+        if (files && cap) {
+            const char *base = strrchr(m->path, '/');
+            snprintf(files, cap, "%s=%.12s", base ? base + 1 : m->path, hex);
+        }
+        return GM_OK;
+    }
+    // the files load_hf read, in its order
+    char dir[1024];
+    if (is_dir(m->path)) snprintf(dir, sizeof dir, "%s", m->path);
+    else dirname_of(m->path, dir, sizeof dir);
+    const int n_sh = gm_safetensors_n_shards(m->st);
+    int n = 0;
+    char (*paths)[1100] = gm_malloc((size_t)(n_sh + 4) * sizeof *paths);
+    char *lines = gm_malloc((size_t)(n_sh + 4) * 1200);
+    if (!paths || !lines) {
+        gm_free(paths);
+        gm_free(lines);
+        return gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory hashing the model's files", m->path);
+    }
+    snprintf(paths[n++], sizeof paths[0], "%s/config.json", dir);
+    if (ends_with(m->path, ".index.json")) snprintf(paths[n++], sizeof paths[0], "%s", m->path);
+    for (int i = 0; i < n_sh; i++) snprintf(paths[n++], sizeof paths[0], "%s", gm_safetensors_shard_path(m->st, i));
+    if (m->tok) {
+        snprintf(paths[n], sizeof paths[0], "%s/tokenizer.json", dir);
+        if (file_exists(paths[n])) n++;
+        snprintf(paths[n], sizeof paths[0], "%s/tokenizer_config.json", dir);
+        if (file_exists(paths[n])) n++;
+    }
+    gm_status s = GM_OK;
+    size_t len = 0, flen = 0;
+    lines[0] = '\0';
+    for (int i = 0; i < n && s == GM_OK; i++) {
+        char h[65];
+        if ((s = gm_sha256_file(paths[i], h, err)) != GM_OK) break;
+        const char *base = strrchr(paths[i], '/');
+        base = base ? base + 1 : paths[i];
+        len += (size_t)snprintf(lines + len, 1200, "%s %s\n", base, h);
+        if (files && cap > flen + 1)
+            flen += (size_t)snprintf(files + flen, cap - flen, "%s%s=%.12s", i ? " " : "", base, h);
+        if (files && flen >= cap) flen = cap - 1;
+    }
+    if (s == GM_OK) {
+        unsigned char md[EVP_MAX_MD_SIZE];
+        unsigned int mdlen = 0;
+        if (EVP_Digest(lines, len, md, &mdlen, EVP_sha256(), NULL) != 1)
+            s = gm_error_set(err, GM_ERR_IO, "sha256 failed");
+        for (unsigned i = 0; s == GM_OK && i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+    }
+    gm_free(paths);
+    gm_free(lines);
+    return s;
 }
 
 static gm_status load_gguf(gm_model *m, const char *path, const gm_model_opts *o, gm_error *err) {

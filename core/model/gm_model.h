@@ -86,6 +86,15 @@ static inline const gm_tensor *gm_model_weight(const gm_model *m, int64_t l, int
     return &m->layer[l * m->arch->n_layer + slot];
 }
 
+/* The identity of the model's files, for provenance (results files): sha256 of each file the
+ * load read - the GGUF file; or config.json, every safetensors shard (and the index) and, when the
+ * tokenizer came from them, tokenizer.json and tokenizer_config.json - and, in `hex`, the sha256 of
+ * the lines "<file name> <sha256>\n" in that order (for a single GGUF file: the file's own sha256).
+ * `files` (may be NULL) receives "name=<first 12 hex digits>" per file, space-separated, cut to
+ * cap. Reads every byte of the weights (~0.2 s for 253 MB): call once per model and run.
+ * Errors: GM_ERR_IO naming the file. */
+gm_status gm_model_sha256(const gm_model *m, char hex[65], char *files, size_t cap, gm_error *err);
+
 /* The kernel weight view of a tensor whose storage is self-contained (f32, f16, bf16, GGUF
  * blocks). */
 gm_wview gm_wview_of(const gm_tensor *t);

@@ -284,6 +284,12 @@ static gm_status memory_image(gm_h5_file *f, unsigned char **img, size_t *size, 
     return GM_OK;
 }
 
+void gm_h5_library_version(char *buf, size_t cap) {
+    unsigned maj = 0, min = 0, rel = 0;
+    H5get_libversion(&maj, &min, &rel);
+    snprintf(buf, cap, "%u.%u.%u", maj, min, rel);
+}
+
 gm_status gm_h5_write_image(gm_h5_file *f, const char *path, bool durable, gm_error *err) {
     unsigned char *img;
     size_t n;

@@ -90,6 +90,9 @@ gm_status gm_h5_save_atomic(gm_h5_file *f, const char *path, gm_error *err);
  * image and is the caller's to remove. Errors as gm_h5_save_atomic. */
 gm_status gm_h5_write_image(gm_h5_file *f, const char *path, bool durable, gm_error *err);
 
+/* The HDF5 library's version as "major.minor.release" into buf (results provenance). */
+void gm_h5_library_version(char *buf, size_t cap);
+
 /* Closes the series kept open and the file (for a disk file HDF5 writes what it still buffers;
  * a memory file is discarded) and frees the handle; sets *f to NULL. A failure here is
  * GM_ERR_IO and, for a disk file being written, means the file is damaged (and see above: HDF5

@@ -45,8 +45,8 @@
 #define RESULTS_CREATED_BY "gemmarun " GM_VERSION
 
 /* Groups every trial file has (created empty, so readers and users find them). */
-static const char *const GROUPS[] = {"/config", "/metrics", "/eval",
-                                     "/memory", "/data",    "/adapter"};
+static const char *const GROUPS[] = {"/config", "/metrics", "/eval",       "/memory",
+                                     "/data",   "/adapter", "/provenance"};
 #define N_GROUPS ((int)(sizeof GROUPS / sizeof GROUPS[0]))
 
 /* Root attributes with a fixed type (results/README.md); others are stored as given. */
@@ -807,6 +807,12 @@ gm_status gm_results_set_memory(gm_results *r, const char *name, int64_t bytes, 
     return gm_h5_attr_set_i64(r->f, "/memory", name, bytes, err);
 }
 
+gm_status gm_results_set_provenance(gm_results *r, const char *name, const char *value, gm_error *err) {
+    if (!name_ok(name)) return bad_name(r->path, "provenance attribute", name, err);
+    if (!value) return gm_error_set(err, GM_ERR_INVALID, "%s: provenance attribute '%s': no value", r->path, name);
+    return gm_h5_attr_set_str(r->f, "/provenance", name, value, err);
+}
+
 gm_status gm_results_set_data(gm_results *r, const gm_results_data *d, gm_error *err) {
     const char *text = d->rejections_json ? d->rejections_json : "[]";
     cJSON *j = cJSON_Parse(text);
@@ -915,6 +921,7 @@ static void trial_free(gm_results_trial *t) {
     attrs_free(&t->config);
     attrs_free(&t->memory);
     attrs_free(&t->data);
+    attrs_free(&t->provenance);
     for (int i = 0; i < t->n_metrics; i++) {
         gm_free(t->metrics[i].name);
         gm_free(t->metrics[i].v);
@@ -997,6 +1004,8 @@ static gm_status read_trial(gm_h5_file *f, const char *base, gm_results_trial *t
     if ((s = read_attrs(f, p, &t->memory, err)) != GM_OK) goto cleanup;
     snprintf(p, sizeof p, "%s/data", base);
     if ((s = read_attrs(f, p, &t->data, err)) != GM_OK) goto cleanup;
+    snprintf(p, sizeof p, "%s/provenance", base);
+    if ((s = read_attrs(f, p, &t->provenance, err)) != GM_OK) goto cleanup;
     // metrics: every 1-D numeric dataset of /metrics
     snprintf(p, sizeof p, "%s/metrics", base);
     if (gm_h5_exists(f, p)) {

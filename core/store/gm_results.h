@@ -17,6 +17,10 @@
  *   /memory             attrs planned_<kind> (bytes, i64), planned_total, measured_peak_rss, ...
  *   /data               attrs n_train, n_test, n_rejected, n_truncated (i64), rejections_json
  *   /adapter/<peft key> f32 datasets, the final LoRA weights
+ *   /provenance         attrs (str): what produced the trial - model_sha256 and model_files,
+ *                       data_sha256 (train and test, tokenized), gemmarun version and
+ *                       git_commit, compiler and library versions, cpu, threads, device,
+ *                       compute_dtype, command_line, set_overrides_json (lua/runner.lua)
  *
  * How: the file lives in memory (HDF5 core driver) between saves, and gm_results_save writes its
  * complete image with gm_h5_save_atomic (tmp + fsync + rename + fsync of the folder): a kill -9
@@ -152,6 +156,9 @@ gm_status gm_results_set_eval_f64(gm_results *r, const char *phase, const char *
  * planned_total) and measured_peak_rss; other names are accepted as given. */
 gm_status gm_results_set_memory(gm_results *r, const char *name, int64_t bytes, gm_error *err);
 
+/* ---- provenance (/provenance attrs, strings) ---------------------------------------------- */
+gm_status gm_results_set_provenance(gm_results *r, const char *name, const char *value, gm_error *err);
+
 typedef struct gm_results_data {
     int64_t n_train, n_test, n_rejected, n_truncated;
     const char *rejections_json; /* JSON list of {"example": .., "reason": ".."}; NULL: "[]".
@@ -222,6 +229,7 @@ typedef struct gm_results_trial {
     int n_evals;
     gm_results_attrs memory;
     gm_results_attrs data;
+    gm_results_attrs provenance;
     gm_results_tensor_info *adapter; /* names and shapes only (no weights) */
     int n_adapter;
 } gm_results_trial;

@@ -126,9 +126,10 @@ lua_out=$("$GM" gen.lua 2>&1)
   || { fail=$((fail + 1)); echo "FAIL  Lua generate with an adapter: '$lua_out' vs 'lua:${tuned#a short note}'"; }
 printf 'local m <close> = gm.load_model("%s")\nlocal ok, err = pcall(m.generate, m, "a short note", { adapter = "results/tiny", max_tokens = 2 })\nprint(ok, err)\n' "$TINY" > generr.lua
 expect_run "m:generate{adapter} loads the adapter: a folder of several trials asks for one" 0 "false.*several trials have an adapter; choose one with --trial" -- "$GM" generr.lua
-# the same experiment rerun with another prompt: a new trial, never pooled with the old ones
+# the same experiment rerun with another prompt: a new trial, never pooled with the old ones (the
+# prompt is part of what is tokenized, so the data hash differs too)
 sed 's/prompt = "Which fruit?"/prompt = "Name the fruit."/' tiny.lua > reprompt.lua
-expect_run "an edited prompt gives rows of its own" 0 "Rows also split by prompt" -- "$GM" reprompt.lua --trial 1
+expect_run "an edited prompt gives rows of its own" 0 "Rows also split by data_sha256, prompt: the trials differ in these fields" -- "$GM" reprompt.lua --trial 1
 
 # ---- a NaN trial fails, the others complete ----------------------------------------------------
 sed -e 's/name = "tiny"/name = "nan"/' -e 's/lr = {1e-2, 3e-3}/lr = {1e-2, 1e30}/' -e 's/seeds = {1, 2}/seeds = {1}/' tiny.lua > nan.lua
