@@ -11,6 +11,7 @@
 #include <math.h>
 #include <regex.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 gm_lora_config gm_lora_config_default(void) {
@@ -116,13 +117,95 @@ static bool translate_python(const char *in, char *out, size_t cap) {
     return true;
 }
 
+/* The copies glibc's regcomp makes of what a quantifier at p applies to: it expands x+ as xx* and
+ * x{m,n} as m..n copies, recursively, so nested repetitions multiply (found by fuzz_experiment:
+ * "l-+++...+" took 1.3 GB inside regcomp). 0 when p is not a quantifier; *len = its length. */
+static long repeat_copies(const char *p, size_t *len) {
+    *len = 1;
+    if (*p == '*' || *p == '?') return 1;
+    if (*p == '+') return 2;
+    if (*p != '{' || !isdigit((unsigned char)p[1])) return 0;
+    char *e;
+    long lo = strtol(p + 1, &e, 10), hi = lo;
+    if (*e == ',') hi = isdigit((unsigned char)e[1]) ? strtol(e + 1, &e, 10) : lo + 1, e += *e == ',';
+    if (*e != '}') return 0;
+    *len = (size_t)(e + 1 - p);
+    return hi > lo ? hi : lo > 0 ? lo : 1;
+}
+
+/* Refuses what Python's re refuses and glibc would expand without bound: a quantifier on a
+ * quantifier ("multiple repeat"; one lazy '?' after a quantifier is Python syntax and allowed),
+ * and nested repetitions whose copies multiply past 4,096. False with the reason in why. */
+#define REGEX_MAX_COPIES 4096
+static bool regex_bounded(const char *pat, char *why, size_t cap) {
+    size_t n = strlen(pat);
+    long stack[64];
+    int depth = 0;
+    long copies = 1;
+    int after_quant = 0; /* 1: a quantifier just ended; 2: and a lazy '?' after it */
+    for (size_t i = 0; i < n; i++) {
+        char c = pat[i];
+        size_t ql;
+        long q = repeat_copies(pat + i, &ql);
+        if (q) {
+            if (after_quant == 2 || (after_quant == 1 && !(c == '?' && ql == 1))) {
+                snprintf(why, cap, "multiple repeat at position %zu (a quantifier on a quantifier, which Python's re "
+                         "refuses too)", i);
+                return false;
+            }
+            if (q > REGEX_MAX_COPIES || copies * q > REGEX_MAX_COPIES) {
+                snprintf(why, cap, "nested repetitions expand to more than %d copies at position %zu", REGEX_MAX_COPIES, i);
+                return false;
+            }
+            after_quant = after_quant == 1 ? 2 : 1;
+            i += ql - 1;
+            continue;
+        }
+        after_quant = 0;
+        if (c == '\\' && i + 1 < n) {
+            i++;
+        } else if (c == '[') { // a bracket expression: ']' first is literal, [:class:] inside
+            size_t j = i + 1 + (pat[i + 1] == '^');
+            if (pat[j] == ']') j++;
+            while (j < n && pat[j] != ']') j += (pat[j] == '[' && pat[j + 1] == ':') ? 2 : 1;
+            i = j < n ? j : n;
+        } else if (c == '(') {
+            // find the matching ')' and the quantifier after it: the group's copies multiply inside
+            int d = 0;
+            size_t j = i;
+            for (; j < n; j++) {
+                if (pat[j] == '\\') { j++; continue; }
+                if (pat[j] == '(') d++;
+                else if (pat[j] == ')' && --d == 0) break;
+            }
+            size_t gl;
+            long gq = j < n ? repeat_copies(pat + j + 1, &gl) : 0;
+            if (depth == (int)(sizeof stack / sizeof stack[0])) {
+                snprintf(why, cap, "groups nested more than %d deep", depth);
+                return false;
+            }
+            stack[depth++] = copies;
+            if (gq > REGEX_MAX_COPIES || copies * (gq ? gq : 1) > REGEX_MAX_COPIES) {
+                snprintf(why, cap, "nested repetitions expand to more than %d copies at position %zu", REGEX_MAX_COPIES, i);
+                return false;
+            }
+            copies *= gq ? gq : 1;
+        } else if (c == ')' && depth > 0) {
+            copies = stack[--depth];
+            after_quant = 0;
+        }
+    }
+    return true;
+}
+
 /* re.fullmatch(pattern, s): compiled as it stands (not wrapped in ^( )$, which an unbalanced
  * pattern could escape), then the leftmost-longest match must cover the whole string - with
  * POSIX leftmost-longest matching, that is exactly "some match spans the string". */
 static bool regex_full_match(const char *pattern, const char *s, bool *bad) {
-    char ere[GM_LORA_TARGETS_MAX * 4];
+    char ere[GM_LORA_TARGETS_MAX * 4], why[160];
     regex_t re;
-    if (!translate_python(pattern, ere, sizeof ere) || regcomp(&re, ere, REG_EXTENDED) != 0) {
+    if (!regex_bounded(pattern, why, sizeof why) || !translate_python(pattern, ere, sizeof ere) ||
+        regcomp(&re, ere, REG_EXTENDED) != 0) {
         if (bad) *bad = true;
         return false;
     }
@@ -276,6 +359,10 @@ gm_status gm_lora_targets_check(const char *targets, const gm_arch_def *arch, co
     char names[256];
     module_names(arch, names, sizeof names);
     if (is_regex(targets)) {
+        char why[160];
+        if (!regex_bounded(targets, why, sizeof why))
+            return gm_error_set(err, GM_ERR_INVALID, "targets '%s': not accepted as a regular expression: %s", targets,
+                                why);
         bool bad = false;
         regex_full_match(targets, "", &bad);
         if (bad)

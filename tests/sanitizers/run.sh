@@ -11,7 +11,7 @@
 # tests so.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGM_CUDA=OFF -DGM_FUZZ=OFF \
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGM_CUDA=OFF -DGM_FUZZ=OFF -DGM_TEST_TIMEOUT=2400 \
   -DCMAKE_C_FLAGS="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" \
   -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined" > /dev/null
 cmake --build build-asan -j"$(nproc)"

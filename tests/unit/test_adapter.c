@@ -182,6 +182,18 @@ static void test_layouts_and_targets(const gm_model *causal) {
           "bad regex: %s", msg);
     CHECK(count_targets(causal, ".*\\.lm_head", &s, msg, sizeof msg) < 0 && s == GM_ERR_INVALID && gm_test_contains(msg, "select no module"),
           "regex matching nothing: %s", msg);
+    /* patterns glibc's regcomp would expand without bound (fuzz_experiment found the first: 1.3 GB):
+     * a quantifier on a quantifier, as Python refuses; nested repetitions past 4,096 copies */
+    CHECK(count_targets(causal, "all-++++++++++++++++++++++++++++++++linear", &s, msg, sizeof msg) < 0 &&
+              s == GM_ERR_INVALID && gm_test_contains(msg, "multiple repeat at position 5"),
+          "a quantifier on a quantifier: %s", msg);
+    CHECK(count_targets(causal, "((((((((((((((.*q_proj)+)+)+)+)+)+)+)+)+)+)+)+)+)", &s, msg, sizeof msg) < 0 &&
+              s == GM_ERR_INVALID && gm_test_contains(msg, "more than 4096 copies"),
+          "nested repetitions: %s", msg);
+    CHECK(count_targets(causal, "((x{100}){100})", &s, msg, sizeof msg) < 0 && gm_test_contains(msg, "more than 4096 copies"),
+          "nested counted repetitions: %s", msg);
+    CHECK(count_targets(causal, ".*\\.(q|v)_proj+?", NULL, NULL, 0) == 2 * L, "a lazy quantifier is Python syntax");
+    CHECK(count_targets(causal, "(.*)+\\.(q_proj){1,2}", NULL, NULL, 0) == L, "a bounded nesting is fine");
     gm_free(want), gm_free(got);
 }
 
