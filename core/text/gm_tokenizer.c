@@ -1279,6 +1279,14 @@ static gm_status hf_load(const char *path, const char *config_path, cJSON *root,
         ai++;
     }
     if (n == 0) FAIL(GM_ERR_FORMAT, "%s: model.vocab is empty", path);
+    // ids index dense tables: a file naming id 2,000,000,000 among a few tokens would make them
+    // 16 GB (found by fuzz_tokenizer). Real vocabularies are dense 0..V-1, added tokens within or
+    // just past them: allow gaps up to the count itself.
+    int64_t n_entries = (int64_t)cJSON_GetArraySize(vocab) + ai;
+    if (n > 2 * n_entries + 1024)
+        FAIL(GM_ERR_FORMAT, "%s: token ids go up to %lld but the file defines only %lld tokens (model.vocab and "
+             "added_tokens): ids must be dense, 0..%lld", path, (long long)(n - 1), (long long)n_entries,
+             (long long)(n_entries - 1));
     v.n = n;
     v.texts = gm_calloc((size_t)n, sizeof *v.texts);
     v.lens = gm_calloc((size_t)n, sizeof *v.lens);
