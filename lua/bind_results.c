@@ -11,7 +11,9 @@
  *           text); also stores config_json unless r:set gave one
  *     r:append{name = number, ...}   one logged row (series missing from it get NaN)
  *     r:set_eval(phase, {accuracy=, loss=, n_examples=, labels={..}, per_class={..},
- *           confusion={{..},..}, <other name> = number, ...})   (replaces the phase)
+ *           confusion={{..},..}, example_index={..}, predictions={..}, references={..},
+ *           <other name> = number, ...})   (replaces the phase; the per-example lists hold
+ *           integers as stored: 0-based test-set positions and class indices)
  *     r:set_memory{planned={[kind]=bytes}, measured={[kind]=bytes}, measured_peak_rss=bytes}
  *     r:set_data{n_train=, n_test=, n_rejected=, n_truncated=, rejections={{example=, reason=}}}
  *     r:set_provenance{name = string, ...}   /provenance attributes (lua/runner.lua: what produced it)
@@ -292,13 +294,38 @@ static lua_Integer opt_num_list(lua_State *L, int idx, const char *key, double *
     return n;
 }
 
+/* Like opt_num_list for a list of integers (as int64_t). */
+static lua_Integer opt_int_list(lua_State *L, int idx, const char *key, int64_t **out,
+                                const char *fn) {
+    lua_getfield(L, idx, key);
+    if (lua_isnil(L, -1)) {
+        lua_pop(L, 1);
+        *out = NULL;
+        lua_pushnil(L);
+        return -1;
+    }
+    if (!lua_istable(L, -1)) luaL_error(L, "%s: '%s' must be a list of integers", fn, key);
+    lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
+    int64_t *v = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *v, 0);
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_rawgeti(L, -2, i);
+        if (!lua_isinteger(L, -1)) luaL_error(L, "%s: %s[%d] must be an integer", fn, key, (int)i);
+        v[i - 1] = (int64_t)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+    }
+    lua_remove(L, -2);
+    *out = v;
+    return n;
+}
+
 static int l_set_eval(lua_State *L) {
     lresults *u = check_res(L, 1);
     const char *phase = luaL_checkstring(L, 2);
     luaL_checktype(L, 3, LUA_TTABLE);
     // known keys below; any other key must be a number and becomes one more f64 attribute
-    static const char *const known_keys[] = {"accuracy",  "loss",      "n_examples", "labels",
-                                             "per_class", "confusion", NULL};
+    static const char *const known_keys[] = {
+        "accuracy",      "loss",        "n_examples", "labels", "per_class", "confusion",
+        "example_index", "predictions", "references", NULL};
     lua_pushnil(L);
     while (lua_next(L, 3)) {
         bool known = false;
@@ -307,7 +334,8 @@ static int l_set_eval(lua_State *L) {
         if (!known && (lua_type(L, -2) != LUA_TSTRING || lua_type(L, -1) != LUA_TNUMBER))
             luaL_error(L,
                        "results:set_eval: '%s' must be a number (known keys: accuracy, loss, "
-                       "n_examples, labels, per_class, confusion; others are stored as numbers)",
+                       "n_examples, labels, per_class, confusion, example_index, predictions, "
+                       "references; others are stored as numbers)",
                        lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : luaL_typename(L, -2));
         lua_pop(L, 1);
     }
@@ -375,6 +403,23 @@ static int l_set_eval(lua_State *L) {
     e.labels = labels;
     e.per_class = per_class;
     e.confusion = conf;
+    // per-example lists: one length
+    int64_t *ex[3] = {NULL, NULL, NULL};
+    const char *const ex_names[] = {"example_index", "predictions", "references"};
+    lua_Integer n_ex = -1;
+    for (int i = 0; i < 3; i++) {
+        lua_Integer n = opt_int_list(L, 3, ex_names[i], &ex[i], "results:set_eval");
+        if (n >= 0 && n_ex >= 0 && n != n_ex)
+            luaL_error(L, "results:set_eval: %s has %d entries, %s %d", ex_names[i], (int)n,
+                       ex_names[0], (int)n_ex);
+        if (n >= 0) n_ex = n;
+    }
+    if (n_ex >= 0 && !ex[0])
+        luaL_error(L, "results:set_eval: predictions and references need example_index");
+    e.n_per_example = n_ex > 0 ? n_ex : 0;
+    e.example_index = ex[0];
+    e.predictions = ex[1];
+    e.references = ex[2];
     gm_error err = {0};
     raise_if(L, gm_results_set_eval(u->r, phase, &e, &err), &err);
     lua_pushnil(L);
@@ -657,6 +702,17 @@ static void push_trial(lua_State *L, const gm_results_trial *t) {
                 lua_rawseti(L, -2, r + 1);
             }
             lua_setfield(L, -2, "confusion");
+        }
+        const int64_t *const ex_vals[] = {e->example_index, e->predictions, e->references};
+        const char *const ex_names[] = {"example_index", "predictions", "references"};
+        for (int k = 0; k < 3; k++) {
+            if (!ex_vals[k]) continue;
+            lua_createtable(L, (int)e->n_per_example, 0);
+            for (int64_t j = 0; j < e->n_per_example; j++) {
+                lua_pushinteger(L, (lua_Integer)ex_vals[k][j]);
+                lua_rawseti(L, -2, (lua_Integer)j + 1);
+            }
+            lua_setfield(L, -2, ex_names[k]);
         }
         lua_setfield(L, -2, e->phase);
     }

@@ -310,6 +310,7 @@ gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err) {
     gm_lua_open_train(L);
     gm_lua_open_results(L);
     gm_lua_open_plot(L);
+    gm_lua_open_stats(L);
     gm_lua_open_run(L);
     lua_newtable(L);
     lua_setfield(L, LUA_REGISTRYINDEX, "gm.modules");

@@ -92,6 +92,8 @@ extern volatile int gm_lua_interrupted;
 void gm_lua_open_results(lua_State *L);
 /* Registers lua/bind_plot.c (gm.plot); called by gm_lua_new. */
 void gm_lua_open_plot(lua_State *L);
+/* Registers lua/bind_stats.c (gm.t95, gm.bootstrap_mean, gm.paired_bootstrap); gm_lua_new. */
+void gm_lua_open_stats(lua_State *L);
 /* The results folder (lua/write_rule.c): the only place gm.results, gm.results_merge,
  * gm.write_text, gm.plot and trainer:save write to (a relative root is taken from the working
  * folder when a path is checked). Default "results". Paths with a ".." component are always

@@ -31,12 +31,19 @@
 --
 -- Cells: mean ± sample standard deviation (n - 1) over the completed trials that share the row
 -- and column values, i.e. over seeds; a single trial shows its value alone; "n/a" when no
--- completed trial has the combination; " (n=k)" when a cell has fewer trials than most cells.
+-- completed trial has the combination; " (n=k)" when a cell has another number of trials than
+-- most cells (the title gives that number).
 -- Failed, running and interrupted trials are excluded from every mean and listed under the
 -- table with their reasons. The best cell (highest mean, lowest for losses; ties on the shown
 -- digits all count) is marked: **bold** in Markdown, \textbf in LaTeX, a trailing * in text,
 -- best = 1 in CSV. CSV is long-form: one line per cell (kind, row fields, column fields,
--- metric, phase, mean, std, n, best), values in the table's units, full precision.
+-- metric, phase, mean, std, n, best, ci_low, ci_high, ci_method, p_vs_baseline, p_vs_best),
+-- values in the table's units, full precision.
+--
+-- Uncertainty (see "uncertainty" below): a 95% interval [lo, hi] after the mean ± std (Student t
+-- over >= 3 seeds, else a bootstrap over the test examples when the trials stored per-example
+-- results), and paired significance marks: "†" differs from its baseline, "≈" does not differ
+-- from the best (paired bootstrap, α = 0.05); the caption says which method each used.
 --
 -- Memory: when the trials recorded it (group `memory`: planned_total, measured_peak_rss), a
 -- second grid with the same rows and columns gives each cell's planned peak and measured peak in
@@ -236,7 +243,7 @@ local TEX_SPECIAL = {["\\"] = "\\textbackslash{}", ["%"] = "\\%", ["&"] = "\\&",
 
 local function tex_escape(s)
   s = s:gsub("[\\%%&#%$_{}~%^]", TEX_SPECIAL)
-  return (s:gsub("±", "$\\pm$"))
+  return (s:gsub("±", "$\\pm$"):gsub("†", "$^{\\dagger}$"):gsub("≈", "$^{\\approx}$"))
 end
 
 local function csv_field(s)
@@ -352,20 +359,23 @@ local function collect_cells(m)
   end
   local row_combos, row_key = combos(m.trials, m.rows)
   local col_combos, col_key = combos(m.trials, m.cols)
-  local buckets = {}
+  local buckets, members = {}, {}
   for _, t in ipairs(done) do
     local v = metric_of(t, m.metric, m.phase)
     if v then
       local k = row_key(values_of(t, m.rows)) .. "\2" .. col_key(values_of(t, m.cols))
-      buckets[k] = buckets[k] or {}
+      buckets[k], members[k] = buckets[k] or {}, members[k] or {}
       table.insert(buckets[k], v * m.scale)
+      table.insert(members[k], t)
     end
   end
   local cells, all_stats = {}, {}
   for i, rv in ipairs(row_combos) do
     cells[i] = {}
     for j, cv in ipairs(col_combos) do
-      local s = stats(buckets[row_key(rv) .. "\2" .. col_key(cv)] or {})
+      local k = row_key(rv) .. "\2" .. col_key(cv)
+      local s = stats(buckets[k] or {})
+      s.trials = members[k] or {}
       cells[i][j] = s
       if s.n > 0 then all_stats[#all_stats + 1] = s end
     end
@@ -407,14 +417,15 @@ local function baseline_rows(m, spec)
       for ci, f in ipairs(m.cols) do
         if is_by[f] then cvals[#cvals + 1] = cv[ci] end
       end
-      local xs = {}
+      local xs, ts = {}, {}
       for _, t in ipairs(m.done) do
         if bkey(values_of(t, brow_fields)) == bkey(bv) and bckey(values_of(t, bcol_fields)) == bckey(cvals) then
           local v = metric_of(t, m.metric, "baseline")
-          if v then xs[#xs + 1] = v * m.scale end
+          if v then xs[#xs + 1], ts[#ts + 1] = v * m.scale, t end
         end
       end
       br.cells[j] = stats(xs)
+      br.cells[j].trials, br.cells[j].base = ts, true
     end
     base_rows[#base_rows + 1] = br
   end
@@ -466,13 +477,136 @@ local function choose_best(m)
   return best_val, is_best
 end
 
---- Cell text: takes m (num, mode_n) and a cell's stats; returns "mean ± std", with " (n=k)"
---- when the cell has fewer trials than most, or "n/a".
+-- ---- uncertainty -----------------------------------------------------------------------------
+-- Each cell gets a 95% interval and each fine-tuned cell two paired tests (issue 14, part 2):
+--   interval   fine-tuned cells with >= 3 trials: Student t over them (mean ± t95(n-1) s/√n,
+--              the spread of seeds); otherwise, when the trials stored their per-example
+--              results: the percentile bootstrap over the test examples of the cell's
+--              accuracy (each example scored by the fraction of the cell's trials that got it
+--              right), the test set's own sampling; baseline rows always the latter (the model
+--              before fine-tuning does not depend on the seed)
+--   tests      paired bootstrap over the same test examples (core/stats/gm_stats.h), two-sided,
+--              α = 0.05: the cell against its own trials' baseline evaluation (mark †: differs)
+--              and against the best cell (mark ≈: does not differ from the best)
+-- Per-example results exist for accuracy (predictions and references, runner.lua's
+-- eval_classify); other metrics get the t interval only, and no tests.
+local ALPHA = 0.05
+local PER_EXAMPLE = {accuracy = true}
+
+--- Per-example scores of `trials` in `phase`: a[i] = fraction of the trials right on example i,
+--- and the examples' identity (their test-set positions as one string); nil when a trial did
+--- not store predictions or the trials scored different examples.
+local function example_scores(trials, phase)
+  local key, sum
+  for _, t in ipairs(trials) do
+    local e = t.eval and t.eval[phase]
+    if not (e and e.example_index and e.predictions and e.references and #e.example_index > 0) then return nil end
+    local k = table.concat(e.example_index, ",")
+    if key and k ~= key then return nil end
+    key, sum = k, sum or {}
+    for i = 1, #e.example_index do
+      sum[i] = (sum[i] or 0) + (e.predictions[i] == e.references[i] and 1 or 0)
+    end
+  end
+  if not sum then return nil end
+  for i = 1, #sum do sum[i] = sum[i] / #trials end
+  return sum, key
+end
+
+--- Uncertainty: takes m (cells, base_rows, is_best); sets on every cell's stats ci = {lo, hi,
+--- method = "t" | "bootstrap"} and on fine-tuned cells p_base / p_best (nil where untested);
+--- returns the methods used ({t = true, bootstrap = true}), whether any test ran, and the
+--- number of test examples the scores have (nil when cells differ).
+local function uncertainty(m)
+  local used, tested, n_ex, n_ex_mixed = {}, false, nil, false
+  local per_example = PER_EXAMPLE[m.metric]
+  local function scores(s, phase)
+    if not per_example or s.n == 0 then return nil end
+    local a, key = example_scores(s.trials, phase)
+    if a then
+      if n_ex and n_ex ~= #a then n_ex_mixed = true end
+      n_ex = n_ex or #a
+    end
+    return a, key
+  end
+  local function interval(s, phase)
+    if s.n == 0 then return end
+    if not s.base and s.n >= 3 then
+      local h = gm.t95(s.n - 1) * s.std / math.sqrt(s.n)
+      s.ci = {lo = s.mean - h, hi = s.mean + h, method = "t"}
+    else
+      local a = scores(s, phase)
+      if not a then return end
+      local lo, hi = gm.bootstrap_mean(a)
+      s.ci = {lo = lo * m.scale, hi = hi * m.scale, method = "bootstrap"}
+    end
+    used[s.ci.method] = true
+  end
+  for _, br in ipairs(m.base_rows) do
+    for _, s in ipairs(br.cells) do interval(s, "baseline") end
+  end
+  local best
+  for i = 1, #m.row_combos do
+    for j = 1, #m.col_combos do
+      local s = m.cells[i][j]
+      interval(s, m.phase)
+      if not best and m.is_best(s) then best = s end
+    end
+  end
+  local best_a, best_key
+  if best then best_a, best_key = scores(best, m.phase) end
+  for i = 1, #m.row_combos do
+    for j = 1, #m.col_combos do
+      local s = m.cells[i][j]
+      local a, key = scores(s, m.phase)
+      if a then
+        local b, bkey = example_scores(s.trials, "baseline")
+        if b and bkey == key then s.p_base = gm.paired_bootstrap(a, b); tested = true end
+        if best_a and s ~= best and best_key == key then s.p_best = gm.paired_bootstrap(a, best_a); tested = true end
+      end
+    end
+  end
+  return used, tested, (not n_ex_mixed) and n_ex or nil
+end
+
+--- The marks after a fine-tuned cell: "*" best, "≈" not significantly different from the best,
+--- "†" significantly different from its baseline.
+local function marks(m, s)
+  if not s or s.n == 0 then return "" end
+  local t = ""
+  if m.is_best(s) then t = "*" elseif s.p_best and s.p_best >= ALPHA then t = "≈" end
+  if s.p_base and s.p_base < ALPHA then t = t .. "†" end
+  return t
+end
+
+--- Caption lines for the intervals and tests actually shown.
+local function uncertainty_notes(m)
+  local out = {}
+  local ex = m.n_test and ("the " .. m.n_test .. " test examples") or "the test examples"
+  local ways = {}
+  if m.ci_used.t then ways[#ways + 1] = "Student t over the seeds (fine-tuned cells with 3 or more)" end
+  if m.ci_used.bootstrap then
+    ways[#ways + 1] = "percentile bootstrap over " .. ex .. " (" .. (m.ci_used.t and "the other cells; " or "") ..
+      "10,000 resamples, each example scored by the fraction of the cell's seeds right on it)"
+  end
+  if #ways > 0 then out[#out + 1] = "[a, b]: 95% interval, " .. table.concat(ways, "; ") end
+  if m.tested then
+    out[#out + 1] = "† differs from its baseline, ≈ does not differ from the best: paired bootstrap over " ..
+      ex .. ", two-sided, α = " .. ALPHA
+  end
+  return out
+end
+
+--- Cell text: takes m (num, mode_n) and a cell's stats; returns "mean ± std [lo, hi]" (the
+--- interval when there is one), with " (n=k)" when the cell has another number of trials
+--- than most (a baseline cell: fewer), or "n/a".
 local function cell_text(m, s)
   if s.n == 0 then return "n/a" end
   local t = m.num(s.mean)
   if s.std then t = t .. " ± " .. m.num(s.std) end
-  if s.n < m.mode_n then t = t .. " (n=" .. s.n .. ")" end
+  if s.ci then t = t .. " [" .. m.num(s.ci.lo) .. ", " .. m.num(s.ci.hi) .. "]" end
+  -- baseline cells pool every trial's evaluation of the same base model: only fewer is news
+  if s.n < m.mode_n or (s.n > m.mode_n and not s.base) then t = t .. " (n=" .. s.n .. ")" end
   return t
 end
 
@@ -499,6 +633,7 @@ local function title_of(m, spec)
   end
   local seeds = m.mode_n == 0 and "no completed trial" or m.mode_n == 1 and ("single " .. pooled:sub(1, -2))
     or ("mean ± std over " .. m.mode_n .. " " .. pooled)
+  if m.mode_n > 0 and next(m.ci_used) then seeds = seeds .. " [95% interval]" end
   return spec.title or string.format("%s: %s, %s eval, %s", experiment, m.label, m.phase, seeds), shown
 end
 
@@ -604,7 +739,11 @@ local function text_table(m)
       if not (kinds[g] == "base" and c <= nh) then w[c] = math.max(w[c], width(r[c])) end
     end
   end
-  -- data columns get 2 more for the best marker
+  -- data columns get room for the marks (a space and "*", "≈", "†", "*†" or "≈†")
+  local mark_w = 1
+  for g = 2, #grid do
+    for c = nh + 1, nh + nc do mark_w = math.max(mark_w, width(marks(m, grid_cell(m, g, c)))) end
+  end
   local span = 0
   for c = 1, nh do span = span + w[c] + (c > 1 and 2 or 0) end
   for g, r in ipairs(grid) do
@@ -623,20 +762,21 @@ local function text_table(m)
     end
     for c = nh + 1, nh + nc do
       local cell = grid_cell(m, g, c)
-      parts[#parts + 1] = pad(r[c], w[c], true) .. ((cell and m.is_best(cell)) and " *" or "  ")
+      parts[#parts + 1] = pad(r[c], w[c], true) .. " " .. pad(marks(m, cell), mark_w)
     end
     return (table.concat(parts, "  "):gsub("%s+$", ""))
   end
   lines[#lines + 1] = text_row(1, grid[1])
   local rule = {}
   for c = 1, nh do rule[#rule + 1] = string.rep("-", w[c]) end
-  for c = nh + 1, nh + nc do rule[#rule + 1] = string.rep("-", w[c] + 2) end
+  for c = nh + 1, nh + nc do rule[#rule + 1] = string.rep("-", w[c] + 1 + mark_w) end
   lines[#lines + 1] = table.concat(rule, "  ")
   for g = 2, #grid do
     lines[#lines + 1] = text_row(g, grid[g])
     if kinds[g] == "base" and kinds[g + 1] == "row" then lines[#lines + 1] = table.concat(rule, "  ") end
   end
   if m.best_val then lines[#lines + 1] = "* best " .. (m.better == "max" and "(highest)" or "(lowest)") .. " mean" end
+  for _, n in ipairs(m.unc_notes) do lines[#lines + 1] = n end
   if m.split_note then lines[#lines + 1] = m.split_note end
   if m.note_head then
     lines[#lines + 1] = m.note_head .. ":"
@@ -689,12 +829,15 @@ local function markdown_table(m)
       local s = md_escape(grid[g][c])
       local cell = c > nh and grid_cell(m, g, c)
       if cell and m.is_best(cell) then s = "**" .. s .. "**" end
+      local mk = cell and marks(m, cell):gsub("%*", "") or ""
+      if mk ~= "" then s = s .. " " .. mk end
       r[c] = s
     end
     md[#md + 1] = ("| " .. table.concat(r, " | ") .. " |"):gsub("  +", " ")
   end
   md[#md + 1] = ""
   if m.best_val then md[#md + 1] = "Bold: best " .. (m.better == "max" and "(highest)" or "(lowest)") .. " mean." end
+  for _, n in ipairs(m.unc_notes) do md[#md + 1] = ""; md[#md + 1] = md_escape(n) .. "." end
   if m.split_note then md[#md + 1] = ""; md[#md + 1] = md_escape(m.split_note) .. "." end
   if m.note_head then
     md[#md + 1] = ""
@@ -742,6 +885,8 @@ local function latex_table(m)
       local s = tex_escape(grid[g][c])
       local cell = grid_cell(m, g, c)
       if cell and m.is_best(cell) then s = "\\textbf{" .. s .. "}" end
+      local mk = cell and marks(m, cell):gsub("%*", "") or ""
+      if mk ~= "" then s = s .. tex_escape(mk) end
       r[#r + 1] = s
     end
     tex[#tex + 1] = table.concat(r, " & ") .. " \\\\"
@@ -749,6 +894,7 @@ local function latex_table(m)
   end
   tex[#tex + 1] = "\\bottomrule"
   tex[#tex + 1] = "\\end{tabular}"
+  for _, n in ipairs(m.unc_notes) do tex[#tex + 1] = "% " .. n end
   if m.split_note then tex[#tex + 1] = "% " .. m.split_note end
   if m.note_head then
     tex[#tex + 1] = "% " .. m.note_head .. ":"
@@ -778,7 +924,8 @@ local function csv_table(m)
   local ch = {"kind"}
   for _, f in ipairs(rows) do ch[#ch + 1] = f end
   for _, f in ipairs(cols) do ch[#ch + 1] = f end
-  for _, f in ipairs({"metric", "phase", "mean", "std", "n", "best"}) do ch[#ch + 1] = f end
+  for _, f in ipairs({"metric", "phase", "mean", "std", "n", "best", "ci_low", "ci_high", "ci_method",
+                      "p_vs_baseline", "p_vs_best"}) do ch[#ch + 1] = f end
   for i = 1, #ch do ch[i] = csv_field(ch[i]) end
   local csv = {table.concat(ch, ",")}
   local function csv_line(kind, rvals, cv, s, ph, best)
@@ -791,6 +938,11 @@ local function csv_table(m)
     r[#r + 1] = csv_num(s.std)
     r[#r + 1] = tostring(s.n)
     r[#r + 1] = best and "1" or "0"
+    r[#r + 1] = csv_num(s.ci and s.ci.lo)
+    r[#r + 1] = csv_num(s.ci and s.ci.hi)
+    r[#r + 1] = s.ci and s.ci.method or ""
+    r[#r + 1] = csv_num(s.p_base)
+    r[#r + 1] = csv_num(s.p_best)
     csv[#csv + 1] = table.concat(r, ",")
   end
   for _, br in ipairs(m.base_rows) do
@@ -820,7 +972,7 @@ local function csv_table(m)
             r[#r + 1] = csv_num(pm[2] / MIB)
             r[#r + 1] = ""
             r[#r + 1] = tostring(c.n or 0)
-            r[#r + 1] = "0"
+            r[#r + 1] = "0,,,,,"
             csv[#csv + 1] = table.concat(r, ",")
           end
         end
@@ -840,6 +992,8 @@ function report.render(trials, spec)
   m.num = number_format(m, spec)
   m.mode_n = typical_count(m.all_stats)
   m.best_val, m.is_best = choose_best(m)
+  m.ci_used, m.tested, m.n_test = uncertainty(m)
+  m.unc_notes = uncertainty_notes(m)
   m.title, m.shown = title_of(m, spec)
   m.note_head, m.notes = excluded_notes(m)
   m.mem_cells, m.any_mem = memory_cells(m)

@@ -225,7 +225,8 @@ end
 
 --- Classification by label scoring: the first token of each label at the response position
 --- (one forward per example) when those tokens differ, else the log-likelihood of each whole
---- label. Returns {accuracy, per_class, confusion, n_examples, labels}.
+--- label. Returns {accuracy, per_class, confusion, n_examples, labels, example_index,
+--- predictions, references} (the last three per example, 0-based).
 local EVAL_CHUNK = 8 -- test examples per call between two looks at Ctrl-C
 
 local function eval_classify(model, tr, test, labels, limit)
@@ -254,16 +255,21 @@ local function eval_classify(model, tr, test, labels, limit)
     for b = 1, K do confusion[a][b] = 0 end
   end
   local counts = {}
+  -- per example, 0-based as stored (results/README.md): what tables' intervals and paired
+  -- significance tests resample
+  local example_index, predictions, references = {}, {}, {}
   for i, e in ipairs(idx) do
     local truth = test:example(e).label + 1
     local pred = predicted[i]
+    example_index[i], predictions[i], references[i] = e - 1, pred - 1, truth - 1
     confusion[truth][pred] = confusion[truth][pred] + 1
     counts[truth] = (counts[truth] or 0) + 1
     if truth == pred then correct = correct + 1 end
   end
   -- a class without test examples has no accuracy (NaN), not 0
   for k = 1, K do per_class[k] = (counts[k] or 0) > 0 and confusion[k][k] / counts[k] or 0 / 0 end
-  return { accuracy = correct / #idx, per_class = per_class, confusion = confusion, n_examples = #idx, labels = labels }
+  return { accuracy = correct / #idx, per_class = per_class, confusion = confusion, n_examples = #idx, labels = labels,
+           example_index = example_index, predictions = predictions, references = references }
 end
 
 local function eval_sft(tr, test, limit, batch)

@@ -761,6 +761,21 @@ gm_status gm_results_set_eval(gm_results *r, const char *phase, const gm_results
                                     "%s: eval '%s': negative count in the "
                                     "confusion matrix",
                                     r->path, phase);
+    int64_t n = e->n_per_example;
+    if (n < 0 || (n > 0 && !e->example_index))
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "%s: eval '%s': per-example results need example_index", r->path,
+                            phase);
+    for (int64_t i = 0; i < n; i++) {
+        bool bad_class = K > 0 && ((e->predictions && (e->predictions[i] < 0 ||
+                                                       e->predictions[i] >= K)) ||
+                                   (e->references && (e->references[i] < 0 ||
+                                                      e->references[i] >= K)));
+        if (e->example_index[i] < 0 || bad_class)
+            return gm_error_set(err, GM_ERR_INVALID,
+                                "%s: eval '%s': example %lld: %s out of range", r->path, phase,
+                                (long long)i, bad_class ? "class" : "example_index");
+    }
     char g[400], p[600];
     snprintf(g, sizeof g, "/eval/%s", phase);
     GM_TRY(unlink_if_present(r, g, err));
@@ -768,6 +783,13 @@ gm_status gm_results_set_eval(gm_results *r, const char *phase, const gm_results
     if (!isnan(e->accuracy)) GM_TRY(gm_h5_attr_set_f64(r->f, g, "accuracy", e->accuracy, err));
     if (!isnan(e->loss)) GM_TRY(gm_h5_attr_set_f64(r->f, g, "loss", e->loss, err));
     if (e->n_examples >= 0) GM_TRY(gm_h5_attr_set_i64(r->f, g, "n_examples", e->n_examples, err));
+    const char *const ex_names[] = {"example_index", "predictions", "references"};
+    const int64_t *const ex_vals[] = {e->example_index, e->predictions, e->references};
+    for (int i = 0; i < 3 && n > 0; i++) {
+        if (!ex_vals[i]) continue;
+        snprintf(p, sizeof p, "%s/%s", g, ex_names[i]);
+        GM_TRY(gm_h5_write(r->f, p, GM_I64, 1, &n, ex_vals[i], err));
+    }
     if (K == 0) return GM_OK;
     int64_t shape[2] = {K, K};
     if (e->labels) {
@@ -935,6 +957,9 @@ static void trial_free(gm_results_trial *t) {
         gm_free(e->labels);
         gm_free(e->per_class);
         gm_free(e->confusion);
+        gm_free(e->example_index);
+        gm_free(e->predictions);
+        gm_free(e->references);
     }
     gm_free(t->evals);
     for (int i = 0; i < t->n_adapter; i++) gm_free(t->adapter[i].name);
@@ -966,6 +991,24 @@ static gm_status read_eval(gm_h5_file *f, const char *g, const char *phase, gm_r
         if (gm_h5_exists(f, p) && gm_h5_dataset_info(f, p, &dt, &nd, shape, &e2) == GM_OK &&
             nd >= 1)
             e->n_classes = (int)shape[0];
+    }
+    // per-example lists: all of example_index's length n
+    snprintf(p, sizeof p, "%s/example_index", g);
+    if (gm_h5_exists(f, p)) {
+        GM_TRY(gm_h5_dataset_info(f, p, &dt, &nd, shape, err));
+        if (nd != 1)
+            return gm_error_set(err, GM_ERR_FORMAT, "%s: %s is not a list", gm_h5_path(f), p);
+        int64_t n = shape[0];
+        int64_t **dst[] = {&e->example_index, &e->predictions, &e->references};
+        const char *const ex_names[] = {"example_index", "predictions", "references"};
+        for (int i = 0; i < 3; i++) {
+            snprintf(p, sizeof p, "%s/%s", g, ex_names[i]);
+            if (!gm_h5_exists(f, p)) continue;
+            if (!(*dst[i] = gm_malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t))))
+                return gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory", gm_h5_path(f));
+            GM_TRY(gm_h5_read(f, p, GM_I64, 1, &n, *dst[i], err));
+        }
+        e->n_per_example = n;
     }
     int K = e->n_classes;
     if (K == 0) return GM_OK;

@@ -13,7 +13,10 @@
  *   /metrics/<name>     f64 [n], appendable; every series has one entry per logged row
  *   /eval/<phase>       attrs accuracy, loss (f64), n_examples (i64), ...; datasets labels
  *                       (vlen UTF-8 str [K]), per_class_accuracy (f64 [K]), confusion (i64 [K,K],
- *                       rows = true class, columns = predicted)
+ *                       rows = true class, columns = predicted); per test example (when the
+ *                       runner recorded them): example_index, predictions, references (i64 [n],
+ *                       0-based: position in the test set, predicted class, true class), the
+ *                       paired data that tables' intervals and significance tests resample
  *   /memory             attrs planned_<kind> (bytes, i64), planned_total, measured_peak_rss, ...
  *   /data               attrs n_train, n_test, n_rejected, n_truncated (i64), rejections_json
  *   /adapter/<peft key> f32 datasets, the final LoRA weights
@@ -140,9 +143,15 @@ typedef struct gm_results_eval {
     const char *const *labels; /* (K) class names; may be NULL */
     const double *per_class;   /* (K) accuracy per true class; may be NULL */
     const int64_t *confusion;  /* (K, K) row-major, rows = true class; may be NULL */
+    int64_t n_per_example;     /* n: length of the per-example lists; 0: none stored */
+    const int64_t *example_index; /* (n) 0-based position of the example in the test set */
+    const int64_t *predictions;   /* (n) predicted class, 0-based in [0, K); may be NULL */
+    const int64_t *references;    /* (n) true class, 0-based in [0, K); may be NULL */
 } gm_results_eval;
 
-/* Writes (or replaces whole) the evaluation `phase` ("baseline", "final", ...). */
+/* Writes (or replaces whole) the evaluation `phase` ("baseline", "final", ...). Per-example
+ * lists need example_index (n_per_example > 0); a class outside [0, K) (K > 0), a negative
+ * index or a negative count is GM_ERR_INVALID and nothing is written. */
 gm_status gm_results_set_eval(gm_results *r, const char *phase, const gm_results_eval *e,
                               gm_error *err);
 
@@ -211,6 +220,10 @@ typedef struct gm_results_eval_read {
     char **labels;          /* (K) or NULL */
     double *per_class;      /* (K) or NULL */
     int64_t *confusion;     /* (K, K) or NULL */
+    int64_t n_per_example;  /* n (0 when none was stored) */
+    int64_t *example_index; /* (n) or NULL */
+    int64_t *predictions;   /* (n) or NULL */
+    int64_t *references;    /* (n) or NULL */
 } gm_results_eval_read;
 
 typedef struct gm_results_tensor_info {

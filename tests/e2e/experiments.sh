@@ -106,6 +106,32 @@ table_md=$(cat results/tiny.md)
 expect_run "gemmarun table re-renders from the stored files" 0 "baseline \(no fine-tuning\)" -- "$GM" table results/tiny
 [ "$(cat results/tiny.md)" = "$table_md" ] && { pass=$((pass + 1)); echo "ok    same table from the stored files"; } \
   || { fail=$((fail + 1)); echo "FAIL  gemmarun table gave another table"; }
+# every evaluation keeps its per-example results (what the tables' intervals and tests resample),
+# consistent with its accuracy and confusion matrix
+cat > per_example.py <<'PY'
+import glob, h5py, numpy as np
+n = 0
+for path in sorted(glob.glob("results/tiny/trial-*.h5")):
+    with h5py.File(path, "r") as f:
+        for phase in ("baseline", "final"):
+            e = f["eval"][phase]
+            idx, pred, ref = e["example_index"][:], e["predictions"][:], e["references"][:]
+            assert len(idx) == len(pred) == len(ref) == e.attrs["n_examples"], path
+            assert list(idx) == list(range(len(idx))), (path, idx)
+            assert abs(np.mean(pred == ref) - e.attrs["accuracy"]) < 1e-12, path
+            conf = np.zeros_like(e["confusion"][:])
+            np.add.at(conf, (ref, pred), 1)
+            assert (conf == e["confusion"][:]).all(), path
+            n += 1
+print("per-example results consistent in", n, "evaluations")
+PY
+find_python "h5py, numpy"
+if [ -n "$PY" ]; then
+  expect_run "per-example results stored, consistent with accuracy and confusion" 0 "consistent in 8 evaluations" -- "$PY" per_example.py
+else
+  skip_unless_ci "per-example results check (no Python with h5py and numpy: run ./setup.sh)"
+fi
+expect_run "the table gives 95% intervals and the tests' caption" 0 "\\[95% interval\\].*\\| 0\\.01 \\| (\\*\\*)?[0-9.]+ ± [0-9.]+ \\[[0-9.]+, [0-9.]+\\].*paired bootstrap over the 6 test examples, two-sided" -- cat results/tiny.md
 
 # ---- generation with a trained adapter ---------------------------------------------------------
 TINY="$SRC/tests/ref/tiny_gemma3_chat"

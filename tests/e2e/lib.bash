@@ -33,6 +33,17 @@ skip_unless_ci() {
   esac
 }
 
+# find_python IMPORTS: sets PY to the first Python that can run "import IMPORTS": Debian's
+# python3-h5py/-pandas/-tables (setup.sh installs them) or the reference venv; PATH may hold a
+# python without them (pyenv). PY is empty when none can.
+find_python() {
+  PY=""
+  local p
+  for p in python3 /usr/bin/python3 /opt/refvenv/bin/python; do
+    if command -v "$p" >/dev/null && "$p" -c "import $1" 2>/dev/null; then PY=$p; return 0; fi
+  done
+}
+
 finish() {
   echo "$pass passed, $fail failed"
   [ "$fail" = 0 ]

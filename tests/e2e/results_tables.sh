@@ -80,23 +80,23 @@ Peak memory (MiB): planned / measured (measured vs planned), largest over the ce
 | bf16 | 806 / 822 (+2.0%) | 807 / 815 (+1.0%) |
 EOF
 cat > want.csv <<'EOF'
-kind,quant,lr,metric,phase,mean,std,n,best
-baseline,nf4,1e-4,accuracy_percent,baseline,60,0,4,0
-baseline,nf4,2e-4,accuracy_percent,baseline,60,0,4,0
-baseline,bf16,1e-4,accuracy_percent,baseline,62,0,3,0
-baseline,bf16,2e-4,accuracy_percent,baseline,62,0,3,0
-fine-tuned,nf4,1e-4,accuracy_percent,final,85,7.07107,2,0
-fine-tuned,nf4,2e-4,accuracy_percent,final,93,1.41421,2,1
-fine-tuned,bf16,1e-4,accuracy_percent,final,72.5,3.53553,2,0
-fine-tuned,bf16,2e-4,accuracy_percent,final,88,,1,0
-memory,nf4,1e-4,planned_peak_mib,train,802,,2,0
-memory,nf4,1e-4,measured_peak_mib,train,810.02,,2,0
-memory,nf4,2e-4,planned_peak_mib,train,804,,2,0
-memory,nf4,2e-4,measured_peak_mib,train,812.04,,2,0
-memory,bf16,1e-4,planned_peak_mib,train,806,,2,0
-memory,bf16,1e-4,measured_peak_mib,train,822.12,,2,0
-memory,bf16,2e-4,planned_peak_mib,train,807,,1,0
-memory,bf16,2e-4,measured_peak_mib,train,815.07,,1,0
+kind,quant,lr,metric,phase,mean,std,n,best,ci_low,ci_high,ci_method,p_vs_baseline,p_vs_best
+baseline,nf4,1e-4,accuracy_percent,baseline,60,0,4,0,,,,,
+baseline,nf4,2e-4,accuracy_percent,baseline,60,0,4,0,,,,,
+baseline,bf16,1e-4,accuracy_percent,baseline,62,0,3,0,,,,,
+baseline,bf16,2e-4,accuracy_percent,baseline,62,0,3,0,,,,,
+fine-tuned,nf4,1e-4,accuracy_percent,final,85,7.07107,2,0,,,,,
+fine-tuned,nf4,2e-4,accuracy_percent,final,93,1.41421,2,1,,,,,
+fine-tuned,bf16,1e-4,accuracy_percent,final,72.5,3.53553,2,0,,,,,
+fine-tuned,bf16,2e-4,accuracy_percent,final,88,,1,0,,,,,
+memory,nf4,1e-4,planned_peak_mib,train,802,,2,0,,,,,
+memory,nf4,1e-4,measured_peak_mib,train,810.02,,2,0,,,,,
+memory,nf4,2e-4,planned_peak_mib,train,804,,2,0,,,,,
+memory,nf4,2e-4,measured_peak_mib,train,812.04,,2,0,,,,,
+memory,bf16,1e-4,planned_peak_mib,train,806,,2,0,,,,,
+memory,bf16,1e-4,measured_peak_mib,train,822.12,,2,0,,,,,
+memory,bf16,2e-4,planned_peak_mib,train,807,,1,0,,,,,
+memory,bf16,2e-4,measured_peak_mib,train,815.07,,1,0,,,,,
 EOF
 same() { diff -u "$1" "$2" && echo same; }
 expect_run "Markdown table exactly as expected" 0 "^same$" -- same want.md results/e2e_sweep.md
@@ -145,11 +145,8 @@ expect_run "'..' refused" 2 "contains a '\.\.' component" -- "$GM" escape2.lua
 expect_run "plot outside results/ refused" 2 "outside the results folder" -- "$GM" escape3.lua
 expect_run "nothing was written outside" 0 "^none$" -- bash -c '[ -e notes.md ] || [ -e trial-x.h5 ] || [ -e /tmp/gm_escape.png ] && echo found || echo none'
 
-# Python readers: Debian's python3-h5py/-pandas/-tables (setup.sh installs them) or the reference venv
-PY=""
-for p in python3 /usr/bin/python3 /opt/refvenv/bin/python; do  # PATH may hold a python without them (pyenv)
-  if command -v "$p" >/dev/null && "$p" -c "import pandas, h5py, tables" 2>/dev/null; then PY=$p; break; fi
-done
+# Python readers
+find_python "pandas, h5py, tables"
 if [ -n "$PY" ]; then
   cat > read.py <<'EOF'
 import h5py, json, pandas as pd

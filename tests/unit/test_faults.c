@@ -433,6 +433,13 @@ static void test_write_faults(const gm_model *m) {
     snprintf(bpath, sizeof bpath, "%s/trial-b.h5", mdir);
     CHECK_OK(gm_results_open(bpath, &a, &err), &err);
     if (a) {
+        // an evaluation with per-example lists: the merge's allocation sweep reads them too
+        const char *labels[2] = {"no", "yes"};
+        int64_t idx[3] = {0, 1, 2}, pred[3] = {0, 1, 1}, ref[3] = {0, 1, 0};
+        gm_results_eval e = {.accuracy = 2.0 / 3, .loss = NAN, .n_examples = 3, .n_classes = 2,
+                             .labels = labels, .n_per_example = 3, .example_index = idx,
+                             .predictions = pred, .references = ref};
+        CHECK_OK(gm_results_set_eval(a, "final", &e, &err), &err);
         CHECK_OK(gm_results_set_status(a, "completed", NULL, &err), &err);
         CHECK_OK(gm_results_save(a, &err), &err);
         gm_results_free(a);

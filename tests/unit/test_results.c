@@ -159,13 +159,29 @@ static void test_roundtrip(const char *sample_dir) {
     // the replaced eval and tensor: set twice, the second wins
     double pc[3] = {0.25, 1, 0.75};
     int64_t conf[9] = {1, 3, 0, 0, 4, 0, 0, 1, 3};
+    int64_t ex_idx[4] = {0, 1, 2, 5}, ex_pred[4] = {0, 2, 1, 1}, ex_ref[4] = {0, 2, 2, 1};
     gm_results_eval fin = {.accuracy = 0.75,
                            .loss = 0.5,
                            .n_examples = 12,
                            .n_classes = 3,
                            .labels = LABELS,
                            .per_class = pc,
-                           .confusion = conf};
+                           .confusion = conf,
+                           .n_per_example = 4,
+                           .example_index = ex_idx,
+                           .predictions = ex_pred,
+                           .references = ex_ref};
+    // per-example lists out of range are refused, the eval left as it was
+    ex_pred[1] = 3;
+    CHECK(gm_results_set_eval(r, "final", &fin, &err) == GM_ERR_INVALID &&
+              gm_test_contains(err.msg, "example 1: class out of range"),
+          "a predicted class outside [0, K): %s", err.msg);
+    ex_pred[1] = 2;
+    fin.example_index = NULL;
+    CHECK(gm_results_set_eval(r, "final", &fin, &err) == GM_ERR_INVALID &&
+              gm_test_contains(err.msg, "need example_index"),
+          "predictions without example_index: %s", err.msg);
+    fin.example_index = ex_idx;
     CHECK_OK(gm_results_set_eval(r, "final", &fin, &err), &err);
     CHECK_OK(gm_results_set_eval_f64(r, "final", "macro_f1", 0.7, &err), &err);
     // bad inputs are refused and change nothing
@@ -229,6 +245,10 @@ static void test_roundtrip(const char *sample_dir) {
         CHECK(e->per_class[0] == 0.25 && e->confusion[1] == 3 && e->confusion[4] == 4,
               "per-class and confusion (row-major, true x predicted)");
     }
+    CHECK(e && e->n_per_example == 4 && e->example_index && e->predictions && e->references &&
+              e->example_index[3] == 5 && e->predictions[1] == 2 && e->references[2] == 2,
+          "per-example lists read back");
+    CHECK(b && b->n_per_example == 0 && !b->example_index, "no per-example lists where none were set");
     CHECK(b && attr_f64(&b->attrs, "accuracy", 0.6) && !attr(&b->attrs, "loss") &&
               b->n_classes == 0,
           "baseline without loss or per-class data");

@@ -130,6 +130,21 @@
  * 6.5 (tiny) and 36 (270M), so a missing adapter term fails by orders of magnitude. */
 #define TOL_GEN_VS_TRAIN_ABS 1e-4
 #define TOL_GEN_VS_TRAIN_REAL_ABS 2e-3
+/* Table statistics (core/stats, tests/unit/test_stats.c). t_{0.975,df} above the tabulated
+ * df <= 30 comes from the A&S 26.7.5 expansion: vs scipy.stats.t.ppf measured 1.3e-8 relative at
+ * df = 31 (the worst case, the error falls as 1/df^5); the tabulated values are scipy's digits. */
+#define TOL_T95_REL 2e-8
+/* Percentile bootstrap of a 0/1 mean: the resample mean is exactly Binomial(n, p)/n, so each bound
+ * lands on (or, by type-7 interpolation, between) the exact binomial quantiles; 10,000 resamples
+ * move a 2.5% quantile by at most one step of the 1/n grid (MC sd of the tail fraction 0.16%). */
+#define TOL_BOOT_BINOMIAL_STEPS 1.0
+/* Calibration of the paired bootstrap test under the null: 400 simulated pairs of systems with the
+ * same accuracy, rejection rate at alpha = 0.05 must lie within 3 binomial sd (0.033) of 0.05:
+ * [0.017, 0.083] (a test that always or never rejects fails by far). */
+#define TOL_PAIRED_NULL_RATE_ABS 0.033
+/* A bootstrap p-value vs the exact probability it estimates (computable for 0/1 scores): within 4
+ * Monte Carlo standard deviations sqrt(p(1-p)/B), plus 1/B for the +1 of the p-value. */
+#define TOL_BOOT_MC_SD 4.0
 /* Tokenizer, chat template, parsers: exact. */
 
 /* ---- checks ---- */
