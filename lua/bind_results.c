@@ -24,6 +24,8 @@
  *   gm.results_list(dir)             -> {path, ...} (trial-*.h5, sorted; {} if dir is missing)
  *   gm.results_merge(dir, out [, {adapters = false}])
  *   gm.write_text(path, text)        written atomically (gm_write_file_atomic)
+ *   gm.results_compare(a, b [, {skip = {name, ..}}]) -> {compared=, differ=, values=, max_abs=,
+ *                                    worst=}: two trial files' numbers (gm_results_compare)
  *
  * Every path written here must lie inside the results folder (the rule is lua/write_rule.h).
  * Tables given for JSON attributes are encoded by lua/bind_json.h with empty tables as [] (the
@@ -856,6 +858,40 @@ static int l_write_text(lua_State *L) {
     return 0;
 }
 
+/* gm.results_compare(a, b [, {skip = {name, ...}}]) -> {compared, differ, values, max_abs, worst} */
+static int l_results_compare(lua_State *L) {
+    const char *a = luaL_checkstring(L, 1), *b = luaL_checkstring(L, 2);
+    static const char *const allowed[] = {"skip", NULL};
+    gm_bind_check_opts(L, 3, "gm.results_compare", allowed);
+    const char *skip[33] = {NULL};
+    if (lua_istable(L, 3)) {
+        lua_getfield(L, 3, "skip");
+        int n = lua_istable(L, -1) ? (int)lua_rawlen(L, -1) : 0;
+        if (n > 32) luaL_error(L, "gm.results_compare: at most 32 names to skip");
+        for (int i = 0; i < n; i++) {
+            lua_rawgeti(L, -1, i + 1);
+            skip[i] = lua_tostring(L, -1); // alive: held by the skip table
+            if (!skip[i]) luaL_error(L, "gm.results_compare: skip[%d] must be a string", i + 1);
+            lua_pop(L, 1);
+        }
+    }
+    gm_results_diff d;
+    gm_error err = {0};
+    raise_if(L, gm_results_compare(a, b, skip, &d, &err), &err);
+    lua_createtable(L, 0, 5);
+    lua_pushinteger(L, (lua_Integer)d.n_compared);
+    lua_setfield(L, -2, "compared");
+    lua_pushinteger(L, (lua_Integer)d.n_differ);
+    lua_setfield(L, -2, "differ");
+    lua_pushinteger(L, (lua_Integer)d.n_values);
+    lua_setfield(L, -2, "values");
+    lua_pushnumber(L, d.max_abs);
+    lua_setfield(L, -2, "max_abs");
+    lua_pushstring(L, d.worst);
+    lua_setfield(L, -2, "worst");
+    return 1;
+}
+
 /* ---- registration ---------------------------------------------------------------------------- */
 
 void gm_lua_open_results(lua_State *L) {
@@ -890,6 +926,7 @@ void gm_lua_open_results(lua_State *L) {
                                    {"results_read_all", l_results_read_all},
                                    {"results_list", l_results_list},
                                    {"results_merge", l_results_merge},
+                                   {"results_compare", l_results_compare},
                                    {"write_text", l_write_text},
                                    {NULL, NULL}};
     gm_bind_add_functions(L, fns);

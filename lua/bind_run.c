@@ -294,6 +294,24 @@ static int l_remove_checkpoint(lua_State *L) {
     return 0;
 }
 
+/* gm.remove_reproduction(path): removes a trial file of a `gemmarun reproduce` scratch folder
+ * (<results>/<name>/reproduce/trial-<id>.h5) and its checkpoint, so that a reproduction starts
+ * over; any other path is refused. */
+static int l_remove_reproduction(lua_State *L) {
+    const char *p = gm_bind_check_runner_path(L, 1);
+    size_t n = strlen(p);
+    const char *slash = strrchr(p, '/');
+    if (!slash || slash - p < 10 || strncmp(slash - 10, "/reproduce", 10) != 0 ||
+        strncmp(slash + 1, "trial-", 6) != 0 || n < 3 || strcmp(p + n - 3, ".h5") != 0 ||
+        strchr(slash + 7, '.') != p + n - 3)
+        return luaL_error(L, "%s: only reproduce/trial-<id>.h5 files can be removed", p);
+    char ckpt[4200];
+    snprintf(ckpt, sizeof ckpt, "%.*s.ckpt.h5", (int)(n - 3), p);
+    unlink(p);
+    unlink(ckpt);
+    return 0;
+}
+
 static int l_reset_peak_rss(lua_State *L) {
     (void)L;
     gm_process_reset_peak_rss();
@@ -344,6 +362,7 @@ void gm_lua_open_run(lua_State *L) {
                                    {"progress", l_progress}, {"interrupted", l_interrupted},
                                    {"model_config", l_model_config}, {"lora_count", l_lora_count}, {"plan", l_plan}, {"plan_fit", l_plan_fit},
                                    {"make_results_dir", l_make_results_dir}, {"remove_checkpoint", l_remove_checkpoint},
+                                   {"remove_reproduction", l_remove_reproduction},
                                    {"reset_peak_rss", l_reset_peak_rss}, {NULL, NULL}};
     gm_bind_add_functions(L, fns);
 }

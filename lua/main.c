@@ -70,6 +70,10 @@ static void usage(FILE *f) {
             "  gemmarun fetch NAME                (known: gemma3-270m)\n"
             "  gemmarun table RESULTS             tables (.md .tex .csv) and plots of results/EXP/\n"
             "                                     (trial files) or results/EXP.h5 (merged)\n"
+            "  gemmarun reproduce RESULTS [--trial ID] [--threads N] [--set key=value ...] [--allow-os]\n"
+            "                                     reruns a stored trial from its stored experiment (model\n"
+            "                                     and data hashes checked first) into RESULTS/reproduce/;\n"
+            "                                     exit 0 when bit-identical, 1 when it moved\n"
             "MODEL is a .gguf file, a Hugging Face checkpoint folder, or a name known to fetch.\n");
 }
 
@@ -758,6 +762,8 @@ static int run_lua(const char *file, int argc, char **argv) {
         lua_setglobal(L, "GM_EXPERIMENT_FILE");
         s = gm_lua_run_file(L, file, NULL, 0, &err);
     } else {
+        lua_pushlstring(L, (const char *)gm_embedded_quickstart, gm_embedded_quickstart_len);
+        lua_setglobal(L, "GM_EXPERIMENT_SOURCE");
         s = gm_lua_run_experiment(L, (const char *)gm_embedded_quickstart, gm_embedded_quickstart_len,
                                   "@experiments/quickstart.lua", &err);
     }
@@ -829,6 +835,110 @@ static int run_lua(const char *file, int argc, char **argv) {
     return rc;
 }
 
+/* `gemmarun reproduce RESULTS [--trial ID] [--threads N] [--set k=v ...] [--allow-os]`: finds the
+ * stored trial (runner.find_trial), evaluates its stored experiment text in the sandbox as an
+ * experiment file, and lets runner.reproduce rerun and compare it. */
+static int cmd_reproduce(int argc, char **argv) {
+    gm_lua_opts lo = {.allow_os = false, .n_threads = 2};
+    const char *results = NULL, *trial = NULL, *sets[128];
+    int nsets = 0;
+    long long threads = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--allow-os") == 0) lo.allow_os = true;
+        else if (strcmp(a, "--verbose") == 0) lo.verbose = true;
+        else if (strcmp(a, "--trial") == 0 && i + 1 < argc) trial = argv[++i];
+        else if (strcmp(a, "--set") == 0 && i + 1 < argc) {
+            if (nsets < 128) sets[nsets++] = argv[++i];
+        } else if (strcmp(a, "--threads") == 0 && i + 1 < argc) {
+            if (!parse_long(argv[++i], &threads) || threads < 1 || threads > 256) {
+                fprintf(stderr, "gemmarun reproduce: bad value for --threads: %s\n", argv[i]);
+                return 2;
+            }
+            lo.n_threads = (int)threads;
+        } else if (a[0] != '-' && !results) results = a;
+        else {
+            fprintf(stderr, "gemmarun reproduce: unknown option or missing value: %s\n"
+                            "usage: gemmarun reproduce RESULTS [--trial ID] [--threads N] [--set key=value ...]\n", a);
+            return 2;
+        }
+    }
+    if (!results) {
+        fprintf(stderr, "usage: gemmarun reproduce RESULTS [--trial ID] [--threads N] [--set key=value ...]\n"
+                        "  RESULTS: a results folder (results/EXPERIMENT/) or one trial file\n");
+        return 2;
+    }
+    gm_error err = {0};
+    lua_State *L = NULL;
+    if (gm_lua_new(&lo, &L, &err) != GM_OK) return fail(&err, 1);
+    signal(SIGINT, on_sigint_run);
+    lua_pushstring(L, command_line);
+    lua_setglobal(L, "GM_COMMAND_LINE");
+    int rc = 0;
+    // 1. the stored trial and its experiment's text
+    lua_getglobal(L, "gm_module");
+    lua_pushstring(L, "runner");
+    lua_call(L, 1, 1);
+    lua_getfield(L, -1, "find_trial");
+    lua_remove(L, -2);
+    lua_pushstring(L, results);
+    if (trial) lua_pushstring(L, trial);
+    else lua_pushnil(L);
+    gm_status s = gm_lua_call(L, 2, 3, &err);
+    if (s != GM_OK) {
+        rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
+        goto done;
+    }
+    char path[PATH_MAX], name[PATH_MAX + 1];
+    snprintf(path, sizeof path, "%s", lua_tostring(L, -3));
+    snprintf(name, sizeof name, "@%s", lua_tostring(L, -1));
+    lua_setglobal(L, "GM_EXPERIMENT_FILE");
+    lua_pushvalue(L, -1);
+    lua_setglobal(L, "GM_EXPERIMENT_SOURCE");
+    size_t len = 0;
+    const char *src = lua_tolstring(L, -1, &len);
+    // 2. the experiment, evaluated as when it ran (sandbox, limits)
+    int base = lua_gettop(L);
+    s = gm_lua_run_experiment(L, src, len, name, &err);
+    if (s != GM_OK) {
+        rc = fail(&err, (s == GM_ERR_IO || s == GM_ERR_INVALID) ? 2 : 1);
+        goto done;
+    }
+    if (lua_gettop(L) <= base || !lua_istable(L, base + 1)) {
+        fprintf(stderr, "gemmarun reproduce: %s: the stored experiment text does not return an experiment\n", path);
+        rc = 2;
+        goto done;
+    }
+    // 3. rerun and compare: runner.reproduce(experiment, {path, set, threads}) -> exit code
+    lua_settop(L, base + 1);
+    lua_getglobal(L, "gm_module");
+    lua_pushstring(L, "runner");
+    lua_call(L, 1, 1);
+    lua_getfield(L, -1, "reproduce");
+    lua_remove(L, -2);
+    lua_pushvalue(L, base + 1);
+    lua_createtable(L, 0, 3);
+    lua_pushstring(L, path);
+    lua_setfield(L, -2, "path");
+    lua_createtable(L, nsets, 0);
+    for (int i = 0; i < nsets; i++) {
+        lua_pushstring(L, sets[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "set");
+    if (threads > 0) {
+        lua_pushinteger(L, threads);
+        lua_setfield(L, -2, "threads");
+    }
+    s = gm_lua_call(L, 2, 1, &err);
+    if (s != GM_OK) rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
+    else rc = (int)lua_tointeger(L, -1);
+done:
+    signal(SIGINT, SIG_DFL);
+    gm_lua_close(L);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     record_command_line(argc, argv);
     /* Large buffers (arenas, checkpoint and results images) get their own mappings and go back
@@ -856,6 +966,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc - 2, argv + 2);
     if (strcmp(cmd, "options") == 0) return cmd_options(argc - 2, argv + 2);
     if (strcmp(cmd, "table") == 0) return cmd_table(argc - 2, argv + 2);
+    if (strcmp(cmd, "reproduce") == 0) return cmd_reproduce(argc - 2, argv + 2);
     size_t n = strlen(cmd);
     if (n > 4 && strcmp(cmd + n - 4, ".lua") == 0) return run_lua(cmd, argc - 2, argv + 2);
     fprintf(stderr, "gemmarun: unknown command '%s'\n", cmd);

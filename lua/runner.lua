@@ -402,6 +402,8 @@ local function provenance(ctx, e, cfg, d)
     data_sha256 = d.sha.both, data_train_sha256 = d.sha.train, data_test_sha256 = d.sha.test,
     threads = tostring(e.threads or GM_THREADS), device = "cpu", compute_dtype = "f32",
     command_line = GM_COMMAND_LINE or "", set_overrides_json = gm.json_encode(ctx.cli_set or {}),
+    experiment_file = GM_EXPERIMENT_FILE or "experiments/quickstart.lua",
+    experiment_source = ctx.source,
   }
   for k, v in pairs(ctx.build) do p[k == "version" and "gemmarun_version" or k] = v end
   return p
@@ -429,6 +431,7 @@ local function run_trial(ctx, e, trial, n_trials)
   -- data (tokenized up front, cached per model and max_length)
   local d = R.datasets(ctx, e, cfg)
   local prov = provenance(ctx, e, cfg, d)
+  if ctx.check_identity then ctx.check_identity(prov, d) end -- `gemmarun reproduce`: before any work
   local st_tr, st_te = d.train:stats(), d.test:stats()
   res:set_data({ n_train = st_tr.n, n_test = st_te.n, n_rejected = st_tr.rejected + st_te.rejected,
     n_truncated = st_tr.truncated + st_te.truncated, rejections = d.rejected })
@@ -702,7 +705,8 @@ function R.run(e, cli)
     if cli.trial < 1 or cli.trial > #trials then P.usage(nil, "--trial %d: the experiment has trials 1..%d", cli.trial, #trials) end
     selected = { trials[cli.trial] }
   end
-  local dir = (e.results or "results") .. "/" .. e.name
+  if cli.select then selected = { cli.select(trials) } end
+  local dir = cli.dir and cli.dir(e) or ((e.results or "results") .. "/" .. e.name)
   say("experiment %s: %d trial%s (%s), model %s", e.name, #trials, #trials == 1 and "" or "s",
     (#swept > 0 and ("sweep over " .. table.concat(swept, ", ") .. " x ") or "") .. #e.seeds .. (#e.seeds == 1 and " seed" or " seeds"),
     e.model)
@@ -747,7 +751,14 @@ function R.run(e, cli)
     return 0
   end
   ctx.dir = dir
+  ctx.check_identity = cli.check_identity
+  -- the experiment's text, stored in every trial's provenance (what `gemmarun reproduce` reruns)
+  ctx.source = GM_EXPERIMENT_SOURCE or (GM_EXPERIMENT_FILE and gm.file_exists(GM_EXPERIMENT_FILE)
+    and gm.read_text(GM_EXPERIMENT_FILE)) or ""
   gm.make_results_dir(dir)
+  if cli.fresh then -- `gemmarun reproduce`: its scratch trial starts over
+    for _, t in ipairs(selected) do gm.remove_reproduction(dir .. "/trial-" .. t.id .. ".h5") end
+  end
   local failed, interrupted, stopped = 0, false, nil
   ctx.cli_set = cli.set
   local report = e.report and { rows = e.report.rows, cols = e.report.cols, metric = e.report.metric, phase = e.report.phase, digits = e.report.digits }
@@ -772,6 +783,11 @@ function R.run(e, cli)
       ctx.res:set_config(with_task(t.config, e.task))
       ctx.prior = prior
       local ok, err = pcall(run_trial, ctx, e, t, #trials)
+      if not ok and type(err) == "table" and err.usage then -- refused before any work: nothing recorded
+        ctx.res:close()
+        if ctx.model then ctx.model:close() end
+        error(err, 0)
+      end
       if not ok then
         if type(err) == "table" and (err.interrupted or err.io) then
           interrupted = true
@@ -812,6 +828,7 @@ function R.run(e, cli)
     say("interrupted: finished trials are kept and the current one resumes from its checkpoint when you run the same command again")
     return 1
   end
+  if cli.no_render then return failed > 0 and 1 or 0 end
   local rok, rerr = pcall(R.render, dir, e.results or "results", e.name)
   if not rok then
     say("the trials are done and kept, but the tables could not be written: %s (run `gemmarun table %s` once it "
@@ -828,6 +845,160 @@ function R.render(dir, results_root, name)
   print("\n" .. out.text)
   for _, w in ipairs(out.warnings) do say("warning: %s", w) end
   say("written: %s", table.concat(out.written, ", "))
+end
+
+--------------------------------------------------------------------------------------------------
+-- `gemmarun reproduce RESULTS [--trial ID]`
+
+--- The trial to reproduce: `results` is a results folder or a trial file, `which` its index in
+--- the sweep (a number of 1-3 digits) or its id (or a prefix of it only one trial has); nil when
+--- there is one trial. Returns the trial file's path, the stored experiment text and its file
+--- name; a usage error (exit 2) names what is wrong and what to give instead.
+function R.find_trial(results, which)
+  local paths
+  if gm.is_dir(results) then
+    paths = gm.results_list(results)
+    if #paths == 0 then P.usage(nil, "%s: no trial files (trial-*.h5) in this folder", results) end
+  elseif gm.file_exists(results) then
+    paths = { results }
+  else
+    P.usage(nil, "%s: no such file or folder", results)
+  end
+  local found = {}
+  for _, p in ipairs(paths) do
+    local all = gm.results_read_all(p)
+    if #all ~= 1 then P.usage(nil, "%s holds %d trials (a merged file): give its results folder, or one trial file", p, #all) end
+    all[1].path = p
+    found[#found + 1] = all[1]
+  end
+  local function listing()
+    local t = {}
+    for _, x in ipairs(found) do t[#t + 1] = string.format("%s (%s, %s)", tostring(x.trial_index), x.trial_id, x.status) end
+    return table.concat(t, ", ")
+  end
+  local pick = {}
+  if which == nil then
+    if #found > 1 then P.usage(nil, "%s holds %d trials: give --trial INDEX or ID (%s)", results, #found, listing()) end
+    pick = found
+  else
+    local w = tostring(which):lower()
+    for _, x in ipairs(found) do
+      local by_index = w:match("^%d%d?%d?$") and tonumber(w) == tonumber(x.trial_index)
+      local by_id = not w:match("^%d%d?%d?$") and tostring(x.trial_id):lower():sub(1, #w) == w
+      if by_index or by_id then pick[#pick + 1] = x end
+    end
+    if #pick ~= 1 then
+      P.usage(nil, "--trial %s: %s in %s (trials: %s)", which, #pick == 0 and "no such trial" or "more than one trial has an id starting so",
+        results, listing())
+    end
+  end
+  local t = pick[1]
+  if t.status ~= "completed" then
+    P.usage(nil, "%s: trial %s is %s: only a completed trial can be reproduced (run its experiment to finish it)",
+      t.path, tostring(t.trial_index), tostring(t.status))
+  end
+  local prov = t.provenance or {}
+  if not prov.experiment_source or prov.experiment_source == "" then
+    P.usage(nil, "%s: this trial file does not hold its experiment's text (written by %s, before `reproduce` existed): "
+      .. "run its experiment file again with --trial %s instead", t.path, tostring(t.created_by), tostring(t.trial_index))
+  end
+  return t.path, prov.experiment_source, prov.experiment_file or "experiment.lua"
+end
+
+-- series that measure the machine, not the training: never compared
+local MACHINE_SERIES = { "elapsed_s", "tokens_per_s", "rss_mib" }
+-- what shapes the numbers: named when a reproduction is not bit-identical
+local BUILD_FIELDS = { "gemmarun_version", "git_commit", "compiler", "blas", "hdf5", "lua", "cpu", "threads", "device",
+  "compute_dtype" }
+
+--- Reruns the stored trial at `opts.path` from `e` (its experiment, evaluated from the stored
+--- text) with the stored --set overrides (then opts.set), on the stored thread count unless
+--- opts.threads, into <results>/<name>/reproduce/. The model files' and the tokenized data's
+--- sha256 are checked against the stored ones before any training (a usage error naming what
+--- differs, nothing run). Prints whether the result is bit-identical or how far it moved;
+--- returns 0 when bit-identical, 1 when not (or the trial failed).
+function R.reproduce(e, opts)
+  local stored = gm.results_read(opts.path)
+  local prov = stored.provenance or {}
+  local sets = {}
+  local ok_json, prior_sets = pcall(gm.json_decode, prov.set_overrides_json or "[]")
+  for _, x in ipairs(ok_json and type(prior_sets) == "table" and prior_sets or {}) do sets[#sets + 1] = x end
+  for _, x in ipairs(opts.set or {}) do sets[#sets + 1] = x end
+  if not opts.threads and e.threads == nil and tonumber(prov.threads) then GM_THREADS = math.tointeger(tonumber(prov.threads)) end
+  say("reproducing trial %s (%s) of %s from %s", tostring(stored.trial_index), stored.trial_id, opts.path,
+    prov.experiment_file or "its stored experiment")
+  local function select(trials)
+    for _, t in ipairs(trials) do if t.id == stored.trial_id then return t end end
+    -- not there: the experiment evaluates to other configs now (it reads the environment, or
+    -- --set differs); name the fields that moved in the trial at the same position
+    local same = trials[tonumber(stored.trial_index) or 0]
+    local moved = {}
+    if same then
+      local want = stored.config or {}
+      for k, v in pairs(same.config) do
+        if want[k] ~= nil and gm.json_encode(want[k]) ~= gm.json_encode(v) then
+          moved[#moved + 1] = string.format("%s = %s (stored %s)", k, gm.json_encode(v), gm.json_encode(want[k]))
+        end
+      end
+      table.sort(moved)
+    end
+    P.usage(nil, "%s: the stored experiment no longer gives trial %s%s; set the environment (env()) and --set as when "
+      .. "it ran", opts.path, stored.trial_id, #moved > 0 and (": now " .. table.concat(moved, ", ")) or "")
+  end
+  local function check_identity(p, d)
+    local diffs = {}
+    if prov.model_sha256 and p.model_sha256 ~= prov.model_sha256 then
+      diffs[#diffs + 1] = string.format("the model files (%s): sha256 %s... stored, %s... now", p.model_path,
+        prov.model_sha256:sub(1, 12), p.model_sha256:sub(1, 12))
+    end
+    for _, split in ipairs({ "train", "test" }) do
+      local k = "data_" .. split .. "_sha256"
+      if prov[k] and p[k] ~= prov[k] then
+        local st = (split == "train" and d.train or d.test):stats()
+        local n_was = stored.data and stored.data["n_" .. split]
+        diffs[#diffs + 1] = string.format("the %s data (as tokenized): sha256 %s... stored, %s... now (%s examples stored, %d now)",
+          split == "train" and "training" or "test", prov[k]:sub(1, 12), p[k]:sub(1, 12), tostring(n_was), st.n)
+      end
+    end
+    if #diffs > 0 then
+      P.usage(nil, "%s: cannot reproduce: %s differ%s from what the trial ran on; nothing was run (restore them, or run "
+        .. "the experiment again to get a new trial)", opts.path, table.concat(diffs, "; "), #diffs == 1 and "s" or "")
+    end
+  end
+  local rc = R.run(e, {
+    set = sets, select = select, check_identity = check_identity, fresh = true, no_render = true,
+    dir = function(ex) return (ex.results or "results") .. "/" .. ex.name .. "/reproduce" end,
+  })
+  local new = (e.results or "results") .. "/" .. e.name .. "/reproduce/trial-" .. stored.trial_id .. ".h5"
+  if rc ~= 0 or not gm.file_exists(new) then
+    say("the reproduction did not complete (above): nothing to compare")
+    return 1
+  end
+  local again = gm.results_read(new)
+  local diff = gm.results_compare(opts.path, new, { skip = MACHINE_SERIES })
+  local function final_of(t, with_name)
+    local f = t.eval and t.eval.final or {}
+    local name, v = f.accuracy and "accuracy " or "loss ", f.accuracy and string.format("%.4f%%", 100 * f.accuracy)
+      or f.loss and string.format("%.6f", f.loss) or "?"
+    return (with_name and name or "") .. v
+  end
+  local steps = stored.metrics and stored.metrics.step and #stored.metrics.step or 0
+  if diff.differ == 0 then
+    say("bit-identical: every logged series (%d steps), every evaluation (%s) and the adapter: %d datasets, %d values, "
+      .. "no difference (%s)", steps, final_of(again, true), diff.compared, diff.values, again.results_path or new)
+    return 0
+  end
+  local changed = {}
+  local was, now = stored.provenance or {}, again.provenance or {}
+  for _, k in ipairs(BUILD_FIELDS) do
+    if was[k] ~= now[k] then changed[#changed + 1] = string.format("%s %s then, %s now", k, tostring(was[k]), tostring(now[k])) end
+  end
+  local f = stored.eval and stored.eval.final or {}
+  say("NOT bit-identical: %d of %d datasets differ, the largest |difference| %.3g in %s; final %s%s then, %s now; %s (%s)",
+    diff.differ, diff.compared, diff.max_abs, diff.worst, f.accuracy and "accuracy " or "loss ", final_of(stored), final_of(again),
+    #changed > 0 and ("what differs from when it ran: " .. table.concat(changed, "; "))
+      or "the same build, threads and device: this is a determinism bug, please report it", new)
+  return 1
 end
 
 return R

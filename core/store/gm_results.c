@@ -1566,3 +1566,104 @@ cleanup:
     gm_results_list_free(paths, np);
     return s;
 }
+
+/* ---- comparing two trials ------------------------------------------------------------------ */
+
+/* Compares the datasets of group `g` (recursing into subgroups) of fa with fb. */
+static gm_status compare_group(gm_h5_file *fa, gm_h5_file *fb, const char *g,
+                               const char *const *skip, gm_results_diff *d, gm_error *err) {
+    gm_h5_child *kids = NULL;
+    int nk = 0;
+    if (!gm_h5_exists(fa, g)) return GM_OK;
+    GM_TRY(gm_h5_list(fa, g, &kids, &nk, err));
+    gm_status s = GM_OK;
+    double *va = NULL, *vb = NULL;
+    for (int i = 0; i < nk && s == GM_OK; i++) {
+        char p[1200];
+        snprintf(p, sizeof p, "%s/%s", g, kids[i].name);
+        if (kids[i].kind == GM_H5_GROUP) {
+            s = compare_group(fa, fb, p, skip, d, err);
+            continue;
+        }
+        if (kids[i].kind != GM_H5_DATASET) continue;
+        bool skipped = false;
+        for (int k = 0; skip && skip[k] && !skipped; k++) skipped = strcmp(skip[k], kids[i].name) == 0;
+        if (skipped) continue;
+        gm_dtype ta, tb;
+        int na, nb;
+        int64_t sa[GM_H5_MAX_DIMS], sb[GM_H5_MAX_DIMS];
+        if ((s = gm_h5_dataset_info(fa, p, &ta, &na, sa, err)) != GM_OK) break;
+        if (ta != GM_F64 && ta != GM_F32 && ta != GM_I64) continue; // labels (strings)
+        d->n_compared++;
+        bool same_shape = gm_h5_exists(fb, p);
+        if (same_shape) {
+            gm_error e2 = {0};
+            same_shape = gm_h5_dataset_info(fb, p, &tb, &nb, sb, &e2) == GM_OK && na == nb;
+            for (int k = 0; same_shape && k < na; k++) same_shape = sa[k] == sb[k];
+        }
+        if (!same_shape) {
+            if (d->max_abs != INFINITY) snprintf(d->worst, sizeof d->worst, "%s", p);
+            d->n_differ++;
+            d->max_abs = INFINITY;
+            continue;
+        }
+        int64_t n = 1;
+        for (int k = 0; k < na; k++) n *= sa[k];
+        gm_free(va);
+        gm_free(vb);
+        va = gm_malloc((size_t)(n > 0 ? n : 1) * sizeof *va);
+        vb = gm_malloc((size_t)(n > 0 ? n : 1) * sizeof *vb);
+        if (!va || !vb) {
+            s = gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory comparing %s", gm_h5_path(fa), p);
+            break;
+        }
+        // read each as stored (the layer does not convert), then widen to f64 in place from the
+        // end (f32 and i64 are exact in f64; i64 up to 2^53)
+        if (tb != ta) {
+            if (d->max_abs != INFINITY) snprintf(d->worst, sizeof d->worst, "%s", p);
+            d->n_differ++;
+            d->max_abs = INFINITY;
+            continue;
+        }
+        if ((s = gm_h5_read(fa, p, ta, na, sa, va, err)) != GM_OK ||
+            (s = gm_h5_read(fb, p, ta, na, sa, vb, err)) != GM_OK)
+            break;
+        for (int64_t k = n - 1; k >= 0 && ta != GM_F64; k--) {
+            va[k] = ta == GM_F32 ? (double)((float *)va)[k] : (double)((int64_t *)va)[k];
+            vb[k] = ta == GM_F32 ? (double)((float *)vb)[k] : (double)((int64_t *)vb)[k];
+        }
+        double worst = 0;
+        bool differ = false;
+        for (int64_t k = 0; k < n; k++) {
+            if (isnan(va[k]) && isnan(vb[k])) continue;
+            double dv = fabs(va[k] - vb[k]);
+            if (va[k] != vb[k]) differ = true;
+            if (isnan(dv)) dv = INFINITY; // one NaN
+            if (dv > worst) worst = dv;
+        }
+        d->n_values += n;
+        if (differ) d->n_differ++;
+        if (differ && (worst > d->max_abs || d->worst[0] == '\0')) {
+            d->max_abs = fmax(d->max_abs, worst);
+            snprintf(d->worst, sizeof d->worst, "%s", p);
+        }
+    }
+    gm_free(va);
+    gm_free(vb);
+    gm_h5_list_free(kids, nk);
+    return s;
+}
+
+gm_status gm_results_compare(const char *a, const char *b, const char *const *skip,
+                             gm_results_diff *d, gm_error *err) {
+    gm_h5_silence();
+    memset(d, 0, sizeof *d);
+    gm_h5_file *fa = NULL, *fb = NULL;
+    GM_TRY(open_existing(a, &fa, err));
+    gm_status s = open_existing(b, &fb, err);
+    const char *const groups[] = {"/metrics", "/eval", "/adapter"};
+    for (int i = 0; i < 3 && s == GM_OK; i++) s = compare_group(fa, fb, groups[i], skip, d, err);
+    gm_h5_close(&fa, NULL);
+    gm_h5_close(&fb, NULL);
+    return s;
+}

@@ -262,6 +262,28 @@ const gm_results_attr *gm_results_find(const gm_results_attrs *a, const char *na
 gm_status gm_results_list(const char *dir, char ***out, int *n, gm_error *err);
 void gm_results_list_free(char **paths, int n);
 
+/* ---- comparing two trials ----------------------------------------------------------------- */
+
+/* What gm_results_compare found. */
+typedef struct gm_results_diff {
+    int64_t n_compared;    /* datasets compared */
+    int64_t n_differ;      /* of those, how many differ in any value (or shape, or are missing) */
+    int64_t n_values;      /* values compared */
+    double max_abs;        /* the largest |a - b| over all values (0 when identical) */
+    char worst[1200];      /* the dataset with the largest difference (or the first missing) */
+} gm_results_diff;
+
+/* Compares the numbers two trial files hold, value by value: every dataset under /metrics,
+ * /eval/<phase> (per-class accuracy, confusion, per-example lists) and /adapter of `a` (except
+ * those whose name is in the NULL-terminated list `skip`, e.g. the machine's timings; may be
+ * NULL) against
+ * the same path in `b` (read as f64: f32 and i64 values are exact there; two NaNs are equal). A
+ * dataset missing from b, or of another shape, counts as differing (max_abs = inf). Datasets
+ * only b has are not looked at. Bit-identical trials give n_differ = 0. Errors: as the readers
+ * (GM_ERR_IO, GM_ERR_FORMAT naming the file, GM_ERR_NOMEM). */
+gm_status gm_results_compare(const char *a, const char *b, const char *const *skip,
+                             gm_results_diff *d, gm_error *err);
+
 /* ---- merging ----------------------------------------------------------------------------- */
 
 /* Merges every trial file of `dir` (gm_results_list) into `out_path` (written crash-safe, replacing

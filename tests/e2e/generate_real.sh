@@ -36,6 +36,9 @@ expect_run "quickstart: dry run lists the 8 trials" 0 "experiment quickstart: 8 
 SRC=$(pwd)
 expect_run "quickstart: one real trial end to end" 0 "baseline accuracy [0-9.]+%.*final accuracy [0-9.]+%.*quickstart: accuracy \(%\).*written: results/quickstart.md" -- bash -c "cd '$TMP' && '$GM' '$SRC/experiments/quickstart.lua' --trial 3"
 
+# that trial reproduced from its stored experiment text: the same build, threads and device, so
+# every series, evaluation and adapter tensor must come out bit for bit (~2 min more)
+expect_run "quickstart: the real trial reproduces bit for bit" 0 "reproducing trial 3 .*bit-identical: every logged series \(30 steps\), every evaluation \(accuracy [0-9.]+%\) and the adapter: [0-9]+ datasets, [0-9]+ values, no difference" -- bash -c "cd '$TMP' && '$GM' reproduce results/quickstart --trial 3"
 # generation with that trial's adapter: the fine-tuned model answers the quickstart question with
 # one of the five topic words for a quote of each topic; the base model does not (it continues the
 # prompt) - the same question in the chat template the trial trained on
