@@ -23,6 +23,7 @@ packages=(
   clang libclang-rt-14-dev
   python3 python3-pip
   python3-h5py python3-pandas python3-tables   # the test that results files read in h5py and pandas
+  chromium                                       # the HTML report checked in a headless browser
   fortunes
 )
 missing=()

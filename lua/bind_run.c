@@ -6,6 +6,9 @@
  *   gm.read_text(path) -> string             gm.list_dir(path) -> {name, ...} (sorted; files and folders)
  *   gm.lora_count(model, opts)               -> adapters, trainable parameters (targets checked on the model)
  *   gm.is_dir(path), gm.file_exists(path)    gm.sha256(text) -> hex
+ *   gm.base64(bytes) -> text                  RFC 4648 base64 (OpenSSL's EVP_EncodeBlock): plots
+ *                                             inlined in the HTML report (lua/report.lua)
+ *   gm.remove_reproduction(path)              a `gemmarun reproduce` scratch trial and its checkpoint
  *   gm.isatty() -> bool (stderr)
  *   gm.build_info() -> {version, git_commit, compiler, blas, hdf5, lua, cjson, libc, cpu}
  *                                             what built this program and what it runs on (provenance)
@@ -312,6 +315,24 @@ static int l_remove_reproduction(lua_State *L) {
     return 0;
 }
 
+static int l_base64(lua_State *L) {
+    size_t n = 0;
+    const char *s = luaL_checklstring(L, 1, &n);
+    if (n > ((size_t)1 << 30)) return luaL_error(L, "gm.base64: %zu bytes: at most 1 GiB", n);
+    size_t out_n = 4 * ((n + 2) / 3);
+    luaL_Buffer b;
+    unsigned char *out = (unsigned char *)luaL_buffinitsize(L, &b, out_n + 1);
+    // EVP_EncodeBlock takes an int length: encode in chunks of 3 * 2^20 bytes (no padding inside)
+    size_t done = 0, w = 0;
+    while (done < n) {
+        size_t k = n - done < ((size_t)3 << 20) ? n - done : ((size_t)3 << 20);
+        w += (size_t)EVP_EncodeBlock(out + w, (const unsigned char *)s + done, (int)k);
+        done += k;
+    }
+    luaL_pushresultsize(&b, w);
+    return 1;
+}
+
 static int l_reset_peak_rss(lua_State *L) {
     (void)L;
     gm_process_reset_peak_rss();
@@ -362,7 +383,7 @@ void gm_lua_open_run(lua_State *L) {
                                    {"progress", l_progress}, {"interrupted", l_interrupted},
                                    {"model_config", l_model_config}, {"lora_count", l_lora_count}, {"plan", l_plan}, {"plan_fit", l_plan_fit},
                                    {"make_results_dir", l_make_results_dir}, {"remove_checkpoint", l_remove_checkpoint},
-                                   {"remove_reproduction", l_remove_reproduction},
+                                   {"remove_reproduction", l_remove_reproduction}, {"base64", l_base64},
                                    {"reset_peak_rss", l_reset_peak_rss}, {NULL, NULL}};
     gm_bind_add_functions(L, fns);
 }

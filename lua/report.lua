@@ -4,7 +4,9 @@
 --   local tables = report.render(trials, spec)   -- {text=, md=, tex=, csv=}
 --   report.write(dir, name, tables)              -- <dir>/<name>.md, .tex, .csv (gm.write_text)
 --   report.plots(trials, spec, dir, name)        -- <name>_loss.png, <name>_<metric>_vs_<col>.png
---   report.cli(trials, path, dir, name, is_dir)  -- what `gemmarun table PATH` runs
+--   report.html_page(trials, tables, plots, name) -- the self-contained one-page report
+--   report.cli(trials, path, dir, name, is_dir)  -- what `gemmarun table PATH` runs (also
+--                                                   writes <dir>/<name>.html)
 --
 -- `trials` is a list of tables as gm.results_read returns them: root attributes at the top
 -- (trial_id, trial_index, status, reason, experiment, ...), plus config = {field = value},
@@ -982,8 +984,77 @@ local function csv_table(m)
   return table.concat(csv, "\n") .. "\n"
 end
 
---- The tables of `trials` under `spec`: {text=, md=, tex=, csv=} (the header comment says what
---- they hold).
+-- ---- the HTML report ------------------------------------------------------------------------------
+
+local function html_escape(s)
+  return (tostring(s):gsub("[&<>\"]", {["&"] = "&amp;", ["<"] = "&lt;", [">"] = "&gt;", ['"'] = "&quot;"}))
+end
+report.html_escape = html_escape
+
+--- The HTML table: takes m; returns the metric table (each data cell carries its numbers at the
+--- CSV's precision in data-* attributes: data-mean, data-std, data-n, data-ci-low, data-ci-high,
+--- data-p-baseline, data-p-best; class "best" on the best), the notes, and the memory grid.
+local function html_table(m)
+  local grid, kinds, nh, nc = m.grid, m.kinds, m.nh, m.nc
+  local h = {'<table class="metric">', "<caption>" .. html_escape(m.title) .. "</caption>", "<thead><tr>"}
+  for c = 1, nh + nc do h[#h + 1] = "<th>" .. html_escape(grid[1][c]) .. "</th>" end
+  h[#h + 1] = "</tr></thead><tbody>"
+  for g = 2, #grid do
+    local kind = kinds[g]
+    h[#h + 1] = '<tr class="' .. kind .. '">'
+    if kind == "base" then
+      h[#h + 1] = '<th colspan="' .. nh .. '">' .. html_escape(grid[g][1]) .. "</th>"
+    else
+      for c = 1, nh do h[#h + 1] = "<th>" .. html_escape(grid[g][c]) .. "</th>" end
+    end
+    for c = nh + 1, nh + nc do
+      local s = kind == "base" and m.base_rows[g - 1].cells[c - nh] or grid_cell(m, g, c)
+      local attrs = {}
+      if s and s.n > 0 then
+        attrs[#attrs + 1] = 'data-mean="' .. csv_num(s.mean) .. '"'
+        if s.std then attrs[#attrs + 1] = 'data-std="' .. csv_num(s.std) .. '"' end
+        attrs[#attrs + 1] = 'data-n="' .. s.n .. '"'
+        if s.ci then
+          attrs[#attrs + 1] = 'data-ci-low="' .. csv_num(s.ci.lo) .. '" data-ci-high="' .. csv_num(s.ci.hi) .. '"'
+        end
+        if s.p_base then attrs[#attrs + 1] = 'data-p-baseline="' .. csv_num(s.p_base) .. '"' end
+        if s.p_best then attrs[#attrs + 1] = 'data-p-best="' .. csv_num(s.p_best) .. '"' end
+      end
+      local best = kind == "row" and s and m.is_best(s)
+      local mk = kind == "row" and marks(m, s):gsub("%*", "") or ""
+      h[#h + 1] = "<td" .. (best and ' class="best"' or "") .. (#attrs > 0 and (" " .. table.concat(attrs, " ")) or "") .. ">" ..
+        html_escape(grid[g][c]) .. (mk ~= "" and (' <span class="mark">' .. html_escape(mk) .. "</span>") or "") .. "</td>"
+    end
+    h[#h + 1] = "</tr>"
+  end
+  h[#h + 1] = "</tbody></table>"
+  local notes = {}
+  if m.best_val then notes[#notes + 1] = "Bold: best " .. (m.better == "max" and "(highest)" or "(lowest)") .. " mean." end
+  for _, n in ipairs(m.unc_notes) do notes[#notes + 1] = n .. "." end
+  if m.split_note then notes[#notes + 1] = m.split_note .. "." end
+  for _, n in ipairs(notes) do h[#h + 1] = '<p class="note">' .. html_escape(n) .. "</p>" end
+  if m.note_head then
+    h[#h + 1] = '<p class="note">' .. html_escape(m.note_head) .. ":</p><ul>"
+    for _, n in ipairs(m.notes) do h[#h + 1] = "<li>" .. html_escape(n) .. "</li>" end
+    h[#h + 1] = "</ul>"
+  end
+  if m.any_mem then
+    h[#h + 1] = '<table class="memory"><caption>' .. html_escape(MEM_TITLE) .. "</caption><thead><tr>"
+    for c = 1, nh + nc do h[#h + 1] = "<th>" .. html_escape(m.mem_head[c]) .. "</th>" end
+    h[#h + 1] = "</tr></thead><tbody>"
+    for i, rv in ipairs(m.row_combos) do
+      h[#h + 1] = "<tr>"
+      for _, l in ipairs(row_labels(m, rv)) do h[#h + 1] = "<th>" .. html_escape(l) .. "</th>" end
+      for j = 1, #m.col_combos do h[#h + 1] = "<td>" .. html_escape(mem_text(m.mem_cells[i][j])) .. "</td>" end
+      h[#h + 1] = "</tr>"
+    end
+    h[#h + 1] = "</tbody></table>"
+  end
+  return table.concat(h, "\n")
+end
+
+--- The tables of `trials` under `spec`: {text=, md=, tex=, csv=, html=} (the header comment says
+--- what they hold; html is the table fragment report.html_page puts in the page).
 function report.render(trials, spec)
   check_spec(spec)
   local m = settings(in_order(trials), spec)
@@ -998,7 +1069,7 @@ function report.render(trials, spec)
   m.note_head, m.notes = excluded_notes(m)
   m.mem_cells, m.any_mem = memory_cells(m)
   m.grid, m.kinds, m.nh, m.nc, m.mem_head = build_grid(m)
-  return {text = text_table(m), md = markdown_table(m), tex = latex_table(m), csv = csv_table(m)}
+  return {text = text_table(m), md = markdown_table(m), tex = latex_table(m), csv = csv_table(m), html = html_table(m)}
 end
 
 --- Writes <dir>/<name>.md, .tex and .csv; returns the paths.
@@ -1153,6 +1224,87 @@ function report.plots(trials, spec, dir, name)
   return files
 end
 
+-- ---- the one-page report (results/<name>.html) ------------------------------------------------------
+
+-- provenance fields shown, in this order (results/README.md lists them)
+local PROVENANCE_SHOWN = {"model_path", "model_sha256", "model_files", "data_sha256", "data_train_sha256",
+  "data_test_sha256", "gemmarun_version", "git_commit", "compiler", "blas", "hdf5", "lua", "cjson", "libc", "cpu",
+  "threads", "device", "compute_dtype", "command_line", "set_overrides_json", "experiment_file"}
+
+local PAGE_STYLE = [[
+body { font-family: "DejaVu Sans", Arial, sans-serif; margin: 24px; color: #111; max-width: 1200px; }
+h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 28px; border-bottom: 1px solid #ccc; }
+table { border-collapse: collapse; margin: 12px 0; font-size: 14px; }
+caption { text-align: left; font-weight: bold; padding: 4px 0; white-space: nowrap; }
+th, td { border-bottom: 1px solid #ddd; padding: 4px 10px; }
+th { text-align: left; font-weight: normal; } thead th { font-weight: bold; border-bottom: 2px solid #444; }
+td { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap; }
+td.best { font-weight: bold; } tr.base { color: #555; } .mark { color: #a33; }
+p.note { font-size: 13px; color: #333; margin: 4px 0; }
+table.provenance td { text-align: left; white-space: normal; font-family: monospace; font-size: 12px; }
+img { max-width: 100%; border: 1px solid #ddd; margin: 8px 0; }
+pre { background: #f6f6f6; padding: 12px; font-size: 12px; overflow-x: auto; }
+]]
+
+--- The page: takes the trials, the rendered tables (report.render), the plot files written and
+--- the report's name; returns one self-contained HTML document (no external file, script or
+--- font: the plots are inlined as data: URIs) with the tables, the plots, the provenance (each
+--- field's distinct values over the trials, with how many trials have each) and the
+--- experiment file's text.
+function report.html_page(trials, tables, plot_files, name)
+  local experiment = (trials[1] and trials[1].experiment) or name
+  local h = {"<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+             "<title>" .. html_escape(experiment) .. " — gemmarun report</title>",
+             "<style>" .. PAGE_STYLE .. "</style></head><body>",
+             "<h1>" .. html_escape(experiment) .. "</h1>",
+             '<p class="note">' .. #trials .. " trial" .. (#trials == 1 and "" or "s") ..
+               "; tables also in " .. html_escape(name) .. ".md, .tex and .csv (same numbers, full precision in the CSV)</p>",
+             "<h2>Results</h2>", tables.html}
+  if #plot_files > 0 then
+    h[#h + 1] = "<h2>Plots</h2>"
+    for _, f in ipairs(plot_files) do
+      local ok, png = pcall(gm.read_text, f)
+      if ok then
+        h[#h + 1] = '<figure><img alt="' .. html_escape(f:match("[^/]*$")) .. '" src="data:image/png;base64,' ..
+          gm.base64(png) .. '"><figcaption class="note">' .. html_escape(f:match("[^/]*$")) .. "</figcaption></figure>"
+      end
+    end
+  end
+  h[#h + 1] = '<h2>Provenance</h2><table class="provenance"><thead><tr><th>field</th><th>value (trials)</th></tr></thead><tbody>'
+  local shown = 0
+  for _, f in ipairs(PROVENANCE_SHOWN) do
+    local count, order = {}, {}
+    for _, t in ipairs(trials) do
+      local v = type(t.provenance) == "table" and t.provenance[f]
+      if v and v ~= "" then
+        if not count[v] then order[#order + 1] = v end
+        count[v] = (count[v] or 0) + 1
+      end
+    end
+    if #order > 0 then
+      local vals = {}
+      for _, v in ipairs(order) do
+        vals[#vals + 1] = html_escape(v) .. (#order > 1 and (" (" .. count[v] .. ")") or "")
+      end
+      h[#h + 1] = "<tr><th>" .. f .. "</th><td>" .. table.concat(vals, "<br>") .. "</td></tr>"
+      shown = shown + 1
+    end
+  end
+  if shown == 0 then h[#h + 1] = '<tr><td colspan="2">none recorded (trial files written before provenance)</td></tr>' end
+  h[#h + 1] = "</tbody></table>"
+  local source, file
+  for _, t in ipairs(trials) do
+    local p = type(t.provenance) == "table" and t.provenance or {}
+    if p.experiment_source and p.experiment_source ~= "" then source, file = p.experiment_source, p.experiment_file; break end
+  end
+  if source then
+    h[#h + 1] = "<h2>Experiment file" .. (file and (": " .. html_escape(file)) or "") .. "</h2>"
+    h[#h + 1] = '<pre class="experiment">' .. html_escape(source) .. "</pre>"
+  end
+  h[#h + 1] = "</body></html>"
+  return table.concat(h, "\n") .. "\n"
+end
+
 -- ---- the `gemmarun table` command ----------------------------------------------------------------
 
 --- `gemmarun table`: renders `trials` (read from `path`, a folder of trial files or a merged
@@ -1175,6 +1327,9 @@ function report.cli(trials, path, dir, name, is_dir)
   else
     warnings[#warnings + 1] = "plots not written: " .. tostring(files)
   end
+  local page = dir .. "/" .. name .. ".html"
+  gm.write_text(page, report.html_page(in_order(trials), tables, ok and files or {}, name))
+  written[#written + 1] = page
   if is_dir then
     local merged = dir .. "/" .. name .. ".h5"
     gm.results_merge(path, merged)
