@@ -89,7 +89,7 @@ for _, f in ipairs(gm.train_schema()) do TRAIN[f.name] = f end
 M.TRAIN = TRAIN
 
 local EXPERIMENT_KEYS = { "name", "model", "task", "train", "sweep", "seeds", "memory_limit", "fit", "report",
-  "threads", "description", "results" }
+  "threads", "description", "results", "validation" }
 
 local function sorted_keys(t)
   local ks = {}
@@ -488,7 +488,49 @@ function M.validate(e)
       usage(key_where(r._where, "phase"), "table.phase = %s: allowed values are baseline, final", tostring(r.phase))
     end
   end
+  if e.validation ~= nil then M.validate_validation(e) end
   return e
+end
+
+-- validation = {split = 0.1 | data = <data spec>, eval_steps = 10, select = "last" | "best",
+--               metric = "accuracy" (classify) | "loss" (sft), patience = N (early stopping)}
+local VALIDATION_KEYS = { "split", "data", "eval_steps", "select", "metric", "patience" }
+
+--- Checks experiment.validation and fills its defaults (eval_steps 10, select "last", the task's
+--- metric). A usage error names the field and what it must be.
+function M.validate_validation(e)
+  local v, w = e.validation, (e._overrides and e._overrides.validation) or e._where
+  if type(v) ~= "table" then usage(w, "experiment.validation must be a table {split = 0.1, eval_steps = 10, select = \"best\"}") end
+  for k in pairs(v) do
+    local known = false
+    for _, name in ipairs(VALIDATION_KEYS) do known = known or k == name end
+    if not known and not (type(k) == "string" and k:sub(1, 1) == "_") then
+      usage(w, "validation: unknown key '%s'%s (allowed: %s)", tostring(k), did_you_mean(tostring(k), VALIDATION_KEYS), list_str(VALIDATION_KEYS))
+    end
+  end
+  if (v.split == nil) == (v.data == nil) then
+    usage(w, "validation needs either split (a fraction of the training data, e.g. 0.1) or data (a data set of its own)")
+  end
+  if v.split ~= nil and (type(v.split) ~= "number" or not (v.split > 0 and v.split <= 0.5)) then
+    usage(w, "validation.split = %s: must be a fraction of the training data in (0, 0.5]", tostring(v.split))
+  end
+  if v.data ~= nil then validate_data(v.data, v.data._where or w) end
+  v.eval_steps = v.eval_steps or 10
+  if math.type(v.eval_steps) ~= "integer" or v.eval_steps < 1 then
+    usage(w, "validation.eval_steps = %s: must be a positive integer (evaluate every N optimizer steps)", tostring(v.eval_steps))
+  end
+  v.select = v.select or "last"
+  if v.select ~= "last" and v.select ~= "best" then
+    usage(w, "validation.select = %s: allowed values are last (the adapter after the last step), best (the one with the best validation metric)", tostring(v.select))
+  end
+  local metric = e.task._kind == "classify" and "accuracy" or "loss"
+  v.metric = v.metric or metric
+  if v.metric ~= metric then
+    usage(w, "validation.metric = %s: %s{} trials are validated on %s", tostring(v.metric), e.task._kind, metric)
+  end
+  if v.patience ~= nil and (math.type(v.patience) ~= "integer" or v.patience < 1) then
+    usage(w, "validation.patience = %s: must be a positive integer (evaluations without improvement before stopping)", tostring(v.patience))
+  end
 end
 
 --- The sweep points: a list of {field = value} tables (one empty table without a sweep).
@@ -606,7 +648,9 @@ function M.expand(e, max_trials)
       local cfg = { model = e.model, seed = seed }
       for k, v in pairs(e.train) do cfg[k] = v end
       for k, v in pairs(p) do cfg[k] = v end
-      local identity = gm.json_encode({ experiment = e.name, config = cfg, task = task_identity(e.task) })
+      -- (validation only when given: the ids of experiments without it stay as they were)
+      local identity = gm.json_encode({ experiment = e.name, config = cfg, task = task_identity(e.task),
+        validation = e.validation and task_identity(e.validation) or nil })
       trials[#trials + 1] = { index = #trials + 1, id = gm.sha256(identity):sub(1, 12), config = cfg, point = p, seed = seed }
     end
   end

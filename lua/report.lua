@@ -3,7 +3,8 @@
 --   local report = gm_module("report")
 --   local tables = report.render(trials, spec)   -- {text=, md=, tex=, csv=}
 --   report.write(dir, name, tables)              -- <dir>/<name>.md, .tex, .csv (gm.write_text)
---   report.plots(trials, spec, dir, name)        -- <name>_loss.png, <name>_<metric>_vs_<col>.png
+--   report.plots(trials, spec, dir, name)        -- <name>_loss.png, <name>_<metric>_vs_<col>.png,
+--                                                   <name>_validation.png (with validation)
 --   report.html_page(trials, tables, plots, name) -- the self-contained one-page report
 --   report.cli(trials, path, dir, name, is_dir)  -- what `gemmarun table PATH` runs (also
 --                                                   writes <dir>/<name>.html)
@@ -1136,6 +1137,51 @@ function report.plots(trials, spec, dir, name)
     gm.plot{file = file, title = (trials[1].experiment or name) .. ": training loss (one line per trial)",
             xlabel = "step", ylabel = "loss", kind = "lines", series = series}
     files[#files + 1] = file
+  end
+
+  -- validation curves (experiment.validation): the val_<metric> series vs step, one line per
+  -- table cell, mean ± std over its seeds at each evaluated step
+  local val_name
+  for _, t in ipairs(trials) do
+    for k in pairs(t.metrics or {}) do if k:match("^val_") then val_name = k end end
+    if val_name then break end
+  end
+  if val_name then
+    local vseries = {}
+    for ci, c in ipairs(cell_combos) do
+      local at = {} -- step -> values over the cell's trials
+      for _, t in ipairs(trials) do
+        local vs, st = t.metrics and t.metrics[val_name], t.metrics and t.metrics.step
+        if vs and t.status ~= "failed" and cell_key(values_of(t, fields)) == cell_key(c) then
+          for i = 1, #vs do
+            if vs[i] == vs[i] then
+              local x = (st and st[i] == st[i] and st[i]) or i
+              at[x] = at[x] or {}
+              table.insert(at[x], vs[i] * (val_name:find("accuracy") and 100 or 1))
+            end
+          end
+        end
+      end
+      local xs = {}
+      for x in pairs(at) do xs[#xs + 1] = x end
+      table.sort(xs)
+      if #xs > 0 then
+        local y, err = {}, {}
+        for i, x in ipairs(xs) do
+          local st = stats(at[x])
+          y[i], err[i] = st.mean, st.std or 0
+        end
+        local d = describe(fields, c)
+        vseries[#vseries + 1] = {label = d ~= "" and d or "trial", x = xs, y = y, err = err, color = ci - 1}
+      end
+    end
+    if #vseries > 0 then
+      local file = dir .. "/" .. name .. "_validation.png"
+      local vlabel = val_name .. (val_name:find("accuracy") and " (%)" or "")
+      gm.plot{file = file, title = (trials[1].experiment or name) .. ": " .. vlabel .. " vs step (mean ± std over seeds)",
+              xlabel = "step", ylabel = vlabel, kind = "points", series = vseries}
+      files[#files + 1] = file
+    end
   end
 
   -- metric vs the first column field

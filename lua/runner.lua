@@ -174,12 +174,55 @@ local function load_chat_items(d)
   return items
 end
 
+--- The validation examples (experiment.validation): with `split`, every k-th training example
+--- (k = round(1/split); the same examples for every trial and seed, each label in proportion,
+--- as data.jsonl's test_fraction), taken out of the training set; with `data`, every example of
+--- that data set (its training and test parts), labels matched by name to the task's. Sets
+--- items.val (a usage error when it would be empty or leave no training example).
+local function validation_items(e, items)
+  local v = e.validation
+  if v.split then
+    local every = math.max(2, math.floor(1 / v.split + 0.5))
+    local all = items.train
+    items.train, items.val = {}, {}
+    for i, it in ipairs(all) do
+      if i % every == 0 then items.val[#items.val + 1] = it else items.train[#items.train + 1] = it end
+    end
+  else
+    local ok, vi = pcall(e.task._kind == "classify" and load_classify_items or load_chat_items, v.data)
+    if not ok then
+      if type(vi) == "table" and vi.usage then error(vi, 0) end
+      P.usage(v.data._where or e._where, "validation.data: %s", clean_msg(vi))
+    end
+    items.val = {}
+    local pos = {}
+    for i, lab in ipairs(items.labels or {}) do pos[lab] = i end
+    for _, split in ipairs({ vi.train, vi.test or {} }) do
+      for _, it in ipairs(split) do
+        if e.task._kind == "classify" then
+          local name = vi.labels[it.label]
+          if not pos[name] then
+            P.usage(v.data._where or e._where, "validation.data has label '%s', which the task's data does not have (%s)", name,
+              table.concat(items.labels, ", "))
+          end
+          it.label = pos[name]
+        end
+        items.val[#items.val + 1] = it
+      end
+    end
+  end
+  if #items.val == 0 then P.usage(e._where, "validation: no validation example (split %s of %d)", tostring(v.split), #items.train) end
+  if #items.train == 0 then P.usage(e._where, "validation.split leaves no training example") end
+end
+
 --- Tokenizes the items into data sets for one model and max_length (all up front).
 local function build_datasets(model, task, items, max_length)
   local train, test = gm.dataset(model), gm.dataset(model)
+  local val = items.val and gm.dataset(model) or nil
   local rejected = {}
   -- per split, the prompt tokens of the shortest prompt that did not fit (for the hint)
   local shortest_rejected = { [train] = math.huge, [test] = math.huge }
+  if val then shortest_rejected[val] = math.huge end
   local function add(ds, msgs, label, where)
     local okc, ok, why = pcall(ds.add_chat, ds, msgs, { max_length = max_length, label = label and (label - 1) or nil })
     if not okc then ok, why = false, clean_msg(ok):gsub("\n.*", "") end
@@ -196,20 +239,24 @@ local function build_datasets(model, task, items, max_length)
     for i, it in ipairs(items.test) do
       add(test, { { role = "user", content = task.prompt .. "\n\n" .. it.text }, { role = "assistant", content = items.labels[it.label] } }, it.label, "test " .. i)
     end
+    for i, it in ipairs(items.val or {}) do
+      add(val, { { role = "user", content = task.prompt .. "\n\n" .. it.text }, { role = "assistant", content = items.labels[it.label] } }, it.label, "validation " .. i)
+    end
   else
     for i, m in ipairs(items.train) do add(train, m, nil, "train " .. i) end
     for i, m in ipairs(items.test) do add(test, m, nil, "test " .. i) end
+    for i, m in ipairs(items.val or {}) do add(val, m, nil, "validation " .. i) end
   end
-  return train, test, rejected, shortest_rejected[train], shortest_rejected[test]
+  return train, test, rejected, shortest_rejected[train], shortest_rejected[test], val
 end
 
 --- The tokenized data sets of a (model, max_length), built once and cached in ctx.data.
 function R.datasets(ctx, e, cfg)
   local key = cfg.model .. "|" .. cfg.max_length
   if not ctx.data[key] then
-    local train, test, rejected, shortest_train, shortest_test = build_datasets(ctx.model, e.task, ctx.items, cfg.max_length)
+    local train, test, rejected, shortest_train, shortest_test, val = build_datasets(ctx.model, e.task, ctx.items, cfg.max_length)
     ctx.data[key] = { train = train, test = test, rejected = rejected, shortest_train = shortest_train,
-      shortest_test = shortest_test }
+      shortest_test = shortest_test, val = val }
   end
   return ctx.data[key]
 end
@@ -379,7 +426,9 @@ end
 local function data_sha(d)
   if not d.sha then
     local tr, te = d.train:sha256(), d.test:sha256()
-    d.sha = { train = tr, test = te, both = gm.sha256(tr .. "\n" .. te .. "\n") }
+    local va = d.val and d.val:sha256()
+    -- (without a validation set, the hash is what it was before validation sets existed)
+    d.sha = { train = tr, test = te, val = va, both = gm.sha256(tr .. "\n" .. te .. "\n" .. (va and (va .. "\n") or "")) }
   end
   return d.sha
 end
@@ -400,6 +449,7 @@ local function provenance(ctx, e, cfg, d)
   local p = {
     model_path = cfg.model, model_sha256 = ms.hex, model_files = ms.files,
     data_sha256 = d.sha.both, data_train_sha256 = d.sha.train, data_test_sha256 = d.sha.test,
+    data_validation_sha256 = d.sha.val,
     threads = tostring(e.threads or GM_THREADS), device = "cpu", compute_dtype = "f32",
     command_line = GM_COMMAND_LINE or "", set_overrides_json = gm.json_encode(ctx.cli_set or {}),
     experiment_file = GM_EXPERIMENT_FILE or "experiments/quickstart.lua",
@@ -485,6 +535,29 @@ local function run_trial(ctx, e, trial, n_trials)
   res:set({ status = "running" })
   guarded_write(res.save, res)
   -- training
+  -- validation (experiment.validation): every eval_steps steps, the metric on the validation
+  -- set, logged as the series val_<metric> (NaN on the other rows); the best so far is kept
+  -- (select = "best": its adapter in a checkpoint of its own), and with `patience`, training
+  -- stops after that many evaluations without improvement
+  local val = e.validation
+  local val_name = val and ("val_" .. val.metric)
+  local best_path = ctx.dir .. "/trial-" .. trial.id .. ".best.ckpt.h5"
+  local best_v, best_step, bad, stopped_at = nil, nil, 0, nil
+  local function better(a, b) return b == nil or (val.metric == "loss" and a < b) or (val.metric ~= "loss" and a > b) end
+  local function note_validation(v, at)
+    if better(v, best_v) then best_v, best_step, bad = v, at, 0 else bad = bad + 1 end
+  end
+  if val and step > 0 and ctx.prior and ctx.prior.metrics then
+    -- resumed: the evaluations logged up to the checkpoint's step decide what is best so far
+    local vs, ss = ctx.prior.metrics[val_name] or {}, ctx.prior.metrics.step or {}
+    for i = 1, math.min(#vs, step) do
+      if vs[i] == vs[i] then note_validation(vs[i], ss[i] or i) end
+    end
+  end
+  local function validate_now()
+    if e.task._kind == "classify" then return eval_classify(ctx.model, tr, d.val, ctx.items.labels, nil).accuracy end
+    return eval_sft(tr, d.val, nil, opts.batch).loss
+  end
   local t0, tokens, last_loss = gm.clock(), 0, 0 / 0
   ctx.last_elapsed = 0
   local order = permutation(st_tr.n, cfg.seed, epoch)
@@ -506,15 +579,29 @@ local function run_trial(ctx, e, trial, n_trials)
     for _, i in ipairs(idx) do step_tokens = step_tokens + d.train:example(i).tokens end
     tokens = tokens + step_tokens
     local elapsed = gm.clock() - t0
-    res:append({ step = step, loss = st.loss, lr = st.lr, grad_norm = st.grad_norm, supervised_tokens = st.tokens,
-      tokens_per_s = step_tokens / math.max(1e-9, elapsed - (ctx.last_elapsed or 0)), elapsed_s = elapsed, rss_mib = gm.peak_rss() / 2 ^ 20 })
+    local row = { step = step, loss = st.loss, lr = st.lr, grad_norm = st.grad_norm, supervised_tokens = st.tokens,
+      tokens_per_s = step_tokens / math.max(1e-9, elapsed - (ctx.last_elapsed or 0)), elapsed_s = elapsed, rss_mib = gm.peak_rss() / 2 ^ 20 }
+    if val then
+      row[val_name] = 0 / 0
+      if step % val.eval_steps == 0 or step == total then
+        local v = validate_now()
+        row[val_name] = v
+        local improved = better(v, best_v)
+        note_validation(v, step)
+        if improved and val.select == "best" then
+          guarded_write(tr.save, tr, best_path, { epoch = epoch, pos = pos, loss = st.loss, config = gm.json_encode(cfg) })
+        end
+        if val.patience and bad >= val.patience and step < total then stopped_at = step end
+      end
+    end
+    res:append(row)
     ctx.last_elapsed = elapsed
     local eta = (total - step) * elapsed / math.max(1, step - (trial.resumed_from or 0))
     -- the display must never fail a trial: format in a protected call
     local okp, line = pcall(string.format, "trial %d/%d  step %d/%d  loss %.4f  %.0f tok/s  ETA %s  mem %s", trial.index,
       n_trials, step, total, st.loss, tokens / math.max(1e-9, elapsed), fmt_time(eta), fmt_bytes(gm.peak_rss()))
     gm.progress(okp and line or string.format("trial %d/%d  step %d/%d", trial.index, n_trials, step, total))
-    if gm.interrupted() or step % (cfg.checkpoint_every or 25) == 0 or step == total then
+    if gm.interrupted() or step % (cfg.checkpoint_every or 25) == 0 or step == total or stopped_at then
       guarded_write(tr.save, tr, ckpt, { epoch = epoch, pos = pos, loss = st.loss, config = gm.json_encode(cfg) })
       guarded_write(res.save, res)
       if gm.interrupted() then
@@ -524,9 +611,26 @@ local function run_trial(ctx, e, trial, n_trials)
         error({ interrupted = true }, 0)
       end
     end
+    if stopped_at then break end
   end
-  gm.progress(string.format("trial %d/%d  %d step%s, final loss %.4f, %s", trial.index, n_trials, total, total == 1 and "" or "s", last_loss, fmt_time(gm.clock() - t0)), true)
+  gm.progress(string.format("trial %d/%d  %d step%s, final loss %.4f, %s", trial.index, n_trials, step, step == 1 and "" or "s", last_loss, fmt_time(gm.clock() - t0)), true)
+  if stopped_at then
+    say("  early stopping at step %d of %d: no better %s %s in %d evaluation%s (best %.6g at step %d)", stopped_at, total,
+      val_name, val.metric == "loss" and "(lower)" or "(higher)", val.patience, val.patience == 1 and "" or "s", best_v, best_step)
+  end
+  if val and val.select == "best" and best_step and best_step ~= step then
+    -- the final evaluation and the stored adapter are those of the best validation step
+    tr:load(best_path)
+    say("  selected the adapter of step %d (%s %.6g)", best_step, val_name, best_v)
+  end
   local f = evaluate("final")
+  if val then
+    -- which adapter the final evaluation is of, and what it scored on the validation set
+    local extra = { selected_step = (val.select == "best" and best_step) or step, ["best_" .. val_name] = best_v,
+      best_step = best_step, stopped_at_step = stopped_at or step }
+    for k, v in pairs(extra) do f[k] = v end
+    res:set_eval("final", f)
+  end
   say("  final %s", f.accuracy and string.format("accuracy %.1f%%", 100 * f.accuracy) or string.format("loss %.4f", f.loss))
   mem.measured_peak_rss = gm.peak_rss()
   res:set_memory(mem)
@@ -534,6 +638,7 @@ local function run_trial(ctx, e, trial, n_trials)
   res:set({ status = "completed", wall_seconds = gm.clock() - t_start })
   guarded_write(res.save, res)
   gm.remove_checkpoint(ckpt)
+  if val then gm.remove_checkpoint(best_path) end
 end
 
 --------------------------------------------------------------------------------------------------
@@ -542,7 +647,7 @@ end
 --- The trial's config as stored: the training fields plus what the task is (task kind, prompt,
 --- labels, template, max_eval) and the data spec as JSON, so that tables never pool trials of
 --- different prompts or data (report.lua splits rows by any field that differs).
-local function with_task(cfg, task)
+local function with_task(cfg, task, validation)
   local out = {}
   for k, v in pairs(cfg) do out[k] = v end
   out.task = task._kind
@@ -551,6 +656,7 @@ local function with_task(cfg, task)
   if type(task.template) == "string" then out.template = task.template end
   if task.max_eval then out.max_eval = task.max_eval end
   out.data = gm.json_encode(P.task_identity(task).data or {}) -- the same identity the trial id hashes
+  if validation then out.validation = gm.json_encode(P.task_identity(validation)) end
   return out
 end
 
@@ -643,6 +749,7 @@ local function preflight(e, selected, dry_run)
   end
   if #items.train == 0 then P.usage(d._where or e.task._where, "the data set has no training examples") end
   if #items.test == 0 then P.usage(d._where or e.task._where, "the data set has no test examples (nothing to evaluate)") end
+  if e.validation then validation_items(e, items) end
   return items, cfgs
 end
 
@@ -720,7 +827,7 @@ function R.run(e, cli)
   check_lengths(ctx, e, selected, items)
   if cli.dry_run then
     if ctx.model then ctx.model:close() end
-    for _, ds in pairs(ctx.data) do ds.train:close(); ds.test:close() end
+    for _, ds in pairs(ctx.data) do ds.train:close(); ds.test:close(); if ds.val then ds.val:close() end end
     say("data: %d training and %d test examples%s", #items.train, #items.test,
       items.labels and (", labels " .. table.concat(items.labels, ", ")) or "")
     local over = 0
@@ -780,7 +887,7 @@ function R.run(e, cli)
       ctx.res = gm.results(path)
       ctx.res:set({ experiment = e.name, trial_id = t.id, trial_index = t.index, n_trials = #trials, status = "running",
         reason = "", config_json = gm.json_encode(t.config), report_json = gm.json_encode(report), swept_json = gm.json_encode(#swept > 0 and swept or gm.null) })
-      ctx.res:set_config(with_task(t.config, e.task))
+      ctx.res:set_config(with_task(t.config, e.task, e.validation))
       ctx.prior = prior
       local ok, err = pcall(run_trial, ctx, e, t, #trials)
       if not ok and type(err) == "table" and err.usage then -- refused before any work: nothing recorded
@@ -818,7 +925,7 @@ function R.run(e, cli)
     end
   end
   if ctx.model then ctx.model:close() end
-  for _, ds in pairs(ctx.data) do ds.train:close(); ds.test:close() end
+  for _, ds in pairs(ctx.data) do ds.train:close(); ds.test:close(); if ds.val then ds.val:close() end end
   if stopped then
     say("stopped: a checkpoint or results file could not be written (above). Finished trials are kept; free space (or "
       .. "fix the folder) and run the same command again: the interrupted trial resumes from its last checkpoint")
