@@ -2,7 +2,7 @@
  * bind_plot.c - gm.plot: line and point plots as PNG files, for the runner's loss curves and
  * metric-vs-field plots (lua/report.lua) and for scripts.
  *
- *   gm.plot{file=, title=, xlabel=, ylabel=, logx=, kind="lines"|"points", xticks={..},
+ *   gm.plot{file=, title=, xlabel=, ylabel=, logx=, kind="lines"|"points"|"band", xticks={..},
  *           xticklabels={..}, series={{label=, x={..}, y={..}, err={..}, color=}, ..}}
  *                                    -> {file=, width=, height=, ink=} (PNG 1024x640)
  *
@@ -50,7 +50,8 @@ static const unsigned char PALETTE[10][3] = {
 #define COL_BG 0
 #define COL_FG 1
 #define COL_GRID 2
-#define COL_FIRST 3 // palette colors follow
+#define COL_FIRST 3 // palette colors follow (10)
+#define COL_BAND 15 // the translucent fill of a band (set per series)
 
 typedef struct plot_series {
     const char *label; // NULL: not in the legend
@@ -61,7 +62,7 @@ typedef struct plot_series {
 
 typedef struct plot_spec {
     const char *file, *title, *xlabel, *ylabel;
-    bool logx, points;
+    bool logx, points, band; // band: lines with y ± err filled, translucent
     int n_series;
     plot_series *s;
     int n_ticks;
@@ -237,6 +238,34 @@ static bool draw(const plot_spec *p) {
         const plot_series *s = &p->s[i];
         int c = s->color >= 0 ? s->color : i;
         PLINT col = COL_FIRST + c % 10, style = 1 + (c / 10) % 4; // 10 colors x 4 dash styles
+        if (p->band && s->err) {
+            // each run of finite points: the polygon y + err forward, y - err back, at 20%
+            // opacity of the series' color (pngcairo draws alpha), under the line
+            PLINT r, g, b;
+            plgcol0(col, &r, &g, &b);
+            plscol0a(COL_BAND, r, g, b, 0.2);
+            plcol0(COL_BAND);
+            for (int k = 0; k < s->n;) {
+                while (k < s->n && !(isfinite(s->x[k]) && isfinite(s->y[k]) && isfinite(s->err[k]) &&
+                                     !(p->logx && s->x[k] <= 0)))
+                    k++;
+                int a = k;
+                while (k < s->n && isfinite(s->x[k]) && isfinite(s->y[k]) && isfinite(s->err[k]) &&
+                       !(p->logx && s->x[k] <= 0))
+                    k++;
+                int m = k - a;
+                PLFLT *xs = m >= 2 ? malloc(4 * (size_t)m * sizeof *xs) : NULL;
+                if (xs) {
+                    PLFLT *ys = xs + 2 * m;
+                    for (int j = 0; j < m; j++) {
+                        xs[j] = tx(p, s->x[a + j]), ys[j] = s->y[a + j] + s->err[a + j];
+                        xs[2 * m - 1 - j] = xs[j], ys[2 * m - 1 - j] = s->y[a + j] - s->err[a + j];
+                    }
+                    plfill(2 * m, xs, ys);
+                    free(xs);
+                }
+            }
+        }
         plcol0(col);
         pllsty(style);
         plwidth(p->points ? 1.5 : 2.0);
@@ -384,9 +413,10 @@ static int l_plot(lua_State *L) {
     p.ylabel = gm_bind_opt_str(L, 1, "ylabel", "");
     p.logx = gm_bind_opt_bool(L, 1, "logx", false);
     const char *kind = gm_bind_opt_str(L, 1, "kind", "lines");
-    if (strcmp(kind, "lines") != 0 && strcmp(kind, "points") != 0)
-        return luaL_error(L, "gm.plot: kind '%s' (allowed: lines, points)", kind);
+    if (strcmp(kind, "lines") != 0 && strcmp(kind, "points") != 0 && strcmp(kind, "band") != 0)
+        return luaL_error(L, "gm.plot: kind '%s' (allowed: lines, points, band)", kind);
     p.points = strcmp(kind, "points") == 0;
+    p.band = strcmp(kind, "band") == 0;
     p.ticks = num_list(L, 1, "xticks", &p.n_ticks, false, "xticks");
     if (p.n_ticks < 0) p.n_ticks = 0;
     lua_getfield(L, 1, "xticklabels");

@@ -514,7 +514,12 @@ function M.validate_validation(e)
   if v.split ~= nil and (type(v.split) ~= "number" or not (v.split > 0 and v.split <= 0.5)) then
     usage(w, "validation.split = %s: must be a fraction of the training data in (0, 0.5]", tostring(v.split))
   end
-  if v.data ~= nil then validate_data(v.data, v.data._where or w) end
+  if v.data ~= nil then
+    if type(v.data) ~= "table" or not v.data._kind then
+      usage(w, "validation.data must be a data set (data.folder{...}, data.jsonl{...}, data.fortunes{...})")
+    end
+    validate_data(v.data, v.data._where or w)
+  end
   v.eval_steps = v.eval_steps or 10
   if math.type(v.eval_steps) ~= "integer" or v.eval_steps < 1 then
     usage(w, "validation.eval_steps = %s: must be a positive integer (evaluate every N optimizer steps)", tostring(v.eval_steps))

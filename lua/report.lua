@@ -1140,7 +1140,7 @@ function report.plots(trials, spec, dir, name)
   end
 
   -- validation curves (experiment.validation): the val_<metric> series vs step, one line per
-  -- table cell, mean ± std over its seeds at each evaluated step
+  -- table cell, mean over its seeds at each evaluated step in a band of ± std
   local val_name
   for _, t in ipairs(trials) do
     for k in pairs(t.metrics or {}) do if k:match("^val_") then val_name = k end end
@@ -1178,8 +1178,8 @@ function report.plots(trials, spec, dir, name)
     if #vseries > 0 then
       local file = dir .. "/" .. name .. "_validation.png"
       local vlabel = val_name .. (val_name:find("accuracy") and " (%)" or "")
-      gm.plot{file = file, title = (trials[1].experiment or name) .. ": " .. vlabel .. " vs step (mean ± std over seeds)",
-              xlabel = "step", ylabel = vlabel, kind = "points", series = vseries}
+      gm.plot{file = file, title = (trials[1].experiment or name) .. ": " .. vlabel .. " vs step (mean over seeds, band ± std)",
+              xlabel = "step", ylabel = vlabel, kind = "band", series = vseries}
       files[#files + 1] = file
     end
   end
