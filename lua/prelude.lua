@@ -511,7 +511,10 @@ function M.validate_validation(e)
   if (v.split == nil) == (v.data == nil) then
     usage(w, "validation needs either split (a fraction of the training data, e.g. 0.1) or data (a data set of its own)")
   end
-  if v.split ~= nil and (type(v.split) ~= "number" or not (v.split > 0 and v.split <= 0.5)) then
+  if v.split ~= nil and type(v.split) ~= "number" then
+    usage(w, "validation.split = %s (a %s): must be a number, a fraction of the training data in (0, 0.5]", tostring(v.split), type(v.split))
+  end
+  if v.split ~= nil and not (v.split > 0 and v.split <= 0.5) then
     usage(w, "validation.split = %s: must be a fraction of the training data in (0, 0.5]", tostring(v.split))
   end
   if v.data ~= nil then
@@ -519,6 +522,12 @@ function M.validate_validation(e)
       usage(w, "validation.data must be a data set (data.folder{...}, data.jsonl{...}, data.fortunes{...})")
     end
     validate_data(v.data, v.data._where or w)
+    local jsonl = v.data._kind == "jsonl"
+    if e.task._kind == "classify" and jsonl then
+      usage(v.data._where or w, "validation.data: classify{} validates on labelled examples (data.folder{...}, data.fortunes{...}), not data.jsonl")
+    elseif e.task._kind == "sft" and not jsonl then
+      usage(v.data._where or w, "validation.data: sft{} validates on chat conversations (data.jsonl{...}), not data.%s", v.data._kind)
+    end
   end
   v.eval_steps = v.eval_steps or 10
   if math.type(v.eval_steps) ~= "integer" or v.eval_steps < 1 then

@@ -483,7 +483,7 @@ end
 -- ---- uncertainty -----------------------------------------------------------------------------
 -- Each cell gets a 95% interval and each fine-tuned cell two paired tests (issue 14, part 2):
 --   interval   fine-tuned cells with >= 3 trials: Student t over them (mean ± t95(n-1) s/√n,
---              the spread of seeds); otherwise, when the trials stored their per-example
+--              the spread of seeds; cut to [0, 100%] for accuracies); otherwise, when the trials stored their per-example
 --              results: the percentile bootstrap over the test examples of the cell's
 --              accuracy (each example scored by the fraction of the cell's trials that got it
 --              right), the test set's own sampling; baseline rows always the latter (the model
@@ -499,11 +499,23 @@ local PER_EXAMPLE = {accuracy = true}
 --- Per-example scores of `trials` in `phase`: a[i] = fraction of the trials right on example i,
 --- and the examples' identity (their test-set positions as one string); nil when a trial did
 --- not store predictions or the trials scored different examples.
-local function example_scores(trials, phase)
+local function example_scores(trials, phase, bad)
   local key, sum
   for _, t in ipairs(trials) do
     local e = t.eval and t.eval[phase]
     if not (e and e.example_index and e.predictions and e.references and #e.example_index > 0) then return nil end
+    -- lists that contradict the stored accuracy, or score an example twice, are not used
+    -- (a hand-written or damaged file): `bad` collects the trial for the note under the table
+    local right, seen, dup = 0, {}, false
+    for i = 1, #e.example_index do
+      right = right + (e.predictions[i] == e.references[i] and 1 or 0)
+      dup = dup or seen[e.example_index[i]] ~= nil
+      seen[e.example_index[i]] = true
+    end
+    if dup or (type(e.accuracy) == "number" and math.abs(right / #e.example_index - e.accuracy) > 1e-9) then
+      if bad then bad[tostring(t.trial_id or t.trial_index)] = true end
+      return nil
+    end
     local k = table.concat(e.example_index, ",")
     if key and k ~= key then return nil end
     key, sum = k, sum or {}
@@ -523,9 +535,10 @@ end
 local function uncertainty(m)
   local used, tested, n_ex, n_ex_mixed = {}, false, nil, false
   local per_example = PER_EXAMPLE[m.metric]
+  m.bad_lists = {}
   local function scores(s, phase)
     if not per_example or s.n == 0 then return nil end
-    local a, key = example_scores(s.trials, phase)
+    local a, key = example_scores(s.trials, phase, m.bad_lists)
     if a then
       if n_ex and n_ex ~= #a then n_ex_mixed = true end
       n_ex = n_ex or #a
@@ -537,6 +550,9 @@ local function uncertainty(m)
     if not s.base and s.n >= 3 then
       local h = gm.t95(s.n - 1) * s.std / math.sqrt(s.n)
       s.ci = {lo = s.mean - h, hi = s.mean + h, method = "t"}
+      -- an accuracy lies in [0, 1]: the t interval is cut to it (a wide interval of 3 seeds
+      -- near 0 would otherwise reach below it)
+      if m.metric:find("accuracy") then s.ci.lo, s.ci.hi = math.max(0, s.ci.lo), math.min(m.scale, s.ci.hi) end
     else
       local a = scores(s, phase)
       if not a then return end
@@ -563,7 +579,7 @@ local function uncertainty(m)
       local s = m.cells[i][j]
       local a, key = scores(s, m.phase)
       if a then
-        local b, bkey = example_scores(s.trials, "baseline")
+        local b, bkey = example_scores(s.trials, "baseline", m.bad_lists)
         if b and bkey == key then s.p_base = gm.paired_bootstrap(a, b); tested = true end
         if best_a and s ~= best and best_key == key then s.p_best = gm.paired_bootstrap(a, best_a); tested = true end
       end
@@ -596,6 +612,13 @@ local function uncertainty_notes(m)
   if m.tested then
     out[#out + 1] = "† differs from its baseline, ≈ does not differ from the best: paired bootstrap over " ..
       ex .. ", two-sided, α = " .. ALPHA
+  end
+  local bad = {}
+  for id in pairs(m.bad_lists or {}) do bad[#bad + 1] = id end
+  table.sort(bad)
+  if #bad > 0 then
+    out[#out + 1] = "per-example results not used (they disagree with the stored accuracy or list an example twice) in trial" ..
+      (#bad > 1 and "s " or " ") .. table.concat(bad, ", ") .. ": no bootstrap interval or test where they take part"
   end
   return out
 end
@@ -1338,14 +1361,25 @@ function report.html_page(trials, tables, plot_files, name)
   end
   if shown == 0 then h[#h + 1] = '<tr><td colspan="2">none recorded (trial files written before provenance)</td></tr>' end
   h[#h + 1] = "</tbody></table>"
-  local source, file
+  -- the experiment file's text; each version when the trials were run from edited files
+  local sources, order = {}, {}
   for _, t in ipairs(trials) do
     local p = type(t.provenance) == "table" and t.provenance or {}
-    if p.experiment_source and p.experiment_source ~= "" then source, file = p.experiment_source, p.experiment_file; break end
+    if p.experiment_source and p.experiment_source ~= "" then
+      local src = sources[p.experiment_source]
+      if not src then
+        src = {file = p.experiment_file, trials = {}}
+        sources[p.experiment_source] = src
+        order[#order + 1] = p.experiment_source
+      end
+      src.trials[#src.trials + 1] = tostring(t.trial_index or t.trial_id)
+    end
   end
-  if source then
-    h[#h + 1] = "<h2>Experiment file" .. (file and (": " .. html_escape(file)) or "") .. "</h2>"
-    h[#h + 1] = '<pre class="experiment">' .. html_escape(source) .. "</pre>"
+  for _, text in ipairs(order) do
+    local src = sources[text]
+    h[#h + 1] = "<h2>Experiment file" .. (src.file and (": " .. html_escape(src.file)) or "") ..
+      (#order > 1 and (" (trials " .. html_escape(table.concat(src.trials, ", ")) .. ")") or "") .. "</h2>"
+    h[#h + 1] = '<pre class="experiment">' .. html_escape(text) .. "</pre>"
   end
   h[#h + 1] = "</body></html>"
   return table.concat(h, "\n") .. "\n"

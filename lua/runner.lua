@@ -966,6 +966,8 @@ function R.find_trial(results, which)
   if gm.is_dir(results) then
     paths = gm.results_list(results)
     if #paths == 0 then P.usage(nil, "%s: no trial files (trial-*.h5) in this folder", results) end
+  elseif results:match("%.ckpt%.h5$") then
+    P.usage(nil, "%s is a checkpoint, not a trial file: give the trial file (trial-<id>.h5) or its results folder", results)
   elseif gm.file_exists(results) then
     paths = { results }
   else
@@ -973,11 +975,17 @@ function R.find_trial(results, which)
   end
   local found = {}
   for _, p in ipairs(paths) do
-    local all = gm.results_read_all(p)
-    if #all ~= 1 then P.usage(nil, "%s holds %d trials (a merged file): give its results folder, or one trial file", p, #all) end
+    local ok, all = pcall(gm.results_read_all, p)
+    if not ok then P.usage(nil, "%s", clean_msg(all)) end
+    -- a merged file holds copies of trial files without their adapters: compare against the
+    -- trial file itself
+    if #all ~= 1 or tostring(all[1].source or ""):find("#", 1, true) then
+      P.usage(nil, "%s is a merged results file: give its results folder (results/NAME/) or one trial file", p)
+    end
     all[1].path = p
     found[#found + 1] = all[1]
   end
+  table.sort(found, function(a, b) return (tonumber(a.trial_index) or 0) < (tonumber(b.trial_index) or 0) end)
   local function listing()
     local t = {}
     for _, x in ipairs(found) do t[#t + 1] = string.format("%s (%s, %s)", tostring(x.trial_index), x.trial_id, x.status) end
@@ -995,8 +1003,11 @@ function R.find_trial(results, which)
       if by_index or by_id then pick[#pick + 1] = x end
     end
     if #pick ~= 1 then
-      P.usage(nil, "--trial %s: %s in %s (trials: %s)", which, #pick == 0 and "no such trial" or "more than one trial has an id starting so",
-        results, listing())
+      local why = #pick == 0 and "no such trial"
+        or w:match("^%d%d?%d?$") and ("more than one trial has index " .. w .. " (trials of other runs of the experiment: "
+          .. "give the id)")
+        or "more than one trial has an id starting so"
+      P.usage(nil, "--trial %s: %s in %s (trials: %s)", which, why, results, listing())
     end
   end
   local t = pick[1]
@@ -1058,14 +1069,19 @@ function R.reproduce(e, opts)
       diffs[#diffs + 1] = string.format("the model files (%s): sha256 %s... stored, %s... now", p.model_path,
         prov.model_sha256:sub(1, 12), p.model_sha256:sub(1, 12))
     end
-    for _, split in ipairs({ "train", "test" }) do
+    for _, split in ipairs({ "train", "test", "validation" }) do
       local k = "data_" .. split .. "_sha256"
-      if prov[k] and p[k] ~= prov[k] then
-        local st = (split == "train" and d.train or d.test):stats()
+      if (prov[k] or p[k]) and p[k] ~= prov[k] then
+        local ds = ({ train = d.train, test = d.test, validation = d.val })[split]
         local n_was = stored.data and stored.data["n_" .. split]
-        diffs[#diffs + 1] = string.format("the %s data (as tokenized): sha256 %s... stored, %s... now (%s examples stored, %d now)",
-          split == "train" and "training" or "test", prov[k]:sub(1, 12), p[k]:sub(1, 12), tostring(n_was), st.n)
+        diffs[#diffs + 1] = string.format("the %s data (as tokenized): sha256 %s... stored, %s... now (%s examples stored, %s now)",
+          split == "train" and "training" or split, tostring(prov[k] or "none"):sub(1, 12), tostring(p[k] or "none"):sub(1, 12),
+          tostring(n_was or "?"), ds and tostring(ds:stats().n) or "none")
       end
+    end
+    if #diffs == 0 and prov.data_sha256 and p.data_sha256 ~= prov.data_sha256 then
+      diffs[#diffs + 1] = string.format("the data (as tokenized): sha256 %s... stored, %s... now", prov.data_sha256:sub(1, 12),
+        p.data_sha256:sub(1, 12))
     end
     if #diffs > 0 then
       P.usage(nil, "%s: cannot reproduce: %s differ%s from what the trial ran on; nothing was run (restore them, or run "
@@ -1083,6 +1099,10 @@ function R.reproduce(e, opts)
   end
   local again = gm.results_read(new)
   local diff = gm.results_compare(opts.path, new, { skip = MACHINE_SERIES })
+  if diff.compared == 0 then
+    say("nothing to compare: %s holds no series, evaluation or adapter", opts.path)
+    return 1
+  end
   local function final_of(t, with_name)
     local f = t.eval and t.eval.final or {}
     local name, v = f.accuracy and "accuracy " or "loss ", f.accuracy and string.format("%.4f%%", 100 * f.accuracy)

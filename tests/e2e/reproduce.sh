@@ -61,6 +61,10 @@ expect_run "two trials and no --trial: they are listed (exit 2)" 2 "results/tiny
 expect_run "no such trial (exit 2)" 2 "--trial 7: no such trial in results/tiny" -- "$GM" reproduce results/tiny --trial 7
 expect_run "no such folder (exit 2)" 2 "results/nope: no such file or folder" -- "$GM" reproduce results/nope
 expect_run "no RESULTS (exit 2)" 2 "usage: gemmarun reproduce RESULTS" -- "$GM" reproduce
+expect_run "a merged file: refused, not compared (exit 2)" 2 "results/tiny\.h5 is a merged results file: give its results folder" -- "$GM" reproduce results/tiny.h5
+expect_run "a checkpoint: refused (exit 2)" 2 "x\.ckpt\.h5 is a checkpoint, not a trial file" -- bash -c "touch results/tiny/x.ckpt.h5; '$GM' reproduce results/tiny/x.ckpt.h5"
+expect_run "not a results file (exit 2)" 2 "^gemmarun: error: tiny\.lua: not an HDF5 file \(no HDF5 signature; [0-9]+ bytes\)$" -- "$GM" reproduce tiny.lua
+expect_run "not a results file: one line, no traceback" 0 "^1$" -- bash -c "'$GM' reproduce tiny.lua 2>&1 | wc -l"
 cat > old.lua <<'EOF'
 local r <close> = gm.results("results/old/trial-abc.h5")
 r:set{experiment = "old", trial_id = "abc", trial_index = 1, n_trials = 1, status = "completed"}

@@ -62,6 +62,12 @@ for k in a: assert np.array_equal(a[k][:], b[k][:]), k
 print(len(a), 'tensors equal')"
 fi
 expect_run "the validation curve is drawn" 0 "best_validation\.png" -- ls results
+# reproduce checks the validation set too: line 4 of chat.jsonl is a validation example (split 0.25)
+cp chat.jsonl chat.bak
+sed -i '4s/Fruit/Frut/' chat.jsonl
+expect_run "reproduce: an edited validation example is refused (exit 2)" 2 \
+  "cannot reproduce: the validation data \(as tokenized\): sha256 [0-9a-f]{12}\.\.\. stored, [0-9a-f]{12}\.\.\. now" -- "$GM" reproduce results/best
+cp chat.bak chat.jsonl
 
 # early stopping: the first evaluation without improvement ends training
 mk stop "" '{ split = 0.25, eval_steps = 4, patience = 1 }'
@@ -97,4 +103,6 @@ bad "unknown key" '{ split = 0.1, patiense = 2 }' "validation: unknown key 'pati
 bad "select" '{ split = 0.1, select = "first" }' "validation.select = first: allowed values are last .*, best"
 bad "metric" '{ split = 0.1, metric = "accuracy" }' "validation.metric = accuracy: sft\{\} trials are validated on loss"
 bad "eval_steps" '{ split = 0.1, eval_steps = 0 }' "validation.eval_steps = 0: must be a positive integer"
+bad "split as text" '{ split = "0.2" }' "validation.split = 0.2 \(a string\): must be a number"
+bad "a labelled folder for a chat task" '{ data = data.folder { root = "." } }' "validation.data: sft\{\} validates on chat conversations \(data.jsonl\{...\}\), not data.folder"
 finish
