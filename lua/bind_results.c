@@ -270,49 +270,26 @@ static int l_append(lua_State *L) {
     return 0;
 }
 
-/* Reads the list at field `key` of table idx into a new userdata array of doubles (pushed);
- * returns its length (-1 when absent). */
-static lua_Integer opt_num_list(lua_State *L, int idx, const char *key, double **out,
-                                const char *fn) {
+/* Reads the list at field `key` of table idx into a new userdata array (pushed): doubles, or
+ * int64_t when `integers` (each element must then be a Lua integer); returns its length (-1
+ * when absent, with nil pushed: one stack slot per list either way). */
+static lua_Integer opt_list(lua_State *L, int idx, const char *key, bool integers, void **out,
+                            const char *fn) {
     lua_getfield(L, idx, key);
     if (lua_isnil(L, -1)) {
-        lua_pop(L, 1);
         *out = NULL;
-        lua_pushnil(L); // keep the stack shape: one slot per list
-        return -1;
+        return -1; // the nil stays: one slot per list
     }
-    if (!lua_istable(L, -1)) luaL_error(L, "%s: '%s' must be a list of numbers", fn, key);
+    const char *what = integers ? "integer" : "number";
+    if (!lua_istable(L, -1)) luaL_error(L, "%s: '%s' must be a list of %ss", fn, key, what);
     lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
-    double *v = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *v, 0);
+    void *v = lua_newuserdatauv(L, (size_t)(n ? n : 1) * 8, 0); // double and int64_t: 8 bytes
     for (lua_Integer i = 1; i <= n; i++) {
         lua_rawgeti(L, -2, i);
-        if (lua_type(L, -1) != LUA_TNUMBER)
-            luaL_error(L, "%s: %s[%d] must be a number", fn, key, (int)i);
-        v[i - 1] = (double)lua_tonumber(L, -1);
-        lua_pop(L, 1);
-    }
-    lua_remove(L, -2);
-    *out = v;
-    return n;
-}
-
-/* Like opt_num_list for a list of integers (as int64_t). */
-static lua_Integer opt_int_list(lua_State *L, int idx, const char *key, int64_t **out,
-                                const char *fn) {
-    lua_getfield(L, idx, key);
-    if (lua_isnil(L, -1)) {
-        lua_pop(L, 1);
-        *out = NULL;
-        lua_pushnil(L);
-        return -1;
-    }
-    if (!lua_istable(L, -1)) luaL_error(L, "%s: '%s' must be a list of integers", fn, key);
-    lua_Integer n = (lua_Integer)lua_rawlen(L, -1);
-    int64_t *v = lua_newuserdatauv(L, (size_t)(n ? n : 1) * sizeof *v, 0);
-    for (lua_Integer i = 1; i <= n; i++) {
-        lua_rawgeti(L, -2, i);
-        if (!lua_isinteger(L, -1)) luaL_error(L, "%s: %s[%d] must be an integer", fn, key, (int)i);
-        v[i - 1] = (int64_t)lua_tointeger(L, -1);
+        if (integers ? !lua_isinteger(L, -1) : lua_type(L, -1) != LUA_TNUMBER)
+            luaL_error(L, "%s: %s[%d] must be a%s %s", fn, key, (int)i, integers ? "n" : "", what);
+        if (integers) ((int64_t *)v)[i - 1] = (int64_t)lua_tointeger(L, -1);
+        else ((double *)v)[i - 1] = (double)lua_tonumber(L, -1);
         lua_pop(L, 1);
     }
     lua_remove(L, -2);
@@ -364,7 +341,7 @@ static int l_set_eval(lua_State *L) {
         lua_pushnil(L);
     }
     double *per_class = NULL;
-    lua_Integer np = opt_num_list(L, 3, "per_class", &per_class, "results:set_eval");
+    lua_Integer np = opt_list(L, 3, "per_class", false, (void **)&per_class, "results:set_eval");
     if (np >= 0) {
         if (K >= 0 && np != K)
             luaL_error(L, "results:set_eval: %d labels but %d per_class values", (int)K, (int)np);
@@ -410,7 +387,7 @@ static int l_set_eval(lua_State *L) {
     const char *const ex_names[] = {"example_index", "predictions", "references"};
     lua_Integer n_ex = -1;
     for (int i = 0; i < 3; i++) {
-        lua_Integer n = opt_int_list(L, 3, ex_names[i], &ex[i], "results:set_eval");
+        lua_Integer n = opt_list(L, 3, ex_names[i], true, (void **)&ex[i], "results:set_eval");
         if (n >= 0 && n_ex >= 0 && n != n_ex)
             luaL_error(L, "results:set_eval: %s has %d entries, %s %d", ex_names[i], (int)n,
                        ex_names[0], (int)n_ex);

@@ -700,6 +700,25 @@ static void record_command_line(int argc, char **argv) {
     if (n >= sizeof command_line) command_line[sizeof command_line - 1] = '\0';
 }
 
+/* Pushes the function `name` of the embedded runner (lua/runner.lua). */
+static void push_runner_fn(lua_State *L, const char *name) {
+    lua_getglobal(L, "gm_module");
+    lua_pushstring(L, "runner");
+    lua_call(L, 1, 1);
+    lua_getfield(L, -1, name);
+    lua_remove(L, -2);
+}
+
+/* Sets field "set" of the table on top to the list of the --set values. */
+static void set_overrides(lua_State *L, const char *const *sets, int nsets) {
+    lua_createtable(L, nsets, 0);
+    for (int i = 0; i < nsets; i++) {
+        lua_pushstring(L, sets[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    lua_setfield(L, -2, "set");
+}
+
 /* Runs an experiment file (or the embedded default when file is NULL). If the file returns an
  * experiment{...}, the runner (lua/runner.lua) runs its trials with the command-line options. */
 static int run_lua(const char *file, int argc, char **argv) {
@@ -777,10 +796,7 @@ static int run_lua(const char *file, int argc, char **argv) {
         if (is_exp) {
             /* runner.run(experiment, {dry_run, trial, set}) -> exit code */
             lua_settop(L, base + 1);
-            lua_getglobal(L, "gm_module");
-            lua_pushstring(L, "runner");
-            lua_call(L, 1, 1);
-            lua_getfield(L, -1, "run");
+            push_runner_fn(L, "run");
             lua_pushvalue(L, base + 1);
             lua_createtable(L, 0, 3);
             lua_pushboolean(L, dry);
@@ -789,12 +805,7 @@ static int run_lua(const char *file, int argc, char **argv) {
                 lua_pushinteger(L, trial);
                 lua_setfield(L, -2, "trial");
             }
-            lua_createtable(L, nsets, 0);
-            for (int i = 0; i < nsets; i++) {
-                lua_pushstring(L, sets[i]);
-                lua_rawseti(L, -2, i + 1);
-            }
-            lua_setfield(L, -2, "set");
+            set_overrides(L, sets, nsets);
             if (max_trials > 0) {
                 lua_pushinteger(L, max_trials);
                 lua_setfield(L, -2, "max_trials");
@@ -876,11 +887,7 @@ static int cmd_reproduce(int argc, char **argv) {
     lua_setglobal(L, "GM_COMMAND_LINE");
     int rc = 0;
     // 1. the stored trial and its experiment's text
-    lua_getglobal(L, "gm_module");
-    lua_pushstring(L, "runner");
-    lua_call(L, 1, 1);
-    lua_getfield(L, -1, "find_trial");
-    lua_remove(L, -2);
+    push_runner_fn(L, "find_trial");
     lua_pushstring(L, results);
     if (trial) lua_pushstring(L, trial);
     else lua_pushnil(L);
@@ -911,21 +918,12 @@ static int cmd_reproduce(int argc, char **argv) {
     }
     // 3. rerun and compare: runner.reproduce(experiment, {path, set, threads}) -> exit code
     lua_settop(L, base + 1);
-    lua_getglobal(L, "gm_module");
-    lua_pushstring(L, "runner");
-    lua_call(L, 1, 1);
-    lua_getfield(L, -1, "reproduce");
-    lua_remove(L, -2);
+    push_runner_fn(L, "reproduce");
     lua_pushvalue(L, base + 1);
     lua_createtable(L, 0, 3);
     lua_pushstring(L, path);
     lua_setfield(L, -2, "path");
-    lua_createtable(L, nsets, 0);
-    for (int i = 0; i < nsets; i++) {
-        lua_pushstring(L, sets[i]);
-        lua_rawseti(L, -2, i + 1);
-    }
-    lua_setfield(L, -2, "set");
+    set_overrides(L, sets, nsets);
     if (threads > 0) {
         lua_pushinteger(L, threads);
         lua_setfield(L, -2, "threads");

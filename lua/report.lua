@@ -536,14 +536,21 @@ local function uncertainty(m)
   local used, tested, n_ex, n_ex_mixed = {}, false, nil, false
   local per_example = PER_EXAMPLE[m.metric]
   m.bad_lists = {}
+  -- a cell's scores are needed for its interval and for each test it takes part in: once each
+  local cache = {}
   local function scores(s, phase)
     if not per_example or s.n == 0 then return nil end
-    local a, key = example_scores(s.trials, phase, m.bad_lists)
-    if a then
-      if n_ex and n_ex ~= #a then n_ex_mixed = true end
-      n_ex = n_ex or #a
+    local c = cache[s]
+    if not c then
+      local a, key = example_scores(s.trials, phase, m.bad_lists)
+      if a then
+        if n_ex and n_ex ~= #a then n_ex_mixed = true end
+        n_ex = n_ex or #a
+      end
+      c = {a, key}
+      cache[s] = c
     end
-    return a, key
+    return c[1], c[2]
   end
   local function interval(s, phase)
     if s.n == 0 then return end

@@ -1103,16 +1103,18 @@ function R.reproduce(e, opts)
     say("nothing to compare: %s holds no series, evaluation or adapter", opts.path)
     return 1
   end
-  local function final_of(t, with_name)
+  -- the final evaluation's metric as text (accuracy, else loss), and its name
+  local metric_name = (stored.eval and stored.eval.final or {}).accuracy and "accuracy" or "loss"
+  local function final_of(t)
     local f = t.eval and t.eval.final or {}
-    local name, v = f.accuracy and "accuracy " or "loss ", f.accuracy and string.format("%.4f%%", 100 * f.accuracy)
-      or f.loss and string.format("%.6f", f.loss) or "?"
-    return (with_name and name or "") .. v
+    local v = f[metric_name]
+    if not v then return "?" end
+    return metric_name == "accuracy" and string.format("%.4f%%", 100 * v) or string.format("%.6f", v)
   end
   local steps = stored.metrics and stored.metrics.step and #stored.metrics.step or 0
   if diff.differ == 0 then
     say("bit-identical: every logged series (%d steps), every evaluation (%s) and the adapter: %d datasets, %d values, "
-      .. "no difference (%s)", steps, final_of(again, true), diff.compared, diff.values, again.results_path or new)
+      .. "no difference (%s)", steps, metric_name .. " " .. final_of(again), diff.compared, diff.values, new)
     return 0
   end
   local changed = {}
@@ -1120,9 +1122,8 @@ function R.reproduce(e, opts)
   for _, k in ipairs(BUILD_FIELDS) do
     if was[k] ~= now[k] then changed[#changed + 1] = string.format("%s %s then, %s now", k, tostring(was[k]), tostring(now[k])) end
   end
-  local f = stored.eval and stored.eval.final or {}
-  say("NOT bit-identical: %d of %d datasets differ, the largest |difference| %.3g in %s; final %s%s then, %s now; %s (%s)",
-    diff.differ, diff.compared, diff.max_abs, diff.worst, f.accuracy and "accuracy " or "loss ", final_of(stored), final_of(again),
+  say("NOT bit-identical: %d of %d datasets differ, the largest |difference| %.3g in %s; final %s %s then, %s now; %s (%s)",
+    diff.differ, diff.compared, diff.max_abs, diff.worst, metric_name, final_of(stored), final_of(again),
     #changed > 0 and ("what differs from when it ran: " .. table.concat(changed, "; "))
       or "the same build, threads and device: this is a determinism bug, please report it", new)
   return 1
