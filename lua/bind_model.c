@@ -8,14 +8,20 @@
  *
  * Lua API (table `gm`):
  *   gm.load_model(path_or_name [, {threads = n}])      -> model
+ *   gm.hub_id(name)                                    -> Hugging Face repository of a fetched model, or nil
  *   model:tokenize(text [, {bos = true, special = false}]) -> {ids...}
  *   model:detokenize(ids [, {special = false}])       -> string
  *   model:generate(prompt [, opts])                   -> text, {prompt_tokens, new_tokens,
  *        prefill_tokens_per_s, decode_tokens_per_s}
  *        opts: max_tokens (64), temperature (0 = greedy), top_k (0), top_p (1), seed (0),
  *              chat (false: wrap the prompt in Gemma's chat template), stop_at_eos (true),
- *              adapter (a results folder, trial file, merged results file or checkpoint:
+ *              adapter (a results folder, trial file, merged results file, checkpoint or PEFT folder:
  *              core/store/gm_adapter.h), trial (the trial's index or id within it)
+ *   model:logits(ids_or_text [, {adapter =, trial =, all = false}]) -> floats: the logits after the
+ *        last token (vocab_size), or after every token (all = true, T * vocab_size, position-major)
+ *   model:save_adapter(out, {adapter =, trial =, format = "peft", base_model =}) -> info: the
+ *        adapter written as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)
+ *        or, format = "gguf", a llama.cpp LoRA adapter file
  *   model:config()                                     -> table of the config fields
  *   model:sha256()                                     -> hex, "file=<12 hex> ..." (gm_model_sha256)
  *   model:close()
@@ -146,6 +152,147 @@ static void push_chat_prompt(lua_State *L, const char *prompt) {
     gm_free(text);
 }
 
+/* opts.trial of a method taking adapter = ... : an index (number) or an id (string), copied into
+ * buf; NULL when absent. Raises when it is of another type or given without an adapter. */
+static const char *opt_trial(lua_State *L, int idx, const char *fn, const char *adapter, char *buf, size_t cap) {
+    const char *trial = NULL;
+    if (lua_istable(L, idx)) {
+        lua_getfield(L, idx, "trial");
+        if (lua_type(L, -1) == LUA_TNUMBER || lua_type(L, -1) == LUA_TSTRING) {
+            snprintf(buf, cap, "%s", lua_tostring(L, -1));
+            trial = buf;
+        } else if (!lua_isnil(L, -1)) {
+            luaL_error(L, "%s: trial must be a trial index or id", fn);
+        }
+        lua_pop(L, 1);
+    }
+    if (trial && !adapter) luaL_error(L, "%s: trial picks a trial of an adapter's results; give adapter too", fn);
+    return trial;
+}
+
+/* Makes lm->ad the adapter (adapter, trial) (adapter NULL: none), loaded onto lm's backend
+ * (created on first use). Another adapter than the current one frees the generation state,
+ * which points at the old one. */
+static gm_status use_adapter(lmodel *lm, const char *adapter, const char *trial, gm_error *err) {
+    char key[sizeof lm->ad_key];
+    snprintf(key, sizeof key, "%s|%s", adapter ? adapter : "", trial ? trial : "");
+    GM_TRY(lm->be ? GM_OK : gm_backend_cpu_new(lm->n_threads, &lm->be, err));
+    if (strcmp(key, lm->ad_key) == 0 && (lm->ad || !adapter)) return GM_OK;
+    gm_infer_free(lm->st);
+    lm->st = NULL;
+    gm_adapter_free(lm->ad);
+    lm->ad = NULL;
+    lm->ad_key[0] = '\0';
+    if (adapter) GM_TRY(gm_adapter_load(lm->m, lm->be, adapter, trial, &lm->ad, err));
+    snprintf(lm->ad_key, sizeof lm->ad_key, "%s", key);
+    return GM_OK;
+}
+
+/* Token ids from argument idx: a table of integers in [0, vocab) or a text (tokenized with BOS).
+ * gm_malloc'd; raises on bad input. */
+static int32_t *ids_arg(lua_State *L, lmodel *lm, int idx, const char *fn, int64_t *n) {
+    if (lua_type(L, idx) == LUA_TSTRING) {
+        size_t len;
+        const char *text = lua_tolstring(L, idx, &len);
+        return encode(L, lm, text, len, true, false, n);
+    }
+    luaL_checktype(L, idx, LUA_TTABLE);
+    lua_Integer k = luaL_len(L, idx);
+    if (k < 1 || k > (1 << 20)) luaL_error(L, "%s: give 1 to %d token ids (got %I)", fn, 1 << 20, k);
+    int32_t *ids = gm_malloc((size_t)k * sizeof *ids);
+    if (!ids) luaL_error(L, "out of memory");
+    for (lua_Integer i = 1; i <= k; i++) {
+        lua_geti(L, idx, i);
+        int isnum = 0;
+        lua_Integer v = lua_tointegerx(L, -1, &isnum);
+        lua_pop(L, 1);
+        if (!isnum || v < 0 || v >= lm->m->cfg.vocab_size) {
+            gm_free(ids);
+            luaL_error(L, "%s: token %I is not an id in [0, %I)", fn, i, (lua_Integer)lm->m->cfg.vocab_size);
+        }
+        ids[i - 1] = (int32_t)v;
+    }
+    *n = k;
+    return ids;
+}
+
+/* model:logits(ids_or_text [, {adapter =, trial =, all = false}]) -> table of floats: the logits
+ * (vocab_size) after the last token, or with all = true those after every token, position-major
+ * (T * vocab_size: entry t * V + v + 1). A fresh forward from position 0 (no cache reused). */
+static int l_logits(lua_State *L) {
+    lmodel *lm = gm_bind_check_model(L, 1);
+    static const char *const allowed[] = {"adapter", "trial", "all", NULL};
+    gm_bind_check_opts(L, 3, "logits", allowed);
+    const char *adapter = gm_bind_opt_str(L, 3, "adapter", NULL);
+    char trial_buf[64];
+    const char *trial = opt_trial(L, 3, "logits", adapter, trial_buf, sizeof trial_buf);
+    bool all = gm_bind_opt_bool(L, 3, "all", false);
+    int64_t T = 0;
+    int32_t *ids = ids_arg(L, lm, 2, "logits", &T);
+    gm_error err = {0};
+    gm_infer *st = NULL;
+    gm_status s = gm_generate_check(&lm->m->cfg, T, 1, &err);
+    if (s == GM_OK) s = use_adapter(lm, adapter, trial, &err);
+    gm_infer_opts io = {.batch = 1, .ctx = T, .max_tokens = T, .logit_rows = all ? T : 1, .n_threads = lm->n_threads,
+                        .adapter = lm->ad ? &lm->ad->lora : NULL, .backend = lm->be};
+    if (s == GM_OK) s = gm_infer_new(lm->m, &io, &st, &err);
+    if (s == GM_OK) s = gm_decoder_forward(st, ids, T, all, &err);
+    gm_free(ids);
+    if (s != GM_OK) {
+        gm_infer_free(st);
+        return gm_bind_raise(L, &err);
+    }
+    int64_t n = st->n_logit_rows * lm->m->cfg.vocab_size;
+    lua_createtable(L, (int)n, 0);
+    for (int64_t i = 0; i < n; i++) {
+        lua_pushnumber(L, st->logits[i]);
+        lua_rawseti(L, -2, i + 1);
+    }
+    gm_infer_free(st);
+    return 1;
+}
+
+/* model:save_adapter(out, {adapter =, trial =, format = "peft", base_model =}) -> {modules =,
+ * rank =, alpha =, rslora =, source =, trial_id =}: the adapter (as `adapter`/`trial` name it,
+ * gm_adapter.h) written as a PEFT adapter folder `out` (gm_adapter_save_peft; base_model goes into
+ * adapter_config.json's base_model_name_or_path, default the model's path) or, with format = "gguf",
+ * as a llama.cpp LoRA adapter file `out` (gm_adapter_save_gguf). */
+static int l_save_adapter(lua_State *L) {
+    lmodel *lm = gm_bind_check_model(L, 1);
+    const char *dir = luaL_checkstring(L, 2);
+    static const char *const allowed[] = {"adapter", "trial", "base_model", "format", NULL};
+    gm_bind_check_opts(L, 3, "save_adapter", allowed);
+    const char *format = gm_bind_opt_str(L, 3, "format", "peft");
+    if (strcmp(format, "peft") != 0 && strcmp(format, "gguf") != 0)
+        return luaL_error(L, "save_adapter: format must be \"peft\" (a folder) or \"gguf\" (a llama.cpp adapter file), not \"%s\"", format);
+    const char *adapter = gm_bind_opt_str(L, 3, "adapter", NULL);
+    if (!adapter) return luaL_error(L, "save_adapter: give adapter = (a results folder, trial file, checkpoint or PEFT folder)");
+    char trial_buf[64];
+    const char *trial = opt_trial(L, 3, "save_adapter", adapter, trial_buf, sizeof trial_buf);
+    const char *base = gm_bind_opt_str(L, 3, "base_model", lm->m->path);
+    gm_error err = {0};
+    gm_status s = use_adapter(lm, adapter, trial, &err);
+    if (s == GM_OK)
+        s = format[0] == 'g' ? gm_adapter_save_gguf(lm->ad, lm->be, lm->m, dir, &err)
+                             : gm_adapter_save_peft(lm->ad, lm->be, lm->m, dir, base, &err);
+    if (s != GM_OK) return gm_bind_raise(L, &err);
+    const gm_lora *lo = &lm->ad->lora;
+    lua_createtable(L, 0, 6);
+    lua_pushinteger(L, lo->n);
+    lua_setfield(L, -2, "modules");
+    lua_pushinteger(L, lo->cfg.rank);
+    lua_setfield(L, -2, "rank");
+    lua_pushnumber(L, lo->cfg.alpha);
+    lua_setfield(L, -2, "alpha");
+    lua_pushboolean(L, lo->cfg.rslora);
+    lua_setfield(L, -2, "rslora");
+    lua_pushstring(L, lm->ad->source);
+    lua_setfield(L, -2, "source");
+    lua_pushstring(L, lm->ad->trial_id);
+    lua_setfield(L, -2, "trial_id");
+    return 1;
+}
+
 static int l_generate(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     size_t prompt_len;
@@ -160,19 +307,8 @@ static int l_generate(lua_State *L) {
     lua_Integer seed = gm_bind_opt_int(L, 3, "seed", 0);
     bool chat = gm_bind_opt_bool(L, 3, "chat", false), stop_eos = gm_bind_opt_bool(L, 3, "stop_at_eos", true);
     const char *adapter = gm_bind_opt_str(L, 3, "adapter", NULL);
-    const char *trial = NULL; /* an index (number) or an id (string) */
     char trial_buf[64];
-    if (lua_istable(L, 3)) {
-        lua_getfield(L, 3, "trial");
-        if (lua_type(L, -1) == LUA_TNUMBER || lua_type(L, -1) == LUA_TSTRING) {
-            snprintf(trial_buf, sizeof trial_buf, "%s", lua_tostring(L, -1));
-            trial = trial_buf;
-        } else if (!lua_isnil(L, -1)) {
-            return luaL_error(L, "generate: trial must be a trial index or id");
-        }
-        lua_pop(L, 1);
-    }
-    if (trial && !adapter) return luaL_error(L, "generate: trial picks a trial of an adapter's results; give adapter too");
+    const char *trial = opt_trial(L, 3, "generate", adapter, trial_buf, sizeof trial_buf);
     if (max_tokens < 1 || max_tokens > (1 << 24))
         return luaL_error(L, "generate: max_tokens must be in 1..%d (got %I)", 1 << 24, max_tokens);
     if (!(temp >= 0) || !isfinite(temp)) return luaL_error(L, "generate: temperature must be a finite number >= 0");
@@ -192,19 +328,15 @@ static int l_generate(lua_State *L) {
     int64_t ctx = n_prompt + max_tokens;
     /* the state is kept between calls; a longer context or another adapter makes a new one (the
      * adapter loaded onto the same backend) */
-    char key[sizeof lm->ad_key];
-    snprintf(key, sizeof key, "%s|%s", adapter ? adapter : "", trial ? trial : "");
-    bool same_adapter = strcmp(key, lm->ad_key) == 0;
-    if (!lm->st || lm->st_ctx < ctx || !same_adapter) {
+    gm_status us = use_adapter(lm, adapter, trial, &err);
+    if (us != GM_OK) {
+        gm_free(ids);
+        return gm_bind_raise(L, &err);
+    }
+    if (!lm->st || lm->st_ctx < ctx) {
         gm_infer_free(lm->st);
         lm->st = NULL;
-        lm->ad_key[0] = '\0';
-        if (!same_adapter) {
-            gm_adapter_free(lm->ad);
-            lm->ad = NULL;
-        }
-        gm_status s = lm->be ? GM_OK : gm_backend_cpu_new(lm->n_threads, &lm->be, &err);
-        if (s == GM_OK && adapter && !lm->ad) s = gm_adapter_load(lm->m, lm->be, adapter, trial, &lm->ad, &err);
+        gm_status s = GM_OK;
         gm_infer_opts io = {.batch = 1, .ctx = ctx, .max_tokens = n_prompt < 512 ? n_prompt : 512,
                             .n_threads = lm->n_threads, .adapter = lm->ad ? &lm->ad->lora : NULL, .backend = lm->be};
         if (io.max_tokens < 1) io.max_tokens = 1;
@@ -214,7 +346,6 @@ static int l_generate(lua_State *L) {
             return gm_bind_raise(L, &err);
         }
         lm->st_ctx = ctx;
-        snprintf(lm->ad_key, sizeof lm->ad_key, "%s", key);
     }
     gm_special_ids sp = gm_tokenizer_special(lm->m->tok);
     int32_t stops[2];
@@ -332,9 +463,18 @@ static int l_tostring(lua_State *L) {
     return 1;
 }
 
+/* gm.hub_id(name) -> "google/gemma-3-270m" for a model name gemmarun fetches, else nil. */
+static int l_hub_id(lua_State *L) {
+    const char *id = gm_fetch_hub_id(luaL_checkstring(L, 1));
+    if (id) lua_pushstring(L, id);
+    else lua_pushnil(L);
+    return 1;
+}
+
 void gm_lua_open_model(lua_State *L) {
     static const luaL_Reg methods[] = {{"tokenize", l_tokenize}, {"detokenize", l_detokenize},
-                                       {"generate", l_generate}, {"config", l_config}, {"sha256", l_sha256},
+                                       {"generate", l_generate}, {"logits", l_logits},
+                                       {"save_adapter", l_save_adapter}, {"config", l_config}, {"sha256", l_sha256},
                                        {"release_weight_pages", l_release_weight_pages},
                                        {"close", l_close}, {NULL, NULL}};
     luaL_newmetatable(L, GM_MODEL_MT);
@@ -347,7 +487,7 @@ void gm_lua_open_model(lua_State *L) {
     lua_pushcfunction(L, l_tostring);
     lua_setfield(L, -2, "__tostring");
     lua_pop(L, 1);
-    static const luaL_Reg fns[] = {{"load_model", l_load_model}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"load_model", l_load_model}, {"hub_id", l_hub_id}, {NULL, NULL}};
     luaL_newlib(L, fns);
     lua_setglobal(L, "gm");
 }

@@ -10,6 +10,9 @@
  *   gemmarun fetch NAME               fetch an embedded default (e.g. gemma3-270m) into the cache
  *   gemmarun table RESULTS            re-render the tables and plots of results/<exp>/ or
  *                                     results/<exp>.h5 (lua/report.lua)
+ *   gemmarun reproduce RESULTS ...    rerun a stored trial and compare (lua/runner.lua)
+ *   gemmarun export RESULTS [--trial ID | --best] [--format peft] [--base MODEL] OUT
+ *                                     a trial's adapter for other tools (runner.export)
  *
  * MODEL is a .gguf file, a Hugging Face checkpoint folder, or a name known to `fetch`.
  * Exit codes (DESIGN.md §2): 0 success, 1 a run failed, 2 bad usage or bad input file.
@@ -64,7 +67,7 @@ static void usage(FILE *f) {
             "  gemmarun generate MODEL [--adapter RESULTS_OR_CHECKPOINT [--trial ID]] \"prompt\"\n"
             "                    [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
             "                    [--threads N]   (--adapter: results/EXP/, a trial file, a merged results\n"
-            "                    file or a checkpoint; --trial: the trial's index or id)\n"
+            "                    file, a checkpoint or a PEFT adapter folder; --trial: the trial's index or id)\n"
             "  gemmarun plan MODEL [key=value ...] the memory plan of a training run (loads no weights)\n"
             "  gemmarun options [--markdown]       the training options: defaults, ranges, meaning\n"
             "  gemmarun fetch NAME                (known: gemma3-270m)\n"
@@ -74,6 +77,9 @@ static void usage(FILE *f) {
             "                                     reruns a stored trial from its stored experiment (model\n"
             "                                     and data hashes checked first) into RESULTS/reproduce/;\n"
             "                                     exit 0 when bit-identical, 1 when it moved\n"
+            "  gemmarun export RESULTS [--trial ID | --best] [--format peft] [--base MODEL] OUT\n"
+            "                                     a trial's adapter as a PEFT adapter folder OUT/ (--best:\n"
+            "                                     the best trial by the report's metric)\n"
             "MODEL is a .gguf file, a Hugging Face checkpoint folder, or a name known to fetch.\n");
 }
 
@@ -937,6 +943,63 @@ done:
     return rc;
 }
 
+#define EXPORT_USAGE "usage: gemmarun export RESULTS [--trial ID | --best] [--format peft] [--base MODEL] OUT\n" \
+                     "  RESULTS: a results folder (results/EXPERIMENT/) or one trial file; OUT: the folder to write\n"
+
+/* `gemmarun export RESULTS [--trial ID | --best] [--format peft] [--base MODEL] [--threads N] OUT`:
+ * runner.export writes the trial's adapter (a PEFT adapter folder). */
+static int cmd_export(int argc, char **argv) {
+    gm_lua_opts lo = {.allow_os = false, .n_threads = 2};
+    const char *results = NULL, *out = NULL, *trial = NULL, *format = NULL, *base = NULL;
+    bool best = false;
+    long long threads = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--best") == 0) best = true;
+        else if (strcmp(a, "--verbose") == 0) lo.verbose = true;
+        else if (strcmp(a, "--trial") == 0 && i + 1 < argc) trial = argv[++i];
+        else if (strcmp(a, "--format") == 0 && i + 1 < argc) format = argv[++i];
+        else if (strcmp(a, "--base") == 0 && i + 1 < argc) base = argv[++i];
+        else if (strcmp(a, "--threads") == 0 && i + 1 < argc) {
+            if (!parse_long(argv[++i], &threads) || threads < 1 || threads > 256) {
+                fprintf(stderr, "gemmarun export: bad value for --threads: %s\n", argv[i]);
+                return 2;
+            }
+            lo.n_threads = (int)threads;
+        } else if (a[0] != '-' && !results) results = a;
+        else if (a[0] != '-' && !out) out = a;
+        else {
+            fprintf(stderr, "gemmarun export: unknown option, extra argument or missing value: %s\n" EXPORT_USAGE, a);
+            return 2;
+        }
+    }
+    if (!results || !out) {
+        fprintf(stderr, "gemmarun export: %s\n" EXPORT_USAGE, !results ? "give the results to export from" : "give the folder to write (OUT)");
+        return 2;
+    }
+    gm_error err = {0};
+    lua_State *L = NULL;
+    if (gm_lua_new(&lo, &L, &err) != GM_OK) return fail(&err, 1);
+    push_runner_fn(L, "export");
+    lua_createtable(L, 0, 7);
+    const char *keys[] = {"results", "out", "trial", "format", "base"}, *vals[] = {results, out, trial, format, base};
+    for (int k = 0; k < 5; k++) {
+        if (!vals[k]) continue;
+        lua_pushstring(L, vals[k]);
+        lua_setfield(L, -2, keys[k]);
+    }
+    lua_pushboolean(L, best);
+    lua_setfield(L, -2, "best");
+    if (threads > 0) {
+        lua_pushinteger(L, threads);
+        lua_setfield(L, -2, "threads");
+    }
+    gm_status s = gm_lua_call(L, 1, 1, &err);
+    int rc = s != GM_OK ? fail(&err, s == GM_ERR_INVALID ? 2 : 1) : (int)lua_tointeger(L, -1);
+    gm_lua_close(L);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     record_command_line(argc, argv);
     /* Large buffers (arenas, checkpoint and results images) get their own mappings and go back
@@ -965,6 +1028,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "options") == 0) return cmd_options(argc - 2, argv + 2);
     if (strcmp(cmd, "table") == 0) return cmd_table(argc - 2, argv + 2);
     if (strcmp(cmd, "reproduce") == 0) return cmd_reproduce(argc - 2, argv + 2);
+    if (strcmp(cmd, "export") == 0) return cmd_export(argc - 2, argv + 2);
     size_t n = strlen(cmd);
     if (n > 4 && strcmp(cmd + n - 4, ".lua") == 0) return run_lua(cmd, argc - 2, argv + 2);
     fprintf(stderr, "gemmarun: unknown command '%s'\n", cmd);

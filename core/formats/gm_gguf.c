@@ -22,6 +22,7 @@
 #include "gm_gguf.h"
 
 #include "gm_alloc.h" // gm_malloc, gm_free, gm_strdup
+#include "gm_file.h"  // gm_write_file_atomic
 #include "gm_mmap.h"  // gm_mmap_open
 
 #include <inttypes.h>
@@ -846,4 +847,182 @@ const gm_gguf_tensor *gm_gguf_tensor_at(const gm_gguf *g, int64_t i) {
 const gm_gguf_tensor *gm_gguf_find_tensor(const gm_gguf *g, const char *name) {
     int64_t i = hash_find(g->t_hash, g->t_hash_cap, name, strlen(name), tensor_name, g);
     return i >= 0 ? &g->tensors[i] : NULL;
+}
+
+/* ---- writing ------------------------------------------------------------------------------ */
+
+typedef struct wbuf {
+    uint8_t *p;
+    size_t n, cap;
+    bool oom;
+} wbuf;
+
+static void wb_raw(wbuf *b, const void *src, size_t n) {
+    if (b->oom) return;
+    if (b->n + n > b->cap) {
+        size_t cap = b->cap ? b->cap : 1024;
+        while (cap < b->n + n) cap *= 2;
+        uint8_t *q = gm_realloc(b->p, cap);
+        if (!q) {
+            b->oom = true;
+            return;
+        }
+        b->p = q, b->cap = cap;
+    }
+    if (n) memcpy(b->p + b->n, src, n);
+    b->n += n;
+}
+
+static void wb_u32(wbuf *b, uint32_t v) {
+    uint8_t x[4];
+    for (int i = 0; i < 4; i++) x[i] = (uint8_t)(v >> (8 * i));
+    wb_raw(b, x, 4);
+}
+
+static void wb_u64(wbuf *b, uint64_t v) {
+    uint8_t x[8];
+    for (int i = 0; i < 8; i++) x[i] = (uint8_t)(v >> (8 * i));
+    wb_raw(b, x, 8);
+}
+
+static void wb_str(wbuf *b, const char *s, size_t n) {
+    wb_u64(b, n);
+    wb_raw(b, s, n);
+}
+
+typedef struct wtensor {
+    char name[GGUF_MAX_NAME];
+    uint32_t ggml_type;
+    int ndim;
+    int64_t shape[GGUF_MAX_DIMS];
+    size_t nbytes;
+    const void *data;
+} wtensor;
+
+struct gm_gguf_writer {
+    wbuf kv;          /* the encoded key/value records */
+    uint64_t n_kv;
+    wtensor *t;
+    int64_t n_t, cap_t;
+    gm_status first;  /* the first error of an add call */
+    char msg[256];
+};
+
+gm_gguf_writer *gm_gguf_writer_new(void) { return gm_calloc(1, sizeof(gm_gguf_writer)); }
+
+void gm_gguf_writer_free(gm_gguf_writer *w) {
+    if (!w) return;
+    gm_free(w->kv.p);
+    gm_free(w->t);
+    gm_free(w);
+}
+
+static void w_fail(gm_gguf_writer *w, gm_status s, const char *fmt, const char *what) {
+    if (w->first != GM_OK) return;
+    w->first = s;
+    snprintf(w->msg, sizeof w->msg, fmt, what);
+}
+
+static void w_key(gm_gguf_writer *w, const char *key, gm_gguf_vtype t) {
+    wb_str(&w->kv, key, strlen(key));
+    wb_u32(&w->kv, (uint32_t)t);
+    w->n_kv++;
+}
+
+void gm_gguf_set_str(gm_gguf_writer *w, const char *key, const char *value) {
+    if (!w) return;
+    w_key(w, key, GM_GGUF_STRING);
+    wb_str(&w->kv, value, strlen(value));
+}
+
+void gm_gguf_set_u32(gm_gguf_writer *w, const char *key, uint32_t value) {
+    if (!w) return;
+    w_key(w, key, GM_GGUF_UINT32);
+    wb_u32(&w->kv, value);
+}
+
+void gm_gguf_set_f32(gm_gguf_writer *w, const char *key, float value) {
+    if (!w) return;
+    union { float f; uint32_t u; } v = {.f = value};
+    w_key(w, key, GM_GGUF_FLOAT32);
+    wb_u32(&w->kv, v.u);
+}
+
+void gm_gguf_copy_kv(gm_gguf_writer *w, const gm_gguf_kv *kv) {
+    if (!w) return;
+    wb_str(&w->kv, kv->key.p, kv->key.len);
+    wb_u32(&w->kv, (uint32_t)kv->type);
+    w->n_kv++;
+    if (kv->type == GM_GGUF_STRING) {
+        wb_str(&w->kv, kv->strs[0].p, kv->strs[0].len);
+    } else if (kv->type == GM_GGUF_ARRAY) {
+        wb_u32(&w->kv, (uint32_t)kv->arr_type);
+        wb_u64(&w->kv, kv->n);
+        if (kv->arr_type == GM_GGUF_STRING)
+            for (uint64_t i = 0; i < kv->n; i++) wb_str(&w->kv, kv->strs[i].p, kv->strs[i].len);
+        else wb_raw(&w->kv, kv->data, (size_t)kv->n * vtype_size(kv->arr_type));
+    } else {
+        wb_raw(&w->kv, kv->data, vtype_size(kv->type));
+    }
+}
+
+void gm_gguf_add_tensor(gm_gguf_writer *w, const char *name, gm_dtype dtype, int ndim, const int64_t *shape,
+                        const void *data) {
+    if (!w) return;
+    uint32_t id = 0;
+    while (id < N_GGML_TYPES && !(ggml_types[id].name && ggml_types[id].dtype == (int)dtype)) id++;
+    if (id == N_GGML_TYPES) return w_fail(w, GM_ERR_INVALID, "tensor '%s': a dtype GGUF has no type for", name);
+    if (strlen(name) >= GGUF_MAX_NAME) return w_fail(w, GM_ERR_INVALID, "tensor '%s': name of 64 bytes or more", name);
+    if (ndim < 1 || ndim > GGUF_MAX_DIMS) return w_fail(w, GM_ERR_INVALID, "tensor '%s': 1 to 4 dimensions", name);
+    if (w->n_t == w->cap_t) {
+        int64_t cap = w->cap_t ? 2 * w->cap_t : 64;
+        wtensor *q = gm_realloc(w->t, (size_t)cap * sizeof *q);
+        if (!q) return w_fail(w, GM_ERR_NOMEM, "out of memory adding tensor '%s'", name);
+        w->t = q, w->cap_t = cap;
+    }
+    wtensor *t = &w->t[w->n_t++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->ggml_type = id;
+    t->ndim = ndim;
+    int64_t rows = 1;
+    for (int d = 0; d < ndim; d++) t->shape[d] = shape[d], rows *= d < ndim - 1 ? shape[d] : 1;
+    t->nbytes = (size_t)rows * gm_dtype_row_bytes(dtype, shape[ndim - 1]);
+    t->data = data;
+}
+
+gm_status gm_gguf_write(gm_gguf_writer *w, const char *path, gm_error *err) {
+    if (!w) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    if (w->first != GM_OK) return gm_error_set(err, w->first, "%s: %s", path, w->msg);
+    const size_t A = GGUF_DEFAULT_ALIGNMENT;
+    wbuf h = {0};
+    wb_raw(&h, "GGUF", 4);
+    wb_u32(&h, 3);
+    wb_u64(&h, (uint64_t)w->n_t);
+    wb_u64(&h, w->n_kv);
+    wb_raw(&h, w->kv.p, w->kv.n);
+    uint64_t off = 0;
+    for (int64_t i = 0; i < w->n_t; i++) {
+        const wtensor *t = &w->t[i];
+        wb_str(&h, t->name, strlen(t->name));
+        wb_u32(&h, (uint32_t)t->ndim);
+        for (int d = t->ndim - 1; d >= 0; d--) wb_u64(&h, (uint64_t)t->shape[d]); /* ne: innermost first */
+        wb_u32(&h, t->ggml_type);
+        wb_u64(&h, off);
+        off += (t->nbytes + A - 1) / A * A;
+    }
+    static const uint8_t zeros[32] = {0};
+    wb_raw(&h, zeros, (A - h.n % A) % A);
+    size_t data_at = h.n;
+    for (int64_t i = 0; i < w->n_t && !h.oom; i++) {
+        const wtensor *t = &w->t[i];
+        wb_raw(&h, t->data, t->nbytes);
+        wb_raw(&h, zeros, (A - t->nbytes % A) % A);
+    }
+    gm_status s = GM_OK;
+    if (h.oom || w->kv.oom) s = gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory building the file", path);
+    else if (h.n != data_at + off) s = gm_error_set(err, GM_ERR_INVALID, "%s: data section size mismatch", path);
+    else s = gm_write_file_atomic(path, h.p, h.n, err);
+    gm_free(h.p);
+    return s;
 }

@@ -113,6 +113,31 @@ const char *gm_gguf_ggml_type_name(uint32_t ggml_type);
  * callers say "key X has type string, expected an integer". */
 const char *gm_gguf_vtype_name(gm_gguf_vtype t);
 
+/* ---- writing ---- */
+
+/* A GGUF v3 file being assembled: metadata in the order added, then tensors (data borrowed until
+ * gm_gguf_write returns), each aligned to 32 bytes (general.alignment is not written: the default).
+ * Errors while adding (out of memory, a name of 64 bytes or more, a dtype GGUF has no id for) are
+ * kept and returned by gm_gguf_write, so callers add without checking each call.
+ * Ownership: the writer copies keys, strings and names; gm_gguf_writer_free releases them. */
+typedef struct gm_gguf_writer gm_gguf_writer;
+
+gm_gguf_writer *gm_gguf_writer_new(void); /* NULL when out of memory */
+void gm_gguf_writer_free(gm_gguf_writer *w);
+void gm_gguf_set_str(gm_gguf_writer *w, const char *key, const char *value);
+void gm_gguf_set_u32(gm_gguf_writer *w, const char *key, uint32_t value);
+void gm_gguf_set_f32(gm_gguf_writer *w, const char *key, float value);
+/* Copies a key/value read from another file (any type, arrays included), e.g. a base model's
+ * tokenizer into a merged model. */
+void gm_gguf_copy_kv(gm_gguf_writer *w, const gm_gguf_kv *kv);
+/* A tensor of `shape` (outermost first, as everywhere in gemmarun; written as GGUF's reversed ne)
+ * in `dtype` (f32, f16, bf16 or a block format; its bytes as gm_dtype_row_bytes gives them). */
+void gm_gguf_add_tensor(gm_gguf_writer *w, const char *name, gm_dtype dtype, int ndim, const int64_t *shape,
+                        const void *data);
+/* Writes the file atomically (gm_write_file_atomic; the image is built in memory). Errors: the
+ * first error of an add call, GM_ERR_NOMEM, GM_ERR_IO naming the path. */
+gm_status gm_gguf_write(gm_gguf_writer *w, const char *path, gm_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -21,6 +21,7 @@
 #include "gm_safetensors.h"
 
 #include "gm_alloc.h" // gm_malloc, gm_free, gm_strdup
+#include "gm_file.h"  // gm_write_file_atomic
 #include "gm_mmap.h"  // gm_mmap_open, gm_read_file
 
 #include <cjson/cJSON.h>
@@ -731,4 +732,87 @@ int gm_safetensors_n_shards(const gm_safetensors *st) { return st->n_shards; }
 
 const char *gm_safetensors_shard_path(const gm_safetensors *st, int shard) {
     return (shard >= 0 && shard < st->n_shards) ? st->shards[shard].path : NULL;
+}
+
+/* ---- writing ------------------------------------------------------------------------------ */
+
+static const char *st_dtype_name(gm_dtype d) {
+    for (size_t i = 0; i < sizeof st_dtypes / sizeof st_dtypes[0]; i++)
+        if (st_dtypes[i].dtype == (int)d && strcmp(st_dtypes[i].name, "BOOL") != 0) return st_dtypes[i].name;
+    return NULL;
+}
+
+/* order[0..n) sorted by the tensors' names (insertion sort: a few hundred names; names checked
+ * non-NULL by the caller's loop first). */
+static void sort_by_name(int *order, const gm_st_write_tensor *t, int n) {
+    for (int i = 1; i < n; i++) {
+        int v = order[i], j = i;
+        for (; j > 0 && strcmp(t[order[j - 1]].name ? t[order[j - 1]].name : "", t[v].name ? t[v].name : "") > 0; j--)
+            order[j] = order[j - 1];
+        order[j] = v;
+    }
+}
+
+gm_status gm_safetensors_write(const char *path, const gm_st_write_tensor *t, int n, const char *const *meta, int n_meta,
+                               gm_error *err) {
+    int *order = gm_malloc((size_t)(n > 0 ? n : 1) * sizeof *order);
+    cJSON *h = cJSON_CreateObject();
+    gm_status s = order && h ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    for (int i = 0; s == GM_OK && i < n; i++) order[i] = i;
+    if (s == GM_OK) sort_by_name(order, t, n);
+    if (s == GM_OK && n_meta > 0) {
+        cJSON *m = cJSON_AddObjectToObject(h, "__metadata__");
+        for (int i = 0; m && i < n_meta; i++) cJSON_AddStringToObject(m, meta[2 * i], meta[2 * i + 1]);
+    }
+    size_t off = 0;
+    for (int k = 0; s == GM_OK && k < n; k++) {
+        const gm_st_write_tensor *w = &t[order[k]];
+        const char *dn = st_dtype_name(w->dtype);
+        if (!w->name || !*w->name || !dn || gm_dtype_get(w->dtype)->is_quantized || w->ndim < 0 || w->ndim > 8) {
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s': cannot be written to safetensors (dtype %s, %d dims)", path,
+                             w->name ? w->name : "", gm_dtype_name(w->dtype), w->ndim);
+            break;
+        }
+        if (k > 0 && strcmp(t[order[k - 1]].name, w->name) == 0) {
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' given twice", path, w->name);
+            break;
+        }
+        int64_t numel = 1;
+        double shp[8];
+        for (int d = 0; d < w->ndim; d++) numel *= w->shape[d], shp[d] = (double)w->shape[d];
+        size_t nb = (size_t)numel * (size_t)gm_dtype_get(w->dtype)->type_size;
+        cJSON *e = cJSON_AddObjectToObject(h, w->name);
+        double offs[2] = {(double)off, (double)(off + nb)};
+        if (!e || !cJSON_AddStringToObject(e, "dtype", dn) || !cJSON_AddItemToObject(e, "shape", cJSON_CreateDoubleArray(shp, w->ndim)) ||
+            !cJSON_AddItemToObject(e, "data_offsets", cJSON_CreateDoubleArray(offs, 2)))
+            s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        off += nb;
+    }
+    char *json = s == GM_OK ? cJSON_PrintUnformatted(h) : NULL;
+    if (s == GM_OK && !json) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    /* header padded with spaces so the byte buffer starts 8-byte aligned (as the reference
+     * writer does) */
+    size_t hn = json ? strlen(json) : 0, hpad = (hn + 7) / 8 * 8;
+    uint8_t *img = s == GM_OK ? gm_malloc(8 + hpad + off) : NULL;
+    if (s == GM_OK && !img) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory: %zu bytes for %s", 8 + hpad + off, path);
+    if (s == GM_OK) {
+        for (int i = 0; i < 8; i++) img[i] = (uint8_t)((uint64_t)hpad >> (8 * i));
+        memcpy(img + 8, json, hn);
+        memset(img + 8 + hn, ' ', hpad - hn);
+        size_t p = 8 + hpad;
+        for (int k = 0; k < n; k++) {
+            const gm_st_write_tensor *w = &t[order[k]];
+            int64_t numel = 1;
+            for (int d = 0; d < w->ndim; d++) numel *= w->shape[d];
+            size_t nb = (size_t)numel * (size_t)gm_dtype_get(w->dtype)->type_size;
+            if (nb) memcpy(img + p, w->data, nb);
+            p += nb;
+        }
+        s = gm_write_file_atomic(path, img, 8 + hpad + off, err);
+    }
+    gm_free(img);
+    cJSON_free(json);
+    cJSON_Delete(h);
+    gm_free(order);
+    return s;
 }

@@ -60,6 +60,28 @@ int gm_safetensors_n_shards(const gm_safetensors *st);
 /* Path of shard i (for messages). */
 const char *gm_safetensors_shard_path(const gm_safetensors *st, int shard);
 
+/* ---- writing ---- */
+
+/* One tensor to write: its name, dtype (a scalar dtype: F32, F16, BF16, F64, I8..I64), shape
+ * (outermost first) and bytes (numel * element size, little-endian), borrowed. */
+typedef struct gm_st_write_tensor {
+    const char *name;
+    gm_dtype dtype;
+    int ndim;
+    int64_t shape[8];
+    const void *data;
+} gm_st_write_tensor;
+
+/* Writes a single .safetensors file (formats.md §4.1) at `path`, atomically (gm_write_file_atomic):
+ * the header lists the tensors in name order, as the reference writer does, with data_offsets in
+ * that order, padded with spaces to a multiple of 8 bytes; `meta` (n_meta key/value pairs, both
+ * strings, may be NULL) becomes "__metadata__". The whole file is built in memory (adapters and
+ * exported models are written a file at a time).
+ * Errors: GM_ERR_INVALID (a block dtype, a duplicate or empty name, more than 8 dims),
+ * GM_ERR_NOMEM, GM_ERR_IO naming the path. */
+gm_status gm_safetensors_write(const char *path, const gm_st_write_tensor *t, int n, const char *const *meta, int n_meta,
+                               gm_error *err);
+
 #ifdef __cplusplus
 }
 #endif

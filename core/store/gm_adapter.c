@@ -5,10 +5,15 @@
 #include "gm_adapter.h"
 
 #include "gm_alloc.h"
+#include "gm_file.h"
+#include "gm_gguf.h"
 #include "gm_h5.h"
+#include "gm_mmap.h"
+#include "gm_safetensors.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
+#include <math.h>
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -233,6 +238,61 @@ static const char *file_key(const char *module, char (*keys)[192], int n) {
     return NULL;
 }
 
+/* Fetches one adapter tensor, `which` "lora_A" or "lora_B", of file key `key` (the PEFT key
+ * without ".lora_A.weight"), of the given (rows, cols) shape, as f32 into dst. */
+typedef gm_status (*fetch_fn)(void *ctx, const char *key, const char *which, const int64_t shape[2], float *dst,
+                              gm_error *err);
+
+/* Describes the adapters on modules[nm] (file keys keys[nm]) for model m with lc's rank and
+ * scaling, lays out and commits their buffers on be, and fills them through fetch. */
+static gm_status load_modules(const gm_model *m, gm_backend *be, const gm_lora_config *lc, const char **modules,
+                              char (*keys)[192], int nm, fetch_fn fetch, void *ctx, gm_adapter *a, gm_error *err) {
+    gm_status s = gm_lora_describe_modules(&a->lora, lc, m->arch, &m->cfg, m->prefix, modules, nm, err);
+    if (s == GM_OK && a->lora.n != nm)
+        s = gm_error_set(err, GM_ERR_FORMAT, "%s: %d adapter modules listed, %d distinct", a->source, nm, a->lora.n);
+    if (s == GM_OK) { /* buffers on the backend */
+        gm_backend_arena(be, &a->arena, "adapter");
+        gm_lora_layout(&a->lora, &a->arena, false);
+        s = gm_arena_commit(&a->arena, err);
+    }
+    int64_t io_max = 1, rank = lc->rank;
+    if (s == GM_OK) {
+        gm_lora_layout(&a->lora, &a->arena, false);
+        for (int i = 0; i < a->lora.n; i++) {
+            io_max = a->lora.ad[i].in > io_max ? a->lora.ad[i].in : io_max;
+            io_max = a->lora.ad[i].out > io_max ? a->lora.ad[i].out : io_max;
+        }
+    }
+    float *stage = s == GM_OK ? gm_malloc((size_t)(rank * io_max) * sizeof(float)) : NULL;
+    if (s == GM_OK && !stage) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    /* each tensor through host staging; the fetch checks the shapes this model needs */
+    for (int i = 0; i < a->lora.n && s == GM_OK; i++) {
+        gm_lora_adapter *ad = &a->lora.ad[i];
+        const char *key = file_key(ad->module, keys, nm);
+        int64_t shA[2] = {rank, ad->in}, shB[2] = {ad->out, rank};
+        s = fetch(ctx, key, "lora_A", shA, stage, err);
+        if (s == GM_OK) gm_backend_upload(be, ad->A, stage, (size_t)(rank * ad->in) * sizeof(float));
+        if (s == GM_OK) s = fetch(ctx, key, "lora_B", shB, stage, err);
+        if (s == GM_OK) gm_backend_upload(be, ad->B, stage, (size_t)(ad->out * rank) * sizeof(float));
+        if (s != GM_OK) gm_error_prefix(err, "adapter of %s", ad->module);
+    }
+    gm_free(stage);
+    if (s == GM_OK) s = gm_backend_status(be, err);
+    return s;
+}
+
+typedef struct h5_src {
+    gm_h5_file *f;
+    const char *group;
+} h5_src;
+
+static gm_status h5_fetch(void *ctx, const char *key, const char *which, const int64_t shape[2], float *dst, gm_error *err) {
+    const h5_src *h = ctx;
+    char ds[400];
+    snprintf(ds, sizeof ds, "%s/%s.%s.weight", h->group, key, which);
+    return gm_h5_read(h->f, ds, GM_F32, 2, shape, dst, err);
+}
+
 /* Reads the adapter group `group` of open file f (config from attribute config_json of
  * `config_obj`) into a. */
 static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, const char *group, const char *config_obj,
@@ -272,41 +332,163 @@ static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, 
     if (s == GM_OK && gm_h5_attr_get_str(f, config_obj, "config_json", &cfg, err) != GM_OK) cfg = NULL;
     if (s == GM_OK) s = scaling_of(f, config_obj, cfg, path, &lc, err);
     gm_free(cfg);
-    if (s == GM_OK) s = gm_lora_describe_modules(&a->lora, &lc, m->arch, &m->cfg, m->prefix, modules, nm, err);
-    if (s == GM_OK && a->lora.n != nm)
-        s = gm_error_set(err, GM_ERR_FORMAT, "%s: %d adapter modules listed, %d distinct", path, nm, a->lora.n);
-    if (s == GM_OK) { /* buffers on the backend */
-        gm_backend_arena(be, &a->arena, "adapter");
-        gm_lora_layout(&a->lora, &a->arena, false);
-        s = gm_arena_commit(&a->arena, err);
-    }
-    int64_t io_max = 1;
-    if (s == GM_OK) {
-        gm_lora_layout(&a->lora, &a->arena, false);
-        for (int i = 0; i < a->lora.n; i++) {
-            io_max = a->lora.ad[i].in > io_max ? a->lora.ad[i].in : io_max;
-            io_max = a->lora.ad[i].out > io_max ? a->lora.ad[i].out : io_max;
-        }
-    }
-    float *stage = s == GM_OK ? gm_malloc((size_t)(rank * io_max) * sizeof(float)) : NULL;
-    if (s == GM_OK && !stage) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    /* each tensor through host staging; gm_h5_read checks the shapes this model needs */
-    for (int i = 0; i < a->lora.n && s == GM_OK; i++) {
-        gm_lora_adapter *ad = &a->lora.ad[i];
-        const char *key = file_key(ad->module, keys, nm);
-        char ds[400];
-        int64_t shA[2] = {rank, ad->in}, shB[2] = {ad->out, rank};
-        snprintf(ds, sizeof ds, "%s/%s.lora_A.weight", group, key);
-        s = gm_h5_read(f, ds, GM_F32, 2, shA, stage, err);
-        if (s == GM_OK) gm_backend_upload(be, ad->A, stage, (size_t)(rank * ad->in) * sizeof(float));
-        snprintf(ds, sizeof ds, "%s/%s.lora_B.weight", group, key);
-        if (s == GM_OK) s = gm_h5_read(f, ds, GM_F32, 2, shB, stage, err);
-        if (s == GM_OK) gm_backend_upload(be, ad->B, stage, (size_t)(ad->out * rank) * sizeof(float));
-        if (s != GM_OK) gm_error_prefix(err, "adapter of %s", ad->module);
-    }
-    gm_free(stage);
+    h5_src src = {f, group};
+    if (s == GM_OK) s = load_modules(m, be, &lc, modules, keys, nm, h5_fetch, &src, a, err);
     gm_free(modules), gm_free(keys);
-    if (s == GM_OK) s = gm_backend_status(be, err);
+    return s;
+}
+
+/* ---- PEFT adapter folders ------------------------------------------------------------------ */
+
+#define PEFT_CONFIG "adapter_config.json"
+#define PEFT_WEIGHTS "adapter_model.safetensors"
+
+static bool is_peft_dir(const char *path) {
+    char p[1300];
+    snprintf(p, sizeof p, "%s/" PEFT_CONFIG, path);
+    struct stat st;
+    return is_dir(path) && stat(p, &st) == 0;
+}
+
+typedef struct st_src {
+    const gm_safetensors *st;
+    const char *file;
+} st_src;
+
+static gm_status st_fetch(void *ctx, const char *key, const char *which, const int64_t shape[2], float *dst, gm_error *err) {
+    const st_src *h = ctx;
+    char name[400];
+    snprintf(name, sizeof name, "%s.%s.weight", key, which);
+    const gm_st_tensor *t = gm_safetensors_find(h->st, name);
+    if (!t) return gm_error_set(err, GM_ERR_INVALID, "%s: missing tensor '%s'", h->file, name);
+    if (t->ndim != 2 || t->shape[0] != shape[0] || t->shape[1] != shape[1])
+        return gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' is %s%lld x %lld; this model needs %lld x %lld%s", h->file, name,
+                            t->ndim == 2 ? "" : "not a matrix: ", (long long)t->shape[0],
+                            (long long)(t->ndim > 1 ? t->shape[1] : 1), (long long)shape[0], (long long)shape[1],
+                            strcmp(which, "lora_A") == 0 && t->shape[0] != shape[0] ? " (a rank other than the config's r)"
+                                                                                       : " (an adapter for another base model?)");
+    int64_t n = shape[0] * shape[1];
+    if (t->dtype == GM_F32) memcpy(dst, t->data, (size_t)n * sizeof(float));
+    else if (t->dtype == GM_BF16)
+        for (int64_t i = 0; i < n; i++) dst[i] = gm_bf16_to_f32(((const uint16_t *)t->data)[i]);
+    else if (t->dtype == GM_F16)
+        for (int64_t i = 0; i < n; i++) dst[i] = gm_f16_to_f32(((const uint16_t *)t->data)[i]);
+    else
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; adapters are read as F32, BF16 or F16", h->file, name,
+                            gm_dtype_name(t->dtype));
+    return GM_OK;
+}
+
+/* A JSON field that must be absent, null, false, empty or equal to `ok` (a string) for us to apply
+ * the adapter exactly; GM_ERR_UNSUPPORTED naming it otherwise. */
+static gm_status peft_expect_off(const cJSON *j, const char *field, const char *ok, const char *why, const char *file,
+                                 gm_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, field);
+    if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v)) return GM_OK;
+    if ((cJSON_IsObject(v) || cJSON_IsArray(v)) && cJSON_GetArraySize(v) == 0) return GM_OK;
+    if (ok && cJSON_IsString(v) && strcmp(v->valuestring, ok) == 0) return GM_OK;
+    char *txt = cJSON_PrintUnformatted(v);
+    gm_status s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"%s\": %s: %s", file, field, txt ? txt : "?", why);
+    cJSON_free(txt);
+    return s;
+}
+
+/* Reads a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors, as PEFT's
+ * save_pretrained writes it) into a. */
+static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, gm_adapter *a, gm_error *err) {
+    char cfg_path[1300], w_path[1300];
+    snprintf(cfg_path, sizeof cfg_path, "%s/" PEFT_CONFIG, dir);
+    snprintf(w_path, sizeof w_path, "%s/" PEFT_WEIGHTS, dir);
+    snprintf(a->source, sizeof a->source, "%s", dir);
+    char *text = NULL;
+    size_t len = 0;
+    GM_TRY(gm_read_file(cfg_path, &text, &len, err));
+    cJSON *j = cJSON_ParseWithLength(text, len);
+    gm_free(text);
+    gm_status s = GM_OK;
+    if (!cJSON_IsObject(j)) s = gm_error_set(err, GM_ERR_FORMAT, "%s: not a JSON object", cfg_path);
+    const cJSON *pt = cJSON_GetObjectItemCaseSensitive(j, "peft_type");
+    const cJSON *r = cJSON_GetObjectItemCaseSensitive(j, "r"), *al = cJSON_GetObjectItemCaseSensitive(j, "lora_alpha");
+    const cJSON *dr = cJSON_GetObjectItemCaseSensitive(j, "lora_dropout"), *rs = cJSON_GetObjectItemCaseSensitive(j, "use_rslora");
+    if (s == GM_OK && (!cJSON_IsString(pt) || strcmp(pt->valuestring, "LORA") != 0))
+        s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"peft_type\" is %s; gemmarun applies LoRA adapters (\"LORA\")", cfg_path,
+                         cJSON_IsString(pt) ? pt->valuestring : "missing");
+    if (s == GM_OK && !(cJSON_IsNumber(r) && r->valuedouble >= 1 && r->valuedouble == (double)(int)r->valuedouble))
+        s = gm_error_set(err, GM_ERR_FORMAT, "%s: \"r\" (the LoRA rank) must be a positive integer", cfg_path);
+    if (s == GM_OK && !(cJSON_IsNumber(al) && al->valuedouble > 0))
+        s = gm_error_set(err, GM_ERR_FORMAT, "%s: \"lora_alpha\" must be a positive number", cfg_path);
+    /* what would change the forward and that we do not implement: refuse rather than apply a
+     * different adapter */
+    if (s == GM_OK) s = peft_expect_off(j, "use_dora", NULL, "DoRA adapters are not supported", cfg_path, err);
+    if (s == GM_OK) s = peft_expect_off(j, "bias", "none", "adapters with trained biases are not supported (bias \"none\" only)", cfg_path, err);
+    if (s == GM_OK) s = peft_expect_off(j, "lora_bias", NULL, "LoRA biases are not supported", cfg_path, err);
+    if (s == GM_OK) s = peft_expect_off(j, "fan_in_fan_out", NULL, "fan_in_fan_out (Conv1D layers) is not a Gemma layout", cfg_path, err);
+    if (s == GM_OK) s = peft_expect_off(j, "rank_pattern", NULL, "per-module ranks are not supported (one r for every module)", cfg_path, err);
+    if (s == GM_OK) s = peft_expect_off(j, "alpha_pattern", NULL, "per-module alphas are not supported (one lora_alpha)", cfg_path, err);
+    if (s == GM_OK) s = peft_expect_off(j, "modules_to_save", NULL, "fully trained modules are not supported for text models", cfg_path, err);
+    if (s == GM_OK) s = peft_expect_off(j, "layer_replication", NULL, "layer replication is not supported", cfg_path, err);
+    /* PEFT's LoRA variants that change the forward (peft/tuners/lora/config.py, PEFT 0.21) */
+    static const char *const variants[][2] = {
+        {"use_qalora", "QALoRA adapters are not supported"},
+        {"use_bdlora", "block-diagonal LoRA is not supported"},
+        {"alora_invocation_tokens", "activated LoRA (aLoRA) is not supported"},
+        {"trainable_token_indices", "trainable token embeddings are not supported"},
+        {"target_parameters", "LoRA on parameters (target_parameters) is not supported"},
+        {"kasa_config", "KaSA adapters are not supported"},
+        {"monteclora_config", "MonteCLoRA adapters are not supported"},
+    };
+    for (size_t v = 0; s == GM_OK && v < sizeof variants / sizeof variants[0]; v++)
+        s = peft_expect_off(j, variants[v][0], NULL, variants[v][1], cfg_path, err);
+    gm_lora_config lc = gm_lora_config_default();
+    if (s == GM_OK) {
+        lc.rank = (int)r->valuedouble;
+        lc.alpha = (float)al->valuedouble;
+        lc.dropout = cJSON_IsNumber(dr) && dr->valuedouble >= 0 && dr->valuedouble < 1 ? (float)dr->valuedouble : 0.0f;
+        lc.rslora = cJSON_IsTrue(rs);
+    }
+    cJSON_Delete(j);
+    gm_safetensors *st = NULL;
+    if (s == GM_OK) {
+        char bin[1300];
+        snprintf(bin, sizeof bin, "%s/adapter_model.bin", dir);
+        struct stat sb;
+        if (stat(w_path, &sb) != 0 && stat(bin, &sb) == 0)
+            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: the weights are in adapter_model.bin (a PyTorch pickle, which gemmarun "
+                             "does not read)\n  hint: save the adapter with save_pretrained(..., safe_serialization=True)", dir);
+        else s = gm_safetensors_open(w_path, &st, err);
+    }
+    int64_t nt = s == GM_OK ? gm_safetensors_n_tensors(st) : 0;
+    const char **modules = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *modules) : NULL;
+    char (*keys)[192] = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *keys) : NULL;
+    if (s == GM_OK && (!modules || !keys)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    int nm = 0;
+    /* every tensor must be a LoRA A or B under PEFT's prefix, in pairs */
+    for (int64_t i = 0; i < nt && s == GM_OK; i++) {
+        const char *name = gm_safetensors_tensor_at(st, i)->name;
+        bool is_a = ends_with(name, A_SUFFIX), is_b = ends_with(name, ".lora_B.weight");
+        if (strncmp(name, PEFT_PREFIX, strlen(PEFT_PREFIX)) != 0 || !(is_a || is_b) || strlen(name) >= sizeof keys[0] + strlen(A_SUFFIX)) {
+            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is not a LoRA matrix (base_model.model.<module>.lora_A.weight "
+                             "or .lora_B.weight)%s", w_path, name,
+                             strstr(name, "lora_embedding") ? ": LoRA on embeddings is not supported"
+                             : strstr(name, "lora_magnitude") ? ": DoRA adapters are not supported" : "");
+            break;
+        }
+        char other[400];
+        snprintf(other, sizeof other, "%.*s%s", (int)(strlen(name) - strlen(A_SUFFIX)), name, is_a ? ".lora_B.weight" : A_SUFFIX);
+        if (!gm_safetensors_find(st, other)) {
+            s = gm_error_set(err, GM_ERR_FORMAT, "%s: tensor '%s' has no partner: missing key '%s'", w_path, name, other);
+            break;
+        }
+        if (!is_a) continue;
+        snprintf(keys[nm], sizeof keys[nm], "%.*s", (int)(strlen(name) - strlen(A_SUFFIX)), name);
+        modules[nm] = keys[nm] + strlen(PEFT_PREFIX);
+        nm++;
+    }
+    if (s == GM_OK && nm == 0) s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no LoRA tensors in it", w_path);
+    st_src src = {st, w_path};
+    if (s == GM_OK) s = load_modules(m, be, &lc, modules, keys, nm, st_fetch, &src, a, err);
+    gm_free(modules), gm_free(keys);
+    gm_safetensors_free(st);
     return s;
 }
 
@@ -315,6 +497,21 @@ gm_status gm_adapter_load(const gm_model *m, gm_backend *be, const char *path, c
     *out = NULL;
     if (!path || !*path) return gm_error_set(err, GM_ERR_INVALID, "no adapter path given");
     char file[1200];
+    if (is_peft_dir(path)) {
+        if (trial && *trial)
+            return gm_error_set(err, GM_ERR_INVALID, "%s is a PEFT adapter folder (one adapter); --trial picks a trial of a results "
+                                "folder or a merged results file", path);
+        gm_adapter *a = gm_calloc(1, sizeof *a);
+        if (!a) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        a->step = -1;
+        gm_status s = read_peft(m, be, path, a, err);
+        if (s != GM_OK) {
+            gm_adapter_free(a);
+            return s;
+        }
+        *out = a;
+        return GM_OK;
+    }
     bool from_folder = is_dir(path);
     if (from_folder) {
         cand *c = NULL;
@@ -394,6 +591,202 @@ gm_status gm_adapter_load(const gm_model *m, gm_backend *be, const char *path, c
     }
     *out = a;
     return GM_OK;
+}
+
+/* ---- writing a PEFT adapter folder --------------------------------------------------------- */
+
+/* The module's name below "layers.N." ("self_attn.q_proj"). */
+static const char *sub_name(const gm_lora_adapter *ad) {
+    const char *t = strstr(ad->module, "layers.");
+    t = t ? strchr(t + 7, '.') : NULL;
+    return t ? t + 1 : ad->module;
+}
+
+/* The name target_modules lists for the module: its last component ("q_proj") when no other
+ * targetable weight of the architecture ends the same, else its name below the layer. */
+static const char *target_name(const gm_arch_def *arch, const gm_lora_adapter *ad) {
+    const char *sub = sub_name(ad), *last = strrchr(sub, '.');
+    last = last ? last + 1 : sub;
+    int same = 0;
+    for (int i = 0; i < arch->n_layer; i++) {
+        if (arch->layer[i].lora_id < 0) continue;
+        const char *h = arch->layer[i].hf, *e = strrchr(h, '.'); /* ".weight" */
+        size_t n = e ? (size_t)(e - h) : strlen(h);
+        const char *b = h + n;
+        while (b > h && b[-1] != '.') b--;
+        if ((size_t)(h + n - b) == strlen(last) && strncmp(b, last, strlen(last)) == 0) same++;
+    }
+    return same <= 1 ? last : sub;
+}
+
+/* Appends `s` to the regex in buf with '.' escaped. */
+static void rx_append(char *buf, size_t cap, const char *s) {
+    size_t k = strlen(buf);
+    for (; *s && k + 3 < cap; s++) {
+        if (*s == '.') buf[k++] = '\\';
+        buf[k++] = *s;
+    }
+    buf[k] = '\0';
+}
+
+gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_model *m, const char *dir, const char *base_model,
+                               gm_error *err) {
+    const gm_lora *lo = &a->lora;
+    if (lo->n < 1) return gm_error_set(err, GM_ERR_INVALID, "the adapter has no modules");
+    struct stat sb;
+    if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return gm_error_set(err, GM_ERR_INVALID, "%s exists and is not a folder: give a folder to write the PEFT adapter into", dir);
+    if (stat(dir, &sb) != 0 && mkdir(dir, 0755) != 0)
+        return gm_error_set(err, GM_ERR_IO, "%s: cannot create the folder (does its parent exist?)", dir);
+    /* which layers and which modules; is the set of adapters every module on every layer? */
+    bool layer_used[GM_MAX_LAYERS] = {false};
+    int n_layers_used = 0, n_slots_used = 0;
+    for (int i = 0; i < lo->n; i++)
+        if (!layer_used[lo->ad[i].layer]) layer_used[lo->ad[i].layer] = true, n_layers_used++;
+    for (int sl = 0; sl < GM_MAX_LAYER_WEIGHTS; sl++) n_slots_used += lo->slot_used[sl];
+    bool product = lo->n == n_layers_used * n_slots_used;
+    bool plain_prefix = strcmp(m->prefix, "model.") == 0;
+    cJSON *c = cJSON_CreateObject();
+    gm_status s = c ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    if (s == GM_OK) {
+        /* the fields PEFT's LoraConfig writes, in its order (peft/tuners/lora/config.py) */
+        cJSON_AddItemToObject(c, "alpha_pattern", cJSON_CreateObject());
+        cJSON_AddItemToObject(c, "auto_mapping", cJSON_CreateNull());
+        cJSON_AddStringToObject(c, "base_model_name_or_path", base_model ? base_model : "");
+        cJSON_AddStringToObject(c, "bias", "none");
+        cJSON_AddBoolToObject(c, "fan_in_fan_out", false);
+        cJSON_AddBoolToObject(c, "inference_mode", true);
+        cJSON_AddBoolToObject(c, "init_lora_weights", true);
+        cJSON_AddItemToObject(c, "layer_replication", cJSON_CreateNull());
+        cJSON_AddItemToObject(c, "layers_pattern", cJSON_CreateNull());
+        if (product && plain_prefix && n_layers_used < m->cfg.n_layers) {
+            cJSON *l = cJSON_AddArrayToObject(c, "layers_to_transform");
+            for (int i = 0; l && i < m->cfg.n_layers; i++)
+                if (layer_used[i]) cJSON_AddItemToArray(l, cJSON_CreateNumber(i));
+        } else {
+            cJSON_AddItemToObject(c, "layers_to_transform", cJSON_CreateNull());
+        }
+        cJSON_AddNumberToObject(c, "lora_alpha", lo->cfg.alpha);
+        cJSON_AddBoolToObject(c, "lora_bias", false);
+        cJSON_AddNumberToObject(c, "lora_dropout", lo->cfg.dropout);
+        cJSON_AddItemToObject(c, "modules_to_save", cJSON_CreateNull());
+        cJSON_AddStringToObject(c, "peft_type", "LORA");
+        cJSON_AddNumberToObject(c, "r", lo->cfg.rank);
+        cJSON_AddItemToObject(c, "rank_pattern", cJSON_CreateObject());
+        cJSON_AddItemToObject(c, "revision", cJSON_CreateNull());
+        if (product && plain_prefix) {
+            /* a list of names, as PEFT writes it: matches "<name>" or "*.<name>" */
+            cJSON *t = cJSON_AddArrayToObject(c, "target_modules");
+            for (int i = 0; t && i < lo->n && lo->ad[i].layer == lo->ad[0].layer; i++)
+                cJSON_AddItemToArray(t, cJSON_CreateString(target_name(m->arch, &lo->ad[i])));
+        } else {
+            /* a regular expression PEFT full-matches against module names: exactly these modules
+             * (a list would also match e.g. a vision tower's q_proj in a multimodal checkpoint) */
+            size_t cap = 64 + (size_t)lo->n * 160;
+            char *rx = gm_calloc(cap, 1);
+            if (!rx) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+            else if (product) {
+                rx_append(rx, cap, m->prefix);
+                strcat(rx, "layers\\.(?:");
+                bool first = true;
+                for (int l = 0; l < m->cfg.n_layers; l++)
+                    if (layer_used[l]) snprintf(rx + strlen(rx), cap - strlen(rx), "%s%d", first ? "" : "|", l), first = false;
+                strcat(rx, ")\\.(?:");
+                for (int i = 0; i < lo->n && lo->ad[i].layer == lo->ad[0].layer; i++) {
+                    if (i) strcat(rx, "|");
+                    rx_append(rx, cap, sub_name(&lo->ad[i]));
+                }
+                strcat(rx, ")");
+            } else {
+                for (int i = 0; i < lo->n; i++) {
+                    if (i) strcat(rx, "|");
+                    rx_append(rx, cap, lo->ad[i].module);
+                }
+            }
+            if (rx) cJSON_AddStringToObject(c, "target_modules", rx);
+            gm_free(rx);
+        }
+        cJSON_AddStringToObject(c, "task_type", "CAUSAL_LM");
+        cJSON_AddBoolToObject(c, "use_dora", false);
+        cJSON_AddBoolToObject(c, "use_rslora", lo->cfg.rslora);
+    }
+    /* the tensors, on the host */
+    gm_st_write_tensor *wt = s == GM_OK ? gm_calloc((size_t)(2 * lo->n), sizeof *wt) : NULL;
+    size_t total = 0;
+    for (int i = 0; i < lo->n; i++) total += (size_t)(lo->cfg.rank * (lo->ad[i].in + lo->ad[i].out));
+    float *host = s == GM_OK ? gm_malloc(total * sizeof(float)) : NULL;
+    if (s == GM_OK && (!wt || !host)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    float *p = host;
+    for (int i = 0; s == GM_OK && i < lo->n; i++) {
+        const gm_lora_adapter *ad = &lo->ad[i];
+        int64_t r = lo->cfg.rank;
+        gm_backend_download(be, p, ad->A, (size_t)(r * ad->in) * sizeof(float));
+        wt[2 * i] = (gm_st_write_tensor){ad->name_A, GM_F32, 2, {r, ad->in}, p};
+        p += r * ad->in;
+        gm_backend_download(be, p, ad->B, (size_t)(ad->out * r) * sizeof(float));
+        wt[2 * i + 1] = (gm_st_write_tensor){ad->name_B, GM_F32, 2, {ad->out, r}, p};
+        p += ad->out * r;
+    }
+    if (s == GM_OK) s = gm_backend_status(be, err);
+    char path[1300];
+    if (s == GM_OK) {
+        static const char *const meta[] = {"format", "pt"};
+        snprintf(path, sizeof path, "%s/" PEFT_WEIGHTS, dir);
+        s = gm_safetensors_write(path, wt, 2 * lo->n, meta, 1, err);
+    }
+    if (s == GM_OK) {
+        char *json = cJSON_Print(c);
+        snprintf(path, sizeof path, "%s/" PEFT_CONFIG, dir);
+        s = json ? gm_write_file_atomic(path, json, strlen(json), err) : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        cJSON_free(json);
+    }
+    gm_free(host), gm_free(wt);
+    cJSON_Delete(c);
+    return s;
+}
+
+/* ---- writing a llama.cpp GGUF LoRA adapter ------------------------------------------------- */
+
+gm_status gm_adapter_save_gguf(const gm_adapter *a, gm_backend *be, const gm_model *m, const char *path, gm_error *err) {
+    const gm_lora *lo = &a->lora;
+    if (lo->n < 1) return gm_error_set(err, GM_ERR_INVALID, "the adapter has no modules");
+    gm_gguf_writer *w = gm_gguf_writer_new();
+    size_t total = 0;
+    for (int i = 0; i < lo->n; i++) total += (size_t)(lo->cfg.rank * (lo->ad[i].in + lo->ad[i].out));
+    float *host = w ? gm_malloc(total * sizeof(float)) : NULL;
+    gm_status s = w && host ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    if (s == GM_OK) {
+        /* what llama.cpp's convert_lora_to_gguf.py writes and llama-adapter.cpp requires */
+        gm_gguf_set_str(w, "general.architecture", m->arch->name);
+        gm_gguf_set_str(w, "general.type", "adapter");
+        gm_gguf_set_str(w, "adapter.type", "lora");
+        /* llama.cpp scales by alpha / r (llama-adapter.h get_scale) and has no rsLoRA: an
+         * rsLoRA adapter's alpha / sqrt(r) is carried as alpha' = alpha * sqrt(r) */
+        float alpha = lo->cfg.rslora ? lo->cfg.alpha * sqrtf((float)lo->cfg.rank) : lo->cfg.alpha;
+        gm_gguf_set_f32(w, "adapter.lora.alpha", alpha);
+    }
+    float *p = host;
+    char name[128];
+    for (int i = 0; s == GM_OK && i < lo->n; i++) {
+        const gm_lora_adapter *ad = &lo->ad[i];
+        int64_t r = lo->cfg.rank;
+        const char *g = m->arch->layer[ad->slot].gguf; /* "attn_q.weight" */
+        /* A (r, in) is ne = [in, r] and B (out, r) is ne = [r, out]: the orientation
+         * llama-adapter.cpp checks (a->ne[0] == in, b->ne[1] == out, a->ne[1] == b->ne[0]) */
+        gm_backend_download(be, p, ad->A, (size_t)(r * ad->in) * sizeof(float));
+        snprintf(name, sizeof name, "blk.%d.%s.lora_a", ad->layer, g);
+        gm_gguf_add_tensor(w, name, GM_F32, 2, (const int64_t[]){r, ad->in}, p);
+        p += r * ad->in;
+        gm_backend_download(be, p, ad->B, (size_t)(ad->out * r) * sizeof(float));
+        snprintf(name, sizeof name, "blk.%d.%s.lora_b", ad->layer, g);
+        gm_gguf_add_tensor(w, name, GM_F32, 2, (const int64_t[]){ad->out, r}, p);
+        p += ad->out * r;
+    }
+    if (s == GM_OK) s = gm_backend_status(be, err);
+    if (s == GM_OK) s = gm_gguf_write(w, path, err);
+    gm_free(host);
+    gm_gguf_writer_free(w);
+    return s;
 }
 
 void gm_adapter_free(gm_adapter *a) {

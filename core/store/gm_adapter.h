@@ -12,7 +12,13 @@
  *     adapters, gm.results_merge(..., {adapters = true})): /trial/trial-<id>/adapter of the trial
  *     chosen as in a folder; the runner's own merged file has no adapters (use the folder);
  *   - a checkpoint (format "gemmarun-checkpoint", e.g. results/<experiment>/trial-<id>.ckpt.h5):
- *     /adapter, the adapter as of that step.
+ *     /adapter, the adapter as of that step;
+ *   - a PEFT adapter folder (adapter_config.json + adapter_model.safetensors, as PEFT's
+ *     save_pretrained writes it, or gm_adapter_save_peft): r, lora_alpha, use_rslora and
+ *     lora_dropout from the config; F32, BF16 or F16 tensors. What would make the forward differ
+ *     from ours is refused with the field's name (DoRA, trained biases, rank_pattern /
+ *     alpha_pattern, modules_to_save, LoRA on embeddings), as are a tensor without its A/B
+ *     partner and a tensor whose shape does not fit the model (another base, another rank).
  * The tensors are named by PEFT keys ("base_model.model.<module>.lora_A.weight", formats.md §6);
  * the modules present say where the adapters go, their shapes give the rank, and the stored
  * configuration gives the scaling: the attributes lora_alpha / lora_rslora a trainer writes into its
@@ -55,6 +61,34 @@ typedef struct gm_adapter {
 gm_status gm_adapter_load(const gm_model *m, gm_backend *be, const char *path, const char *trial, gm_adapter **out,
                           gm_error *err);
 void gm_adapter_free(gm_adapter *a);
+
+/* Writes adapter `a` (loaded for model m on backend be) as a PEFT LoRA adapter folder `dir`
+ * (created if missing; its two files replaced atomically):
+ *   adapter_model.safetensors  F32 tensors under PEFT's keys for m's layout
+ *                              ("base_model.model." + module + ".lora_A.weight" / ".lora_B.weight",
+ *                              A: (r, in), B: (out, r)), metadata {"format": "pt"};
+ *   adapter_config.json        LoraConfig's fields as PEFT's save_pretrained writes them
+ *                              (peft/tuners/lora/config.py): peft_type LORA, task_type CAUSAL_LM,
+ *                              r, lora_alpha, lora_dropout, use_rslora, bias "none",
+ *                              base_model_name_or_path = base_model. target_modules: the module
+ *                              names (["q_proj", "v_proj"]) with layers_to_transform when the
+ *                              adapters are those modules on those layers of a "model." checkpoint;
+ *                              otherwise a regular expression PEFT full-matches that selects exactly
+ *                              the adapted modules (a multimodal checkpoint's vision tower has
+ *                              q_proj too).
+ * PeftModel.from_pretrained(base, dir) then computes what gemmarun computes with `a` (tested by
+ * tests/e2e/adapters_peft.sh). Errors: GM_ERR_INVALID (dir is a file), GM_ERR_IO naming the
+ * path, GM_ERR_NOMEM. */
+gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_model *m, const char *dir, const char *base_model,
+                               gm_error *err);
+
+/* Writes adapter `a` as a llama.cpp LoRA adapter GGUF file at `path` (atomically), as llama.cpp's
+ * convert_lora_to_gguf.py writes one and llama-adapter.cpp loads it (llama-cli --lora FILE):
+ * general.architecture (m's architecture, "gemma3"), general.type "adapter", adapter.type "lora",
+ * adapter.lora.alpha; per adapter "blk.N.<GGUF weight name>.lora_a" (A, ne = [in, r]) and
+ * ".lora_b" (B, ne = [r, out]), F32. llama.cpp scales by alpha / r and knows no rsLoRA, so an
+ * rsLoRA adapter carries alpha * sqrt(r). Errors: GM_ERR_NOMEM, GM_ERR_IO naming the path. */
+gm_status gm_adapter_save_gguf(const gm_adapter *a, gm_backend *be, const gm_model *m, const char *path, gm_error *err);
 
 #ifdef __cplusplus
 }

@@ -68,4 +68,47 @@ lua=$(cd "$TMP" && Q="$Q" QUOTE="$quote" "$GM" gen.lua 2>&1)
 [ "$lua" = "tuned=$cli base=Which topic is" ] && { pass=$((pass + 1)); echo "ok    m:generate{adapter = ...} answers '$cli' as the command line does; without it the model continues the prompt"; } \
   || { fail=$((fail + 1)); echo "FAIL  Lua generate with the quickstart adapter: '$lua' (command line: '$cli')"; }
 
+# that trial's adapter exported as a PEFT adapter folder, loaded by real PEFT on transformers' own
+# float32 dequantization of the same GGUF: the logits after a 9-token prompt match ours (issue 13)
+expect_run "export the real trial's adapter for PEFT" 0 "exported trial 3 .*126 LoRA modules, rank 8, alpha 16.*google/gemma-3-270m" \
+  -- bash -c "cd '$TMP' && '$GM' export results/quickstart --trial 3 peft3"
+peers_python
+if [ -z "$PEERS" ]; then
+  skip_unless_ci "PEFT round trip of the real adapter: no Python with torch, transformers and peft (tests/peers/setup.sh)"
+else
+  IDS=2,818,5279,529,7001,563,1401,506,3707
+  (cd "$TMP" && MODEL=gemma3-270m IDS=$IDS OUT=results/real_peft3.txt ADAPTER=peft3 LAST=1 "$GM" "$SRC/tests/peers/logits.lua" >/dev/null)
+  expect_run "PEFT on the real 270M with the exported adapter: the same logits within $(tol TOL_ADAPTER_PEER_REAL_ABS)" 0 \
+    "ok +logits with the adapter.*over 262144 logits.*ok +the adapter moves.*ok +same next token" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$MODEL" --adapter "$TMP/peft3" --ids $IDS \
+       --ours "$TMP/results/real_peft3.txt" --tol "$(tol TOL_ADAPTER_PEER_REAL_ABS)" --last
+fi
+# ... and as a llama.cpp LoRA adapter, applied by llama.cpp itself to the same GGUF (llama-cpp-python
+# built from source in the peers venv): logits within llama.cpp's own distance from us, the
+# adapter's effect alike, the same greedy continuation
+expect_run "export the real trial's adapter for llama.cpp" 0 "exported trial 3 .*126 LoRA modules, rank 8, alpha 16, as a llama.cpp LoRA adapter: lora3.gguf" \
+  -- bash -c "cd '$TMP' && '$GM' export results/quickstart --trial 3 --format gguf lora3.gguf"
+if [ -z "$PEERS" ] || ! "$PEERS" -c "import llama_cpp" 2>/dev/null; then
+  skip_unless_ci "llama.cpp round trip of the real adapter: no Python with llama_cpp (tests/peers/setup.sh)"
+else
+  # the quickstart's question about a food quote in the chat template the trial trained on: the
+  # fine-tuned model answers "food" (ids from our tokenizer, in results/chat_lora3.txt.ids)
+  quote=$(awk -v RS='\n%\n' 'NR==30{print; exit}' /usr/share/games/fortunes/food | head -c 250)
+  TEXT="<start_of_turn>user
+$Q
+
+$quote<end_of_turn>
+<start_of_turn>model
+"
+  (cd "$TMP" && MODEL=gemma3-270m TEXT="$TEXT" OUT=results/chat_lora3.txt ADAPTER=results/quickstart TRIAL=3 LAST=1 GREEDY=3 \
+     "$GM" "$SRC/tests/peers/logits.lua" >/dev/null && MODEL=gemma3-270m IDS="$(cat results/chat_lora3.txt.ids)" \
+     OUT=results/chat_base.txt LAST=1 "$GM" "$SRC/tests/peers/logits.lua" >/dev/null)
+  expect_run "llama.cpp applies the exported GGUF adapter: logits, the adapter's effect and 3 greedy tokens as ours" 0 \
+    "ok +logits with the adapter.*ok +the adapter's effect.*ok +the adapter moves.*ok +greedy continuation" \
+    -- "$PEERS" "$SRC/tests/peers/llama_check.py" compare --model "$MODEL" --lora "$TMP/lora3.gguf" \
+       --ids "$(cat "$TMP/results/chat_lora3.txt.ids")" --ours "$TMP/results/chat_lora3.txt" --ours-base "$TMP/results/chat_base.txt" \
+       --greedy "$TMP/results/chat_lora3.txt.greedy" --tol "$(tol TOL_ADAPTER_LLAMA_REAL_ABS)" \
+       --min-corr "$(tol TOL_ADAPTER_LLAMA_EFFECT_CORR_MIN)" --tol-slope "$(tol TOL_ADAPTER_LLAMA_SLOPE_ABS)"
+fi
+
 finish

@@ -44,6 +44,22 @@ find_python() {
   done
 }
 
+# peers_python: sets PEERS to a Python with the real peers - torch, transformers, PEFT (the venv
+# tests/peers/setup.sh installs for CI, else the reference venv of tests/ref/README.md); empty when
+# neither is there.
+peers_python() {
+  PEERS=""
+  local p
+  for p in "${GEMMARUN_HOME:-$HOME/.cache/gemmarun}/peers-venv/bin/python" /opt/refvenv/bin/python; do
+    if [ -x "$p" ] && "$p" -c "import torch, transformers, peft" 2>/dev/null; then PEERS=$p; return 0; fi
+  done
+}
+
+# tol NAME: the tolerance NAME from the one table of tolerances (tests/unit/test_util.h).
+tol() {
+  sed -n "s/^#define $1 \([^ ]*\).*/\1/p" "$(dirname "${BASH_SOURCE[0]}")/../unit/test_util.h"
+}
+
 finish() {
   echo "$pass passed, $fail failed"
   [ "$fail" = 0 ]

@@ -1,7 +1,8 @@
 /*
  * test_safetensors.c - safetensors reader: a valid single file, a sharded folder with an index,
  * folder fallbacks, and broken files, each of which must fail with a message naming the file
- * and the entry. Every prefix of a valid file and random corruptions must fail cleanly.
+ * and the entry. Every prefix of a valid file and random corruptions must fail cleanly. The
+ * writer's files read back.
  */
 #include "gguf_build.h" // the gb byte buffer
 #include "test_util.h"
@@ -452,6 +453,66 @@ static void test_oom(void) {
     gb_free(&b);
 }
 
+/* ---- writing ---------------------------------------------------------------------------- */
+
+/* gm_safetensors_write then gm_safetensors_open: names, dtypes, shapes, bytes and metadata come
+ * back; the header is 8-aligned and lists the tensors in name order; bad requests are refused. */
+static void test_write(void) {
+    float a[6] = {1, -2, 3.5f, 0, 1e-30f, -7};
+    uint16_t b[3] = {0x3f80, 0xc000, 0x0001};
+    int64_t c[1] = {-5};
+    gm_st_write_tensor t[3] = {
+        {"zeta.lora_B.weight", GM_F32, 2, {2, 3}, a},
+        {"alpha", GM_BF16, 1, {3}, b},
+        {"mid", GM_I64, 0, {0}, c},
+    };
+    static const char *const meta[] = {"format", "pt"};
+    char path[600];
+    snprintf(path, sizeof path, "%s/written.safetensors", tmpdir);
+    gm_error err = {0};
+    CHECK_OK(gm_safetensors_write(path, t, 3, meta, 1, &err), &err);
+    gm_safetensors *st = NULL;
+    CHECK_OK(gm_safetensors_open(path, &st, &err), &err);
+    if (st) {
+        CHECK(gm_safetensors_n_tensors(st) == 3, "3 tensors back: %lld", (long long)gm_safetensors_n_tensors(st));
+        const gm_st_tensor *x = gm_safetensors_find(st, "zeta.lora_B.weight");
+        CHECK(x && x->dtype == GM_F32 && x->ndim == 2 && x->shape[0] == 2 && x->shape[1] == 3 && x->nbytes == sizeof a &&
+              memcmp(x->data, a, sizeof a) == 0, "f32 tensor back bit for bit");
+        x = gm_safetensors_find(st, "alpha");
+        CHECK(x && x->dtype == GM_BF16 && x->ndim == 1 && x->shape[0] == 3 && memcmp(x->data, b, sizeof b) == 0, "bf16 back");
+        x = gm_safetensors_find(st, "mid");
+        CHECK(x && x->dtype == GM_I64 && x->ndim == 0 && memcmp(x->data, c, sizeof c) == 0, "scalar i64 back");
+        const char *f = gm_safetensors_metadata(st, "format");
+        CHECK(f && strcmp(f, "pt") == 0, "metadata format=pt back: %s", f ? f : "(none)");
+        /* in name order: alpha (bytes 0-6), mid (6-14), zeta (14-38) */
+        CHECK(gm_safetensors_tensor_at(st, 0) && strcmp(gm_safetensors_tensor_at(st, 0)->name, "alpha") == 0 &&
+              (const uint8_t *)gm_safetensors_find(st, "zeta.lora_B.weight")->data -
+                  (const uint8_t *)gm_safetensors_find(st, "alpha")->data == 14,
+              "tensors laid out in name order");
+    }
+    gm_safetensors_free(st);
+    FILE *fp = fopen(path, "rb");
+    unsigned char h8[8] = {0};
+    CHECK(fp && fread(h8, 1, 8, fp) == 8, "read the header length");
+    if (fp) fclose(fp);
+    CHECK(h8[0] % 8 == 0, "header length %u is a multiple of 8", h8[0]);
+    unlink(path);
+    /* refused: a duplicate name, a block dtype, an empty name */
+    gm_st_write_tensor dup[2] = {{"x", GM_F32, 1, {1}, a}, {"x", GM_F32, 1, {1}, a}};
+    gm_status s = gm_safetensors_write(path, dup, 2, NULL, 0, &err);
+    CHECK(s == GM_ERR_INVALID && gm_test_contains(err.msg, "'x' given twice"), "duplicate refused: %s", err.msg);
+    gm_st_write_tensor q[1] = {{"q", GM_Q8_0, 1, {32}, a}};
+    s = gm_safetensors_write(path, q, 1, NULL, 0, &err);
+    CHECK(s == GM_ERR_INVALID && gm_test_contains(err.msg, "tensor 'q'"), "block dtype refused: %s", err.msg);
+    gm_st_write_tensor e[1] = {{"", GM_F32, 1, {1}, a}};
+    s = gm_safetensors_write(path, e, 1, NULL, 0, &err);
+    CHECK(s == GM_ERR_INVALID, "empty name refused: %s", err.msg);
+    CHECK(access(path, F_OK) != 0, "nothing written by a refused call");
+    snprintf(path, sizeof path, "%s/no/such/folder/x.safetensors", tmpdir);
+    s = gm_safetensors_write(path, t, 3, NULL, 0, &err);
+    CHECK(s == GM_ERR_IO && gm_test_contains(err.msg, path), "unwritable path named: %s", err.msg);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/gm_test_st_XXXXXX");
     if (!mkdtemp(tmpdir)) {
@@ -464,6 +525,7 @@ int main(void) {
     test_bad();
     test_prefixes_and_flips();
     test_oom();
+    test_write();
     gm_alloc_stats after = gm_alloc_get_stats();
     CHECK(after.bytes_live == before.bytes_live, "no leaks: %llu bytes still live",
           (unsigned long long)(after.bytes_live - before.bytes_live));

@@ -56,6 +56,23 @@
 #define TOL_PEFT_LOSS_REL 1e-6
 #define TOL_PEFT_GRAD_REL 2e-5
 #define TOL_PEFT_WEIGHT_ABS 1e-5
+/* Logits of a model with an adapter, gemmarun against PEFT applying the same adapter (exported by
+ * gemmarun or made by PEFT) on transformers' float32 model (tests/e2e/adapters_peft.sh): the same
+ * bounds as the base models' logits (TOL_TINY_LOGITS_ABS, TOL_REAL_LOGITS_ABS) - the adapter adds
+ * two small f32 matmuls per linear, of the same rounding class. Measured: 9.6e-6 (tiny). */
+#define TOL_ADAPTER_PEER_TINY_ABS 2e-4
+#define TOL_ADAPTER_PEER_REAL_ABS 4e-4
+/* The same adapter exported as a GGUF LoRA file and applied by llama.cpp (llama-cpp-python 0.3.36)
+ * to the real 270M's Q4_K_M GGUF, against gemmarun on the same file (generate_real.sh,
+ * tests/peers/llama_check.py). llama.cpp's dot products quantize the activations to 8 bits: on the
+ * base model alone its logits differ from ours by up to 1.01 (chat prompt, 262,144 logits) and
+ * 0.86 (plain text); with the adapter 0.82. The bound is 2.5x the base model's worst: it measures
+ * llama.cpp's arithmetic, not the adapter. The adapter's effect (with - without) agrees in
+ * direction (correlation measured 0.9989 and 0.9973) and size (least-squares slope measured 1.017
+ * and 0.965; an rsLoRA or rank scaling mix-up would give sqrt(8) or 1/sqrt(8)). */
+#define TOL_ADAPTER_LLAMA_REAL_ABS 2.5
+#define TOL_ADAPTER_LLAMA_EFFECT_CORR_MIN 0.99
+#define TOL_ADAPTER_LLAMA_SLOPE_ABS 0.1
 /* Gradient checks (tests/unit/test_grad.c). f32 analytic gradients vs the 4th-order central
  * difference of a double-precision loss, relative to the tensor's largest gradient: measured
  * <= 2.6e-7 on every kernel (2026-11-30); 5e-6 leaves room for other inputs and still catches any

@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Adapters out and in through real PEFT (issue 13): `gemmarun export` writes a trial's adapter as a
+# PEFT adapter folder that PeftModel.from_pretrained loads on the same base with the same logits,
+# or as a GGUF LoRA file equal to what llama.cpp's converter makes of that folder;
+# an adapter PEFT itself made (rsLoRA, a subset of modules and layers, bf16) gives PEFT's logits in
+# gemmarun; export --best takes the trial the report ranks first; bad adapters get clear errors.
+# The tiny random Gemma 3 with a tokenizer (tests/ref/tiny_gemma3_chat); the real 270M's round
+# trip is in generate_real.sh. PEFT comes from the peers venv (tests/peers/setup.sh, run by CI).
+set -u
+source "$(dirname "$0")/lib.bash"
+SRC=$(pwd)
+BASE=$SRC/tests/ref/tiny_gemma3_chat
+TOL=$(tol TOL_ADAPTER_PEER_TINY_ABS)
+IDS=2,15,27,100,31,7,300
+cd "$TMP" || exit 1
+tiny_fixture "$SRC" 8
+
+# logits NAME [ADAPTER [TRIAL]]: gemmarun's logits after every token of $IDS into results/NAME.txt
+logits() {
+  MODEL=${MODEL:-$BASE} IDS=$IDS OUT=results/$1.txt ADAPTER=${2:-} TRIAL=${3:-} "$GM" "$SRC/tests/peers/logits.lua" >/dev/null 2>&1
+}
+
+# four trials (2 lr x 2 seeds, 8 epochs: the two lr give different accuracies), and one more with
+# an adapter on two modules of two layers
+expect_run "the tiny sweep trains" 0 "written: results/tiny.md" -- env EPOCHS=8 "$GM" tiny.lua
+sed -e 's/name = "tiny"/name = "tiny_sub"/' -e 's/sweep = grid { lr = {1e-2, 3e-3} },//' \
+    -e 's/max_length = 64,/max_length = 64, targets = "q_proj,v_proj", layers = {0, 1}, rslora = true,/' \
+    -e 's/seeds = {1, 2},/seeds = {1},/' tiny.lua > tiny_sub.lua
+expect_run "a trial adapting q_proj and v_proj of layers 0 and 1 (rsLoRA) trains" 0 "written: results/tiny_sub.md" -- env EPOCHS=8 "$GM" tiny_sub.lua
+
+# ---- export ----------------------------------------------------------------------------------
+expect_run "export --trial 3 writes a PEFT adapter folder" 0 \
+  "exported trial 3 \([0-9a-f]+\) of results/tiny: 42 LoRA modules, rank 4, alpha 8, as a PEFT adapter: out3/adapter_config.json, out3/adapter_model.safetensors" \
+  -- "$GM" export results/tiny --trial 3 out3
+# the file's tensors and config as PEFT writes them (checked with the standard library only)
+check=$(python3 - <<'EOF'
+import json, struct
+b = open("out3/adapter_model.safetensors", "rb").read()
+n = struct.unpack("<Q", b[:8])[0]
+h = json.loads(b[8:8 + n])
+meta = h.pop("__metadata__", {})
+c = json.load(open("out3/adapter_config.json"))
+a = h["base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"]
+B = h["base_model.model.model.layers.5.mlp.down_proj.lora_B.weight"]
+ok = (len(h) == 84 and meta == {"format": "pt"} and a["dtype"] == "F32" and a["shape"] == [4, 64] and B["shape"] == [64, 4]
+      and n % 8 == 0 and c["peft_type"] == "LORA" and c["task_type"] == "CAUSAL_LM" and c["r"] == 4 and c["lora_alpha"] == 8
+      and c["use_rslora"] is False and c["layers_to_transform"] is None
+      and sorted(c["target_modules"]) == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+print("good" if ok else f"bad: {len(h)} tensors, meta {meta}, {a}, {B}, config {c}")
+EOF
+)
+[ "$check" = good ] && { pass=$((pass + 1)); echo "ok    adapter_model.safetensors: 84 F32 tensors under PEFT's keys; adapter_config.json: LORA, r 4, alpha 8, the 7 modules"; } \
+  || { fail=$((fail + 1)); echo "FAIL  the exported files: $check"; }
+# what gemmarun reads back from the export is the trial's adapter, bit for bit
+logits trial3 results/tiny 3; logits export3 out3; logits base
+cmp -s results/trial3.txt results/export3.txt && ! cmp -s results/trial3.txt results/base.txt \
+  && { pass=$((pass + 1)); echo "ok    the exported folder read back gives the trial's logits bit for bit (and not the base model's)"; } \
+  || { fail=$((fail + 1)); echo "FAIL  logits of the exported folder differ from the trial's (or equal the base model's)"; }
+
+expect_run "export of the sub-module trial: a module list and layers_to_transform" 0 "2 \(q_proj, v_proj\) x 2 layers" -- bash -c "
+  '$GM' export results/tiny_sub sub >/dev/null && python3 -c \"
+import json; c = json.load(open('sub/adapter_config.json'))
+assert sorted(c['target_modules']) == ['q_proj', 'v_proj'] and c['layers_to_transform'] == [0, 1] and c['use_rslora'] is True, c
+print('2 (q_proj, v_proj) x 2 layers')\""
+
+# ---- --best --------------------------------------------------------------------------------
+# the expected trial, from the trial files themselves: the lr whose trials' mean final accuracy is
+# highest, then its trial with the highest accuracy
+want=$(/usr/bin/python3 - <<'EOF'
+import collections, glob, json, h5py
+cells = collections.defaultdict(list)
+for p in glob.glob("results/tiny/trial-*.h5"):
+    with h5py.File(p) as f:
+        cells[json.loads(f.attrs["config_json"])["lr"]].append((float(f["eval/final"].attrs["accuracy"]), -int(f.attrs["trial_index"])))
+best = max(cells, key=lambda k: sum(a for a, _ in cells[k]) / len(cells[k]))
+print(-max(cells[best])[1])
+EOF
+)
+expect_run "export --best takes trial $want (the best lr's best seed) and says why" 0 \
+  "best cell by accuracy \(final evaluation, higher is better\): lr=[0-9.]+, mean [0-9.]+ over 2 trials; its best trial: $want .*exported trial $want " \
+  -- "$GM" export results/tiny --best outbest
+expect_run "export --best with --trial is refused" 2 "give --best or --trial, not both" -- "$GM" export results/tiny --best --trial 1 x
+expect_run "export without --trial from a folder of several trials lists them" 2 "holds 4 trials: give --trial INDEX or ID \(1 \(" \
+  -- "$GM" export results/tiny x
+expect_run "export --format other is refused" 2 "--format onnx: unknown format \(known: peft" -- "$GM" export results/tiny --trial 1 --format onnx x
+expect_run "export --format gguf wants a .gguf file name" 2 "give OUT as a .gguf file name" -- "$GM" export results/tiny --trial 1 --format gguf x
+expect_run "export --format gguf writes a llama.cpp adapter file" 0 "42 LoRA modules, rank 4, alpha 8, as a llama.cpp LoRA adapter: t3.gguf" \
+  -- "$GM" export results/tiny --trial 3 --format gguf t3.gguf
+expect_run "... an rsLoRA trial's" 0 "4 LoRA modules, rank 4, alpha 8 \(rsLoRA\), as a llama.cpp LoRA adapter: sub.gguf" \
+  -- "$GM" export results/tiny_sub --format gguf sub.gguf
+
+# ---- through real PEFT -----------------------------------------------------------------------
+peers_python
+if [ -z "$PEERS" ]; then
+  skip_unless_ci "PEFT round trips: no Python with torch, transformers and peft (tests/peers/setup.sh installs them)"
+else
+  expect_run "PEFT loads the exported adapter on the same base: the same logits within $TOL" 0 \
+    "ok +logits with the adapter.*ok +the adapter moves.*ok +same next token" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$BASE" --adapter out3 --ids $IDS --ours results/trial3.txt --tol "$TOL"
+  logits sub results/tiny_sub
+  expect_run "... and the sub-module adapter (2 modules x 2 layers)" 0 "ok +logits with the adapter.*ok +the adapter moves" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$BASE" --adapter sub --ids $IDS --ours results/sub.txt --tol "$TOL"
+  # PEFT's own adapter: rsLoRA, q/v/down on layers 0, 2, 5, random B, saved in bf16
+  expect_run "PEFT makes an adapter (rsLoRA, 3 modules x 3 layers, bf16)" 0 "ok +PEFT made a LoRA adapter: 9 modules" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" make --base "$BASE" --out made --r 6 --alpha 12 --targets q_proj,v_proj,down_proj \
+       --layers 0,2,5 --rslora --dtype bfloat16
+  logits made made
+  expect_run "gemmarun applies PEFT's adapter with PEFT's logits within $TOL" 0 "ok +logits with the adapter.*ok +the adapter moves" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$BASE" --adapter made --ids $IDS --ours results/made.txt --tol "$TOL"
+  expect_run "generate --adapter PEFT_FOLDER" 0 "." -- "$GM" generate "$BASE" --adapter made "a short note" --max-tokens 4
+  # the GGUF adapter is what llama.cpp's own converter makes of the PEFT export (its copy in the
+  # peers venv, tests/peers/setup.sh): the same keys and alpha, the same 84 tensors bit for bit;
+  # the rsLoRA adapter carries alpha * sqrt(r) (llama.cpp scales by alpha / r and has no rsLoRA)
+  CONV=$(dirname "$PEERS")/../share/llama.cpp/convert_lora_to_gguf.py
+  if [ ! -r "$CONV" ]; then
+    skip_unless_ci "the GGUF adapter against llama.cpp's convert_lora_to_gguf.py: not in $(dirname "$PEERS")/../share/llama.cpp"
+  else
+    "$PEERS" "$CONV" --base "$BASE" --outtype f32 --outfile conv3.gguf out3 > conv.log 2>&1
+    cat > same_gguf.py <<'EOF'
+import sys, gguf, numpy as np
+a, b = gguf.GGUFReader(sys.argv[1]), gguf.GGUFReader(sys.argv[2])
+kv = lambda r: {k: f.contents() for k, f in r.fields.items() if k.split(".")[0] in ("general", "adapter") and k != "general.name"}
+ka, kb = kv(a), kv(b)
+kb.pop("general.quantization_version", None)
+ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
+bad = [n for n in ta if n not in tb or list(ta[n].shape) != list(tb[n].shape) or ta[n].tensor_type != tb[n].tensor_type
+       or not np.array_equal(np.asarray(ta[n].data), np.asarray(tb[n].data))]
+ok = ka == kb and set(ta) == set(tb) and not bad
+print(f"same: {len(ta)} tensors, {ka}" if ok else f"differ: ours {ka} vs {kb}; tensors {sorted(set(ta) ^ set(tb))[:4]} {bad[:4]}")
+sub = {k: f.contents() for k, f in gguf.GGUFReader(sys.argv[3]).fields.items()}
+print(f"rslora alpha {sub['adapter.lora.alpha']:g}")
+EOF
+    expect_run "our GGUF adapter equals llama.cpp's converter's output bit for bit; rsLoRA alpha 8 x sqrt(4) = 16" 0 \
+      "same: 84 tensors, \{'general.architecture': 'gemma3', 'general.type': 'adapter', 'adapter.type': 'lora', 'adapter.lora.alpha': 8.0\}.*rslora alpha 16" \
+      -- "$PEERS" same_gguf.py t3.gguf conv3.gguf sub.gguf
+  fi
+fi
+
+# ---- bad adapters: each a clear error naming what is wrong -------------------------------------
+bad() { rm -rf "$1"; cp -r out3 "$1"; }
+# another base: the 2-layer, 32-wide tiny model; the sub-module adapter's layer 0 q_proj does not fit
+expect_run "an adapter for another base: the tensor and both shapes" 2 \
+  "adapter of model.layers.0.self_attn.q_proj: .*sub/adapter_model.safetensors: tensor 'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight' is 4 x 64; this model needs 4 x 32 \(an adapter for another base model\?\)" \
+  -- env MODEL="$SRC/tests/ref/tiny_gemma3_v9k" IDS=2,3 OUT=results/x.txt ADAPTER=sub "$GM" "$SRC/tests/peers/logits.lua"
+expect_run "an adapter with layers the base does not have" 2 "adapter module 'model.layers.2.mlp.down_proj' is not a LoRA-targetable module of this model \(2 layers" \
+  -- env MODEL="$SRC/tests/ref/tiny_gemma3_v9k" IDS=2,3 OUT=results/x.txt ADAPTER=out3 "$GM" "$SRC/tests/peers/logits.lua"
+bad missing
+python3 - <<'EOF'
+import json, struct
+p = "missing/adapter_model.safetensors"
+b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); data = b[8 + n:]
+drop = "base_model.model.model.layers.2.mlp.up_proj.lora_B.weight"
+keep = {k: v for k, v in h.items() if k != drop}
+out, parts, off = {}, [], 0
+for k, v in keep.items():
+    if k == "__metadata__": out[k] = v; continue
+    s, e = v["data_offsets"]; parts.append(data[s:e]); out[k] = dict(v, data_offsets=[off, off + e - s]); off += e - s
+hj = json.dumps(out).encode(); hj += b" " * (-len(hj) % 8)
+open(p, "wb").write(struct.pack("<Q", len(hj)) + hj + b"".join(parts))
+EOF
+expect_run "a missing key is named" 2 "tensor 'base_model.model.model.layers.2.mlp.up_proj.lora_A.weight' has no partner: missing key 'base_model.model.model.layers.2.mlp.up_proj.lora_B.weight'" \
+  -- "$GM" generate "$BASE" --adapter missing "hi" --max-tokens 1
+bad rank; sed -i 's/"r":[[:space:]]*4/"r": 8/' rank/adapter_config.json
+expect_run "a rank mismatch names the tensor" 2 "tensor 'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight' is 4 x 64; this model needs 8 x 64 \(a rank other than the config's r\)" \
+  -- "$GM" generate "$BASE" --adapter rank "hi" --max-tokens 1
+bad dora; sed -i 's/"use_dora":[[:space:]]*false/"use_dora": true/' dora/adapter_config.json
+expect_run "a DoRA adapter is refused by name" 2 "dora/adapter_config.json: \"use_dora\": true: DoRA adapters are not supported" \
+  -- "$GM" generate "$BASE" --adapter dora "hi" --max-tokens 1
+bad pickle; mv pickle/adapter_model.safetensors pickle/adapter_model.bin
+expect_run "adapter_model.bin (a pickle) is refused with the way out" 2 "adapter_model.bin \(a PyTorch pickle.*safe_serialization=True" \
+  -- "$GM" generate "$BASE" --adapter pickle "hi" --max-tokens 1
+expect_run "--trial with a PEFT folder is refused" 2 "is a PEFT adapter folder \(one adapter\); --trial picks a trial" \
+  -- "$GM" generate "$BASE" --adapter out3 --trial 2 "hi" --max-tokens 1
+
+finish

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""The PEFT side of the adapter round trips (tests/e2e/adapters_peft.sh), run in the peers venv
+(tests/peers/setup.sh): real transformers + PEFT, float32, CPU, eager attention.
+
+  peft_check.py compare --base BASE --adapter DIR --ids 2,5,7 --ours FILE --tol X [--last]
+      PeftModel.from_pretrained(base, DIR) runs the ids; its logits are compared with FILE (ours:
+      one number per line, position-major, T * V, or only the last position's V with --last).
+      Passes when max |ours - PEFT| <= X and the adapter moves PEFT's own logits by more than
+      EFFECT_FACTOR * X (so the comparison could fail: an adapter read as zero would be caught).
+  peft_check.py make --base BASE --out DIR --r R --alpha A --targets q_proj,v_proj
+                [--layers 0,2] [--rslora] [--dtype bfloat16] [--seed S]
+      PEFT itself makes a LoRA adapter with random A and B (init_lora_weights=False: B is not
+      zero, so the adapter changes the output) and saves it with save_pretrained; --dtype stores
+      the tensors in another dtype, as a bf16 training run would.
+
+BASE: a Hugging Face folder, or a .gguf file (transformers' own GGUF loader dequantizes it to
+float32, as gemmarun's kernels do block by block).
+Prints one "ok"/"FAIL" line per check; exit status 1 when a check fails.
+"""
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("TQDM_DISABLE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from peft import LoraConfig, PeftModel, get_peft_model  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+# The adapter must move the logits by more than this many tolerances for the comparison to count.
+EFFECT_FACTOR = 10.0
+
+
+def load_base(path):
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    kw = dict(dtype=torch.float32, attn_implementation="eager")
+    if path.endswith(".gguf"):
+        model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path) or ".", gguf_file=os.path.basename(path), **kw)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, **kw)
+    return model.eval()
+
+
+def logits_of(model, ids):
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids], dtype=torch.long))
+    return out.logits[0].float().numpy()  # (T, V)
+
+
+def cmd_compare(a):
+    ids = [int(x) for x in a.ids.split(",")]
+    base = load_base(a.base)
+    plain = logits_of(base, ids)
+    model = PeftModel.from_pretrained(base, a.adapter).eval()
+    theirs = logits_of(model, ids)
+    ours = np.loadtxt(a.ours, dtype=np.float64).reshape(-1)
+    if a.last:
+        theirs, plain = theirs[-1:], plain[-1:]
+    theirs, plain = theirs.reshape(-1).astype(np.float64), plain.reshape(-1).astype(np.float64)
+    fails = 0
+    if ours.shape != theirs.shape:
+        print(f"FAIL  {a.ours}: {ours.size} logits, PEFT gives {theirs.size}")
+        return 1
+    diff = float(np.max(np.abs(ours - theirs)))
+    effect = float(np.max(np.abs(theirs - plain)))
+    V = base.config.vocab_size
+    same_argmax = int(np.argmax(ours[-V:])) == int(np.argmax(theirs[-V:]))
+    if diff <= a.tol:
+        print(f"ok    logits with the adapter: max |gemmarun - PEFT| = {diff:.3g} <= {a.tol:g} over {ours.size} logits")
+    else:
+        fails += 1
+        print(f"FAIL  logits with the adapter: max |gemmarun - PEFT| = {diff:.3g} > {a.tol:g} over {ours.size} logits")
+    if effect > EFFECT_FACTOR * a.tol:
+        print(f"ok    the adapter moves PEFT's logits by up to {effect:.3g} (> {EFFECT_FACTOR:g} x the tolerance)")
+    else:
+        fails += 1
+        print(f"FAIL  the adapter moves PEFT's logits by only {effect:.3g}: the comparison cannot tell it from the base")
+    if same_argmax:
+        print("ok    same next token after the last position")
+    else:
+        fails += 1
+        print("FAIL  another next token after the last position")
+    return 1 if fails else 0
+
+
+def cmd_make(a):
+    torch.manual_seed(a.seed)
+    base = load_base(a.base)
+    cfg = LoraConfig(
+        r=a.r,
+        lora_alpha=a.alpha,
+        target_modules=a.targets.split(",") if "," in a.targets or a.targets.isidentifier() else a.targets,
+        layers_to_transform=[int(x) for x in a.layers.split(",")] if a.layers else None,
+        use_rslora=a.rslora,
+        lora_dropout=0.0,
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(base, cfg)
+    if a.dtype != "float32":
+        model = model.to(getattr(torch, a.dtype))
+    model.save_pretrained(a.out)
+    n = sum(1 for k in model.state_dict() if "lora_A" in k)
+    print(f"ok    PEFT made a LoRA adapter: {n} modules, r={a.r}, alpha={a.alpha}, rslora={a.rslora}, {a.dtype}, in {a.out}")
+    return 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    c = sub.add_parser("compare")
+    c.add_argument("--base", required=True)
+    c.add_argument("--adapter", required=True)
+    c.add_argument("--ids", required=True)
+    c.add_argument("--ours", required=True)
+    c.add_argument("--tol", type=float, required=True)
+    c.add_argument("--last", action="store_true")
+    m = sub.add_parser("make")
+    m.add_argument("--base", required=True)
+    m.add_argument("--out", required=True)
+    m.add_argument("--r", type=int, default=4)
+    m.add_argument("--alpha", type=float, default=8)
+    m.add_argument("--targets", default="q_proj,v_proj")
+    m.add_argument("--layers", default="")
+    m.add_argument("--rslora", action="store_true")
+    m.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    m.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    return cmd_compare(a) if a.cmd == "compare" else cmd_make(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
