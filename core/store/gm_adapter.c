@@ -682,7 +682,8 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         } else {
             /* a regular expression PEFT full-matches against module names: exactly these modules
              * (a list would also match e.g. a vision tower's q_proj in a multimodal checkpoint) */
-            size_t cap = 64 + (size_t)lo->n * 160;
+            size_t cap = 64 + 2 * strlen(m->prefix) + 8 * (size_t)m->cfg.n_layers; /* escaped: 2 bytes a char at most */
+            for (int i = 0; i < lo->n; i++) cap += 2 * strlen(lo->ad[i].module) + 2;
             char *rx = gm_calloc(cap, 1);
             if (!rx) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
             else if (product) {

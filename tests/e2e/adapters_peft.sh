@@ -27,6 +27,14 @@ sed -e 's/name = "tiny"/name = "tiny_sub"/' -e 's/sweep = grid { lr = {1e-2, 3e-
     -e 's/max_length = 64,/max_length = 64, targets = "q_proj,v_proj", layers = {0, 1}, rslora = true,/' \
     -e 's/seeds = {1, 2},/seeds = {1},/' tiny.lua > tiny_sub.lua
 expect_run "a trial adapting q_proj and v_proj of layers 0 and 1 (rsLoRA) trains" 0 "written: results/tiny_sub.md" -- env EPOCHS=8 "$GM" tiny_sub.lua
+# and one whose adapters are no product of modules and layers (q_proj of layer 0, v_proj of layer 3):
+# exported with a regular expression as target_modules
+sed -e 's/name = "tiny"/name = "tiny_rx"/' -e 's/sweep = grid { lr = {1e-2, 3e-3} },//' -e 's/seeds = {1, 2},/seeds = {1},/' \
+    -e 's/max_length = 64,/max_length = 64, targets = [[.*layers\\.0\\.self_attn\\.q_proj|.*layers\\.3\\.self_attn\\.v_proj]],/' \
+    tiny.lua > tiny_rx.lua
+expect_run "a trial adapting q_proj of layer 0 and v_proj of layer 3 trains" 0 "written: results/tiny_rx.md" -- env EPOCHS=8 "$GM" tiny_rx.lua
+expect_run "its export names exactly those two modules by a regular expression" 0 "model\\\\.layers\\\\.0\\\\.self_attn\\\\.q_proj\|model\\\\.layers\\\\.3\\\\.self_attn\\\\.v_proj" \
+  -- bash -c "'$GM' export results/tiny_rx rx >/dev/null && python3 -c \"import json; print(json.load(open('rx/adapter_config.json'))['target_modules'])\""
 
 # ---- export ----------------------------------------------------------------------------------
 expect_run "export --trial 3 writes a PEFT adapter folder" 0 \
@@ -98,6 +106,9 @@ else
     "ok +logits with the adapter.*ok +the adapter moves.*ok +same next token" \
     -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$BASE" --adapter out3 --ids $IDS --ours results/trial3.txt --tol "$TOL"
   logits sub results/tiny_sub
+  logits rx results/tiny_rx
+  expect_run "... and the regular-expression adapter (2 modules)" 0 "ok +logits with the adapter.*ok +the adapter moves" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$BASE" --adapter rx --ids $IDS --ours results/rx.txt --tol "$TOL"
   expect_run "... and the sub-module adapter (2 modules x 2 layers)" 0 "ok +logits with the adapter.*ok +the adapter moves" \
     -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$BASE" --adapter sub --ids $IDS --ours results/sub.txt --tol "$TOL"
   # PEFT's own adapter: rsLoRA, q/v/down on layers 0, 2, 5, random B, saved in bf16
