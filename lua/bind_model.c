@@ -28,6 +28,7 @@
  */
 #include "gm_lua.h"
 #include "bind_util.h"
+#include "write_rule.h"
 
 #include "gm_adapter.h"
 #include "gm_alloc.h"
@@ -158,7 +159,10 @@ static const char *opt_trial(lua_State *L, int idx, const char *fn, const char *
     const char *trial = NULL;
     if (lua_istable(L, idx)) {
         lua_getfield(L, idx, "trial");
-        if (lua_type(L, -1) == LUA_TNUMBER || lua_type(L, -1) == LUA_TSTRING) {
+        if (lua_isinteger(L, -1) || (lua_type(L, -1) == LUA_TNUMBER && lua_tonumber(L, -1) == (lua_Number)(long long)lua_tonumber(L, -1))) {
+            snprintf(buf, cap, "%lld", (long long)lua_tonumber(L, -1)); /* 2.0 is trial 2 */
+            trial = buf;
+        } else if (lua_type(L, -1) == LUA_TSTRING) {
             snprintf(buf, cap, "%s", lua_tostring(L, -1));
             trial = buf;
         } else if (!lua_isnil(L, -1)) {
@@ -270,6 +274,7 @@ static int l_save_adapter(lua_State *L) {
     char trial_buf[64];
     const char *trial = opt_trial(L, 3, "save_adapter", adapter, trial_buf, sizeof trial_buf);
     const char *base = gm_bind_opt_str(L, 3, "base_model", lm->m->path);
+    gm_bind_check_export_path(L, dir, "save_adapter");
     gm_error err = {0};
     gm_status s = use_adapter(lm, adapter, trial, &err);
     if (s == GM_OK)

@@ -11,7 +11,7 @@
  *   gemmarun table RESULTS            re-render the tables and plots of results/<exp>/ or
  *                                     results/<exp>.h5 (lua/report.lua)
  *   gemmarun reproduce RESULTS ...    rerun a stored trial and compare (lua/runner.lua)
- *   gemmarun export RESULTS [--trial ID | --best] [--format peft] [--base MODEL] OUT
+ *   gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf] [--base MODEL] OUT
  *                                     a trial's adapter for other tools (runner.export)
  *
  * MODEL is a .gguf file, a Hugging Face checkpoint folder, or a name known to `fetch`.
@@ -77,9 +77,9 @@ static void usage(FILE *f) {
             "                                     reruns a stored trial from its stored experiment (model\n"
             "                                     and data hashes checked first) into RESULTS/reproduce/;\n"
             "                                     exit 0 when bit-identical, 1 when it moved\n"
-            "  gemmarun export RESULTS [--trial ID | --best] [--format peft] [--base MODEL] OUT\n"
-            "                                     a trial's adapter as a PEFT adapter folder OUT/ (--best:\n"
-            "                                     the best trial by the report's metric)\n"
+            "  gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf] [--base MODEL] OUT\n"
+            "                                     a trial's adapter as a PEFT adapter folder OUT/ or a llama.cpp\n"
+            "                                     LoRA file OUT.gguf (--best: the best trial by the report's metric)\n"
             "MODEL is a .gguf file, a Hugging Face checkpoint folder, or a name known to fetch.\n");
 }
 
@@ -943,11 +943,13 @@ done:
     return rc;
 }
 
-#define EXPORT_USAGE "usage: gemmarun export RESULTS [--trial ID | --best] [--format peft] [--base MODEL] OUT\n" \
-                     "  RESULTS: a results folder (results/EXPERIMENT/) or one trial file; OUT: the folder to write\n"
+#define EXPORT_USAGE "usage: gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf] [--base MODEL] [--threads N] OUT\n" \
+                     "  RESULTS: a results folder (results/EXPERIMENT/) or one trial file\n" \
+                     "  OUT: the folder to write (--format peft, the default: a PEFT adapter folder) or a .gguf file\n" \
+                     "       (--format gguf: a llama.cpp LoRA adapter); --best: the report's best trial\n"
 
-/* `gemmarun export RESULTS [--trial ID | --best] [--format peft] [--base MODEL] [--threads N] OUT`:
- * runner.export writes the trial's adapter (a PEFT adapter folder). */
+/* `gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf] [--base MODEL] [--threads N] OUT`:
+ * runner.export writes the trial's adapter (a PEFT adapter folder or a llama.cpp GGUF file). */
 static int cmd_export(int argc, char **argv) {
     gm_lua_opts lo = {.allow_os = false, .n_threads = 2};
     const char *results = NULL, *out = NULL, *trial = NULL, *format = NULL, *base = NULL;
@@ -956,7 +958,10 @@ static int cmd_export(int argc, char **argv) {
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--best") == 0) best = true;
-        else if (strcmp(a, "--verbose") == 0) lo.verbose = true;
+        else if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            fputs(EXPORT_USAGE, stdout);
+            return 0;
+        } else if (strcmp(a, "--verbose") == 0) lo.verbose = true;
         else if (strcmp(a, "--trial") == 0 && i + 1 < argc) trial = argv[++i];
         else if (strcmp(a, "--format") == 0 && i + 1 < argc) format = argv[++i];
         else if (strcmp(a, "--base") == 0 && i + 1 < argc) base = argv[++i];
@@ -980,6 +985,7 @@ static int cmd_export(int argc, char **argv) {
     gm_error err = {0};
     lua_State *L = NULL;
     if (gm_lua_new(&lo, &L, &err) != GM_OK) return fail(&err, 1);
+    gm_lua_allow_export_path(L, out); /* the one path outside results/ the export may write */
     push_runner_fn(L, "export");
     lua_createtable(L, 0, 7);
     const char *keys[] = {"results", "out", "trial", "format", "base"}, *vals[] = {results, out, trial, format, base};

@@ -1408,7 +1408,7 @@ function report.best_trial(trials, spec)
   local _, _, row_combos, _, col_combos, _, cells, all_stats = collect_cells(m)
   m.all_stats = all_stats
   if #all_stats == 0 then
-    return nil, string.format("no completed trial has a %s value (%s evaluation)", m.metric, m.phase)
+    return nil, string.format("no completed trial has a value of %s (%s evaluation)", m.metric, m.phase)
   end
   m.num = number_format(m, spec)
   local _, is_best = choose_best(m)

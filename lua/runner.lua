@@ -1048,9 +1048,9 @@ local BUILD_FIELDS = { "gemmarun_version", "git_commit", "compiler", "blas", "hd
 --- sha256 are checked against the stored ones before any training (a usage error naming what
 --- differs, nothing run). Prints whether the result is bit-identical or how far it moved;
 --- returns 0 when bit-identical, 1 when not (or the trial failed).
---- `gemmarun export RESULTS [--trial ID | --best] [--format peft] [--base MODEL] OUT`: writes a
---- completed trial's adapter for other tools. opts: results, out, trial, best, format, base,
---- threads. The trial: --trial's, the report's best (report.best_trial) with --best, else the
+--- `gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf] [--base MODEL] OUT`: writes
+--- a completed trial's adapter for other tools (a PEFT folder or a llama.cpp GGUF file). opts:
+--- results, out, trial, best, format, base, threads. The trial: --trial's, the report's best (report.best_trial) with --best, else the
 --- only one. The base model: the trial's own (its config.model) unless --base names another copy
 --- of it; the adapter's shapes are checked against it. Returns the exit code (usage errors raise).
 function R.export(opts)
@@ -1071,8 +1071,15 @@ function R.export(opts)
     t = pick_trial(found, opts.trial, opts.results)
   end
   if t.status ~= "completed" then
-    P.usage(nil, "%s: trial %s is %s and has no final adapter (a trial stores it when it completes; its checkpoint holds "
-      .. "the latest one)", t.path, tostring(t.trial_index), tostring(t.status))
+    local ckpt = t.path:gsub("%.h5$", ".ckpt.h5")
+    P.usage(nil, "%s: trial %s is %s and has no final adapter (a trial stores it when it completes)%s", t.path,
+      tostring(t.trial_index), tostring(t.status), gm.file_exists(ckpt) and ("; its checkpoint " .. ckpt .. " holds the "
+      .. "latest one: run the experiment again to finish the trial, or read it in Lua with m:save_adapter(OUT, {adapter = "
+      .. "CHECKPOINT})") or "")
+  end
+  -- an OUT that holds trial files would hide them behind the export (a PEFT folder is read first)
+  if gm.is_dir(opts.out) and #gm.results_list(opts.out) > 0 then
+    P.usage(nil, "%s holds trial files: export into a folder of its own", opts.out)
   end
   local fmt = opts.format or "peft"
   if fmt ~= "peft" and fmt ~= "gguf" then
@@ -1081,12 +1088,15 @@ function R.export(opts)
   if fmt == "gguf" and not opts.out:match("%.gguf$") then
     P.usage(nil, "--format gguf writes one file: give OUT as a .gguf file name (got %s)", opts.out)
   end
+  if opts.base == "" then P.usage(nil, "--base: give a model path or name") end
   local model = opts.base or (t.config or {}).model
   if type(model) ~= "string" or model == "" then
     P.usage(nil, "%s: the trial does not name its base model: give it with --base MODEL", t.path)
   end
   local ok, m = pcall(gm.load_model, model, { threads = opts.threads })
-  if not ok then
+  if not ok and opts.base then
+    P.usage(nil, "--base %s cannot be loaded: %s", model, clean_msg(m))
+  elseif not ok then
     P.usage(nil, "trial %s was trained on %s, which cannot be loaded from here: %s\n  hint: give the base model with --base MODEL",
       tostring(t.trial_index), model, clean_msg(m))
   end

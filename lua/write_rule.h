@@ -27,6 +27,10 @@
  * the results folder. `fn` names the binding in messages ("gm.plot"). */
 void gm_bind_check_write_path(lua_State *L, const char *path, const char *fn);
 
+/* Raises unless `path` may be written by model:save_adapter: the path gm_lua_allow_export_path
+ * allowed (`gemmarun export`'s OUT), else the results rule. */
+void gm_bind_check_export_path(lua_State *L, const char *path, const char *fn);
+
 /* The string argument at idx, checked under the runner's rule (raises otherwise). */
 const char *gm_bind_check_runner_path(lua_State *L, int idx);
 

@@ -61,7 +61,7 @@ typedef struct cand {
     int64_t index;
     char id[64], status[24];
     bool has_adapter;
-    char where[1200];   /* its trial file (folder) or its group (merged file) */
+    char where[4096];   /* its trial file (folder) or its group (merged file) */
 } cand;
 
 static int cand_cmp(const void *a, const void *b) {
@@ -137,8 +137,8 @@ static gm_status folder_trials(const char *dir, cand **out, int *n_out, gm_error
         /* trial-<id>.h5 only: not checkpoints (trial-<id>.ckpt.h5) nor saves in flight */
         if (strncmp(name, "trial-", 6) != 0 || !ends_with(name, ".h5") || strchr(name + 6, '.') != name + strlen(name) - 3)
             continue;
-        char p[1200];
-        snprintf(p, sizeof p, "%s/%s", dir, name);
+        char p[4096];
+        if (snprintf(p, sizeof p, "%s/%s", dir, name) >= (int)sizeof p) continue;
         gm_h5_file *f = NULL;
         if (gm_h5_open(p, false, &f, NULL) != GM_OK) continue;
         if (n == cap) {
@@ -189,7 +189,7 @@ static gm_status merged_trials(gm_h5_file *f, cand **out, int *n_out, gm_error *
         gm_h5_attr_get_str(f, t->where, "status", &status, NULL);
         snprintf(t->status, sizeof t->status, "%s", status ? status : "?");
         gm_free(status);
-        char ag[1300];
+        char ag[4200];
         snprintf(ag, sizeof ag, "%s/adapter", t->where);
         t->has_adapter = has_lora(f, ag);
     }
@@ -243,6 +243,15 @@ static const char *file_key(const char *module, char (*keys)[192], int n) {
 typedef gm_status (*fetch_fn)(void *ctx, const char *key, const char *which, const int64_t shape[2], float *dst,
                               gm_error *err);
 
+/* A NaN or infinity in an adapter tensor is the adapter's fault: say so before any forward. */
+static gm_status check_finite(const float *x, int64_t n, const char *source, const char *key, const char *which, gm_error *err) {
+    for (int64_t i = 0; i < n; i++)
+        if (!isfinite(x[i]))
+            return gm_error_set(err, GM_ERR_FORMAT, "%s: tensor %s.%s.weight holds a non-finite value (%g at element %lld): the "
+                                "adapter is corrupt or its training diverged", source, key, which, (double)x[i], (long long)i);
+    return GM_OK;
+}
+
 /* Describes the adapters on modules[nm] (file keys keys[nm]) for model m with lc's rank and
  * scaling, lays out and commits their buffers on be, and fills them through fetch. */
 static gm_status load_modules(const gm_model *m, gm_backend *be, const gm_lora_config *lc, const char **modules,
@@ -271,8 +280,10 @@ static gm_status load_modules(const gm_model *m, gm_backend *be, const gm_lora_c
         const char *key = file_key(ad->module, keys, nm);
         int64_t shA[2] = {rank, ad->in}, shB[2] = {ad->out, rank};
         s = fetch(ctx, key, "lora_A", shA, stage, err);
+        if (s == GM_OK) s = check_finite(stage, rank * ad->in, a->source, key, "lora_A", err);
         if (s == GM_OK) gm_backend_upload(be, ad->A, stage, (size_t)(rank * ad->in) * sizeof(float));
         if (s == GM_OK) s = fetch(ctx, key, "lora_B", shB, stage, err);
+        if (s == GM_OK) s = check_finite(stage, ad->out * rank, a->source, key, "lora_B", err);
         if (s == GM_OK) gm_backend_upload(be, ad->B, stage, (size_t)(ad->out * rank) * sizeof(float));
         if (s != GM_OK) gm_error_prefix(err, "adapter of %s", ad->module);
     }
@@ -290,6 +301,12 @@ static gm_status h5_fetch(void *ctx, const char *key, const char *which, const i
     const h5_src *h = ctx;
     char ds[400];
     snprintf(ds, sizeof ds, "%s/%s.%s.weight", h->group, key, which);
+    gm_dtype dt;
+    int nd = 0;
+    int64_t sh[GM_H5_MAX_DIMS];
+    if (gm_h5_dataset_info(h->f, ds, &dt, &nd, sh, NULL) == GM_OK && nd == 2 && (sh[0] != shape[0] || sh[1] != shape[1]))
+        return gm_error_set(err, GM_ERR_INVALID, "%s: %s is %lld x %lld; this model needs %lld x %lld (an adapter for another base "
+                            "model?)", gm_h5_path(h->f), ds, (long long)sh[0], (long long)sh[1], (long long)shape[0], (long long)shape[1]);
     return gm_h5_read(h->f, ds, GM_F32, 2, shape, dst, err);
 }
 
@@ -343,12 +360,20 @@ static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, 
 #define PEFT_CONFIG "adapter_config.json"
 #define PEFT_WEIGHTS "adapter_model.safetensors"
 
-static bool is_peft_dir(const char *path) {
-    char p[1300];
-    snprintf(p, sizeof p, "%s/" PEFT_CONFIG, path);
-    struct stat st;
-    return is_dir(path) && stat(p, &st) == 0;
+/* dir + "/" + name into out[cap]; GM_ERR_INVALID when it does not fit (never a cut path). */
+static gm_status join_path(char *out, size_t cap, const char *dir, const char *name, gm_error *err) {
+    if (snprintf(out, cap, "%s/%s", dir, name) >= (int)cap)
+        return gm_error_set(err, GM_ERR_INVALID, "path too long (%zu bytes at most): %s/%s", cap - 1, dir, name);
+    return GM_OK;
 }
+
+static bool has_file(const char *dir, const char *name) {
+    char p[4096];
+    struct stat st;
+    return join_path(p, sizeof p, dir, name, NULL) == GM_OK && stat(p, &st) == 0;
+}
+
+static bool is_peft_dir(const char *path) { return is_dir(path) && has_file(path, PEFT_CONFIG); }
 
 typedef struct st_src {
     const gm_safetensors *st;
@@ -361,7 +386,9 @@ static gm_status st_fetch(void *ctx, const char *key, const char *which, const i
     snprintf(name, sizeof name, "%s.%s.weight", key, which);
     const gm_st_tensor *t = gm_safetensors_find(h->st, name);
     if (!t) return gm_error_set(err, GM_ERR_INVALID, "%s: missing tensor '%s'", h->file, name);
-    if (t->ndim != 2 || t->shape[0] != shape[0] || t->shape[1] != shape[1])
+    if (t->ndim != 2)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' is not a matrix (%d dimensions)", h->file, name, t->ndim);
+    if (t->shape[0] != shape[0] || t->shape[1] != shape[1])
         return gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' is %s%lld x %lld; this model needs %lld x %lld%s", h->file, name,
                             t->ndim == 2 ? "" : "not a matrix: ", (long long)t->shape[0],
                             (long long)(t->ndim > 1 ? t->shape[1] : 1), (long long)shape[0], (long long)shape[1],
@@ -396,9 +423,9 @@ static gm_status peft_expect_off(const cJSON *j, const char *field, const char *
 /* Reads a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors, as PEFT's
  * save_pretrained writes it) into a. */
 static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, gm_adapter *a, gm_error *err) {
-    char cfg_path[1300], w_path[1300];
-    snprintf(cfg_path, sizeof cfg_path, "%s/" PEFT_CONFIG, dir);
-    snprintf(w_path, sizeof w_path, "%s/" PEFT_WEIGHTS, dir);
+    char cfg_path[4096], w_path[4096];
+    GM_TRY(join_path(cfg_path, sizeof cfg_path, dir, PEFT_CONFIG, err));
+    GM_TRY(join_path(w_path, sizeof w_path, dir, PEFT_WEIGHTS, err));
     snprintf(a->source, sizeof a->source, "%s", dir);
     char *text = NULL;
     size_t len = 0;
@@ -439,20 +466,63 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
     };
     for (size_t v = 0; s == GM_OK && v < sizeof variants / sizeof variants[0]; v++)
         s = peft_expect_off(j, variants[v][0], NULL, variants[v][1], cfg_path, err);
+    if (s == GM_OK && rs && !cJSON_IsBool(rs) && !cJSON_IsNull(rs))
+        s = gm_error_set(err, GM_ERR_FORMAT, "%s: \"use_rslora\" must be true or false", cfg_path);
+    /* initializations that change the base weights (PEFT subtracts the initial adapter from them,
+     * or quantizes them): the adapter is meant for a base we do not have */
+    const cJSON *init = cJSON_GetObjectItemCaseSensitive(j, "init_lora_weights");
+    if (s == GM_OK && cJSON_IsString(init) && strcmp(init->valuestring, "gaussian") != 0)
+        s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"init_lora_weights\": \"%s\" initializes by changing the base weights "
+                         "(PiSSA, OLoRA, CorDA, LoftQ, ...): the adapter applies to that changed base, which gemmarun does not "
+                         "have\n  hint: convert it to a plain LoRA adapter first (PEFT's path_initial_model_for_weight_conversion)",
+                         cfg_path, init->valuestring);
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(j, "layers_pattern");
+    if (s == GM_OK && lp && !cJSON_IsNull(lp) && !(cJSON_IsString(lp) && strcmp(lp->valuestring, "layers") == 0))
+        s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"layers_pattern\" other than \"layers\" is not a Gemma layout", cfg_path);
+    bool init_zero_b = !init || cJSON_IsTrue(init) || cJSON_IsNull(init) || cJSON_IsString(init); /* B = 0 unless false */
+    /* PEFT's module selection, to compare with the tensors below: target_modules (a list or a
+     * regular expression) and layers_to_transform */
+    char targets[GM_LORA_TARGETS_MAX] = "";
+    bool layers_sel[GM_MAX_LAYERS];
+    for (int i = 0; i < GM_MAX_LAYERS; i++) layers_sel[i] = true;
+    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "target_modules");
+    const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layers_to_transform");
+    if (s == GM_OK && cJSON_IsString(tm)) {
+        if (snprintf(targets, sizeof targets, "%s", tm->valuestring) >= (int)sizeof targets)
+            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"target_modules\" is longer than %d bytes", cfg_path, GM_LORA_TARGETS_MAX - 1);
+    } else if (s == GM_OK && cJSON_IsArray(tm)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, tm) {
+            size_t k = strlen(targets);
+            if (!cJSON_IsString(e) || snprintf(targets + k, sizeof targets - k, "%s%s", k ? "," : "", e->valuestring) >= (int)(sizeof targets - k)) {
+                s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"target_modules\" must be module names (at most %d bytes in all)", cfg_path,
+                                 GM_LORA_TARGETS_MAX - 1);
+                break;
+            }
+        }
+    }
+    if (s == GM_OK && cJSON_IsNumber(lt)) {
+        for (int i = 0; i < GM_MAX_LAYERS; i++) layers_sel[i] = i == (int)lt->valuedouble;
+    } else if (s == GM_OK && cJSON_IsArray(lt)) {
+        for (int i = 0; i < GM_MAX_LAYERS; i++) layers_sel[i] = false;
+        const cJSON *e;
+        cJSON_ArrayForEach(e, lt) if (cJSON_IsNumber(e) && e->valuedouble >= 0 && e->valuedouble < GM_MAX_LAYERS) layers_sel[(int)e->valuedouble] = true;
+    }
     gm_lora_config lc = gm_lora_config_default();
     if (s == GM_OK) {
         lc.rank = (int)r->valuedouble;
         lc.alpha = (float)al->valuedouble;
         lc.dropout = cJSON_IsNumber(dr) && dr->valuedouble >= 0 && dr->valuedouble < 1 ? (float)dr->valuedouble : 0.0f;
         lc.rslora = cJSON_IsTrue(rs);
+        if (gm_lora_config_validate(&lc, &m->cfg, err) != GM_OK) {
+            s = err ? err->code : GM_ERR_INVALID;
+            gm_error_prefix(err, "%s", cfg_path);
+        }
     }
     cJSON_Delete(j);
     gm_safetensors *st = NULL;
     if (s == GM_OK) {
-        char bin[1300];
-        snprintf(bin, sizeof bin, "%s/adapter_model.bin", dir);
-        struct stat sb;
-        if (stat(w_path, &sb) != 0 && stat(bin, &sb) == 0)
+        if (!has_file(dir, PEFT_WEIGHTS) && has_file(dir, "adapter_model.bin"))
             s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: the weights are in adapter_model.bin (a PyTorch pickle, which gemmarun "
                              "does not read)\n  hint: save the adapter with save_pretrained(..., safe_serialization=True)", dir);
         else s = gm_safetensors_open(w_path, &st, err);
@@ -479,10 +549,66 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
             s = gm_error_set(err, GM_ERR_FORMAT, "%s: tensor '%s' has no partner: missing key '%s'", w_path, name, other);
             break;
         }
+        /* only the text decoder's modules, in one of its layouts, with canonical layer numbers:
+         * PEFT would load nothing else onto this model (a vision tower's layers.0 is not ours) */
+        const char *mod = name + strlen(PEFT_PREFIX), *tail = NULL;
+        static const char *const layouts[] = {"model.", "model.language_model.", "language_model.model."};
+        for (int k = 0; k < 3 && !tail; k++) {
+            size_t n = strlen(layouts[k]);
+            if (strncmp(mod, layouts[k], n) == 0 && strncmp(mod + n, "layers.", 7) == 0) tail = mod + n;
+        }
+        const char *d = tail ? tail + 7 : NULL;
+        bool canon = d && isdigit((unsigned char)d[0]) && (d[0] != '0' || d[1] == '.');
+        while (canon && isdigit((unsigned char)*d)) d++;
+        if (!tail || !canon || *d != '.') {
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' is not on a layer of the text decoder (keys are "
+                             "base_model.model.model.layers.<N>.<module>...; also model.language_model. or language_model.model.)",
+                             w_path, name);
+            break;
+        }
+        size_t plen = (size_t)(tail - mod);
+        if (nm > 0 && !(plen == (size_t)(strstr(modules[0], "layers.") - modules[0]) && strncmp(mod, modules[0], plen) == 0)) {
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' uses another module layout than '%s' (one adapter, one layout)",
+                             w_path, name, modules[0]);
+            break;
+        }
         if (!is_a) continue;
         snprintf(keys[nm], sizeof keys[nm], "%.*s", (int)(strlen(name) - strlen(A_SUFFIX)), name);
         modules[nm] = keys[nm] + strlen(PEFT_PREFIX);
         nm++;
+    }
+    /* PEFT puts adapters on the modules its config selects and loads the tensors of those only:
+     * the file's modules must be selected, and a selected module without tensors keeps PEFT's
+     * initialization (harmless only when that sets B = 0) */
+    if (s == GM_OK && nm > 0 && targets[0]) {
+        char prefix[64];
+        snprintf(prefix, sizeof prefix, "%.*s", (int)(strstr(modules[0], "layers.") - modules[0]), modules[0]);
+        gm_lora_config sel = lc;
+        snprintf(sel.targets, sizeof sel.targets, "%s", targets);
+        for (int i = 0; i < GM_MAX_LAYERS; i++) sel.layers[i] = layers_sel[i];
+        gm_lora want;
+        memset(&want, 0, sizeof want);
+        s = gm_lora_describe(&want, &sel, m->arch, &m->cfg, prefix, err);
+        if (s != GM_OK) gm_error_prefix(err, "%s: target_modules / layers_to_transform", cfg_path);
+        for (int i = 0; s == GM_OK && i < nm; i++) {
+            bool found = false;
+            for (int k = 0; k < want.n && !found; k++) found = strcmp(want.ad[k].module, modules[i]) == 0;
+            long layer = strtol(strstr(modules[i], "layers.") + 7, NULL, 10);
+            if (!found && layer >= m->cfg.n_layers)
+                s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, but this model has %lld layers (an adapter "
+                                 "for another base model?)", w_path, modules[i], (long long)m->cfg.n_layers);
+            else if (!found)
+                s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, which adapter_config.json's target_modules "
+                                 "/ layers_to_transform do not select (PEFT would ignore its tensors)", w_path, modules[i]);
+        }
+        for (int k = 0; s == GM_OK && !init_zero_b && k < want.n; k++) {
+            bool found = false;
+            for (int i = 0; i < nm && !found; i++) found = strcmp(want.ad[k].module, modules[i]) == 0;
+            if (!found)
+                s = gm_error_set(err, GM_ERR_INVALID, "%s: adapter_config.json selects %s but the file has no tensors for it, and "
+                                 "with init_lora_weights false PEFT would give it a random B", cfg_path, want.ad[k].module);
+        }
+        gm_lora_free(&want);
     }
     if (s == GM_OK && nm == 0) s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no LoRA tensors in it", w_path);
     st_src src = {st, w_path};
@@ -496,7 +622,17 @@ gm_status gm_adapter_load(const gm_model *m, gm_backend *be, const char *path, c
                           gm_error *err) {
     *out = NULL;
     if (!path || !*path) return gm_error_set(err, GM_ERR_INVALID, "no adapter path given");
-    char file[1200];
+    char file[4096];
+    if (ends_with(path, ".safetensors") || ends_with(path, "/" PEFT_CONFIG) || strcmp(path, PEFT_CONFIG) == 0)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: give the PEFT adapter's folder (the one holding adapter_config.json and "
+                            "adapter_model.safetensors), not one of its files", path);
+    if (ends_with(path, ".gguf"))
+        return gm_error_set(err, GM_ERR_INVALID, "%s is a GGUF file: gemmarun reads adapters from results folders, trial files, "
+                            "checkpoints and PEFT adapter folders (`gemmarun export --format gguf` writes GGUF adapters for llama.cpp)",
+                            path);
+    if (is_dir(path) && !is_peft_dir(path) && has_file(path, PEFT_WEIGHTS))
+        return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: a PEFT adapter folder without adapter_config.json (its r and lora_alpha): "
+                            "copy the adapter's config beside adapter_model.safetensors", path);
     if (is_peft_dir(path)) {
         if (trial && *trial)
             return gm_error_set(err, GM_ERR_INVALID, "%s is a PEFT adapter folder (one adapter); --trial picks a trial of a results "
@@ -518,11 +654,12 @@ gm_status gm_adapter_load(const gm_model *m, gm_backend *be, const char *path, c
         int n = 0, pick = -1;
         GM_TRY(folder_trials(path, &c, &n, err));
         gm_status s = choose(c, n, trial, path, &pick, err);
-        if (s == GM_OK) snprintf(file, sizeof file, "%s", c[pick].where);
+        if (s == GM_OK && snprintf(file, sizeof file, "%s", c[pick].where) >= (int)sizeof file)
+            s = gm_error_set(err, GM_ERR_INVALID, "path too long: %s", c[pick].where);
         gm_free(c);
         if (s != GM_OK) return s;
-    } else {
-        snprintf(file, sizeof file, "%s", path);
+    } else if (snprintf(file, sizeof file, "%s", path) >= (int)sizeof file) {
+        return gm_error_set(err, GM_ERR_INVALID, "path too long (%zu bytes at most): %s", sizeof file - 1, path);
     }
     gm_h5_file *f = NULL;
     GM_TRY(gm_h5_open(file, false, &f, err));
@@ -567,7 +704,7 @@ gm_status gm_adapter_load(const gm_model *m, gm_backend *be, const char *path, c
         s = merged_trials(f, &c, &n, err);
         if (s == GM_OK) s = choose(c, n, trial, file, &pick, err);
         if (s == GM_OK) {
-            char ag[1300];
+            char ag[4200];
             snprintf(ag, sizeof ag, "%s/adapter", c[pick].where);
             snprintf(a->trial_id, sizeof a->trial_id, "%s", c[pick].id);
             s = read_adapter(m, be, f, ag, c[pick].where, a, err);
@@ -619,6 +756,17 @@ static const char *target_name(const gm_arch_def *arch, const gm_lora_adapter *a
     return same <= 1 ? last : sub;
 }
 
+/* The double with the fewest digits that is the same float (0.1f -> 0.1, not 0.100000001...),
+ * as the user wrote it. */
+static double shortest(float v) {
+    char buf[32];
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)v);
+        if ((float)strtod(buf, NULL) == v) return strtod(buf, NULL);
+    }
+    return (double)v;
+}
+
 /* Appends `s` to the regex in buf with '.' escaped. */
 static void rx_append(char *buf, size_t cap, const char *s) {
     size_t k = strlen(buf);
@@ -666,9 +814,9 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         } else {
             cJSON_AddItemToObject(c, "layers_to_transform", cJSON_CreateNull());
         }
-        cJSON_AddNumberToObject(c, "lora_alpha", lo->cfg.alpha);
+        cJSON_AddNumberToObject(c, "lora_alpha", shortest(lo->cfg.alpha));
         cJSON_AddBoolToObject(c, "lora_bias", false);
-        cJSON_AddNumberToObject(c, "lora_dropout", lo->cfg.dropout);
+        cJSON_AddNumberToObject(c, "lora_dropout", shortest(lo->cfg.dropout));
         cJSON_AddItemToObject(c, "modules_to_save", cJSON_CreateNull());
         cJSON_AddStringToObject(c, "peft_type", "LORA");
         cJSON_AddNumberToObject(c, "r", lo->cfg.rank);
@@ -729,16 +877,16 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         p += ad->out * r;
     }
     if (s == GM_OK) s = gm_backend_status(be, err);
-    char path[1300];
+    char wpath[4096], cpath[4096];
+    if (s == GM_OK) s = join_path(wpath, sizeof wpath, dir, PEFT_WEIGHTS, err);
+    if (s == GM_OK) s = join_path(cpath, sizeof cpath, dir, PEFT_CONFIG, err);
     if (s == GM_OK) {
         static const char *const meta[] = {"format", "pt"};
-        snprintf(path, sizeof path, "%s/" PEFT_WEIGHTS, dir);
-        s = gm_safetensors_write(path, wt, 2 * lo->n, meta, 1, err);
+        s = gm_safetensors_write(wpath, wt, 2 * lo->n, meta, 1, err);
     }
     if (s == GM_OK) {
         char *json = cJSON_Print(c);
-        snprintf(path, sizeof path, "%s/" PEFT_CONFIG, dir);
-        s = json ? gm_write_file_atomic(path, json, strlen(json), err) : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        s = json ? gm_write_file_atomic(cpath, json, strlen(json), err) : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
         cJSON_free(json);
     }
     gm_free(host), gm_free(wt);

@@ -51,7 +51,7 @@ extern "C" {
 typedef struct gm_adapter {
     gm_lora lora;            /* the adapters (A, B on the backend) */
     gm_arena arena;          /* their buffers */
-    char source[1200];       /* the file the tensors came from */
+    char source[4096];       /* the file or PEFT folder the tensors came from */
     char trial_id[64];       /* the trial's id ("" for a checkpoint) */
     int64_t step;            /* optimizer steps the adapter was trained for (-1: unknown) */
 } gm_adapter;

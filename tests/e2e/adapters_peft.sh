@@ -153,22 +153,26 @@ bad() { rm -rf "$1"; cp -r out3 "$1"; }
 expect_run "an adapter for another base: the tensor and both shapes" 2 \
   "adapter of model.layers.0.self_attn.q_proj: .*sub/adapter_model.safetensors: tensor 'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight' is 4 x 64; this model needs 4 x 32 \(an adapter for another base model\?\)" \
   -- env MODEL="$SRC/tests/ref/tiny_gemma3_v9k" IDS=2,3 OUT=results/x.txt ADAPTER=sub "$GM" "$SRC/tests/peers/logits.lua"
-expect_run "an adapter with layers the base does not have" 2 "adapter module 'model.layers.2.mlp.down_proj' is not a LoRA-targetable module of this model \(2 layers" \
+expect_run "an adapter with layers the base does not have" 2 "the file has an adapter on model.layers.2.mlp.down_proj, but this model has 2 layers \(an adapter for another base model\?\)" \
   -- env MODEL="$SRC/tests/ref/tiny_gemma3_v9k" IDS=2,3 OUT=results/x.txt ADAPTER=out3 "$GM" "$SRC/tests/peers/logits.lua"
-bad missing
-python3 - <<'EOF'
-import json, struct
-p = "missing/adapter_model.safetensors"
+# edit_st DIR drop KEY | rename OLD NEW | nan KEY: rewrites DIR/adapter_model.safetensors (stdlib only)
+cat > edit_st.py <<'EOF'
+import json, struct, sys
+d, op, args = sys.argv[1], sys.argv[2], sys.argv[3:]
+p = d + "/adapter_model.safetensors"
 b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n]); data = b[8 + n:]
-drop = "base_model.model.model.layers.2.mlp.up_proj.lora_B.weight"
-keep = {k: v for k, v in h.items() if k != drop}
 out, parts, off = {}, [], 0
-for k, v in keep.items():
+for k, v in h.items():
     if k == "__metadata__": out[k] = v; continue
-    s, e = v["data_offsets"]; parts.append(data[s:e]); out[k] = dict(v, data_offsets=[off, off + e - s]); off += e - s
+    if op == "drop" and k == args[0]: continue
+    s, e = v["data_offsets"]; chunk = bytearray(data[s:e])
+    if op == "nan" and k == args[0]: chunk[0:4] = struct.pack("<f", float("nan"))
+    name = args[1] if op == "rename" and k == args[0] else k
+    parts.append(bytes(chunk)); out[name] = dict(v, data_offsets=[off, off + e - s]); off += e - s
 hj = json.dumps(out).encode(); hj += b" " * (-len(hj) % 8)
 open(p, "wb").write(struct.pack("<Q", len(hj)) + hj + b"".join(parts))
 EOF
+bad missing; python3 edit_st.py missing drop base_model.model.model.layers.2.mlp.up_proj.lora_B.weight
 expect_run "a missing key is named" 2 "tensor 'base_model.model.model.layers.2.mlp.up_proj.lora_A.weight' has no partner: missing key 'base_model.model.model.layers.2.mlp.up_proj.lora_B.weight'" \
   -- "$GM" generate "$BASE" --adapter missing "hi" --max-tokens 1
 bad rank; sed -i 's/"r":[[:space:]]*4/"r": 8/' rank/adapter_config.json
@@ -180,6 +184,47 @@ expect_run "a DoRA adapter is refused by name" 2 "dora/adapter_config.json: \"us
 bad pickle; mv pickle/adapter_model.safetensors pickle/adapter_model.bin
 expect_run "adapter_model.bin (a pickle) is refused with the way out" 2 "adapter_model.bin \(a PyTorch pickle.*safe_serialization=True" \
   -- "$GM" generate "$BASE" --adapter pickle "hi" --max-tokens 1
+Q0=base_model.model.model.layers.0.self_attn.q_proj
+bad vision; V0=base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj
+python3 edit_st.py vision rename $Q0.lora_A.weight $V0.lora_A.weight; python3 edit_st.py vision rename $Q0.lora_B.weight $V0.lora_B.weight
+expect_run "a tensor off the text decoder (a vision tower's layers.0) is named, not applied to layer 0" 2 \
+  "tensor 'base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj.lora_A.weight' is not on a layer of the text decoder" \
+  -- "$GM" generate "$BASE" --adapter vision "hi" --max-tokens 1
+bad nan; python3 edit_st.py nan nan $Q0.lora_B.weight
+expect_run "a NaN in an adapter tensor is named" 2 "tensor model.layers.0.self_attn.q_proj.lora_B.weight holds a non-finite value|tensor $Q0.lora_B.weight holds a non-finite value" \
+  -- "$GM" generate "$BASE" --adapter nan "hi" --max-tokens 1
+bad pissa; sed -i 's/"init_lora_weights":[[:space:]]*true/"init_lora_weights": "pissa"/' pissa/adapter_config.json
+expect_run "a PiSSA adapter (it changed the base weights) is refused" 2 "\"init_lora_weights\": \"pissa\" initializes by changing the base weights" \
+  -- "$GM" generate "$BASE" --adapter pissa "hi" --max-tokens 1
+bad seltm; python3 -c "import json; p='seltm/adapter_config.json'; c=json.load(open(p)); c['target_modules']=['k_proj']; json.dump(c, open(p, 'w'))"
+expect_run "tensors on modules target_modules does not select are refused (PEFT would ignore them)" 2 \
+  "the file has an adapter on model.layers.0.[a-z_.]+, which adapter_config.json's target_modules / layers_to_transform do not select" \
+  -- "$GM" generate "$BASE" --adapter seltm "hi" --max-tokens 1
+bad sellt; python3 -c "import json; p='sellt/adapter_config.json'; c=json.load(open(p)); c['layers_to_transform']=[0]; json.dump(c, open(p, 'w'))"
+expect_run "... and tensors on layers layers_to_transform leaves out" 2 "the file has an adapter on model.layers.1.[a-z_.]+, which adapter_config.json's target_modules / layers_to_transform do not select" \
+  -- "$GM" generate "$BASE" --adapter sellt "hi" --max-tokens 1
+bad rsstr; python3 -c "import json; p='rsstr/adapter_config.json'; c=json.load(open(p)); c['use_rslora']='true'; json.dump(c, open(p, 'w'))"
+expect_run "use_rslora that is not a boolean is refused" 2 "\"use_rslora\" must be true or false" -- "$GM" generate "$BASE" --adapter rsstr "hi" --max-tokens 1
+expect_run "a PEFT folder's file given instead of the folder" 2 "give the PEFT adapter's folder \(the one holding adapter_config.json and adapter_model.safetensors\), not one of its files" \
+  -- "$GM" generate "$BASE" --adapter out3/adapter_model.safetensors "hi" --max-tokens 1
+expect_run "a GGUF adapter given to --adapter" 2 "t3.gguf is a GGUF file: gemmarun reads adapters from results folders" \
+  -- "$GM" generate "$BASE" --adapter t3.gguf "hi" --max-tokens 1
+# where Lua may write: m:save_adapter outside the results folder is refused like gm.write_text; the
+# export command writes its OUT, which the user named
+cat > escape.lua <<EOF
+local m <close> = gm.load_model("$BASE")
+m:save_adapter("$TMP/escaped", { adapter = "results/tiny", trial = 1 })
+EOF
+expect_run "m:save_adapter outside the results folder is refused (the sandbox's write rule)" 2 "save_adapter: .*escaped is outside the results folder" \
+  -- "$GM" escape.lua
+[ ! -e "$TMP/escaped" ] && { pass=$((pass + 1)); echo "ok    ... and nothing was written"; } || { fail=$((fail + 1)); echo "FAIL  $TMP/escaped was written"; }
+expect_run "export into a folder of trial files is refused" 2 "results/tiny holds trial files: export into a folder of its own" \
+  -- "$GM" export results/tiny --trial 1 results/tiny
+# a long path (1,500 bytes: beyond the 1,300 the first version cut paths to) is written whole
+long=$(printf 'd%.0s' $(seq 1 200)); deep="$long/$long/$long/$long/$long/$long/$long/out"
+mkdir -p "$(dirname "$deep")"
+expect_run "export to a 1,500-byte path writes both files under their names" 0 "ok" \
+  -- bash -c "'$GM' export results/tiny --trial 3 '$deep' >/dev/null && [ -s '$deep/adapter_config.json' ] && [ -s '$deep/adapter_model.safetensors' ] && echo ok"
 expect_run "--trial with a PEFT folder is refused" 2 "is a PEFT adapter folder \(one adapter\); --trial picks a trial" \
   -- "$GM" generate "$BASE" --adapter out3 --trial 2 "hi" --max-tokens 1
 
