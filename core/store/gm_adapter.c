@@ -514,10 +514,8 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
         lc.alpha = (float)al->valuedouble;
         lc.dropout = cJSON_IsNumber(dr) && dr->valuedouble >= 0 && dr->valuedouble < 1 ? (float)dr->valuedouble : 0.0f;
         lc.rslora = cJSON_IsTrue(rs);
-        if (gm_lora_config_validate(&lc, &m->cfg, err) != GM_OK) {
-            s = err ? err->code : GM_ERR_INVALID;
-            gm_error_prefix(err, "%s", cfg_path);
-        }
+        s = gm_lora_config_validate(&lc, &m->cfg, err);
+        if (s != GM_OK) gm_error_prefix(err, "%s", cfg_path);
     }
     cJSON_Delete(j);
     gm_safetensors *st = NULL;
