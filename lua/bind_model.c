@@ -22,6 +22,9 @@
  *   model:save_adapter(out, {adapter =, trial =, format = "peft", base_model =}) -> info: the
  *        adapter written as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)
  *        or, format = "gguf", a llama.cpp LoRA adapter file
+ *   model:save_merged(out, {adapter =, trial =, format = "hf", dtype =}) -> info: the model with the
+ *        adapter merged in, as a Hugging Face folder (dtype bf16 default) or, format = "gguf", a GGUF
+ *        file (dtype f16 default, or f32, bf16, q8_0)
  *   model:config()                                     -> table of the config fields
  *   model:sha256()                                     -> hex, "file=<12 hex> ..." (gm_model_sha256)
  *   model:close()
@@ -37,6 +40,7 @@
 #include "gm_decoder.h"
 #include "gm_fetch.h"
 #include "gm_generate.h"
+#include "gm_merged.h"
 #include "gm_model.h"
 #include "gm_tokenizer.h"
 
@@ -298,6 +302,50 @@ static int l_save_adapter(lua_State *L) {
     return 1;
 }
 
+/* model:save_merged(out, {adapter =, trial =, format = "hf", dtype =}) -> {tensors =, merged =,
+ * bytes =, tokenizer =, dtype =}: the model with the adapter (as `adapter`/`trial` name it; none:
+ * the base alone, converted) merged into its weights, written as a Hugging Face folder `out`
+ * (format "hf", dtype f32 / bf16 (default) / f16) or, format "gguf", a GGUF file `out` (dtype f32 /
+ * f16 (default) / bf16 / q8_0; from a GGUF base). gm_model_save_merged (core/store/gm_merged.h). */
+static int l_save_merged(lua_State *L) {
+    lmodel *lm = gm_bind_check_model(L, 1);
+    const char *out = luaL_checkstring(L, 2);
+    static const char *const allowed[] = {"adapter", "trial", "format", "dtype", NULL};
+    gm_bind_check_opts(L, 3, "save_merged", allowed);
+    const char *format = gm_bind_opt_str(L, 3, "format", "hf");
+    bool gguf = strcmp(format, "gguf") == 0;
+    if (!gguf && strcmp(format, "hf") != 0)
+        return luaL_error(L, "save_merged: format must be \"hf\" (a Hugging Face folder) or \"gguf\" (a GGUF file), not \"%s\"", format);
+    const char *dtname = gm_bind_opt_str(L, 3, "dtype", gguf ? "f16" : "bf16");
+    gm_dtype dt;
+    if (!gm_dtype_from_name(dtname, &dt) || !(dt == GM_F32 || dt == GM_F16 || dt == GM_BF16 || (gguf && dt == GM_Q8_0)))
+        return luaL_error(L, "save_merged: dtype \"%s\" is not one a %s takes (%s)", dtname, gguf ? "GGUF" : "Hugging Face folder",
+                          gguf ? "f32, f16, bf16, q8_0" : "f32, bf16, f16");
+    const char *adapter = gm_bind_opt_str(L, 3, "adapter", NULL);
+    char trial_buf[64];
+    const char *trial = opt_trial(L, 3, "save_merged", adapter, trial_buf, sizeof trial_buf);
+    gm_bind_check_export_path(L, out, "save_merged");
+    gm_error err = {0};
+    gm_status s = adapter ? use_adapter(lm, adapter, trial, &err) : GM_OK;
+    gm_merged_info info;
+    if (s == GM_OK)
+        s = gm_model_save_merged(lm->m, adapter ? &lm->ad->lora : NULL, lm->be, gguf ? GM_MERGED_GGUF : GM_MERGED_HF, dt, out, &info,
+                                 &err);
+    if (s != GM_OK) return gm_bind_raise(L, &err);
+    lua_createtable(L, 0, 5);
+    lua_pushinteger(L, info.n_tensors);
+    lua_setfield(L, -2, "tensors");
+    lua_pushinteger(L, info.n_merged);
+    lua_setfield(L, -2, "merged");
+    lua_pushinteger(L, (lua_Integer)info.bytes);
+    lua_setfield(L, -2, "bytes");
+    lua_pushstring(L, info.tokenizer);
+    lua_setfield(L, -2, "tokenizer");
+    lua_pushstring(L, gm_dtype_name(dt));
+    lua_setfield(L, -2, "dtype");
+    return 1;
+}
+
 static int l_generate(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     size_t prompt_len;
@@ -479,7 +527,7 @@ static int l_hub_id(lua_State *L) {
 void gm_lua_open_model(lua_State *L) {
     static const luaL_Reg methods[] = {{"tokenize", l_tokenize}, {"detokenize", l_detokenize},
                                        {"generate", l_generate}, {"logits", l_logits},
-                                       {"save_adapter", l_save_adapter}, {"config", l_config}, {"sha256", l_sha256},
+                                       {"save_adapter", l_save_adapter}, {"save_merged", l_save_merged}, {"config", l_config}, {"sha256", l_sha256},
                                        {"release_weight_pages", l_release_weight_pages},
                                        {"close", l_close}, {NULL, NULL}};
     luaL_newmetatable(L, GM_MODEL_MT);

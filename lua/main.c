@@ -11,8 +11,9 @@
  *   gemmarun table RESULTS            re-render the tables and plots of results/<exp>/ or
  *                                     results/<exp>.h5 (lua/report.lua)
  *   gemmarun reproduce RESULTS ...    rerun a stored trial and compare (lua/runner.lua)
- *   gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf] [--base MODEL] OUT
- *                                     a trial's adapter for other tools (runner.export)
+ *   gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf|merged] [--dtype T] [--base MODEL] OUT
+ *                                     a trial's adapter, or the model with it merged, for other tools
+ *                                     (runner.export)
  *
  * MODEL is a .gguf file, a Hugging Face checkpoint folder, or a name known to `fetch`.
  * Exit codes (DESIGN.md §2): 0 success, 1 a run failed, 2 bad usage or bad input file.
@@ -77,9 +78,11 @@ static void usage(FILE *f) {
             "                                     reruns a stored trial from its stored experiment (model\n"
             "                                     and data hashes checked first) into RESULTS/reproduce/;\n"
             "                                     exit 0 when bit-identical, 1 when it moved\n"
-            "  gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf] [--base MODEL] OUT\n"
+            "  gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf|merged] [--dtype T] [--base MODEL] OUT\n"
             "                                     a trial's adapter as a PEFT adapter folder OUT/ or a llama.cpp\n"
-            "                                     LoRA file OUT.gguf (--best: the best trial by the report's metric)\n"
+            "                                     LoRA file OUT.gguf; merged: the model with it merged in, as a\n"
+            "                                     Hugging Face folder OUT/ or a GGUF OUT.gguf (--best: the best\n"
+            "                                     trial by the report's metric)\n"
             "MODEL is a .gguf file, a Hugging Face checkpoint folder, or a name known to fetch.\n");
 }
 
@@ -943,16 +946,20 @@ done:
     return rc;
 }
 
-#define EXPORT_USAGE "usage: gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf] [--base MODEL] [--threads N] OUT\n" \
-                     "  RESULTS: a results folder (results/EXPERIMENT/) or one trial file\n" \
-                     "  OUT: the folder to write (--format peft, the default: a PEFT adapter folder) or a .gguf file\n" \
-                     "       (--format gguf: a llama.cpp LoRA adapter); --best: the report's best trial\n"
+#define EXPORT_USAGE "usage: gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf|merged] [--dtype T] [--base MODEL]\n" \
+                     "                       [--threads N] OUT\n" \
+                     "  RESULTS: a results folder (results/EXPERIMENT/) or one trial file; --best: the report's best trial\n" \
+                     "  OUT: --format peft (the default): a PEFT adapter folder; --format gguf: a llama.cpp LoRA adapter,\n" \
+                     "       OUT.gguf; --format merged: the base with the adapter merged in, as a Hugging Face folder\n" \
+                     "       (--dtype bf16 (default), f32, f16) or, OUT.gguf, a GGUF file (--dtype f16 (default), f32, bf16,\n" \
+                     "       q8_0)\n"
 
-/* `gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf] [--base MODEL] [--threads N] OUT`:
- * runner.export writes the trial's adapter (a PEFT adapter folder or a llama.cpp GGUF file). */
+/* `gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf|merged] [--dtype T] [--base MODEL] [--threads N] OUT`:
+ * runner.export writes the trial's adapter (a PEFT adapter folder or a llama.cpp GGUF file) or the
+ * base with it merged in (a Hugging Face folder or a GGUF file). */
 static int cmd_export(int argc, char **argv) {
     gm_lua_opts lo = {.allow_os = false, .n_threads = 2};
-    const char *results = NULL, *out = NULL, *trial = NULL, *format = NULL, *base = NULL;
+    const char *results = NULL, *out = NULL, *trial = NULL, *format = NULL, *base = NULL, *dtype = NULL;
     bool best = false;
     long long threads = 0;
     for (int i = 0; i < argc; i++) {
@@ -965,6 +972,7 @@ static int cmd_export(int argc, char **argv) {
         else if (strcmp(a, "--trial") == 0 && i + 1 < argc) trial = argv[++i];
         else if (strcmp(a, "--format") == 0 && i + 1 < argc) format = argv[++i];
         else if (strcmp(a, "--base") == 0 && i + 1 < argc) base = argv[++i];
+        else if (strcmp(a, "--dtype") == 0 && i + 1 < argc) dtype = argv[++i];
         else if (strcmp(a, "--threads") == 0 && i + 1 < argc) {
             if (!parse_long(argv[++i], &threads) || threads < 1 || threads > 256) {
                 fprintf(stderr, "gemmarun export: bad value for --threads: %s\n", argv[i]);
@@ -988,8 +996,8 @@ static int cmd_export(int argc, char **argv) {
     gm_lua_allow_export_path(L, out); /* the one path outside results/ the export may write */
     push_runner_fn(L, "export");
     lua_createtable(L, 0, 7);
-    const char *keys[] = {"results", "out", "trial", "format", "base"}, *vals[] = {results, out, trial, format, base};
-    for (int k = 0; k < 5; k++) {
+    const char *keys[] = {"results", "out", "trial", "format", "base", "dtype"}, *vals[] = {results, out, trial, format, base, dtype};
+    for (int k = 0; k < 6; k++) {
         if (!vals[k]) continue;
         lua_pushstring(L, vals[k]);
         lua_setfield(L, -2, keys[k]);

@@ -1048,9 +1048,10 @@ local BUILD_FIELDS = { "gemmarun_version", "git_commit", "compiler", "blas", "hd
 --- sha256 are checked against the stored ones before any training (a usage error naming what
 --- differs, nothing run). Prints whether the result is bit-identical or how far it moved;
 --- returns 0 when bit-identical, 1 when not (or the trial failed).
---- `gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf] [--base MODEL] OUT`: writes
---- a completed trial's adapter for other tools (a PEFT folder or a llama.cpp GGUF file). opts:
---- results, out, trial, best, format, base, threads. The trial: --trial's, the report's best (report.best_trial) with --best, else the
+--- `gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf|merged] [--dtype T] [--base MODEL] OUT`:
+--- writes a completed trial's adapter for other tools (a PEFT folder or a llama.cpp GGUF file), or
+--- the base with it merged in (a Hugging Face folder, or a GGUF file when OUT ends in .gguf). opts:
+--- results, out, trial, best, format, dtype, base, threads. The trial: --trial's, the report's best (report.best_trial) with --best, else the
 --- only one. The base model: the trial's own (its config.model) unless --base names another copy
 --- of it; the adapter's shapes are checked against it. Returns the exit code (usage errors raise).
 function R.export(opts)
@@ -1082,11 +1083,20 @@ function R.export(opts)
     P.usage(nil, "%s holds trial files: export into a folder of its own", opts.out)
   end
   local fmt = opts.format or "peft"
-  if fmt ~= "peft" and fmt ~= "gguf" then
-    P.usage(nil, "--format %s: unknown format (known: peft, a PEFT adapter folder; gguf, a llama.cpp adapter file)", tostring(fmt))
+  if fmt ~= "peft" and fmt ~= "gguf" and fmt ~= "merged" then
+    P.usage(nil, "--format %s: unknown format (known: peft, a PEFT adapter folder; gguf, a llama.cpp adapter file; merged, "
+      .. "the model with the adapter merged in)", tostring(fmt))
   end
   if fmt == "gguf" and not opts.out:match("%.gguf$") then
     P.usage(nil, "--format gguf writes one file: give OUT as a .gguf file name (got %s)", opts.out)
+  end
+  local gguf_out = fmt == "merged" and opts.out:match("%.gguf$") ~= nil
+  local dtypes = fmt ~= "merged" and {} or gguf_out and { f16 = 1, f32 = 1, bf16 = 1, q8_0 = 1 } or { bf16 = 1, f32 = 1, f16 = 1 }
+  if opts.dtype and fmt ~= "merged" then
+    P.usage(nil, "--dtype is for --format merged (an adapter is written in f32, as PEFT and llama.cpp's converter write it)")
+  elseif opts.dtype and not dtypes[opts.dtype] then
+    P.usage(nil, "--dtype %s: a merged %s takes %s", opts.dtype, gguf_out and "GGUF" or "Hugging Face folder",
+      gguf_out and "f16 (the default), f32, bf16 or q8_0" or "bf16 (the default), f32 or f16")
   end
   if opts.base == "" then P.usage(nil, "--base: give a model path or name") end
   local model = opts.base or (t.config or {}).model
@@ -1101,6 +1111,22 @@ function R.export(opts)
       tostring(t.trial_index), model, clean_msg(m))
   end
   local base = gm.hub_id(t.config.model) or t.config.model
+  if fmt == "merged" then
+    local t0 = gm.clock()
+    local ok2, info = pcall(m.save_merged, m, opts.out, { adapter = t.path, format = gguf_out and "gguf" or "hf", dtype = opts.dtype })
+    m:close()
+    if not ok2 then P.usage(nil, "%s", clean_msg(info)) end
+    say("merged trial %s (%s) of %s into %s: %d of %d weights carry the adapter; %s, %s in %s", tostring(t.trial_index),
+      tostring(t.trial_id), opts.results, model, info.merged, info.tensors, info.dtype, fmt_bytes(info.bytes), fmt_time(gm.clock() - t0))
+    if gguf_out then
+      say("  written: %s (metadata and tokenizer from the base)", opts.out)
+      say("  with llama.cpp: llama-cli -m %s", opts.out)
+    else
+      say("  written: %s/model.safetensors, config.json, generation_config.json; tokenizer: %s", opts.out, info.tokenizer)
+      say("  in Python: AutoModelForCausalLM.from_pretrained(\"%s\")", opts.out)
+    end
+    return 0
+  end
   local ok2, info = pcall(m.save_adapter, m, opts.out, { adapter = t.path, base_model = base, format = fmt })
   m:close()
   if not ok2 then P.usage(nil, "%s", clean_msg(info)) end

@@ -5,6 +5,8 @@
 
 #include "gm_status.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const gm_dtype_info infos[GM_DTYPE_COUNT] = {
@@ -101,4 +103,13 @@ uint16_t gm_f32_to_f16(float f) {
     uint32_t rem = absx & 0x1fffu;
     if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) h++;
     return (uint16_t)(sign | h);
+}
+
+double gm_f32_shortest(float v) {
+    char buf[32];
+    for (int digits = 6; digits <= 9; digits++) {
+        snprintf(buf, sizeof buf, "%.*g", digits, (double)v);
+        if ((float)strtod(buf, NULL) == v) return strtod(buf, NULL);
+    }
+    return (double)v;
 }

@@ -84,6 +84,9 @@ static inline uint16_t gm_f32_to_bf16(float f) {
 }
 /* f32 -> bf16 -> f32 in one step: the value a bf16 tensor would hold. */
 static inline float gm_round_bf16(float f) { return gm_bf16_to_f32(gm_f32_to_bf16(f)); }
+/* The double with the fewest significant digits (6 to 9) that rounds to the same float: 1e-6f
+ * gives 1e-06, not 9.99999997e-07 - a float as the user or the config wrote it, for JSON. */
+double gm_f32_shortest(float v);
 
 #ifdef __cplusplus
 }

@@ -589,3 +589,77 @@ int64_t gm_config_n_params(const gm_config *c) {
     if (!c->tie_word_embeddings) n += c->vocab_size * C;
     return n + c->vision.params + c->audio.params;
 }
+
+/* The first layer of type t, or -1. */
+static int first_layer(const gm_config *c, gm_layer_type t) {
+    for (int64_t i = 0; i < c->n_layers; i++)
+        if (c->layer_type[i] == t) return (int)i;
+    return -1;
+}
+
+static void add_rope(cJSON *o, float theta, float pos_scale) {
+    bool linear = pos_scale != 1.0f;
+    cJSON_AddStringToObject(o, "rope_type", linear ? "linear" : "default");
+    if (linear) cJSON_AddNumberToObject(o, "factor", gm_f32_shortest(1.0f / pos_scale));
+    cJSON_AddNumberToObject(o, "rope_theta", gm_f32_shortest(theta));
+}
+
+gm_status gm_config_to_json(const gm_config *c, const char *dtype, char **out, gm_error *err) {
+    *out = NULL;
+    if (c->arch != GM_ARCH_GEMMA3)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "writing a config.json for %s models is not implemented yet (Gemma 3 is)",
+                            gm_arch_name(c->arch));
+    int full = first_layer(c, GM_LAYER_FULL), slide = first_layer(c, GM_LAYER_SLIDING);
+    cJSON *j = cJSON_CreateObject(), *a;
+    if (!j) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    a = cJSON_AddArrayToObject(j, "architectures");
+    cJSON_AddItemToArray(a, cJSON_CreateString("Gemma3ForCausalLM"));
+    cJSON_AddBoolToObject(j, "attention_bias", false);
+    cJSON_AddNumberToObject(j, "attention_dropout", 0);
+    if (c->attn_logit_softcap > 0) cJSON_AddNumberToObject(j, "attn_logit_softcapping", gm_f32_shortest(c->attn_logit_softcap));
+    else cJSON_AddNullToObject(j, "attn_logit_softcapping");
+    if (c->bos_id >= 0) cJSON_AddNumberToObject(j, "bos_token_id", c->bos_id);
+    cJSON_AddStringToObject(j, "dtype", dtype);
+    if (c->eos_id >= 0) cJSON_AddNumberToObject(j, "eos_token_id", c->eos_id);
+    if (c->final_logit_softcap > 0) cJSON_AddNumberToObject(j, "final_logit_softcapping", gm_f32_shortest(c->final_logit_softcap));
+    else cJSON_AddNullToObject(j, "final_logit_softcapping");
+    cJSON_AddNumberToObject(j, "head_dim", (double)c->head_dim);
+    cJSON_AddStringToObject(j, "hidden_activation", "gelu_pytorch_tanh");
+    cJSON_AddNumberToObject(j, "hidden_size", (double)c->hidden_size);
+    cJSON_AddNumberToObject(j, "initializer_range", 0.02);
+    cJSON_AddNumberToObject(j, "intermediate_size", (double)c->intermediate_size);
+    a = cJSON_AddArrayToObject(j, "layer_types");
+    for (int64_t i = 0; i < c->n_layers; i++)
+        cJSON_AddItemToArray(a, cJSON_CreateString(c->layer_type[i] == GM_LAYER_FULL ? "full_attention" : "sliding_attention"));
+    cJSON_AddNumberToObject(j, "max_position_embeddings", (double)c->max_position_embeddings);
+    cJSON_AddStringToObject(j, "model_type", "gemma3_text");
+    cJSON_AddNumberToObject(j, "num_attention_heads", (double)c->n_heads);
+    cJSON_AddNumberToObject(j, "num_hidden_layers", (double)c->n_layers);
+    cJSON_AddNumberToObject(j, "num_key_value_heads", (double)c->n_kv_heads);
+    if (c->pad_id >= 0) cJSON_AddNumberToObject(j, "pad_token_id", c->pad_id);
+    cJSON_AddNumberToObject(j, "query_pre_attn_scalar", gm_f32_shortest(c->query_pre_attn_scalar));
+    cJSON_AddNumberToObject(j, "rms_norm_eps", gm_f32_shortest(c->rms_norm_eps));
+    /* transformers >= 5 reads rope_parameters; older versions rope_theta, rope_local_base_freq and
+     * rope_scaling, which 5 folds into the same dict (configuration_gemma3.py
+     * convert_rope_params_to_dict): both are written and agree */
+    cJSON *rp = cJSON_AddObjectToObject(j, "rope_parameters");
+    if (full >= 0) add_rope(cJSON_AddObjectToObject(rp, "full_attention"), c->rope_theta[full], c->rope_pos_scale[full]);
+    if (slide >= 0) add_rope(cJSON_AddObjectToObject(rp, "sliding_attention"), c->rope_theta[slide], c->rope_pos_scale[slide]);
+    if (slide >= 0) cJSON_AddNumberToObject(j, "rope_local_base_freq", gm_f32_shortest(c->rope_theta[slide]));
+    if (full >= 0 && c->rope_pos_scale[full] != 1.0f) {
+        cJSON *rs = cJSON_AddObjectToObject(j, "rope_scaling");
+        cJSON_AddNumberToObject(rs, "factor", gm_f32_shortest(1.0f / c->rope_pos_scale[full]));
+        cJSON_AddStringToObject(rs, "rope_type", "linear");
+    } else {
+        cJSON_AddNullToObject(j, "rope_scaling");
+    }
+    if (full >= 0) cJSON_AddNumberToObject(j, "rope_theta", gm_f32_shortest(c->rope_theta[full]));
+    cJSON_AddNumberToObject(j, "sliding_window", (double)c->sliding_window);
+    cJSON_AddBoolToObject(j, "tie_word_embeddings", c->tie_word_embeddings);
+    cJSON_AddBoolToObject(j, "use_bidirectional_attention", false);
+    cJSON_AddBoolToObject(j, "use_cache", true);
+    cJSON_AddNumberToObject(j, "vocab_size", (double)c->vocab_size);
+    *out = cJSON_Print(j);
+    cJSON_Delete(j);
+    return *out ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+}

@@ -134,6 +134,14 @@ gm_status gm_config_from_json(const char *json, const char *label, gm_config *cf
  * planning). Returns GM_ERR_NOT_FOUND listing the known names. */
 gm_status gm_config_preset(const char *name, gm_config *cfg, gm_error *err);
 
+/* The config as a Hugging Face config.json for Gemma3ForCausalLM (model_type "gemma3_text"), the
+ * fields transformers' Gemma3TextConfig writes, with `dtype` ("float32", "bfloat16", ...) as the
+ * weights' dtype: layer_types and rope_parameters (transformers >= 5) and the same RoPE as
+ * rope_theta / rope_local_base_freq / rope_scaling (older versions). gm_config_from_json reads it
+ * back to the same config. *out: cJSON_Print text, free with cJSON_free. Errors: GM_ERR_UNSUPPORTED
+ * for a Gemma 3n / 4 config (not written yet), GM_ERR_NOMEM. */
+gm_status gm_config_to_json(const gm_config *c, const char *dtype, char **out, gm_error *err);
+
 /* Number of parameters as the checkpoint stores them (embedding counted once; tied head): the text
  * decoder, and for Gemma 3n / 4 also the per-layer embeddings, AltUp, LAuReL, experts and the
  * vision / audio towers (vision_params, audio_params). */

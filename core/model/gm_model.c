@@ -156,6 +156,27 @@ static gm_status bind_all(gm_model *m, const char *hf_prefix, gm_error *err) {
     return GM_OK;
 }
 
+gm_status gm_model_weight_f32(const gm_model *m, const gm_weight_spec *w, int64_t layer, gm_norm_convention conv,
+                             float *dst, gm_error *err) {
+    const gm_config *c = &m->cfg;
+    char fname[256], hname[256];
+    weight_names(m, w, layer, m->prefix, fname, sizeof fname, hname, sizeof hname);
+    raw_tensor r;
+    if (!find_raw(m, fname, &r)) return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: missing tensor '%s'", m->path, fname);
+    int64_t rows = gm_dim_value(c, layer, w->rows, 0), cols = w->cols == GM_DIM_NONE ? rows : gm_dim_value(c, layer, w->cols, 0);
+    if (w->cols == GM_DIM_NONE) rows = 1;
+    /* the loader checked the shape; a block dtype's rows are whole blocks (cols % block == 0) */
+    size_t row_bytes = gm_dtype_row_bytes(r.dtype, cols);
+    for (int64_t i = 0; i < rows; i++) gm_dequant_row(r.dtype, (const uint8_t *)r.data + (size_t)i * row_bytes, dst + i * cols, cols);
+    if (w->kind == GM_W_NORM && conv != c->norm_convention) {
+        /* Hugging Face stores w (scale 1 + w), GGUF 1 + w (gemma_architecture.md §5.3): in f32,
+         * as llama.cpp's convert_hf_to_gguf.py adds the 1 */
+        float d = conv == GM_NORM_DIRECT ? 1.0f : -1.0f;
+        for (int64_t i = 0; i < cols; i++) dst[i] += d;
+    }
+    return GM_OK;
+}
+
 gm_wview gm_wview_of(const gm_tensor *t) {
     gm_wview w;
     memset(&w, 0, sizeof w);

@@ -95,6 +95,16 @@ static inline const gm_tensor *gm_model_weight(const gm_model *m, int64_t l, int
  * Errors: GM_ERR_IO naming the file. */
 gm_status gm_model_sha256(const gm_model *m, char hex[65], char *files, size_t cap, gm_error *err);
 
+/* Weight `w` of m's architecture spec in layer `layer` (< 0: a model-level weight) as f32, read
+ * from the file as stored: dst holds rows * cols floats (1-D weights: cols floats), linears and
+ * the embedding dequantized from their stored dtype (bit-exact: every stored dtype is exact in
+ * f32), norms in convention `conv` - GM_NORM_ONE_PLUS_W gives Hugging Face's stored w,
+ * GM_NORM_DIRECT GGUF's 1 + w - converted from the file's own by adding or subtracting 1 in f32
+ * (as llama.cpp's convert_hf_to_gguf.py does). For writing the model in another format
+ * (core/store/gm_merged.h). Errors: GM_ERR_NOT_FOUND naming the file and the tensor. */
+gm_status gm_model_weight_f32(const gm_model *m, const gm_weight_spec *w, int64_t layer, gm_norm_convention conv,
+                             float *dst, gm_error *err);
+
 /* The kernel weight view of a tensor whose storage is self-contained (f32, f16, bf16, GGUF
  * blocks). */
 gm_wview gm_wview_of(const gm_tensor *t);

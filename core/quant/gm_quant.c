@@ -464,3 +464,15 @@ void gm_quant_encode(const gm_wview *src, gm_wview *dst, gm_quant_work *w) {
     default: GM_ASSERT(!"gm_quant_encode: format aliases or is invalid");
     }
 }
+
+void gm_q8_0_quantize_row(const float *x, int64_t n, void *dst) {
+    uint8_t *b = dst;
+    for (int64_t k = 0; k < n; k += 32, b += 34) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[k + j]));
+        const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        const uint16_t dh = gm_f32_to_f16(d);
+        memcpy(b, &dh, 2); /* little-endian, as the file stores it */
+        for (int j = 0; j < 32; j++) b[2 + j] = (uint8_t)(int8_t)roundf(x[k + j] * id);
+    }
+}

@@ -129,6 +129,14 @@ void gm_nf4_dequantize(const uint8_t *packed, const uint8_t *absmax_code, const 
  * An all-zero row gives q = 0 and scale 0. q (rows*cols), row_scale (rows). */
 void gm_int8_quantize(const float *x, int64_t rows, int64_t cols, int8_t *q, float *row_scale, int n_threads);
 
+/* ---- GGML Q8_0 (formats.md §1.5), for writing GGUF files ---------------------------------- */
+
+/* Encodes n floats (n % 32 == 0) as Q8_0 blocks into dst (n / 32 * 34 bytes): per 32 values
+ * d = max|x| / 127 (stored as f16), q = round(x / d) (half away from zero), as llama.cpp's
+ * quantize_row_q8_0_ref (ggml/src/ggml-quants.c); an all-zero block gives d = 0, q = 0. So
+ * gm_dequant_row(GM_Q8_0) gives back x within d / 2 per element (plus d's f16 rounding). */
+void gm_q8_0_quantize_row(const float *x, int64_t n, void *dst);
+
 /* ---- matrix re-encoding (the model-level walk is core/model/gm_weights.c) ------------------ */
 
 /* True when format q for a matrix stored as `stored` aliases the stored bytes (STORED always;

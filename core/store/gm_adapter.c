@@ -754,17 +754,6 @@ static const char *target_name(const gm_arch_def *arch, const gm_lora_adapter *a
     return same <= 1 ? last : sub;
 }
 
-/* The double with the fewest digits that is the same float (0.1f -> 0.1, not 0.100000001...),
- * as the user wrote it. */
-static double shortest(float v) {
-    char buf[32];
-    for (int digits = 6; digits <= 9; digits++) {
-        snprintf(buf, sizeof buf, "%.*g", digits, (double)v);
-        if ((float)strtod(buf, NULL) == v) return strtod(buf, NULL);
-    }
-    return (double)v;
-}
-
 /* Appends `s` to the regex in buf with '.' escaped. */
 static void rx_append(char *buf, size_t cap, const char *s) {
     size_t k = strlen(buf);
@@ -812,9 +801,9 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         } else {
             cJSON_AddItemToObject(c, "layers_to_transform", cJSON_CreateNull());
         }
-        cJSON_AddNumberToObject(c, "lora_alpha", shortest(lo->cfg.alpha));
+        cJSON_AddNumberToObject(c, "lora_alpha", gm_f32_shortest(lo->cfg.alpha));
         cJSON_AddBoolToObject(c, "lora_bias", false);
-        cJSON_AddNumberToObject(c, "lora_dropout", shortest(lo->cfg.dropout));
+        cJSON_AddNumberToObject(c, "lora_dropout", gm_f32_shortest(lo->cfg.dropout));
         cJSON_AddItemToObject(c, "modules_to_save", cJSON_CreateNull());
         cJSON_AddStringToObject(c, "peft_type", "LORA");
         cJSON_AddNumberToObject(c, "r", lo->cfg.rank);

@@ -42,6 +42,11 @@ typedef struct gm_chat_msg {
 
 /* ---- rendering ---- */
 
+/* Gemma 3's chat template as Jinja, the "chat_template" string of google/gemma-3-*-it's
+ * tokenizer_config.json that gm_chat_render implements: written into exported Hugging Face
+ * folders (core/store/gm_merged.h) whose base carries no template of its own. */
+extern const char gm_chat_gemma3_jinja[];
+
 /* Renders msgs[0..n) as Gemma chat text (without <bos>, see above) into *out (gm_malloc'd,
  * NUL-terminated; length in *len_out if not NULL). add_generation_prompt appends
  * "<start_of_turn>model\n". n == 0 gives "" (or just the generation prompt). */

@@ -36,6 +36,7 @@
 #include "gm_tokenizer.h"
 
 #include "gm_alloc.h" /* gm_malloc, gm_calloc, gm_realloc, gm_free */
+#include "gm_file.h"  /* gm_write_file_atomic */
 #include "gm_gguf.h"  /* gm_gguf_get_* for gm_tokenizer_from_gguf */
 #include "gm_log.h"   /* GM_WARN */
 #include "gm_mmap.h"  /* gm_read_file */
@@ -1496,4 +1497,208 @@ gm_status gm_tokenizer_from_hf_json(const char *tokenizer_json_path,
     cJSON_Delete(root);
     cJSON_Delete(cfg);
     return st;
+}
+
+/* ---- writing a Hugging Face tokenizer.json ------------------------------------------------- */
+
+/* A NUL-terminated copy of token id's text in buf (grown as needed); NULL when out of memory or
+ * the text holds a NUL byte (JSON strings through cJSON cannot). */
+static const char *tok_cstr(const gm_tokenizer *t, int32_t id, char **buf, size_t *cap) {
+    size_t n;
+    const char *p = tok_str(t, id, &n);
+    if (memchr(p, '\0', n)) return NULL;
+    if (n + 1 > *cap) {
+        char *nb = gm_realloc(*buf, n + 64);
+        if (!nb) return NULL;
+        *buf = nb, *cap = n + 64;
+    }
+    memcpy(*buf, p, n);
+    (*buf)[n] = '\0';
+    return *buf;
+}
+
+static cJSON *str_pattern(const char *s) {
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "String", s);
+    return o;
+}
+
+/* The tokenizer.json object (see the header). */
+static gm_status hf_json_of(const gm_tokenizer *t, cJSON **out, gm_error *err) {
+    char *b1 = NULL, *b2 = NULL;
+    size_t c1 = 0, c2 = 0;
+    cJSON *root = cJSON_CreateObject();
+    gm_status s = root ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    const char *unk = t->special.unk >= 0 ? tok_cstr(t, t->special.unk, &b1, &c1) : NULL;
+    if (s == GM_OK) {
+        cJSON_AddStringToObject(root, "version", "1.0");
+        cJSON_AddNullToObject(root, "truncation");
+        cJSON_AddNullToObject(root, "padding");
+        /* added tokens as transformers' GGUF builder makes them (integrations/gguf/
+         * gguf_tokenizer_mapping.py add_gguf_special_tokens + GemmaTokenizer's unk/pad/bos/eos):
+         * CONTROL and UNKNOWN special, USER_DEFINED plain; all matched on the raw text */
+        cJSON *added = cJSON_AddArrayToObject(root, "added_tokens");
+        for (int32_t id = 0; s == GM_OK && id < t->n; id++) {
+            gm_token_type ty = (gm_token_type)t->type[id];
+            if (ty != GM_TOKEN_CONTROL && ty != GM_TOKEN_UNKNOWN && ty != GM_TOKEN_USER_DEFINED) continue;
+            const char *txt = tok_cstr(t, id, &b2, &c2);
+            if (!txt) {
+                s = gm_error_set(err, GM_ERR_UNSUPPORTED, "token %d holds a NUL byte: it cannot be written to tokenizer.json", id);
+                break;
+            }
+            cJSON *a = cJSON_CreateObject();
+            cJSON_AddNumberToObject(a, "id", id);
+            cJSON_AddStringToObject(a, "content", txt);
+            cJSON_AddBoolToObject(a, "single_word", false);
+            cJSON_AddBoolToObject(a, "lstrip", false);
+            cJSON_AddBoolToObject(a, "rstrip", false);
+            cJSON_AddBoolToObject(a, "normalized", false);
+            cJSON_AddBoolToObject(a, "special", ty != GM_TOKEN_USER_DEFINED);
+            cJSON_AddItemToArray(added, a);
+        }
+    }
+    if (s == GM_OK) {
+        /* Gemma's pipeline (transformers' GemmaTokenizer): spaces become U+2581, no dummy prefix */
+        cJSON *nz = cJSON_AddObjectToObject(root, "normalizer");
+        cJSON_AddStringToObject(nz, "type", "Replace");
+        cJSON_AddItemToObject(nz, "pattern", str_pattern(" "));
+        cJSON_AddStringToObject(nz, "content", META);
+        cJSON *pt = cJSON_AddObjectToObject(root, "pre_tokenizer");
+        cJSON_AddStringToObject(pt, "type", "Split");
+        cJSON_AddItemToObject(pt, "pattern", str_pattern(" "));
+        cJSON_AddStringToObject(pt, "behavior", "MergedWithPrevious");
+        cJSON_AddBoolToObject(pt, "invert", false);
+        const char *bos = t->add_bos && t->special.bos >= 0 ? tok_cstr(t, t->special.bos, &b2, &c2) : NULL;
+        if (bos) { /* BOS before every sequence, as Gemma's own tokenizer.json */
+            cJSON *pp = cJSON_AddObjectToObject(root, "post_processor");
+            cJSON_AddStringToObject(pp, "type", "TemplateProcessing");
+            const char *seqs[2] = {"A", "B"};
+            const char *which[2] = {"single", "pair"};
+            for (int k = 0; k < 2; k++) {
+                cJSON *arr = cJSON_AddArrayToObject(pp, which[k]);
+                for (int q = 0; q <= k; q++) {
+                    cJSON *st = cJSON_CreateObject(), *sp = cJSON_AddObjectToObject(st, "SpecialToken");
+                    cJSON_AddStringToObject(sp, "id", bos);
+                    cJSON_AddNumberToObject(sp, "type_id", q);
+                    cJSON_AddItemToArray(arr, st);
+                    cJSON *sq = cJSON_CreateObject(), *so = cJSON_AddObjectToObject(sq, "Sequence");
+                    cJSON_AddStringToObject(so, "id", seqs[q]);
+                    cJSON_AddNumberToObject(so, "type_id", q);
+                    cJSON_AddItemToArray(arr, sq);
+                }
+            }
+            cJSON *sts = cJSON_AddObjectToObject(pp, "special_tokens"), *e = cJSON_AddObjectToObject(sts, bos);
+            cJSON_AddStringToObject(e, "id", bos);
+            cJSON *ids = cJSON_AddArrayToObject(e, "ids");
+            cJSON_AddItemToArray(ids, cJSON_CreateNumber(t->special.bos));
+            cJSON *tk = cJSON_AddArrayToObject(e, "tokens");
+            cJSON_AddItemToArray(tk, cJSON_CreateString(bos));
+        } else {
+            cJSON_AddNullToObject(root, "post_processor");
+        }
+        cJSON *dec = cJSON_AddObjectToObject(root, "decoder");
+        cJSON_AddStringToObject(dec, "type", "Sequence");
+        cJSON *ds = cJSON_AddArrayToObject(dec, "decoders"), *d;
+        d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "type", "Replace");
+        cJSON_AddItemToObject(d, "pattern", str_pattern(META));
+        cJSON_AddStringToObject(d, "content", " ");
+        cJSON_AddItemToArray(ds, d);
+        d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "type", "ByteFallback");
+        cJSON_AddItemToArray(ds, d);
+        d = cJSON_CreateObject();
+        cJSON_AddStringToObject(d, "type", "Fuse");
+        cJSON_AddItemToArray(ds, d);
+
+        cJSON *model = cJSON_AddObjectToObject(root, "model");
+        cJSON_AddStringToObject(model, "type", "BPE");
+        cJSON_AddNullToObject(model, "dropout");
+        if (unk) cJSON_AddStringToObject(model, "unk_token", unk);
+        else cJSON_AddNullToObject(model, "unk_token");
+        cJSON_AddNullToObject(model, "continuing_subword_prefix");
+        cJSON_AddNullToObject(model, "end_of_word_suffix");
+        cJSON_AddBoolToObject(model, "fuse_unk", true);
+        cJSON_AddBoolToObject(model, "byte_fallback", true);
+        cJSON_AddBoolToObject(model, "ignore_merges", false);
+        cJSON *vocab = cJSON_AddObjectToObject(model, "vocab");
+        for (int32_t id = 0; s == GM_OK && id < t->n; id++) {
+            const char *txt = tok_cstr(t, id, &b2, &c2);
+            if (!txt) s = gm_error_set(err, GM_ERR_UNSUPPORTED, "token %d holds a NUL byte: it cannot be written to tokenizer.json", id);
+            else cJSON_AddItemToObject(vocab, txt, cJSON_CreateNumber(id));
+        }
+        /* The merges that give exactly the vocabulary-order priority (see the header): every split
+         * of a token into two vocabulary entries, by the merged token's id, then the longer left
+         * part first - transformers' generate_merges (tokenization_utils_base.py) with Gemma's
+         * positions as scores, which is how it builds a Gemma GGUF's tokenizer. */
+        cJSON *merges = cJSON_AddArrayToObject(model, "merges");
+        for (int32_t id = 0; s == GM_OK && id < t->n; id++) {
+            size_t n;
+            const char *p = tok_str(t, id, &n);
+            if (n < 2 || gm_tokenizer_find(t, p, n) != id) continue; /* a later duplicate's text */
+            for (size_t b = n - 1; b > 0; b--) {
+                if (((unsigned char)p[b] & 0xC0) == 0x80) continue; /* inside a character */
+                int32_t l = gm_tokenizer_find(t, p, b), r = gm_tokenizer_find(t, p + b, n - b);
+                if (l < 0 || r < 0) continue;
+                const char *ls = tok_cstr(t, l, &b1, &c1), *rs = tok_cstr(t, r, &b2, &c2);
+                if (!ls || !rs) continue; /* NUL: refused above already */
+                cJSON *pair = cJSON_CreateArray();
+                cJSON_AddItemToArray(pair, cJSON_CreateString(ls));
+                cJSON_AddItemToArray(pair, cJSON_CreateString(rs));
+                cJSON_AddItemToArray(merges, pair);
+            }
+        }
+    }
+    gm_free(b1), gm_free(b2);
+    if (s != GM_OK) {
+        cJSON_Delete(root);
+        return s;
+    }
+    *out = root;
+    return GM_OK;
+}
+
+gm_status gm_tokenizer_save_hf(const gm_tokenizer *t, const char *dir, const char *chat_template, gm_error *err) {
+    if (t->mode != MERGE_VOCAB_ORDER)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "this tokenizer came from a tokenizer.json: copy that file instead");
+    cJSON *root = NULL;
+    GM_TRY(hf_json_of(t, &root, err));
+    char path[4200];
+    char *text = cJSON_PrintUnformatted(root);
+    cJSON_Delete(root);
+    gm_status s = text ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory writing tokenizer.json");
+    if (s == GM_OK) {
+        snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+        s = gm_write_file_atomic(path, text, strlen(text), err);
+    }
+    cJSON_free(text);
+    if (s != GM_OK) return s;
+    /* tokenizer_config.json: what AutoTokenizer needs beside it (GemmaTokenizer's names) */
+    cJSON *c = cJSON_CreateObject();
+    if (!c) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    char *b = NULL;
+    size_t cap = 0;
+    cJSON_AddBoolToObject(c, "add_bos_token", t->add_bos);
+    cJSON_AddBoolToObject(c, "add_eos_token", false);
+    const struct { const char *key; int32_t id; } names[] = {{"bos_token", t->special.bos}, {"eos_token", t->special.eos},
+                                                             {"pad_token", t->special.pad}, {"unk_token", t->special.unk}};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        const char *txt = names[i].id >= 0 ? tok_cstr(t, names[i].id, &b, &cap) : NULL;
+        if (txt) cJSON_AddStringToObject(c, names[i].key, txt);
+    }
+    gm_free(b);
+    if (chat_template) cJSON_AddStringToObject(c, "chat_template", chat_template);
+    cJSON_AddBoolToObject(c, "clean_up_tokenization_spaces", false);
+    cJSON_AddStringToObject(c, "padding_side", "left");
+    cJSON_AddBoolToObject(c, "spaces_between_special_tokens", false);
+    cJSON_AddStringToObject(c, "tokenizer_class", "GemmaTokenizer");
+    text = cJSON_Print(c);
+    cJSON_Delete(c);
+    s = text ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    if (s == GM_OK) {
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+        s = gm_write_file_atomic(path, text, strlen(text), err);
+    }
+    cJSON_free(text);
+    return s;
 }

@@ -95,6 +95,19 @@ gm_status gm_tokenizer_from_hf_json(const char *tokenizer_json_path,
                                     const char *tokenizer_config_path, gm_tokenizer **out,
                                     gm_error *err);
 
+/* Writes a tokenizer built from a GGUF vocabulary as a Hugging Face tokenizer in folder `dir`
+ * (which must exist): tokenizer.json - model BPE with the vocabulary (ids as here, space runs
+ * spelled with "▁"), byte_fallback, fuse_unk, and the merges that give exactly this tokenizer's
+ * priority (every split of a token into two vocabulary entries, by the merged token's id, then
+ * the longer left part; 514,906 for Gemma 3), Gemma's normalizer / pre-tokenizer / decoder, a BOS
+ * post-processor when add_bos, CONTROL and UNKNOWN tokens as special added tokens and USER_DEFINED
+ * ones as plain added tokens - what transformers builds from the same GGUF - and
+ * tokenizer_config.json (add_bos_token, the bos/eos/pad/unk names, `chat_template` when not NULL,
+ * tokenizer_class GemmaTokenizer). Both files written atomically.
+ * Errors: GM_ERR_UNSUPPORTED for a tokenizer read from a tokenizer.json (copy that file) or a
+ * token holding a NUL byte, GM_ERR_NOMEM, GM_ERR_IO naming the file. */
+gm_status gm_tokenizer_save_hf(const gm_tokenizer *tok, const char *dir, const char *chat_template, gm_error *err);
+
 void gm_tokenizer_free(gm_tokenizer *tok);
 
 /* Encodes `len` bytes of UTF-8 text into ids[0..*n_out). add_bos: prepend BOS (if the tokenizer

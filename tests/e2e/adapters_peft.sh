@@ -147,6 +147,43 @@ EOF
   fi
 fi
 
+# ---- merged models ----------------------------------------------------------------------------
+# the base with trial 3's adapter merged in, as a Hugging Face folder: transformers loads it (f32:
+# the logits of gemmarun with the adapter attached, within TOL_MERGED_PEER_TINY_ABS; bf16, the
+# default: within the weights' bf16 rounding), and so does gemmarun; the tokenizer is the base's
+TOLM=$(tol TOL_MERGED_PEER_TINY_ABS)
+expect_run "export --format merged --dtype f32 writes a Hugging Face folder" 0 \
+  "merged trial 3 \([0-9a-f]+\) of results/tiny into .*tiny_gemma3_chat: 42 of 80 weights carry the adapter; f32, 1.0 MiB.*written: m3/model.safetensors, config.json, generation_config.json; tokenizer: copied" \
+  -- "$GM" export results/tiny --trial 3 --format merged --dtype f32 m3
+expect_run "... bf16 by default" 0 "42 of 80 weights carry the adapter; bf16, 0.5 MiB" -- "$GM" export results/tiny --trial 3 --format merged m3b
+expect_run "... the base's tokenizer.json copied as it is" 0 "^same$" -- bash -c "cmp -s m3/tokenizer.json '$BASE/tokenizer.json' && echo same"
+MODEL=m3 logits m3
+expect_run "gemmarun loads the merged folder: the logits of the base with the adapter attached within $TOLM" 0 "^ok " -- python3 -c "
+a = [float(x) for x in open('results/trial3.txt')]; b = [float(x) for x in open('results/m3.txt')]
+base = [float(x) for x in open('results/base.txt')]
+d = max(abs(x - y) for x, y in zip(a, b)); e = max(abs(x - y) for x, y in zip(a, base))
+print(('ok ' if len(a) == len(b) == 3584 and d <= $TOLM and e > 10 * $TOLM else 'FAIL ') + f'{d:.3g} over {len(a)} logits; the adapter moves them by {e:.3g}')"
+expect_run "a merged GGUF from a Hugging Face base is refused with the way out" 2 \
+  "a merged GGUF is written from a GGUF base.*convert that folder with llama.cpp's convert_hf_to_gguf.py" \
+  -- "$GM" export results/tiny --trial 3 --format merged m3.gguf
+expect_run "--dtype q8_0 for a folder is refused, naming what it takes" 2 "--dtype q8_0: a merged Hugging Face folder takes bf16 \(the default\), f32 or f16" \
+  -- "$GM" export results/tiny --trial 3 --format merged --dtype q8_0 m3q
+expect_run "--dtype without --format merged is refused" 2 "--dtype is for --format merged" -- "$GM" export results/tiny --trial 3 --dtype f32 m3q
+expect_run "a file as the merged folder is refused" 2 "m3.txt exists and is not a folder" -- bash -c "touch m3.txt && '$GM' export results/tiny --trial 3 --format merged m3.txt"
+if [ -n "$PEERS" ]; then
+  expect_run "transformers loads the merged f32 folder: the same logits within $TOLM" 0 \
+    "ok +config.json says float32 and all 80 tensors are F32.*ok +merged model in transformers.*ok +the adapter moves.*ok +same next token" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" merged --model m3 --ids $IDS --ours results/trial3.txt --ours-base results/base.txt --tol "$TOLM"
+  expect_run "... and the bf16 folder within $(tol TOL_MERGED_BF16_TINY_ABS) (bf16 weights)" 0 \
+    "ok +config.json says bfloat16 and all 80 tensors are BF16.*ok +merged model in transformers.*ok +the adapter moves.*ok +same next token" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" merged --model m3b --dtype bfloat16 --ids $IDS --ours results/trial3.txt \
+       --ours-base results/base.txt --tol "$(tol TOL_MERGED_BF16_TINY_ABS)"
+  MODEL=m3b logits m3b
+  expect_run "... where transformers and gemmarun read the bf16 folder alike (within $TOLM)" 0 \
+    "ok +merged model in transformers" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" merged --model m3b --dtype bfloat16 --ids $IDS --ours results/m3b.txt --ours-base results/base.txt --tol "$TOLM"
+fi
+
 # ---- bad adapters: each a clear error naming what is wrong -------------------------------------
 bad() { rm -rf "$1"; cp -r out3 "$1"; }
 # another base: the 2-layer, 32-wide tiny model; the sub-module adapter's layer 0 q_proj does not fit

@@ -88,27 +88,84 @@ fi
 # adapter's effect alike, the same greedy continuation
 expect_run "export the real trial's adapter for llama.cpp" 0 "exported trial 3 .*126 LoRA modules, rank 8, alpha 16, as a llama.cpp LoRA adapter: lora3.gguf" \
   -- bash -c "cd '$TMP' && '$GM' export results/quickstart --trial 3 --format gguf lora3.gguf"
-if [ -z "$PEERS" ] || ! "$PEERS" -c "import llama_cpp" 2>/dev/null; then
-  skip_unless_ci "llama.cpp round trip of the real adapter: no Python with llama_cpp (tests/peers/setup.sh)"
-else
-  # the quickstart's question about a food quote in the chat template the trial trained on: the
-  # fine-tuned model answers "food" (ids from our tokenizer, in results/chat_lora3.txt.ids)
-  quote=$(awk -v RS='\n%\n' 'NR==30{print; exit}' /usr/share/games/fortunes/food | head -c 250)
-  TEXT="<start_of_turn>user
+# the quickstart's question about a food quote in the chat template the trial trained on: the
+# fine-tuned model answers "food" (ids from our tokenizer, in results/chat_lora3.txt.ids)
+TEXT="<start_of_turn>user
 $Q
 
 $quote<end_of_turn>
 <start_of_turn>model
 "
-  (cd "$TMP" && MODEL=gemma3-270m TEXT="$TEXT" OUT=results/chat_lora3.txt ADAPTER=results/quickstart TRIAL=3 LAST=1 GREEDY=3 \
-     "$GM" "$SRC/tests/peers/logits.lua" >/dev/null && MODEL=gemma3-270m IDS="$(cat results/chat_lora3.txt.ids)" \
-     OUT=results/chat_base.txt LAST=1 "$GM" "$SRC/tests/peers/logits.lua" >/dev/null)
+(cd "$TMP" && MODEL=gemma3-270m TEXT="$TEXT" OUT=results/chat_lora3.txt ADAPTER=results/quickstart TRIAL=3 LAST=1 GREEDY=3 \
+   "$GM" "$SRC/tests/peers/logits.lua" >/dev/null && MODEL=gemma3-270m IDS="$(cat results/chat_lora3.txt.ids)" \
+   OUT=results/chat_base.txt LAST=1 "$GM" "$SRC/tests/peers/logits.lua" >/dev/null)
+CHAT_IDS=$(cat "$TMP/results/chat_lora3.txt.ids")
+LLAMA=1
+if [ -z "$PEERS" ] || ! "$PEERS" -c "import llama_cpp" 2>/dev/null; then LLAMA=; fi
+if [ -z "$LLAMA" ]; then
+  skip_unless_ci "llama.cpp round trip of the real adapter: no Python with llama_cpp (tests/peers/setup.sh)"
+else
   expect_run "llama.cpp applies the exported GGUF adapter: logits, the adapter's effect and 3 greedy tokens as ours" 0 \
     "ok +logits with the adapter.*ok +the adapter's effect.*ok +the adapter moves.*ok +greedy continuation" \
     -- "$PEERS" "$SRC/tests/peers/llama_check.py" compare --model "$MODEL" --lora "$TMP/lora3.gguf" \
-       --ids "$(cat "$TMP/results/chat_lora3.txt.ids")" --ours "$TMP/results/chat_lora3.txt" --ours-base "$TMP/results/chat_base.txt" \
+       --ids "$CHAT_IDS" --ours "$TMP/results/chat_lora3.txt" --ours-base "$TMP/results/chat_base.txt" \
        --greedy "$TMP/results/chat_lora3.txt.greedy" --tol "$(tol TOL_ADAPTER_LLAMA_REAL_ABS)" \
        --min-corr "$(tol TOL_ADAPTER_LLAMA_EFFECT_CORR_MIN)" --tol-slope "$(tol TOL_ADAPTER_LLAMA_SLOPE_ABS)"
 fi
+
+# ---- the trial merged into the model (issue 13) ------------------------------------------------
+# As a Hugging Face folder: transformers loads it with the logits of gemmarun with the adapter
+# attached, and AutoTokenizer reads the tokenizer.json built from the GGUF vocabulary with our ids
+# and the chat template; as GGUF (f16, the default, and Q8_0): llama.cpp runs it with our logits
+# and greedy tokens, and our Q8_0 is llama.cpp's own quantization byte for byte; gemmarun reads
+# the merged files too.
+expect_run "export the real trial merged, as a Hugging Face folder (f32)" 0 \
+  "merged trial 3 .*126 of 236 weights carry the adapter; f32, 1022.7 MiB.*tokenizer: built from the GGUF vocabulary" \
+  -- bash -c "cd '$TMP' && '$GM' export results/quickstart --trial 3 --format merged --dtype f32 m3"
+for dt in f16 q8_0 f32; do
+  expect_run "... as a GGUF file, $dt" 0 "merged trial 3 .*126 of 236 weights carry the adapter; $dt.*written: m3_$dt.gguf" \
+    -- bash -c "cd '$TMP' && '$GM' export results/quickstart --trial 3 --format merged --dtype $dt m3_$dt.gguf"
+done
+TOLM=$(tol TOL_MERGED_PEER_REAL_ABS)
+(cd "$TMP" && MODEL=m3_f32.gguf IDS="$CHAT_IDS" OUT=results/chat_m3.txt LAST=1 "$GM" "$SRC/tests/peers/logits.lua" >/dev/null)
+expect_run "gemmarun reads its merged GGUF: the logits of the adapter attached within $TOLM" 0 "^ok " -- python3 -c "
+a = [float(x) for x in open('$TMP/results/chat_lora3.txt')]; b = [float(x) for x in open('$TMP/results/chat_m3.txt')]
+d = max(abs(x - y) for x, y in zip(a, b))
+print(('ok ' if len(a) == len(b) == 262144 and d <= $TOLM else 'FAIL ') + f'{d:.3g} over {len(b)} logits')"
+if [ -z "$PEERS" ]; then
+  skip_unless_ci "the merged folder in transformers: no Python with torch and transformers (tests/peers/setup.sh)"
+else
+  expect_run "transformers loads the merged folder: logits within $TOLM of gemmarun with the adapter" 0 \
+    "ok +config.json says float32 and all 236 tensors are F32.*ok +merged model in transformers.*over 262144 logits.*ok +the adapter moves.*ok +same next token" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" merged --model "$TMP/m3" --ids "$CHAT_IDS" --ours "$TMP/results/chat_lora3.txt" \
+       --ours-base "$TMP/results/chat_base.txt" --tol "$TOLM" --last
+  cat > "$TMP/texts.json" <<'EOF'
+["What is a good breakfast?", "Hello, world!", "  two leading spaces and   three inside", "naïve café 🙂 Ünïcödé — ok",
+ "Line 1\n\nLine 2\tTabbed\n", "<start_of_turn>user\nHi<end_of_turn>\n<start_of_turn>model\n", "<h1>Title</h1> <b>bold</b>",
+ "数学はたのしい。", "x = [i**2 for i in range(10)]  # squares", "                                         forty spaces"]
+EOF
+  (cd "$TMP" && MODEL=gemma3-270m TEXTS=texts.json OUT=results/cases.json "$GM" "$SRC/tests/peers/tokens.lua" >/dev/null)
+  expect_run "AutoTokenizer reads the exported tokenizer: our ids on 10 texts, decoded back, and the chat template's ids" 0 \
+    "ok +the exported tokenizer \(GemmaTokenizer\) gives gemmarun's ids on all 10 texts.*ok +it decodes.*ok +the folder's chat template" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" tokenizer --model "$TMP/m3" --cases "$TMP/results/cases.json" \
+       --chat "$Q
+
+$quote" --chat-ids "$TMP/results/chat_lora3.txt.ids"
+fi
+rm -rf "$TMP/m3"
+if [ -n "$LLAMA" ]; then
+  expect_run "llama.cpp runs the merged f16 GGUF: logits within $(tol TOL_MERGED_LLAMA_F16_ABS) of ours with the adapter, the same 3 greedy tokens" 0 \
+    "ok +merged model in llama.cpp.*ok +the adapter moves.*ok +greedy continuation" \
+    -- "$PEERS" "$SRC/tests/peers/llama_check.py" merged --model "$TMP/m3_f16.gguf" --ids "$CHAT_IDS" --ours "$TMP/results/chat_lora3.txt" \
+       --ours-base "$TMP/results/chat_base.txt" --greedy "$TMP/results/chat_lora3.txt.greedy" --tol "$(tol TOL_MERGED_LLAMA_F16_ABS)"
+  expect_run "... and the Q8_0 GGUF within $(tol TOL_MERGED_LLAMA_Q8_0_ABS)" 0 \
+    "ok +merged model in llama.cpp.*ok +the adapter moves.*ok +greedy continuation" \
+    -- "$PEERS" "$SRC/tests/peers/llama_check.py" merged --model "$TMP/m3_q8_0.gguf" --ids "$CHAT_IDS" --ours "$TMP/results/chat_lora3.txt" \
+       --ours-base "$TMP/results/chat_base.txt" --greedy "$TMP/results/chat_lora3.txt.greedy" --tol "$(tol TOL_MERGED_LLAMA_Q8_0_ABS)"
+  expect_run "our Q8_0 GGUF is llama.cpp's own quantization of the f32 one, byte for byte" 0 \
+    "ok +all 236 tensors equal llama.cpp's own quantization byte for byte \(127 in Q8_0" \
+    -- "$PEERS" "$SRC/tests/peers/llama_check.py" quantize --f32 "$TMP/m3_f32.gguf" --ours "$TMP/m3_q8_0.gguf"
+fi
+rm -f "$TMP"/m3_*.gguf
 
 finish

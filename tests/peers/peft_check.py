@@ -13,13 +13,28 @@
       zero, so the adapter changes the output) and saves it with save_pretrained; --dtype stores
       the tensors in another dtype, as a bf16 training run would.
 
+  peft_check.py merged --model DIR --ids 2,5,7 --ours FILE --ours-base FILE --tol X [--dtype bfloat16] [--last]
+      A merged model folder (gemmarun export --format merged) loads in transformers
+      (AutoModelForCausalLM, its weights in --dtype as config.json says); run in float32 its logits
+      equal FILE (ours: the base with the adapter attached) within X, and the adapter moves ours
+      by more than EFFECT_FACTOR * X against --ours-base (the base alone), so a merge that lost
+      the adapter would fail.
+  peft_check.py tokenizer --model DIR --cases FILE [--gguf FILE] [--chat TEXT --chat-ids FILE]
+      AutoTokenizer.from_pretrained(DIR) encodes every text of FILE (tests/peers/tokens.lua: a
+      JSON list of {text, ids}) to gemmarun's ids and decodes them back to the text; with --gguf
+      transformers' own tokenizer of that GGUF gives the same ids too; with --chat the folder's
+      chat template renders one user turn (with the generation prompt) to the ids in the file
+      --chat-ids (comma-separated).
+
 BASE: a Hugging Face folder, or a .gguf file (transformers' own GGUF loader dequantizes it to
 float32, as gemmarun's kernels do block by block).
 Prints one "ok"/"FAIL" line per check; exit status 1 when a check fails.
 """
 
 import argparse
+import json
 import os
+import struct
 import sys
 
 os.environ.setdefault("TQDM_DISABLE", "1")
@@ -87,6 +102,96 @@ def cmd_compare(a):
     return 1 if fails else 0
 
 
+def cmd_merged(a):
+    ids = [int(x) for x in a.ids.split(",")]
+    fails = 0
+    cfg = json.load(open(os.path.join(a.model, "config.json")))
+    with open(os.path.join(a.model, "model.safetensors"), "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    header.pop("__metadata__", None)
+    st = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[a.dtype]
+    dtypes = sorted({v["dtype"] for v in header.values()})
+    if cfg.get("dtype") == a.dtype and dtypes == [st]:
+        print(f"ok    config.json says {a.dtype} and all {len(header)} tensors are {st}")
+    else:
+        fails += 1
+        print(f"FAIL  config.json dtype {cfg.get('dtype')}, tensors {dtypes}: expected {a.dtype} / {st}")
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32, attn_implementation="eager").eval()
+    theirs = logits_of(model, ids)
+    if a.last:
+        theirs = theirs[-1:]
+    ours = np.loadtxt(a.ours, dtype=np.float64).reshape(-1)
+    base = np.loadtxt(a.ours_base, dtype=np.float64).reshape(-1)
+    theirs = theirs.reshape(-1).astype(np.float64)
+    if ours.shape != theirs.shape or base.shape != ours.shape:
+        print(f"FAIL  {a.ours}: {ours.size} logits, {a.ours_base}: {base.size}, transformers gives {theirs.size}")
+        return 1
+    diff = float(np.max(np.abs(ours - theirs)))
+    effect = float(np.max(np.abs(ours - base)))
+    V = model.config.vocab_size
+    if diff <= a.tol:
+        print(f"ok    merged model in transformers: max |gemmarun with the adapter - transformers| = {diff:.3g} <= {a.tol:g} over {ours.size} logits")
+    else:
+        fails += 1
+        print(f"FAIL  merged model in transformers: max |gemmarun with the adapter - transformers| = {diff:.3g} > {a.tol:g} over {ours.size} logits")
+    if effect > EFFECT_FACTOR * a.tol:
+        print(f"ok    the adapter moves the logits by up to {effect:.3g} (> {EFFECT_FACTOR:g} x the tolerance)")
+    else:
+        fails += 1
+        print(f"FAIL  the adapter moves the logits by only {effect:.3g}: a merge without it would pass")
+    if int(np.argmax(ours[-V:])) == int(np.argmax(theirs[-V:])):
+        print("ok    same next token after the last position")
+    else:
+        fails += 1
+        print("FAIL  another next token after the last position")
+    return 1 if fails else 0
+
+
+def cmd_tokenizer(a):
+    from transformers import AutoTokenizer
+
+    cases = json.load(open(a.cases))
+    fails = 0
+    tok = AutoTokenizer.from_pretrained(a.model)
+    ref = None
+    if a.gguf:
+        ref = AutoTokenizer.from_pretrained(os.path.dirname(a.gguf) or ".", gguf_file=os.path.basename(a.gguf))
+    bad = [c["text"] for c in cases if tok(c["text"])["input_ids"] != c["ids"]]
+    if not bad:
+        print(f"ok    the exported tokenizer ({type(tok).__name__}) gives gemmarun's ids on all {len(cases)} texts")
+    else:
+        fails += 1
+        c = next(c for c in cases if c["text"] == bad[0])
+        print(f"FAIL  the exported tokenizer differs on {len(bad)} of {len(cases)} texts, e.g. {bad[0]!r}: "
+              f"{tok(bad[0])['input_ids'][:20]} vs gemmarun {c['ids'][:20]}")
+    undec = [c["text"] for c in cases if tok.decode(c["ids"][1:]) != c["text"]]
+    if not undec:
+        print(f"ok    it decodes each back to its text")
+    else:
+        fails += 1
+        print(f"FAIL  it decodes {len(undec)} texts to something else, e.g. {undec[0]!r} -> {tok.decode(next(c['ids'][1:] for c in cases if c['text'] == undec[0]))!r}")
+    if ref is not None:
+        bad = [c["text"] for c in cases if ref(c["text"])["input_ids"] != c["ids"]]
+        if not bad:
+            print(f"ok    transformers' own tokenizer of {os.path.basename(a.gguf)} gives the same ids on all {len(cases)} texts")
+        else:
+            fails += 1
+            print(f"FAIL  transformers' tokenizer of the GGUF differs on {len(bad)} texts, e.g. {bad[0]!r}")
+    if a.chat is not None:
+        want = [int(x) for x in open(a.chat_ids).read().strip().split(",")]
+        got = tok.apply_chat_template([{"role": "user", "content": a.chat}], add_generation_prompt=True, tokenize=True)
+        got = list(got["input_ids"] if hasattr(got, "keys") else got)
+        if got == want:
+            print(f"ok    the folder's chat template renders a user turn to gemmarun's chat ids ({len(want)} tokens)")
+        else:
+            fails += 1
+            print(f"FAIL  the folder's chat template gives {got[:24]}, gemmarun {want[:24]}")
+    return 1 if fails else 0
+
+
 def cmd_make(a):
     torch.manual_seed(a.seed)
     base = load_base(a.base)
@@ -129,8 +234,22 @@ def main():
     m.add_argument("--rslora", action="store_true")
     m.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     m.add_argument("--seed", type=int, default=0)
+    g = sub.add_parser("merged")
+    g.add_argument("--model", required=True)
+    g.add_argument("--ids", required=True)
+    g.add_argument("--ours", required=True)
+    g.add_argument("--ours-base", required=True)
+    g.add_argument("--tol", type=float, required=True)
+    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    g.add_argument("--last", action="store_true")
+    t = sub.add_parser("tokenizer")
+    t.add_argument("--model", required=True)
+    t.add_argument("--cases", required=True)
+    t.add_argument("--gguf", default="")
+    t.add_argument("--chat", default=None)
+    t.add_argument("--chat-ids", default="")
     a = p.parse_args()
-    return cmd_compare(a) if a.cmd == "compare" else cmd_make(a)
+    return {"compare": cmd_compare, "make": cmd_make, "merged": cmd_merged, "tokenizer": cmd_tokenizer}[a.cmd](a)
 
 
 if __name__ == "__main__":

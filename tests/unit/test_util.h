@@ -73,6 +73,22 @@
 #define TOL_ADAPTER_LLAMA_REAL_ABS 2.5
 #define TOL_ADAPTER_LLAMA_EFFECT_CORR_MIN 0.99
 #define TOL_ADAPTER_LLAMA_SLOPE_ABS 0.1
+/* A merged model (gemmarun export --format merged: the base with the adapter merged into its
+ * weights) against gemmarun with the adapter attached (tests/e2e/adapters_peft.sh,
+ * generate_real.sh). f32 folder in transformers, float32: measured 1.15e-5 (tiny) and 2.77e-5
+ * (real 270M, 262,144 logits after a chat prompt); gemmarun on the same folder 9.6e-6 (tiny): the
+ * merge moves only the order of f32 additions (W x + s B (A x) against (W + s B A) x). Bounds as
+ * the adapter's (TOL_ADAPTER_PEER_*). The bf16 folder (the default): the weights' bf16 rounding
+ * (2^-9 relative) moves the tiny model's logits (up to 59) by 0.103; bound 0.3 (the adapter moves
+ * them by 24.6). A GGUF merged model in llama.cpp against gemmarun with the adapter on the Q4_K_M
+ * base: f16 measured 0.0248 (f32 0.0127, bf16 0.209: llama.cpp rounds activations to the weights'
+ * type), Q8_0 0.902 (llama.cpp quantizes the activations to 8 bits for Q8_0 weights; on the Q4_K_M
+ * base alone it is 1.01, TOL_ADAPTER_LLAMA_REAL_ABS); bounds about 2-4x those. */
+#define TOL_MERGED_PEER_TINY_ABS 2e-4
+#define TOL_MERGED_PEER_REAL_ABS 4e-4
+#define TOL_MERGED_BF16_TINY_ABS 0.3
+#define TOL_MERGED_LLAMA_F16_ABS 0.1
+#define TOL_MERGED_LLAMA_Q8_0_ABS 2.0
 /* Gradient checks (tests/unit/test_grad.c). f32 analytic gradients vs the 4th-order central
  * difference of a double-precision loss, relative to the tensor's largest gradient: measured
  * <= 2.6e-7 on every kernel (2026-11-30); 5e-6 leaves room for other inputs and still catches any

@@ -1,0 +1,316 @@
+/*
+ * gm_merged.c - writing a base model with its adapter merged in (see gm_merged.h).
+ */
+#include "gm_merged.h"
+
+#include "gm_alloc.h"
+#include "gm_chat.h"
+#include "gm_file.h"
+#include "gm_gguf.h"
+#include "gm_mmap.h"
+#include "gm_quant.h"
+#include "gm_safetensors.h"
+#include "gm_tokenizer.h"
+
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+/* llama.cpp's general.file_type values (llama.h, enum llama_ftype) */
+enum { FTYPE_ALL_F32 = 0, FTYPE_MOSTLY_F16 = 1, FTYPE_MOSTLY_Q8_0 = 7, FTYPE_MOSTLY_BF16 = 32 };
+
+/* One output tensor: its name, dtype, shape and bytes (owned). */
+typedef struct out_tensor {
+    char name[256];
+    gm_dtype dtype;
+    int ndim;
+    int64_t shape[2];
+    void *data;
+} out_tensor;
+
+typedef struct out_list {
+    out_tensor *t;
+    int n, cap;
+    size_t bytes;
+} out_list;
+
+static void out_free(out_list *o) {
+    for (int i = 0; i < o->n; i++) gm_free(o->t[i].data);
+    gm_free(o->t);
+}
+
+/* W (out, in) += scaling * B (out, r) A (r, in): the product in f32 per row, then scaled and
+ * added, as PEFT's merge (get_delta_weight: transpose(B @ A) * scaling, then W + delta). */
+static void merge_lora(float *W, int64_t out, int64_t in, const float *A, const float *B, int64_t r, float scaling, float *row) {
+    for (int64_t o = 0; o < out; o++) {
+        memset(row, 0, (size_t)in * sizeof *row);
+        for (int64_t k = 0; k < r; k++) {
+            const float b = B[o * r + k], *a = A + k * in;
+            for (int64_t i = 0; i < in; i++) row[i] += b * a[i];
+        }
+        float *w = W + o * in;
+        for (int64_t i = 0; i < in; i++) w[i] += row[i] * scaling;
+    }
+}
+
+/* x (n floats) encoded as dtype into a new buffer; *bytes its size. */
+static void *encode(const float *x, int64_t rows, int64_t cols, gm_dtype dt, size_t *bytes) {
+    *bytes = (size_t)rows * gm_dtype_row_bytes(dt, cols);
+    uint8_t *b = gm_malloc(*bytes ? *bytes : 1);
+    if (!b) return NULL;
+    const int64_t n = rows * cols;
+    switch (dt) {
+    case GM_F32: memcpy(b, x, (size_t)n * sizeof(float)); break;
+    case GM_F16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)b)[i] = gm_f32_to_f16(x[i]);
+        break;
+    case GM_BF16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)b)[i] = gm_f32_to_bf16(x[i]);
+        break;
+    case GM_Q8_0:
+        for (int64_t r = 0; r < rows; r++) gm_q8_0_quantize_row(x + r * cols, cols, b + (size_t)r * gm_dtype_row_bytes(dt, cols));
+        break;
+    default: gm_free(b); return NULL;
+    }
+    return b;
+}
+
+/* Reads, merges and encodes one weight of the spec (layer < 0: model-level) into the list. */
+static gm_status add_weight(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format fmt, gm_dtype dtype,
+                            const gm_weight_spec *w, int64_t layer, int slot, out_list *o, int *n_merged, gm_error *err) {
+    const gm_config *c = &m->cfg;
+    int64_t rows = gm_dim_value(c, layer, w->rows, 0), cols = w->cols == GM_DIM_NONE ? 0 : gm_dim_value(c, layer, w->cols, 0);
+    const int64_t n = cols ? rows * cols : rows;
+    float *x = gm_malloc((size_t)n * sizeof *x);
+    if (!x) return gm_error_set(err, GM_ERR_NOMEM, "out of memory for %lld values of a weight", (long long)n);
+    gm_status s = gm_model_weight_f32(m, w, layer, fmt == GM_MERGED_HF ? GM_NORM_ONE_PLUS_W : GM_NORM_DIRECT, x, err);
+    int ai = s == GM_OK && lo && layer >= 0 && w->kind == GM_W_LINEAR ? lo->index[layer * lo->n_slots + slot] : -1;
+    if (ai >= 0) {
+        const gm_lora_adapter *ad = &lo->ad[ai];
+        const int64_t r = lo->cfg.rank;
+        float *A = gm_malloc((size_t)(r * ad->in) * sizeof *A), *B = gm_malloc((size_t)(ad->out * r) * sizeof *B),
+              *row = gm_malloc((size_t)ad->in * sizeof *row);
+        if (!A || !B || !row) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory merging %s", ad->module);
+        if (s == GM_OK && (ad->out != rows || ad->in != cols))
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: the adapter is (%lld, %lld), the weight (%lld, %lld)", ad->module,
+                             (long long)ad->out, (long long)ad->in, (long long)rows, (long long)cols);
+        if (s == GM_OK) {
+            gm_backend_download(be, A, ad->A, (size_t)(r * ad->in) * sizeof *A);
+            gm_backend_download(be, B, ad->B, (size_t)(ad->out * r) * sizeof *B);
+            s = gm_backend_status(be, err);
+        }
+        if (s == GM_OK) merge_lora(x, rows, cols, A, B, r, lo->scaling, row), (*n_merged)++;
+        gm_free(A), gm_free(B), gm_free(row);
+    }
+    /* GGUF keeps 1-D weights in f32 and falls back to f16 where a row is not whole Q8_0 blocks */
+    gm_dtype dt = dtype;
+    if (fmt == GM_MERGED_GGUF && !cols) dt = GM_F32;
+    if (dt == GM_Q8_0 && cols % 32 != 0) dt = GM_F16;
+    if (s == GM_OK && o->n == o->cap) {
+        int cap = o->cap * 2 + 64;
+        out_tensor *nt = gm_realloc(o->t, (size_t)cap * sizeof *nt);
+        if (!nt) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        else o->t = nt, o->cap = cap;
+    }
+    if (s == GM_OK) {
+        out_tensor *t = &o->t[o->n];
+        memset(t, 0, sizeof *t);
+        if (fmt == GM_MERGED_GGUF) {
+            if (layer >= 0) snprintf(t->name, sizeof t->name, "blk.%lld.%s", (long long)layer, w->gguf);
+            else snprintf(t->name, sizeof t->name, "%s", w->gguf);
+        } else {
+            /* a text-only checkpoint: the decoder under "model." whatever the base's layout */
+            if (layer >= 0) snprintf(t->name, sizeof t->name, "model.layers.%lld.%s", (long long)layer, w->hf);
+            else snprintf(t->name, sizeof t->name, "%s%s", w->top_level ? "" : "model.", w->hf);
+        }
+        t->dtype = dt;
+        t->ndim = cols ? 2 : 1;
+        t->shape[0] = rows;
+        t->shape[1] = cols;
+        size_t bytes;
+        t->data = encode(x, cols ? rows : 1, cols ? cols : rows, dt, &bytes);
+        if (!t->data) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory encoding %s", t->name);
+        else o->n++, o->bytes += bytes;
+    }
+    gm_free(x);
+    return s;
+}
+
+/* Every weight of the spec, model-level first, then layer by layer (the loader's order). */
+static gm_status collect(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format fmt, gm_dtype dtype, out_list *o,
+                         int *n_merged, gm_error *err) {
+    const gm_config *c = &m->cfg;
+    const gm_arch_def *ar = m->arch;
+    for (int gi = 0; gi < ar->n_globals; gi++) {
+        if (gi == GM_GLOBAL_LM_HEAD && c->tie_word_embeddings) continue;
+        if (!gm_weight_present(&ar->globals[gi], c, -1)) continue;
+        GM_TRY(add_weight(m, lo, be, fmt, dtype, &ar->globals[gi], -1, -1, o, n_merged, err));
+    }
+    for (int64_t l = 0; l < c->n_layers; l++)
+        for (int sl = 0; sl < ar->n_layer; sl++)
+            if (gm_weight_present(&ar->layer[sl], c, l)) GM_TRY(add_weight(m, lo, be, fmt, dtype, &ar->layer[sl], l, sl, o, n_merged, err));
+    return GM_OK;
+}
+
+static gm_status write_text(const char *dir, const char *name, const char *text, gm_error *err) {
+    char path[4200];
+    if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: path too long", dir);
+    return gm_write_file_atomic(path, text, strlen(text), err);
+}
+
+/* The folder a Hugging Face checkpoint's files are in (its path, or the file's folder). */
+static void source_dir(const gm_model *m, char *dir, size_t cap) {
+    struct stat sb;
+    snprintf(dir, cap, "%s", m->path);
+    if (stat(dir, &sb) == 0 && S_ISDIR(sb.st_mode)) return;
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = '\0';
+    else snprintf(dir, cap, ".");
+}
+
+/* Copies the base folder's tokenizer files that exist; *n_copied how many. */
+static gm_status copy_tokenizer(const gm_model *m, const char *dir, int *n_copied, gm_error *err) {
+    static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                                        "tokenizer.model", "added_tokens.json", "chat_template.jinja"};
+    char src[4200], from[4096];
+    source_dir(m, from, sizeof from);
+    *n_copied = 0;
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(src, sizeof src, "%s/%s", from, files[i]);
+        struct stat sb;
+        if (stat(src, &sb) != 0) continue;
+        char *buf;
+        size_t len;
+        GM_TRY(gm_read_file(src, &buf, &len, err));
+        char dst[4200];
+        snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
+        gm_status s = gm_write_file_atomic(dst, buf, len, err);
+        gm_free(buf);
+        GM_TRY(s);
+        (*n_copied)++;
+    }
+    return GM_OK;
+}
+
+static const char *torch_dtype(gm_dtype dt) {
+    return dt == GM_BF16 ? "bfloat16" : dt == GM_F16 ? "float16" : "float32";
+}
+
+static gm_status save_hf(const gm_model *m, const out_list *o, gm_dtype dtype, const char *dir, gm_merged_info *info,
+                         gm_error *err) {
+    gm_st_write_tensor *wt = gm_calloc((size_t)o->n, sizeof *wt);
+    if (!wt) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < o->n; i++) {
+        const out_tensor *t = &o->t[i];
+        wt[i] = (gm_st_write_tensor){t->name, t->dtype, t->ndim, {t->shape[0], t->shape[1]}, t->data};
+        if (t->ndim == 1) wt[i].shape[0] = t->shape[0];
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    static const char *const meta[] = {"format", "pt"};
+    gm_status s = gm_safetensors_write(path, wt, o->n, meta, 1, err);
+    gm_free(wt);
+    GM_TRY(s);
+    char *json;
+    GM_TRY(gm_config_to_json(&m->cfg, torch_dtype(dtype), &json, err));
+    s = write_text(dir, "config.json", json, err);
+    cJSON_free(json);
+    GM_TRY(s);
+    /* generation_config.json: a chat model stops at <end_of_turn> as well as <eos> */
+    cJSON *g = cJSON_CreateObject();
+    if (!g) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    if (m->cfg.bos_id >= 0) cJSON_AddNumberToObject(g, "bos_token_id", m->cfg.bos_id);
+    cJSON *eos = cJSON_AddArrayToObject(g, "eos_token_id");
+    if (m->cfg.eos_id >= 0) cJSON_AddItemToArray(eos, cJSON_CreateNumber(m->cfg.eos_id));
+    int32_t eot = m->tok ? gm_tokenizer_special(m->tok).end_of_turn : -1;
+    if (eot >= 0 && eot != m->cfg.eos_id) cJSON_AddItemToArray(eos, cJSON_CreateNumber(eot));
+    if (m->cfg.pad_id >= 0) cJSON_AddNumberToObject(g, "pad_token_id", m->cfg.pad_id);
+    json = cJSON_Print(g);
+    cJSON_Delete(g);
+    if (!json) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    s = write_text(dir, "generation_config.json", json, err);
+    cJSON_free(json);
+    GM_TRY(s);
+    info->tokenizer = "none";
+    if (m->format == GM_FORMAT_SAFETENSORS) {
+        int n = 0;
+        GM_TRY(copy_tokenizer(m, dir, &n, err));
+        if (n) info->tokenizer = "copied";
+    } else if (m->tok) {
+        gm_strref tmpl;
+        char *ct = NULL;
+        if (m->gguf && gm_gguf_get_str(m->gguf, "tokenizer.chat_template", &tmpl)) {
+            ct = gm_malloc(tmpl.len + 1);
+            if (!ct) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+            memcpy(ct, tmpl.p, tmpl.len);
+            ct[tmpl.len] = '\0';
+        }
+        /* a pretrained GGUF (the 270M) carries no template: Gemma 3's own, the one gemmarun renders */
+        s = gm_tokenizer_save_hf(m->tok, dir, ct ? ct : gm_chat_gemma3_jinja, err);
+        gm_free(ct);
+        GM_TRY(s);
+        info->tokenizer = "built from the GGUF vocabulary";
+    }
+    return GM_OK;
+}
+
+static gm_status save_gguf(const gm_model *m, const out_list *o, gm_dtype dtype, const char *path, gm_merged_info *info,
+                           gm_error *err) {
+    gm_gguf_writer *w = gm_gguf_writer_new();
+    if (!w) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    uint32_t ftype = dtype == GM_F16 ? FTYPE_MOSTLY_F16 : dtype == GM_BF16 ? FTYPE_MOSTLY_BF16 : dtype == GM_Q8_0 ? FTYPE_MOSTLY_Q8_0
+                                                                                                         : FTYPE_ALL_F32;
+    bool have_ftype = false;
+    for (int64_t i = 0; i < gm_gguf_n_kv(m->gguf); i++) {
+        const gm_gguf_kv *kv = gm_gguf_kv_at(m->gguf, i);
+        if (kv->key.len == 17 && memcmp(kv->key.p, "general.file_type", 17) == 0) {
+            gm_gguf_set_u32(w, "general.file_type", ftype), have_ftype = true;
+            continue;
+        }
+        gm_gguf_copy_kv(w, kv);
+    }
+    if (!have_ftype) gm_gguf_set_u32(w, "general.file_type", ftype);
+    for (int i = 0; i < o->n; i++) gm_gguf_add_tensor(w, o->t[i].name, o->t[i].dtype, o->t[i].ndim, o->t[i].shape, o->t[i].data);
+    gm_status s = gm_gguf_write(w, path, err);
+    gm_gguf_writer_free(w);
+    info->tokenizer = "in the GGUF metadata";
+    return s;
+}
+
+gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format format, gm_dtype dtype,
+                               const char *out, gm_merged_info *info, gm_error *err) {
+    gm_merged_info dummy;
+    if (!info) info = &dummy;
+    memset(info, 0, sizeof *info);
+    struct stat sb;
+    if (format == GM_MERGED_HF) {
+        if (dtype != GM_F32 && dtype != GM_BF16 && dtype != GM_F16)
+            return gm_error_set(err, GM_ERR_INVALID, "a Hugging Face folder takes dtype f32, bf16 or f16, not %s", gm_dtype_name(dtype));
+        if (stat(out, &sb) == 0 && !S_ISDIR(sb.st_mode))
+            return gm_error_set(err, GM_ERR_INVALID, "%s exists and is not a folder: give a folder to write the merged model into", out);
+    } else {
+        if (dtype != GM_F32 && dtype != GM_BF16 && dtype != GM_F16 && dtype != GM_Q8_0)
+            return gm_error_set(err, GM_ERR_INVALID, "a merged GGUF takes dtype f32, f16, bf16 or q8_0, not %s", gm_dtype_name(dtype));
+        if (stat(out, &sb) == 0 && S_ISDIR(sb.st_mode))
+            return gm_error_set(err, GM_ERR_INVALID, "%s is a folder: give a .gguf file name for the merged model", out);
+        if (m->format != GM_FORMAT_GGUF || !m->gguf)
+            return gm_error_set(err, GM_ERR_UNSUPPORTED,
+                                "%s: a merged GGUF is written from a GGUF base (its tokenizer and metadata are copied); this "
+                                "base is a Hugging Face checkpoint\n  hint: export --format merged into a folder, then convert "
+                                "that folder with llama.cpp's convert_hf_to_gguf.py",
+                                m->path);
+    }
+    if (m->cfg.arch != GM_ARCH_GEMMA3)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "merging into %s models is not implemented yet", gm_arch_name(m->cfg.arch));
+    if (format == GM_MERGED_HF && stat(out, &sb) != 0 && mkdir(out, 0755) != 0)
+        return gm_error_set(err, GM_ERR_IO, "%s: cannot create the folder (does its parent exist?)", out);
+    out_list o = {0};
+    gm_status s = collect(m, lo, be, format, dtype, &o, &info->n_merged, err);
+    if (s == GM_OK) s = format == GM_MERGED_HF ? save_hf(m, &o, dtype, out, info, err) : save_gguf(m, &o, dtype, out, info, err);
+    info->n_tensors = o.n;
+    info->bytes = o.bytes;
+    out_free(&o);
+    return s;
+}

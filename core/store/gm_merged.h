@@ -1,0 +1,64 @@
+/*
+ * gm_merged.h - a base model with a LoRA adapter merged into its weights, written for other tools:
+ * a Hugging Face folder that transformers (and vLLM) load, or a GGUF file that llama.cpp (and
+ * Ollama) load.
+ *
+ * Every weight of the architecture's spec (core/arch/gm_arch.h) is read from the base file as
+ * stored and dequantized to f32 (gm_model_weight_f32: a Q4_K GGUF gives its exact Q4_K values),
+ * each adapted linear gets W += scaling * B A (B: (out, r), A: (r, in); PEFT's merge, peft/tuners/
+ * lora/layer.py get_delta_weight: the product in f32, then scaled), and the result is encoded in
+ * the chosen dtype. The base is merged as stored, not as a QLoRA run saw it through NF4: the
+ * adapter of a QLoRA trial lands on the weights the run quantized (what PEFT's merge_and_unload on
+ * the unquantized base gives, and what servers expect).
+ *
+ * Hugging Face folder (GM_MERGED_HF): model.safetensors (every weight in `dtype`: f32, bf16 or
+ * f16, Hugging Face names under "model.", norms as w of the scale 1 + w), config.json
+ * (gm_config_to_json: Gemma3ForCausalLM), generation_config.json (bos, eos and <end_of_turn>,
+ * pad), and the tokenizer: the base folder's tokenizer files copied when it has them, else - a
+ * GGUF base - tokenizer.json and tokenizer_config.json built from the GGUF vocabulary
+ * (gm_tokenizer_save_hf, with the GGUF's chat template, else Gemma 3's: gm_chat_gemma3_jinja). The text decoder only: a multimodal
+ * base's vision tower is not written.
+ * GGUF (GM_MERGED_GGUF, from a GGUF base): the base's metadata (tokenizer, chat template, ...)
+ * copied with general.file_type set for `dtype`, the 2-D weights in `dtype` (f32, f16, bf16 or
+ * q8_0; q8_0 falls back to f16 for a row length that is not a multiple of 32, as llama.cpp's
+ * quantizer does), the 1-D norms in f32, as llama.cpp's converter keeps them.
+ *
+ * Ownership: nothing is kept; the adapter's A and B are downloaded from backend `be`. The whole
+ * file is assembled in memory before the atomic write (about twice the output's size).
+ * Errors: GM_ERR_INVALID (a dtype the format does not take; `out` not a folder / a folder),
+ * GM_ERR_UNSUPPORTED (a GGUF from a Hugging Face base: its tokenizer has no GGUF form here -
+ * the message says how to convert the Hugging Face folder instead; a Gemma 3n / 4 config),
+ * GM_ERR_NOMEM, GM_ERR_IO naming the path.
+ */
+#ifndef GM_MERGED_H
+#define GM_MERGED_H
+
+#include "gm_backend.h"
+#include "gm_dtype.h"
+#include "gm_lora.h"
+#include "gm_model.h"
+#include "gm_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum gm_merged_format { GM_MERGED_HF = 0, GM_MERGED_GGUF = 1 } gm_merged_format;
+
+typedef struct gm_merged_info {
+    int n_tensors;          /* tensors written */
+    int n_merged;           /* of which carry an adapter */
+    size_t bytes;           /* size of model.safetensors / the GGUF file */
+    const char *tokenizer;  /* "copied", "built from the GGUF vocabulary", "in the GGUF metadata" or "none" */
+} gm_merged_info;
+
+/* Writes model m with adapter `lo` (may be NULL: the base alone, converted) merged in, as
+ * `format` in `dtype`, at `out` (a folder for GM_MERGED_HF, created if missing; a file for
+ * GM_MERGED_GGUF). info may be NULL. */
+gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format format, gm_dtype dtype,
+                               const char *out, gm_merged_info *info, gm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_MERGED_H */
