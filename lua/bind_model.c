@@ -25,6 +25,8 @@
  *   model:save_merged(out, {adapter =, trial =, format = "hf", dtype =}) -> info: the model with the
  *        adapter merged in, as a Hugging Face folder (dtype bf16 default) or, format = "gguf", a GGUF
  *        file (dtype f16 default, or f32, bf16, q8_0)
+ *   model:adapter_info(path, {trial =}) -> {rank, alpha, rslora, dropout, modules, targets, layers,
+ *        source, trial_id}: an adapter's LoRA shape, with targets / layers as train.* selects it
  *   model:config()                                     -> table of the config fields
  *   model:sha256()                                     -> hex, "file=<12 hex> ..." (gm_model_sha256)
  *   model:close()
@@ -346,6 +348,53 @@ static int l_save_merged(lua_State *L) {
     return 1;
 }
 
+/* model:adapter_info(path, {trial =}) -> {rank =, alpha =, rslora =, dropout =, modules = n,
+ * targets =, layers = {...} or nil, source =, trial_id =}: the LoRA shape of an adapter (anything
+ * gm_adapter_load reads) on this model, with `targets` / `layers` as train.targets / train.layers
+ * write them to select exactly its modules (gm_adapter_targets; layers nil: every layer). */
+static int l_adapter_info(lua_State *L) {
+    lmodel *lm = gm_bind_check_model(L, 1);
+    const char *path = luaL_checkstring(L, 2);
+    static const char *const allowed[] = {"trial", NULL};
+    gm_bind_check_opts(L, 3, "adapter_info", allowed);
+    char trial_buf[64];
+    const char *trial = opt_trial(L, 3, "adapter_info", path, trial_buf, sizeof trial_buf);
+    gm_error err = {0};
+    gm_status s = use_adapter(lm, path, trial, &err);
+    bool list = false, layers[GM_MAX_LAYERS];
+    int n_layers = 0;
+    char *targets = NULL;
+    if (s == GM_OK) s = gm_adapter_targets(&lm->ad->lora, lm->m, &list, &targets, layers, &n_layers, &err);
+    if (s != GM_OK) return gm_bind_raise(L, &err);
+    const gm_lora *lo = &lm->ad->lora;
+    lua_createtable(L, 0, 9);
+    lua_pushinteger(L, lo->cfg.rank);
+    lua_setfield(L, -2, "rank");
+    lua_pushnumber(L, gm_f32_shortest(lo->cfg.alpha));
+    lua_setfield(L, -2, "alpha");
+    lua_pushboolean(L, lo->cfg.rslora);
+    lua_setfield(L, -2, "rslora");
+    lua_pushnumber(L, gm_f32_shortest(lo->cfg.dropout));
+    lua_setfield(L, -2, "dropout");
+    lua_pushinteger(L, lo->n);
+    lua_setfield(L, -2, "modules");
+    lua_pushstring(L, targets);
+    lua_setfield(L, -2, "targets");
+    gm_free(targets);
+    if (list && n_layers < lm->m->cfg.n_layers) {
+        lua_createtable(L, n_layers, 0);
+        int k = 0;
+        for (int l = 0; l < lm->m->cfg.n_layers; l++)
+            if (layers[l]) lua_pushinteger(L, l), lua_rawseti(L, -2, ++k);
+        lua_setfield(L, -2, "layers");
+    }
+    lua_pushstring(L, lm->ad->source);
+    lua_setfield(L, -2, "source");
+    lua_pushstring(L, lm->ad->trial_id);
+    lua_setfield(L, -2, "trial_id");
+    return 1;
+}
+
 static int l_generate(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     size_t prompt_len;
@@ -527,7 +576,7 @@ static int l_hub_id(lua_State *L) {
 void gm_lua_open_model(lua_State *L) {
     static const luaL_Reg methods[] = {{"tokenize", l_tokenize}, {"detokenize", l_detokenize},
                                        {"generate", l_generate}, {"logits", l_logits},
-                                       {"save_adapter", l_save_adapter}, {"save_merged", l_save_merged}, {"config", l_config}, {"sha256", l_sha256},
+                                       {"save_adapter", l_save_adapter}, {"save_merged", l_save_merged}, {"adapter_info", l_adapter_info}, {"config", l_config}, {"sha256", l_sha256},
                                        {"release_weight_pages", l_release_weight_pages},
                                        {"close", l_close}, {NULL, NULL}};
     luaL_newmetatable(L, GM_MODEL_MT);

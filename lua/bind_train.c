@@ -24,6 +24,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "bind_util.h"
+
+#include "gm_adapter.h"
 #include "gm_lua.h"
 #include "write_rule.h"
 
@@ -649,6 +651,26 @@ static int l_tr_load(lua_State *L) {
     return 1;
 }
 
+/* trainer:load_adapter(model, path [, {trial =}]): starts the trainer's adapters from the
+ * adapter at `path` (anything gm_adapter_load reads: a PEFT folder, a trial, a checkpoint) on
+ * `model` (the trainer's own): gm_adapter_to_trainer, which names any difference of shape. */
+static int l_tr_load_adapter(lua_State *L) {
+    ltrainer *t = check_tr(L, 1);
+    lmodel *lm = gm_bind_check_model(L, 2);
+    const char *path = luaL_checkstring(L, 3);
+    static const char *const allowed[] = {"trial", NULL};
+    gm_bind_check_opts(L, 4, "load_adapter", allowed);
+    const char *trial = gm_bind_opt_str(L, 4, "trial", NULL);
+    gm_error err = {0};
+    gm_adapter *a = NULL;
+    gm_backend *be = gm_trainer_backend(t->tr);
+    gm_status s = gm_adapter_load(lm->m, be, path, trial, &a, &err);
+    if (s == GM_OK) s = gm_adapter_to_trainer(a, be, t->tr, &err);
+    gm_adapter_free(a);
+    if (s != GM_OK) return gm_bind_raise(L, &err);
+    return 0;
+}
+
 static int l_tr_memory(lua_State *L) {
     ltrainer *t = check_tr(L, 1);
     const gm_arena *a = gm_trainer_arena(t->tr);
@@ -726,7 +748,7 @@ void gm_lua_open_train(lua_State *L) {
     static const luaL_Reg ds_methods[] = {{"add_chat", l_ds_add_chat}, {"size", l_ds_size}, {"stats", l_ds_stats},
                                           {"sha256", l_ds_sha256},
                                           {"example", l_ds_example}, {"close", l_ds_close}, {NULL, NULL}};
-    static const luaL_Reg tr_methods[] = {{"step", l_tr_step}, {"eval", l_tr_eval}, {"save", l_tr_save},
+    static const luaL_Reg tr_methods[] = {{"step", l_tr_step}, {"eval", l_tr_eval}, {"save", l_tr_save}, {"load_adapter", l_tr_load_adapter},
                                           {"load", l_tr_load}, {"memory", l_tr_memory}, {"choose", l_tr_choose},
                                           {"score", l_tr_score}, {"close", l_tr_close},
                                           {NULL, NULL}};

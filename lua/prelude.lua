@@ -88,8 +88,11 @@ local TRAIN = {}
 for _, f in ipairs(gm.train_schema()) do TRAIN[f.name] = f end
 M.TRAIN = TRAIN
 
-local EXPERIMENT_KEYS = { "name", "model", "task", "train", "sweep", "seeds", "memory_limit", "fit", "report",
-  "threads", "description", "results", "validation" }
+local EXPERIMENT_KEYS = { "name", "model", "model_adapter", "task", "train", "sweep", "seeds", "memory_limit", "fit",
+  "report", "threads", "description", "results", "validation" }
+-- the adapter's shape: with model_adapter these come from the adapter (a run may restate them)
+local ADAPTER_SHAPE = { "rank", "alpha", "rslora", "targets", "layers" }
+M.ADAPTER_SHAPE = ADAPTER_SHAPE
 
 local function sorted_keys(t)
   local ks = {}
@@ -323,7 +326,7 @@ function M.apply_overrides(e, sets)
     if (key == "fit" or (TRAIN[key] and TRAIN[key].kind == "boolean")) and words[v] ~= nil then val = words[v] end
     e._overrides = e._overrides or {}
     e._overrides[key] = "--set " .. kv
-    local top = ({ model = 1, seeds = 1, name = 1, memory_limit = 1, threads = 1, fit = 1, description = 1 })[k]
+    local top = ({ model = 1, model_adapter = 1, seeds = 1, name = 1, memory_limit = 1, threads = 1, fit = 1, description = 1 })[k]
     if top then
       if k == "seeds" and type(val) ~= "table" then val = { val } end
       e[k] = val
@@ -333,8 +336,8 @@ function M.apply_overrides(e, sets)
       if e.sweep then e.sweep[key] = nil end
     else
       local allowed = sorted_keys(TRAIN)
-      for _, t in ipairs({ "model", "seeds", "name", "memory_limit", "threads", "fit" }) do allowed[#allowed + 1] = t end
-      usage(nil, "--set %s: unknown key '%s'%s (allowed: model, seeds, name, memory_limit, threads, fit, or a training field: %s)",
+      for _, t in ipairs({ "model", "model_adapter", "seeds", "name", "memory_limit", "threads", "fit" }) do allowed[#allowed + 1] = t end
+      usage(nil, "--set %s: unknown key '%s'%s (allowed: model, model_adapter, seeds, name, memory_limit, threads, fit, or a training field: %s)",
         kv, k, did_you_mean(key, allowed), list_str(sorted_keys(TRAIN)))
     end
   end
@@ -393,6 +396,10 @@ function M.validate(e)
     usage(from0("name"), "experiment.name = %s: must be a name of letters, digits, _ and - (it names the results files)", tostring(e.name))
   end
   if type(e.model) ~= "string" or e.model == "" then usage(from0("model"), "experiment.model must be a model path or name (e.g. \"gemma3-270m\")") end
+  if e.model_adapter ~= nil and (type(e.model_adapter) ~= "string" or e.model_adapter == "") then
+    usage(from0("model_adapter"), "experiment.model_adapter must be the path of an adapter to start from (a PEFT adapter folder, a "
+      .. "results folder of one trial, a trial file or a checkpoint)")
+  end
   if type(e.task) ~= "table" or (e.task._kind ~= "classify" and e.task._kind ~= "sft") then
     usage(w, "experiment.task must be classify{...} or sft{...}")
   end
@@ -415,6 +422,10 @@ function M.validate(e)
   local function from(k) return (e._overrides and e._overrides[k]) or w end
   M.where_of = from
   for k, v in pairs(e.train) do train[k] = check_train_value(key_where(from(k), k), k, v) end
+  -- the fields the file (or --set) states, as opposed to defaults: with model_adapter, the
+  -- adapter's shape fills the others (runner.resolve_model_adapter)
+  e._stated = {}
+  for k in pairs(train) do e._stated[k] = true end
   for k, f in pairs(TRAIN) do
     if train[k] == nil and f.default ~= nil then train[k] = f.default end
   end
@@ -456,6 +467,16 @@ function M.validate(e)
       end
     end
     if s._kind == "random" and (math.type(s.n) ~= "integer" or s.n < 1) then usage(s._where, "random.n must be the number of trials (a positive integer)") end
+    if e.model_adapter ~= nil then
+      for _, k in ipairs(ADAPTER_SHAPE) do
+        if s[k] ~= nil then
+          usage(key_where(s._where, k), "%s.%s: the adapter's %s is fixed by model_adapter (%s); it cannot be swept", s._kind, k, k, e.model_adapter)
+        end
+      end
+      if s.model ~= nil then
+        usage(key_where(s._where, "model"), "%s.model: model_adapter (%s) belongs to one base model; it cannot be swept", s._kind, e.model_adapter)
+      end
+    end
   end
   if e.report ~= nil then
     local r = e.report
@@ -659,7 +680,7 @@ function M.expand(e, max_trials)
   end
   for _, p in ipairs(M.sweep_points(e)) do
     for _, seed in ipairs(e.seeds) do
-      local cfg = { model = e.model, seed = seed }
+      local cfg = { model = e.model, seed = seed, model_adapter = e.model_adapter }
       for k, v in pairs(e.train) do cfg[k] = v end
       for k, v in pairs(p) do cfg[k] = v end
       -- (validation only when given: the ids of experiments without it stay as they were)

@@ -319,6 +319,16 @@ end
 -- reads fields of `m` that earlier steps set and returns new ones; render() stores them in `m`.
 
 local BASE_LABEL = "baseline (no fine-tuning)"
+-- trials that started from an adapter (experiment.model_adapter): their baseline is that adapter
+local BASE_LABEL_ADAPTER = "baseline (model_adapter)"
+
+--- The baseline rows' label for these trials.
+local function base_label(trials)
+  for _, t in ipairs(trials or {}) do
+    if type(t.config) == "table" and t.config.model_adapter then return BASE_LABEL_ADAPTER end
+  end
+  return BASE_LABEL
+end
 local MEM_TITLE = "Peak memory (MiB): planned / measured (measured vs planned), largest over the cell's trials"
 local MIB = 1048576
 
@@ -735,7 +745,8 @@ local function build_grid(m)
   for _, cv in ipairs(m.col_combos) do grid[1][#grid[1] + 1] = #m.cols > 0 and describe(m.cols, cv) or m.label end
   for _, br in ipairs(m.base_rows) do
     local d = describe(br.fields, br.vals)
-    local r = {d ~= "" and (BASE_LABEL .. ", " .. d) or BASE_LABEL}
+    local bl = base_label(m.trials)
+    local r = {d ~= "" and (bl .. ", " .. d) or bl}
     for _ = 2, #head do r[#r + 1] = "" end
     for j = 1, #m.col_combos do r[#r + 1] = cell_text(m, br.cells[j]) end
     grid[#grid + 1] = r
@@ -1283,7 +1294,7 @@ function report.plots(trials, spec, dir, name)
         end
         if #bx > 0 then
           local d = describe(bfields, bg)
-          pseries[#pseries + 1] = {label = "baseline (no fine-tuning)" .. (d ~= "" and ", " .. d or ""),
+          pseries[#pseries + 1] = {label = base_label(done) .. (d ~= "" and ", " .. d or ""),
                                    x = bx, y = byv, err = be, color = 7 + 10 * (bi - 1)}
         end
       end

@@ -414,6 +414,32 @@ local function use_model(ctx, e, model)
   ctx.data = {}
 end
 
+--- experiment.model_adapter: every trial starts from that adapter (a PEFT folder, a trial, a
+--- checkpoint). Its LoRA shape - rank, alpha, rslora, targets, layers - becomes the trials' where
+--- the file does not state it; a stated rank / alpha / rslora must be the adapter's (a usage error
+--- names both and the fix); stated targets / layers are checked against its modules when the
+--- trainer starts from it (gm_adapter_to_trainer). The model is loaded (mapped) to read it.
+local function resolve_model_adapter(ctx, e, trials)
+  if not e.model_adapter then return end
+  use_model(ctx, e, e.model)
+  local ok, info = pcall(ctx.model.adapter_info, ctx.model, e.model_adapter)
+  if not ok then P.usage(P.where_of("model_adapter"), "model_adapter = %s: %s", e.model_adapter, clean_msg(info)) end
+  ctx.adapter_info = info
+  local want = { rank = info.rank, alpha = info.alpha, rslora = info.rslora, targets = info.targets, layers = info.layers }
+  for _, k in ipairs(P.ADAPTER_SHAPE) do
+    local stated = e._stated and e._stated[k]
+    for _, t in ipairs(trials) do
+      if not stated then
+        t.config[k] = want[k]
+      elseif (k == "rank" or k == "alpha" or k == "rslora") and t.config[k] ~= want[k] then
+        local function show(v) return math.type(v) == "float" and string.format("%g", v) or tostring(v) end
+        P.usage(P.where_of(k), "train.%s = %s, but model_adapter %s has %s = %s: remove train.%s (the adapter decides it) or set %s",
+          k, show(t.config[k]), e.model_adapter, k, show(want[k]), k, show(want[k]))
+      end
+    end
+  end
+end
+
 --- Runs a write (a checkpoint, a results file); a failure - disk full, quota, a read-only or
 --- vanished folder - is the machine's, not the trial's: it is raised as {io = true, msg} so that
 --- the sweep stops instead of failing every later trial the same way (R.run).
@@ -454,6 +480,8 @@ local function provenance(ctx, e, cfg, d)
     command_line = GM_COMMAND_LINE or "", set_overrides_json = gm.json_encode(ctx.cli_set or {}),
     experiment_file = GM_EXPERIMENT_FILE or "experiments/quickstart.lua",
     experiment_source = ctx.source,
+    model_adapter = ctx.adapter_info and ctx.adapter_info.source or nil,
+    model_adapter_trial_id = ctx.adapter_info and ctx.adapter_info.trial_id ~= "" and ctx.adapter_info.trial_id or nil,
   }
   for k, v in pairs(ctx.build) do p[k == "version" and "gemmarun_version" or k] = v end
   return p
@@ -503,7 +531,8 @@ local function run_trial(ctx, e, trial, n_trials)
   ctx.model:release_weight_pages()
   gm.reset_peak_rss()
   local tr <close> = ctx.model:trainer(opts)
-  -- baseline evaluation (the adapters start at B = 0: the base model)
+  -- baseline evaluation (the adapters start at B = 0: the base model; with model_adapter, that
+  -- adapter: the baseline is its evaluation)
   local limit = e.task.max_eval
   local function evaluate(phase)
     local r
@@ -524,9 +553,15 @@ local function run_trial(ctx, e, trial, n_trials)
     say("  resuming from step %d (epoch %d, example %d)", step, epoch + 1, pos)
   else
     res:truncate(0) -- a fresh start: drop rows of an earlier attempt that left no checkpoint
+    if cfg.model_adapter then
+      local ok, err = pcall(tr.load_adapter, tr, ctx.model, cfg.model_adapter)
+      if not ok then P.usage(P.where_of("model_adapter"), "model_adapter = %s: %s", cfg.model_adapter, clean_msg(err)) end
+      say("  starting from the adapter %s%s", ctx.adapter_info and ctx.adapter_info.source or cfg.model_adapter,
+        ctx.adapter_info and ctx.adapter_info.trial_id ~= "" and (" (trial " .. ctx.adapter_info.trial_id .. ")") or "")
+    end
     -- the baseline depends only on the base model as trained on (model, quant, max_length):
     -- trials that share them (other seeds, learning rates, ranks) reuse one evaluation
-    local bkey = cfg.model .. "|" .. cfg.quant .. "|" .. cfg.max_length
+    local bkey = cfg.model .. "|" .. cfg.quant .. "|" .. cfg.max_length .. "|" .. (cfg.model_adapter or "")
     local b = ctx.baselines[bkey]
     if b then res:set_eval("baseline", b) else b = evaluate("baseline"); ctx.baselines[bkey] = b end
     say("  baseline %s", b.accuracy and string.format("accuracy %.1f%%", 100 * b.accuracy) or string.format("loss %.4f", b.loss))
@@ -825,6 +860,7 @@ function R.run(e, cli)
   -- (the dry run too: it maps the model for its vocabulary but reads no weights)
   local ctx = { data = {}, baselines = {}, items = items, cfgs = cfgs }
   check_lengths(ctx, e, selected, items)
+  resolve_model_adapter(ctx, e, trials)
   if cli.dry_run then
     if ctx.model then ctx.model:close() end
     for _, ds in pairs(ctx.data) do ds.train:close(); ds.test:close(); if ds.val then ds.val:close() end end

@@ -10,6 +10,7 @@
 #include "gm_h5.h"
 #include "gm_mmap.h"
 #include "gm_safetensors.h"
+#include "gm_train.h"
 
 #include <cjson/cJSON.h>
 #include <ctype.h>
@@ -764,6 +765,52 @@ static void rx_append(char *buf, size_t cap, const char *s) {
     buf[k] = '\0';
 }
 
+gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, char **out, bool layers[GM_MAX_LAYERS],
+                             int *n_layers, gm_error *err) {
+    *out = NULL;
+    /* which layers and which modules; is the set of adapters every module on every layer? */
+    int n_layers_used = 0, n_slots_used = 0;
+    for (int l = 0; l < GM_MAX_LAYERS; l++) layers[l] = false;
+    for (int i = 0; i < lo->n; i++)
+        if (!layers[lo->ad[i].layer]) layers[lo->ad[i].layer] = true, n_layers_used++;
+    for (int sl = 0; sl < GM_MAX_LAYER_WEIGHTS; sl++) n_slots_used += lo->slot_used[sl];
+    bool product = lo->n == n_layers_used * n_slots_used;
+    *list = product && strcmp(m->prefix, "model.") == 0;
+    *n_layers = n_layers_used;
+    size_t cap = 64 + 2 * strlen(m->prefix) + 8 * (size_t)m->cfg.n_layers; /* escaped: 2 bytes a char at most */
+    for (int i = 0; i < lo->n; i++) cap += 2 * strlen(lo->ad[i].module) + 2;
+    char *rx = gm_calloc(cap, 1);
+    if (!rx) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    if (*list) {
+        /* names, as PEFT lists them: each matches "<name>" or "*.<name>" */
+        for (int i = 0; i < lo->n && lo->ad[i].layer == lo->ad[0].layer; i++) {
+            if (i) strcat(rx, ",");
+            strcat(rx, target_name(m->arch, &lo->ad[i]));
+        }
+    } else if (product) {
+        /* a regular expression full-matched against module names: exactly these modules (a list
+         * would also match e.g. a vision tower's q_proj in a multimodal checkpoint) */
+        rx_append(rx, cap, m->prefix);
+        strcat(rx, "layers\\.(?:");
+        bool first = true;
+        for (int l = 0; l < m->cfg.n_layers; l++)
+            if (layers[l]) snprintf(rx + strlen(rx), cap - strlen(rx), "%s%d", first ? "" : "|", l), first = false;
+        strcat(rx, ")\\.(?:");
+        for (int i = 0; i < lo->n && lo->ad[i].layer == lo->ad[0].layer; i++) {
+            if (i) strcat(rx, "|");
+            rx_append(rx, cap, sub_name(&lo->ad[i]));
+        }
+        strcat(rx, ")");
+    } else {
+        for (int i = 0; i < lo->n; i++) {
+            if (i) strcat(rx, "|");
+            rx_append(rx, cap, lo->ad[i].module);
+        }
+    }
+    *out = rx;
+    return GM_OK;
+}
+
 gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_model *m, const char *dir, const char *base_model,
                                gm_error *err) {
     const gm_lora *lo = &a->lora;
@@ -773,14 +820,10 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         return gm_error_set(err, GM_ERR_INVALID, "%s exists and is not a folder: give a folder to write the PEFT adapter into", dir);
     if (stat(dir, &sb) != 0 && mkdir(dir, 0755) != 0)
         return gm_error_set(err, GM_ERR_IO, "%s: cannot create the folder (does its parent exist?)", dir);
-    /* which layers and which modules; is the set of adapters every module on every layer? */
-    bool layer_used[GM_MAX_LAYERS] = {false};
-    int n_layers_used = 0, n_slots_used = 0;
-    for (int i = 0; i < lo->n; i++)
-        if (!layer_used[lo->ad[i].layer]) layer_used[lo->ad[i].layer] = true, n_layers_used++;
-    for (int sl = 0; sl < GM_MAX_LAYER_WEIGHTS; sl++) n_slots_used += lo->slot_used[sl];
-    bool product = lo->n == n_layers_used * n_slots_used;
-    bool plain_prefix = strcmp(m->prefix, "model.") == 0;
+    bool layer_used[GM_MAX_LAYERS], list;
+    int n_layers_used;
+    char *targets = NULL;
+    GM_TRY(gm_adapter_targets(lo, m, &list, &targets, layer_used, &n_layers_used, err));
     cJSON *c = cJSON_CreateObject();
     gm_status s = c ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     if (s == GM_OK) {
@@ -794,7 +837,7 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         cJSON_AddBoolToObject(c, "init_lora_weights", true);
         cJSON_AddItemToObject(c, "layer_replication", cJSON_CreateNull());
         cJSON_AddItemToObject(c, "layers_pattern", cJSON_CreateNull());
-        if (product && plain_prefix && n_layers_used < m->cfg.n_layers) {
+        if (list && n_layers_used < m->cfg.n_layers) {
             cJSON *l = cJSON_AddArrayToObject(c, "layers_to_transform");
             for (int i = 0; l && i < m->cfg.n_layers; i++)
                 if (layer_used[i]) cJSON_AddItemToArray(l, cJSON_CreateNumber(i));
@@ -809,38 +852,15 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         cJSON_AddNumberToObject(c, "r", lo->cfg.rank);
         cJSON_AddItemToObject(c, "rank_pattern", cJSON_CreateObject());
         cJSON_AddItemToObject(c, "revision", cJSON_CreateNull());
-        if (product && plain_prefix) {
-            /* a list of names, as PEFT writes it: matches "<name>" or "*.<name>" */
+        if (list) {
             cJSON *t = cJSON_AddArrayToObject(c, "target_modules");
-            for (int i = 0; t && i < lo->n && lo->ad[i].layer == lo->ad[0].layer; i++)
-                cJSON_AddItemToArray(t, cJSON_CreateString(target_name(m->arch, &lo->ad[i])));
-        } else {
-            /* a regular expression PEFT full-matches against module names: exactly these modules
-             * (a list would also match e.g. a vision tower's q_proj in a multimodal checkpoint) */
-            size_t cap = 64 + 2 * strlen(m->prefix) + 8 * (size_t)m->cfg.n_layers; /* escaped: 2 bytes a char at most */
-            for (int i = 0; i < lo->n; i++) cap += 2 * strlen(lo->ad[i].module) + 2;
-            char *rx = gm_calloc(cap, 1);
-            if (!rx) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-            else if (product) {
-                rx_append(rx, cap, m->prefix);
-                strcat(rx, "layers\\.(?:");
-                bool first = true;
-                for (int l = 0; l < m->cfg.n_layers; l++)
-                    if (layer_used[l]) snprintf(rx + strlen(rx), cap - strlen(rx), "%s%d", first ? "" : "|", l), first = false;
-                strcat(rx, ")\\.(?:");
-                for (int i = 0; i < lo->n && lo->ad[i].layer == lo->ad[0].layer; i++) {
-                    if (i) strcat(rx, "|");
-                    rx_append(rx, cap, sub_name(&lo->ad[i]));
-                }
-                strcat(rx, ")");
-            } else {
-                for (int i = 0; i < lo->n; i++) {
-                    if (i) strcat(rx, "|");
-                    rx_append(rx, cap, lo->ad[i].module);
-                }
+            for (char *p = targets, *e; t && p; p = e ? e + 1 : NULL) {
+                e = strchr(p, ',');
+                if (e) *e = '\0';
+                cJSON_AddItemToArray(t, cJSON_CreateString(p));
             }
-            if (rx) cJSON_AddStringToObject(c, "target_modules", rx);
-            gm_free(rx);
+        } else {
+            cJSON_AddStringToObject(c, "target_modules", targets);
         }
         cJSON_AddStringToObject(c, "task_type", "CAUSAL_LM");
         cJSON_AddBoolToObject(c, "use_dora", false);
@@ -876,7 +896,7 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         s = json ? gm_write_file_atomic(cpath, json, strlen(json), err) : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
         cJSON_free(json);
     }
-    gm_free(host), gm_free(wt);
+    gm_free(host), gm_free(wt), gm_free(targets);
     cJSON_Delete(c);
     return s;
 }
@@ -923,6 +943,47 @@ gm_status gm_adapter_save_gguf(const gm_adapter *a, gm_backend *be, const gm_mod
     gm_free(host);
     gm_gguf_writer_free(w);
     return s;
+}
+
+gm_status gm_adapter_to_trainer(const gm_adapter *a, gm_backend *a_be, gm_trainer *tr, gm_error *err) {
+    const gm_lora *src = &a->lora, *dst = gm_trainer_lora(tr);
+    if (src->cfg.rank != dst->cfg.rank)
+        return gm_error_set(err, GM_ERR_INVALID, "%s has rank %d, the run %d: set train.rank = %d", a->source, src->cfg.rank,
+                            dst->cfg.rank, src->cfg.rank);
+    if (src->scaling != dst->scaling || src->cfg.rslora != dst->cfg.rslora)
+        return gm_error_set(err, GM_ERR_INVALID, "%s has alpha %g%s, the run alpha %g%s: set train.alpha = %g, train.rslora = %s",
+                            a->source, (double)src->cfg.alpha, src->cfg.rslora ? " (rsLoRA)" : "", (double)dst->cfg.alpha,
+                            dst->cfg.rslora ? " (rsLoRA)" : "", (double)src->cfg.alpha, src->cfg.rslora ? "true" : "false");
+    for (int i = 0; i < src->n; i++) {
+        const gm_lora_adapter *x = &src->ad[i];
+        if (x->layer >= dst->n_layers || dst->index[x->layer * dst->n_slots + x->slot] < 0)
+            return gm_error_set(err, GM_ERR_INVALID, "%s has an adapter on %s, which the run's train.targets / train.layers do "
+                                "not select", a->source, x->module);
+    }
+    for (int i = 0; i < dst->n; i++) {
+        const gm_lora_adapter *y = &dst->ad[i];
+        if (y->layer >= src->n_layers || src->index[y->layer * src->n_slots + y->slot] < 0)
+            return gm_error_set(err, GM_ERR_INVALID, "the run adapts %s, which %s has no adapter for (train.targets / "
+                                "train.layers select more modules than it has)", y->module, a->source);
+    }
+    const int64_t r = src->cfg.rank;
+    float *buf = gm_malloc((size_t)(r * src->in_max > 0 ? r * src->in_max : 1) * sizeof *buf);
+    int64_t out_max = 1;
+    for (int i = 0; i < src->n; i++) out_max = src->ad[i].out > out_max ? src->ad[i].out : out_max;
+    float *bufB = gm_malloc((size_t)(out_max * r) * sizeof *bufB);
+    if (!buf || !bufB) {
+        gm_free(buf), gm_free(bufB);
+        return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < dst->n; i++) {
+        const gm_lora_adapter *y = &dst->ad[i], *x = &src->ad[src->index[y->layer * src->n_slots + y->slot]];
+        gm_backend_download(a_be, buf, x->A, (size_t)(r * x->in) * sizeof *buf);
+        gm_backend_download(a_be, bufB, x->B, (size_t)(x->out * r) * sizeof *bufB);
+        gm_trainer_write_adapter(tr, i, 'A', buf);
+        gm_trainer_write_adapter(tr, i, 'B', bufB);
+    }
+    gm_free(buf), gm_free(bufB);
+    return gm_backend_status(a_be, err);
 }
 
 void gm_adapter_free(gm_adapter *a) {

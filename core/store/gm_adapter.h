@@ -62,6 +62,23 @@ gm_status gm_adapter_load(const gm_model *m, gm_backend *be, const char *path, c
                           gm_error *err);
 void gm_adapter_free(gm_adapter *a);
 
+/* The targets that select exactly lo's modules on model m, as PEFT's target_modules and
+ * gemmarun's train.targets both read them: *list true - *out is a comma-separated list of module
+ * names ("q_proj,v_proj") and layers[] the adapted layers (*n_layers of them), when the adapters
+ * are those modules on those layers of a "model." checkpoint; false - *out is a regular
+ * expression full-matched against module names that selects exactly the adapted ones (layers[]
+ * is still filled). *out is gm_malloc'd. Errors: GM_ERR_NOMEM. */
+gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, char **out, bool layers[GM_MAX_LAYERS],
+                             int *n_layers, gm_error *err);
+
+struct gm_trainer;
+/* Starts trainer tr from adapter `a` (loaded on backend a_be for the trainer's model): each of the
+ * trainer's adapters gets a's A and B of the same module (continuing training from a published or
+ * earlier adapter; the optimizer state starts fresh). The two must be the same adapter shape:
+ * GM_ERR_INVALID names what differs and what to set - a module one has and the other has not,
+ * the rank (train.rank), the scaling (train.alpha, train.rslora). */
+gm_status gm_adapter_to_trainer(const gm_adapter *a, gm_backend *a_be, struct gm_trainer *tr, gm_error *err);
+
 /* Writes adapter `a` (loaded for model m on backend be) as a PEFT LoRA adapter folder `dir`
  * (created if missing; its two files replaced atomically):
  *   adapter_model.safetensors  F32 tensors under PEFT's keys for m's layout

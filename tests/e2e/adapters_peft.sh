@@ -184,6 +184,63 @@ if [ -n "$PEERS" ]; then
     -- "$PEERS" "$SRC/tests/peers/peft_check.py" merged --model m3b --dtype bfloat16 --ids $IDS --ours results/m3b.txt --ours-base results/base.txt --tol "$TOLM"
 fi
 
+# ---- model_adapter: training that starts from an adapter ----------------------------------------
+# The tiny sweep's trial 3, exported as a PEFT folder (out3), is where a new experiment starts:
+# its LoRA shape is the adapter's (rank 4, alpha 8, every linear), its baseline evaluation is
+# trial 3's final one prediction for prediction, and its first step's loss (same seed and lr, so the
+# same first batch) is below the loss trial 3 started from.
+cat > cfg3.lua <<'EOF'
+for _, p in ipairs(gm.results_list("results/tiny")) do
+  local t = gm.results_read(p)
+  if t.trial_index == 3 then print(string.format("lr=%s seed=%d", gm.json_encode(t.config.lr), t.config.seed)) end
+end
+EOF
+read -r LR3 SEED3 <<<"$("$GM" cfg3.lua | sed 's/lr=\([^ ]*\) seed=\(.*\)/\1 \2/')"
+sed -e 's/name = "tiny"/name = "cont"/' -e 's/sweep = grid { lr = {1e-2, 3e-3} },//' -e "s/seeds = {1, 2},/seeds = {$SEED3},/" \
+    -e "s/lr = 1e-2, rank = 4, alpha = 8,/lr = $LR3,/" -e 's|model = \(.*\),$|model = \1, model_adapter = "out3",|' tiny.lua > cont.lua
+expect_run "an experiment with model_adapter = a PEFT folder trains from it (lr $LR3, seed $SEED3)" 0 \
+  "starting from the adapter out3.*baseline accuracy.*written: results/cont.md" -- env EPOCHS=2 "$GM" cont.lua
+cat > cont_check.lua <<'EOF'
+local function trial(dir, index)
+  for _, p in ipairs(gm.results_list(dir)) do
+    local t = gm.results_read(p)
+    if t.trial_index == index then return t end
+  end
+end
+local src, cont = trial("results/tiny", 3), trial("results/cont", 1)
+local same, moved = true, false
+for i, p in ipairs(src.eval.final.predictions) do
+  same = same and cont.eval.baseline.predictions[i] == p
+  moved = moved or src.eval.baseline.predictions[i] ~= p
+end
+local c = cont.config
+print(string.format("shape rank=%d alpha=%g rslora=%s targets=%s", c.rank, c.alpha, tostring(c.rslora), c.targets))
+print(string.format("baseline %s trial 3's final (%s from the base model's); accuracy %.4f vs %.4f", same and "=" or "~=",
+  moved and "which differs" or "NOT different", cont.eval.baseline.accuracy, src.eval.final.accuracy))
+print(string.format("first loss %s: %.4f from the adapter, %.4f from scratch", cont.metrics.loss[1] < src.metrics.loss[1] and "lower" or "NOT lower",
+  cont.metrics.loss[1], src.metrics.loss[1]))
+print("provenance model_adapter=" .. tostring(cont.provenance.model_adapter))
+EOF
+expect_run "... with the adapter's shape, trial 3's final evaluation as its baseline, and a lower first loss" 0 \
+  "shape rank=4 alpha=8 rslora=false targets=q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj.*baseline = trial 3's final \(which differs from the base model's\).*first loss lower.*provenance model_adapter=out3" \
+  -- "$GM" cont_check.lua
+expect_run "... its table names the baseline as the adapter's" 0 "baseline \(model_adapter\)" -- cat results/cont.md
+expect_run "a results folder of one trial works as model_adapter too (--set): its 2 modules by a regular expression" 0 \
+  "starting from the adapter results/tiny_rx/trial-.*written: results/cont_rx.md" \
+  -- env EPOCHS=1 "$GM" cont.lua --set name=cont_rx --set model_adapter=results/tiny_rx
+sed 's/max_length = 64,/max_length = 64, rank = 2,/' cont.lua > cont_r.lua
+expect_run "a stated rank other than the adapter's is refused, naming both" 2 \
+  "train.rank = 2, but model_adapter out3 has rank = 4: remove train.rank \(the adapter decides it\) or set 4" -- "$GM" cont_r.lua --dry-run
+sed 's/max_length = 64,/max_length = 64, targets = "q_proj",/' cont.lua > cont_t.lua
+expect_run "stated targets that miss some of its modules are refused before any work" 2 \
+  "model_adapter = out3: out3 has an adapter on model.layers.0.self_attn.k_proj, which the run's train.targets / train.layers do not select" \
+  -- env EPOCHS=1 "$GM" cont_t.lua --set name=cont_t
+expect_run "... and leave no trial file" 0 "^none$" -- bash -c "ls results/cont_t/*.h5 2>/dev/null || echo none"
+sed 's/seeds = /sweep = grid { alpha = {8, 16} }, seeds = /' cont.lua > cont_s.lua
+expect_run "sweeping the adapter's shape is refused" 2 "grid.alpha: the adapter's alpha is fixed by model_adapter \(out3\); it cannot be swept" -- "$GM" cont_s.lua --dry-run
+expect_run "a model_adapter that does not exist is named" 2 "model_adapter = nowhere: nowhere: no such file" \
+  -- "$GM" cont.lua --set model_adapter=nowhere --dry-run
+
 # ---- bad adapters: each a clear error naming what is wrong -------------------------------------
 bad() { rm -rf "$1"; cp -r out3 "$1"; }
 # another base: the 2-layer, 32-wide tiny model; the sub-module adapter's layer 0 q_proj does not fit
