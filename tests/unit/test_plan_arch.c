@@ -13,6 +13,8 @@
 #include "gm_quant.h"
 #include "test_util.h"
 
+#include <cjson/cJSON.h>
+
 #include <string.h>
 
 static gm_config preset(const char *name) {
@@ -340,6 +342,38 @@ static void print_table(void) {
     }
 }
 
+/* gm_config_to_json (the config.json of a merged export) reads back as the same config: every
+ * Gemma 3 size, the 4B+ linear RoPE scaling of full layers included. */
+static void test_config_json(void) {
+    static const char *const names[] = {"gemma3-270m", "gemma3-1b", "gemma3-4b", "gemma3-27b"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        gm_config a, b;
+        gm_error err = {0};
+        char *json = NULL;
+        CHECK_OK(gm_config_preset(names[i], &a, &err), &err);
+        CHECK_OK(gm_config_to_json(&a, "bfloat16", &json, &err), &err);
+        if (!json) continue;
+        CHECK_OK(gm_config_from_json(json, names[i], &b, &err), &err);
+        bool same = a.vocab_size == b.vocab_size && a.hidden_size == b.hidden_size && a.n_layers == b.n_layers &&
+                    a.n_heads == b.n_heads && a.n_kv_heads == b.n_kv_heads && a.head_dim == b.head_dim &&
+                    a.intermediate_size == b.intermediate_size && a.sliding_window == b.sliding_window &&
+                    a.max_position_embeddings == b.max_position_embeddings && a.rms_norm_eps == b.rms_norm_eps &&
+                    a.query_pre_attn_scalar == b.query_pre_attn_scalar && a.final_logit_softcap == b.final_logit_softcap &&
+                    a.tie_word_embeddings == b.tie_word_embeddings;
+        int bad_layers = 0;
+        for (int64_t l = 0; l < a.n_layers; l++)
+            bad_layers += a.layer_type[l] != b.layer_type[l] || a.rope_theta[l] != b.rope_theta[l] ||
+                          a.rope_pos_scale[l] != b.rope_pos_scale[l] || a.ffn_dim[l] != b.ffn_dim[l];
+        CHECK(same && bad_layers == 0, "%s: config.json reads back differently (%d layers differ)", names[i], bad_layers);
+        cJSON_free(json);
+    }
+    gm_config n;
+    gm_error err = {0};
+    char *json = NULL;
+    CHECK_OK(gm_config_preset("gemma4-e4b", &n, &err), &err);
+    CHECK(gm_config_to_json(&n, "bfloat16", &json, &err) == GM_ERR_UNSUPPORTED && !json, "Gemma 4 config.json refused");
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--table") == 0) {
         print_table();
@@ -355,5 +389,6 @@ int main(int argc, char **argv) {
     test_inputs_and_errors();
     test_overflow_refused();
     test_lora_counts();
+    test_config_json();
     return gm_test_finish();
 }

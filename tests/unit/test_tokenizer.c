@@ -564,6 +564,52 @@ static void test_chat(void) {
     gm_tokenizer_free(tok);
 }
 
+/* A GGUF-vocabulary tokenizer written as tokenizer.json + tokenizer_config.json
+ * (gm_tokenizer_save_hf) and read back (gm_tokenizer_from_hf_json) encodes every text to the same
+ * ids: the merges reproduce the vocabulary-order priority, the added tokens the special-token
+ * splitting. (transformers reading the same files: tests/e2e/generate_real.sh.) */
+static void test_save_hf(void) {
+    hand_vocab v;
+    make_hand_vocab(&v, true);
+    gm_special_ids sp = {2, 1, 3, 0, -1, -1};
+    gm_tokenizer *tok = NULL, *back = NULL;
+    gm_error err = {0};
+    char dir[256], tj[300], tc[300];
+    CHECK_OK(gm_tokenizer_from_vocab(V_N, v.ptr, v.len, v.score, v.type, sp, true, false, &tok, &err), &err);
+    if (!tok || !gm_test_make_tmpdir("tok_save", dir, sizeof dir)) {
+        gm_tokenizer_free(tok);
+        return;
+    }
+    CHECK_OK(gm_tokenizer_save_hf(tok, dir, "{{ bos_token }}", &err), &err);
+    snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+    snprintf(tc, sizeof tc, "%s/tokenizer_config.json", dir);
+    CHECK_OK(gm_tokenizer_from_hf_json(tj, tc, &back, &err), &err);
+    if (back) {
+        static const char *const texts[] = {"abc", "ab", "a a", "a  b", "a   b", "axxb", "xxx", "<ctl>a", "<unk>", "ba cab",
+                                            "\xC3\xA9", "a\xFF" "b", "", "xa", "cba  abc<ctl>xx a", "  a"};
+        int bad = 0;
+        for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++)
+            for (int special = 0; special < 2; special++) {
+                int32_t a[64], b[64];
+                int64_t na = 0, nb = 0;
+                gm_status s1 = gm_tokenizer_encode(tok, texts[i], strlen(texts[i]), true, special, a, 64, &na, &err);
+                gm_status s2 = gm_tokenizer_encode(back, texts[i], strlen(texts[i]), true, special, b, 64, &nb, &err);
+                if (s1 != GM_OK || s2 != GM_OK || na != nb || memcmp(a, b, (size_t)na * sizeof a[0]) != 0) {
+                    bad++;
+                    fprintf(stderr, "  \"%s\" (special %d): %lld vs %lld ids\n", texts[i], special, (long long)na, (long long)nb);
+                }
+            }
+        CHECK(bad == 0, "%d texts encode differently after tokenizer.json was written and read back", bad);
+        CHECK(gm_tokenizer_add_bos(back) && gm_tokenizer_special(back).bos == 2 && gm_tokenizer_special(back).eos == 1,
+              "BOS, EOS and add_bos carried over");
+        /* a tokenizer read from a tokenizer.json is copied, not rewritten */
+        CHECK(gm_tokenizer_save_hf(back, dir, NULL, &err) == GM_ERR_UNSUPPORTED, "rewriting a tokenizer.json tokenizer");
+        gm_tokenizer_free(back);
+    }
+    gm_test_remove_tmpdir(dir);
+    gm_tokenizer_free(tok);
+}
+
 /* Random strings: decode(encode(x)) == x for valid UTF-8 (no lstrip/rstrip tokens in the
  * alphabet), and raw random bytes never crash and give in-range ids. */
 static void test_random(void) {
@@ -651,6 +697,7 @@ int main(void) {
     test_hand_vocab();
     test_gguf();
     test_chat();
+    test_save_hf();
     test_random();
     test_alloc_failures();
     gm_alloc_stats after = gm_alloc_get_stats();
