@@ -23,7 +23,7 @@
  *        adapter written as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)
  *        or, format = "gguf", a llama.cpp LoRA adapter file
  *   model:save_merged(out, {adapter =, trial =, format = "hf", dtype =}) -> info: the model with the
- *        adapter merged in, as a Hugging Face folder (dtype bf16 default) or, format = "gguf", a GGUF
+ *        adapter merged in, as a Hugging Face folder (dtype bf16 default, or f32) or, format = "gguf", a GGUF
  *        file (dtype f16 default, or f32, bf16, q8_0)
  *   model:adapter_info(path, {trial =}) -> {rank, alpha, rslora, dropout, modules, targets, layers,
  *        source, trial_id}: an adapter's LoRA shape, with targets / layers as train.* selects it
@@ -307,7 +307,7 @@ static int l_save_adapter(lua_State *L) {
 /* model:save_merged(out, {adapter =, trial =, format = "hf", dtype =}) -> {tensors =, merged =,
  * bytes =, tokenizer =, dtype =}: the model with the adapter (as `adapter`/`trial` name it; none:
  * the base alone, converted) merged into its weights, written as a Hugging Face folder `out`
- * (format "hf", dtype f32 / bf16 (default) / f16) or, format "gguf", a GGUF file `out` (dtype f32 /
+ * (format "hf", dtype bf16 (default) / f32) or, format "gguf", a GGUF file `out` (dtype f32 /
  * f16 (default) / bf16 / q8_0; from a GGUF base). gm_model_save_merged (core/store/gm_merged.h). */
 static int l_save_merged(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
@@ -320,9 +320,10 @@ static int l_save_merged(lua_State *L) {
         return luaL_error(L, "save_merged: format must be \"hf\" (a Hugging Face folder) or \"gguf\" (a GGUF file), not \"%s\"", format);
     const char *dtname = gm_bind_opt_str(L, 3, "dtype", gguf ? "f16" : "bf16");
     gm_dtype dt;
+    /* (f16 for a folder gets its own message from gm_model_save_merged: why not) */
     if (!gm_dtype_from_name(dtname, &dt) || !(dt == GM_F32 || dt == GM_F16 || dt == GM_BF16 || (gguf && dt == GM_Q8_0)))
         return luaL_error(L, "save_merged: dtype \"%s\" is not one a %s takes (%s)", dtname, gguf ? "GGUF" : "Hugging Face folder",
-                          gguf ? "f32, f16, bf16, q8_0" : "f32, bf16, f16");
+                          gguf ? "f16, f32, bf16, q8_0" : "bf16, f32");
     const char *adapter = gm_bind_opt_str(L, 3, "adapter", NULL);
     char trial_buf[64];
     const char *trial = opt_trial(L, 3, "save_merged", adapter, trial_buf, sizeof trial_buf);

@@ -951,8 +951,7 @@ done:
                      "  RESULTS: a results folder (results/EXPERIMENT/) or one trial file; --best: the report's best trial\n" \
                      "  OUT: --format peft (the default): a PEFT adapter folder; --format gguf: a llama.cpp LoRA adapter,\n" \
                      "       OUT.gguf; --format merged: the base with the adapter merged in, as a Hugging Face folder\n" \
-                     "       (--dtype bf16 (default), f32, f16) or, OUT.gguf, a GGUF file (--dtype f16 (default), f32, bf16,\n" \
-                     "       q8_0)\n"
+                     "       (--dtype bf16 (default), f32) or, OUT.gguf, a GGUF file (--dtype f16 (default), f32, bf16, q8_0)\n"
 
 /* `gemmarun export RESULTS [--trial ID | --best] [--format peft|gguf|merged] [--dtype T] [--base MODEL] [--threads N] OUT`:
  * runner.export writes the trial's adapter (a PEFT adapter folder or a llama.cpp GGUF file) or the

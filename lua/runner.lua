@@ -1123,16 +1123,18 @@ function R.export(opts)
     P.usage(nil, "--format %s: unknown format (known: peft, a PEFT adapter folder; gguf, a llama.cpp adapter file; merged, "
       .. "the model with the adapter merged in)", tostring(fmt))
   end
-  if fmt == "gguf" and not opts.out:match("%.gguf$") then
+  if fmt == "gguf" and not opts.out:lower():match("%.gguf$") then
     P.usage(nil, "--format gguf writes one file: give OUT as a .gguf file name (got %s)", opts.out)
   end
-  local gguf_out = fmt == "merged" and opts.out:match("%.gguf$") ~= nil
-  local dtypes = fmt ~= "merged" and {} or gguf_out and { f16 = 1, f32 = 1, bf16 = 1, q8_0 = 1 } or { bf16 = 1, f32 = 1, f16 = 1 }
+  local gguf_out = fmt == "merged" and opts.out:lower():match("%.gguf$") ~= nil
+  local dtypes = fmt ~= "merged" and {} or gguf_out and { f16 = 1, f32 = 1, bf16 = 1, q8_0 = 1 } or { bf16 = 1, f32 = 1 }
   if opts.dtype and fmt ~= "merged" then
     P.usage(nil, "--dtype is for --format merged (an adapter is written in f32, as PEFT and llama.cpp's converter write it)")
   elseif opts.dtype and not dtypes[opts.dtype] then
-    P.usage(nil, "--dtype %s: a merged %s takes %s", opts.dtype, gguf_out and "GGUF" or "Hugging Face folder",
-      gguf_out and "f16 (the default), f32, bf16 or q8_0" or "bf16 (the default), f32 or f16")
+    P.usage(nil, "--dtype %s: a merged %s takes %s%s", opts.dtype, gguf_out and "GGUF" or "Hugging Face folder",
+      gguf_out and "f16 (the default), f32, bf16 or q8_0" or "bf16 (the default) or f32",
+      (not gguf_out and opts.dtype == "f16") and " (Gemma's activations overflow in float16: transformers, which computes in "
+        .. "the config's dtype, would give NaN logits)" or "")
   end
   if opts.base == "" then P.usage(nil, "--base: give a model path or name") end
   local model = opts.base or (t.config or {}).model
@@ -1152,8 +1154,9 @@ function R.export(opts)
     local ok2, info = pcall(m.save_merged, m, opts.out, { adapter = t.path, format = gguf_out and "gguf" or "hf", dtype = opts.dtype })
     m:close()
     if not ok2 then P.usage(nil, "%s", clean_msg(info)) end
-    say("merged trial %s (%s) of %s into %s: %d of %d weights carry the adapter; %s, %s in %s", tostring(t.trial_index),
-      tostring(t.trial_id), opts.results, model, info.merged, info.tensors, info.dtype, fmt_bytes(info.bytes), fmt_time(gm.clock() - t0))
+    say("merged trial %s (%s) of %s with its base %s (kept as it is): %d of %d weights carry the adapter; %s, %s in %s",
+      tostring(t.trial_index), tostring(t.trial_id), opts.results, model, info.merged, info.tensors, info.dtype, fmt_bytes(info.bytes),
+      fmt_time(gm.clock() - t0))
     if gguf_out then
       say("  written: %s (metadata and tokenizer from the base)", opts.out)
       say("  with llama.cpp: llama-cli -m %s", opts.out)

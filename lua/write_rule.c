@@ -121,7 +121,7 @@ void gm_bind_check_write_path(lua_State *L, const char *path, const char *fn) {
 #define EXPORT_KEY "gm.export_path" /* registry: the absolute OUT of `gemmarun export` */
 
 void gm_lua_allow_export_path(lua_State *L, const char *path) {
-    push_abs(L, path);
+    lua_pushstring(L, path);
     lua_setfield(L, LUA_REGISTRYINDEX, EXPORT_KEY);
 }
 
@@ -129,7 +129,8 @@ void gm_bind_check_export_path(lua_State *L, const char *path, const char *fn) {
     int top = lua_gettop(L);
     lua_getfield(L, LUA_REGISTRYINDEX, EXPORT_KEY);
     const char *allowed = lua_tostring(L, -1);
-    bool ok = allowed && path[0] && !has_dotdot(path) && strcmp(push_abs(L, path), allowed) == 0;
+    /* the OUT the user typed, exactly as typed ("../out" included): the runner passes it on */
+    bool ok = allowed && path[0] && strcmp(path, allowed) == 0;
     lua_settop(L, top);
     if (!ok) gm_bind_check_write_path(L, path, fn);
 }

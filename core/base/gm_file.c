@@ -11,20 +11,25 @@
 #include <string.h>
 #include <unistd.h>
 
-gm_status gm_write_file(const char *path, const void *data, size_t n, bool durable, gm_error *err) {
+gm_status gm_write_file_parts(const char *path, const gm_file_part *parts, int n_parts, bool durable, gm_error *err) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return gm_error_set(err, GM_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     gm_status s = GM_OK;
-    const unsigned char *p = data;
-    for (size_t done = 0; done < n;) {
-        ssize_t w = write(fd, p + done, n - done);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) { // 0 from a regular file means no progress is possible: never spin on it
-            s = gm_error_set(err, GM_ERR_IO, "%s: write failed after %zu of %zu bytes: %s", path, done, n,
-                             w < 0 ? strerror(errno) : "no progress");
-            break;
+    size_t total = 0, done = 0;
+    for (int i = 0; i < n_parts; i++) total += parts[i].n;
+    for (int i = 0; s == GM_OK && i < n_parts; i++) {
+        const unsigned char *p = parts[i].data;
+        for (size_t k = 0; k < parts[i].n;) {
+            ssize_t w = write(fd, p + k, parts[i].n - k);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) { // 0 from a regular file means no progress is possible: never spin on it
+                s = gm_error_set(err, GM_ERR_IO, "%s: write failed after %zu of %zu bytes: %s", path, done, total,
+                                 w < 0 ? strerror(errno) : "no progress");
+                break;
+            }
+            k += (size_t)w;
+            done += (size_t)w;
         }
-        done += (size_t)w;
     }
     if (s == GM_OK && durable && fsync(fd) != 0)
         s = gm_error_set(err, GM_ERR_IO, "%s: fsync failed: %s", path, strerror(errno));
@@ -32,6 +37,11 @@ gm_status gm_write_file(const char *path, const void *data, size_t n, bool durab
     if (close(fd) != 0 && s == GM_OK)
         s = gm_error_set(err, GM_ERR_IO, "%s: close failed: %s", path, strerror(errno));
     return s;
+}
+
+gm_status gm_write_file(const char *path, const void *data, size_t n, bool durable, gm_error *err) {
+    gm_file_part part = {data, n};
+    return gm_write_file_parts(path, &part, 1, durable, err);
 }
 
 /* open(2)s the folder `p` and fsync(2)s it; EINVAL (a file system that cannot sync folders) is
@@ -46,6 +56,11 @@ static gm_status sync_folder(const char *p, gm_error *err) {
 }
 
 gm_status gm_write_file_atomic(const char *path, const void *data, size_t n, gm_error *err) {
+    gm_file_part part = {data, n};
+    return gm_write_file_atomic_parts(path, &part, 1, err);
+}
+
+gm_status gm_write_file_atomic_parts(const char *path, const gm_file_part *parts, int n_parts, gm_error *err) {
     size_t len = strlen(path);
     const char *slash = strrchr(path, '/');
     char *tmp = gm_malloc(len + 5);
@@ -58,7 +73,7 @@ gm_status gm_write_file_atomic(const char *path, const void *data, size_t n, gm_
     memcpy(tmp, path, len);
     memcpy(tmp + len, ".tmp", 5);
     // 1. the bytes into <path>.tmp, durable before they can replace anything
-    if ((s = gm_write_file(tmp, data, n, true, err)) != GM_OK) {
+    if ((s = gm_write_file_parts(tmp, parts, n_parts, true, err)) != GM_OK) {
         unlink(tmp); // never leave a partial file behind (it may be absent: ignore errors)
         gm_error_prefix(err, "%s not replaced (the previous file there, if any, is untouched)", path);
         goto cleanup;

@@ -37,6 +37,18 @@ gm_status gm_write_file(const char *path, const void *data, size_t n, bool durab
 /* Crash-safe replacement of `path` by n bytes (above). */
 gm_status gm_write_file_atomic(const char *path, const void *data, size_t n, gm_error *err);
 
+/* One piece of a file written from several buffers (borrowed). */
+typedef struct gm_file_part {
+    const void *data;
+    size_t n;
+} gm_file_part;
+
+/* gm_write_file / gm_write_file_atomic of the concatenation of n_parts buffers, written in
+ * order without joining them: a large file (a merged model's tensors) needs no second copy in
+ * memory. */
+gm_status gm_write_file_parts(const char *path, const gm_file_part *parts, int n_parts, bool durable, gm_error *err);
+gm_status gm_write_file_atomic_parts(const char *path, const gm_file_part *parts, int n_parts, gm_error *err);
+
 #ifdef __cplusplus
 }
 #endif

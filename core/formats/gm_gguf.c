@@ -1013,16 +1013,23 @@ gm_status gm_gguf_write(gm_gguf_writer *w, const char *path, gm_error *err) {
     }
     static const uint8_t zeros[32] = {0};
     wb_raw(&h, zeros, (A - h.n % A) % A);
-    size_t data_at = h.n;
-    for (int64_t i = 0; i < w->n_t && !h.oom; i++) {
-        const wtensor *t = &w->t[i];
-        wb_raw(&h, t->data, t->nbytes);
-        wb_raw(&h, zeros, (A - t->nbytes % A) % A);
-    }
+    /* the header, then each tensor's bytes and padding straight from the caller's buffers: no
+     * copy of the data section in memory */
+    gm_file_part *parts = gm_malloc((size_t)(1 + 2 * w->n_t) * sizeof *parts);
     gm_status s = GM_OK;
-    if (h.oom || w->kv.oom) s = gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory building the file", path);
-    else if (h.n != data_at + off) s = gm_error_set(err, GM_ERR_INVALID, "%s: data section size mismatch", path);
-    else s = gm_write_file_atomic(path, h.p, h.n, err);
+    if (h.oom || w->kv.oom || !parts) {
+        s = gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory building the file", path);
+    } else {
+        int np = 0;
+        parts[np++] = (gm_file_part){h.p, h.n};
+        for (int64_t i = 0; i < w->n_t; i++) {
+            const wtensor *t = &w->t[i];
+            parts[np++] = (gm_file_part){t->data, t->nbytes};
+            parts[np++] = (gm_file_part){zeros, (A - t->nbytes % A) % A};
+        }
+        s = gm_write_file_atomic_parts(path, parts, np, err);
+    }
+    gm_free(parts);
     gm_free(h.p);
     return s;
 }

@@ -793,24 +793,30 @@ gm_status gm_safetensors_write(const char *path, const gm_st_write_tensor *t, in
     /* header padded with spaces so the byte buffer starts 8-byte aligned (as the reference
      * writer does) */
     size_t hn = json ? strlen(json) : 0, hpad = (hn + 7) / 8 * 8;
-    uint8_t *img = s == GM_OK ? gm_malloc(8 + hpad + off) : NULL;
-    if (s == GM_OK && !img) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory: %zu bytes for %s", 8 + hpad + off, path);
+    /* the header, then each tensor's bytes straight from the caller's buffers (no image of the
+     * whole file in memory: a merged model's tensors are large) */
+    uint8_t *head = s == GM_OK ? gm_malloc(8 + hpad) : NULL;
+    gm_file_part *parts = s == GM_OK ? gm_malloc((size_t)(n + 1) * sizeof *parts) : NULL;
+    if (s == GM_OK && (!head || !parts)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory writing %s", path);
     if (s == GM_OK) {
-        for (int i = 0; i < 8; i++) img[i] = (uint8_t)((uint64_t)hpad >> (8 * i));
-        memcpy(img + 8, json, hn);
-        memset(img + 8 + hn, ' ', hpad - hn);
-        size_t p = 8 + hpad;
+        for (int i = 0; i < 8; i++) head[i] = (uint8_t)((uint64_t)hpad >> (8 * i));
+        memcpy(head + 8, json, hn);
+        memset(head + 8 + hn, ' ', hpad - hn);
+        parts[0] = (gm_file_part){head, 8 + hpad};
+        size_t total = 0;
         for (int k = 0; k < n; k++) {
             const gm_st_write_tensor *w = &t[order[k]];
             int64_t numel = 1;
             for (int d = 0; d < w->ndim; d++) numel *= w->shape[d];
             size_t nb = (size_t)numel * (size_t)gm_dtype_get(w->dtype)->type_size;
-            if (nb) memcpy(img + p, w->data, nb);
-            p += nb;
+            parts[k + 1] = (gm_file_part){w->data, nb};
+            total += nb;
         }
-        s = gm_write_file_atomic(path, img, 8 + hpad + off, err);
+        s = total == off ? gm_write_file_atomic_parts(path, parts, n + 1, err)
+                         : gm_error_set(err, GM_ERR_INVALID, "%s: data size mismatch", path);
     }
-    gm_free(img);
+    gm_free(head);
+    gm_free(parts);
     cJSON_free(json);
     cJSON_Delete(h);
     gm_free(order);

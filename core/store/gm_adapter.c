@@ -16,6 +16,7 @@
 #include <ctype.h>
 #include <math.h>
 #include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -818,8 +819,22 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
     struct stat sb;
     if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
         return gm_error_set(err, GM_ERR_INVALID, "%s exists and is not a folder: give a folder to write the PEFT adapter into", dir);
+    /* only an earlier adapter may be replaced: next to a model's files (a merged export, a base
+     * checkpoint) the adapter would be applied on top by transformers, or hide the model */
+    DIR *dd = opendir(dir);
+    for (struct dirent *e; dd && (e = readdir(dd));) {
+        const char *n = e->d_name;
+        if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0 || strcmp(n, PEFT_CONFIG) == 0 || strcmp(n, PEFT_WEIGHTS) == 0 ||
+            strcmp(n, "README.md") == 0)
+            continue;
+        gm_status s = gm_error_set(err, GM_ERR_INVALID, "%s holds %s, which is not a file of a PEFT adapter: export into a new or "
+                                   "empty folder (what is there is kept)", dir, n);
+        closedir(dd);
+        return s;
+    }
+    if (dd) closedir(dd);
     if (stat(dir, &sb) != 0 && mkdir(dir, 0755) != 0)
-        return gm_error_set(err, GM_ERR_IO, "%s: cannot create the folder (does its parent exist?)", dir);
+        return gm_error_set(err, GM_ERR_IO, "%s: cannot create the folder: %s", dir, strerror(errno));
     bool layer_used[GM_MAX_LAYERS], list;
     int n_layers_used;
     char *targets = NULL;

@@ -13,9 +13,20 @@
 #include "gm_tokenizer.h"
 
 #include <cjson/cJSON.h>
+#include <dirent.h>
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
+
+/* Every file a merged Hugging Face folder may hold: what save_hf writes or copies. A folder to
+ * write into may hold only these (an earlier export), so nothing else - a PEFT adapter that
+ * transformers would apply on top, trial files, a base model - is mixed in or replaced. */
+static const char *const HF_FILES[] = {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                                       "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                                       "added_tokens.json", "chat_template.jinja"};
+#define N_HF_FILES (sizeof HF_FILES / sizeof HF_FILES[0])
 
 /* llama.cpp's general.file_type values (llama.h, enum llama_ftype) */
 enum { FTYPE_ALL_F32 = 0, FTYPE_MOSTLY_F16 = 1, FTYPE_MOSTLY_Q8_0 = 7, FTYPE_MOSTLY_BF16 = 32 };
@@ -154,7 +165,7 @@ static gm_status collect(const gm_model *m, const gm_lora *lo, gm_backend *be, g
 }
 
 static gm_status write_text(const char *dir, const char *name, const char *text, gm_error *err) {
-    char path[4200];
+    char path[4352];
     if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, name) >= sizeof path)
         return gm_error_set(err, GM_ERR_INVALID, "%s: path too long", dir);
     return gm_write_file_atomic(path, text, strlen(text), err);
@@ -174,7 +185,7 @@ static void source_dir(const gm_model *m, char *dir, size_t cap) {
 static gm_status copy_tokenizer(const gm_model *m, const char *dir, int *n_copied, gm_error *err) {
     static const char *const files[] = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                                         "tokenizer.model", "added_tokens.json", "chat_template.jinja"};
-    char src[4200], from[4096];
+    char src[4352], from[4096];
     source_dir(m, from, sizeof from);
     *n_copied = 0;
     for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
@@ -184,7 +195,7 @@ static gm_status copy_tokenizer(const gm_model *m, const char *dir, int *n_copie
         char *buf;
         size_t len;
         GM_TRY(gm_read_file(src, &buf, &len, err));
-        char dst[4200];
+        char dst[4352];
         snprintf(dst, sizeof dst, "%s/%s", dir, files[i]);
         gm_status s = gm_write_file_atomic(dst, buf, len, err);
         gm_free(buf);
@@ -192,6 +203,25 @@ static gm_status copy_tokenizer(const gm_model *m, const char *dir, int *n_copie
         (*n_copied)++;
     }
     return GM_OK;
+}
+
+/* Whether the folder's tokenizer files carry a chat template (chat_template.jinja, or the
+ * "chat_template" of tokenizer_config.json). */
+static bool has_chat_template(const char *dir) {
+    char path[4352];
+    struct stat sb;
+    snprintf(path, sizeof path, "%s/chat_template.jinja", dir);
+    if (stat(path, &sb) == 0) return true;
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    char *buf;
+    size_t len;
+    gm_error e = {0};
+    if (gm_read_file(path, &buf, &len, &e) != GM_OK) return false;
+    cJSON *j = cJSON_ParseWithLength(buf, len);
+    gm_free(buf);
+    bool has = j && cJSON_GetObjectItemCaseSensitive(j, "chat_template") != NULL;
+    cJSON_Delete(j);
+    return has;
 }
 
 static const char *torch_dtype(gm_dtype dt) {
@@ -207,7 +237,7 @@ static gm_status save_hf(const gm_model *m, const out_list *o, gm_dtype dtype, c
         wt[i] = (gm_st_write_tensor){t->name, t->dtype, t->ndim, {t->shape[0], t->shape[1]}, t->data};
         if (t->ndim == 1) wt[i].shape[0] = t->shape[0];
     }
-    char path[4200];
+    char path[4352];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
     static const char *const meta[] = {"format", "pt"};
     gm_status s = gm_safetensors_write(path, wt, o->n, meta, 1, err);
@@ -238,6 +268,11 @@ static gm_status save_hf(const gm_model *m, const out_list *o, gm_dtype dtype, c
         int n = 0;
         GM_TRY(copy_tokenizer(m, dir, &n, err));
         if (n) info->tokenizer = "copied";
+        if (n && !has_chat_template(dir)) {
+            /* no template of its own: Gemma 3's, the one gemmarun trained and generates with */
+            GM_TRY(write_text(dir, "chat_template.jinja", gm_chat_gemma3_jinja, err));
+            info->tokenizer = "copied (with Gemma 3's chat template)";
+        }
     } else if (m->tok) {
         gm_strref tmpl;
         char *ct = NULL;
@@ -272,11 +307,48 @@ static gm_status save_gguf(const gm_model *m, const out_list *o, gm_dtype dtype,
         gm_gguf_copy_kv(w, kv);
     }
     if (!have_ftype) gm_gguf_set_u32(w, "general.file_type", ftype);
+    /* a pretrained GGUF (the 270M) carries no template: Gemma 3's, as the folder gets it */
+    if (!gm_gguf_find_kv(m->gguf, "tokenizer.chat_template")) gm_gguf_set_str(w, "tokenizer.chat_template", gm_chat_gemma3_jinja);
     for (int i = 0; i < o->n; i++) gm_gguf_add_tensor(w, o->t[i].name, o->t[i].dtype, o->t[i].ndim, o->t[i].shape, o->t[i].data);
     gm_status s = gm_gguf_write(w, path, err);
     gm_gguf_writer_free(w);
     info->tokenizer = "in the GGUF metadata";
     return s;
+}
+
+/* Whether a and b are the same file or folder. */
+static bool same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
+/* GM_OK when folder `dir` is absent, or holds only files of a merged folder (HF_FILES). */
+static gm_status check_folder(const char *dir, gm_error *err) {
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? GM_OK : gm_error_set(err, GM_ERR_IO, "%s: cannot read the folder: %s", dir, strerror(errno));
+    gm_status s = GM_OK;
+    for (struct dirent *e; s == GM_OK && (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        bool ours = false;
+        for (size_t i = 0; i < N_HF_FILES; i++) ours = ours || strcmp(e->d_name, HF_FILES[i]) == 0;
+        if (!ours)
+            s = gm_error_set(err, GM_ERR_INVALID, "%s holds %s, which is not a file of a merged model: export into a new or "
+                             "empty folder (what is there is kept)", dir, e->d_name);
+    }
+    closedir(d);
+    return s;
+}
+
+/* Removes folder `dir` and the merged-model files in it (and their .tmp leftovers); quiet. */
+static void remove_folder(const char *dir) {
+    char path[4352];
+    for (size_t i = 0; i < N_HF_FILES; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, HF_FILES[i]);
+        unlink(path);
+        snprintf(path, sizeof path, "%s/%s.tmp", dir, HF_FILES[i]);
+        unlink(path);
+    }
+    rmdir(dir);
 }
 
 gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format format, gm_dtype dtype,
@@ -285,16 +357,26 @@ gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, gm_backend 
     if (!info) info = &dummy;
     memset(info, 0, sizeof *info);
     struct stat sb;
+    char base_dir[4096];
+    source_dir(m, base_dir, sizeof base_dir);
     if (format == GM_MERGED_HF) {
-        if (dtype != GM_F32 && dtype != GM_BF16 && dtype != GM_F16)
-            return gm_error_set(err, GM_ERR_INVALID, "a Hugging Face folder takes dtype f32, bf16 or f16, not %s", gm_dtype_name(dtype));
+        if (dtype == GM_F16)
+            return gm_error_set(err, GM_ERR_INVALID, "f16: Gemma's activations overflow in float16, so transformers (which "
+                                "computes in the config's dtype) gives NaN logits: use bf16 (the default) or f32");
+        if (dtype != GM_F32 && dtype != GM_BF16)
+            return gm_error_set(err, GM_ERR_INVALID, "a Hugging Face folder takes dtype bf16 or f32, not %s", gm_dtype_name(dtype));
         if (stat(out, &sb) == 0 && !S_ISDIR(sb.st_mode))
             return gm_error_set(err, GM_ERR_INVALID, "%s exists and is not a folder: give a folder to write the merged model into", out);
+        if (same_file(out, base_dir))
+            return gm_error_set(err, GM_ERR_INVALID, "%s is the base model's folder: give another folder (the base is kept)", out);
+        GM_TRY(check_folder(out, err));
     } else {
         if (dtype != GM_F32 && dtype != GM_BF16 && dtype != GM_F16 && dtype != GM_Q8_0)
             return gm_error_set(err, GM_ERR_INVALID, "a merged GGUF takes dtype f32, f16, bf16 or q8_0, not %s", gm_dtype_name(dtype));
         if (stat(out, &sb) == 0 && S_ISDIR(sb.st_mode))
             return gm_error_set(err, GM_ERR_INVALID, "%s is a folder: give a .gguf file name for the merged model", out);
+        if (same_file(out, m->path))
+            return gm_error_set(err, GM_ERR_INVALID, "%s is the base model: give another file name (the base is kept)", out);
         if (m->format != GM_FORMAT_GGUF || !m->gguf)
             return gm_error_set(err, GM_ERR_UNSUPPORTED,
                                 "%s: a merged GGUF is written from a GGUF base (its tokenizer and metadata are copied); this "
@@ -304,13 +386,37 @@ gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, gm_backend 
     }
     if (m->cfg.arch != GM_ARCH_GEMMA3)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "merging into %s models is not implemented yet", gm_arch_name(m->cfg.arch));
-    if (format == GM_MERGED_HF && stat(out, &sb) != 0 && mkdir(out, 0755) != 0)
-        return gm_error_set(err, GM_ERR_IO, "%s: cannot create the folder (does its parent exist?)", out);
+    /* a folder is written as OUT.partial, then put in OUT's place: an interrupted or failed
+     * export never leaves a half-written model at OUT (a stale OUT.partial is cleared first) */
+    char part[4200], old[4200];
+    if (format == GM_MERGED_HF) {
+        if ((size_t)snprintf(part, sizeof part, "%s.partial", out) >= 4096 || (size_t)snprintf(old, sizeof old, "%s.old", out) >= 4096)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: path too long", out);
+        GM_TRY(check_folder(part, err));
+        remove_folder(part);
+        if (mkdir(part, 0755) != 0)
+            return gm_error_set(err, GM_ERR_IO, "%s: cannot create the folder: %s", part, strerror(errno));
+    }
     out_list o = {0};
     gm_status s = collect(m, lo, be, format, dtype, &o, &info->n_merged, err);
-    if (s == GM_OK) s = format == GM_MERGED_HF ? save_hf(m, &o, dtype, out, info, err) : save_gguf(m, &o, dtype, out, info, err);
+    if (s == GM_OK) s = format == GM_MERGED_HF ? save_hf(m, &o, dtype, part, info, err) : save_gguf(m, &o, dtype, out, info, err);
     info->n_tensors = o.n;
     info->bytes = o.bytes;
     out_free(&o);
+    if (format == GM_MERGED_HF) {
+        if (s == GM_OK) {
+            /* OUT (an earlier export, checked above) aside, the new folder in its place, then the old one gone */
+            bool had = stat(out, &sb) == 0;
+            remove_folder(old);
+            if (had && rename(out, old) != 0)
+                s = gm_error_set(err, GM_ERR_IO, "%s: cannot replace it: %s (the new model is in %s)", out, strerror(errno), part);
+            else if (rename(part, out) != 0)
+                s = gm_error_set(err, GM_ERR_IO, "%s: cannot rename %s to it: %s", out, part, strerror(errno));
+            else if (had)
+                remove_folder(old);
+        } else {
+            remove_folder(part);
+        }
+    }
     return s;
 }

@@ -11,21 +11,28 @@
  * adapter of a QLoRA trial lands on the weights the run quantized (what PEFT's merge_and_unload on
  * the unquantized base gives, and what servers expect).
  *
- * Hugging Face folder (GM_MERGED_HF): model.safetensors (every weight in `dtype`: f32, bf16 or
- * f16, Hugging Face names under "model.", norms as w of the scale 1 + w), config.json
+ * Hugging Face folder (GM_MERGED_HF): model.safetensors (every weight in `dtype`: bf16 or f32 -
+ * not f16: transformers computes in the config's dtype, and Gemma's activations overflow in
+ * float16 -, Hugging Face names under "model.", norms as w of the scale 1 + w), config.json
  * (gm_config_to_json: Gemma3ForCausalLM), generation_config.json (bos, eos and <end_of_turn>,
  * pad), and the tokenizer: the base folder's tokenizer files copied when it has them, else - a
  * GGUF base - tokenizer.json and tokenizer_config.json built from the GGUF vocabulary
- * (gm_tokenizer_save_hf, with the GGUF's chat template, else Gemma 3's: gm_chat_gemma3_jinja). The text decoder only: a multimodal
- * base's vision tower is not written.
+ * (gm_tokenizer_save_hf, with the GGUF's chat template, else Gemma 3's: gm_chat_gemma3_jinja; a
+ * copied tokenizer without a template gets Gemma 3's as chat_template.jinja). The text decoder
+ * only: a multimodal base's vision tower is not written. The folder is written as OUT.partial and
+ * renamed into place (an earlier export at OUT is replaced whole; a folder holding anything else,
+ * or the base's own folder, is refused), so a failed or interrupted export leaves OUT as it was.
  * GGUF (GM_MERGED_GGUF, from a GGUF base): the base's metadata (tokenizer, chat template, ...)
- * copied with general.file_type set for `dtype`, the 2-D weights in `dtype` (f32, f16, bf16 or
+ * copied with general.file_type set for `dtype` (and Gemma 3's chat template when it has none),
+ * written atomically (never over the base itself), the 2-D weights in `dtype` (f32, f16, bf16 or
  * q8_0; q8_0 falls back to f16 for a row length that is not a multiple of 32, as llama.cpp's
  * quantizer does), the 1-D norms in f32, as llama.cpp's converter keeps them.
  *
- * Ownership: nothing is kept; the adapter's A and B are downloaded from backend `be`. The whole
- * file is assembled in memory before the atomic write (about twice the output's size).
- * Errors: GM_ERR_INVALID (a dtype the format does not take; `out` not a folder / a folder),
+ * Ownership: nothing is kept; the adapter's A and B are downloaded from backend `be`. Every
+ * encoded tensor is held until the file is written from those buffers (peak: the output's size,
+ * one weight in f32, the base's mapped pages).
+ * Errors: GM_ERR_INVALID (a dtype the format does not take; `out` not a folder / a folder, the
+ * base itself, or a folder holding other files - named),
  * GM_ERR_UNSUPPORTED (a GGUF from a Hugging Face base: its tokenizer has no GGUF form here -
  * the message says how to convert the Hugging Face folder instead; a Gemma 3n / 4 config),
  * GM_ERR_NOMEM, GM_ERR_IO naming the path.

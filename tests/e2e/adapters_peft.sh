@@ -153,7 +153,7 @@ fi
 # default: within the weights' bf16 rounding), and so does gemmarun; the tokenizer is the base's
 TOLM=$(tol TOL_MERGED_PEER_TINY_ABS)
 expect_run "export --format merged --dtype f32 writes a Hugging Face folder" 0 \
-  "merged trial 3 \([0-9a-f]+\) of results/tiny into .*tiny_gemma3_chat: 42 of 80 weights carry the adapter; f32, 1.0 MiB.*written: m3/model.safetensors, config.json, generation_config.json; tokenizer: copied" \
+  "merged trial 3 \([0-9a-f]+\) of results/tiny with its base .*tiny_gemma3_chat \(kept as it is\): 42 of 80 weights carry the adapter; f32, 1.0 MiB.*written: m3/model.safetensors, config.json, generation_config.json; tokenizer: copied \(with Gemma 3's chat template\)" \
   -- "$GM" export results/tiny --trial 3 --format merged --dtype f32 m3
 expect_run "... bf16 by default" 0 "42 of 80 weights carry the adapter; bf16, 0.5 MiB" -- "$GM" export results/tiny --trial 3 --format merged m3b
 expect_run "... the base's tokenizer.json copied as it is" 0 "^same$" -- bash -c "cmp -s m3/tokenizer.json '$BASE/tokenizer.json' && echo same"
@@ -166,10 +166,31 @@ print(('ok ' if len(a) == len(b) == 3584 and d <= $TOLM and e > 10 * $TOLM else 
 expect_run "a merged GGUF from a Hugging Face base is refused with the way out" 2 \
   "a merged GGUF is written from a GGUF base.*convert that folder with llama.cpp's convert_hf_to_gguf.py" \
   -- "$GM" export results/tiny --trial 3 --format merged m3.gguf
-expect_run "--dtype q8_0 for a folder is refused, naming what it takes" 2 "--dtype q8_0: a merged Hugging Face folder takes bf16 \(the default\), f32 or f16" \
+expect_run "--dtype q8_0 for a folder is refused, naming what it takes" 2 "--dtype q8_0: a merged Hugging Face folder takes bf16 \(the default\) or f32" \
   -- "$GM" export results/tiny --trial 3 --format merged --dtype q8_0 m3q
 expect_run "--dtype without --format merged is refused" 2 "--dtype is for --format merged" -- "$GM" export results/tiny --trial 3 --dtype f32 m3q
+expect_run "--dtype f16 for a folder is refused with the reason (float16 overflows Gemma's activations)" 2 \
+  "--dtype f16: a merged Hugging Face folder takes bf16 \(the default\) or f32 \(Gemma's activations overflow in float16" \
+  -- "$GM" export results/tiny --trial 3 --format merged --dtype f16 m3q
 expect_run "a file as the merged folder is refused" 2 "m3.txt exists and is not a folder" -- bash -c "touch m3.txt && '$GM' export results/tiny --trial 3 --format merged m3.txt"
+# what OUT holds is never mixed or lost: not into a PEFT adapter's folder (transformers would apply
+# it on top of the merged weights), not a PEFT adapter into a merged folder, never over the base;
+# an earlier export is replaced whole, by way of OUT.partial
+expect_run "a merged model into a PEFT adapter's folder is refused" 2 \
+  "out3 holds adapter_.*, which is not a file of a merged model: export into a new or empty folder \(what is there is kept\)" \
+  -- "$GM" export results/tiny --trial 3 --format merged out3
+expect_run "a PEFT adapter into a merged model's folder is refused" 2 "m3 holds .*, which is not a file of a PEFT adapter" \
+  -- "$GM" export results/tiny --trial 3 m3
+cp -rL "$BASE" basecopy
+expect_run "the base model's own folder as OUT is refused, the base kept" 2 "basecopy/ is the base model's folder: give another folder \(the base is kept\)" \
+  -- "$GM" export results/tiny --trial 3 --format merged --base basecopy basecopy/
+expect_run "... bit for bit" 0 "^kept$" -- bash -c "cmp -s basecopy/model.safetensors '$BASE/model.safetensors' && echo kept"
+expect_run "an earlier export is replaced whole (trial 1 over trial 3), nothing partial left" 0 "^mr: 5 files, trial 1's$" -- bash -c "
+  '$GM' export results/tiny --trial 3 --format merged mr >/dev/null && '$GM' export results/tiny --trial 1 --format merged mr >/dev/null &&
+  '$GM' export results/tiny --trial 1 --format merged m1b >/dev/null &&
+  cmp -s mr/model.safetensors m1b/model.safetensors && ! ls -d mr.partial mr.old 2>/dev/null && echo \"mr: \$(ls mr | wc -l) files, trial 1's\""
+expect_run "OUT given as ../ from a subfolder is written where it says" 0 "^ok$" -- bash -c "
+  mkdir -p sub && cd sub && '$GM' export ../results/tiny --trial 3 --format merged ../m3up >/dev/null && cmp -s ../m3up/model.safetensors ../m3b/model.safetensors && echo ok"
 if [ -n "$PEERS" ]; then
   expect_run "transformers loads the merged f32 folder: the same logits within $TOLM" 0 \
     "ok +config.json says float32 and all 80 tensors are F32.*ok +merged model in transformers.*ok +the adapter moves.*ok +same next token" \
@@ -178,6 +199,10 @@ if [ -n "$PEERS" ]; then
     "ok +config.json says bfloat16 and all 80 tensors are BF16.*ok +merged model in transformers.*ok +the adapter moves.*ok +same next token" \
     -- "$PEERS" "$SRC/tests/peers/peft_check.py" merged --model m3b --dtype bfloat16 --ids $IDS --ours results/trial3.txt \
        --ours-base results/base.txt --tol "$(tol TOL_MERGED_BF16_TINY_ABS)"
+  expect_run "... and its chat template (Gemma 3's: the base has none) renders a turn in transformers" 0 \
+    "^<bos><start_of_turn>user.hi<end_of_turn>.<start_of_turn>model.\$" -- "$PEERS" -c "
+from transformers import AutoTokenizer
+print(AutoTokenizer.from_pretrained('m3').apply_chat_template([{'role': 'user', 'content': 'hi'}], add_generation_prompt=True, tokenize=False).replace(chr(10), '.'))"
   MODEL=m3b logits m3b
   expect_run "... where transformers and gemmarun read the bf16 folder alike (within $TOLM)" 0 \
     "ok +merged model in transformers" \

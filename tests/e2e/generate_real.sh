@@ -179,7 +179,7 @@ fi
 rm -rf "$TMP/m3"
 if [ -n "$LLAMA" ]; then
   expect_run "llama.cpp runs the merged f16 GGUF: logits within $(tol TOL_MERGED_LLAMA_F16_ABS) of ours with the adapter, the same 3 greedy tokens" 0 \
-    "ok +merged model in llama.cpp.*ok +the adapter moves.*ok +greedy continuation" \
+    "ok +the file carries Gemma's chat template.*ok +merged model in llama.cpp.*ok +the adapter moves.*ok +greedy continuation" \
     -- "$PEERS" "$SRC/tests/peers/llama_check.py" merged --model "$TMP/m3_f16.gguf" --ids "$CHAT_IDS" --ours "$TMP/results/chat_lora3.txt" \
        --ours-base "$TMP/results/chat_base.txt" --greedy "$TMP/results/chat_lora3.txt.greedy" --tol "$(tol TOL_MERGED_LLAMA_F16_ABS)"
   expect_run "... and the Q8_0 GGUF within $(tol TOL_MERGED_LLAMA_Q8_0_ABS)" 0 \

@@ -21,7 +21,8 @@ vendor/ tree).
   llama_check.py merged --model MERGED.gguf --ids 2,5,7 --ours FILE --ours-base FILE --greedy FILE --tol X
       llama.cpp runs the ids on a merged model (gemmarun export --format merged OUT.gguf): its
       logits after the last token equal FILE (gemmarun: the base with the adapter attached) within
-      X, its greedy continuation is --greedy's, and the adapter moves ours (FILE against
+      X, its greedy continuation is --greedy's, it carries Gemma's chat template (for llama.cpp's
+      chat formatting), and the adapter moves ours (FILE against
       --ours-base, the base alone) by more than EFFECT_FACTOR * X, so a merge that lost the adapter
       would fail the first check.
   llama_check.py quantize --f32 MERGED_F32.gguf --ours MERGED_Q8_0.gguf
@@ -149,8 +150,13 @@ def merged(a):
     ours_base = np.loadtxt(a.ours_base, dtype=np.float64).reshape(-1)
     want = [int(x) for x in open(a.greedy).read().split()]
     theirs, toks = run(a.model, None, ids, len(want))
+    llm = Llama(model_path=a.model, n_ctx=64, verbose=False, vocab_only=True)
+    template = llm.metadata.get("tokenizer.chat_template", "")
+    llm.close()
     fails = 0
     for ok, text in (
+        ("<start_of_turn>" in template and "<end_of_turn>" in template,
+         f"the file carries Gemma's chat template ({len(template)} characters)"),
         (float(np.max(np.abs(ours - theirs))) <= a.tol,
          f"merged model in llama.cpp: max |gemmarun with the adapter - llama.cpp| = {float(np.max(np.abs(ours - theirs))):.3g} "
          f"(bound {a.tol:g}) over {ours.size} logits"),
