@@ -425,6 +425,18 @@ local function resolve_model_adapter(ctx, e, trials)
   local ok, info = pcall(ctx.model.adapter_info, ctx.model, e.model_adapter)
   if not ok then P.usage(P.where_of("model_adapter"), "model_adapter = %s: %s", e.model_adapter, clean_msg(info)) end
   ctx.adapter_info = info
+  -- its identity (provenance; a rerun or reproduction from a changed file is named): the sha256
+  -- of the file, or of a PEFT folder's two files
+  local src = info.source
+  if gm.is_dir(src) then
+    local parts = {}
+    for _, f in ipairs({ "adapter_config.json", "adapter_model.safetensors" }) do
+      parts[#parts + 1] = f .. " " .. gm.sha256(gm.read_text(src .. "/" .. f))
+    end
+    ctx.adapter_sha = gm.sha256(table.concat(parts, "\n"))
+  else
+    ctx.adapter_sha = gm.sha256(gm.read_text(src))
+  end
   local want = { rank = info.rank, alpha = info.alpha, rslora = info.rslora, targets = info.targets, layers = info.layers }
   for _, k in ipairs(P.ADAPTER_SHAPE) do
     local stated = e._stated and e._stated[k]
@@ -482,6 +494,7 @@ local function provenance(ctx, e, cfg, d)
     experiment_source = ctx.source,
     model_adapter = ctx.adapter_info and ctx.adapter_info.source or nil,
     model_adapter_trial_id = ctx.adapter_info and ctx.adapter_info.trial_id ~= "" and ctx.adapter_info.trial_id or nil,
+    model_adapter_sha256 = ctx.adapter_sha,
   }
   for k, v in pairs(ctx.build) do p[k == "version" and "gemmarun_version" or k] = v end
   return p
@@ -491,7 +504,8 @@ end
 --- the tokenized data of the stored provenance (raises naming what changed).
 local function check_resume_identity(prior, p, ckpt)
   local was = prior and prior.provenance or {}
-  for _, f in ipairs({ { "model_sha256", "the model files" }, { "data_sha256", "the data (as tokenized)" } }) do
+  for _, f in ipairs({ { "model_sha256", "the model files" }, { "data_sha256", "the data (as tokenized)" },
+    { "model_adapter_sha256", "the adapter it started from (model_adapter)" } }) do
     local old, new = was[f[1]], p[f[1]]
     if old and old ~= new then
       error(string.format("%s changed since this trial started (sha256 %s... then, %s... now): its checkpoint "
@@ -914,9 +928,13 @@ function R.run(e, cli)
       local d = ctx.data[t.config.model .. "|" .. t.config.max_length]
       local was = prior.provenance and prior.provenance.data_sha256
       local other = d and was and was ~= data_sha(d).both
-      say("trial %d/%d  %s  %s: done (kept%s)", t.index, #trials, t.id, describe_point(t, swept), other and
+      local ad_was = prior.provenance and prior.provenance.model_adapter_sha256
+      local other_ad = ctx.adapter_sha and ad_was and ad_was ~= ctx.adapter_sha
+      say("trial %d/%d  %s  %s: done (kept%s%s)", t.index, #trials, t.id, describe_point(t, swept), other and
         string.format("; trained on other data than the data set now: sha256 %s... then, %s... now; delete %s to run "
-          .. "it again", was:sub(1, 12), data_sha(d).both:sub(1, 12), path) or "")
+          .. "it again", was:sub(1, 12), data_sha(d).both:sub(1, 12), path) or "", other_ad and
+        string.format("; started from another adapter than %s is now: sha256 %s... then, %s... now; delete %s to run it "
+          .. "again", e.model_adapter, ad_was:sub(1, 12), ctx.adapter_sha:sub(1, 12), path) or "")
     else
       say("trial %d/%d  %s  %s", t.index, #trials, t.id, describe_point(t, swept))
       use_model(ctx, e, t.config.model)
@@ -1214,6 +1232,10 @@ function R.reproduce(e, opts)
     if prov.model_sha256 and p.model_sha256 ~= prov.model_sha256 then
       diffs[#diffs + 1] = string.format("the model files (%s): sha256 %s... stored, %s... now", p.model_path,
         prov.model_sha256:sub(1, 12), p.model_sha256:sub(1, 12))
+    end
+    if (prov.model_adapter_sha256 or p.model_adapter_sha256) and p.model_adapter_sha256 ~= prov.model_adapter_sha256 then
+      diffs[#diffs + 1] = string.format("the adapter it started from (%s): sha256 %s... stored, %s... now", tostring(p.model_adapter),
+        tostring(prov.model_adapter_sha256 or "none"):sub(1, 12), tostring(p.model_adapter_sha256 or "none"):sub(1, 12))
     end
     for _, split in ipairs({ "train", "test", "validation" }) do
       local k = "data_" .. split .. "_sha256"

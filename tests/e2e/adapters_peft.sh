@@ -265,6 +265,15 @@ sed 's/seeds = /sweep = grid { alpha = {8, 16} }, seeds = /' cont.lua > cont_s.l
 expect_run "sweeping the adapter's shape is refused" 2 "grid.alpha: the adapter's alpha is fixed by model_adapter \(out3\); it cannot be swept" -- "$GM" cont_s.lua --dry-run
 expect_run "a model_adapter that does not exist is named" 2 "model_adapter = nowhere: nowhere: no such file" \
   -- "$GM" cont.lua --set model_adapter=nowhere --dry-run
+# the adapter's sha256 is in the provenance: the trial reproduces bit for bit; once the file has
+# changed, a rerun says the kept trial started from another adapter, and reproduce refuses
+expect_run "a trial that started from an adapter reproduces bit for bit" 0 "bit-identical" -- env EPOCHS=2 "$GM" reproduce results/cont
+cp -r out3 out3.kept && printf ' ' >> out3/adapter_config.json
+expect_run "after the adapter file changed, a rerun keeps the trial and says so" 0 \
+  "done \(kept; started from another adapter than out3 is now: sha256 [0-9a-f]+\.\.\. then, [0-9a-f]+\.\.\. now" -- env EPOCHS=2 "$GM" cont.lua
+expect_run "... and reproduce refuses, naming it" 2 "the adapter it started from \(out3\): sha256 [0-9a-f]+\.\.\. stored, [0-9a-f]+\.\.\. now" \
+  -- env EPOCHS=2 "$GM" reproduce results/cont
+rm -rf out3 && mv out3.kept out3
 
 # ---- bad adapters: each a clear error naming what is wrong -------------------------------------
 bad() { rm -rf "$1"; cp -r out3 "$1"; }
