@@ -26,7 +26,9 @@
  *        adapter merged in, as a Hugging Face folder (dtype bf16 default, or f32) or, format = "gguf", a GGUF
  *        file (dtype f16 default, or f32, bf16, q8_0)
  *   model:adapter_info(path, {trial =}) -> {rank, alpha, rslora, dropout, modules, targets, layers,
- *        source, trial_id}: an adapter's LoRA shape, with targets / layers as train.* selects it
+ *        module_names, source, trial_id}: an adapter's LoRA shape, with targets / layers as train.*
+ *        selects it
+ *   model:lora_modules(targets [, layers]) -> the module names train.targets / train.layers select
  *   model:config()                                     -> table of the config fields
  *   model:sha256()                                     -> hex, "file=<12 hex> ..." (gm_model_sha256)
  *   model:close()
@@ -304,6 +306,7 @@ static int l_save_adapter(lua_State *L) {
     return 1;
 }
 
+
 /* model:save_merged(out, {adapter =, trial =, format = "hf", dtype =}) -> {tensors =, merged =,
  * bytes =, tokenizer =, dtype =}: the model with the adapter (as `adapter`/`trial` name it; none:
  * the base alone, converted) merged into its weights, written as a Hugging Face folder `out`
@@ -389,10 +392,44 @@ static int l_adapter_info(lua_State *L) {
             if (layers[l]) lua_pushinteger(L, l), lua_rawseti(L, -2, ++k);
         lua_setfield(L, -2, "layers");
     }
+    lua_createtable(L, lo->n, 0);
+    for (int i = 0; i < lo->n; i++) lua_pushstring(L, lo->ad[i].module), lua_rawseti(L, -2, i + 1);
+    lua_setfield(L, -2, "module_names");
     lua_pushstring(L, lm->ad->source);
     lua_setfield(L, -2, "source");
     lua_pushstring(L, lm->ad->trial_id);
     lua_setfield(L, -2, "trial_id");
+    return 1;
+}
+
+/* model:lora_modules(targets [, layers]) -> {"model.layers.0.self_attn.q_proj", ...}: the modules
+ * train.targets / train.layers select on this model (gm_lora_describe; layers: a list of layer
+ * indices, nil for all). Raises naming a target that matches nothing or a bad expression. */
+static int l_lora_modules(lua_State *L) {
+    lmodel *lm = gm_bind_check_model(L, 1);
+    const char *targets = luaL_checkstring(L, 2);
+    gm_lora_config lc = gm_lora_config_default();
+    if (strlen(targets) >= sizeof lc.targets) return luaL_error(L, "lora_modules: targets longer than %d characters", (int)sizeof lc.targets - 1);
+    snprintf(lc.targets, sizeof lc.targets, "%s", targets);
+    if (lua_istable(L, 3)) {
+        for (int i = 0; i < GM_MAX_LAYERS; i++) lc.layers[i] = false;
+        for (lua_Integer k = 1, n = luaL_len(L, 3); k <= n; k++) {
+            lua_rawgeti(L, 3, k);
+            lua_Integer l = lua_tointeger(L, -1);
+            lua_pop(L, 1);
+            if (l >= 0 && l < GM_MAX_LAYERS) lc.layers[l] = true;
+        }
+    }
+    gm_lora lo;
+    memset(&lo, 0, sizeof lo);
+    gm_error err = {0};
+    if (gm_lora_describe(&lo, &lc, lm->m->arch, &lm->m->cfg, lm->m->prefix, &err) != GM_OK) {
+        gm_lora_free(&lo);
+        return gm_bind_raise(L, &err);
+    }
+    lua_createtable(L, lo.n, 0);
+    for (int i = 0; i < lo.n; i++) lua_pushstring(L, lo.ad[i].module), lua_rawseti(L, -2, i + 1);
+    gm_lora_free(&lo);
     return 1;
 }
 
@@ -577,7 +614,7 @@ static int l_hub_id(lua_State *L) {
 void gm_lua_open_model(lua_State *L) {
     static const luaL_Reg methods[] = {{"tokenize", l_tokenize}, {"detokenize", l_detokenize},
                                        {"generate", l_generate}, {"logits", l_logits},
-                                       {"save_adapter", l_save_adapter}, {"save_merged", l_save_merged}, {"adapter_info", l_adapter_info}, {"config", l_config}, {"sha256", l_sha256},
+                                       {"save_adapter", l_save_adapter}, {"save_merged", l_save_merged}, {"adapter_info", l_adapter_info}, {"lora_modules", l_lora_modules}, {"config", l_config}, {"sha256", l_sha256},
                                        {"release_weight_pages", l_release_weight_pages},
                                        {"close", l_close}, {NULL, NULL}};
     luaL_newmetatable(L, GM_MODEL_MT);

@@ -423,7 +423,12 @@ local function resolve_model_adapter(ctx, e, trials)
   if not e.model_adapter then return end
   use_model(ctx, e, e.model)
   local ok, info = pcall(ctx.model.adapter_info, ctx.model, e.model_adapter)
-  if not ok then P.usage(P.where_of("model_adapter"), "model_adapter = %s: %s", e.model_adapter, clean_msg(info)) end
+  if not ok then
+    local msg = clean_msg(info)
+    -- (an experiment's --trial picks its own trial: the adapter's trial is named by its file)
+    if msg:find("--trial", 1, true) then msg = msg .. "\n  hint: for model_adapter, name the trial's file: " .. e.model_adapter .. "/trial-<id>.h5" end
+    P.usage(P.where_of("model_adapter"), "model_adapter = %s: %s", e.model_adapter, msg)
+  end
   ctx.adapter_info = info
   -- its identity (provenance; a rerun or reproduction from a changed file is named): the sha256
   -- of the file, or of a PEFT folder's two files
@@ -437,14 +442,53 @@ local function resolve_model_adapter(ctx, e, trials)
   else
     ctx.adapter_sha = gm.sha256(gm.read_text(src))
   end
+  -- a trial's adapter names the model files it was trained on: say so when they are not these
+  -- (the same model in another format is fine; a sibling of the same shape is not)
+  if info.trial_id ~= "" then
+    local okr, stored = pcall(gm.results_read, src)
+    local was = okr and type(stored) == "table" and stored.provenance and stored.provenance.model_sha256
+    if was then
+      local hex = ctx.model:sha256()
+      if was ~= hex then
+        say("note: model_adapter %s was trained on %s (sha256 %s...), not on these model files (%s, sha256 %s...): its "
+          .. "shapes fit; make sure it is the same model", e.model_adapter, tostring(stored.provenance.model_path), was:sub(1, 12),
+          e.model, hex:sub(1, 12))
+      end
+    end
+  end
   local want = { rank = info.rank, alpha = info.alpha, rslora = info.rslora, targets = info.targets, layers = info.layers }
+  -- stated targets / layers must select exactly its modules (checked here, so the dry run says so
+  -- and nothing is created)
+  local st = e._stated or {}
+  if st.targets or st.layers then
+    local targets = st.targets and e.train.targets or info.targets
+    local layers = st.layers and e.train.layers or info.layers
+    local okm, mods = pcall(ctx.model.lora_modules, ctx.model, targets, layers)
+    local key = st.targets and "targets" or "layers"
+    if not okm then P.usage(P.where_of(key), "train.%s: %s", key, clean_msg(mods)) end
+    local have, sel = {}, {}
+    for _, n in ipairs(info.module_names) do have[n] = true end
+    for _, n in ipairs(mods) do sel[n] = true end
+    for _, n in ipairs(info.module_names) do
+      if not sel[n] then
+        P.usage(P.where_of(key), "model_adapter %s has an adapter on %s, which train.targets / train.layers do not select: "
+          .. "remove them (the adapter decides) or select its %d modules", e.model_adapter, n, #info.module_names)
+      end
+    end
+    for _, n in ipairs(mods) do
+      if not have[n] then
+        P.usage(P.where_of(key), "train.targets / train.layers select %s, which model_adapter %s has no adapter for: remove "
+          .. "them (the adapter decides) or select its %d modules", n, e.model_adapter, #info.module_names)
+      end
+    end
+  end
   for _, k in ipairs(P.ADAPTER_SHAPE) do
     local stated = e._stated and e._stated[k]
     for _, t in ipairs(trials) do
       if not stated then
         t.config[k] = want[k]
       elseif (k == "rank" or k == "alpha" or k == "rslora") and t.config[k] ~= want[k] then
-        local function show(v) return math.type(v) == "float" and string.format("%g", v) or tostring(v) end
+        local function show(v) return math.type(v) == "float" and string.format("%.9g", v) or tostring(v) end
         P.usage(P.where_of(k), "train.%s = %s, but model_adapter %s has %s = %s: remove train.%s (the adapter decides it) or set %s",
           k, show(t.config[k]), e.model_adapter, k, show(want[k]), k, show(want[k]))
       end

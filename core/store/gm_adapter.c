@@ -503,6 +503,23 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
             }
         }
     }
+    /* exclude_modules (PEFT >= 0.14): matched as target_modules is, and taken out of its selection */
+    char exclude[GM_LORA_TARGETS_MAX] = "";
+    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(j, "exclude_modules");
+    if (s == GM_OK && cJSON_IsString(ex)) {
+        if (snprintf(exclude, sizeof exclude, "%s", ex->valuestring) >= (int)sizeof exclude)
+            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"exclude_modules\" is longer than %d bytes", cfg_path, GM_LORA_TARGETS_MAX - 1);
+    } else if (s == GM_OK && cJSON_IsArray(ex)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, ex) {
+            size_t k = strlen(exclude);
+            if (!cJSON_IsString(e) || snprintf(exclude + k, sizeof exclude - k, "%s%s", k ? "," : "", e->valuestring) >= (int)(sizeof exclude - k)) {
+                s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"exclude_modules\" must be module names (at most %d bytes in all)", cfg_path,
+                                 GM_LORA_TARGETS_MAX - 1);
+                break;
+            }
+        }
+    }
     if (s == GM_OK && cJSON_IsNumber(lt)) {
         for (int i = 0; i < GM_MAX_LAYERS; i++) layers_sel[i] = i == (int)lt->valuedouble;
     } else if (s == GM_OK && cJSON_IsArray(lt)) {
@@ -593,6 +610,11 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
         for (int i = 0; s == GM_OK && i < nm; i++) {
             bool found = false;
             for (int k = 0; k < want.n && !found; k++) found = strcmp(want.ad[k].module, modules[i]) == 0;
+            if (found && exclude[0] && gm_lora_target_matches(exclude, modules[i])) {
+                s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, which adapter_config.json's "
+                                 "exclude_modules leaves out (PEFT would ignore its tensors)", w_path, modules[i]);
+                break;
+            }
             long layer = strtol(strstr(modules[i], "layers.") + 7, NULL, 10);
             if (!found && layer >= m->cfg.n_layers)
                 s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, but this model has %lld layers (an adapter "
@@ -602,6 +624,7 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
                                  "/ layers_to_transform do not select (PEFT would ignore its tensors)", w_path, modules[i]);
         }
         for (int k = 0; s == GM_OK && !init_zero_b && k < want.n; k++) {
+            if (exclude[0] && gm_lora_target_matches(exclude, want.ad[k].module)) continue; /* PEFT leaves it alone */
             bool found = false;
             for (int i = 0; i < nm && !found; i++) found = strcmp(want.ad[k].module, modules[i]) == 0;
             if (!found)
@@ -803,9 +826,24 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
         }
         strcat(rx, ")");
     } else {
-        for (int i = 0; i < lo->n; i++) {
-            if (i) strcat(rx, "|");
-            rx_append(rx, cap, lo->ad[i].module);
+        /* per adapted weight, the layers that have it: "<prefix>layers\.(?:0|3)\.self_attn\.q_proj|..."
+         * (shorter than every module spelled out, so it fits train.targets) */
+        bool first_slot = true;
+        for (int sl = 0; sl < GM_MAX_LAYER_WEIGHTS; sl++) {
+            if (!lo->slot_used[sl]) continue;
+            const gm_lora_adapter *any = NULL;
+            if (!first_slot) strcat(rx, "|");
+            first_slot = false;
+            rx_append(rx, cap, m->prefix);
+            strcat(rx, "layers\\.(?:");
+            bool first = true;
+            for (int i = 0; i < lo->n; i++) {
+                if (lo->ad[i].slot != sl) continue;
+                snprintf(rx + strlen(rx), cap - strlen(rx), "%s%d", first ? "" : "|", lo->ad[i].layer), first = false;
+                any = &lo->ad[i];
+            }
+            strcat(rx, ")\\.");
+            rx_append(rx, cap, sub_name(any));
         }
     }
     *out = rx;

@@ -54,7 +54,7 @@
 extern "C" {
 #endif
 
-#define GM_LORA_TARGETS_MAX 256
+#define GM_LORA_TARGETS_MAX 4096
 
 typedef struct gm_lora_config {
     int rank;                     /* r >= 1 */

@@ -33,7 +33,7 @@ sed -e 's/name = "tiny"/name = "tiny_rx"/' -e 's/sweep = grid { lr = {1e-2, 3e-3
     -e 's/max_length = 64,/max_length = 64, targets = [[.*layers\\.0\\.self_attn\\.q_proj|.*layers\\.3\\.self_attn\\.v_proj]],/' \
     tiny.lua > tiny_rx.lua
 expect_run "a trial adapting q_proj of layer 0 and v_proj of layer 3 trains" 0 "written: results/tiny_rx.md" -- env EPOCHS=8 "$GM" tiny_rx.lua
-expect_run "its export names exactly those two modules by a regular expression" 0 "model\\\\.layers\\\\.0\\\\.self_attn\\\\.q_proj\|model\\\\.layers\\\\.3\\\\.self_attn\\\\.v_proj" \
+expect_run "its export names exactly those two modules by a regular expression" 0 "model\\\\.layers\\\\.\(\?:0\)\\\\.self_attn\\\\.q_proj\|model\\\\.layers\\\\.\(\?:3\)\\\\.self_attn\\\\.v_proj" \
   -- bash -c "'$GM' export results/tiny_rx rx >/dev/null && python3 -c \"import json; print(json.load(open('rx/adapter_config.json'))['target_modules'])\""
 
 # ---- export ----------------------------------------------------------------------------------
@@ -119,6 +119,19 @@ else
   expect_run "gemmarun applies PEFT's adapter with PEFT's logits within $TOL" 0 "ok +logits with the adapter.*ok +the adapter moves" \
     -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$BASE" --adapter made --ids $IDS --ours results/made.txt --tol "$TOL"
   expect_run "generate --adapter PEFT_FOLDER" 0 "." -- "$GM" generate "$BASE" --adapter made "a short note" --max-tokens 4
+  # PEFT's exclude_modules takes modules out of target_modules' selection (q/v but not layer 0's q)
+  "$PEERS" - "$BASE" <<'EOF' >/dev/null 2>&1
+import sys, torch
+from transformers import AutoModelForCausalLM
+from peft import LoraConfig, get_peft_model
+torch.manual_seed(0)
+m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+get_peft_model(m, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], init_lora_weights=False,
+                             exclude_modules=["model.layers.0.self_attn.q_proj"])).save_pretrained("excl")
+EOF
+  logits excl excl
+  expect_run "an adapter with exclude_modules (11 modules) gives PEFT's logits" 0 "ok +logits with the adapter.*ok +the adapter moves" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$BASE" --adapter excl --ids $IDS --ours results/excl.txt --tol "$TOL"
   # the GGUF adapter is what llama.cpp's own converter makes of the PEFT export (its copy in the
   # peers venv, tests/peers/setup.sh): the same keys and alpha, the same 84 tensors bit for bit;
   # the rsLoRA adapter carries alpha * sqrt(r) (llama.cpp scales by alpha / r and has no rsLoRA)
@@ -257,10 +270,12 @@ sed 's/max_length = 64,/max_length = 64, rank = 2,/' cont.lua > cont_r.lua
 expect_run "a stated rank other than the adapter's is refused, naming both" 2 \
   "train.rank = 2, but model_adapter out3 has rank = 4: remove train.rank \(the adapter decides it\) or set 4" -- "$GM" cont_r.lua --dry-run
 sed 's/max_length = 64,/max_length = 64, targets = "q_proj",/' cont.lua > cont_t.lua
-expect_run "stated targets that miss some of its modules are refused before any work" 2 \
-  "model_adapter = out3: out3 has an adapter on model.layers.0.self_attn.k_proj, which the run's train.targets / train.layers do not select" \
+expect_run "stated targets that miss some of its modules are refused, by the dry run too" 2 \
+  "cont_t.lua:[0-9]+: model_adapter out3 has an adapter on model.layers.0.self_attn.k_proj, which train.targets / train.layers do not select" \
+  -- env EPOCHS=1 "$GM" cont_t.lua --set name=cont_t --dry-run
+expect_run "... and by a run, before any work" 2 "model_adapter out3 has an adapter on model.layers.0.self_attn.k_proj" \
   -- env EPOCHS=1 "$GM" cont_t.lua --set name=cont_t
-expect_run "... and leave no trial file" 0 "^none$" -- bash -c "ls results/cont_t/*.h5 2>/dev/null || echo none"
+expect_run "... and leave nothing" 0 "^none$" -- bash -c "ls -d results/cont_t 2>/dev/null || echo none"
 sed 's/seeds = /sweep = grid { alpha = {8, 16} }, seeds = /' cont.lua > cont_s.lua
 expect_run "sweeping the adapter's shape is refused" 2 "grid.alpha: the adapter's alpha is fixed by model_adapter \(out3\); it cannot be swept" -- "$GM" cont_s.lua --dry-run
 expect_run "a model_adapter that does not exist is named" 2 "model_adapter = nowhere: nowhere: no such file" \
