@@ -414,6 +414,18 @@ local function use_model(ctx, e, model)
   ctx.data = {}
 end
 
+--- The loaded model's file hashes (gm_model_sha256: it reads every byte), once per model and run.
+local function model_sha(ctx, model)
+  ctx.model_sha = ctx.model_sha or {}
+  local ms = ctx.model_sha[model]
+  if not ms then
+    local hex, files = ctx.model:sha256()
+    ms = { hex = hex, files = files }
+    ctx.model_sha[model] = ms
+  end
+  return ms
+end
+
 --- experiment.model_adapter: every trial starts from that adapter (a PEFT folder, a trial, a
 --- checkpoint). Its LoRA shape - rank, alpha, rslora, targets, layers - becomes the trials' where
 --- the file does not state it; a stated rank / alpha / rslora must be the adapter's (a usage error
@@ -448,7 +460,7 @@ local function resolve_model_adapter(ctx, e, trials)
     local okr, stored = pcall(gm.results_read, src)
     local was = okr and type(stored) == "table" and stored.provenance and stored.provenance.model_sha256
     if was then
-      local hex = ctx.model:sha256()
+      local hex = model_sha(ctx, e.model).hex
       if was ~= hex then
         say("note: model_adapter %s was trained on %s (sha256 %s...), not on these model files (%s, sha256 %s...): its "
           .. "shapes fit; make sure it is the same model", e.model_adapter, tostring(stored.provenance.model_path), was:sub(1, 12),
@@ -519,13 +531,7 @@ end
 --- sha256, the build and the machine, the command line. Hashes are computed once per model and
 --- data set in a run (ctx caches them).
 local function provenance(ctx, e, cfg, d)
-  ctx.model_sha = ctx.model_sha or {}
-  local ms = ctx.model_sha[cfg.model]
-  if not ms then
-    local hex, files = ctx.model:sha256()
-    ms = { hex = hex, files = files }
-    ctx.model_sha[cfg.model] = ms
-  end
+  local ms = model_sha(ctx, cfg.model)
   data_sha(d)
   ctx.build = ctx.build or gm.build_info()
   local p = {

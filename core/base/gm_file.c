@@ -5,6 +5,7 @@
 
 #include "gm_alloc.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -92,4 +93,21 @@ cleanup:
     gm_free(tmp);
     gm_free(folder);
     return s;
+}
+
+gm_status gm_folder_foreign(const char *dir, const char *const *allowed, int n, char *found, size_t cap, gm_error *err) {
+    if (cap) found[0] = '\0';
+    DIR *d = opendir(dir);
+    if (!d) return errno == ENOENT ? GM_OK : gm_error_set(err, GM_ERR_IO, "%s: cannot read the folder: %s", dir, strerror(errno));
+    for (struct dirent *e; (e = readdir(d));) {
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
+        bool ours = false;
+        for (int i = 0; i < n && !ours; i++) ours = strcmp(e->d_name, allowed[i]) == 0;
+        if (!ours) {
+            snprintf(found, cap, "%s", e->d_name);
+            break;
+        }
+    }
+    closedir(d);
+    return GM_OK;
 }

@@ -49,6 +49,12 @@ typedef struct gm_file_part {
 gm_status gm_write_file_parts(const char *path, const gm_file_part *parts, int n_parts, bool durable, gm_error *err);
 gm_status gm_write_file_atomic_parts(const char *path, const gm_file_part *parts, int n_parts, gm_error *err);
 
+/* The first entry of folder `dir` (other than . and ..) whose name is not among allowed[0..n),
+ * into found (cut to cap; "" when there is none or `dir` does not exist): what an export that may
+ * replace only its own earlier files must not touch. Errors: GM_ERR_IO when `dir` exists but
+ * cannot be read. */
+gm_status gm_folder_foreign(const char *dir, const char *const *allowed, int n, char *found, size_t cap, gm_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -424,6 +424,26 @@ static gm_status peft_expect_off(const cJSON *j, const char *field, const char *
 
 /* Reads a PEFT LoRA adapter folder (adapter_config.json + adapter_model.safetensors, as PEFT's
  * save_pretrained writes it) into a. */
+/* A LoraConfig field naming modules (target_modules, exclude_modules) as train.targets writes it:
+ * a regular expression as it is, a list joined with ','; absent or null: "". */
+static gm_status module_list(const cJSON *j, const char *key, char out[GM_LORA_TARGETS_MAX], const char *cfg_path, gm_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(j, key);
+    out[0] = '\0';
+    if (cJSON_IsString(v)) {
+        if (snprintf(out, GM_LORA_TARGETS_MAX, "%s", v->valuestring) >= GM_LORA_TARGETS_MAX)
+            return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"%s\" is longer than %d bytes", cfg_path, key, GM_LORA_TARGETS_MAX - 1);
+    } else if (cJSON_IsArray(v)) {
+        const cJSON *e;
+        cJSON_ArrayForEach(e, v) {
+            size_t k = strlen(out);
+            if (!cJSON_IsString(e) || snprintf(out + k, GM_LORA_TARGETS_MAX - k, "%s%s", k ? "," : "", e->valuestring) >= (int)(GM_LORA_TARGETS_MAX - k))
+                return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"%s\" must be module names (at most %d bytes in all)", cfg_path, key,
+                                    GM_LORA_TARGETS_MAX - 1);
+        }
+    }
+    return GM_OK;
+}
+
 static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, gm_adapter *a, gm_error *err) {
     char cfg_path[4096], w_path[4096];
     GM_TRY(join_path(cfg_path, sizeof cfg_path, dir, PEFT_CONFIG, err));
@@ -487,39 +507,11 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
     char targets[GM_LORA_TARGETS_MAX] = "";
     bool layers_sel[GM_MAX_LAYERS];
     for (int i = 0; i < GM_MAX_LAYERS; i++) layers_sel[i] = true;
-    const cJSON *tm = cJSON_GetObjectItemCaseSensitive(j, "target_modules");
     const cJSON *lt = cJSON_GetObjectItemCaseSensitive(j, "layers_to_transform");
-    if (s == GM_OK && cJSON_IsString(tm)) {
-        if (snprintf(targets, sizeof targets, "%s", tm->valuestring) >= (int)sizeof targets)
-            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"target_modules\" is longer than %d bytes", cfg_path, GM_LORA_TARGETS_MAX - 1);
-    } else if (s == GM_OK && cJSON_IsArray(tm)) {
-        const cJSON *e;
-        cJSON_ArrayForEach(e, tm) {
-            size_t k = strlen(targets);
-            if (!cJSON_IsString(e) || snprintf(targets + k, sizeof targets - k, "%s%s", k ? "," : "", e->valuestring) >= (int)(sizeof targets - k)) {
-                s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"target_modules\" must be module names (at most %d bytes in all)", cfg_path,
-                                 GM_LORA_TARGETS_MAX - 1);
-                break;
-            }
-        }
-    }
+    if (s == GM_OK) s = module_list(j, "target_modules", targets, cfg_path, err);
     /* exclude_modules (PEFT >= 0.14): matched as target_modules is, and taken out of its selection */
     char exclude[GM_LORA_TARGETS_MAX] = "";
-    const cJSON *ex = cJSON_GetObjectItemCaseSensitive(j, "exclude_modules");
-    if (s == GM_OK && cJSON_IsString(ex)) {
-        if (snprintf(exclude, sizeof exclude, "%s", ex->valuestring) >= (int)sizeof exclude)
-            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"exclude_modules\" is longer than %d bytes", cfg_path, GM_LORA_TARGETS_MAX - 1);
-    } else if (s == GM_OK && cJSON_IsArray(ex)) {
-        const cJSON *e;
-        cJSON_ArrayForEach(e, ex) {
-            size_t k = strlen(exclude);
-            if (!cJSON_IsString(e) || snprintf(exclude + k, sizeof exclude - k, "%s%s", k ? "," : "", e->valuestring) >= (int)(sizeof exclude - k)) {
-                s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: \"exclude_modules\" must be module names (at most %d bytes in all)", cfg_path,
-                                 GM_LORA_TARGETS_MAX - 1);
-                break;
-            }
-        }
-    }
+    if (s == GM_OK) s = module_list(j, "exclude_modules", exclude, cfg_path, err);
     if (s == GM_OK && cJSON_IsNumber(lt)) {
         for (int i = 0; i < GM_MAX_LAYERS; i++) layers_sel[i] = i == (int)lt->valuedouble;
     } else if (s == GM_OK && cJSON_IsArray(lt)) {
@@ -859,18 +851,12 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         return gm_error_set(err, GM_ERR_INVALID, "%s exists and is not a folder: give a folder to write the PEFT adapter into", dir);
     /* only an earlier adapter may be replaced: next to a model's files (a merged export, a base
      * checkpoint) the adapter would be applied on top by transformers, or hide the model */
-    DIR *dd = opendir(dir);
-    for (struct dirent *e; dd && (e = readdir(dd));) {
-        const char *n = e->d_name;
-        if (strcmp(n, ".") == 0 || strcmp(n, "..") == 0 || strcmp(n, PEFT_CONFIG) == 0 || strcmp(n, PEFT_WEIGHTS) == 0 ||
-            strcmp(n, "README.md") == 0)
-            continue;
-        gm_status s = gm_error_set(err, GM_ERR_INVALID, "%s holds %s, which is not a file of a PEFT adapter: export into a new or "
-                                   "empty folder (what is there is kept)", dir, n);
-        closedir(dd);
-        return s;
-    }
-    if (dd) closedir(dd);
+    static const char *const mine[] = {PEFT_CONFIG, PEFT_WEIGHTS, "README.md"};
+    char other[256];
+    GM_TRY(gm_folder_foreign(dir, mine, 3, other, sizeof other, err));
+    if (other[0])
+        return gm_error_set(err, GM_ERR_INVALID, "%s holds %s, which is not a file of a PEFT adapter: export into a new or "
+                            "empty folder (what is there is kept)", dir, other);
     if (stat(dir, &sb) != 0 && mkdir(dir, 0755) != 0)
         return gm_error_set(err, GM_ERR_IO, "%s: cannot create the folder: %s", dir, strerror(errno));
     bool layer_used[GM_MAX_LAYERS], list;

@@ -13,7 +13,6 @@
 #include "gm_tokenizer.h"
 
 #include <cjson/cJSON.h>
-#include <dirent.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -324,19 +323,12 @@ static bool same_file(const char *a, const char *b) {
 
 /* GM_OK when folder `dir` is absent, or holds only files of a merged folder (HF_FILES). */
 static gm_status check_folder(const char *dir, gm_error *err) {
-    DIR *d = opendir(dir);
-    if (!d) return errno == ENOENT ? GM_OK : gm_error_set(err, GM_ERR_IO, "%s: cannot read the folder: %s", dir, strerror(errno));
-    gm_status s = GM_OK;
-    for (struct dirent *e; s == GM_OK && (e = readdir(d));) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-        bool ours = false;
-        for (size_t i = 0; i < N_HF_FILES; i++) ours = ours || strcmp(e->d_name, HF_FILES[i]) == 0;
-        if (!ours)
-            s = gm_error_set(err, GM_ERR_INVALID, "%s holds %s, which is not a file of a merged model: export into a new or "
-                             "empty folder (what is there is kept)", dir, e->d_name);
-    }
-    closedir(d);
-    return s;
+    char other[256];
+    GM_TRY(gm_folder_foreign(dir, HF_FILES, (int)N_HF_FILES, other, sizeof other, err));
+    if (other[0])
+        return gm_error_set(err, GM_ERR_INVALID, "%s holds %s, which is not a file of a merged model: export into a new or "
+                            "empty folder (what is there is kept)", dir, other);
+    return GM_OK;
 }
 
 /* Removes folder `dir` and the merged-model files in it (and their .tmp leftovers); quiet. */

@@ -58,8 +58,15 @@ def run(model, lora, ids, n_greedy):
         toks.append(nxt)
         seq.append(nxt)
         llm.eval([nxt])
+    meta = dict(llm.metadata)
     llm.close()
-    return last, toks
+    return last, toks, meta
+
+
+def report(ok, text):
+    """Prints one check's line; returns 1 when it failed."""
+    print(("ok    " if ok else "FAIL  ") + text)
+    return 0 if ok else 1
 
 
 def gguf_tensors(path):
@@ -149,23 +156,16 @@ def merged(a):
     ours = np.loadtxt(a.ours, dtype=np.float64).reshape(-1)
     ours_base = np.loadtxt(a.ours_base, dtype=np.float64).reshape(-1)
     want = [int(x) for x in open(a.greedy).read().split()]
-    theirs, toks = run(a.model, None, ids, len(want))
-    llm = Llama(model_path=a.model, n_ctx=64, verbose=False, vocab_only=True)
-    template = llm.metadata.get("tokenizer.chat_template", "")
-    llm.close()
-    fails = 0
-    for ok, text in (
-        ("<start_of_turn>" in template and "<end_of_turn>" in template,
-         f"the file carries Gemma's chat template ({len(template)} characters)"),
-        (float(np.max(np.abs(ours - theirs))) <= a.tol,
-         f"merged model in llama.cpp: max |gemmarun with the adapter - llama.cpp| = {float(np.max(np.abs(ours - theirs))):.3g} "
-         f"(bound {a.tol:g}) over {ours.size} logits"),
-        (float(np.max(np.abs(ours - ours_base))) > EFFECT_FACTOR * a.tol,
-         f"the adapter moves gemmarun's logits by up to {float(np.max(np.abs(ours - ours_base))):.3g} (> {EFFECT_FACTOR:g} x {a.tol:g})"),
-        (toks == want, f"greedy continuation: llama.cpp {toks}, gemmarun {want}"),
-    ):
-        fails += 0 if ok else 1
-        print(("ok    " if ok else "FAIL  ") + text)
+    theirs, toks, meta = run(a.model, None, ids, len(want))
+    template = meta.get("tokenizer.chat_template", "")
+    diff, effect = float(np.max(np.abs(ours - theirs))), float(np.max(np.abs(ours - ours_base)))
+    fails = report("<start_of_turn>" in template and "<end_of_turn>" in template,
+                   f"the file carries Gemma's chat template ({len(template)} characters)")
+    fails += report(diff <= a.tol, f"merged model in llama.cpp: max |gemmarun with the adapter - llama.cpp| = {diff:.3g} "
+                    f"(bound {a.tol:g}) over {ours.size} logits")
+    fails += report(effect > EFFECT_FACTOR * a.tol,
+                    f"the adapter moves gemmarun's logits by up to {effect:.3g} (> {EFFECT_FACTOR:g} x {a.tol:g})")
+    fails += report(toks == want, f"greedy continuation: llama.cpp {toks}, gemmarun {want}")
     return 1 if fails else 0
 
 
@@ -194,26 +194,19 @@ def main():
     ours = np.loadtxt(a.ours, dtype=np.float64).reshape(-1)
     ours_base = np.loadtxt(a.ours_base, dtype=np.float64).reshape(-1)
     want = [int(x) for x in open(a.greedy).read().split()]
-    with_a, toks = run(a.model, a.lora, ids, len(want))
-    without, _ = run(a.model, None, ids, 0)
-    fails = 0
-
-    def check(ok, text):
-        nonlocal fails
-        fails += 0 if ok else 1
-        print(("ok    " if ok else "FAIL  ") + text)
-
+    with_a, toks, _ = run(a.model, a.lora, ids, len(want))
+    without, _, _ = run(a.model, None, ids, 0)
     d = float(np.max(np.abs(ours - with_a)))
-    check(d <= a.tol, f"logits with the adapter: max |gemmarun - llama.cpp| = {d:.3g} (bound {a.tol:g}) over {ours.size} logits")
+    fails = report(d <= a.tol, f"logits with the adapter: max |gemmarun - llama.cpp| = {d:.3g} (bound {a.tol:g}) over {ours.size} logits")
     e_ours, e_llama = ours - ours_base, with_a - without
     corr = float(np.corrcoef(e_ours, e_llama)[0, 1])
     slope = float(e_ours @ e_llama / (e_ours @ e_ours))
-    check(corr >= a.min_corr and abs(slope - 1) <= a.tol_slope,
+    fails += report(corr >= a.min_corr and abs(slope - 1) <= a.tol_slope,
           f"the adapter's effect on the logits: correlation {corr:.4f} (>= {a.min_corr:g}), slope llama.cpp/gemmarun "
           f"{slope:.3f} (1 +- {a.tol_slope:g})")
     eff = float(np.max(np.abs(e_llama)))
-    check(eff > EFFECT_FACTOR * a.tol, f"the adapter moves llama.cpp's logits by up to {eff:.3g} (> {EFFECT_FACTOR:g} x {a.tol:g})")
-    check(toks == want, f"greedy continuation with the adapter: llama.cpp {toks}, gemmarun {want}")
+    fails += report(eff > EFFECT_FACTOR * a.tol, f"the adapter moves llama.cpp's logits by up to {eff:.3g} (> {EFFECT_FACTOR:g} x {a.tol:g})")
+    fails += report(toks == want, f"greedy continuation with the adapter: llama.cpp {toks}, gemmarun {want}")
     # context for the bound, not a check: how far llama.cpp's arithmetic puts the base model alone
     print(f"info  the base model alone: max |gemmarun - llama.cpp| = {float(np.max(np.abs(ours_base - without))):.3g}")
     return 1 if fails else 0

@@ -66,6 +66,26 @@ def logits_of(model, ids):
     return out.logits[0].float().numpy()  # (T, V)
 
 
+def report(ok, text):
+    """Prints one check's line; returns 1 when it failed."""
+    print(("ok    " if ok else "FAIL  ") + text)
+    return 0 if ok else 1
+
+
+def check_logits(what, ours, theirs, moved, moved_what, tol, V):
+    """The three checks of a comparison of logits (flat, position-major): max |ours - theirs| <= tol;
+    the adapter moves them (`moved`: with - without) by more than EFFECT_FACTOR * tol, so that an
+    adapter read as zero would fail the first; the same argmax after the last position. Returns the
+    number of failed checks."""
+    diff, effect = float(np.max(np.abs(ours - theirs))), float(np.max(np.abs(moved)))
+    same = int(np.argmax(ours[-V:])) == int(np.argmax(theirs[-V:]))
+    moves = effect > EFFECT_FACTOR * tol
+    return (report(diff <= tol, f"{what} = {diff:.3g} {'<=' if diff <= tol else '>'} {tol:g} over {ours.size} logits")
+            + report(moves, f"the adapter moves {moved_what} by up to {effect:.3g} ({'>' if moves else 'not >'} "
+                     f"{EFFECT_FACTOR:g} x the tolerance)")
+            + report(same, f"{'same' if same else 'another'} next token after the last position"))
+
+
 def cmd_compare(a):
     ids = [int(x) for x in a.ids.split(",")]
     base = load_base(a.base)
@@ -76,29 +96,11 @@ def cmd_compare(a):
     if a.last:
         theirs, plain = theirs[-1:], plain[-1:]
     theirs, plain = theirs.reshape(-1).astype(np.float64), plain.reshape(-1).astype(np.float64)
-    fails = 0
     if ours.shape != theirs.shape:
         print(f"FAIL  {a.ours}: {ours.size} logits, PEFT gives {theirs.size}")
         return 1
-    diff = float(np.max(np.abs(ours - theirs)))
-    effect = float(np.max(np.abs(theirs - plain)))
-    V = base.config.vocab_size
-    same_argmax = int(np.argmax(ours[-V:])) == int(np.argmax(theirs[-V:]))
-    if diff <= a.tol:
-        print(f"ok    logits with the adapter: max |gemmarun - PEFT| = {diff:.3g} <= {a.tol:g} over {ours.size} logits")
-    else:
-        fails += 1
-        print(f"FAIL  logits with the adapter: max |gemmarun - PEFT| = {diff:.3g} > {a.tol:g} over {ours.size} logits")
-    if effect > EFFECT_FACTOR * a.tol:
-        print(f"ok    the adapter moves PEFT's logits by up to {effect:.3g} (> {EFFECT_FACTOR:g} x the tolerance)")
-    else:
-        fails += 1
-        print(f"FAIL  the adapter moves PEFT's logits by only {effect:.3g}: the comparison cannot tell it from the base")
-    if same_argmax:
-        print("ok    same next token after the last position")
-    else:
-        fails += 1
-        print("FAIL  another next token after the last position")
+    fails = check_logits("logits with the adapter: max |gemmarun - PEFT|", ours, theirs, theirs - plain, "PEFT's logits", a.tol,
+                         base.config.vocab_size)
     return 1 if fails else 0
 
 
@@ -112,11 +114,9 @@ def cmd_merged(a):
     header.pop("__metadata__", None)
     st = {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[a.dtype]
     dtypes = sorted({v["dtype"] for v in header.values()})
-    if cfg.get("dtype") == a.dtype and dtypes == [st]:
-        print(f"ok    config.json says {a.dtype} and all {len(header)} tensors are {st}")
-    else:
-        fails += 1
-        print(f"FAIL  config.json dtype {cfg.get('dtype')}, tensors {dtypes}: expected {a.dtype} / {st}")
+    ok = cfg.get("dtype") == a.dtype and dtypes == [st]
+    fails += report(ok, f"config.json says {a.dtype} and all {len(header)} tensors are {st}" if ok else
+                    f"config.json dtype {cfg.get('dtype')}, tensors {dtypes}: expected {a.dtype} / {st}")
     torch.manual_seed(0)
     torch.set_num_threads(2)
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32, attn_implementation="eager").eval()
@@ -129,24 +129,8 @@ def cmd_merged(a):
     if ours.shape != theirs.shape or base.shape != ours.shape:
         print(f"FAIL  {a.ours}: {ours.size} logits, {a.ours_base}: {base.size}, transformers gives {theirs.size}")
         return 1
-    diff = float(np.max(np.abs(ours - theirs)))
-    effect = float(np.max(np.abs(ours - base)))
-    V = model.config.vocab_size
-    if diff <= a.tol:
-        print(f"ok    merged model in transformers: max |gemmarun with the adapter - transformers| = {diff:.3g} <= {a.tol:g} over {ours.size} logits")
-    else:
-        fails += 1
-        print(f"FAIL  merged model in transformers: max |gemmarun with the adapter - transformers| = {diff:.3g} > {a.tol:g} over {ours.size} logits")
-    if effect > EFFECT_FACTOR * a.tol:
-        print(f"ok    the adapter moves the logits by up to {effect:.3g} (> {EFFECT_FACTOR:g} x the tolerance)")
-    else:
-        fails += 1
-        print(f"FAIL  the adapter moves the logits by only {effect:.3g}: a merge without it would pass")
-    if int(np.argmax(ours[-V:])) == int(np.argmax(theirs[-V:])):
-        print("ok    same next token after the last position")
-    else:
-        fails += 1
-        print("FAIL  another next token after the last position")
+    fails += check_logits("merged model in transformers: max |gemmarun with the adapter - transformers|", ours, theirs, ours - base,
+                          "the logits", a.tol, model.config.vocab_size)
     return 1 if fails else 0
 
 
