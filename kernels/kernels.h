@@ -27,15 +27,33 @@
  *                  head h / (H / KVH). Causal; if window > 0 a key j is visible to query p
  *                  only when j > p - window (sliding layers). Requires S >= min(window, pos0+T)
  *                  for sliding and S >= pos0+T for full layers. Softmax in f32.
+ *                  kv_end (B, T) int32, or NULL: query t sees keys j < kv_end[b*T+t] (absolute
+ *                  positions) instead of j <= pos0+t - how an image's tokens see each other
+ *                  bidirectionally while text stays causal (gemma_architecture.md §2.4: the
+ *                  end of the query's image, or pos0+t+1); the window still cuts from below.
+ *                  Keys past pos0+T-1 are never visible (they are not in the cache).
  *   geglu_fwd      out (n) = gelu_tanh(gate) * up  (§1.6).
  *   add_fwd        y (n) += x (n)   (residual stream).
  *   softcap_fwd    out (n) = cap * tanh(x / cap).
+ *   layernorm_fwd  out (N, C) = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), biased
+ *                  variance, statistics in double (torch.nn.LayerNorm; SigLIP, gemma_
+ *                  architecture.md §2.1); mean, rstd (N) saved when not NULL. out may alias x.
+ *   layernorm_bwd  with xh = (x - mean) rstd, g = dy w: dx = beta*dx + rstd (g - mean(g) -
+ *                  xh mean(g xh)); dw += sum_rows dy xh, db += sum_rows dy (each when not NULL).
+ *   bias_fwd       y (N, C) += b (C) on every row.
+ *   gelu_fwd       out (n) = gelu_tanh(x) (SigLIP's gelu_pytorch_tanh MLP, no gate);
+ *   gelu_bwd       dx (n) = dy * gelu_tanh'(x) (assigned; dx may alias dy).
+ *   avgpool_fwd    out (B, (P/K)^2, C) = mean over K x K windows of x (B, P*P, C), a P x P token
+ *                  grid in row-major order (torch AvgPool2d(K, K) on the channel-first view:
+ *                  Gemma 3's projector, §2.2). avgpool_bwd: dx (B, P*P, C) = dy of the window
+ *                  / K^2 (assigned).
  *
  *
  * Training kernels (whole sequences, no cache; row n = b*T + t):
  *   attention_train_fwd  out (B, T, H, D), lse (B, H, T) = log-sum-exp of each query's scaled,
  *                  masked scores (saved for the backward); q (B, T, H, D), k/v (B, T, KVH, D);
- *                  causal, sliding if window > 0 (j > t - window). Scratch: gm_k_attention_
+ *                  causal, sliding if window > 0 (j > t - window); kv_end as in attention_fwd
+ *                  (positions 0..T; all T: bidirectional, a vision encoder). Scratch: gm_k_attention_
  *                  scratch_floats. Softmax in f32 (scores materialized per head, T x T).
  *   attention_bwd  dq (B, T, H, D), dk/dv (B, T, KVH, D) (all assigned) from dout and the
  *                  forward's q, k, v, out, lse. With P = exp(S - lse): dV = P^T dO,

@@ -176,7 +176,8 @@ static void layer_bwd(gm_graph *g, int64_t l) {
     k->rmsnorm_bwd(kc, d[G_DTMP], NULL, gr, a[A_OPRE], gm_graph_norm(g, l, W_POST_ATTN_NORM), a[A_RSTDPA], N, C, 0.0f);
     gm_graph_linear_bwd(g, l, W_O, d[G_DATT], d[G_DTMP], a[A_ATT], 0.0f);
     int64_t window = c->layer_type[l] == GM_LAYER_SLIDING ? c->sliding_window : 0;
-    k->attention_bwd(kc, d[G_DQ], d[G_DK], d[G_DV], d[G_DATT], a[A_Q], a[A_K], a[A_V], a[A_ATT], a[A_LSE], B, T, H, KVH, D,
+    k->attention_bwd(kc, d[G_DQ], d[G_DK], d[G_DV], d[G_DATT], a[A_Q], a[A_K], a[A_V], a[A_ATT], a[A_LSE],
+                     g->has_kv_end ? g->kv_end : NULL, B, T, H, KVH, D,
                      window, attn_scale(c));
     k->rope_bwd(kc, d[G_DQ], d[G_DQ], g->pos, N, H, D, theta, pscale);
     k->rope_bwd(kc, d[G_DK], d[G_DK], g->pos, N, KVH, D, theta, pscale);
@@ -192,6 +193,7 @@ static void layer_bwd(gm_graph *g, int64_t l) {
 const gm_arch_def gm_arch_gemma3 = {
     .id = GM_ARCH_GEMMA3,
     .name = "gemma3",
+    .layers_prefix = "layers.",
     .globals = global_weights,
     .n_globals = 3,
     .layer = layer_weights,

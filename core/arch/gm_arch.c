@@ -22,6 +22,8 @@ int64_t gm_dim_value(const gm_config *c, int64_t layer, gm_dim d, int64_t rank) 
     case GM_DIM_KW: return KVH * D;
     case GM_DIM_F: return layer >= 0 && c->ffn_dim[layer] > 0 ? c->ffn_dim[layer] : c->intermediate_size;
     case GM_DIM_R: return rank;
+    case GM_DIM_PATCH: return 3 * c->vision.patch_size * c->vision.patch_size;
+    case GM_DIM_OUT: return c->vision.out_hidden_size;
     default: return 0;
     }
 }
@@ -45,6 +47,7 @@ int gm_arch_slot(const gm_arch_def *a, const char *hf) {
 const gm_arch_def *gm_arch_get(gm_arch a) {
     switch (a) {
     case GM_ARCH_GEMMA3: return &gm_arch_gemma3;
+    case GM_ARCH_SIGLIP: return &gm_arch_siglip;
     default: return NULL; /* Gemma 3n, Gemma 4: presets and memory estimates only, so far */
     }
 }

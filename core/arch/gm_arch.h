@@ -48,6 +48,8 @@ typedef enum gm_dim {
     GM_DIM_KW,       /* KVH * D */
     GM_DIM_F,        /* FFN width of the layer */
     GM_DIM_R,        /* LoRA rank */
+    GM_DIM_PATCH,    /* values per image patch of a vision tower: channels x patch x patch */
+    GM_DIM_OUT,      /* width a tower projects into (the text decoder's hidden_size) */
     GM_DIM_COUNT
 } gm_dim;
 
@@ -59,6 +61,9 @@ typedef enum gm_wkind {
     GM_W_LINEAR = 0, /* a matrix the forward multiplies by (any stored dtype, re-encodable) */
     GM_W_NORM,       /* RMSNorm weight: copied to f32 as the effective scale (1 + w or w) */
     GM_W_EMBED,      /* embedding table (also the tied LM head); gathered by rows */
+    GM_W_VEC,        /* a vector used as stored (LayerNorm weight or bias, a linear's bias):
+                        copied to f32, no 1 + w */
+    GM_W_KIND_COUNT
 } gm_wkind;
 
 /* When a layer (or the model) has the weight. */
@@ -79,7 +84,10 @@ typedef struct gm_weight_spec {
     int lora_id;      /* -1: LoRA never targets it; else a stable small id that seeds the
                          adapter's initialization and dropout streams (never renumber: it would
                          change every run's numbers) */
-    bool top_level;   /* named without the model prefix (lm_head.weight) */
+    bool top_level;   /* named below the model's root instead of its prefix (lm_head.weight; a
+                         tower's projector: gm_model.root) */
+    bool transposed;  /* a linear the checkpoint stores as (in, out) - Gemma 3's
+                         mm_input_projection_weight: copied to f32 as (out, in) at load */
 } gm_weight_spec;
 
 /* How training and inference use an activation. */
@@ -95,9 +103,11 @@ typedef struct gm_act_spec {
     gm_act_use use;
 } gm_act_spec;
 
-/* Model-level weights every Gemma architecture has, at these indices of its `globals` table. */
+/* Model-level weights every Gemma architecture has, at these indices of its `globals` table (a
+ * vision tower: its position embedding, post-layernorm weight, and the embedding again as a
+ * tied "head" that is never read). */
 enum { GM_GLOBAL_EMBED = 0, GM_GLOBAL_FINAL_NORM = 1, GM_GLOBAL_LM_HEAD = 2 };
-#define GM_MAX_GLOBALS 8
+#define GM_MAX_GLOBALS 8 /* SigLIP has 8 */
 #define GM_MAX_LAYER_WEIGHTS 32
 
 struct gm_graph;
@@ -105,6 +115,10 @@ struct gm_graph;
 typedef struct gm_arch_def {
     gm_arch id;
     const char *name;                  /* "gemma3" */
+    const char *layers_prefix;         /* below the model prefix: "layers." (Gemma decoders),
+                                          "encoder.layers." (SigLIP) */
+    bool encoder;                      /* every position sees every other (a vision tower): no
+                                          KV cache, no token embedding; gm_graph_begin_encoder */
     const gm_weight_spec *globals;     /* model-level weights, GM_GLOBAL_* first */
     int n_globals;
     const gm_weight_spec *layer;       /* per-layer weights; a weight's slot is its index */
@@ -113,7 +127,8 @@ typedef struct gm_arch_def {
     int n_acts;
     const gm_act_spec *grads;          /* the backward's workspace, one layer at a time */
     int n_grads;
-    /* multiplier of the token embedding rows (Gemma: sqrt(hidden_size), in f32) */
+    /* multiplier of the token embedding rows (Gemma: sqrt(hidden_size), in f32); NULL for an
+     * encoder */
     float (*embed_scale)(const gm_config *c);
     /* layer l: g->X[l] -> g->X[l+1] (gm_graph.h) */
     void (*layer_fwd)(struct gm_graph *g, int64_t l);
@@ -133,6 +148,32 @@ bool gm_weight_present(const gm_weight_spec *w, const gm_config *c, int64_t laye
 int gm_arch_slot(const gm_arch_def *a, const char *hf);
 
 extern const gm_arch_def gm_arch_gemma3;
+extern const gm_arch_def gm_arch_siglip;
+
+/* ---- SigLIP (core/arch/siglip.c): the vision tower's extra model-level weights, front, head -- */
+
+/* Its globals beyond GM_GLOBAL_* (position embedding, post-layernorm weight, tied slot). */
+enum {
+    GM_SIGLIP_POST_LN_B = 3, /* post_layernorm.bias */
+    GM_SIGLIP_PATCH,         /* patch embedding (C, 3 p p): the conv as a matrix */
+    GM_SIGLIP_PATCH_B,
+    GM_SIGLIP_MM_NORM,       /* the projector's RMSNorm (Gemma's 1 + w) */
+    GM_SIGLIP_MM_PROJ,       /* the projector (C_text, C), transposed at load */
+    GM_SIGLIP_GLOBALS
+};
+
+/* Buffers of the head (backend memory): post (N, C), mean / rstd (N), pooled / normed (R, C),
+ * rstd_mm (R), out (R, C_text) with R = images x tokens per image. */
+typedef struct gm_siglip_head_bufs {
+    float *post, *mean, *rstd, *pooled, *normed, *rstd_mm, *out;
+} gm_siglip_head_bufs;
+
+/* X[0] (N, C) of an encoder graph begun with gm_graph_begin_encoder (T = patches per image) from
+ * patches (N, 3 p p) in backend memory: patch embedding + bias + position embedding. */
+void gm_siglip_embed(struct gm_graph *g, const float *patches);
+/* The soft tokens b->out (images x tokens, C_text) from X[L]: post-layernorm, average pooling,
+ * the projector's RMSNorm and projection (gemma_architecture.md §2.2). */
+void gm_siglip_head(struct gm_graph *g, const gm_siglip_head_bufs *b);
 
 #ifdef __cplusplus
 }

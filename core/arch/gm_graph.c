@@ -28,7 +28,7 @@ static size_t scratch_floats(const gm_graph *g) {
     const gm_config *c = g->cfg;
     int nt = g->o.n_threads > 0 ? g->o.n_threads : 2;
     size_t s = gm_weights_scratch_floats(g->w, g->o.lm_rows, nt);
-    if (g->o.mode == GM_GRAPH_TRAIN) {
+    if (g->o.mode == GM_GRAPH_TRAIN || g->arch->encoder) {
         for (int64_t l = 0; l < c->n_layers; l++) {
             size_t t = gm_k_attention_scratch_floats(g->o.batch, g->o.max_tokens, c->n_heads,
                                                      gm_dim_value(c, l, GM_DIM_D, 0), nt);
@@ -116,6 +116,7 @@ void gm_graph_layout(gm_graph *g, gm_arena *a, gm_arena *host) {
     }
     g->ids = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_ACTIVATIONS);
     g->pos = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_ACTIVATIONS);
+    g->kv_end = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_ACTIVATIONS);
     /* the backward's workspace, one layer at a time */
     if (train) {
         g->g = F32(N * C, GM_MEM_WORKSPACE);
@@ -130,7 +131,7 @@ void gm_graph_layout(gm_graph *g, gm_arena *a, gm_arena *host) {
         g->lora_t = F32(N * g->lora->in_max, GM_MEM_WORKSPACE);
     }
     /* KV caches (inference): one per layer that computes its own keys and values */
-    if (!train) {
+    if (!train && !ar->encoder) { /* an encoder sees whole sequences: no cache */
         for (int64_t l = 0; l < L; l++) {
             g->k_cache[l] = g->v_cache[l] = NULL;
             g->cache_slots[l] = 0;
@@ -147,6 +148,7 @@ void gm_graph_layout(gm_graph *g, gm_arena *a, gm_arena *host) {
 #undef F32
     g->host_ids = (int32_t *)gm_arena_alloc(host, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
     g->host_pos = (int32_t *)gm_arena_alloc(host, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
+    g->host_kv_end = (int32_t *)gm_arena_alloc(host, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
     if (g->be) g->kc = gm_backend_kctx(g->be, g->scratch, g->scratch_floats);
 }
 
@@ -174,25 +176,49 @@ gm_status gm_graph_begin(gm_graph *g, const gm_graph_input *in, gm_error *err) {
         return gm_error_set(err, GM_ERR_INVALID,
                             "forward would reach position %lld, past the planned context of %lld positions",
                             (long long)(in->pos0 + T), (long long)g->o.ctx);
-    for (int64_t i = 0; i < N; i++)
-        if (in->ids[i] < 0 || in->ids[i] >= V)
-            return gm_error_set(err, GM_ERR_INVALID, "token id %d at index %lld is outside the vocabulary (0..%lld)",
-                                in->ids[i], (long long)i, (long long)(V - 1));
     for (int64_t i = 0; i < in->n_embeds; i++)
         if (in->embed_rows[i] < 0 || in->embed_rows[i] >= N)
             return gm_error_set(err, GM_ERR_INVALID, "soft token %lld is placed at row %lld, outside the input (%lld rows)",
                                 (long long)i, (long long)in->embed_rows[i], (long long)N);
-    g->B = B, g->T = T, g->N = N, g->pos0 = in->pos0;
     for (int64_t i = 0; i < N; i++) {
         g->host_ids[i] = in->ids[i];
         g->host_pos[i] = (int32_t)(in->pos0 + i % T);
     }
+    /* a soft token's own id is never embedded (an image token may lie outside a text-only
+     * vocabulary): row 0 stands in, then the soft token replaces it, as Hugging Face does */
+    for (int64_t i = 0; i < in->n_embeds; i++) g->host_ids[in->embed_rows[i]] = 0;
+    for (int64_t i = 0; i < N; i++)
+        if (g->host_ids[i] < 0 || g->host_ids[i] >= V)
+            return gm_error_set(err, GM_ERR_INVALID, "token id %d at index %lld is outside the vocabulary (0..%lld)",
+                                in->ids[i], (long long)i, (long long)(V - 1));
+    g->B = B, g->T = T, g->N = N, g->pos0 = in->pos0;
     gm_backend_upload(g->be, g->ids, g->host_ids, (size_t)N * sizeof(int32_t));
     gm_backend_upload(g->be, g->pos, g->host_pos, (size_t)N * sizeof(int32_t));
+    g->has_kv_end = in->kv_end != NULL;
+    if (g->has_kv_end) {
+        memcpy(g->host_kv_end, in->kv_end, (size_t)N * sizeof(int32_t));
+        gm_backend_upload(g->be, g->kv_end, g->host_kv_end, (size_t)N * sizeof(int32_t));
+    }
     g->k->embed_fwd(&g->kc, g->X[0], g->ids, &g->w->global[GM_GLOBAL_EMBED], N, g->arch->embed_scale(c));
     int64_t C = c->hidden_size;
     for (int64_t i = 0; i < in->n_embeds; i++)
         gm_backend_upload(g->be, g->X[0] + in->embed_rows[i] * C, in->embeds + i * C, (size_t)C * sizeof(float));
+    return GM_OK;
+}
+
+gm_status gm_graph_begin_encoder(gm_graph *g, int64_t B, int64_t T, gm_error *err) {
+    if (!g->arch->encoder || B < 1 || B > g->o.batch || T < 1 || T > g->o.max_tokens)
+        return gm_error_set(err, GM_ERR_INVALID, "encoder input of %lld x %lld positions does not fit the plan (batch %lld, "
+                            "%lld positions)", (long long)B, (long long)T, (long long)g->o.batch, (long long)g->o.max_tokens);
+    int64_t N = B * T;
+    g->B = B, g->T = T, g->N = N, g->pos0 = 0;
+    for (int64_t i = 0; i < N; i++) {
+        g->host_pos[i] = (int32_t)(i % T);
+        g->host_kv_end[i] = (int32_t)T; /* every key visible */
+    }
+    g->has_kv_end = true;
+    gm_backend_upload(g->be, g->pos, g->host_pos, (size_t)N * sizeof(int32_t));
+    gm_backend_upload(g->be, g->kv_end, g->host_kv_end, (size_t)N * sizeof(int32_t));
     return GM_OK;
 }
 
@@ -262,17 +288,18 @@ void gm_graph_attention(gm_graph *g, int64_t l, float *out, float *lse, const fl
     int64_t B = g->B, T = g->T, H = c->n_heads, KVH = gm_dim_value(c, l, GM_DIM_KVH, 0), D = gm_dim_value(c, l, GM_DIM_D, 0);
     int64_t window = c->layer_type[l] == GM_LAYER_SLIDING ? c->sliding_window : 0;
     int64_t src = c->kv_source[l];
-    if (g->o.mode == GM_GRAPH_INFER) {
+    const int32_t *kv_end = g->has_kv_end ? g->kv_end : NULL;
+    if (g->o.mode == GM_GRAPH_INFER && !g->arch->encoder) {
         if (src == l) {
             int64_t S = g->cache_slots[l], KW = KVH * D;
             g->k->kv_store(&g->kc, g->k_cache[l], k, B, T, S, KW, g->pos0);
             g->k->kv_store(&g->kc, g->v_cache[l], v, B, T, S, KW, g->pos0);
         }
-        g->k->attention_fwd(&g->kc, out, q, g->k_cache[src], g->v_cache[src], B, T, H, KVH, D, g->cache_slots[src], g->pos0,
-                            window, scale);
+        g->k->attention_fwd(&g->kc, out, q, g->k_cache[src], g->v_cache[src], kv_end, B, T, H, KVH, D,
+                            g->cache_slots[src], g->pos0, window, scale);
         return;
     }
-    g->k->attention_train_fwd(&g->kc, out, lse, q, k, v, B, T, H, KVH, D, window, scale);
+    g->k->attention_train_fwd(&g->kc, out, lse, q, k, v, kv_end, B, T, H, KVH, D, window, scale);
 }
 
 /* ---- head --------------------------------------------------------------------------------- */

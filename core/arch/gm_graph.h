@@ -68,6 +68,10 @@ typedef struct gm_graph_input {
     const float *embeds;      /* (n_embeds, C) */
     const int64_t *embed_rows;
     int64_t n_embeds;
+    /* (B, T) or NULL: the end (exclusive, absolute position) of the keys each query sees, for
+     * image tokens that see their whole image (gm_mm_kv_end, gemma_architecture.md §2.4);
+     * NULL: causal. */
+    const int32_t *kv_end;
 } gm_graph_input;
 
 typedef struct gm_graph {
@@ -94,12 +98,14 @@ typedef struct gm_graph {
     float *lora_x, *lora_t;     /* (N, in_max): dropout(x), dv A before dropout */
     float *lora_dv;             /* (N, r) */
     int32_t *ids, *pos;         /* (N) */
+    int32_t *kv_end;            /* (N): this call's key ends (gm_graph_input.kv_end) */
+    bool has_kv_end;            /* this call has them (else attention is causal) */
     float *k_cache[GM_MAX_LAYERS], *v_cache[GM_MAX_LAYERS]; /* (B, S_l, KW): inference */
     int64_t cache_slots[GM_MAX_LAYERS];                      /* S_l (0: reads another layer's) */
     float *scratch;             /* kernel workspace */
     size_t scratch_floats;
     /* host staging */
-    int32_t *host_ids, *host_pos; /* (N) */
+    int32_t *host_ids, *host_pos, *host_kv_end; /* (N) */
 } gm_graph;
 
 /* ---- create / layout / destroy ------------------------------------------------------------ */
@@ -122,6 +128,11 @@ void gm_graph_layout(gm_graph *g, gm_arena *a, gm_arena *host);
  * outside the input). */
 gm_status gm_graph_begin(gm_graph *g, const gm_graph_input *in, gm_error *err);
 
+/* For an encoder architecture (arch->encoder: a vision tower): sets up a call of B sequences of
+ * T positions, every position seeing every other; the caller's front (e.g. gm_siglip_embed)
+ * writes X[0]. GM_ERR_INVALID when B or T do not fit the layout. */
+gm_status gm_graph_begin_encoder(gm_graph *g, int64_t B, int64_t T, gm_error *err);
+
 /* Runs layers [0, L): X[0] -> X[L]. */
 void gm_graph_forward(gm_graph *g);
 
@@ -139,8 +150,9 @@ void gm_graph_linear(gm_graph *g, int64_t l, int slot, float *y, const float *x)
  * the adapter's dA, dB accumulate. x is the forward input. */
 void gm_graph_linear_bwd(gm_graph *g, int64_t l, int slot, float *dx, const float *dy, const float *x, float beta);
 
-/* Attention of layer l: out (N, H*D) from q (N, H*D, normed and rotated), with causal masking and
- * the layer's sliding window, scale `scale`. k, v (N, KW): the layer's own keys and values, or
+/* Attention of layer l: out (N, H*D) from q (N, H*D, normed and rotated), with causal masking (or
+ * the call's kv_end: images seen whole; an encoder sees everything) and the layer's sliding
+ * window, scale `scale`. k, v (N, KW): the layer's own keys and values, or
  * NULL on a layer that reads layer kv_source[l]'s (then k_src / v_src: that layer's, training).
  * Inference: own keys and values are stored into the layer's cache at the call's positions and
  * attention reads the cache. Training: whole sequences; lse (B, H, T) is saved. */

@@ -17,6 +17,7 @@ const char *gm_arch_name(gm_arch a) {
     case GM_ARCH_GEMMA3: return "gemma3";
     case GM_ARCH_GEMMA3N: return "gemma3n";
     case GM_ARCH_GEMMA4: return "gemma4";
+    case GM_ARCH_SIGLIP: return "siglip";
     default: return "?";
     }
 }
@@ -223,7 +224,70 @@ static gm_status vision_from_json(const cJSON *root, const char *label, gm_visio
     GM_TRY(jint(vc, "image_size", &v->image_size, false, where, err));
     GM_TRY(jint(vc, "patch_size", &v->patch_size, false, where, err));
     GM_TRY(jint(root, "mm_tokens_per_image", &v->tokens, false, label, err));
+    v->layer_norm_eps = 1e-6f; /* SiglipVisionConfig's default */
+    GM_TRY(jfloat(vc, "layer_norm_eps", &v->layer_norm_eps, where, err));
+    const cJSON *nc = jget(vc, "num_channels");
+    if (nc && (!cJSON_IsNumber(nc) || nc->valuedouble != 3))
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: num_channels must be 3 (RGB images)", where);
+    const cJSON *act = jget(vc, "hidden_act");
+    if (act && (!cJSON_IsString(act) || (strcmp(act->valuestring, "gelu_pytorch_tanh") != 0 &&
+                                         strcmp(act->valuestring, "gelu_new") != 0)))
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: hidden_act must be gelu_pytorch_tanh (the tanh GELU of SigLIP)",
+                            where);
+    /* Gemma3Config's defaults (HF-G3C): 255999, 256000, 262144 */
+    int64_t id = 262144;
+    GM_TRY(jint(root, "image_token_index", &id, false, label, err));
+    v->image_token_id = (int32_t)id;
+    id = 255999;
+    GM_TRY(jint(root, "boi_token_index", &id, false, label, err));
+    v->boi_id = (int32_t)id;
+    id = 256000;
+    GM_TRY(jint(root, "eoi_token_index", &id, false, label, err));
+    v->eoi_id = (int32_t)id;
     if (v->image_size > 0 && v->patch_size > 0) v->patches = (v->image_size / v->patch_size) * (v->image_size / v->patch_size);
+    return GM_OK;
+}
+
+gm_status gm_config_vision_tower(const gm_config *mm, gm_config *t, gm_error *err) {
+    const gm_vision_config *v = &mm->vision;
+    memset(t, 0, sizeof *t);
+    if (v->hidden_size <= 0 || v->n_layers <= 0)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: the model has no vision tower (no vision_config)", mm->name);
+    if (v->n_layers > GM_MAX_LAYERS || v->n_heads <= 0 || v->hidden_size % v->n_heads != 0 || v->intermediate_size <= 0 ||
+        v->patch_size <= 0 || v->image_size <= 0 || v->image_size % v->patch_size != 0 || v->tokens <= 0)
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "%s: vision_config is incomplete or inconsistent (layers %lld, heads %lld, hidden_size %lld, "
+                            "intermediate_size %lld, image_size %lld, patch_size %lld, mm_tokens_per_image %lld)",
+                            mm->name, (long long)v->n_layers, (long long)v->n_heads, (long long)v->hidden_size,
+                            (long long)v->intermediate_size, (long long)v->image_size, (long long)v->patch_size,
+                            (long long)v->tokens);
+    int64_t side = v->image_size / v->patch_size, tside = (int64_t)llround(sqrt((double)v->tokens));
+    if (tside * tside != v->tokens || side % tside != 0)
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "%s: mm_tokens_per_image = %lld must be a square whose side divides the %lld x %lld patch grid",
+                            mm->name, (long long)v->tokens, (long long)side, (long long)side);
+    t->arch = GM_ARCH_SIGLIP;
+    snprintf(t->name, sizeof t->name, "siglip");
+    t->vocab_size = side * side;
+    t->hidden_size = v->hidden_size;
+    t->n_layers = v->n_layers;
+    t->n_heads = t->n_kv_heads = v->n_heads;
+    t->head_dim = v->hidden_size / v->n_heads;
+    t->intermediate_size = v->intermediate_size;
+    t->max_position_embeddings = side * side;
+    t->rms_norm_eps = v->layer_norm_eps;
+    t->query_pre_attn_scalar = (float)t->head_dim; /* SigLIP's scale head_dim^-0.5 */
+    t->tie_word_embeddings = true;                 /* no head: the spec's slot 2 is the embedding */
+    t->norm_convention = mm->norm_convention;      /* the projector's RMSNorm (1 + w in HF files) */
+    t->vision = *v;
+    t->vision.out_hidden_size = mm->hidden_size;
+    for (int64_t i = 0; i < t->n_layers; i++) {
+        t->layer_type[i] = GM_LAYER_FULL;
+        t->rope_theta[i] = 1.0f;
+        t->rope_pos_scale[i] = 1.0f;
+        t->ffn_dim[i] = t->intermediate_size;
+        t->kv_source[i] = (int32_t)i;
+    }
     return GM_OK;
 }
 
@@ -332,6 +396,7 @@ gm_status gm_config_from_json(const char *json, const char *label, gm_config *cf
         const cJSON *text = jget(root, "text_config");
         s = config_from_text_json(text ? text : root, label, cfg, err);
         if (s == GM_OK && text) s = vision_from_json(root, label, &cfg->vision, err);
+        if (s == GM_OK) cfg->vision.out_hidden_size = cfg->vision.hidden_size > 0 ? cfg->hidden_size : 0;
     }
     cJSON_Delete(root);
     return s;

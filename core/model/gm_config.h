@@ -36,7 +36,9 @@ extern "C" {
 
 #define GM_MAX_LAYERS 128
 
-typedef enum gm_arch { GM_ARCH_GEMMA3 = 0, GM_ARCH_GEMMA3N, GM_ARCH_GEMMA4, GM_ARCH_COUNT } gm_arch;
+/* GM_ARCH_SIGLIP: the vision tower of a multimodal Gemma 3, run as its own graph on a config
+ * made by gm_config_vision_tower. */
+typedef enum gm_arch { GM_ARCH_GEMMA3 = 0, GM_ARCH_GEMMA3N, GM_ARCH_GEMMA4, GM_ARCH_SIGLIP, GM_ARCH_COUNT } gm_arch;
 const char *gm_arch_name(gm_arch a);
 
 typedef enum gm_layer_type { GM_LAYER_SLIDING = 0, GM_LAYER_FULL = 1 } gm_layer_type;
@@ -56,6 +58,10 @@ typedef struct gm_vision_config {
     int64_t intermediate_size;    /* MLP width (0: unknown, planners assume 4x) */
     int64_t n_heads;              /* num_attention_heads */
     int64_t image_size, patch_size;
+    float layer_norm_eps;         /* the tower's LayerNorms and the projector's RMSNorm (1e-6) */
+    int64_t out_hidden_size;      /* the text width the projector maps into */
+    int32_t image_token_id;       /* <image_soft_token> (262144; image_token_index) */
+    int32_t boi_id, eoi_id;       /* <start_of_image> 255999, <end_of_image> 256000 */
 } gm_vision_config;
 
 /* The audio tower (audio_config). Zero: no tower. */
@@ -114,6 +120,13 @@ typedef struct gm_config {
  * (i+1) % pattern == 0 (pattern 6 for Gemma 3), RoPE bases, kv_source[i] = i. */
 void gm_config_gemma3_layers(gm_config *cfg, int sliding_pattern, float theta_local,
                              float theta_global, float global_pos_scale);
+
+/* The vision tower of multimodal config mm as a config of its own (arch GM_ARCH_SIGLIP): its
+ * width, layers, heads (head_dim = width / heads, as many kv heads), MLP width, LayerNorm eps as
+ * rms_norm_eps, every layer full attention, vocab_size = patches (the position table's rows);
+ * `vision` copied, so the spec's patch and output widths resolve. GM_ERR_INVALID when mm has no
+ * usable tower (naming the missing or inconsistent field). */
+gm_status gm_config_vision_tower(const gm_config *mm, gm_config *tower, gm_error *err);
 
 /* Checks internal consistency (positive sizes, H % KVH == 0, layers <= GM_MAX_LAYERS, ...). */
 gm_status gm_config_validate(const gm_config *cfg, const char *source, gm_error *err);

@@ -62,18 +62,24 @@ static void shape_str(const int64_t *sh, int nd, char *buf, size_t cap) {
     if (n > 0 && (size_t)n < cap) snprintf(buf + n, cap - (size_t)n, "]");
 }
 
-/* Builds the view of one weight, checking its shape against the config. Norms are converted
- * into `norm_dst` (f32, effective scale) when it is not NULL (second arena pass). */
-static gm_status bind_weight(gm_model *m, const char *file_name, const char *hf_name, bool is_norm,
-                             int64_t rows, int64_t cols, gm_tensor *dst, float *norm_dst,
-                             gm_error *err) {
+/* Builds the view of one weight, checking its shape against the config. Norms and vectors are
+ * converted into `f32_dst` (f32; a norm as its effective scale), and a transposed linear is
+ * copied into it as (rows, cols), when it is not NULL (second arena pass). A convolution stored
+ * with more dimensions (SigLIP's patch embedding [C, 3, p, p]) is viewed as (rows, the rest). */
+static gm_status bind_weight(gm_model *m, const char *file_name, const char *hf_name, gm_wkind kind, bool transposed,
+                             int64_t rows, int64_t cols, gm_tensor *dst, float *f32_dst, gm_error *err) {
     raw_tensor r;
     if (!find_raw(m, file_name, &r))
         return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: missing tensor '%s'", m->path, file_name);
     int want_nd = cols ? 2 : 1;
-    int64_t want[2] = {rows, cols};
+    int64_t want[2] = {transposed ? cols : rows, transposed ? rows : cols};
     bool ok = r.ndim == want_nd;
     for (int i = 0; ok && i < want_nd; i++) ok = r.shape[i] == want[i];
+    if (!ok && want_nd == 2 && r.ndim > 2 && r.shape[0] == want[0]) { /* a convolution's kernel */
+        int64_t inner = 1;
+        for (int i = 1; i < r.ndim; i++) inner *= r.shape[i];
+        ok = inner == want[1];
+    }
     if (!ok) {
         char got_s[96], want_s[96];
         shape_str(r.shape, r.ndim, got_s, sizeof got_s);
@@ -84,16 +90,27 @@ static gm_status bind_weight(gm_model *m, const char *file_name, const char *hf_
                             "intermediate_size) do not belong together",
                             m->path, file_name, got_s, want_s);
     }
-    if (is_norm) {
+    if (kind == GM_W_NORM || kind == GM_W_VEC || transposed) {
         if (!gm_dtype_get(r.dtype)->is_float)
-            return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: norm weight '%s' has dtype %s (a float type is expected)",
+            return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: weight '%s' has dtype %s (a float type is expected)",
                                 m->path, file_name, gm_dtype_name(r.dtype));
-        *dst = gm_tensor_1d(GM_F32, rows, norm_dst);
-        if (norm_dst) {
-            gm_dequant_row(r.dtype, r.data, norm_dst, rows);
+        *dst = transposed ? gm_tensor_2d(GM_F32, rows, cols, f32_dst) : gm_tensor_1d(GM_F32, rows, f32_dst);
+        if (f32_dst && transposed) {
+            /* stored (cols, rows): read row by row, scatter into columns */
+            int64_t n = cols, k = rows;
+            size_t rb = gm_dtype_row_bytes(r.dtype, k);
+            float *tmp = gm_malloc((size_t)k * sizeof(float));
+            if (!tmp) return gm_error_set(err, GM_ERR_NOMEM, "out of memory transposing '%s'", file_name);
+            for (int64_t i = 0; i < n; i++) {
+                gm_dequant_row(r.dtype, (const uint8_t *)r.data + (size_t)i * rb, tmp, k);
+                for (int64_t j = 0; j < k; j++) f32_dst[j * n + i] = tmp[j];
+            }
+            gm_free(tmp);
+        } else if (f32_dst) {
+            gm_dequant_row(r.dtype, r.data, f32_dst, rows);
             /* Convert to f32 first, then add 1 (adding 1 in bf16 loses precision, §6 pitfall 3). */
-            if (m->cfg.norm_convention == GM_NORM_ONE_PLUS_W)
-                for (int64_t i = 0; i < rows; i++) norm_dst[i] += 1.0f;
+            if (kind == GM_W_NORM && m->cfg.norm_convention == GM_NORM_ONE_PLUS_W)
+                for (int64_t i = 0; i < rows; i++) f32_dst[i] += 1.0f;
         }
     } else {
         if (r.dtype != GM_F32 && r.dtype != GM_F16 && r.dtype != GM_BF16 && !gm_dtype_get(r.dtype)->is_quantized)
@@ -112,12 +129,12 @@ static void weight_names(const gm_model *m, const gm_weight_spec *w, int64_t lay
     bool gguf = m->gguf != NULL;
     if (layer >= 0) {
         if (gguf) snprintf(fname, fcap, "blk.%lld.%s", (long long)layer, w->gguf);
-        else snprintf(fname, fcap, "%slayers.%lld.%s", hf_prefix, (long long)layer, w->hf);
-        snprintf(hname, hcap, "%slayers.%lld.%s", m->prefix, (long long)layer, w->hf);
+        else snprintf(fname, fcap, "%s%s%lld.%s", hf_prefix, m->arch->layers_prefix, (long long)layer, w->hf);
+        snprintf(hname, hcap, "%s%s%lld.%s", m->prefix, m->arch->layers_prefix, (long long)layer, w->hf);
     } else {
         if (gguf) snprintf(fname, fcap, "%s", w->gguf);
-        else snprintf(fname, fcap, "%s%s", w->top_level ? "" : hf_prefix, w->hf);
-        snprintf(hname, hcap, "%s%s", w->top_level ? "" : m->prefix, w->hf);
+        else snprintf(fname, fcap, "%s%s", w->top_level ? m->root : hf_prefix, w->hf);
+        snprintf(hname, hcap, "%s%s", w->top_level ? m->root : m->prefix, w->hf);
     }
 }
 
@@ -128,9 +145,9 @@ static gm_status bind_spec(gm_model *m, const gm_weight_spec *w, int64_t layer, 
     char fname[256], hname[256];
     weight_names(m, w, layer, hf_prefix, fname, sizeof fname, hname, sizeof hname);
     int64_t rows = gm_dim_value(c, layer, w->rows, 0), cols = w->cols == GM_DIM_NONE ? 0 : gm_dim_value(c, layer, w->cols, 0);
-    bool norm = w->kind == GM_W_NORM;
-    float *nb = norm ? gm_arena_alloc(&m->arena, (size_t)rows * sizeof(float), GM_MEM_WEIGHTS) : NULL;
-    return bind_weight(m, fname, hname, norm, rows, cols, dst, nb, err);
+    bool copy = w->kind == GM_W_NORM || w->kind == GM_W_VEC || w->transposed;
+    float *nb = copy ? gm_arena_alloc(&m->arena, (size_t)(rows * (cols ? cols : 1)) * sizeof(float), GM_MEM_WEIGHTS) : NULL;
+    return bind_weight(m, fname, hname, w->kind, w->transposed, rows, cols, dst, nb, err);
 }
 
 /* Walks every weight of the spec; pass 1 (arena measuring) sizes the norm arena, pass 2 fills it. */
@@ -255,6 +272,40 @@ gm_status gm_model_prefix(const char *path, char *out, size_t cap, gm_error *err
     return GM_OK;
 }
 
+/* The tower of a multimodal checkpoint (gm_model.vision): its weights are named below the tower's
+ * prefix, the projector's below the multimodal model's root. The root is what the text decoder's
+ * prefix says ("language_model.model." in the hub's layout: root ""; "model.language_model.": root
+ * "model."); the tower is "vision_tower.vision_model." (the hub's files, gemma_architecture.md
+ * §5.2) or "vision_tower." (transformers 5's save_pretrained), whichever holds its patch embedding. */
+static gm_status load_vision(gm_model *m, const char *text_prefix, gm_error *err) {
+    gm_model *v = gm_calloc(1, sizeof *v);
+    if (!v) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    m->vision = v;
+    v->borrows_files = true;
+    v->st = m->st;
+    v->format = m->format;
+    snprintf(v->path, sizeof v->path, "%s", m->path);
+    GM_TRY(gm_config_vision_tower(&m->cfg, &v->cfg, err));
+    const char *root = strcmp(text_prefix, "model.language_model.") == 0 ? "model." : "";
+    snprintf(v->root, sizeof v->root, "%s", root);
+    static const char *towers[] = {"vision_tower.vision_model.", "vision_tower."};
+    for (int i = 0; i < 2 && !v->prefix[0]; i++) {
+        char probe[256];
+        snprintf(probe, sizeof probe, "%s%sembeddings.patch_embedding.weight", root, towers[i]);
+        if (gm_safetensors_find(m->st, probe)) snprintf(v->prefix, sizeof v->prefix, "%s%s", root, towers[i]);
+    }
+    if (!v->prefix[0])
+        return gm_error_set(err, GM_ERR_NOT_FOUND,
+                            "%s: config.json has a vision_config, but no vision tower weights were found (looked for "
+                            "%svision_tower.vision_model.embeddings.patch_embedding.weight and %svision_tower.embeddings...)",
+                            m->path, root, root);
+    GM_TRY(setup_arch(v, err));
+    gm_arena_init(&v->arena, "vision tower vectors", GM_DEVICE_CPU);
+    GM_TRY(bind_all(v, v->prefix, err));
+    GM_TRY(gm_arena_commit(&v->arena, err));
+    return bind_all(v, v->prefix, err);
+}
+
 static gm_status load_hf(gm_model *m, const char *path, const gm_model_opts *o, gm_error *err) {
     char dir[1024], cfgpath[1100];
     if (is_dir(path)) snprintf(dir, sizeof dir, "%s", path);
@@ -285,6 +336,7 @@ static gm_status load_hf(gm_model *m, const char *path, const gm_model_opts *o, 
     GM_TRY(bind_all(m, prefix, err));
     GM_TRY(gm_arena_commit(&m->arena, err));
     GM_TRY(bind_all(m, prefix, err));
+    if (m->cfg.vision.hidden_size > 0) GM_TRY(load_vision(m, prefix, err));
     if (o->load_tokenizer) {
         char tj[1100], tc[1100];
         snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
@@ -403,9 +455,10 @@ gm_status gm_model_load(const char *path, const gm_model_opts *opts, gm_model **
 
 void gm_model_free(gm_model *m) {
     if (!m) return;
+    gm_model_free(m->vision);
     gm_tokenizer_free(m->tok);
-    if (m->gguf) gm_gguf_free(m->gguf);
-    if (m->st) gm_safetensors_free(m->st);
+    if (m->gguf && !m->borrows_files) gm_gguf_free(m->gguf);
+    if (m->st && !m->borrows_files) gm_safetensors_free(m->st);
     gm_arena_free(&m->arena);
     gm_free(m->layer);
     gm_free(m);

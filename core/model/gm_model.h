@@ -53,6 +53,9 @@ typedef struct gm_model {
      * "model." for Gemma3ForCausalLM and GGUF files, "model.language_model." (transformers >=
      * 4.52) or "language_model.model." (older) for Gemma3ForConditionalGeneration. */
     char prefix[64];
+    /* Where top-level weights (gm_weight_spec.top_level) are named: "" for the text decoder; a
+     * tower's multimodal root ("" or "model."), where its projector lives. */
+    char root[64];
     /* Model-level weights by GM_GLOBAL_* index: embedding (V, C) in its stored dtype, final norm
      * (C) f32 effective scale, LM head (V, C) (the embedding's view when tied). */
     gm_tensor global[GM_MAX_GLOBALS];
@@ -60,6 +63,11 @@ typedef struct gm_model {
                                   l * n_layer + s; absent weights (KV-shared k/v) have data NULL.
                                   Linears stay as stored; norms are f32 effective scales. */
     struct gm_tokenizer *tok;  /* NULL if the checkpoint has no tokenizer */
+    /* The vision tower and projector of a multimodal checkpoint (Gemma3ForConditionalGeneration),
+     * as a model of its own: arch siglip, config gm_config_vision_tower, prefix the multimodal
+     * model's root ("" or "model."), weights viewed in the same files. NULL: text only. */
+    struct gm_model *vision;
+    bool borrows_files;        /* a tower: gguf / st belong to the model that holds it */
     size_t mapped_bytes;       /* bytes of weights viewed in place (mmapped) */
     /* owned resources */
     struct gm_gguf *gguf;

@@ -99,7 +99,7 @@ static gm_wview planned_view(const gm_weight_spec *s, const gm_config *c, int64_
     gm_wview v;
     memset(&v, 0, sizeof v);
     int64_t rows = gm_dim_value(c, l, s->rows, 0), cols = s->cols == GM_DIM_NONE ? rows : gm_dim_value(c, l, s->cols, 0);
-    v.type = s->kind == GM_W_NORM ? GM_F32 : s->kind == GM_W_EMBED ? stored_embed : stored;
+    v.type = s->kind == GM_W_NORM || s->kind == GM_W_VEC || s->transposed ? GM_F32 : s->kind == GM_W_EMBED ? stored_embed : stored;
     v.rows = s->cols == GM_DIM_NONE ? 1 : rows;
     v.cols = cols;
     /* a planned type need not tile the row (a GGUF's dominant block type stands for the mix the

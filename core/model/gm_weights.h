@@ -50,7 +50,7 @@ typedef struct gm_weights {
     gm_wview *layer;             /* [n_layers * n_slots]; absent weights have rows == 0 */
     size_t alias_bytes;          /* bytes the views read in place from the model (memory-mapped
                                     weights, the model's f32 norms): resident, not in the arena */
-    size_t kind_bytes[3];        /* resident bytes by gm_wkind (linear, norm, embedding), aliased
+    size_t kind_bytes[GM_W_KIND_COUNT]; /* resident bytes by gm_wkind (linear, norm, embedding, vector), aliased
                                     or in the arena */
 } gm_weights;
 

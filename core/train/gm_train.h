@@ -222,8 +222,8 @@ typedef struct gm_train_plan_info {
     size_t total;                      /* their sum */
     size_t alias_bytes;                /* base weights read in place from the file (memory-mapped,
                                           resident, not in an arena) */
-    size_t weight_bytes[3];            /* resident base weights by gm_wkind: linear, norm,
-                                          embedding (aliased or re-encoded) */
+    size_t weight_bytes[GM_W_KIND_COUNT]; /* resident base weights by gm_wkind: linear, norm,
+                                          embedding, vector (aliased or re-encoded) */
     int64_t n_trainable;               /* LoRA parameters */
     size_t scratch_floats;             /* the kernels' workspace (part of the transient item) */
 } gm_train_plan_info;

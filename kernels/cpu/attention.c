@@ -7,8 +7,9 @@
  * (S = window). Query head h reads kv head h / (H / KVH) (consecutive query heads share a kv
  * head, gemma_architecture.md §1.5 step 6).
  *
- * Visible keys for query position p: j <= p (causal) and, if window > 0, j > p - window
- * (HF sliding_window_overlay: kv_idx > q_idx - W).
+ * Visible keys for query position p: j <= p (causal), or j < kv_end[b, t] when kv_end is given
+ * (an image's tokens see their whole image: gemma_architecture.md §2.4), and, if window > 0,
+ * j > p - window (HF sliding_window_overlay: kv_idx > q_idx - W, applied after the image OR).
  *
  * Softmax is computed in blocks of KEY_BLOCK keys with a running max and sum (the "online"
  * softmax of FlashAttention, Dao et al. 2022), in f32, so no score buffer of length S is needed.
@@ -35,8 +36,8 @@ static float dotf(const float *a, const float *b, int64_t n) {
 }
 
 void gm_k_attention_fwd_cpu(const gm_kctx *ctx, float *out, const float *q, const float *k_cache,
-                            const float *v_cache, int64_t B, int64_t T, int64_t H, int64_t KVH,
-                            int64_t D, int64_t S, int64_t pos0, int64_t window, float scale) {
+                            const float *v_cache, const int32_t *kv_end, int64_t B, int64_t T, int64_t H,
+                            int64_t KVH, int64_t D, int64_t S, int64_t pos0, int64_t window, float scale) {
     GM_ASSERT(H % KVH == 0 && D <= MAX_HEAD_DIM);
     int64_t group = H / KVH;
     GM_OMP_FOR(ctx->n_threads, 1, collapse(3) schedule(static),
@@ -46,15 +47,19 @@ void gm_k_attention_fwd_cpu(const gm_kctx *ctx, float *out, const float *q, cons
                 int64_t p = pos0 + t;
                 int64_t lo = 0;
                 if (window > 0 && p - window + 1 > lo) lo = p - window + 1;
-                GM_ASSERT(p - lo + 1 <= S); /* every visible key must still be in the cache */
+                /* the last visible key: p, or the end of the query's image (within this call) */
+                int64_t last = kv_end ? (int64_t)kv_end[b * T + t] - 1 : p;
+                if (last < p) last = p;
+                if (last > pos0 + T - 1) last = pos0 + T - 1;
+                GM_ASSERT(last - lo + 1 <= S); /* every visible key must still be in the cache */
                 const float *qv = q + ((b * T + t) * H + h) * D;
                 int64_t kvh = h / group;
                 float acc[MAX_HEAD_DIM];
                 memset(acc, 0, (size_t)D * sizeof(float));
                 float m = -INFINITY, l = 0.0f;
                 float sc[KEY_BLOCK];
-                for (int64_t j0 = lo; j0 <= p; j0 += KEY_BLOCK) {
-                    int64_t nj = p + 1 - j0 < KEY_BLOCK ? p + 1 - j0 : KEY_BLOCK;
+                for (int64_t j0 = lo; j0 <= last; j0 += KEY_BLOCK) {
+                    int64_t nj = last + 1 - j0 < KEY_BLOCK ? last + 1 - j0 : KEY_BLOCK;
                     float bm = -INFINITY;
                     for (int64_t jj = 0; jj < nj; jj++) {
                         int64_t slot = (j0 + jj) % S;

@@ -30,9 +30,17 @@ static inline int64_t first_key(int64_t t, int64_t window) {
     return (window > 0 && t - window + 1 > 0) ? t - window + 1 : 0;
 }
 
+/* One past the last visible key of query t of sequence b: t + 1 (causal), or the end of its
+ * image (kernels.h, kv_end). */
+static inline int64_t end_key(const int32_t *kv_end, int64_t b, int64_t T, int64_t t) {
+    if (!kv_end) return t + 1;
+    int64_t e = kv_end[b * T + t];
+    return e < t + 1 ? t + 1 : e > T ? T : e;
+}
+
 void gm_k_attention_train_fwd_cpu(const gm_kctx *ctx, float *out, float *lse, const float *q, const float *k,
-                                  const float *v, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
-                                  int64_t window, float scale) {
+                                  const float *v, const int32_t *kv_end, int64_t B, int64_t T, int64_t H,
+                                  int64_t KVH, int64_t D, int64_t window, float scale) {
     GM_ASSERT(ctx->scratch && ctx->scratch_floats >= gm_k_attention_scratch_floats(B, T, H, D, ctx->n_threads));
     int64_t group = H / KVH, qs = H * D, ks = KVH * D;
     GM_OMP_FOR(ctx->n_threads, 1, schedule(dynamic, 1),
@@ -45,17 +53,17 @@ void gm_k_attention_train_fwd_cpu(const gm_kctx *ctx, float *out, float *lse, co
                     (int)ks, 0.0f, S, (int)T);
         for (int64_t t = 0; t < T; t++) {
             float *row = S + t * T;
-            int64_t lo = first_key(t, window);
+            int64_t lo = first_key(t, window), hi = end_key(kv_end, b, T, t);
             float mx = -INFINITY;
-            for (int64_t j = lo; j <= t; j++) mx = row[j] > mx ? row[j] : mx;
+            for (int64_t j = lo; j < hi; j++) mx = row[j] > mx ? row[j] : mx;
             float sum = 0.0f;
             for (int64_t j = 0; j < T; j++) {
-                float e = (j >= lo && j <= t) ? expf(row[j] - mx) : 0.0f;
+                float e = (j >= lo && j < hi) ? expf(row[j] - mx) : 0.0f;
                 row[j] = e;
                 sum += e;
             }
             float inv = 1.0f / sum;
-            for (int64_t j = lo; j <= t; j++) row[j] *= inv;
+            for (int64_t j = lo; j < hi; j++) row[j] *= inv;
             lse[(b * H + h) * T + t] = mx + logf(sum);
         }
         /* O = P V  (T x D), written into the strided (B, T, H, D) output */
@@ -66,8 +74,8 @@ void gm_k_attention_train_fwd_cpu(const gm_kctx *ctx, float *out, float *lse, co
 
 void gm_k_attention_bwd_cpu(const gm_kctx *ctx, float *dq, float *dk, float *dv, const float *dout,
                             const float *q, const float *k, const float *v, const float *out,
-                            const float *lse, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
-                            int64_t window, float scale) {
+                            const float *lse, const int32_t *kv_end, int64_t B, int64_t T, int64_t H,
+                            int64_t KVH, int64_t D, int64_t window, float scale) {
     GM_ASSERT(ctx->scratch && ctx->scratch_floats >= gm_k_attention_scratch_floats(B, T, H, D, ctx->n_threads));
     int64_t group = H / KVH, qs = H * D, ks = KVH * D;
     float *dk_part = ctx->scratch + (size_t)ctx->n_threads * 2u * (size_t)(T * T);
@@ -84,9 +92,9 @@ void gm_k_attention_bwd_cpu(const gm_kctx *ctx, float *dq, float *dk, float *dv,
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)T, (int)D, scale, qh, (int)qs, kh,
                     (int)ks, 0.0f, P, (int)T);
         for (int64_t t = 0; t < T; t++) {
-            int64_t lo = first_key(t, window);
+            int64_t lo = first_key(t, window), hi = end_key(kv_end, b, T, t);
             float *row = P + t * T;
-            for (int64_t j = 0; j < T; j++) row[j] = (j >= lo && j <= t) ? expf(row[j] - lh[t]) : 0.0f;
+            for (int64_t j = 0; j < T; j++) row[j] = (j >= lo && j < hi) ? expf(row[j] - lh[t]) : 0.0f;
         }
         /* dV_h = P^T dO  (T x D), per query head */
         float *dvh = dv_part + (b * H + h) * T * D;

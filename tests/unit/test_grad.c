@@ -167,7 +167,7 @@ static void test_geglu(float mag) {
 }
 
 /* ---- attention ---------------------------------------------------------------------------- */
-typedef struct { int64_t B, T, H, KVH, D, W; float scale; double *q, *k, *v, *dout; } att_case;
+typedef struct { int64_t B, T, H, KVH, D, W; float scale; double *q, *k, *v, *dout; const int32_t *kv_end; } att_case;
 
 static double att_loss(void *u) {
     att_case *c = u;
@@ -177,48 +177,152 @@ static double att_loss(void *u) {
         for (int64_t t = 0; t < c->T; t++)
             for (int64_t h = 0; h < c->H; h++) {
                 int64_t kvh = h / (c->H / c->KVH), lo = (c->W > 0 && t - c->W + 1 > 0) ? t - c->W + 1 : 0;
+                /* keys lo .. hi: causal, or up to the end of the query's image (kv_end) */
+                int64_t hi = c->kv_end && c->kv_end[b * c->T + t] - 1 > t ? c->kv_end[b * c->T + t] - 1 : t;
                 double mx = -1e300, z = 0;
-                for (int64_t j = lo; j <= t; j++) {
+                for (int64_t j = lo; j <= hi; j++) {
                     double s = 0;
                     for (int64_t d = 0; d < c->D; d++)
                         s += (double)c->q[((b * c->T + t) * c->H + h) * c->D + d] * c->k[((b * c->T + j) * c->KVH + kvh) * c->D + d];
                     sc[j] = s * c->scale;
                     mx = fmax(mx, sc[j]);
                 }
-                for (int64_t j = lo; j <= t; j++) z += exp(sc[j] - mx);
+                for (int64_t j = lo; j <= hi; j++) z += exp(sc[j] - mx);
                 for (int64_t d = 0; d < c->D; d++) {
                     double o = 0;
-                    for (int64_t j = lo; j <= t; j++) o += exp(sc[j] - mx) / z * c->v[((b * c->T + j) * c->KVH + kvh) * c->D + d];
+                    for (int64_t j = lo; j <= hi; j++) o += exp(sc[j] - mx) / z * c->v[((b * c->T + j) * c->KVH + kvh) * c->D + d];
                     L += o * c->dout[((b * c->T + t) * c->H + h) * c->D + d];
                 }
             }
     return L;
 }
 
-static void test_attention(int64_t W, float mag) {
-    att_case c = {2, 7, 4, 2, 8, W, 0.35f, NULL, NULL, NULL, NULL};
+/* kv_end of the image-block cases: sequence 0 = text, image (3 tokens), text, image (2 tokens);
+ * sequence 1 = all one image (an encoder: everything visible) */
+static const int32_t KV_END_IMAGES[14] = {1, 4, 4, 4, 5, 7, 7, 7, 7, 7, 7, 7, 7, 7};
+
+static void test_attention(int64_t W, float mag, const int32_t *kv_end) {
+    att_case c = {2, 7, 4, 2, 8, W, 0.35f, NULL, NULL, NULL, NULL, kv_end};
     int64_t nq = c.B * c.T * c.H * c.D, nk = c.B * c.T * c.KVH * c.D;
     float *q = rnd2(nq, mag, &c.q), *kk = rnd2(nk, mag, &c.k), *v = rnd2(nk, 1.0f, &c.v), *dout = rnd2(nq, 1.0f, &c.dout);
     float *out = gm_malloc((size_t)nq * 4), *lse = gm_malloc((size_t)(c.B * c.H * c.T) * 4);
     float *dq = gm_malloc((size_t)nq * 4), *dk = gm_malloc((size_t)nk * 4), *dv = gm_malloc((size_t)nk * 4);
     gm_kctx k = ctx_with(gm_k_attention_scratch_floats(c.B, c.T, c.H, c.D, 2));
-    gm_k_attention_train_fwd_cpu(&k, out, lse, q, kk, v, c.B, c.T, c.H, c.KVH, c.D, c.W, c.scale);
+    gm_k_attention_train_fwd_cpu(&k, out, lse, q, kk, v, kv_end, c.B, c.T, c.H, c.KVH, c.D, c.W, c.scale);
     /* the forward itself: L computed from `out` must equal the double forward */
     double Lk = 0;
     for (int64_t i = 0; i < nq; i++) Lk += (double)out[i] * c.dout[i];
     double Lr = att_loss(&c);
     CHECK(fabs(Lk - Lr) < TOL_GRAD_ATTN_LOSS_REL * fmax(1.0, fabs(Lr)), "attention_train_fwd: L %.9g vs reference %.9g", Lk, Lr);
-    gm_k_attention_bwd_cpu(&k, dq, dk, dv, dout, q, kk, v, out, lse, c.B, c.T, c.H, c.KVH, c.D, c.W, c.scale);
-    char what[64];
-    snprintf(what, sizeof what, "attention dq (W=%lld, |qk| ~ %g)", (long long)W, (double)mag);
+    gm_k_attention_bwd_cpu(&k, dq, dk, dv, dout, q, kk, v, out, lse, kv_end, c.B, c.T, c.H, c.KVH, c.D, c.W, c.scale);
+    char what[80];
+    const char *m = kv_end ? ", images" : "";
+    snprintf(what, sizeof what, "attention dq (W=%lld, |qk| ~ %g%s)", (long long)W, (double)mag, m);
     fd_check(what, c.q, nq, dq, att_loss, &c);
-    snprintf(what, sizeof what, "attention dk (W=%lld, GQA 4:2)", (long long)W);
+    snprintf(what, sizeof what, "attention dk (W=%lld, GQA 4:2%s)", (long long)W, m);
     fd_check(what, c.k, nk, dk, att_loss, &c);
-    snprintf(what, sizeof what, "attention dv (W=%lld)", (long long)W);
+    snprintf(what, sizeof what, "attention dv (W=%lld%s)", (long long)W, m);
     fd_check(what, c.v, nk, dv, att_loss, &c);
     gm_free(c.q), gm_free(c.k), gm_free(c.v), gm_free(c.dout), gm_free(q), gm_free(kk), gm_free(v), gm_free(dout);
     gm_free(out), gm_free(lse);
     gm_free(dq), gm_free(dk), gm_free(dv), gm_free(k.scratch);
+}
+
+/* ---- LayerNorm (vision towers) ------------------------------------------------------------ */
+typedef struct { int64_t N, C; double *x, *w, *b, *dy; } ln_case;
+
+static double ln_loss(void *u) {
+    ln_case *c = u;
+    double L = 0;
+    for (int64_t n = 0; n < c->N; n++) {
+        const double *x = c->x + n * c->C;
+        double mu = 0, var = 0;
+        for (int64_t k = 0; k < c->C; k++) mu += x[k];
+        mu /= (double)c->C;
+        for (int64_t k = 0; k < c->C; k++) var += (x[k] - mu) * (x[k] - mu);
+        double r = 1.0 / sqrt(var / (double)c->C + 1e-6);
+        for (int64_t k = 0; k < c->C; k++) L += c->dy[n * c->C + k] * ((x[k] - mu) * r * c->w[k] + c->b[k]);
+    }
+    return L;
+}
+
+static void test_layernorm(float mag) {
+    ln_case c = {5, 24, NULL, NULL, NULL, NULL};
+    float *x = rnd2(5 * 24, mag, &c.x), *w = rnd2(24, 2.0f, &c.w), *b = rnd2(24, 1.0f, &c.b), *dyf = rnd2(5 * 24, 1.0f, &c.dy);
+    for (int i = 0; i < 5 * 24; i++) c.x[i] = x[i] += 0.5f * mag; /* a mean to remove */
+    float *y = gm_malloc(5 * 24 * 4), *mean = gm_malloc(5 * 4), *rstd = gm_malloc(5 * 4), *dx = gm_malloc(5 * 24 * 4);
+    float *dw = gm_calloc(24, 4), *db = gm_calloc(24, 4);
+    gm_kctx k = ctx_with(0);
+    gm_k_layernorm_fwd_cpu(&k, y, mean, rstd, x, w, b, c.N, c.C, 1e-6f);
+    double Lk = 0;
+    for (int i = 0; i < 5 * 24; i++) Lk += (double)y[i] * c.dy[i];
+    double Lr = ln_loss(&c);
+    CHECK(fabs(Lk - Lr) < TOL_GRAD_ATTN_LOSS_REL * fmax(1.0, fabs(Lr)), "layernorm_fwd: L %.9g vs reference %.9g", Lk, Lr);
+    gm_k_layernorm_bwd_cpu(&k, dx, dw, db, dyf, x, w, mean, rstd, c.N, c.C, 0.0f);
+    char what[64];
+    snprintf(what, sizeof what, "layernorm dx (|x| ~ %g)", (double)mag);
+    fd_check(what, c.x, c.N * c.C, dx, ln_loss, &c);
+    fd_check("layernorm dw", c.w, c.C, dw, ln_loss, &c);
+    fd_check("layernorm db", c.b, c.C, db, ln_loss, &c);
+    gm_free(c.x), gm_free(c.w), gm_free(c.b), gm_free(c.dy), gm_free(x), gm_free(w), gm_free(b), gm_free(dyf);
+    gm_free(y), gm_free(mean), gm_free(rstd), gm_free(dx), gm_free(dw), gm_free(db);
+}
+
+/* ---- GELU and average pooling (vision towers) --------------------------------------------- */
+typedef struct { int64_t n; double *x, *dy; } gelu_case;
+
+static double gelu_loss(void *u) {
+    gelu_case *c = u;
+    double L = 0;
+    for (int64_t i = 0; i < c->n; i++) {
+        double z = c->x[i];
+        L += c->dy[i] * 0.5 * z * (1.0 + tanh(sqrt(2.0 / M_PI) * (z + 0.044715 * z * z * z)));
+    }
+    return L;
+}
+
+static void test_gelu(void) {
+    gelu_case c = {64, NULL, NULL};
+    float *x = rnd2(64, 3.0f, &c.x), *dy = rnd2(64, 1.0f, &c.dy), *y = gm_malloc(64 * 4), *dx = gm_malloc(64 * 4);
+    gm_kctx k = ctx_with(0);
+    gm_k_gelu_fwd_cpu(&k, y, x, c.n);
+    double Lk = 0;
+    for (int i = 0; i < 64; i++) Lk += (double)y[i] * c.dy[i];
+    double Lr = gelu_loss(&c);
+    CHECK(fabs(Lk - Lr) < TOL_GRAD_ATTN_LOSS_REL * fmax(1.0, fabs(Lr)), "gelu_fwd: L %.9g vs reference %.9g", Lk, Lr);
+    gm_k_gelu_bwd_cpu(&k, dx, dy, x, c.n);
+    fd_check("gelu dx", c.x, 64, dx, gelu_loss, &c);
+    gm_free(c.x), gm_free(c.dy), gm_free(x), gm_free(dy), gm_free(y), gm_free(dx);
+}
+
+typedef struct { int64_t B, P, K, C; double *x, *dy; } pool_case;
+
+static double pool_loss(void *u) {
+    pool_case *c = u;
+    int64_t Q = c->P / c->K;
+    double L = 0;
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t y = 0; y < c->P; y++)
+            for (int64_t x = 0; x < c->P; x++)
+                for (int64_t ch = 0; ch < c->C; ch++)
+                    L += c->x[((b * c->P + y) * c->P + x) * c->C + ch] / (double)(c->K * c->K) *
+                         c->dy[((b * Q + y / c->K) * Q + x / c->K) * c->C + ch];
+    return L;
+}
+
+static void test_avgpool(void) {
+    pool_case c = {2, 6, 3, 5, NULL, NULL}; /* 6 x 6 patches -> 2 x 2 tokens */
+    int64_t nx = 2 * 36 * 5, ny = 2 * 4 * 5;
+    float *x = rnd2(nx, 1.0f, &c.x), *dy = rnd2(ny, 1.0f, &c.dy), *y = gm_malloc((size_t)ny * 4), *dx = gm_malloc((size_t)nx * 4);
+    gm_kctx k = ctx_with(0);
+    gm_k_avgpool_fwd_cpu(&k, y, x, c.B, c.P, c.K, c.C);
+    double Lk = 0;
+    for (int64_t i = 0; i < ny; i++) Lk += (double)y[i] * c.dy[i];
+    double Lr = pool_loss(&c);
+    CHECK(fabs(Lk - Lr) < TOL_GRAD_ATTN_LOSS_REL * fmax(1.0, fabs(Lr)), "avgpool_fwd: L %.9g vs reference %.9g", Lk, Lr);
+    gm_k_avgpool_bwd_cpu(&k, dx, dy, c.B, c.P, c.K, c.C);
+    fd_check("avgpool dx", c.x, nx, dx, pool_loss, &c);
+    gm_free(c.x), gm_free(c.dy), gm_free(x), gm_free(dy), gm_free(y), gm_free(dx);
 }
 
 /* ---- matmul ------------------------------------------------------------------------------- */
@@ -382,9 +486,15 @@ int main(void) {
     test_rope();
     test_geglu(1.0f);
     test_geglu(5.0f);
-    test_attention(0, 1.0f);
-    test_attention(3, 1.0f);
-    test_attention(0, 3.0f);
+    test_attention(0, 1.0f, NULL);
+    test_attention(3, 1.0f, NULL);
+    test_attention(0, 3.0f, NULL);
+    test_attention(0, 1.0f, KV_END_IMAGES);
+    test_attention(2, 1.0f, KV_END_IMAGES);
+    test_layernorm(1.0f);
+    test_layernorm(30.0f);
+    test_gelu();
+    test_avgpool();
     test_matmul();
     test_xent(0.0f);
     test_xent(30.0f);

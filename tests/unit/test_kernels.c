@@ -72,16 +72,19 @@ static void test_rope(void) {
 
 /* Reference attention with explicit positions: keys for absolute positions 0..pos0+T-1 are given
  * in full (B, P, KVH, D); the kernel sees them through a ring buffer of S slots. */
-static void ref_attention(float *out, const float *q, const float *kf, const float *vf, int64_t B, int64_t T,
-                          int64_t H, int64_t KVH, int64_t D, int64_t P, int64_t pos0, int64_t window, float scale) {
+static void ref_attention(float *out, const float *q, const float *kf, const float *vf, const int32_t *kv_end, int64_t B,
+                          int64_t T, int64_t H, int64_t KVH, int64_t D, int64_t P, int64_t pos0, int64_t window,
+                          float scale) {
     double *sc = malloc((size_t)P * sizeof(double));
     for (int64_t b = 0; b < B; b++)
         for (int64_t t = 0; t < T; t++)
             for (int64_t h = 0; h < H; h++) {
-                int64_t p = pos0 + t, kvh = h / (H / KVH);
+                /* keys up to p, or to the end of the query's image */
+                int64_t p = kv_end && kv_end[b * T + t] - 1 > pos0 + t ? kv_end[b * T + t] - 1 : pos0 + t;
+                int64_t kvh = h / (H / KVH), qp = pos0 + t;
                 double mx = -1e300;
                 for (int64_t j = 0; j <= p; j++) {
-                    bool vis = window <= 0 || j > p - window;
+                    bool vis = window <= 0 || j > qp - window;
                     if (!vis) continue;
                     double s = 0;
                     for (int64_t d = 0; d < D; d++)
@@ -91,11 +94,11 @@ static void ref_attention(float *out, const float *q, const float *kf, const flo
                 }
                 double z = 0;
                 for (int64_t j = 0; j <= p; j++)
-                    if (window <= 0 || j > p - window) z += exp(sc[j] - mx);
+                    if (window <= 0 || j > qp - window) z += exp(sc[j] - mx);
                 for (int64_t d = 0; d < D; d++) {
                     double acc = 0;
                     for (int64_t j = 0; j <= p; j++)
-                        if (window <= 0 || j > p - window)
+                        if (window <= 0 || j > qp - window)
                             acc += exp(sc[j] - mx) / z * vf[((b * P + j) * KVH + kvh) * D + d];
                     out[((b * T + t) * H + h) * D + d] = (float)acc;
                 }
@@ -104,7 +107,7 @@ static void ref_attention(float *out, const float *q, const float *kf, const flo
 }
 
 static void check_attention(const char *what, int64_t B, int64_t T, int64_t H, int64_t KVH, int64_t D,
-                            int64_t pos0, int64_t window, int64_t S) {
+                            int64_t pos0, int64_t window, int64_t S, const int32_t *kv_end) {
     int64_t P = pos0 + T;
     float *q = rnd(B * T * H * D, 1.0f), *kf = rnd(B * P * KVH * D, 1.0f), *vf = rnd(B * P * KVH * D, 1.0f);
     float *kc = gm_calloc((size_t)(B * S * KVH * D), 4), *vc = gm_calloc((size_t)(B * S * KVH * D), 4);
@@ -117,19 +120,30 @@ static void check_attention(const char *what, int64_t B, int64_t T, int64_t H, i
     float *out = gm_malloc((size_t)(B * T * H * D) * 4), *ref = gm_malloc((size_t)(B * T * H * D) * 4);
     gm_kctx k = make_ctx(2, 0);
     float scale = 1.0f / sqrtf(24.0f);
-    gm_k_attention_fwd_cpu(&k, out, q, kc, vc, B, T, H, KVH, D, S, pos0, window, scale);
-    ref_attention(ref, q, kf, vf, B, T, H, KVH, D, P, pos0, window, scale);
+    gm_k_attention_fwd_cpu(&k, out, q, kc, vc, kv_end, B, T, H, KVH, D, S, pos0, window, scale);
+    ref_attention(ref, q, kf, vf, kv_end, B, T, H, KVH, D, P, pos0, window, scale);
     gm_check_close(what, out, ref, (size_t)(B * T * H * D), TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
     gm_free(q), gm_free(kf), gm_free(vf), gm_free(kc), gm_free(vc), gm_free(out), gm_free(ref);
 }
 
 static void test_attention(void) {
-    check_attention("attention causal MHA", 1, 9, 2, 2, 16, 0, 0, 9);
-    check_attention("attention GQA 4:1, batch 2", 2, 12, 4, 1, 32, 0, 0, 12);
-    check_attention("attention sliding W=4", 2, 12, 4, 2, 16, 0, 4, 12);
-    check_attention("attention sliding W=4, ring of 4+T-1 slots, chunk at pos 20", 1, 5, 4, 2, 16, 20, 4, 8);
-    check_attention("attention decode step at pos 150 (more than one key block)", 1, 1, 4, 1, 64, 150, 0, 151);
-    check_attention("attention decode, sliding W=70, ring of 70 slots", 1, 1, 2, 1, 16, 200, 70, 70);
+    check_attention("attention causal MHA", 1, 9, 2, 2, 16, 0, 0, 9, NULL);
+    check_attention("attention GQA 4:1, batch 2", 2, 12, 4, 1, 32, 0, 0, 12, NULL);
+    check_attention("attention sliding W=4", 2, 12, 4, 2, 16, 0, 4, 12, NULL);
+    check_attention("attention sliding W=4, ring of 4+T-1 slots, chunk at pos 20", 1, 5, 4, 2, 16, 20, 4, 8, NULL);
+    check_attention("attention decode step at pos 150 (more than one key block)", 1, 1, 4, 1, 64, 150, 0, 151, NULL);
+    check_attention("attention decode, sliding W=70, ring of 70 slots", 1, 1, 2, 1, 16, 200, 70, 70, NULL);
+    /* images seen whole (kv_end, absolute positions): text, a 70-token image (more than one key
+     * block), text; the second sequence is one image (everything visible); then a prefill chunk at
+     * position 10 holding a 4-token image, under a window of 3 that cuts the image from below */
+    int32_t ends[2 * 80];
+    for (int t = 0; t < 80; t++) {
+        ends[t] = t >= 5 && t < 75 ? 75 : t + 1;
+        ends[80 + t] = 80;
+    }
+    check_attention("attention image blocks (kv_end), batch 2", 2, 80, 4, 2, 16, 0, 0, 80, ends);
+    int32_t chunk[6] = {11, 16, 16, 16, 16, 16};
+    check_attention("attention image block at pos 10, W=3", 1, 6, 2, 1, 16, 10, 3, 8, chunk);
 }
 
 static void test_geglu_add_softcap(void) {

@@ -85,6 +85,69 @@ static void test_norm_rope(gm_kctx *hc, gm_kctx *dc) {
     gm_free(x), gm_free(w), gm_free(o), gm_free(r);
 }
 
+/* The vision tower's kernels (kernels/cpu/vision.c) and attention over image blocks (kv_end). */
+static void test_vision(gm_kctx *hc, gm_kctx *dc) {
+    int64_t N = 2 * 36, C = 96, B = 2, P = 6, K = 3;
+    size_t n = (size_t)(N * C);
+    float *x = host_rand(n, 3), *w = host_rand((size_t)C, 2), *b = host_rand((size_t)C, 1), *dy = host_rand(n, 1);
+    float *o = gm_malloc(n * 4), *r = gm_malloc(n * 4), *st = gm_malloc((size_t)N * 8), *dst = gm_malloc((size_t)N * 8);
+    float *dx = to_dev(x, n * 4), *dw = to_dev(w, (size_t)C * 4), *db = to_dev(b, (size_t)C * 4), *ddy = to_dev(dy, n * 4);
+    float *dout = gm_cuda_malloc(n * 4), *dstat = gm_cuda_malloc((size_t)N * 8);
+    gm_k_layernorm_fwd_cpu(hc, r, st, st + N, x, w, b, N, C, 1e-6f);
+    gm_k_layernorm_fwd_cuda(dc, dout, dstat, dstat + N, dx, dw, db, N, C, 1e-6f);
+    from_dev(o, dout, n * 4);
+    cmp("cuda layernorm", o, r, n);
+    from_dev(dst, dstat, (size_t)N * 8);
+    cmp("cuda layernorm mean, rstd", dst, st, (size_t)(2 * N));
+    gm_k_layernorm_bwd_cpu(hc, r, NULL, NULL, dy, x, w, st, st + N, N, C, 0.0f);
+    gm_k_layernorm_bwd_cuda(dc, dout, NULL, NULL, ddy, dx, dw, dstat, dstat + N, N, C, 0.0f);
+    from_dev(o, dout, n * 4);
+    cmp("cuda layernorm_bwd", o, r, n);
+    gm_k_gelu_fwd_cpu(hc, r, x, (int64_t)n);
+    gm_k_gelu_fwd_cuda(dc, dout, dx, (int64_t)n);
+    from_dev(o, dout, n * 4);
+    cmp("cuda gelu", o, r, n);
+    gm_k_gelu_bwd_cpu(hc, r, dy, x, (int64_t)n);
+    gm_k_gelu_bwd_cuda(dc, dout, ddy, dx, (int64_t)n);
+    from_dev(o, dout, n * 4);
+    cmp("cuda gelu_bwd", o, r, n);
+    gm_k_avgpool_fwd_cpu(hc, r, x, B, P, K, C);
+    gm_k_avgpool_fwd_cuda(dc, dout, dx, B, P, K, C);
+    from_dev(o, dout, (size_t)(B * 4 * C) * 4);
+    cmp("cuda avgpool", o, r, (size_t)(B * 4 * C));
+    gm_k_avgpool_bwd_cpu(hc, r, dy, B, P, K, C);
+    gm_k_avgpool_bwd_cuda(dc, dout, ddy, B, P, K, C);
+    from_dev(o, dout, n * 4);
+    cmp("cuda avgpool_bwd", o, r, n);
+    memcpy(r, x, n * 4);
+    gm_k_bias_fwd_cpu(hc, r, b, N, C);
+    gm_k_bias_fwd_cuda(dc, dx, db, N, C);
+    from_dev(o, dx, n * 4);
+    cmp("cuda bias", o, r, n);
+    /* attention over an image block (kv_end), training kernel: T = 36, H = 4, KVH = 2, D = 12 */
+    int64_t T = 36, H = 4, KVH = 2, D = 12;
+    int32_t ends[72];
+    for (int t = 0; t < 36; t++) ends[t] = t >= 4 && t < 20 ? 20 : t + 1, ends[36 + t] = 36;
+    int32_t *dends = to_dev(ends, sizeof ends);
+    size_t nq = (size_t)(B * T * H * D), nk = (size_t)(B * T * KVH * D), sc = gm_k_attention_scratch_floats(B, T, H, D, 1);
+    float *q = host_rand(nq, 1), *k = host_rand(nk, 1), *v = host_rand(nk, 1), *lse = gm_malloc((size_t)(B * H * T) * 4);
+    float *ao = gm_malloc(nq * 4), *ar = gm_malloc(nq * 4);
+    float *dq = to_dev(q, nq * 4), *dk = to_dev(k, nk * 4), *dv = to_dev(v, nk * 4), *dao = gm_cuda_malloc(nq * 4);
+    float *dlse = gm_cuda_malloc((size_t)(B * H * T) * 4);
+    gm_kctx hs = *hc, ds = *dc;
+    hs.scratch = gm_malloc(gm_k_attention_scratch_floats(B, T, H, D, hc->n_threads) * 4);
+    ds.scratch = gm_cuda_malloc(sc * 4);
+    gm_k_attention_train_fwd_cpu(&hs, ar, lse, q, k, v, ends, B, T, H, KVH, D, 0, 0.3f);
+    gm_k_attention_train_fwd_cuda(&ds, dao, dlse, dq, dk, dv, dends, B, T, H, KVH, D, 0, 0.3f);
+    from_dev(ao, dao, nq * 4);
+    cmp("cuda attention_train_fwd, image blocks", ao, ar, nq);
+    gm_free(hs.scratch), gm_cuda_free(ds.scratch);
+    gm_cuda_free(dq), gm_cuda_free(dk), gm_cuda_free(dv), gm_cuda_free(dao), gm_cuda_free(dlse), gm_cuda_free(dends);
+    gm_free(q), gm_free(k), gm_free(v), gm_free(lse), gm_free(ao), gm_free(ar);
+    gm_cuda_free(dx), gm_cuda_free(dw), gm_cuda_free(db), gm_cuda_free(ddy), gm_cuda_free(dout), gm_cuda_free(dstat);
+    gm_free(x), gm_free(w), gm_free(b), gm_free(dy), gm_free(o), gm_free(r), gm_free(st), gm_free(dst);
+}
+
 static void test_attention(gm_kctx *hc, gm_kctx *dc) {
     int64_t B = 2, T = 7, H = 4, KVH = 2, D = 64, S = 11, pos0 = 9, W = 5;
     size_t nq = (size_t)(B * T * H * D), nk = (size_t)(B * S * KVH * D);
@@ -99,8 +162,8 @@ static void test_attention(gm_kctx *hc, gm_kctx *dc) {
             k = host_rand(nk, 1), v = host_rand(nk, 1);
             dk = to_dev(k, nk * 4), dv = to_dev(v, nk * 4);
         }
-        gm_k_attention_fwd_cpu(hc, r, q, k, v, B, T, H, KVH, D, s, pos0, window, 0.125f);
-        gm_k_attention_fwd_cuda(dc, dout, dq, dk, dv, B, T, H, KVH, D, s, pos0, window, 0.125f);
+        gm_k_attention_fwd_cpu(hc, r, q, k, v, NULL, B, T, H, KVH, D, s, pos0, window, 0.125f);
+        gm_k_attention_fwd_cuda(dc, dout, dq, dk, dv, NULL, B, T, H, KVH, D, s, pos0, window, 0.125f);
         from_dev(o, dout, nq * 4);
         cmp(pass ? "cuda attention sliding ring" : "cuda attention full", o, r, nq);
         if (!pass) { /* sliding pass uses S slots */
@@ -267,6 +330,7 @@ int main(void) {
     test_elementwise(&hc, &dc);
     test_norm_rope(&hc, &dc);
     test_attention(&hc, &dc);
+    test_vision(&hc, &dc);
     test_matmul_embed(&hc, &dc);
     test_movement(&hc, &dc);
     test_backend();

@@ -1,0 +1,136 @@
+/*
+ * gm_vision.c - pixels to soft tokens through the SigLIP tower (see gm_vision.h).
+ */
+#include "gm_vision.h"
+
+#include "gm_alloc.h"
+
+#include <math.h>
+#include <string.h>
+
+/* The one layout: the tower's weights, the encoder graph, the patch and head buffers. */
+static gm_status layout(gm_vision *v, gm_error *err) {
+    GM_TRY(gm_weights_layout(&v->w, v->tower, GM_F32, GM_F32, v->be, &v->arena, v->g.o.n_threads, err));
+    gm_graph_layout(&v->g, &v->arena, &v->host);
+    int64_t N = v->max_images * v->P, R = v->max_images * v->tokens, pd = 3 * v->patch_size * v->patch_size;
+#define F32(a, n) (float *)gm_arena_alloc(a, (size_t)(n) * sizeof(float), GM_MEM_ACTIVATIONS)
+    v->patches = F32(&v->arena, N * pd);
+    v->head.post = F32(&v->arena, N * v->C);
+    v->head.mean = F32(&v->arena, N);
+    v->head.rstd = F32(&v->arena, N);
+    v->head.pooled = F32(&v->arena, R * v->C);
+    v->head.normed = F32(&v->arena, R * v->C);
+    v->head.rstd_mm = F32(&v->arena, R);
+    v->head.out = F32(&v->arena, R * v->C_text);
+    v->host_patches = F32(&v->host, N * pd);
+#undef F32
+    return GM_OK;
+}
+
+gm_status gm_vision_new(const gm_model *m, int64_t max_images, int n_threads, gm_backend *be, gm_vision **out,
+                        gm_error *err) {
+    *out = NULL;
+    if (!m->vision)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: the model has no vision tower (a text-only checkpoint cannot read "
+                            "images)\n  hint: use a multimodal checkpoint (Gemma3ForConditionalGeneration, e.g. gemma-3-4b)",
+                            m->path);
+    if (max_images < 1) return gm_error_set(err, GM_ERR_INVALID, "max_images must be at least 1");
+    gm_vision *v = gm_calloc(1, sizeof *v);
+    if (!v) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    const gm_config *tc = &m->vision->cfg;
+    v->tower = m->vision;
+    v->max_images = max_images;
+    v->image_size = tc->vision.image_size;
+    v->patch_size = tc->vision.patch_size;
+    v->side = v->image_size / v->patch_size;
+    v->P = v->side * v->side;
+    v->tokens = tc->vision.tokens;
+    v->C = tc->hidden_size;
+    v->C_text = tc->vision.out_hidden_size;
+    if (n_threads <= 0) n_threads = 2;
+    gm_status s = GM_OK;
+    if (be) {
+        v->be = be;
+    } else {
+        s = gm_backend_cpu_new(n_threads, &v->owned_be, err);
+        v->be = v->owned_be;
+    }
+    gm_graph_opts go = {.mode = GM_GRAPH_INFER, .batch = max_images, .max_tokens = v->P, .ctx = v->P,
+                        .checkpointing = false, .lm_rows = 1, .rank = 0, .n_threads = n_threads};
+    if (s == GM_OK) s = gm_weights_init(&v->w, tc, GM_QUANT_STORED, err);
+    if (s == GM_OK) s = gm_graph_init(&v->g, tc, &v->w, NULL, v->be, &go, err);
+    if (s == GM_OK) {
+        gm_backend_arena(v->be, &v->arena, "vision tower");
+        gm_arena_init(&v->host, "vision tower host", GM_DEVICE_CPU);
+        s = layout(v, err);
+    }
+    if (s == GM_OK) s = gm_arena_commit(&v->arena, err);
+    if (s == GM_OK) s = gm_arena_commit(&v->host, err);
+    if (s == GM_OK) s = layout(v, err); /* pass 2: hand out, upload the weights */
+    if (s == GM_OK) s = gm_backend_status(v->be, err);
+    if (s != GM_OK) {
+        gm_vision_free(v);
+        return s;
+    }
+    *out = v;
+    return GM_OK;
+}
+
+void gm_vision_free(gm_vision *v) {
+    if (!v) return;
+    gm_arena_free(&v->arena);
+    gm_arena_free(&v->host);
+    gm_graph_free(&v->g);
+    gm_weights_free(&v->w);
+    gm_backend_free(v->owned_be);
+    gm_free(v);
+}
+
+/* Patches of one image in the conv's order: patch t = (py, px) row-major, values (c, y, x). */
+static void patchify(const float *img, int64_t S, int64_t p, float *out) {
+    int64_t side = S / p, pd = 3 * p * p;
+    for (int64_t py = 0; py < side; py++)
+        for (int64_t px = 0; px < side; px++) {
+            float *o = out + (py * side + px) * pd;
+            for (int64_t c = 0; c < 3; c++)
+                for (int64_t y = 0; y < p; y++)
+                    memcpy(o + (c * p + y) * p, img + (c * S + py * p + y) * S + px * p, (size_t)p * sizeof(float));
+        }
+}
+
+gm_status gm_vision_encode(gm_vision *v, const float *pixels, int64_t n, float *out, float *hidden, gm_error *err) {
+    if (n < 1 || n > v->max_images)
+        return gm_error_set(err, GM_ERR_INVALID, "%lld images in one call; this image path was planned for 1..%lld",
+                            (long long)n, (long long)v->max_images);
+    int64_t S = v->image_size, pd = 3 * v->patch_size * v->patch_size, N = n * v->P;
+    for (int64_t i = 0; i < n; i++) patchify(pixels + i * 3 * S * S, S, v->patch_size, v->host_patches + i * v->P * pd);
+    gm_backend_upload(v->be, v->patches, v->host_patches, (size_t)(N * pd) * sizeof(float));
+    GM_TRY(gm_graph_begin_encoder(&v->g, n, v->P, err));
+    gm_siglip_embed(&v->g, v->patches);
+    gm_graph_forward(&v->g);
+    gm_siglip_head(&v->g, &v->head);
+    gm_backend_download(v->be, out, v->head.out, (size_t)(n * v->tokens * v->C_text) * sizeof(float));
+    if (hidden) gm_backend_download(v->be, hidden, v->head.post, (size_t)(N * v->C) * sizeof(float));
+    return gm_backend_status(v->be, err);
+}
+
+int64_t gm_mm_kv_end(const int32_t *ids, int64_t B, int64_t T, int32_t image_token_id, int64_t pos0, int32_t *kv_end) {
+    int64_t images = 0;
+    for (int64_t b = 0; b < B; b++) {
+        const int32_t *r = ids + b * T;
+        int32_t *e = kv_end + b * T;
+        for (int64_t t = 0; t < T;) {
+            if (r[t] != image_token_id) {
+                e[t] = (int32_t)(pos0 + t + 1);
+                t++;
+                continue;
+            }
+            int64_t end = t;
+            while (end < T && r[end] == image_token_id) end++;
+            for (int64_t j = t; j < end; j++) e[j] = (int32_t)(pos0 + end);
+            images++;
+            t = end;
+        }
+    }
+    return images;
+}

@@ -1,0 +1,152 @@
+/*
+ * test_vision.c - multimodal Gemma 3 against transformers (tests/ref/make_vision_ref.py): the tiny
+ * Gemma3ForConditionalGeneration in its three checkpoint key layouts; the SigLIP tower's output and
+ * the projector's soft tokens for two images; the logits of three sequences (one image, two
+ * images, text only) through the decoder with the images' soft tokens placed and seen whole
+ * (kv_end), by prefill with a KV cache; and that dropping the bidirectional image mask moves the
+ * logits as much as the fixture says, so the mask is what the match depends on.
+ */
+#include "test_util.h"
+
+#include "gm_alloc.h"
+#include "gm_decoder.h"
+#include "gm_model.h"
+#include "gm_vision.h"
+
+#include <string.h>
+
+#define REF "tests/ref/tiny_vision_ref.h5"
+
+static void check_tower(const gm_model *m, const char *label) {
+    size_t n = 0;
+    int64_t dims[4];
+    int nd = 0;
+    float *pix = gm_test_h5_read(gm_test_path(REF), "/vision/pixel_values", 0, &n, dims, &nd);
+    float *hid = gm_test_h5_read(gm_test_path(REF), "/vision/last_hidden_state", 0, &n, NULL, NULL);
+    float *feat = gm_test_h5_read(gm_test_path(REF), "/vision/image_features", 0, &n, NULL, NULL);
+    if (!pix || !hid || !feat) return;
+    gm_error err = {0};
+    gm_vision *v = NULL;
+    CHECK(gm_vision_new(m, 2, 2, NULL, &v, &err) == GM_OK, "%s: gm_vision_new: %s", label, err.msg);
+    if (v) {
+        CHECK(v->P == 16 && v->tokens == 4 && v->C == 32 && v->C_text == 64, "%s: tower sizes P %lld tokens %lld C %lld/%lld",
+              label, (long long)v->P, (long long)v->tokens, (long long)v->C, (long long)v->C_text);
+        float *out = gm_malloc(2 * 4 * 64 * 4), *h = gm_malloc(2 * 16 * 32 * 4);
+        CHECK(gm_vision_encode(v, pix, 2, out, h, &err) == GM_OK, "%s: encode: %s", label, err.msg);
+        char what[128];
+        snprintf(what, sizeof what, "%s: tower last_hidden_state vs transformers", label);
+        printf("%s: max |diff| %.2e\n", what, gm_check_close(what, h, hid, 2 * 16 * 32, TOL_TINY_LOGITS_ABS, 0));
+        snprintf(what, sizeof what, "%s: soft tokens (projector) vs transformers", label);
+        printf("%s: max |diff| %.2e\n", what, gm_check_close(what, out, feat, 2 * 4 * 64, TOL_TINY_LOGITS_ABS, 0));
+        /* more images than planned: a clear error, nothing run */
+        CHECK(gm_vision_encode(v, pix, 3, out, NULL, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "planned for 1..2"),
+              "%s: 3 images on a 2-image plan: %s", label, err.msg);
+        gm_free(out), gm_free(h);
+    }
+    gm_vision_free(v);
+    gm_free(pix), gm_free(hid), gm_free(feat);
+}
+
+/* The three reference sequences through the decoder, one at a time (B = 1), with the soft tokens
+ * of their images; bidirectional: kv_end from gm_mm_kv_end, else causal. Returns the logits
+ * (3, T, V) (gm_malloc'd). */
+static float *mm_logits(const gm_model *m, bool bidirectional) {
+    size_t n = 0;
+    int64_t dims[4];
+    int nd = 0;
+    int32_t *ids = gm_test_h5_read(gm_test_path(REF), "/mm/input_ids", 1, &n, dims, &nd);
+    float *pix = gm_test_h5_read(gm_test_path(REF), "/mm/pixel_values", 0, &n, NULL, NULL);
+    if (!ids || !pix) return NULL;
+    int64_t B = dims[0], T = dims[1], V = m->cfg.vocab_size, C = m->cfg.hidden_size;
+    gm_error err = {0};
+    gm_vision *v = NULL;
+    gm_infer *st = NULL;
+    gm_infer_opts io = {.batch = 1, .max_tokens = T, .ctx = T, .logit_rows = T, .n_threads = 2};
+    CHECK(gm_vision_new(m, 3, 2, NULL, &v, &err) == GM_OK, "gm_vision_new: %s", err.msg);
+    CHECK(gm_infer_new(m, &io, &st, &err) == GM_OK, "gm_infer_new: %s", err.msg);
+    float *out = gm_malloc((size_t)(B * T * V) * 4), *soft = gm_malloc(3 * 4 * 64 * 4);
+    if (!v || !st) goto done;
+    CHECK(gm_vision_encode(v, pix, 3, soft, NULL, &err) == GM_OK, "encode: %s", err.msg);
+    int64_t next_image = 0;
+    for (int64_t b = 0; b < B; b++) {
+        const int32_t *row = ids + b * T;
+        int64_t rows[16], n_soft = 0;
+        for (int64_t t = 0; t < T; t++)
+            if (row[t] == m->cfg.vision.image_token_id) rows[n_soft++] = t;
+        int32_t kv_end[64];
+        int64_t images = gm_mm_kv_end(row, 1, T, m->cfg.vision.image_token_id, 0, kv_end);
+        CHECK(n_soft == images * 4, "sequence %lld: %lld image tokens for %lld images", (long long)b, (long long)n_soft,
+              (long long)images);
+        gm_graph_input in = {.B = 1, .T = T, .ids = row, .embeds = soft + next_image * 4 * C, .embed_rows = rows,
+                             .n_embeds = n_soft, .kv_end = bidirectional ? kv_end : NULL};
+        next_image += images;
+        gm_infer_reset(st);
+        CHECK(gm_decoder_forward_input(st, &in, true, &err) == GM_OK, "forward: %s", err.msg);
+        memcpy(out + b * T * V, st->logits, (size_t)(T * V) * 4);
+    }
+done:
+    gm_infer_free(st);
+    gm_vision_free(v);
+    gm_free(ids), gm_free(pix), gm_free(soft);
+    return out;
+}
+
+static void check_mm(const gm_model *m) {
+    size_t n = 0;
+    float *ref = gm_test_h5_read(gm_test_path(REF), "/mm/logits", 0, &n, NULL, NULL);
+    double causal_diff = 0;
+    if (!ref || !gm_test_h5_attr_double(gm_test_path(REF), "/mm", "max_abs_logit_diff_causal_only", &causal_diff)) {
+        CHECK(false, "fixture /mm incomplete");
+        return;
+    }
+    float *got = mm_logits(m, true);
+    if (got)
+        printf("multimodal logits vs transformers: max |diff| %.2e\n",
+               gm_check_close("multimodal logits (1 image, 2 images, text only) vs transformers", got, ref, n,
+                              TOL_TINY_LOGITS_ABS, 0));
+    /* the same without the image mask: as far from the reference as transformers' own causal run */
+    float *causal = mm_logits(m, false);
+    if (causal) {
+        double d = 0;
+        for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)causal[i] - ref[i]));
+        CHECK_NEAR(d, causal_diff, TOL_TINY_LOGITS_ABS, "causal-only logits: max diff to the reference");
+        printf("causal-only logits: %.4f from the reference (transformers' causal run: %.4f)\n", d, causal_diff);
+    }
+    gm_free(got), gm_free(causal), gm_free(ref);
+}
+
+int main(void) {
+    /* the three key layouts (make_vision_ref.py): hub, converters', transformers 5's save */
+    const char *dirs[3] = {"tests/ref/tiny_gemma3_vision", "tests/ref/tiny_gemma3_vision_newkeys",
+                           "tests/ref/tiny_gemma3_vision_t5"};
+    const char *want_prefix[3] = {"language_model.model.", "model.language_model.", "language_model.model."};
+    const char *want_tower[3] = {"vision_tower.vision_model.", "model.vision_tower.vision_model.", "vision_tower."};
+    for (int i = 0; i < 3; i++) {
+        gm_error err = {0};
+        gm_model *m = NULL;
+        CHECK(gm_model_load(gm_test_path(dirs[i]), NULL, &m, &err) == GM_OK, "load %s: %s", dirs[i], err.msg);
+        if (!m) continue;
+        CHECK(strcmp(m->prefix, want_prefix[i]) == 0, "%s: text prefix '%s'", dirs[i], m->prefix);
+        CHECK(m->vision != NULL, "%s: no vision tower loaded", dirs[i]);
+        if (m->vision) {
+            CHECK(strcmp(m->vision->prefix, want_tower[i]) == 0, "%s: tower prefix '%s'", dirs[i], m->vision->prefix);
+            CHECK(m->cfg.vision.image_token_id == 511 && m->cfg.vision.boi_id == 509 && m->cfg.vision.eoi_id == 510,
+                  "%s: image token ids %d %d %d", dirs[i], m->cfg.vision.image_token_id, m->cfg.vision.boi_id,
+                  m->cfg.vision.eoi_id);
+            check_tower(m, dirs[i]);
+            if (i == 0) check_mm(m);
+        }
+        gm_model_free(m);
+    }
+    /* a text-only checkpoint has no image path: a clear error */
+    gm_error err = {0};
+    gm_model *m = NULL;
+    gm_vision *v = NULL;
+    if (gm_model_load(gm_test_path("tests/ref/tiny_gemma3"), NULL, &m, &err) == GM_OK) {
+        CHECK(m->vision == NULL, "tiny_gemma3 is text only");
+        CHECK(gm_vision_new(m, 1, 2, NULL, &v, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "no vision tower"),
+              "text-only model: %s", err.msg);
+    }
+    gm_model_free(m);
+    return gm_test_finish();
+}
