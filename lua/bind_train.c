@@ -491,7 +491,7 @@ static int collate(lua_State *L, ltrainer *t, ldataset *d, int idx_arg) {
         int64_t B = n - s < o->batch ? n - s : o->batch;
         int32_t *ids = t->ids + (size_t)(s * o->max_length), *tg = t->targets + (size_t)(s * o->max_length);
         int64_t T = gm_batch_collate(&d->ds, t->idx + s, B, t->pad_id, ids, tg);
-        t->micro[n_micro++] = (gm_batch){B, T, ids, tg, t->idx + s};
+        t->micro[n_micro++] = (gm_batch){.B = B, .T = T, .ids = ids, .targets = tg, .example_index = t->idx + s};
     }
     return n_micro;
 }
@@ -582,7 +582,7 @@ static int l_tr_choose(lua_State *L) {
         int64_t B = n - s < chunk ? n - s : chunk;
         int64_t T = gm_batch_collate(&d->ds, t->scan + s, B, t->pad_id, t->ids, t->targets);
         for (int64_t b = 0; b < B; b++) pos[b] = d->ds.ex[t->scan[s + b]].response_start - 1;
-        gm_batch bt = {B, T, t->ids, t->targets, t->scan + s};
+        gm_batch bt = {.B = B, .T = T, .ids = t->ids, .targets = t->targets, .example_index = t->scan + s};
         if (gm_trainer_choice_logits(t->tr, &bt, pos, cand, K, logits, &err) != GM_OK) return gm_bind_raise(L, &err);
         for (int64_t b = 0; b < B; b++) {
             int64_t best = 0;
@@ -612,7 +612,7 @@ static int l_tr_score(lua_State *L) {
     for (int64_t s = 0; s < n; s += chunk) {
         int64_t B = n - s < chunk ? n - s : chunk;
         int64_t T = gm_batch_collate(&d->ds, t->scan + s, B, t->pad_id, t->ids, t->targets);
-        gm_batch bt = {B, T, t->ids, t->targets, t->scan + s};
+        gm_batch bt = {.B = B, .T = T, .ids = t->ids, .targets = t->targets, .example_index = t->scan + s};
         if (gm_trainer_score(t->tr, &bt, lp, &err) != GM_OK) return gm_bind_raise(L, &err);
         for (int64_t b = 0; b < B; b++) {
             lua_pushnumber(L, lp[b]);

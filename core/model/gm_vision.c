@@ -9,22 +9,49 @@
 #include <string.h>
 
 /* The one layout: the tower's weights, the encoder graph, the patch and head buffers. */
-static gm_status layout(gm_vision *v, gm_error *err) {
-    GM_TRY(gm_weights_layout(&v->w, v->tower, GM_F32, GM_F32, v->be, &v->arena, v->g.o.n_threads, err));
-    gm_graph_layout(&v->g, &v->arena, &v->host);
+gm_status gm_vision_layout(gm_vision *v, gm_arena *a, gm_arena *host, gm_error *err) {
+    GM_TRY(gm_weights_layout(&v->w, v->tower, GM_F32, GM_F32, v->be, a, v->g.o.n_threads, err));
+    gm_graph_layout(&v->g, a, host);
     int64_t N = v->max_images * v->P, R = v->max_images * v->tokens, pd = 3 * v->patch_size * v->patch_size;
-#define F32(a, n) (float *)gm_arena_alloc(a, (size_t)(n) * sizeof(float), GM_MEM_ACTIVATIONS)
-    v->patches = F32(&v->arena, N * pd);
-    v->head.post = F32(&v->arena, N * v->C);
-    v->head.mean = F32(&v->arena, N);
-    v->head.rstd = F32(&v->arena, N);
-    v->head.pooled = F32(&v->arena, R * v->C);
-    v->head.normed = F32(&v->arena, R * v->C);
-    v->head.rstd_mm = F32(&v->arena, R);
-    v->head.out = F32(&v->arena, R * v->C_text);
-    v->host_patches = F32(&v->host, N * pd);
+#define F32(ar, n) (float *)gm_arena_alloc(ar, (size_t)(n) * sizeof(float), GM_MEM_ACTIVATIONS)
+    v->patches = F32(a, N * pd);
+    v->head.post = F32(a, N * v->C);
+    v->head.mean = F32(a, N);
+    v->head.rstd = F32(a, N);
+    v->head.pooled = F32(a, R * v->C);
+    v->head.normed = F32(a, R * v->C);
+    v->head.rstd_mm = F32(a, R);
+    v->head.out = F32(a, R * v->C_text);
+    v->host_patches = F32(host, N * pd);
 #undef F32
     return GM_OK;
+}
+
+gm_status gm_vision_init(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images, int n_threads,
+                         gm_backend *be, gm_error *err) {
+    memset(v, 0, sizeof *v);
+    if (max_images < 1) return gm_error_set(err, GM_ERR_INVALID, "max_images must be at least 1");
+    GM_TRY(gm_config_vision_tower(mm, &v->tcfg, err));
+    const gm_config *tc = &v->tcfg;
+    v->tower = tower;
+    v->be = be;
+    v->max_images = max_images;
+    v->image_size = tc->vision.image_size;
+    v->patch_size = tc->vision.patch_size;
+    v->side = v->image_size / v->patch_size;
+    v->P = v->side * v->side;
+    v->tokens = tc->vision.tokens;
+    v->C = tc->hidden_size;
+    v->C_text = tc->vision.out_hidden_size;
+    gm_graph_opts go = {.mode = GM_GRAPH_INFER, .batch = max_images, .max_tokens = v->P, .ctx = v->P,
+                        .checkpointing = false, .lm_rows = 1, .rank = 0, .n_threads = n_threads > 0 ? n_threads : 2};
+    GM_TRY(gm_weights_init(&v->w, tc, GM_QUANT_STORED, err));
+    return gm_graph_init(&v->g, tc, &v->w, NULL, be, &go, err);
+}
+
+void gm_vision_release(gm_vision *v) {
+    gm_graph_free(&v->g);
+    gm_weights_free(&v->w);
 }
 
 gm_status gm_vision_new(const gm_model *m, int64_t max_images, int n_threads, gm_backend *be, gm_vision **out,
@@ -34,39 +61,22 @@ gm_status gm_vision_new(const gm_model *m, int64_t max_images, int n_threads, gm
         return gm_error_set(err, GM_ERR_INVALID, "%s: the model has no vision tower (a text-only checkpoint cannot read "
                             "images)\n  hint: use a multimodal checkpoint (Gemma3ForConditionalGeneration, e.g. gemma-3-4b)",
                             m->path);
-    if (max_images < 1) return gm_error_set(err, GM_ERR_INVALID, "max_images must be at least 1");
     gm_vision *v = gm_calloc(1, sizeof *v);
     if (!v) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    const gm_config *tc = &m->vision->cfg;
-    v->tower = m->vision;
-    v->max_images = max_images;
-    v->image_size = tc->vision.image_size;
-    v->patch_size = tc->vision.patch_size;
-    v->side = v->image_size / v->patch_size;
-    v->P = v->side * v->side;
-    v->tokens = tc->vision.tokens;
-    v->C = tc->hidden_size;
-    v->C_text = tc->vision.out_hidden_size;
     if (n_threads <= 0) n_threads = 2;
     gm_status s = GM_OK;
-    if (be) {
-        v->be = be;
-    } else {
-        s = gm_backend_cpu_new(n_threads, &v->owned_be, err);
-        v->be = v->owned_be;
-    }
-    gm_graph_opts go = {.mode = GM_GRAPH_INFER, .batch = max_images, .max_tokens = v->P, .ctx = v->P,
-                        .checkpointing = false, .lm_rows = 1, .rank = 0, .n_threads = n_threads};
-    if (s == GM_OK) s = gm_weights_init(&v->w, tc, GM_QUANT_STORED, err);
-    if (s == GM_OK) s = gm_graph_init(&v->g, tc, &v->w, NULL, v->be, &go, err);
+    gm_backend *owned = NULL;
+    if (!be) s = gm_backend_cpu_new(n_threads, &owned, err), be = owned;
+    if (s == GM_OK) s = gm_vision_init(v, &m->cfg, m->vision, max_images, n_threads, be, err);
+    v->owned_be = owned;
     if (s == GM_OK) {
         gm_backend_arena(v->be, &v->arena, "vision tower");
         gm_arena_init(&v->host, "vision tower host", GM_DEVICE_CPU);
-        s = layout(v, err);
+        s = gm_vision_layout(v, &v->arena, &v->host, err);
     }
     if (s == GM_OK) s = gm_arena_commit(&v->arena, err);
     if (s == GM_OK) s = gm_arena_commit(&v->host, err);
-    if (s == GM_OK) s = layout(v, err); /* pass 2: hand out, upload the weights */
+    if (s == GM_OK) s = gm_vision_layout(v, &v->arena, &v->host, err); /* pass 2: hand out, upload the weights */
     if (s == GM_OK) s = gm_backend_status(v->be, err);
     if (s != GM_OK) {
         gm_vision_free(v);
@@ -80,8 +90,7 @@ void gm_vision_free(gm_vision *v) {
     if (!v) return;
     gm_arena_free(&v->arena);
     gm_arena_free(&v->host);
-    gm_graph_free(&v->g);
-    gm_weights_free(&v->w);
+    gm_vision_release(v);
     gm_backend_free(v->owned_be);
     gm_free(v);
 }
@@ -98,7 +107,7 @@ static void patchify(const float *img, int64_t S, int64_t p, float *out) {
         }
 }
 
-gm_status gm_vision_encode(gm_vision *v, const float *pixels, int64_t n, float *out, float *hidden, gm_error *err) {
+gm_status gm_vision_run(gm_vision *v, const float *pixels, int64_t n, gm_error *err) {
     if (n < 1 || n > v->max_images)
         return gm_error_set(err, GM_ERR_INVALID, "%lld images in one call; this image path was planned for 1..%lld",
                             (long long)n, (long long)v->max_images);
@@ -109,8 +118,13 @@ gm_status gm_vision_encode(gm_vision *v, const float *pixels, int64_t n, float *
     gm_siglip_embed(&v->g, v->patches);
     gm_graph_forward(&v->g);
     gm_siglip_head(&v->g, &v->head);
+    return gm_backend_status(v->be, err);
+}
+
+gm_status gm_vision_encode(gm_vision *v, const float *pixels, int64_t n, float *out, float *hidden, gm_error *err) {
+    GM_TRY(gm_vision_run(v, pixels, n, err));
     gm_backend_download(v->be, out, v->head.out, (size_t)(n * v->tokens * v->C_text) * sizeof(float));
-    if (hidden) gm_backend_download(v->be, hidden, v->head.post, (size_t)(N * v->C) * sizeof(float));
+    if (hidden) gm_backend_download(v->be, hidden, v->head.post, (size_t)(n * v->P * v->C) * sizeof(float));
     return gm_backend_status(v->be, err);
 }
 

@@ -33,7 +33,8 @@ extern "C" {
 #endif
 
 typedef struct gm_vision {
-    const gm_model *tower;      /* the multimodal model's vision part (gm_model.vision) */
+    const gm_model *tower;      /* the multimodal model's vision part (gm_model.vision); NULL: a plan */
+    gm_config tcfg;             /* the tower's config (gm_config_vision_tower) */
     gm_backend *be, *owned_be;
     gm_weights w;
     gm_graph g;
@@ -53,6 +54,19 @@ typedef struct gm_vision {
 gm_status gm_vision_new(const gm_model *m, int64_t max_images, int n_threads, gm_backend *be, gm_vision **out,
                         gm_error *err);
 void gm_vision_free(gm_vision *v);
+
+/* The same path inside another owner's arenas (the trainer's): describe it for multimodal config
+ * mm (and, when not NULL, its model's tower `tower`: m->vision), then run gm_vision_layout in each
+ * pass of the owner's arena protocol (a = backend arena, host = host staging). be may be NULL
+ * for a plan. gm_vision_release frees the tables (not the arenas). */
+gm_status gm_vision_init(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images, int n_threads,
+                         gm_backend *be, gm_error *err);
+gm_status gm_vision_layout(gm_vision *v, gm_arena *a, gm_arena *host, gm_error *err);
+void gm_vision_release(gm_vision *v);
+
+/* Runs n images (pixels (n, 3, S, S) host) through the tower and projector; the soft tokens stay
+ * in backend memory at v->head.out (n * tokens, C_text). */
+gm_status gm_vision_run(gm_vision *v, const float *pixels, int64_t n, gm_error *err);
 
 /* Soft tokens of n images: pixels (n, 3, S, S) host f32, preprocessed as Gemma 3's image processor
  * does (core/image: resized to S x S, rescaled, normalized to [-1, 1]); out (n, tokens, C_text)

@@ -11,6 +11,8 @@
  */
 #include "gm_train.h"
 
+#include "gm_vision.h"
+
 #include "gm_alloc.h"
 #include "gm_checkpoint.h"
 #include "gm_graph.h"
@@ -30,6 +32,10 @@ struct gm_trainer {
     gm_weights w;             /* base weights as trained on (re-encoded or as stored) */
     gm_lora lora;             /* the adapters, with gradients and moments */
     gm_graph g;               /* the forward / backward in training mode */
+    gm_vision vis;            /* the image path (o.max_images > 0): tower + projector, frozen */
+    bool has_vis;
+    int32_t *img_rows;        /* (N) backend: rows of X[0] the images' soft tokens replace */
+    int32_t *h_img_rows, *h_ids, *h_kv_end; /* (N) host staging */
     gm_arena arena;           /* backend memory: weights, adapters, activations, loss */
     gm_arena host;            /* host staging */
     int64_t step;             /* optimizer steps done */
@@ -278,6 +284,14 @@ static gm_graph_opts graph_opts(const gm_train_opts *o) {
 /* Describes weights, adapters and graph for config c (no buffers). */
 static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, gm_error *err) {
     tr->cfg = c;
+    if (tr->o.max_images > 0) {
+        if (c->vision.hidden_size <= 0)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: the data has images, but the model has no vision tower\n"
+                                "  hint: use a multimodal checkpoint (Gemma3ForConditionalGeneration, e.g. gemma-3-4b)",
+                                tr->m ? tr->m->path : c->name);
+        GM_TRY(gm_vision_init(&tr->vis, c, tr->m ? tr->m->vision : NULL, tr->o.max_images, tr->o.n_threads, tr->be, err));
+        tr->has_vis = true;
+    }
     GM_TRY(gm_weights_init(&tr->w, c, tr->o.quant, err));
     GM_TRY(gm_lora_describe(&tr->lora, &tr->o.lora, tr->w.arch, c, prefix, err));
     gm_graph_opts go = graph_opts(&tr->o);
@@ -292,6 +306,13 @@ static gm_status layout(gm_trainer *tr, const gm_model *m, gm_dtype stored, gm_d
     GM_TRY(gm_weights_layout(&tr->w, m, stored, stored_embed, tr->be, a, tr->o.n_threads, err));
     gm_lora_layout(&tr->lora, a, true);
     gm_graph_layout(&tr->g, a, h);
+    if (tr->has_vis) {
+        GM_TRY(gm_vision_layout(&tr->vis, a, h, err));
+        tr->img_rows = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
+        tr->h_img_rows = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
+        tr->h_ids = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
+        tr->h_kv_end = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
+    }
 #define F32(n, kind) (float *)gm_arena_alloc(a, (size_t)(n) * sizeof(float), kind)
     tr->sup_rows = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
     tr->sup_tgt = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
@@ -340,6 +361,7 @@ static gm_status validate_opts(const gm_config *c, const gm_train_opts *o, gm_er
 static void trainer_release(gm_trainer *tr) {
     gm_arena_free(&tr->arena);
     gm_arena_free(&tr->host);
+    if (tr->has_vis) gm_vision_release(&tr->vis);
     gm_graph_free(&tr->g);
     gm_lora_free(&tr->lora);
     gm_weights_free(&tr->w);
@@ -526,11 +548,22 @@ static gm_status check_batch(const gm_trainer *tr, const gm_batch *b, int64_t *n
     if (b->B < 1 || b->B > tr->o.batch || b->T < 1 || b->T > tr->o.max_length)
         return gm_error_set(err, GM_ERR_INVALID, "batch of %lld x %lld tokens does not fit the plan (batch %lld, max_length %lld)",
                             (long long)b->B, (long long)b->T, (long long)tr->o.batch, (long long)tr->o.max_length);
+    /* images: as many as the batch's soft-token runs say, within the plan */
+    int64_t img_tokens = 0;
+    int32_t img = c->vision.hidden_size > 0 ? c->vision.image_token_id : -1;
+    for (int64_t i = 0; img >= 0 && i < b->B * b->T; i++) img_tokens += b->ids[i] == img;
+    if (img_tokens != b->n_images * (img >= 0 ? c->vision.tokens : 0) || (b->n_images > 0 && !b->pixels))
+        return gm_error_set(err, GM_ERR_INVALID, "batch has %lld image tokens but %lld images (each fills %lld tokens)",
+                            (long long)img_tokens, (long long)b->n_images, (long long)c->vision.tokens);
+    if (b->n_images > (tr->has_vis ? tr->o.max_images : 0))
+        return gm_error_set(err, GM_ERR_INVALID, "batch has %lld images; the run was planned for %lld per micro-batch",
+                            (long long)b->n_images, (long long)(tr->has_vis ? tr->o.max_images : 0));
     *n_sup = 0;
     for (int64_t s = 0; s < b->B; s++) {
         int64_t here = 0;
         for (int64_t t = 0; t < b->T; t++) {
             int32_t id = b->ids[s * b->T + t], tg = b->targets[s * b->T + t];
+            if (id == img) continue; /* a soft token: its id is never embedded */
             if (id < 0 || id >= c->vocab_size || tg >= c->vocab_size)
                 return gm_error_set(err, GM_ERR_INVALID, "example %lld: token id %d at position %lld is outside the vocabulary",
                                     (long long)(b->example_index ? b->example_index[s] : s), tg >= c->vocab_size ? tg : id,
@@ -563,7 +596,21 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
     g->dropout_step = (uint64_t)tr->step;
     g->dropout_micro = (uint64_t)tr->micro;
     gm_graph_input in = {.B = b->B, .T = b->T, .ids = b->ids, .pos0 = 0};
+    int64_t R = 0;
+    if (b->n_images > 0) { /* the images' soft tokens, and their tokens' attention ends */
+        int32_t img = tr->cfg->vision.image_token_id;
+        for (int64_t i = 0; i < N; i++) {
+            tr->h_ids[i] = b->ids[i] == img ? 0 : b->ids[i]; /* replaced below, as Hugging Face does */
+            if (b->ids[i] == img) tr->h_img_rows[R++] = (int32_t)i;
+        }
+        GM_TRY(gm_vision_run(&tr->vis, b->pixels, b->n_images, err));
+        gm_mm_kv_end(b->ids, b->B, b->T, img, 0, tr->h_kv_end);
+        gm_backend_upload(tr->be, tr->img_rows, tr->h_img_rows, (size_t)R * sizeof(int32_t));
+        in.ids = tr->h_ids;
+        in.kv_end = tr->h_kv_end;
+    }
     GM_TRY(gm_graph_begin(g, &in, err));
+    if (R > 0) g->k->scatter_rows(&g->kc, g->X[0], tr->vis.head.out, tr->img_rows, R, tr->cfg->hidden_size);
     gm_graph_forward(g);
     *n_sup_out = n_sup;
     return GM_OK;

@@ -80,6 +80,8 @@ typedef struct gm_train_opts {
     int64_t epochs;          /* the runner's loop: passes over the data */
     int64_t max_steps;       /* ... or this many steps (0: the epochs decide) */
     int64_t checkpoint_every; /* ... with a resumable checkpoint every this many steps */
+    int64_t max_images;      /* images per micro-batch the image path is planned for (0: text
+                                only); the caller derives it from the data, like the seed */
     int n_threads;
 } gm_train_opts;
 
@@ -144,6 +146,12 @@ typedef struct gm_batch {
     const int32_t *ids;
     const int32_t *targets;
     const int64_t *example_index;
+    /* Images (multimodal models): pixels (n_images, 3, S, S) host, preprocessed (core/image), in
+     * the order their soft-token runs appear in ids (row-major over the batch). Each image fills
+     * one run of the config's tokens-per-image <image_soft_token> ids; those tokens see their
+     * whole image, the rest stays causal (gm_mm_kv_end). The tower and projector are frozen. */
+    const float *pixels;
+    int64_t n_images;
 } gm_batch;
 
 typedef struct gm_step_stats {

@@ -23,6 +23,12 @@ projector, the tiny Gemma 3 text decoder of make_ref.py) and what transformers c
                   order, logits (3, T, V); attribute max_abs_logit_diff_causal_only: how far the
                   logits move when the image tokens do not see each other bidirectionally
                   (token_type_ids dropped), so the bidirectional mask is visible in the fixture
+        /lora     PEFT LoRA (r 4, alpha 8) on every linear of the language model only (the tower
+                  and projector frozen), random A ~ U(-0.5, 0.5) and B ~ N(0, 0.1^2) drawn in
+                  state-dict order from torch.Generator(SEED_LORA); labels = the last 6 tokens of
+                  each /mm sequence (transformers shifts them: position t predicts t + 1); loss
+                  (mean over the 15 supervised predictions), and for every adapted module
+                  "layers.<l>.<module>" its A, B and their gradients (A_grad, B_grad)
 
 Tiny config: text = make_ref.py's TINY_COMMON (vocab 512, hidden 64, 6 layers, 5 sliding + 1 full,
 sliding window 4, 4 heads / 2 kv heads, head_dim 16); vision: image 56, patch 14 (4 x 4 = 16
@@ -49,12 +55,14 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import make_ref as mr  # noqa: E402
 
+import peft  # noqa: E402
 import safetensors.torch  # noqa: E402
 from transformers import Gemma3Config, Gemma3ForConditionalGeneration, Gemma3TextConfig, SiglipVisionConfig  # noqa: E402
 
 HERE = mr.HERE
 SEED_WEIGHTS = 20251201
 SEED_INPUTS = 20251202
+SEED_LORA = 20251203
 
 VISION = dict(
     hidden_size=32,
@@ -205,6 +213,36 @@ def main():
     mr.log(f"causal-only logit diff {diff_causal:.4f}, max probability {pmax:.4f}")
     assert diff_causal > 1e-2 and pmax < 0.99
 
+    # PEFT LoRA on the language model's linears, with the images
+    lcfg = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                           target_modules=r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)")
+    pm = peft.get_peft_model(model, lcfg)
+    pm.train()
+    sd_keys = list(peft.get_peft_model_state_dict(pm).keys())
+    named = dict(pm.named_parameters())
+    gl = torch.Generator().manual_seed(SEED_LORA)
+    lora_params = {}
+    with torch.no_grad():
+        for k in sd_keys:
+            live = named[k.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")]
+            if ".lora_A." in k:
+                live.copy_(torch.rand(live.shape, generator=gl) - 0.5)
+            else:
+                live.copy_(torch.randn(live.shape, generator=gl) * 0.1)
+            lora_params[k] = live
+    trainable = [n for n, p in pm.named_parameters() if p.requires_grad]
+    assert len(trainable) == len(lora_params) and all("language_model" in n for n in trainable), trainable[:3]
+    labels = torch.full_like(ids, -100)
+    labels[:, -6:] = ids[:, -6:]
+    out = pm(input_ids=ids, pixel_values=mm_pix, token_type_ids=tt, labels=labels)
+    out.loss.backward()
+    lora_loss = float(out.loss)
+    mr.log(f"lora loss {lora_loss:.6f}, {len(lora_params)} LoRA tensors")
+
+    def short(k):  # base_model.model.<...>.language_model.layers.3.self_attn.q_proj.lora_A.weight -> layers.3.self_attn.q_proj
+        i = k.index("layers.")
+        return k[i:].replace(".lora_A.weight", "").replace(".lora_B.weight", "")
+
     path = os.path.join(HERE, "tiny_vision_ref.h5")
 
     def writer(f):
@@ -220,6 +258,14 @@ def main():
         mr.h5_dset(m, "pixel_values", mm_pix.numpy(), np.float32)
         mr.h5_dset(m, "logits", logits.numpy(), np.float32)
         mr.h5_attrs(m, {"max_abs_logit_diff_causal_only": diff_causal, "max_probability": pmax})
+        lg = mr.h5_group(f, "lora")
+        mr.h5_dset(lg, "labels", labels.numpy(), np.int32)
+        mr.h5_dset(lg, "loss", np.array([lora_loss]), np.float64)
+        mr.h5_attrs(lg, {"r": 4, "lora_alpha": 8, "seed": SEED_LORA})
+        for k, p in lora_params.items():
+            which = "A" if ".lora_A." in k else "B"
+            mr.h5_dset(lg, f"{short(k)}.{which}", p.detach().numpy(), np.float32)
+            mr.h5_dset(lg, f"{short(k)}.{which}_grad", p.grad.numpy(), np.float32)
 
     mr.write_h5_atomically(path, writer)
     for p in [path] + [os.path.join(d, f) for d in dirs for f in ("config.json", "model.safetensors")]:

@@ -215,7 +215,7 @@ static void test_adapter_files(const gm_model *m) {
     if (!tr) return;
     int32_t tg[12];
     for (int i = 0; i < 12; i++) tg[i] = i >= 4 && i < 11 ? IDS[i + 1] : -1;
-    gm_batch b = {1, 12, IDS, tg, NULL};
+    gm_batch b = {.B = 1, .T = 12, .ids = IDS, .targets = tg, .example_index = NULL};
     for (int s = 0; s < 3; s++) CHECK_OK(gm_trainer_step(tr, &b, 1, NULL, &err), &err);
     char ck[512], ck_bare[512];
     snprintf(ck, sizeof ck, "%s/ck.h5", tmpdir);

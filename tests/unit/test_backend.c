@@ -107,7 +107,7 @@ static void run(const gm_model *m, gm_backend *be, bool ckpt, run_result *r, con
     memset(r, 0, sizeof *r);
     CHECK_OK(gm_trainer_new_on(m, &o, be, &tr, &err), &err);
     if (!tr) return;
-    gm_batch b = {B_, T_, ids, targets, NULL};
+    gm_batch b = {.B = B_, .T = T_, .ids = ids, .targets = targets, .example_index = NULL};
     for (int s = 0; s < STEPS; s++) {
         gm_step_stats st;
         CHECK_OK(gm_trainer_step(tr, &b, 1, &st, &err), &err);
@@ -208,12 +208,12 @@ static void test_generation_equals_training(const gm_model *m) {
         gm_train_opts o = opts(false);
         CHECK_OK(gm_trainer_new_on(m, &o, be[k], &tr, &err), &err);
         if (!tr) continue;
-        gm_batch b = {B_, T_, ids, targets, NULL};
+        gm_batch b = {.B = B_, .T = T_, .ids = ids, .targets = targets, .example_index = NULL};
         for (int s = 0; s < STEPS; s++) CHECK_OK(gm_trainer_step(tr, &b, 1, NULL, &err), &err);
         /* the whole sequence through the training forward (dropout off) */
         int64_t rows[T_];
         for (int64_t t = 0; t < T_; t++) rows[t] = t;
-        gm_batch one = {1, T_, ids, targets, NULL};
+        gm_batch one = {.B = 1, .T = T_, .ids = ids, .targets = targets, .example_index = NULL};
         CHECK_OK(gm_trainer_logits(tr, &one, rows, T_, train_l, &err), &err);
         generate_logits(m, be[k], gm_trainer_lora(tr), gen_l[k]);
         double d = max_abs_diff(gen_l[k], train_l, (size_t)(T_ * V));

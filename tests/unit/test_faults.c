@@ -210,7 +210,7 @@ static gm_batch the_batch(void) {
     uint64_t st = 7;
     for (int i = 0; i < B_ * T_; i++) batch_ids[i] = 4 + (int32_t)((gm_test_rand(&st) + 1.0f) * 100.0f);
     for (int i = 0; i < B_ * T_; i++) batch_tg[i] = (i % T_) >= T_ / 2 && (i % T_) + 1 < T_ ? batch_ids[i + 1] : -1;
-    return (gm_batch){B_, T_, batch_ids, batch_tg, NULL};
+    return (gm_batch){.B = B_, .T = T_, .ids = batch_ids, .targets = batch_tg, .example_index = NULL};
 }
 
 static gm_train_opts tiny_opts(int variant) {

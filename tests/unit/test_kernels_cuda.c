@@ -294,7 +294,7 @@ static void test_backend(void) {
         gm_trainer *tr = NULL;
         CHECK_OK(gm_trainer_new_on(m, &o, be[k], &tr, &err), &err);
         if (!tr) continue;
-        gm_batch b = {2, 16, ids, tg, NULL};
+        gm_batch b = {.B = 2, .T = 16, .ids = ids, .targets = tg, .example_index = NULL};
         for (int s = 0; s < 3; s++) {
             gm_step_stats ss;
             CHECK_OK(gm_trainer_step(tr, &b, 1, &ss, &err), &err);

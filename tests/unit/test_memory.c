@@ -147,7 +147,7 @@ static uint64_t run_order(const gm_model *m, bool reverse, uint64_t *allocs_afte
     for (int k = 0; k < N_STEPS; k++) {
         int s = reverse ? N_STEPS - 1 - k : k;
         int64_t T = make_batch(s, ids, tg);
-        gm_batch b = {B_, T, ids, tg, NULL};
+        gm_batch b = {.B = B_, .T = T, .ids = ids, .targets = tg, .example_index = NULL};
         gm_step_stats st;
         if (gm_trainer_step(tr, &b, 1, &st, &err) != GM_OK) {
             failed_step = k;

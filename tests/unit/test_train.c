@@ -61,7 +61,7 @@ static int64_t load_hf_batch(const char *group, int B, int T, int32_t *out_ids, 
 static void load_batch(void) { load_hf_batch("", B_, T_, ids, targets); }
 
 static gm_batch batch(int b0, int nb) {
-    gm_batch b = {nb, T_, ids + b0 * T_, targets + b0 * T_, NULL};
+    gm_batch b = {.B = nb, .T = T_, .ids = ids + b0 * T_, .targets = targets + b0 * T_, .example_index = NULL};
     return b;
 }
 
@@ -176,7 +176,7 @@ static void test_multichunk(void) {
     }
     set_adapters(tr, "/multichunk/grad/weights");
     gm_trainer_zero_grad(tr);
-    gm_batch b = {MC_B, MC_T, mids, mtg, NULL};
+    gm_batch b = {.B = MC_B, .T = MC_T, .ids = mids, .targets = mtg, .example_index = NULL};
     double loss_sum = 0;
     CHECK_OK(gm_trainer_forward_backward(tr, &b, (float)(1.0 / (double)n_sup), &loss_sum, &err), &err);
     double want = h5_scalar("/multichunk/grad/loss"), got = loss_sum / (double)n_sup;
@@ -363,7 +363,7 @@ static void test_properties(gm_model *m) {
     int32_t none[T_];
     for (int i = 0; i < T_; i++) none[i] = -1;
     int64_t idx = 41;
-    gm_batch bad = {1, T_, ids, none, &idx};
+    gm_batch bad = {.B = 1, .T = T_, .ids = ids, .targets = none, .example_index = &idx};
     s = gm_trainer_step(tr, &bad, 1, &st, &err);
     CHECK(s == GM_ERR_INVALID && strstr(err.msg, "example 41 has no supervised token"), "zero tokens: %s", err.msg);
     gm_trainer_free(tr);

@@ -53,7 +53,7 @@ static void make_batches(const gm_dataset *ds, int32_t pad) {
         int64_t idx[BATCH];
         for (int i = 0; i < BATCH; i++) idx[i] = b * BATCH + i;
         int64_t T = gm_batch_collate(ds, idx, BATCH, pad, ids[b], tgts[b]);
-        batches[b] = (gm_batch){BATCH, T, ids[b], tgts[b], NULL};
+        batches[b] = (gm_batch){.B = BATCH, .T = T, .ids = ids[b], .targets = tgts[b], .example_index = NULL};
     }
 }
 
@@ -107,7 +107,7 @@ static void check_generation_equals_training(const gm_model *m, gm_trainer *tr) 
     float *train_l = gm_malloc((size_t)(T * V) * 4), *gen_l = gm_malloc((size_t)(T * V) * 4);
     int64_t rows[MAX_LEN];
     for (int64_t t = 0; t < T; t++) rows[t] = t;
-    gm_batch one = {1, T, batches[0].ids, batches[0].targets, NULL};
+    gm_batch one = {.B = 1, .T = T, .ids = batches[0].ids, .targets = batches[0].targets, .example_index = NULL};
     CHECK_OK(gm_trainer_logits(tr, &one, rows, T, train_l, &err), &err);
     gm_test_cached_logits(m, gm_trainer_backend(tr), gm_trainer_lora(tr), one.ids, T, gen_l);
     double d = 0, moved = 0;

@@ -11,6 +11,7 @@
 #include "gm_alloc.h"
 #include "gm_decoder.h"
 #include "gm_model.h"
+#include "gm_train.h"
 #include "gm_vision.h"
 
 #include <string.h>
@@ -115,6 +116,102 @@ static void check_mm(const gm_model *m) {
     gm_free(got), gm_free(causal), gm_free(ref);
 }
 
+/* "layers.3.self_attn.q_proj" of an adapter's PEFT name (the fixture's key), into buf. */
+static const char *short_name(const char *peft_name, char *buf, size_t cap) {
+    const char *p = strstr(peft_name, "layers.");
+    snprintf(buf, cap, "%s", p ? p : peft_name);
+    char *e = strstr(buf, ".lora_");
+    if (e) *e = '\0';
+    return buf;
+}
+
+/* LoRA on the language model with images in the batch (tower and projector frozen): loss and
+ * every adapter gradient against PEFT on the same adapters (/lora). */
+static void check_lora(const gm_model *m) {
+    size_t n = 0;
+    int64_t dims[4];
+    int nd = 0;
+    int32_t *ids = gm_test_h5_read(gm_test_path(REF), "/mm/input_ids", 1, &n, dims, &nd);
+    int32_t *labels = gm_test_h5_read(gm_test_path(REF), "/lora/labels", 1, &n, NULL, NULL);
+    float *pix = gm_test_h5_read(gm_test_path(REF), "/mm/pixel_values", 0, &n, NULL, NULL);
+    double *loss_ref = gm_test_h5_read(gm_test_path(REF), "/lora/loss", 2, &n, NULL, NULL);
+    if (!ids || !labels || !pix || !loss_ref) return;
+    int64_t B = dims[0], T = dims[1];
+    int32_t *tg = gm_malloc((size_t)(B * T) * 4);
+    int64_t n_sup = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            int32_t next = t + 1 < T ? labels[b * T + t + 1] : -100;
+            tg[b * T + t] = next >= 0 ? next : -1;
+            n_sup += next >= 0;
+        }
+    gm_train_opts o = gm_train_opts_default();
+    o.lora.rank = 4;
+    o.lora.alpha = 8;
+    o.batch = B;
+    o.max_length = T;
+    o.max_images = 3;
+    o.n_threads = 2;
+    gm_error err = {0};
+    gm_trainer *tr = NULL;
+    CHECK(gm_trainer_new(m, &o, &tr, &err) == GM_OK, "trainer with images: %s", err.msg);
+    if (tr) {
+        int na = 0;
+        gm_lora_adapter *ad = gm_trainer_adapters(tr, &na);
+        CHECK(na == 6 * 7, "%d adapters (language model only: 6 layers x 7 linears)", na);
+        char key[256], sn[200];
+        for (int i = 0; i < na; i++) {
+            short_name(ad[i].name_A, sn, sizeof sn);
+            snprintf(key, sizeof key, "/lora/%s.A", sn);
+            float *a = gm_test_h5_read(gm_test_path(REF), key, 0, &n, NULL, NULL);
+            snprintf(key, sizeof key, "/lora/%s.B", sn);
+            float *bb = gm_test_h5_read(gm_test_path(REF), key, 0, &n, NULL, NULL);
+            if (a) gm_trainer_write_adapter(tr, i, 'A', a);
+            if (bb) gm_trainer_write_adapter(tr, i, 'B', bb);
+            gm_free(a), gm_free(bb);
+        }
+        gm_batch bt = {.B = B, .T = T, .ids = ids, .targets = tg, .pixels = pix, .n_images = 3};
+        double loss_sum = 0;
+        gm_trainer_zero_grad(tr);
+        CHECK(gm_trainer_forward_backward(tr, &bt, (float)(1.0 / (double)n_sup), &loss_sum, &err) == GM_OK, "step: %s",
+              err.msg);
+        double loss = loss_sum / (double)n_sup;
+        CHECK(fabs(loss - loss_ref[0]) <= TOL_PEFT_LOSS_REL * fabs(loss_ref[0]), "loss %.9g vs PEFT %.9g", loss, loss_ref[0]);
+        printf("LoRA with images: loss %.7f vs PEFT %.7f\n", loss, loss_ref[0]);
+        double worst = 0;
+        for (int i = 0; i < na; i++)
+            for (int ab = 0; ab < 2; ab++) {
+                short_name(ad[i].name_A, sn, sizeof sn);
+                snprintf(key, sizeof key, "/lora/%s.%s_grad", sn, ab ? "B" : "A");
+                float *want = gm_test_h5_read(gm_test_path(REF), key, 0, &n, NULL, NULL);
+                if (!want) continue;
+                const float *got = ab ? ad[i].dB : ad[i].dA;
+                double mx = 1e-12, e = 0;
+                for (size_t j = 0; j < n; j++) mx = fmax(mx, fabs(want[j])), e = fmax(e, fabs((double)got[j] - want[j]));
+                worst = fmax(worst, e / mx);
+                gm_free(want);
+            }
+        CHECK(worst <= TOL_PEFT_GRAD_REL, "LoRA gradients with images: worst relative error %.3g", worst);
+        printf("LoRA gradients with images vs PEFT: worst relative error %.2e\n", worst);
+        /* a batch whose image count does not match its image tokens is refused, naming both */
+        gm_batch bad = bt;
+        bad.n_images = 2;
+        CHECK(gm_trainer_forward_backward(tr, &bad, 1.0f, &loss_sum, &err) == GM_ERR_INVALID &&
+                  gm_test_contains(err.msg, "12 image tokens but 2 images"),
+              "image count mismatch: %s", err.msg);
+    }
+    gm_trainer_free(tr);
+    /* images on a text-only model: refused before anything is allocated */
+    gm_model *text = NULL;
+    if (gm_model_load(gm_test_path("tests/ref/tiny_gemma3"), NULL, &text, &err) == GM_OK) {
+        o.max_length = T;
+        CHECK(gm_trainer_new(text, &o, &tr, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "no vision tower"),
+              "images on a text-only model: %s", err.msg);
+        gm_model_free(text);
+    }
+    gm_free(ids), gm_free(labels), gm_free(pix), gm_free(loss_ref), gm_free(tg);
+}
+
 int main(void) {
     /* the three key layouts (make_vision_ref.py): hub, converters', transformers 5's save */
     const char *dirs[3] = {"tests/ref/tiny_gemma3_vision", "tests/ref/tiny_gemma3_vision_newkeys",
@@ -134,7 +231,7 @@ int main(void) {
                   "%s: image token ids %d %d %d", dirs[i], m->cfg.vision.image_token_id, m->cfg.vision.boi_id,
                   m->cfg.vision.eoi_id);
             check_tower(m, dirs[i]);
-            if (i == 0) check_mm(m);
+            if (i == 0) check_mm(m), check_lora(m);
         }
         gm_model_free(m);
     }
