@@ -18,7 +18,7 @@ if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 packages=(
   build-essential cmake pkg-config git
   liblua5.4-dev libhdf5-dev hdf5-tools libopenblas-dev libcjson-dev
-  libpng-dev libjpeg62-turbo-dev libsndfile1-dev libsamplerate0-dev libfftw3-dev
+  libpng-dev libjpeg62-turbo-dev libexif-dev libsndfile1-dev libsamplerate0-dev libfftw3-dev
   libplplot-dev plplot-driver-cairo libcairo2-dev libzip-dev libssl-dev libopenblas-openmp-dev
   clang libclang-rt-14-dev
   python3 python3-pip

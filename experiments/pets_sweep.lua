@@ -5,10 +5,12 @@
 -- here:
 --   * Oxford-IIIT Pet: https://www.robots.ox.ac.uk/~vgg/data/pets/ - unpack images.tar.gz and
 --     annotations.tar.gz into data/oxford-iiit-pet (or set PETS_ROOT);
---   * a Gemma 3 4B (or larger) Hugging Face checkpoint folder (set GEMMA_MODEL).
--- Image inputs need the SigLIP vision tower, which is a later gemmarun issue: until then this
--- file validates, `--dry-run` prints every trial's memory plan, and a real run stops with a
--- message saying what is missing (exit 2).
+--   * a Gemma 3 4B (or larger) Hugging Face checkpoint folder (set GEMMA_MODEL): the SigLIP
+--     tower and projector come from it (frozen), LoRA goes on the language model.
+-- Every image is decoded once before the first trial (a bad file is named and left out); the
+-- 37 breed names share first tokens ("american_..."), so evaluation scores each whole name.
+-- Without the data set or the checkpoint a run stops saying what is missing (exit 2);
+-- tests/e2e/pets_sweep.sh runs this file on a small set in the same layout with a tiny model.
 local pets = data.oxford_pets { root = env("PETS_ROOT", "data/oxford-iiit-pet") }
 
 return experiment {

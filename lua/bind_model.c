@@ -553,6 +553,17 @@ void gm_bind_push_config(lua_State *L, const gm_config *c) {
     SETN("rms_norm_eps", c->rms_norm_eps);
     SETN("query_pre_attn_scalar", c->query_pre_attn_scalar);
     SETI("n_params", gm_config_n_params(c));
+    if (c->vision.hidden_size > 0) { /* the vision tower (Hugging Face's vision_config) */
+        lua_createtable(L, 0, 8);
+        SETI("image_size", c->vision.image_size);
+        SETI("patch_size", c->vision.patch_size);
+        SETI("hidden_size", c->vision.hidden_size);
+        SETI("num_hidden_layers", c->vision.n_layers);
+        SETI("mm_tokens_per_image", c->vision.tokens);
+        SETI("image_token_id", c->vision.image_token_id);
+        SETI("n_params", c->vision.params);
+        lua_setfield(L, -2, "vision");
+    }
 #undef SETI
 #undef SETN
 }

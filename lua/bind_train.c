@@ -2,17 +2,24 @@
  * bind_train.c - Lua bindings for data sets and LoRA/QLoRA training.
  *
  *   gm.dataset(model)                      -> dataset (tokenizes with the model's tokenizer)
- *   dataset:add_chat(messages [, {max_length = 256, label = n}])
- *                                           -> true | false, reason   (messages: {{role=, content=}, ...})
+ *   dataset:add_chat(messages [, {max_length = 256, label = n, images = {path, ...}, image_sha = {hex, ...}}])
+ *                                           -> true | false, reason   (messages: {{role=, content=}, ...};
+ *                                              content holds one "<start_of_image>" per image)
+ *   dataset:max_images()                   -> the most images one example has
+ *   gm.image_check(path)                    -> sha256 hex, width, height (decoded completely; raises
+ *                                              naming the file when it cannot be used)
  *   dataset:size(), dataset:stats()         -> {n, rejected, truncated}
  *   dataset:sha256()                        -> hex of the tokenized examples (gm_dataset_sha256)
  *   dataset:example(i)                      -> {tokens = n, response_start = k, label = n}
  *   gm.fortunes(topic [, {max_chars = 400, dir = "/usr/share/games/fortunes"}]) -> {text, ...}
  *   model:trainer(opts)                    -> trainer   (opts: the schema's options, gm_train_opts.def,
- *                                              plus seed, steps, threads)
+ *                                              plus seed, steps, threads, max_images: images per
+ *                                              micro-batch, from the data)
  *   trainer:step(dataset, {i, ...})        -> {loss, tokens, grad_norm, lr, step}
  *       the indices (1-based) are split into micro-batches of opts.batch (gradient accumulation)
  *   trainer:eval(dataset, {i, ...})        -> mean loss, supervised tokens
+ *   trainer:score_labels(dataset, {i, ...}, {{tok, ...}, ...}) -> best label per example, scores
+ *                                              (log-probability of each whole candidate response)
  *   trainer:save(path [, {epoch, pos, loss, config}]), trainer:load(path) -> {step, epoch, pos}
  *   trainer:memory()                       -> {[kind] = bytes, total = bytes}
  *   gm.peak_rss(), gm.clock()               -> bytes, seconds (monotonic)
@@ -45,11 +52,14 @@
 typedef struct ldataset {
     gm_dataset ds;
     const gm_tokenizer *tok;
+    const gm_model *m;
     bool open;
 } ldataset;
 
 typedef struct ltrainer {
     gm_trainer *tr;
+    float *pixels;          /* (grad_accum * max_images, 3, S, S) the micro-batches' images */
+    int64_t max_images, S;  /* per micro-batch; the tower's image side */
     int32_t *ids, *targets; /* (grad_accum * batch * max_length) collation buffers */
     gm_batch *micro;        /* (grad_accum) */
     int64_t *idx;           /* (grad_accum * batch) */
@@ -80,6 +90,7 @@ static int l_dataset(lua_State *L) {
     memset(d, 0, sizeof *d);
     gm_dataset_init(&d->ds);
     d->tok = lm->m->tok;
+    d->m = lm->m;
     d->open = true;
     luaL_setmetatable(L, DATASET_MT);
     lua_pushvalue(L, 1);
@@ -90,10 +101,40 @@ static int l_dataset(lua_State *L) {
 static int l_ds_add_chat(lua_State *L) {
     ldataset *d = check_ds(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
-    static const char *const allowed[] = {"max_length", "label", NULL};
+    static const char *const allowed[] = {"max_length", "label", "images", "image_sha", NULL};
     gm_bind_check_opts(L, 3, "add_chat", allowed);
     lua_Integer max_length = gm_bind_opt_int(L, 3, "max_length", 256);
     lua_Integer label = gm_bind_opt_int(L, 3, "label", -1);
+    const char *images[64], *shas[64];
+    lua_Integer n_images = 0;
+    if (lua_istable(L, 3)) {
+        lua_getfield(L, 3, "images");
+        lua_getfield(L, 3, "image_sha");
+        if (!lua_isnil(L, -2)) {
+            luaL_checktype(L, -2, LUA_TTABLE);
+            n_images = luaL_len(L, -2);
+            if (n_images > 64) return luaL_error(L, "add_chat: at most 64 images per example, got %d", (int)n_images);
+            for (lua_Integer i = 1; i <= n_images; i++) {
+                lua_rawgeti(L, -2, i);
+                images[i - 1] = lua_tostring(L, -1);
+                lua_pop(L, 1);
+                shas[i - 1] = NULL;
+                if (lua_istable(L, -1)) {
+                    lua_rawgeti(L, -1, i);
+                    shas[i - 1] = lua_tostring(L, -1);
+                    lua_pop(L, 1);
+                }
+                if (!images[i - 1]) return luaL_error(L, "add_chat: images[%d] must be a file path", (int)i);
+            }
+        }
+        lua_pop(L, 2); /* the lists stay referenced by the options table */
+    }
+    if (n_images > 0 && !d->m->vision) {
+        lua_pushboolean(L, 0);
+        lua_pushfstring(L, "it has an image (%s), but %s has no vision tower (a text-only model cannot read images)",
+                        images[0], d->m->path);
+        return 2;
+    }
     if (max_length < 2) return luaL_error(L, "add_chat: max_length must be >= 2 (got %d)", (int)max_length);
     lua_Integer n = luaL_len(L, 2);
     if (n < 1 || n > 256) return luaL_error(L, "add_chat: expected 1..256 messages, got %d", (int)n);
@@ -110,7 +151,10 @@ static int l_ds_add_chat(lua_State *L) {
         lua_pop(L, 3); /* strings stay referenced by the message tables */
     }
     gm_error err = {0};
-    gm_status s = gm_dataset_add_chat(&d->ds, d->tok, msgs, n, max_length, (int32_t)label, &err);
+    const gm_vision_config *v = &d->m->cfg.vision;
+    gm_mm_spec mm = {v->boi_id, v->eoi_id, v->image_token_id, v->tokens};
+    gm_status s = gm_dataset_add_chat_images(&d->ds, d->tok, msgs, n, max_length, (int32_t)label, &mm, images, shas,
+                                             n_images, &err);
     if (s == GM_OK) {
         lua_pushboolean(L, 1);
         return 1;
@@ -119,6 +163,24 @@ static int l_ds_add_chat(lua_State *L) {
     lua_pushboolean(L, 0);
     lua_pushstring(L, err.msg);
     return 2;
+}
+
+static int l_ds_max_images(lua_State *L) {
+    lua_pushinteger(L, gm_dataset_max_images(&check_ds(L, 1)->ds));
+    return 1;
+}
+
+/* gm.image_check(path) -> sha256 hex, width, height; raises naming the file. */
+static int l_image_check(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    char sha[65];
+    int64_t w = 0, h = 0;
+    gm_error err = {0};
+    if (gm_image_check(path, sha, &w, &h, &err) != GM_OK) return gm_bind_raise(L, &err);
+    lua_pushstring(L, sha);
+    lua_pushinteger(L, w);
+    lua_pushinteger(L, h);
+    return 3;
 }
 
 static int l_ds_size(lua_State *L) {
@@ -379,11 +441,13 @@ void gm_bind_read_train_opts(lua_State *L, int idx, const char *fn, gm_train_opt
         const gm_opt_spec *sp = gm_train_opt_find(k);
         if (sp) {
             set_from_lua(L, fn, o, sp);
-        } else if (!strcmp(k, "seed") || !strcmp(k, "steps") || !strcmp(k, "threads")) {
-            if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < (strcmp(k, "seed") ? 1 : 0))
-                luaL_error(L, "%s: option '%s' must be %s", fn, k, strcmp(k, "seed") ? "a positive integer" : "an integer >= 0");
+        } else if (!strcmp(k, "seed") || !strcmp(k, "steps") || !strcmp(k, "threads") || !strcmp(k, "max_images")) {
+            bool zero_ok = !strcmp(k, "seed") || !strcmp(k, "max_images");
+            if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < (zero_ok ? 0 : 1))
+                luaL_error(L, "%s: option '%s' must be %s", fn, k, zero_ok ? "an integer >= 0" : "a positive integer");
             lua_Integer v = lua_tointeger(L, -1);
-            if (!strcmp(k, "seed")) o->lora.seed = (uint64_t)v;
+            if (!strcmp(k, "max_images")) o->max_images = v;
+            else if (!strcmp(k, "seed")) o->lora.seed = (uint64_t)v;
             else if (!strcmp(k, "steps")) o->total_steps = v;
             else o->n_threads = v > 256 ? 256 : (int)v;
         } else {
@@ -468,7 +532,24 @@ static int l_trainer(lua_State *L) {
     t->idx = gm_malloc((size_t)rows * sizeof(int64_t));
     if (!t->ids || !t->targets || !t->micro || !t->idx) return luaL_error(L, "out of memory");
     t->pad_id = lm->m->cfg.pad_id;
+    if (o.max_images > 0) {
+        t->max_images = o.max_images;
+        t->S = lm->m->cfg.vision.image_size;
+        t->pixels = gm_malloc((size_t)(o.grad_accum * o.max_images * 3 * t->S * t->S) * sizeof(float));
+        if (!t->pixels) return luaL_error(L, "out of memory (%lld images' pixels)", (long long)(o.grad_accum * o.max_images));
+    }
     return 1;
+}
+
+/* The images of a micro-batch (examples idx[0..B)) into pixel slot `slot`, set on *b. */
+static void batch_images(lua_State *L, ltrainer *t, ldataset *d, const int64_t *idx, int64_t B, int slot, gm_batch *b) {
+    if (t->max_images == 0) return;
+    float *px = t->pixels + (size_t)slot * (size_t)(t->max_images * 3 * t->S * t->S);
+    int64_t n = 0;
+    gm_error err = {0};
+    if (gm_batch_images(&d->ds, idx, B, t->S, t->max_images, px, &n, &err) != GM_OK) gm_bind_raise(L, &err);
+    b->pixels = px;
+    b->n_images = n;
 }
 
 /* Splits the 1-based index list at stack idx into micro-batches of `batch` examples. */
@@ -491,7 +572,9 @@ static int collate(lua_State *L, ltrainer *t, ldataset *d, int idx_arg) {
         int64_t B = n - s < o->batch ? n - s : o->batch;
         int32_t *ids = t->ids + (size_t)(s * o->max_length), *tg = t->targets + (size_t)(s * o->max_length);
         int64_t T = gm_batch_collate(&d->ds, t->idx + s, B, t->pad_id, ids, tg);
-        t->micro[n_micro++] = (gm_batch){.B = B, .T = T, .ids = ids, .targets = tg, .example_index = t->idx + s};
+        t->micro[n_micro] = (gm_batch){.B = B, .T = T, .ids = ids, .targets = tg, .example_index = t->idx + s};
+        batch_images(L, t, d, t->idx + s, B, n_micro, &t->micro[n_micro]);
+        n_micro++;
     }
     return n_micro;
 }
@@ -583,6 +666,7 @@ static int l_tr_choose(lua_State *L) {
         int64_t T = gm_batch_collate(&d->ds, t->scan + s, B, t->pad_id, t->ids, t->targets);
         for (int64_t b = 0; b < B; b++) pos[b] = d->ds.ex[t->scan[s + b]].response_start - 1;
         gm_batch bt = {.B = B, .T = T, .ids = t->ids, .targets = t->targets, .example_index = t->scan + s};
+        batch_images(L, t, d, t->scan + s, B, 0, &bt);
         if (gm_trainer_choice_logits(t->tr, &bt, pos, cand, K, logits, &err) != GM_OK) return gm_bind_raise(L, &err);
         for (int64_t b = 0; b < B; b++) {
             int64_t best = 0;
@@ -613,6 +697,7 @@ static int l_tr_score(lua_State *L) {
         int64_t B = n - s < chunk ? n - s : chunk;
         int64_t T = gm_batch_collate(&d->ds, t->scan + s, B, t->pad_id, t->ids, t->targets);
         gm_batch bt = {.B = B, .T = T, .ids = t->ids, .targets = t->targets, .example_index = t->scan + s};
+        batch_images(L, t, d, t->scan + s, B, 0, &bt);
         if (gm_trainer_score(t->tr, &bt, lp, &err) != GM_OK) return gm_bind_raise(L, &err);
         for (int64_t b = 0; b < B; b++) {
             lua_pushnumber(L, lp[b]);
@@ -620,6 +705,89 @@ static int l_tr_score(lua_State *L) {
         }
     }
     return 1;
+}
+
+/* trainer:score_labels(dataset, {i, ...}, {{tok, ...}, ...}) -> {best label index, ...}, {{score, ...}, ...}:
+ * for each example (1-based index), the log-probability of every candidate response (a token
+ * list: the label and its end of turn) after the example's prompt (ids up to response_start), the
+ * example's images in place; the best is the highest (first on ties). Label scoring when the
+ * labels' first tokens do not tell them apart. Sequences are scored `batch` at a time. */
+static int l_tr_score_labels(lua_State *L) {
+    ltrainer *t = check_tr(L, 1);
+    ldataset *d = check_ds(L, 2);
+    int64_t n = read_indices(L, t, d, 3, 0);
+    luaL_checktype(L, 4, LUA_TTABLE);
+    lua_Integer K = luaL_len(L, 4);
+    if (K < 1 || K > 4096) return luaL_error(L, "score_labels: 1..4096 candidates expected, got %d", (int)K);
+    const gm_train_opts *o = gm_trainer_opts(t->tr);
+    int32_t **cand = gm_calloc((size_t)K, sizeof *cand);
+    int64_t *clen = gm_calloc((size_t)K, sizeof *clen);
+    int64_t *rep = gm_malloc((size_t)o->batch * sizeof *rep);
+    double *lp = gm_malloc((size_t)o->batch * sizeof *lp);
+    bool ok = cand && clen && rep && lp;
+    for (lua_Integer k = 1; ok && k <= K; k++) {
+        lua_rawgeti(L, 4, k);
+        if (!lua_istable(L, -1)) ok = false;
+        lua_Integer m = ok ? luaL_len(L, -1) : 0;
+        if (ok && (m < 1 || m > o->max_length)) ok = false;
+        cand[k - 1] = ok ? gm_malloc((size_t)m * sizeof(int32_t)) : NULL;
+        clen[k - 1] = m;
+        for (lua_Integer j = 1; ok && cand[k - 1] && j <= m; j++) {
+            lua_rawgeti(L, -1, j);
+            cand[k - 1][j - 1] = (int32_t)lua_tointeger(L, -1);
+            lua_pop(L, 1);
+        }
+        ok = ok && cand[k - 1];
+        lua_pop(L, 1);
+    }
+    gm_error err = {0};
+    gm_status st = GM_OK;
+    if (!ok) st = gm_error_set(&err, GM_ERR_INVALID, "score_labels: each candidate must be a list of 1..%lld token ids",
+                               (long long)o->max_length);
+    lua_createtable(L, (int)n, 0); /* best */
+    lua_createtable(L, (int)n, 0); /* scores */
+    for (int64_t i = 0; st == GM_OK && i < n; i++) {
+        const gm_example *e = &d->ds.ex[t->scan[i]];
+        int64_t rs = e->response_start;
+        lua_createtable(L, (int)K, 0);
+        int64_t best = 0;
+        double best_lp = -INFINITY;
+        for (int64_t k0 = 0; st == GM_OK && k0 < K; k0 += o->batch) {
+            int64_t B = K - k0 < o->batch ? K - k0 : o->batch, T = 1;
+            for (int64_t b = 0; b < B; b++) T = rs + clen[k0 + b] > T ? rs + clen[k0 + b] : T;
+            if (T > o->max_length) {
+                st = gm_error_set(&err, GM_ERR_INVALID, "example %lld: its prompt (%lld tokens) and a label (%lld) exceed "
+                                  "max_length = %lld", (long long)t->scan[i], (long long)rs, (long long)clen[k0], (long long)o->max_length);
+                break;
+            }
+            for (int64_t b = 0; b < B; b++) {
+                int32_t *ids = t->ids + b * T, *tg = t->targets + b * T;
+                const int32_t *c = cand[k0 + b];
+                int64_t len = rs + clen[k0 + b];
+                for (int64_t p = 0; p < T; p++) {
+                    ids[p] = p < rs ? e->ids[p] : p < len ? c[p - rs] : t->pad_id;
+                    int64_t nx = p + 1;
+                    tg[p] = nx >= rs && nx < len ? c[nx - rs] : -1;
+                }
+                rep[b] = t->scan[i];
+            }
+            gm_batch bt = {.B = B, .T = T, .ids = t->ids, .targets = t->targets, .example_index = rep};
+            batch_images(L, t, d, rep, B, 0, &bt);
+            st = gm_trainer_score(t->tr, &bt, lp, &err);
+            for (int64_t b = 0; st == GM_OK && b < B; b++) {
+                lua_pushnumber(L, lp[b]);
+                lua_rawseti(L, -2, k0 + b + 1);
+                if (lp[b] > best_lp) best_lp = lp[b], best = k0 + b;
+            }
+        }
+        lua_rawseti(L, -2, i + 1);
+        lua_pushinteger(L, best + 1);
+        lua_rawseti(L, -3, i + 1);
+    }
+    for (lua_Integer k = 0; cand && k < K; k++) gm_free(cand[k]);
+    gm_free(cand), gm_free(clen), gm_free(rep), gm_free(lp);
+    if (st != GM_OK) return gm_bind_raise(L, &err);
+    return 2;
 }
 
 static int l_tr_save(lua_State *L) {
@@ -687,7 +855,7 @@ static int l_tr_memory(lua_State *L) {
 static int l_tr_close(lua_State *L) {
     ltrainer *t = luaL_checkudata(L, 1, TRAINER_MT);
     gm_trainer_free(t->tr);
-    gm_free(t->ids), gm_free(t->targets), gm_free(t->micro), gm_free(t->idx), gm_free(t->scan);
+    gm_free(t->ids), gm_free(t->targets), gm_free(t->micro), gm_free(t->idx), gm_free(t->scan), gm_free(t->pixels);
     memset(t, 0, sizeof *t);
     return 0;
 }
@@ -746,11 +914,12 @@ static void new_class(lua_State *L, const char *name, const luaL_Reg *methods, l
 
 void gm_lua_open_train(lua_State *L) {
     static const luaL_Reg ds_methods[] = {{"add_chat", l_ds_add_chat}, {"size", l_ds_size}, {"stats", l_ds_stats},
+                                          {"max_images", l_ds_max_images},
                                           {"sha256", l_ds_sha256},
                                           {"example", l_ds_example}, {"close", l_ds_close}, {NULL, NULL}};
     static const luaL_Reg tr_methods[] = {{"step", l_tr_step}, {"eval", l_tr_eval}, {"save", l_tr_save}, {"load_adapter", l_tr_load_adapter},
                                           {"load", l_tr_load}, {"memory", l_tr_memory}, {"choose", l_tr_choose},
-                                          {"score", l_tr_score}, {"close", l_tr_close},
+                                          {"score", l_tr_score}, {"score_labels", l_tr_score_labels}, {"close", l_tr_close},
                                           {NULL, NULL}};
     new_class(L, DATASET_MT, ds_methods, l_ds_close);
     new_class(L, TRAINER_MT, tr_methods, l_tr_close);
@@ -765,6 +934,8 @@ void gm_lua_open_train(lua_State *L) {
     lua_setfield(L, -2, "dataset");
     lua_pushcfunction(L, l_fortunes);
     lua_setfield(L, -2, "fortunes");
+    lua_pushcfunction(L, l_image_check);
+    lua_setfield(L, -2, "image_check");
     lua_pushcfunction(L, l_peak_rss);
     lua_setfield(L, -2, "peak_rss");
     lua_pushcfunction(L, l_lora_targets_check);

@@ -263,16 +263,29 @@ function data.folder(spec)
   return t
 end
 
+--- data.image_folder{ root = "path" }: root/<label>/<image>.png|.jpg, the folder name is the
+--- label; root/train/<label>/... and root/test/<label>/... when those exist, else every `test`-th
+--- image of each label (default 5: 20%) is a test image. Needs a model with a vision tower.
+function data.image_folder(spec)
+  local t = tagged("image_folder", spec)
+  check_keys(t, { "root", "test" }, "data.image_folder")
+  return t
+end
+
 --- data.jsonl{ train = "path.jsonl", test = "path.jsonl" }: one {"messages": [...]} per line
---- (Hugging Face chat format: role system/user/assistant, content).
+--- (Hugging Face chat format: role system/user/assistant, content; a content may be a list of
+--- parts {"type": "text", "text": ...} and {"type": "image", "path": ...}, paths relative to the
+--- JSONL file).
 function data.jsonl(spec)
   local t = tagged("jsonl", spec)
   check_keys(t, { "train", "test", "path", "test_fraction" }, "data.jsonl")
   return t
 end
 
---- data.oxford_pets{ root = "data/oxford-iiit-pet" }: Oxford-IIIT Pet (images; needs the vision
---- tower - see experiments/pets_sweep.lua).
+--- data.oxford_pets{ root = "data/oxford-iiit-pet" }: Oxford-IIIT Pet in its official layout
+--- (images/<Breed>_<n>.jpg; annotations/trainval.txt trains, annotations/test.txt tests; the class
+--- id of each line is the label, checked against the image's name). Needs a model with a vision
+--- tower (experiments/pets_sweep.lua).
 function data.oxford_pets(spec)
   local t = tagged("oxford_pets", spec or {})
   check_keys(t, { "root" }, "data.oxford_pets")
@@ -371,15 +384,18 @@ M.parse_bytes = parse_bytes
 
 local function validate_data(d, where)
   if type(d) ~= "table" or not d._kind then
-    usage(where, "task.data must be a data set (data.fortunes{...}, data.folder{...}, data.jsonl{...}, data.oxford_pets{...})")
+    usage(where, "task.data must be a data set (data.fortunes{...}, data.folder{...}, data.image_folder{...}, data.jsonl{...}, data.oxford_pets{...})")
   end
   if d._kind == "fortunes" then
     if not is_list(d.topics) or #d.topics < 2 then usage(d._where, "data.fortunes: topics must list at least 2 topic files") end
     for _, n in ipairs({ "train", "test", "max_chars" }) do
       if d[n] ~= nil and (math.type(d[n]) ~= "integer" or d[n] < 1) then usage(d._where, "data.fortunes: %s must be a positive integer", n) end
     end
-  elseif d._kind == "folder" then
-    if type(d.root) ~= "string" then usage(d._where, "data.folder: root must be a folder path") end
+  elseif d._kind == "folder" or d._kind == "image_folder" then
+    if type(d.root) ~= "string" then usage(d._where, "data.%s: root must be a folder path", d._kind) end
+    if d.test ~= nil and (math.type(d.test) ~= "integer" or d.test < 2) then
+      usage(d._where, "data.%s: test must be an integer >= 2 (every test-th example of a label is a test example)", d._kind)
+    end
   elseif d._kind == "jsonl" then
     if type(d.train or d.path) ~= "string" then usage(d._where, "data.jsonl: train (or path) must be a .jsonl file path") end
   end

@@ -99,16 +99,127 @@ local function load_classify_items(d)
       end
     end
     check_counts()
+  elseif d._kind == "image_folder" then
+    -- root/<label>/<image> (or root/train/<label>, root/test/<label>): the folder is the label
+    local IMAGE_EXT = { png = true, jpg = true, jpeg = true }
+    local count, folder_of, index = {}, {}, {}
+    local function read_split(root, into)
+      for _, lab in ipairs(gm.list_dir(root)) do
+        local dir = root .. "/" .. lab
+        if gm.is_dir(dir) then
+          local li = index[lab]
+          if not li then
+            items.labels[#items.labels + 1] = lab
+            li = #items.labels
+            index[lab] = li
+            count[li], folder_of[li] = 0, dir
+          end
+          for _, f in ipairs(gm.list_dir(dir)) do
+            local ext = f:match("%.(%w+)$")
+            if ext and IMAGE_EXT[ext:lower()] then
+              local path = dir .. "/" .. f
+              into[#into + 1] = { images = { path }, label = li, where = path }
+              count[li] = count[li] + 1
+            end
+          end
+        end
+      end
+    end
+    if not gm.is_dir(d.root) then P.usage(d._where, "data.image_folder: %s is not a folder", d.root) end
+    if gm.is_dir(d.root .. "/train") and gm.is_dir(d.root .. "/test") then
+      read_split(d.root .. "/train", items.train)
+      read_split(d.root .. "/test", items.test)
+    else
+      local all = {}
+      read_split(d.root, all)
+      local every, seen = d.test or 5, {}
+      for _, it in ipairs(all) do
+        seen[it.label] = (seen[it.label] or 0) + 1
+        if seen[it.label] % every == 0 then items.test[#items.test + 1] = it else items.train[#items.train + 1] = it end
+      end
+    end
+    for li, lab in ipairs(items.labels) do
+      if count[li] == 0 then
+        P.usage(d._where, "data.image_folder: %s (label '%s') has no .png or .jpg image; add images or remove the folder",
+          folder_of[li], lab)
+      end
+    end
   elseif d._kind == "oxford_pets" then
+    -- the official layout (https://www.robots.ox.ac.uk/~vgg/data/pets/): images/<Breed_name>_<n>.jpg,
+    -- annotations/trainval.txt and annotations/test.txt with lines "<image> <class id 1..37>
+    -- <species> <breed id>"; the label is the class id, whose name the image's own name carries
     local root = d.root or "data/oxford-iiit-pet"
-    P.usage(d._where, "the Oxford-IIIT Pet data set needs images and a multimodal Gemma (3 4B or larger) with its vision tower; %s",
-      gm.is_dir(root) and "image inputs are not supported by this gemmarun build yet (the vision tower is a later issue)"
-        or ("download https://www.robots.ox.ac.uk/~vgg/data/pets/ (images.tar.gz, annotations.tar.gz), unpack both into "
-          .. root .. " (or set PETS_ROOT), and set GEMMA_MODEL to a Gemma 3 4B+ Hugging Face checkpoint folder"))
+    if not gm.is_dir(root) then
+      P.usage(d._where, "data.oxford_pets: %s is not a folder; download https://www.robots.ox.ac.uk/~vgg/data/pets/ " ..
+        "(images.tar.gz, annotations.tar.gz) and unpack both into it (or set PETS_ROOT)", root)
+    end
+    items.labels = d.classes
+    local K = #d.classes
+    local function read(name, into)
+      local path = root .. "/annotations/" .. name
+      local ok, text = pcall(gm.read_text, path)
+      if not ok then
+        P.usage(d._where, "data.oxford_pets: %s: %s (annotations.tar.gz unpacks annotations/trainval.txt and annotations/test.txt)",
+          path, clean_msg(text))
+      end
+      local n = 0
+      for line in (text .. "\n"):gmatch("([^\n]*)\n") do
+        n = n + 1
+        if line:match("%S") and not line:match("^%s*#") then
+          local img, id = line:match("^%s*(%S+)%s+(%S+)")
+          local cid = math.tointeger(tonumber(id or ""))
+          if not img or not cid then
+            P.usage(d._where, "data.oxford_pets: %s:%d: expected \"<image> <class id> <species> <breed id>\", got %q", path, n, line)
+          end
+          if cid < 1 or cid > K then
+            P.usage(d._where, "data.oxford_pets: %s:%d: class id %d is outside 1..%d (image %s)", path, n, cid, K, img)
+          end
+          local breed = img:match("^(.*)_%d+$")
+          if breed ~= d.classes[cid] then
+            P.usage(d._where, "data.oxford_pets: %s:%d: image %s has class id %d (%s), but its name says %s", path, n, img,
+              cid, d.classes[cid], breed or "no breed")
+          end
+          local file = root .. "/images/" .. img .. ".jpg"
+          into[#into + 1] = { images = { file }, label = cid, where = path .. ":" .. n }
+        end
+      end
+    end
+    read("trainval.txt", items.train)
+    read("test.txt", items.test)
   else
     P.usage(d._where, "data set %s cannot be used for classify{}", d._kind)
   end
   return items
+end
+
+--- A message's content as Gemma's chat template writes it, and its images: a string stays as it is;
+--- a list of Hugging Face content parts ({"type": "text", "text": ...}, {"type": "image", "path":
+--- ...}) becomes the trimmed texts with "<start_of_image>" where each image goes, the images'
+--- paths resolved against `base` (the JSONL file's folder). Returns text, images | nil, nil, why.
+local function flatten_content(content, base, images)
+  if type(content) == "string" then return content end
+  if type(content) ~= "table" then return nil, "content must be a string or a list of parts" end
+  local text = {}
+  for j, part in ipairs(content) do
+    if type(part) ~= "table" then return nil, string.format("content part %d must be an object", j) end
+    if part.type == "text" then
+      if type(part.text) ~= "string" then return nil, string.format("content part %d: a text part needs a string \"text\"", j) end
+      text[#text + 1] = (part.text:gsub("^%s+", ""):gsub("%s+$", ""))
+    elseif part.type == "image" then
+      local p = part.path or part.image or part.url
+      if type(p) ~= "string" or p == "" then
+        return nil, string.format("content part %d: an image part needs \"path\": an image file (relative to the JSONL file)", j)
+      end
+      if p:match("^%a[%w+.-]*://") then
+        return nil, string.format("content part %d: image %s is a URL; gemmarun reads local files only (download it and give its path)", j, p)
+      end
+      images[#images + 1] = p:sub(1, 1) == "/" and p or (base .. "/" .. p)
+      text[#text + 1] = "<start_of_image>"
+    else
+      return nil, string.format("content part %d: type '%s' (allowed: text, image)", j, tostring(part.type))
+    end
+  end
+  return table.concat(text)
 end
 
 --- Raw conversations of a chat data set (JSONL, Hugging Face format).
@@ -137,6 +248,7 @@ end
 function R.parse_chat_jsonl(text, path, bad)
   local out = {}
   local n = 0
+  local base = path:match("^(.*)/[^/]*$") or "."
   for line in (text .. "\n"):gmatch("([^\n]*)\n") do
     n = n + 1
     if line:match("%S") then
@@ -144,8 +256,19 @@ function R.parse_chat_jsonl(text, path, bad)
       if not ok or type(obj) ~= "table" or type(obj.messages) ~= "table" then
         error(string.format("%s:%d: expected a JSON object with \"messages\": [{\"role\": ..., \"content\": ...}, ...]", path, n), 0)
       end
+      -- content parts (images) become the template's text and the conversation's image list
+      local images, why = {}, nil
+      for i, m in ipairs(obj.messages) do
+        if type(m) == "table" and type(m.content) == "table" then
+          local t, w = flatten_content(m.content, base, images)
+          if not t then why = string.format("message %d: %s", i, w); break end
+          m.content = t
+        end
+      end
+      if #images > 0 then obj.messages.images = images end
+      obj.messages.where = path .. ":" .. n
       -- a conversation the chat template cannot render is rejected (counted, with its line)
-      local why = chat_problem(obj.messages)
+      why = why or chat_problem(obj.messages)
       if why then
         bad[#bad + 1] = { example = path .. ":" .. n, reason = why }
       else
@@ -223,8 +346,14 @@ local function build_datasets(model, task, items, max_length)
   -- per split, the prompt tokens of the shortest prompt that did not fit (for the hint)
   local shortest_rejected = { [train] = math.huge, [test] = math.huge }
   if val then shortest_rejected[val] = math.huge end
-  local function add(ds, msgs, label, where)
-    local okc, ok, why = pcall(ds.add_chat, ds, msgs, { max_length = max_length, label = label and (label - 1) or nil })
+  local function add(ds, msgs, label, where, images)
+    local sha = nil
+    if images then
+      sha = {}
+      for i, p in ipairs(images) do sha[i] = items.image_sha[p] end
+    end
+    local okc, ok, why = pcall(ds.add_chat, ds, msgs, { max_length = max_length, label = label and (label - 1) or nil,
+      images = images, image_sha = sha })
     if not okc then ok, why = false, clean_msg(ok):gsub("\n.*", "") end
     if not ok then
       local n = tonumber(why:match("the prompt takes (%d+) tokens"))
@@ -233,19 +362,25 @@ local function build_datasets(model, task, items, max_length)
     end
   end
   if task._kind == "classify" then
+    -- a text item: the prompt, then the text; an image item: the image, then the prompt (Hugging
+    -- Face's [{"type": "image"}, {"type": "text", "text": prompt}])
+    local function user(it)
+      if it.images then return "<start_of_image>" .. task.prompt end
+      return task.prompt .. "\n\n" .. it.text
+    end
     for i, it in ipairs(items.train) do
-      add(train, { { role = "user", content = task.prompt .. "\n\n" .. it.text }, { role = "assistant", content = items.labels[it.label] } }, it.label, "train " .. i)
+      add(train, { { role = "user", content = user(it) }, { role = "assistant", content = items.labels[it.label] } }, it.label, "train " .. i, it.images)
     end
     for i, it in ipairs(items.test) do
-      add(test, { { role = "user", content = task.prompt .. "\n\n" .. it.text }, { role = "assistant", content = items.labels[it.label] } }, it.label, "test " .. i)
+      add(test, { { role = "user", content = user(it) }, { role = "assistant", content = items.labels[it.label] } }, it.label, "test " .. i, it.images)
     end
     for i, it in ipairs(items.val or {}) do
-      add(val, { { role = "user", content = task.prompt .. "\n\n" .. it.text }, { role = "assistant", content = items.labels[it.label] } }, it.label, "validation " .. i)
+      add(val, { { role = "user", content = user(it) }, { role = "assistant", content = items.labels[it.label] } }, it.label, "validation " .. i, it.images)
     end
   else
-    for i, m in ipairs(items.train) do add(train, m, nil, "train " .. i) end
-    for i, m in ipairs(items.test) do add(test, m, nil, "test " .. i) end
-    for i, m in ipairs(items.val or {}) do add(val, m, nil, "validation " .. i) end
+    for i, m in ipairs(items.train) do add(train, m, nil, "train " .. i, m.images) end
+    for i, m in ipairs(items.test) do add(test, m, nil, "test " .. i, m.images) end
+    for i, m in ipairs(items.val or {}) do add(val, m, nil, "validation " .. i, m.images) end
   end
   return train, test, rejected, shortest_rejected[train], shortest_rejected[test], val
 end
@@ -294,7 +429,16 @@ local function eval_classify(model, tr, test, labels, limit)
       for _, p in ipairs(tr:choose(test, chunk, first)) do predicted[#predicted + 1] = p end
     end
   else
-    error("labels " .. table.concat(labels, ", ") .. " share their first token; give labels that start differently", 0)
+    -- the log-probability of each whole label (and its end of turn) after the prompt: K scored
+    -- sequences per example, the example's images in each
+    local cands = {}
+    for k, lab in ipairs(labels) do cands[k] = model:tokenize(lab .. "<end_of_turn>\n", { bos = false, special = true }) end
+    for s = 1, #idx, EVAL_CHUNK do
+      if gm.interrupted() then error({ interrupted = true }, 0) end
+      local chunk = {}
+      for i = s, math.min(#idx, s + EVAL_CHUNK - 1) do chunk[#chunk + 1] = idx[i] end
+      for _, p in ipairs(tr:score_labels(test, chunk, cands)) do predicted[#predicted + 1] = p end
+    end
   end
   local confusion, per_class, correct = {}, {}, 0
   for a = 1, K do
@@ -336,9 +480,10 @@ end
 -- one trial
 
 --- Training options of a trial for the trainer / planner.
-local function trainer_opts(cfg, total_steps, threads)
+local function trainer_opts(cfg, total_steps, threads, images_per_example)
   local warmup = cfg.warmup < 1 and math.floor(cfg.warmup * total_steps + 0.5) or math.tointeger(cfg.warmup)
   return {
+    max_images = (images_per_example or 0) * cfg.batch,
     rank = cfg.rank, alpha = cfg.alpha, dropout = cfg.dropout, rslora = cfg.rslora, targets = cfg.targets,
     layers = cfg.layers, seed = cfg.seed, quant = cfg.quant, batch = cfg.batch, max_length = cfg.max_length,
     grad_accum = cfg.grad_accum, lr = cfg.lr, weight_decay = cfg.weight_decay, beta1 = cfg.beta1, beta2 = cfg.beta2,
@@ -585,7 +730,7 @@ local function run_trial(ctx, e, trial, n_trials)
   local steps_per_epoch = math.max(1, (st_tr.n + per_step - 1) // per_step)
   local total = steps_per_epoch * cfg.epochs
   if cfg.max_steps then total = math.min(total, cfg.max_steps) end
-  local opts, fit_note = fit_memory(e, trial, trainer_opts(cfg, total, threads))
+  local opts, fit_note = fit_memory(e, trial, trainer_opts(cfg, total, threads, ctx.items.max_images))
   if fit_note then say("  fit: %s (plan %s)", fit_note, fmt_bytes(trial.plan.total)) end
   local mem = {}
   for k, v in pairs(trial.plan) do
@@ -776,6 +921,38 @@ end
 --- What can be checked before any weights are loaded, for the dry run and the real run alike:
 --- every model's config is readable and holds max_length, the data sources read and give a
 --- usable data set. Raises usage errors (exit 2). Returns the raw items and the configs by model.
+--- Decodes every image of the items once (gm.image_check: a corrupt, truncated, empty, absurdly
+--- large or unknown-format file is found here, before any training), records each file's sha256
+--- (items.image_sha, the data's identity) and the most images one example has
+--- (items.max_images). An example with an unusable image leaves its split and is listed in
+--- items.rejected_read with the file and the reason.
+local function check_images(items, splits)
+  items.image_sha = items.image_sha or {}
+  items.max_images = items.max_images or 0
+  local bad = items.rejected_read or {}
+  items.rejected_read = bad
+  for _, name in ipairs(splits) do
+    local kept = {}
+    for i, it in ipairs(items[name] or {}) do
+      local why
+      for _, p in ipairs(it.images or {}) do
+        if not items.image_sha[p] then
+          local ok, sha = pcall(gm.image_check, p)
+          if not ok then why = clean_msg(sha); break end
+          items.image_sha[p] = sha
+        end
+      end
+      if why then
+        bad[#bad + 1] = { example = it.where or string.format("%s %d", name, i), reason = why }
+      else
+        kept[#kept + 1] = it
+        if it.images and #it.images > items.max_images then items.max_images = #it.images end
+      end
+    end
+    items[name] = kept
+  end
+end
+
 local function preflight(e, selected, dry_run)
   local cfgs, targets_ok = {}, {}
   for _, t in ipairs(selected) do
@@ -816,6 +993,7 @@ local function preflight(e, selected, dry_run)
     if type(items) == "table" and items.usage then error(items, 0) end
     P.usage(d._where or e.task._where, "%s", clean_msg(items))
   end
+  check_images(items, { "train", "test" })
   if e.task._kind == "classify" and e.task.labels then
     -- the task's labels, in its order: every data label must be one of them (matched by name),
     -- and every one of them must have data
@@ -838,9 +1016,13 @@ local function preflight(e, selected, dry_run)
     items.labels = e.task.labels
   end
   if items.rejected_read and #items.rejected_read > 0 then
-    local r = items.rejected_read[1]
-    say("warning: %d conversation%s rejected while reading (first: %s: %s)", #items.rejected_read,
-      #items.rejected_read == 1 and "" or "s", r.example, r.reason)
+    local n = #items.rejected_read
+    say("warning: %d example%s rejected while reading:", n, n == 1 and "" or "s")
+    for i = 1, math.min(n, 5) do
+      local r = items.rejected_read[i]
+      say("  %s: %s", r.example, (r.reason:gsub("\n.*", "")))
+    end
+    if n > 5 then say("  ... and %d more", n - 5) end
   end
   if e.task._kind == "classify" and #items.labels < 2 then
     P.usage(d._where or e.task._where, "classify{} needs at least 2 labels; the data set has %d (%s)", #items.labels,
@@ -848,7 +1030,10 @@ local function preflight(e, selected, dry_run)
   end
   if #items.train == 0 then P.usage(d._where or e.task._where, "the data set has no training examples") end
   if #items.test == 0 then P.usage(d._where or e.task._where, "the data set has no test examples (nothing to evaluate)") end
-  if e.validation then validation_items(e, items) end
+  if e.validation then
+    validation_items(e, items)
+    check_images(items, { "val" })
+  end
   return items, cfgs
 end
 
@@ -863,6 +1048,17 @@ local function check_lengths(ctx, e, selected, items)
     if not seen[m .. "|" .. ml] and not (ctx.cfgs[m] and ctx.cfgs[m].preset) then
       seen[m .. "|" .. ml] = true
       use_model(ctx, e, m)
+      if (items.max_images or 0) > 0 and not ctx.model:config().vision then
+        local first
+        for _, split in ipairs({ items.train, items.test, items.val or {} }) do
+          for _, it in ipairs(split) do
+            if it.images then first = first or it; break end
+          end
+        end
+        P.usage(e.task.data._where or e.task._where, "the data has images (first: %s, %s), but model %s has no vision tower: " ..
+          "a text-only Gemma cannot read images; use a multimodal checkpoint (Gemma3ForConditionalGeneration: gemma-3-4b or larger)",
+          first and (first.where or "an example") or "?", first and first.images[1] or "?", m)
+      end
       local d = R.datasets(ctx, e, t.config)
       local where = (e.sweep and e.sweep.max_length) and e.sweep._where or P.where_of("max_length")
       -- the hint must make both splits non-empty: the larger of their shortest rejected prompts
@@ -886,14 +1082,17 @@ local function check_lengths(ctx, e, selected, items)
             sp[3], sp[1], sp[4] < math.huge and string.format("; %d would keep the shortest rejected one", sp[4] + 2) or "")
         end
       end
-      -- classify scores each label by its first token: labels must start differently
-      if e.task._kind == "classify" then
+      -- classify scores each label by its first token when those differ, else each whole label
+      -- (one scored sequence per label and example: slower, said once)
+      if e.task._kind == "classify" and not ctx.said_whole_labels then
         local first = {}
         for _, lab in ipairs(items.labels) do
           local tok = ctx.model:tokenize(lab, { bos = false })[1]
           if first[tok] then
-            P.usage(e.task._where, "classify: labels '%s' and '%s' start with the same token, so the model cannot tell them " ..
-              "apart by their first token; give labels that start differently", first[tok], lab)
+            say("note: labels '%s' and '%s' start with the same token: evaluation scores each whole label (%d scored " ..
+              "sequences per test example instead of one)", first[tok], lab, #items.labels)
+            ctx.said_whole_labels = true
+            break
           end
           first[tok] = lab
         end
@@ -933,7 +1132,7 @@ function R.run(e, cli)
     local over = 0
     for _, t in ipairs(selected) do
       local cfg = t.config
-      local opts = trainer_opts(cfg, 1, e.threads or GM_THREADS)
+      local opts = trainer_opts(cfg, 1, e.threads or GM_THREADS, items.max_images)
       local ok, plan = pcall(trial_plan, cfg.model, opts)
       local line
       if ok then

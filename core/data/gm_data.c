@@ -4,6 +4,8 @@
 #include "gm_data.h"
 
 #include "gm_alloc.h"
+#include "gm_fetch.h" /* gm_sha256_file */
+#include "gm_image.h"
 #include "gm_mmap.h"
 
 #include <ctype.h>
@@ -13,11 +15,106 @@
 
 void gm_dataset_init(gm_dataset *ds) { memset(ds, 0, sizeof *ds); }
 
+static void free_images(gm_example *e) {
+    for (int64_t i = 0; i < e->n_images; i++) {
+        if (e->images) gm_free(e->images[i]);
+        if (e->image_sha) gm_free(e->image_sha[i]);
+    }
+    gm_free(e->images);
+    gm_free(e->image_sha);
+}
+
 void gm_dataset_free(gm_dataset *ds) {
     if (!ds) return;
-    for (int64_t i = 0; i < ds->n; i++) gm_free(ds->ex[i].ids);
+    for (int64_t i = 0; i < ds->n; i++) gm_free(ds->ex[i].ids), free_images(&ds->ex[i]);
     gm_free(ds->ex);
     memset(ds, 0, sizeof *ds);
+}
+
+#define BOI_TEXT "<start_of_image>"
+
+/* The conversation's ids with each image expanded (see gm_dataset_add_chat_images). */
+static gm_status encode_mm(const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs, const gm_mm_spec *mm,
+                           int64_t n_images, int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err) {
+    char *text = NULL;
+    size_t len = 0;
+    GM_TRY(gm_chat_render(msgs, n_msgs, false, &text, &len, err));
+    /* "<start_of_image>" -> "\n\n<start_of_image><end_of_image>\n\n"; the soft tokens are put
+     * between the two as ids below (special tokens split the text, so the tokens around them are
+     * what Hugging Face's processor gets from its expanded string) */
+    static const char rep[] = "\n\n<start_of_image><end_of_image>\n\n";
+    int64_t k = 0;
+    for (const char *p = strstr(text, BOI_TEXT); p; p = strstr(p + 1, BOI_TEXT)) k++;
+    if (k != n_images) {
+        gm_free(text);
+        return gm_error_set(err, GM_ERR_INVALID, "example %lld: %lld image placeholders (<start_of_image>) but %lld images",
+                            (long long)ex_index, (long long)k, (long long)n_images);
+    }
+    size_t cap = len + (size_t)k * sizeof rep + 1;
+    char *x = gm_malloc(cap);
+    if (!x) {
+        gm_free(text);
+        return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    }
+    size_t o = 0;
+    for (const char *p = text;;) {
+        const char *q = strstr(p, BOI_TEXT);
+        size_t l = q ? (size_t)(q - p) : strlen(p);
+        memcpy(x + o, p, l), o += l;
+        if (!q) break;
+        memcpy(x + o, rep, sizeof rep - 1), o += sizeof rep - 1;
+        p = q + strlen(BOI_TEXT);
+    }
+    x[o] = '\0';
+    gm_free(text);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    gm_status s = gm_tokenizer_encode_alloc(tok, x, o, true, true, &ids, &n, err);
+    gm_free(x);
+    GM_TRY(s);
+    int64_t nb = 0, ne = 0;
+    for (int64_t i = 0; i < n; i++) nb += ids[i] == mm->boi_id, ne += ids[i] == mm->eoi_id;
+    if (nb != n_images || ne != n_images) {
+        gm_free(ids);
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "example %lld: the tokenizer does not turn <start_of_image> / <end_of_image> into the model's ids %d / "
+                            "%d (found %lld / %lld of %lld)\n  hint: the tokenizer and config.json belong to different models",
+                            (long long)ex_index, mm->boi_id, mm->eoi_id, (long long)nb, (long long)ne, (long long)n_images);
+    }
+    int32_t *out = gm_malloc((size_t)(n + n_images * mm->tokens) * sizeof *out);
+    if (!out) {
+        gm_free(ids);
+        return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    }
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        out[m++] = ids[i];
+        if (ids[i] == mm->boi_id)
+            for (int64_t t = 0; t < mm->tokens; t++) out[m++] = mm->image_token_id;
+    }
+    gm_free(ids);
+    *ids_out = out;
+    *n_out = m;
+    return GM_OK;
+}
+
+/* Adds an example (ids owned from here on); images / image_sha copied. */
+static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t max_length, int32_t label,
+                             const gm_tokenizer *tok, const gm_mm_spec *mm, const char *const *images,
+                             const char *const *image_sha, int64_t n_images, gm_error *err);
+
+gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
+                                     int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *images,
+                                     const char *const *image_sha, int64_t n_images, gm_error *err) {
+    if (n_images == 0) return gm_dataset_add_chat(ds, tok, msgs, n_msgs, max_length, label, err);
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    gm_status s = encode_mm(tok, msgs, n_msgs, mm, n_images, ds->n + ds->n_rejected, &ids, &n, err);
+    if (s != GM_OK) {
+        ds->n_rejected++;
+        return s;
+    }
+    return add_example(ds, ids, n, max_length, label, tok, mm, images, image_sha, n_images, err);
 }
 
 gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
@@ -29,6 +126,13 @@ gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_
         ds->n_rejected++;
         return s;
     }
+    return add_example(ds, ids, n, max_length, label, tok, NULL, NULL, NULL, 0, err);
+}
+
+static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t max_length, int32_t label,
+                             const gm_tokenizer *tok, const gm_mm_spec *mm, const char *const *images,
+                             const char *const *image_sha, int64_t n_images, gm_error *err) {
+    gm_status s;
     int64_t start = 0;
     s = gm_chat_response_start(tok, ids, n, &start, err);
     if (s != GM_OK) {
@@ -40,6 +144,22 @@ gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_
         gm_free(ids);
         ds->n_rejected++;
         return gm_error_set(err, GM_ERR_INVALID, "example %lld: the model turn is empty", (long long)ds->n + ds->n_rejected - 1);
+    }
+    /* never cut into an image: the cut must not fall between an image's <start_of_image> and its
+     * <end_of_image> (checked before the prompt's length: it names the image) */
+    for (int64_t i = 0, k = 0; mm && n > max_length && i < n; i++) {
+        if (ids[i] != mm->boi_id) continue;
+        k++;
+        int64_t end = i + mm->tokens + 1; /* its <end_of_image> */
+        if (i < max_length && end >= max_length) {
+            gm_free(ids);
+            ds->n_rejected++;
+            return gm_error_set(err, GM_ERR_INVALID,
+                                "example %lld: max_length = %lld cuts into image %lld (%s), whose tokens span positions "
+                                "%lld..%lld (the prompt takes %lld tokens)\n  hint: raise max_length, or shorten the text",
+                                (long long)(ds->n + ds->n_rejected - 1), (long long)max_length, (long long)k, images[k - 1],
+                                (long long)i, (long long)end, (long long)start);
+        }
     }
     if (start >= max_length) {
         gm_free(ids);
@@ -62,8 +182,60 @@ gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_
         ds->ex = ex;
         ds->cap = cap;
     }
-    ds->ex[ds->n++] = (gm_example){ids, n, start, label};
+    gm_example e = {ids, n, start, label, NULL, NULL, 0};
+    if (n_images > 0) {
+        e.images = gm_calloc((size_t)n_images, sizeof *e.images);
+        e.image_sha = gm_calloc((size_t)n_images, sizeof *e.image_sha);
+        bool ok = e.images && e.image_sha;
+        e.n_images = ok ? n_images : 0;
+        for (int64_t i = 0; ok && i < n_images; i++) {
+            e.images[i] = gm_strdup(images[i]);
+            e.image_sha[i] = gm_strdup(image_sha && image_sha[i] ? image_sha[i] : "");
+            ok = e.images[i] && e.image_sha[i];
+        }
+        if (!ok) {
+            free_images(&e);
+            gm_free(ids);
+            return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        }
+    }
+    ds->ex[ds->n++] = e;
+    (void)tok;
     return GM_OK;
+}
+
+int64_t gm_dataset_max_images(const gm_dataset *ds) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < ds->n; i++) m = ds->ex[i].n_images > m ? ds->ex[i].n_images : m;
+    return m;
+}
+
+gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, int64_t S, int64_t max_images,
+                          float *pixels, int64_t *n_images, gm_error *err) {
+    *n_images = 0;
+    gm_image_opts o = gm_image_opts_gemma3(S);
+    for (int64_t b = 0; b < B; b++) {
+        const gm_example *e = &ds->ex[idx[b]];
+        for (int64_t i = 0; i < e->n_images; i++) {
+            if (*n_images >= max_images)
+                return gm_error_set(err, GM_ERR_INVALID, "a batch holds more than %lld images (the plan's limit)",
+                                    (long long)max_images);
+            gm_image_pixels px = {0};
+            GM_TRY(gm_image_preprocess_file(e->images[i], NULL, &o, &px, err));
+            memcpy(pixels + *n_images * 3 * S * S, px.data, (size_t)(3 * S * S) * sizeof(float));
+            gm_image_pixels_free(&px);
+            (*n_images)++;
+        }
+    }
+    return GM_OK;
+}
+
+gm_status gm_image_check(const char *path, char sha_hex[65], int64_t *w, int64_t *h, gm_error *err) {
+    gm_image img = {0};
+    GM_TRY(gm_image_load(path, NULL, &img, err));
+    *w = img.w, *h = img.h;
+    gm_image_free(&img);
+    return gm_sha256_file(path, sha_hex, err);
 }
 
 gm_status gm_dataset_sha256(const gm_dataset *ds, char hex[65], gm_error *err) {
@@ -79,6 +251,7 @@ gm_status gm_dataset_sha256(const gm_dataset *ds, char hex[65], gm_error *err) {
         EVP_DigestUpdate(ctx, &e->response_start, sizeof e->response_start);
         EVP_DigestUpdate(ctx, &e->label, sizeof e->label);
         EVP_DigestUpdate(ctx, e->ids, (size_t)e->n * sizeof *e->ids);
+        for (int64_t k = 0; k < e->n_images; k++) EVP_DigestUpdate(ctx, e->image_sha[k], strlen(e->image_sha[k]));
     }
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;

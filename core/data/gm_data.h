@@ -33,7 +33,19 @@ typedef struct gm_example {
     int64_t n;
     int64_t response_start; /* index of the first response token in ids */
     int32_t label;         /* class index for classification sets, -1 otherwise */
+    /* images (multimodal), in the order of their soft-token runs in ids: file paths and the
+     * sha256 of each file (64 hex digits; part of the data set's identity), owned */
+    char **images, **image_sha;
+    int64_t n_images;
 } gm_example;
+
+/* How a multimodal model takes images into its prompt (gemma_architecture.md §2.4): each
+ * "<start_of_image>" the chat template writes becomes "\n\n" boi + tokens x image_token + eoi
+ * "\n\n" (transformers' Gemma3Processor). */
+typedef struct gm_mm_spec {
+    int32_t boi_id, eoi_id, image_token_id;
+    int64_t tokens;        /* soft tokens per image */
+} gm_mm_spec;
 
 typedef struct gm_dataset {
     gm_example *ex;
@@ -52,9 +64,35 @@ void gm_dataset_free(gm_dataset *ds);
 gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                               int64_t max_length, int32_t label, gm_error *err);
 
+/* The same for a conversation with images: msgs' text holds one "<start_of_image>" per image
+ * (what Gemma's chat template writes for an image item), images[i] / image_sha[i] the i-th image's
+ * file and its sha256 (checked by the caller: gm_image_check). The placeholders are expanded as
+ * mm says. GM_ERR_INVALID (not added) when the placeholders and the images differ in number, when
+ * the tokenizer's <start_of_image> / <end_of_image> are not the config's ids, or when max_length
+ * would cut into an image (naming the image, its tokens' span and max_length): truncation never
+ * splits an image. */
+gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
+                                     int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *images,
+                                     const char *const *image_sha, int64_t n_images, gm_error *err);
+
+/* The most images one example of ds has (for planning a micro-batch's image path). */
+int64_t gm_dataset_max_images(const gm_dataset *ds);
+
+/* The images of examples idx[0..B) in batch order, each decoded and preprocessed (core/image:
+ * Gemma 3's processor, S x S) into pixels (room for max_images x 3 x S x S floats); *n_images
+ * receives their count. Errors name the file (it may have changed since the data set was built):
+ * GM_ERR_INVALID when more than max_images, the decoder's errors otherwise. */
+gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, int64_t S, int64_t max_images,
+                          float *pixels, int64_t *n_images, gm_error *err);
+
+/* Decodes an image file completely (a truncated or corrupt file is found here, before training)
+ * and hashes it: sha_hex (65 chars) the file's sha256, *w / *h its size after EXIF orientation.
+ * Errors name the file (core/image/gm_image.h). */
+gm_status gm_image_check(const char *path, char sha_hex[65], int64_t *w, int64_t *h, gm_error *err);
+
 /* The identity of the data actually trained or evaluated on, for provenance: sha256 over every
  * example in order - its token count, response start, label (int64, int64, int32, little-endian)
- * and token ids (int32) - as 64 hex digits. Two data sets hash equal iff the model sees the same
+ * and token ids (int32), and the sha256 of each of its images - as 64 hex digits. Two data sets hash equal iff the model sees the same
  * tokens with the same supervision: an edited file, another tokenizer, max_length or template
  * changes it; a reformatted but equivalent file does not. Errors: GM_ERR_IO if OpenSSL fails. */
 gm_status gm_dataset_sha256(const gm_dataset *ds, char hex[65], gm_error *err);

@@ -276,7 +276,8 @@ gm_status gm_model_prefix(const char *path, char *out, size_t cap, gm_error *err
  * prefix, the projector's below the multimodal model's root. The root is what the text decoder's
  * prefix says ("language_model.model." in the hub's layout: root ""; "model.language_model.": root
  * "model."); the tower is "vision_tower.vision_model." (the hub's files, gemma_architecture.md
- * §5.2) or "vision_tower." (transformers 5's save_pretrained), whichever holds its patch embedding. */
+ * §5.2) or "vision_tower." (transformers 5's save_pretrained), whichever holds its patch embedding;
+ * with neither, the checkpoint's tower was stripped and the model loads as a text model. */
 static gm_status load_vision(gm_model *m, const char *text_prefix, gm_error *err) {
     gm_model *v = gm_calloc(1, sizeof *v);
     if (!v) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
@@ -294,11 +295,16 @@ static gm_status load_vision(gm_model *m, const char *text_prefix, gm_error *err
         snprintf(probe, sizeof probe, "%s%sembeddings.patch_embedding.weight", root, towers[i]);
         if (gm_safetensors_find(m->st, probe)) snprintf(v->prefix, sizeof v->prefix, "%s%s", root, towers[i]);
     }
-    if (!v->prefix[0])
-        return gm_error_set(err, GM_ERR_NOT_FOUND,
-                            "%s: config.json has a vision_config, but no vision tower weights were found (looked for "
-                            "%svision_tower.vision_model.embeddings.patch_embedding.weight and %svision_tower.embeddings...)",
-                            m->path, root, root);
+    if (!v->prefix[0]) {
+        /* a multimodal checkpoint with its tower stripped: a text model (images are refused later,
+         * naming the model) */
+        GM_INFO("%s: config.json has a vision_config but the files hold no vision tower (no "
+                    "%svision_tower[.vision_model].embeddings.patch_embedding.weight): loaded as a text model",
+                    m->path, root);
+        m->vision = NULL;
+        gm_model_free(v);
+        return GM_OK;
+    }
     GM_TRY(setup_arch(v, err));
     gm_arena_init(&v->arena, "vision tower vectors", GM_DEVICE_CPU);
     GM_TRY(bind_all(v, v->prefix, err));

@@ -64,13 +64,14 @@ bad "a label given without data" "classify.labels: 'durian' has no example in th
 sed 's/prompt = "Which fruit?"/prompt = "Which fruit?", labels = {"cherry", "apple", "berry"}/' tiny.lua > relabel.lua
 expect_run "labels given in another order are matched by name" 0 "labels cherry, apple, berry" -- "$GM" relabel.lua --dry-run
 mkdir -p samefirst/cat samefirst/category && for lab in cat category; do for i in 1 2 3 4 5; do echo "note $i $lab" > samefirst/$lab/$i.txt; done; done
-bad "labels with the same first token, in the dry run" "classify: labels 'cat' and 'category' start with the same token" 's/root = "data"/root = "samefirst"/'
+sed 's/root = "data"/root = "samefirst"/' tiny.lua > samefirst.lua
+expect_run "labels with the same first token: a note, then each whole label is scored" 0 "note: labels 'cat' and 'category' start with the same token: evaluation scores each whole label.*final accuracy" -- "$GM" samefirst.lua --trial 1
 { for i in 1 2 3 4 5 6 7 8 9 10; do echo '{"messages": [{"role": "user", "content": "say '$i'"}, {"role": "assistant", "content": "'$i'"}]}'; done
   echo '{"messages": [{"role": "user", "content": "no answer"}]}'
   echo '{"messages": []}'
   echo '{"messages": [{"role": "robot", "content": "beep"}, {"role": "assistant", "content": "x"}]}'; } > mixed.jsonl
 sed 's/task = classify { data = data.folder { root = "data" }, prompt = "Which fruit?" }/task = sft { data = data.jsonl { train = "mixed.jsonl" } }/; s/metric = "accuracy"/metric = "loss"/' tiny.lua > sftmixed.lua
-expect_run "bad conversations are rejected with their line, the rest run" 0 "warning: 3 conversations rejected while reading \(first: mixed.jsonl:11: the conversation does not end with an assistant turn" -- "$GM" sftmixed.lua --dry-run
+expect_run "bad conversations are rejected with their line, the rest run" 0 "warning: 3 examples rejected while reading:.*mixed.jsonl:11: the conversation does not end with an assistant turn" -- "$GM" sftmixed.lua --dry-run
 expect_run "invalid: a file returning a plain table" 2 "t.lua returns a table that is not an experiment" -- bash -c "echo 'return {name = \"x\"}' > t.lua; '$GM' t.lua"
 sed 's/^return experiment/local e = experiment/' tiny.lua > noreturn.lua
 expect_run "invalid: an experiment built but not returned" 2 "noreturn.lua builds experiment\{...\} but does not return it" -- "$GM" noreturn.lua

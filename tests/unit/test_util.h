@@ -89,6 +89,13 @@
 #define TOL_MERGED_BF16_TINY_ABS 0.3
 #define TOL_MERGED_LLAMA_F16_ABS 0.1
 #define TOL_MERGED_LLAMA_Q8_0_ABS 2.0
+/* The tiny multimodal Gemma 3 (tests/ref/make_vision_ref.py: SigLIP tower of 2 layers, width 32,
+ * 16 patches; the tiny Gemma 3 decoder) against transformers on CPU in f32 (tests/unit/
+ * test_vision.c), every weight layout: identical math, other summation orders (OpenBLAS vs ATen,
+ * double vs f32 LayerNorm statistics). Measured 2026-12-02: tower output 1.61e-6, soft tokens
+ * 1.07e-6 (magnitudes <= ~4); logits with 1, 2 and no images 6.56e-6. Bounds 3x. */
+#define TOL_VISION_TOWER_TINY_ABS 5e-6
+#define TOL_VISION_LOGITS_TINY_ABS 2e-5
 /* Gradient checks (tests/unit/test_grad.c). f32 analytic gradients vs the 4th-order central
  * difference of a double-precision loss, relative to the tensor's largest gradient: measured
  * <= 2.6e-7 on every kernel (2026-11-30); 5e-6 leaves room for other inputs and still catches any
@@ -178,6 +185,13 @@
 /* A bootstrap p-value vs the exact probability it estimates (computable for 0/1 scores): within 4
  * Monte Carlo standard deviations sqrt(p(1-p)/B), plus 1/B for the +1 of the p-value. */
 #define TOL_BOOT_MC_SD 4.0
+/* Image preprocessing (core/image, test_image.c): decoding, resize and pixel_values equal PIL and
+ * Gemma3ImageProcessorPil exactly. transformers' default Gemma3ImageProcessor (torchvision backend)
+ * is not the reference: its antialiased bilinear resize rounds differently, so a few 8-bit levels
+ * move by one (measured 2026-12-02, chelsea.png at 896: 12 of 2,408,448 values), one level being
+ * 2/255 = 0.00784 after (x - 0.5) / 0.5, plus <= 6e-8 from its fused (x - 127.5) / 127.5. Bound:
+ * one level and a float's rounding; a wrong filter or size moves values by many levels. */
+#define TOL_IMAGE_TORCHVISION_ABS (2.0 / 255 + 1e-6)
 /* Tokenizer, chat template, parsers: exact. */
 
 /* ---- checks ---- */

@@ -9,6 +9,7 @@
 #include "test_util.h"
 
 #include "gm_alloc.h"
+#include "gm_data.h"
 #include "gm_decoder.h"
 #include "gm_model.h"
 #include "gm_train.h"
@@ -36,9 +37,9 @@ static void check_tower(const gm_model *m, const char *label) {
         CHECK(gm_vision_encode(v, pix, 2, out, h, &err) == GM_OK, "%s: encode: %s", label, err.msg);
         char what[128];
         snprintf(what, sizeof what, "%s: tower last_hidden_state vs transformers", label);
-        printf("%s: max |diff| %.2e\n", what, gm_check_close(what, h, hid, 2 * 16 * 32, TOL_TINY_LOGITS_ABS, 0));
+        printf("%s: max |diff| %.2e\n", what, gm_check_close(what, h, hid, 2 * 16 * 32, TOL_VISION_TOWER_TINY_ABS, 0));
         snprintf(what, sizeof what, "%s: soft tokens (projector) vs transformers", label);
-        printf("%s: max |diff| %.2e\n", what, gm_check_close(what, out, feat, 2 * 4 * 64, TOL_TINY_LOGITS_ABS, 0));
+        printf("%s: max |diff| %.2e\n", what, gm_check_close(what, out, feat, 2 * 4 * 64, TOL_VISION_TOWER_TINY_ABS, 0));
         /* more images than planned: a clear error, nothing run */
         CHECK(gm_vision_encode(v, pix, 3, out, NULL, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "planned for 1..2"),
               "%s: 3 images on a 2-image plan: %s", label, err.msg);
@@ -104,13 +105,13 @@ static void check_mm(const gm_model *m) {
     if (got)
         printf("multimodal logits vs transformers: max |diff| %.2e\n",
                gm_check_close("multimodal logits (1 image, 2 images, text only) vs transformers", got, ref, n,
-                              TOL_TINY_LOGITS_ABS, 0));
+                              TOL_VISION_LOGITS_TINY_ABS, 0));
     /* the same without the image mask: as far from the reference as transformers' own causal run */
     float *causal = mm_logits(m, false);
     if (causal) {
         double d = 0;
         for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)causal[i] - ref[i]));
-        CHECK_NEAR(d, causal_diff, TOL_TINY_LOGITS_ABS, "causal-only logits: max diff to the reference");
+        CHECK_NEAR(d, causal_diff, TOL_VISION_LOGITS_TINY_ABS, "causal-only logits: max diff to the reference");
         printf("causal-only logits: %.4f from the reference (transformers' causal run: %.4f)\n", d, causal_diff);
     }
     gm_free(got), gm_free(causal), gm_free(ref);
@@ -212,6 +213,59 @@ static void check_lora(const gm_model *m) {
     gm_free(ids), gm_free(labels), gm_free(pix), gm_free(loss_ref), gm_free(tg);
 }
 
+/* Examples with images (gm_dataset_add_chat_images) on the tiny multimodal model's tokenizer:
+ * each <start_of_image> becomes "\n\n" boi, 4 soft tokens, eoi "\n\n" as transformers' processor
+ * writes it; placeholders and images must agree in number; max_length never cuts into an image. */
+static void check_data(void) {
+    gm_error err = {0};
+    gm_model *m = NULL;
+    if (gm_model_load(gm_test_path("tests/ref/tiny_gemma3_vision_chat"), NULL, &m, &err) != GM_OK) {
+        CHECK(false, "load tiny_gemma3_vision_chat: %s", err.msg);
+        return;
+    }
+    const gm_vision_config *v = &m->cfg.vision;
+    gm_mm_spec mm = {v->boi_id, v->eoi_id, v->image_token_id, v->tokens};
+    gm_chat_msg msgs[2] = {{"user", "<start_of_image>What is it?"}, {"assistant", "A cat"}};
+    const char *imgs[2] = {"a.jpg", "b.jpg"}, *sha[2] = {"00", "11"};
+    gm_dataset ds;
+    gm_dataset_init(&ds);
+    CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 64, -1, &mm, imgs, sha, 1, &err) == GM_OK, "add: %s", err.msg);
+    if (ds.n == 1) {
+        const gm_example *e = &ds.ex[0];
+        /* transformers' processor: the template's text with "<start_of_image>" replaced by
+         * "\n\n<start_of_image>" + 4 x "<image_soft_token>" + "<end_of_image>\n\n", tokenized */
+        static const char want_text[] = "<start_of_turn>user\n\n\n<start_of_image><end_of_image>\n\nWhat is it?<end_of_turn>\n"
+                                        "<start_of_turn>model\nA cat<end_of_turn>\n";
+        int32_t *w = NULL;
+        int64_t nw = 0, b = -1;
+        CHECK(gm_tokenizer_encode_alloc(m->tok, want_text, sizeof want_text - 1, true, true, &w, &nw, &err) == GM_OK, "%s", err.msg);
+        for (int64_t i = 0; i < nw; i++)
+            if (w[i] == v->boi_id) b = i;
+        bool ok = b > 0 && e->n == nw + 4;
+        for (int64_t i = 0; ok && i < e->n; i++) {
+            int32_t want = i <= b ? w[i] : i <= b + 4 ? v->image_token_id : w[i - 4];
+            ok = e->ids[i] == want;
+        }
+        CHECK(ok, "the image expands as transformers' processor writes it (%lld tokens, expected %lld)", (long long)e->n,
+              (long long)(nw + 4));
+        gm_free(w);
+        CHECK(e->n_images == 1 && strcmp(e->images[0], "a.jpg") == 0 && gm_dataset_max_images(&ds) == 1, "the example's images");
+        /* a max_length that cuts between boi and eoi: refused, naming the image and the span */
+        int64_t cut = b + 3; /* between the image's boi and eoi */
+        CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, cut, -1, &mm, imgs, sha, 1, &err) == GM_ERR_INVALID &&
+                  gm_test_contains(err.msg, "cuts into image 1 (a.jpg)"),
+              "max_length inside the image: %s", err.msg);
+        /* at the image's end exactly (eoi is the last kept token): also a cut (no response left
+         * anyway); the data set still holds one example */
+        CHECK(ds.n == 1, "refused examples are not added (%lld)", (long long)ds.n);
+    }
+    CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 64, -1, &mm, imgs, sha, 2, &err) == GM_ERR_INVALID &&
+              gm_test_contains(err.msg, "1 image placeholders (<start_of_image>) but 2 images"),
+          "placeholders vs images: %s", err.msg);
+    gm_dataset_free(&ds);
+    gm_model_free(m);
+}
+
 int main(void) {
     /* the three key layouts (make_vision_ref.py): hub, converters', transformers 5's save */
     const char *dirs[3] = {"tests/ref/tiny_gemma3_vision", "tests/ref/tiny_gemma3_vision_newkeys",
@@ -235,6 +289,7 @@ int main(void) {
         }
         gm_model_free(m);
     }
+    check_data();
     /* a text-only checkpoint has no image path: a clear error */
     gm_error err = {0};
     gm_model *m = NULL;

@@ -1,0 +1,66 @@
+# End-to-end: images through `gemmarun` (issue 10) on the tiny multimodal Gemma 3 with a tokenizer
+# (tests/ref/tiny_gemma3_vision_chat: a random SigLIP tower, the projector and the tiny Gemma 3 of
+# tests/ref/make_vision_ref.py) and real photos (tests/ref/images: scikit-image's chelsea.png and
+# files derived from it, tests/ref/make_image_ref.py):
+#   - sft{} on a chat JSONL whose user turns hold {"type": "image", "path": ...} parts (paths
+#     relative to the JSONL file, one or two images per conversation): trains, evaluates, writes
+#     its results file and the table;
+#   - classify{} on data.image_folder{}: the same, with labels from the folder names;
+#   - an unusable image (corrupt, truncated, not an image) is named with its example and reason,
+#     the run goes on without it; a file that does not exist likewise;
+#   - the same data on a text-only model stops before any work, naming the image and the model.
+source "$(dirname "$0")/lib.bash"
+SRC=$(pwd)
+cd "$TMP"
+IMG="$SRC/tests/ref/images"
+mkdir -p data/pics
+cp "$IMG"/small.jpg "$IMG"/gray.jpg "$IMG"/wide.jpg "$IMG"/tall.jpg "$IMG"/palette.png "$IMG"/rgba.png data/pics/
+cp "$IMG"/bad/truncated.jpg data/pics/ 2>/dev/null || head -c 600 "$IMG/small.jpg" > data/pics/truncated.jpg
+printf 'GIF89a not really' > data/pics/fake.gif.png
+pics=(small.jpg gray.jpg wide.jpg tall.jpg palette.png rgba.png)
+for i in $(seq 1 24); do
+  a=${pics[$((i % 6))]}
+  b=${pics[$(((i + 1) % 6))]}
+  if [ $((i % 4)) -eq 0 ]; then
+    content="[{\"type\": \"image\", \"path\": \"pics/$a\"}, {\"type\": \"image\", \"path\": \"pics/$b\"}, {\"type\": \"text\", \"text\": \"Compare them.\"}]"
+  else
+    content="[{\"type\": \"image\", \"path\": \"pics/$a\"}, {\"type\": \"text\", \"text\": \"What is this?\"}]"
+  fi
+  echo "{\"messages\": [{\"role\": \"user\", \"content\": $content}, {\"role\": \"assistant\", \"content\": \"Picture $i is $a\"}]}"
+done > data/chat.jsonl
+# unusable images: each conversation is named with its file and the reason
+echo '{"messages": [{"role": "user", "content": [{"type": "image", "path": "pics/truncated.jpg"}, {"type": "text", "text": "?"}]}, {"role": "assistant", "content": "x"}]}' >> data/chat.jsonl
+echo '{"messages": [{"role": "user", "content": [{"type": "image", "path": "pics/fake.gif.png"}, {"type": "text", "text": "?"}]}, {"role": "assistant", "content": "x"}]}' >> data/chat.jsonl
+echo '{"messages": [{"role": "user", "content": [{"type": "image", "path": "pics/missing.jpg"}, {"type": "text", "text": "?"}]}, {"role": "assistant", "content": "x"}]}' >> data/chat.jsonl
+mk() { # NAME MODEL TASK
+  cat > "$1.lua" <<LUA
+return experiment {
+  name = "$1",
+  model = "$2",
+  task = $3,
+  train = { epochs = 1, batch = 2, lr = 1e-2, rank = 4, alpha = 8, max_length = 64, schedule = "constant", warmup = 0 },
+  seeds = {1},
+}
+LUA
+}
+VIS="$SRC/tests/ref/tiny_gemma3_vision_chat"
+mk chat "$VIS" 'sft { data = data.jsonl { train = "data/chat.jsonl", test_fraction = 0.25 } }'
+expect_run "sft on chat with image parts: trains and evaluates" 0 "final loss" -- "$GM" chat.lua
+expect_run "the unusable images are named with their reason" 0 "truncated\.jpg.*(truncat|premature|corrupt)" -- "$GM" chat.lua --dry-run
+expect_run "a results file and the table" 0 "trial-[0-9a-f]+\.h5" -- ls results/chat
+out=$("$GM" chat.lua --dry-run 2>&1)
+for f in fake.gif.png missing.jpg; do
+  case "$out" in *"$f"*) pass=$((pass + 1)); echo "ok    --dry-run names $f" ;;
+  *) fail=$((fail + 1)); echo "FAIL  --dry-run does not name $f"; echo "$out" | tail -5 ;; esac
+done
+# classify on an image folder (labels from the folder names; their first tokens differ)
+mkdir -p folder/color folder/gray
+cp "$IMG"/small.jpg "$IMG"/wide.jpg "$IMG"/tall.jpg "$IMG"/palette.png "$IMG"/rgba.png "$IMG"/orient3.jpg folder/color/
+cp "$IMG"/gray.jpg "$IMG"/gray.png "$IMG"/gray16.png "$IMG"/gray_alpha.png "$IMG"/gray4.png "$IMG"/gray1.png folder/gray/
+mk pics "$VIS" 'classify { data = data.image_folder { root = "folder", test = 3 }, prompt = "Is this photo in color?" }'
+expect_run "classify on data.image_folder: baseline, training, accuracy" 0 "accuracy" -- "$GM" pics.lua
+# the same data on a text-only model: stopped before any work, naming the image and the model
+mk text "$SRC/tests/ref/tiny_gemma3_chat" 'sft { data = data.jsonl { train = "data/chat.jsonl", test_fraction = 0.25 } }'
+expect_run "images on a text-only model: refused, naming the image and the model" 2 "has images.*pics/.*no vision tower" -- "$GM" text.lua
+[ ! -e results/text ] && { pass=$((pass + 1)); echo "ok    nothing written for the refused run"; } || { fail=$((fail + 1)); echo "FAIL  results/text exists"; }
+finish

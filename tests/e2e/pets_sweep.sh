@@ -1,0 +1,64 @@
+# End-to-end: experiments/pets_sweep.lua itself - the command our users type - on a small data set
+# in Oxford-IIIT Pet's official layout (images/<Breed>_<n>.jpg, annotations/trainval.txt and
+# test.txt; real JPEG files: the photos of tests/ref/images, written by PIL through libjpeg) with
+# the tiny multimodal Gemma 3 (tests/ref/tiny_gemma3_vision_chat), the sweep cut to one point by
+# --set: the zero-shot baseline, training, whole-label scoring of the 37 breeds (their names share
+# first tokens), the HDF5 results and the table. Then the data set's errors: a missing annotation
+# file, a class id out of range and a name that contradicts its class id each stop the run naming
+# the file (and line), before any work, and the results already written stay as they were.
+source "$(dirname "$0")/lib.bash"
+SRC=$(pwd)
+cd "$TMP"
+classes=(Abyssinian american_bulldog american_pit_bull_terrier basset_hound beagle Bengal Birman Bombay boxer
+  British_Shorthair chihuahua Egyptian_Mau english_cocker_spaniel english_setter german_shorthaired great_pyrenees
+  havanese japanese_chin keeshond leonberger Maine_Coon miniature_pinscher newfoundland Persian pomeranian pug Ragdoll
+  Russian_Blue saint_bernard samoyed scottish_terrier shiba_inu Siamese Sphynx staffordshire_bull_terrier
+  wheaten_terrier yorkshire_terrier)
+jpgs=("$SRC"/tests/ref/images/*.jpg)
+mkdir -p pets/images pets/annotations
+: > pets/annotations/trainval.txt
+: > pets/annotations/test.txt
+k=0
+for c in "${!classes[@]}"; do
+  id=$((c + 1)) name=${classes[$c]}
+  for n in 1 2; do
+    cp "${jpgs[$((k % ${#jpgs[@]}))]}" "pets/images/${name}_$n.jpg"
+    k=$((k + 1))
+  done
+  echo "${name}_1 $id $((c % 2 + 1)) $id" >> pets/annotations/trainval.txt
+  # a test image for every 9th breed (5 in all: 5 x 37 scored label sequences per evaluation)
+  [ $((c % 9)) -eq 0 ] && echo "${name}_2 $id $((c % 2 + 1)) $id" >> pets/annotations/test.txt
+done
+export PETS_ROOT=pets GEMMA_MODEL="$SRC/tests/ref/tiny_gemma3_vision_chat"
+SET=(--set rank=4 --set alpha=8 --set lr=1e-2 --set quant=bf16 --set max_length=96 --set seeds=1)
+expect_run "pets_sweep.lua --dry-run: 37 breeds, whole-label scoring, the plan" 0 \
+  "whole label.*data: 37 training and 5 test examples.*trial  1 .*plan" -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}" --dry-run
+expect_run "pets_sweep.lua: baseline, training, final accuracy, the table" 0 \
+  "baseline accuracy.*final accuracy.*pets_sweep: accuracy.*written: results/pets_sweep.md" -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"
+find_python "h5py, numpy"
+if [ -n "$PY" ]; then
+  expect_run "the trial's results: 37 labels, a 37 x 37 confusion matrix over the 5 test images" 0 "^ok 5$" -- "$PY" -c "
+import glob, h5py
+f = h5py.File(glob.glob('results/pets_sweep/trial-*.h5')[0], 'r')
+ev = f['eval/final']
+assert len(ev['labels']) == 37 and ev['confusion'].shape == (37, 37), (len(ev['labels']), ev['confusion'].shape)
+print('ok', int(ev['confusion'][:].sum()))"
+else
+  skip_unless_ci "the results file's contents (h5py: run ./setup.sh)"
+fi
+sum_before=$(sha256sum results/pets_sweep.h5 | cut -d' ' -f1)
+# the data set's errors, each before any work
+cp pets/annotations/test.txt test.keep
+echo "Abyssinian_2 38 1 1" >> pets/annotations/test.txt
+expect_run "a class id out of range: file and line" 2 "pets/annotations/test.txt:6: class id 38 is outside 1\.\.37" -- \
+  "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"
+cp test.keep pets/annotations/test.txt
+echo "Bengal_2 1 1 1" >> pets/annotations/test.txt
+expect_run "a name against its class id: file and line" 2 "test.txt:6: image Bengal_2 has class id 1 \(Abyssinian\), but its name says Bengal" -- \
+  "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"
+rm pets/annotations/test.txt
+expect_run "a missing annotation file: named" 2 "pets/annotations/test.txt: .*annotations.tar.gz" -- \
+  "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"
+[ "$(sha256sum results/pets_sweep.h5 | cut -d' ' -f1)" = "$sum_before" ] && { pass=$((pass + 1)); echo "ok    results/pets_sweep.h5 unchanged by the refused runs"; } \
+  || { fail=$((fail + 1)); echo "FAIL  results/pets_sweep.h5 changed"; }
+finish
