@@ -37,6 +37,55 @@ end
 --------------------------------------------------------------------------------------------------
 -- data
 
+--- The examples of a labelled folder (data.folder, data.image_folder) into items: root/<label>/<file>
+--- (or root/train/<label> and root/test/<label>), the folder name is the label; item(path) makes a
+--- file's example (nil: not one). Without train/ and test/, every `test`-th example of each label
+--- (default 5: 20%) is a test example. A label folder without an example is an error (`what` it
+--- needs): a label the model could never see.
+local function labelled_folder(d, items, what, item)
+  local count, folder_of, index = {}, {}, {} -- examples per label, a folder of it (for the message)
+  local function read_split(root, into)
+    for _, lab in ipairs(gm.list_dir(root)) do
+      local dir = root .. "/" .. lab
+      if gm.is_dir(dir) then
+        local li = index[lab]
+        if not li then
+          items.labels[#items.labels + 1] = lab
+          li = #items.labels
+          index[lab] = li
+          count[li], folder_of[li] = 0, dir
+        end
+        for _, f in ipairs(gm.list_dir(dir)) do
+          local it = item(dir .. "/" .. f)
+          if it then
+            it.label = li
+            into[#into + 1] = it
+            count[li] = count[li] + 1
+          end
+        end
+      end
+    end
+  end
+  if not gm.is_dir(d.root) then P.usage(d._where, "data.%s: %s is not a folder", d._kind, d.root) end
+  if gm.is_dir(d.root .. "/train") and gm.is_dir(d.root .. "/test") then
+    read_split(d.root .. "/train", items.train)
+    read_split(d.root .. "/test", items.test)
+  else
+    local all = {}
+    read_split(d.root, all)
+    local every, seen = d.test or 5, {}
+    for _, it in ipairs(all) do
+      seen[it.label] = (seen[it.label] or 0) + 1
+      if seen[it.label] % every == 0 then items.test[#items.test + 1] = it else items.train[#items.train + 1] = it end
+    end
+  end
+  for li, lab in ipairs(items.labels) do
+    if count[li] == 0 then
+      P.usage(d._where, "data.%s: %s (label '%s') has no %s; add examples or remove the folder", d._kind, folder_of[li], lab, what)
+    end
+  end
+end
+
 --- Raw items of a classification data set: {train = {{text, label}...}, test = ..., labels = {...}}.
 local function load_classify_items(d)
   local items = { train = {}, test = {}, labels = {} }
@@ -53,97 +102,16 @@ local function load_classify_items(d)
       for i = n_train + 1, n_train + n_test do items.test[#items.test + 1] = { text = f[i], label = li } end
     end
   elseif d._kind == "folder" then
-    local count, folder_of = {}, {} -- examples per label, and a folder of it (for the message)
-    local function read_split(root, into, label_index)
-      for _, lab in ipairs(gm.list_dir(root)) do
-        if gm.is_dir(root .. "/" .. lab) then
-          local li = label_index[lab]
-          if not li then
-            items.labels[#items.labels + 1] = lab
-            li = #items.labels
-            label_index[lab] = li
-            count[li], folder_of[li] = 0, root .. "/" .. lab
-          end
-          for _, f in ipairs(gm.list_dir(root .. "/" .. lab)) do
-            local text = gm.read_text(root .. "/" .. lab .. "/" .. f)
-            if #text <= (d.max_chars or 4000) then
-              into[#into + 1] = { text = text, label = li }
-              count[li] = count[li] + 1
-            end
-          end
-        end
-      end
-    end
-    -- a label folder without a usable example would be a label the model can never see
-    local function check_counts()
-      for li, lab in ipairs(items.labels) do
-        if count[li] == 0 then
-          P.usage(d._where, "data.folder: %s (label '%s') has no text file of at most %d characters; add examples or remove the folder",
-            folder_of[li], lab, d.max_chars or 4000)
-        end
-      end
-    end
-    if not gm.is_dir(d.root) then P.usage(d._where, "data.folder: %s is not a folder", d.root) end
-    local index = {}
-    if gm.is_dir(d.root .. "/train") and gm.is_dir(d.root .. "/test") then
-      read_split(d.root .. "/train", items.train, index)
-      read_split(d.root .. "/test", items.test, index)
-    else
-      local all = {}
-      read_split(d.root, all, index)
-      -- fixed split: every `test`-th item of each label goes to the test set (default 5: 20%)
-      local every, seen = d.test or 5, {}
-      for _, it in ipairs(all) do
-        seen[it.label] = (seen[it.label] or 0) + 1
-        if seen[it.label] % every == 0 then items.test[#items.test + 1] = it else items.train[#items.train + 1] = it end
-      end
-    end
-    check_counts()
+    labelled_folder(d, items, "text file of at most " .. (d.max_chars or 4000) .. " characters", function(path)
+      local text = gm.read_text(path)
+      if #text <= (d.max_chars or 4000) then return { text = text } end
+    end)
   elseif d._kind == "image_folder" then
-    -- root/<label>/<image> (or root/train/<label>, root/test/<label>): the folder is the label
     local IMAGE_EXT = { png = true, jpg = true, jpeg = true }
-    local count, folder_of, index = {}, {}, {}
-    local function read_split(root, into)
-      for _, lab in ipairs(gm.list_dir(root)) do
-        local dir = root .. "/" .. lab
-        if gm.is_dir(dir) then
-          local li = index[lab]
-          if not li then
-            items.labels[#items.labels + 1] = lab
-            li = #items.labels
-            index[lab] = li
-            count[li], folder_of[li] = 0, dir
-          end
-          for _, f in ipairs(gm.list_dir(dir)) do
-            local ext = f:match("%.(%w+)$")
-            if ext and IMAGE_EXT[ext:lower()] then
-              local path = dir .. "/" .. f
-              into[#into + 1] = { images = { path }, label = li, where = path }
-              count[li] = count[li] + 1
-            end
-          end
-        end
-      end
-    end
-    if not gm.is_dir(d.root) then P.usage(d._where, "data.image_folder: %s is not a folder", d.root) end
-    if gm.is_dir(d.root .. "/train") and gm.is_dir(d.root .. "/test") then
-      read_split(d.root .. "/train", items.train)
-      read_split(d.root .. "/test", items.test)
-    else
-      local all = {}
-      read_split(d.root, all)
-      local every, seen = d.test or 5, {}
-      for _, it in ipairs(all) do
-        seen[it.label] = (seen[it.label] or 0) + 1
-        if seen[it.label] % every == 0 then items.test[#items.test + 1] = it else items.train[#items.train + 1] = it end
-      end
-    end
-    for li, lab in ipairs(items.labels) do
-      if count[li] == 0 then
-        P.usage(d._where, "data.image_folder: %s (label '%s') has no .png or .jpg image; add images or remove the folder",
-          folder_of[li], lab)
-      end
-    end
+    labelled_folder(d, items, ".png or .jpg image", function(path)
+      local ext = path:match("%.(%w+)$")
+      if ext and IMAGE_EXT[ext:lower()] then return { images = { path }, where = path } end
+    end)
   elseif d._kind == "oxford_pets" then
     -- the official layout (https://www.robots.ox.ac.uk/~vgg/data/pets/): images/<Breed_name>_<n>.jpg,
     -- annotations/trainval.txt and annotations/test.txt with lines "<image> <class id 1..37>

@@ -30,15 +30,6 @@ static const char *img_path(const char *name) {
     return buf;
 }
 
-static bool h5_exists(const char *path) {
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fopen(REF, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0) return false;
-    htri_t e = H5Lexists(f, path, H5P_DEFAULT);
-    H5Fclose(f);
-    return e > 0;
-}
-
 static int64_t attr_i(const char *obj, const char *name) {
     double v = -1;
     bool ok = gm_test_h5_attr_double(REF, obj, name, &v);
@@ -93,7 +84,7 @@ static bool check_bytes(const char *grp, const char *ds, const void *ours, size_
     for (int i = 0; ok && i < 32; i++) ok = h[i] == (uint8_t)ref_hash[i];
     gm_free(ref_hash);
     snprintf(path, sizeof path, "%s/%s", grp, ds);
-    if (h5_exists(path)) {
+    if (gm_test_h5_exists(REF, path)) {
         size_t m = 0;
         if (elem == 1) {
             int32_t *ref = gm_test_h5_read(REF, path, 1, &m, NULL, NULL);

@@ -30,15 +30,6 @@ static char REF[1024];
 
 /* ---- reference file helpers ---- */
 
-static bool h5_has(const char *path) {
-    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
-    hid_t f = H5Fopen(REF, H5F_ACC_RDONLY, H5P_DEFAULT);
-    if (f < 0) return false;
-    htri_t e = H5Lexists(f, path, H5P_DEFAULT);
-    H5Fclose(f);
-    return e > 0;
-}
-
 /* Reads a dataset converted to `mem_type` (elem bytes each) into a gm_malloc'd buffer. */
 static void *h5_get(const char *path, hid_t mem_type, size_t elem, size_t *n) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
@@ -155,7 +146,7 @@ static void test_nf4_tensor(const char *name) {
     size_t cnt = 0;
     float *x = NULL;
     snprintf(p, sizeof p, "%s/x", g);
-    if (h5_has(p)) {
+    if (gm_test_h5_exists(REF, p)) {
         x = h5_get(p, H5T_NATIVE_FLOAT, 4, &cnt);
         CHECK(x && (int64_t)cnt == n, "%s: x has %zu values, n = %lld", name, cnt, (long long)n);
         if (!x || (int64_t)cnt != n) {
@@ -208,7 +199,7 @@ static void test_nf4_tensor(const char *name) {
 
     /* first-level absmax (small tensors) */
     snprintf(p, sizeof p, "%s/absmax", g);
-    if (h5_has(p)) {
+    if (gm_test_h5_exists(REF, p)) {
         float *ra = h5_get(p, H5T_NATIVE_FLOAT, 4, &cnt);
         if (ra) {
             int64_t d = (int64_t)cnt == sz.n_blocks ? first_float_diff(absmax, ra, cnt) : 0;
@@ -244,7 +235,7 @@ static void test_nf4_tensor(const char *name) {
 
     /* reconstructed absmax */
     snprintf(p, sizeof p, "%s/absmax_deq", g);
-    if (h5_has(p)) {
+    if (gm_test_h5_exists(REF, p)) {
         float *rd = h5_get(p, H5T_NATIVE_FLOAT, 4, &cnt);
         if (rd && (int64_t)cnt == sz.n_blocks) {
             int64_t d = -1;
@@ -280,7 +271,7 @@ static void test_nf4_tensor(const char *name) {
               (long long)(n / K), (long long)K);
     }
     snprintf(p, sizeof p, "%s/deq", g);
-    if (h5_has(p)) {
+    if (gm_test_h5_exists(REF, p)) {
         float *rdq = h5_get(p, H5T_NATIVE_FLOAT, 4, &cnt);
         if (rdq) {
             d = (int64_t)cnt == n ? first_float_diff(deq, rdq, cnt) : 0;

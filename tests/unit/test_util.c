@@ -181,6 +181,15 @@ void *gm_test_h5_read(const char *file, const char *dataset, int is_int, size_t 
     return buf;
 }
 
+bool gm_test_h5_exists(const char *file, const char *path) {
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) return false;
+    htri_t e = H5Lexists(f, path, H5P_DEFAULT);
+    H5Fclose(f);
+    return e > 0;
+}
+
 bool gm_test_h5_attr_double(const char *file, const char *obj, const char *attr, double *out) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);

@@ -291,6 +291,8 @@ float gm_test_rand(uint64_t *state);
  * float32 (is_int = 0), int32 (is_int = 1) or float64 (is_int = 2). *n receives the element count; dims (up to 4) the
  * shape if not NULL. Returns NULL (and counts a failed check) if the file or dataset is missing. */
 void *gm_test_h5_read(const char *file, const char *dataset, int is_int, size_t *n, int64_t *dims, int *ndim);
+/* True when `path` (a group or dataset) exists in the HDF5 file (no error printed when not). */
+bool gm_test_h5_exists(const char *file, const char *path);
 /* Reads a numeric or string attribute of an object; returns false if absent. */
 bool gm_test_h5_attr_double(const char *file, const char *obj, const char *attr, double *out);
 
