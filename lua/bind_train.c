@@ -153,8 +153,8 @@ static int l_ds_add_chat(lua_State *L) {
     gm_error err = {0};
     const gm_vision_config *v = &d->m->cfg.vision;
     gm_mm_spec mm = {v->boi_id, v->eoi_id, v->image_token_id, v->tokens};
-    gm_status s = gm_dataset_add_chat_images(&d->ds, d->tok, msgs, n, max_length, (int32_t)label, &mm, images, shas,
-                                             n_images, &err);
+    gm_status s = gm_dataset_add_chat_images(&d->ds, d->tok, msgs, n, max_length, (int32_t)label,
+                                             d->m->vision ? &mm : NULL, images, shas, n_images, &err);
     if (s == GM_OK) {
         lua_pushboolean(L, 1);
         return 1;

@@ -337,18 +337,18 @@ local function build_datasets(model, task, items, max_length)
       return task.prompt .. "\n\n" .. it.text
     end
     for i, it in ipairs(items.train) do
-      add(train, { { role = "user", content = user(it) }, { role = "assistant", content = items.labels[it.label] } }, it.label, "train " .. i, it.images)
+      add(train, { { role = "user", content = user(it) }, { role = "assistant", content = items.labels[it.label] } }, it.label, it.where or ("train " .. i), it.images)
     end
     for i, it in ipairs(items.test) do
-      add(test, { { role = "user", content = user(it) }, { role = "assistant", content = items.labels[it.label] } }, it.label, "test " .. i, it.images)
+      add(test, { { role = "user", content = user(it) }, { role = "assistant", content = items.labels[it.label] } }, it.label, it.where or ("test " .. i), it.images)
     end
     for i, it in ipairs(items.val or {}) do
-      add(val, { { role = "user", content = user(it) }, { role = "assistant", content = items.labels[it.label] } }, it.label, "validation " .. i, it.images)
+      add(val, { { role = "user", content = user(it) }, { role = "assistant", content = items.labels[it.label] } }, it.label, it.where or ("validation " .. i), it.images)
     end
   else
-    for i, m in ipairs(items.train) do add(train, m, nil, "train " .. i, m.images) end
-    for i, m in ipairs(items.test) do add(test, m, nil, "test " .. i, m.images) end
-    for i, m in ipairs(items.val or {}) do add(val, m, nil, "validation " .. i, m.images) end
+    for i, m in ipairs(items.train) do add(train, m, nil, m.where or ("train " .. i), m.images) end
+    for i, m in ipairs(items.test) do add(test, m, nil, m.where or ("test " .. i), m.images) end
+    for i, m in ipairs(items.val or {}) do add(val, m, nil, m.where or ("validation " .. i), m.images) end
   end
   return train, test, rejected, shortest_rejected[train], shortest_rejected[test], val
 end
@@ -479,23 +479,36 @@ end
 local RUNNER_STATE_BYTES = 5 * 2 ^ 20
 
 --- A trial's plan: the trainer's (gm.plan) plus the runner's own state, as item "runner".
-local function trial_plan(model, opts)
+local function trial_plan(model, opts, items)
   local plan = gm.plan(model, opts)
   plan.runner = math.tointeger(RUNNER_STATE_BYTES)
   plan.total = plan.total + plan.runner
+  -- images: a batch's preprocessed pixels (grad_accum x max_images x 3 x S x S f32, what the
+  -- trainer's binding collates into), and decoding the largest file: its RGB (w h 3 bytes), a copy
+  -- for an EXIF rotation, the resize's intermediate (longest side x S x 3) and its S x S output in
+  -- u8 and f32 (core/image; interlaced 16-bit PNGs need up to 8 bytes per pixel more)
+  if (opts.max_images or 0) > 0 and items and items.max_image_pixels then
+    local ok, c = pcall(gm.model_config, model)
+    local S = ok and c.vision and c.vision.image_size or 896
+    local batch = (opts.grad_accum or 1) * opts.max_images * 3 * S * S * 4
+    local decode = 6 * items.max_image_pixels + 3 * items.max_image_side * S + 3 * S * S + 12 * S * S
+    plan.images = math.tointeger(batch + decode)
+    plan.total = plan.total + plan.images
+  end
   return plan
 end
 
 --- Applies memory_limit (and fit) to a trial's options: returns the options (changed by fit) and
 --- a note of what fit chose, or raises with the plan and what would make it fit. The trial is
 --- refused here, before its weights are loaded.
-local function fit_memory(e, trial, opts)
-  local plan = trial_plan(trial.config.model, opts)
+local function fit_memory(e, trial, opts, items)
+  local plan = trial_plan(trial.config.model, opts, items)
   trial.plan = plan
   if not e.memory_limit_bytes or plan.total <= e.memory_limit_bytes then return opts, nil end
   if e.fit then
-    local fitted, _, chosen = gm.plan_fit(trial.config.model, opts, math.max(1, e.memory_limit_bytes - RUNNER_STATE_BYTES))
-    trial.plan = trial_plan(trial.config.model, fitted)
+    local fitted, _, chosen = gm.plan_fit(trial.config.model, opts,
+      math.max(1, e.memory_limit_bytes - RUNNER_STATE_BYTES - (plan.images or 0)))
+    trial.plan = trial_plan(trial.config.model, fitted, items)
     return fitted, chosen
   end
   local ways = {}
@@ -510,7 +523,7 @@ end
 
 function R.plan_summary(plan)
   local parts = {}
-  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace", "runtime", "runner" }) do
+  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace", "runtime", "runner", "images" }) do
     if plan[k] and plan[k] > 0 then parts[#parts + 1] = k .. " " .. fmt_bytes(plan[k]) end
   end
   return table.concat(parts, ", ")
@@ -688,8 +701,11 @@ local function run_trial(ctx, e, trial, n_trials)
   local prov = provenance(ctx, e, cfg, d)
   if ctx.check_identity then ctx.check_identity(prov, d) end -- `gemmarun reproduce`: before any work
   local st_tr, st_te = d.train:stats(), d.test:stats()
-  res:set_data({ n_train = st_tr.n, n_test = st_te.n, n_rejected = st_tr.rejected + st_te.rejected,
-    n_truncated = st_tr.truncated + st_te.truncated, rejections = d.rejected })
+  local rejections, read_bad = {}, ctx.items.rejected_read or {}
+  for _, r in ipairs(read_bad) do rejections[#rejections + 1] = { example = r.example, reason = r.reason } end
+  for _, r in ipairs(d.rejected) do rejections[#rejections + 1] = r end
+  res:set_data({ n_train = st_tr.n, n_test = st_te.n, n_rejected = st_tr.rejected + st_te.rejected + #read_bad,
+    n_truncated = st_tr.truncated + st_te.truncated, rejections = rejections })
   if st_tr.rejected + st_te.rejected > 0 then
     say("  %d examples rejected (first: %s: %s)", st_tr.rejected + st_te.rejected, d.rejected[1].example, d.rejected[1].reason)
   end
@@ -698,7 +714,7 @@ local function run_trial(ctx, e, trial, n_trials)
   local steps_per_epoch = math.max(1, (st_tr.n + per_step - 1) // per_step)
   local total = steps_per_epoch * cfg.epochs
   if cfg.max_steps then total = math.min(total, cfg.max_steps) end
-  local opts, fit_note = fit_memory(e, trial, trainer_opts(cfg, total, threads, ctx.items.max_images))
+  local opts, fit_note = fit_memory(e, trial, trainer_opts(cfg, total, threads, ctx.items.max_images), ctx.items)
   if fit_note then say("  fit: %s (plan %s)", fit_note, fmt_bytes(trial.plan.total)) end
   local mem = {}
   for k, v in pairs(trial.plan) do
@@ -905,13 +921,16 @@ local function check_images(items, splits)
       local why
       for _, p in ipairs(it.images or {}) do
         if not items.image_sha[p] then
-          local ok, sha = pcall(gm.image_check, p)
+          local ok, sha, w, h = pcall(gm.image_check, p)
           if not ok then why = clean_msg(sha); break end
           items.image_sha[p] = sha
+          items.max_image_pixels = math.max(items.max_image_pixels or 0, w * h)
+          items.max_image_side = math.max(items.max_image_side or 0, w, h)
         end
       end
       if why then
-        bad[#bad + 1] = { example = it.where or string.format("%s %d", name, i), reason = why }
+        bad[#bad + 1] = { example = it.where or string.format("%s %d", name, i), reason = why,
+          label = it.label and items.labels and items.labels[it.label] or nil }
       else
         kept[#kept + 1] = it
         if it.images and #it.images > items.max_images then items.max_images = #it.images end
@@ -979,18 +998,25 @@ local function preflight(e, selected, dry_run)
       end
     end
     for i, lab in ipairs(e.task.labels) do
-      if not used[i] then P.usage(e.task._where, "classify.labels: '%s' has no example in the data", lab) end
+      if not used[i] then
+        -- say why when its examples were there but their images could not be used
+        local why = ""
+        for _, r in ipairs(items.rejected_read or {}) do
+          if r.label == lab then why = string.format(" (its examples' images could not be used: %s: %s)", r.example, (r.reason:gsub("\n.*", ""))); break end
+        end
+        P.usage(e.task._where, "classify.labels: '%s' has no example in the data%s", lab, why)
+      end
     end
     items.labels = e.task.labels
   end
   if items.rejected_read and #items.rejected_read > 0 then
     local n = #items.rejected_read
     say("warning: %d example%s rejected while reading:", n, n == 1 and "" or "s")
-    for i = 1, math.min(n, 5) do
+    for i = 1, math.min(n, 10) do
       local r = items.rejected_read[i]
       say("  %s: %s", r.example, (r.reason:gsub("\n.*", "")))
     end
-    if n > 5 then say("  ... and %d more", n - 5) end
+    if n > 10 then say("  ... and %d more (every one is listed in each trial file's data/rejections_json)", n - 10) end
   end
   if e.task._kind == "classify" and #items.labels < 2 then
     P.usage(d._where or e.task._where, "classify{} needs at least 2 labels; the data set has %d (%s)", #items.labels,
@@ -1023,11 +1049,15 @@ local function check_lengths(ctx, e, selected, items)
             if it.images then first = first or it; break end
           end
         end
-        P.usage(e.task.data._where or e.task._where, "the data has images (first: %s, %s), but model %s has no vision tower: " ..
+        P.usage(e.task.data._where or e.task._where, "the data has images (first: %s%s), but model %s has no vision tower: " ..
           "a text-only Gemma cannot read images; use a multimodal checkpoint (Gemma3ForConditionalGeneration: gemma-3-4b or larger)",
-          first and (first.where or "an example") or "?", first and first.images[1] or "?", m)
+          first and first.where and first.where ~= first.images[1] and (first.where .. ", ") or "", first and first.images[1] or "?", m)
       end
-      local d = R.datasets(ctx, e, t.config)
+      local okd, d = pcall(R.datasets, ctx, e, t.config)
+      if not okd then
+        if type(d) == "table" and d.usage then error(d, 0) end
+        P.usage(field_where(e, "model"), "model %s: %s", m, clean_msg(d))
+      end
       local where = (e.sweep and e.sweep.max_length) and e.sweep._where or P.where_of("max_length")
       -- the hint must make both splits non-empty: the larger of their shortest rejected prompts
       local need = 0
@@ -1101,7 +1131,7 @@ function R.run(e, cli)
     for _, t in ipairs(selected) do
       local cfg = t.config
       local opts = trainer_opts(cfg, 1, e.threads or GM_THREADS, items.max_images)
-      local ok, plan = pcall(trial_plan, cfg.model, opts)
+      local ok, plan = pcall(trial_plan, cfg.model, opts, items)
       local line
       if ok then
         line = string.format("  trial %2d  %s  %s  plan %s (%s)", t.index, t.id, describe_point(t, swept), fmt_bytes(plan.total), R.plan_summary(plan))

@@ -72,8 +72,14 @@ static gm_status encode_mm(const gm_tokenizer *tok, const gm_chat_msg *msgs, int
     gm_status s = gm_tokenizer_encode_alloc(tok, x, o, true, true, &ids, &n, err);
     gm_free(x);
     GM_TRY(s);
-    int64_t nb = 0, ne = 0;
-    for (int64_t i = 0; i < n; i++) nb += ids[i] == mm->boi_id, ne += ids[i] == mm->eoi_id;
+    int64_t nb = 0, ne = 0, ni = 0;
+    for (int64_t i = 0; i < n; i++) nb += ids[i] == mm->boi_id, ne += ids[i] == mm->eoi_id, ni += ids[i] == mm->image_token_id;
+    if (ni > 0) { /* only images fill soft tokens: a typed one would take an image's place */
+        gm_free(ids);
+        return gm_error_set(err, GM_ERR_INVALID, "example %lld: its text holds %lld <image_soft_token> tokens (id %d), which "
+                            "only images may fill\n  hint: remove them from the text; an image is an {\"type\": \"image\"} part",
+                            (long long)ex_index, (long long)ni, mm->image_token_id);
+    }
     if (nb != n_images || ne != n_images) {
         gm_free(ids);
         return gm_error_set(err, GM_ERR_INVALID,
@@ -106,7 +112,7 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
 gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                      int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *images,
                                      const char *const *image_sha, int64_t n_images, gm_error *err) {
-    if (n_images == 0) return gm_dataset_add_chat(ds, tok, msgs, n_msgs, max_length, label, err);
+    if (!mm) return gm_dataset_add_chat(ds, tok, msgs, n_msgs, max_length, label, err);
     int32_t *ids = NULL;
     int64_t n = 0;
     gm_status s = encode_mm(tok, msgs, n_msgs, mm, n_images, ds->n + ds->n_rejected, &ids, &n, err);
@@ -156,9 +162,9 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
             ds->n_rejected++;
             return gm_error_set(err, GM_ERR_INVALID,
                                 "example %lld: max_length = %lld cuts into image %lld (%s), whose tokens span positions "
-                                "%lld..%lld (the prompt takes %lld tokens)\n  hint: raise max_length, or shorten the text",
+                                "%lld..%lld (its prompt: %lld tokens)\n  hint: raise max_length to at least %lld, or shorten the text",
                                 (long long)(ds->n + ds->n_rejected - 1), (long long)max_length, (long long)k, images[k - 1],
-                                (long long)i, (long long)end, (long long)start);
+                                (long long)i, (long long)end, (long long)start, (long long)(end + 2));
         }
     }
     if (start >= max_length) {

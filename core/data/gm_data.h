@@ -64,10 +64,12 @@ void gm_dataset_free(gm_dataset *ds);
 gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                               int64_t max_length, int32_t label, gm_error *err);
 
-/* The same for a conversation with images: msgs' text holds one "<start_of_image>" per image
+/* The same for a model with a vision tower (mm: its image tokens; NULL: as gm_dataset_add_chat),
+ * the conversation with or without images: msgs' text holds one "<start_of_image>" per image
  * (what Gemma's chat template writes for an image item), images[i] / image_sha[i] the i-th image's
  * file and its sha256 (checked by the caller: gm_image_check). The placeholders are expanded as
  * mm says. GM_ERR_INVALID (not added) when the placeholders and the images differ in number, when
+ * the text itself holds <image_soft_token> (only images fill those), when
  * the tokenizer's <start_of_image> / <end_of_image> are not the config's ids, or when max_length
  * would cut into an image (naming the image, its tokens' span and max_length): truncation never
  * splits an image. */

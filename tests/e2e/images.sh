@@ -53,6 +53,18 @@ for f in fake.gif.png missing.jpg; do
   case "$out" in *"$f"*) pass=$((pass + 1)); echo "ok    --dry-run names $f" ;;
   *) fail=$((fail + 1)); echo "FAIL  --dry-run does not name $f"; echo "$out" | tail -5 ;; esac
 done
+find_python "h5py"
+if [ -n "$PY" ]; then
+  expect_run "the trial file keeps every rejected image with its reason" 0 "^ok 3$" -- "$PY" -c "
+import glob, h5py, json
+d = h5py.File(glob.glob('results/chat/trial-*.h5')[0], 'r')['data']
+rej = json.loads(d.attrs['rejections_json'])
+names = [r['example'] + ': ' + r['reason'] for r in rej]
+assert int(d.attrs['n_rejected']) >= 3 and all(any(f in n for n in names) for f in ('truncated.jpg', 'fake.gif.png', 'missing.jpg')), names
+print('ok', sum(1 for n in names if 'pics/' in n))"
+else
+  skip_unless_ci "the trial file's rejections (h5py: run ./setup.sh)"
+fi
 # classify on an image folder (labels from the folder names; their first tokens differ)
 mkdir -p folder/color folder/gray
 cp "$IMG"/small.jpg "$IMG"/wide.jpg "$IMG"/tall.jpg "$IMG"/palette.png "$IMG"/rgba.png "$IMG"/orient3.jpg folder/color/

@@ -5,7 +5,8 @@
 # --set: the zero-shot baseline, training, whole-label scoring of the 37 breeds (their names share
 # first tokens), the HDF5 results and the table. Then the data set's errors: a missing annotation
 # file, a class id out of range and a name that contradicts its class id each stop the run naming
-# the file (and line), before any work, and the results already written stay as they were.
+# the file (and line), before any work, and the results already written stay as they were; a breed
+# whose only training image is missing is named with that image.
 source "$(dirname "$0")/lib.bash"
 SRC=$(pwd)
 cd "$TMP"
@@ -32,7 +33,7 @@ done
 export PETS_ROOT=pets GEMMA_MODEL="$SRC/tests/ref/tiny_gemma3_vision_chat"
 SET=(--set rank=4 --set alpha=8 --set lr=1e-2 --set quant=bf16 --set max_length=96 --set seeds=1)
 expect_run "pets_sweep.lua --dry-run: 37 breeds, whole-label scoring, the plan" 0 \
-  "whole label.*data: 37 training and 5 test examples.*trial  1 .*plan" -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}" --dry-run
+  "whole label.*data: 37 training and 5 test examples.*trial  1 .*plan .*images [0-9.]+ MiB" -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}" --dry-run
 expect_run "pets_sweep.lua: baseline, training, final accuracy, the table" 0 \
   "baseline accuracy.*final accuracy.*pets_sweep: accuracy.*written: results/pets_sweep.md" -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"
 find_python "h5py, numpy"
@@ -56,6 +57,12 @@ cp test.keep pets/annotations/test.txt
 echo "Bengal_2 1 1 1" >> pets/annotations/test.txt
 expect_run "a name against its class id: file and line" 2 "test.txt:6: image Bengal_2 has class id 1 \(Abyssinian\), but its name says Bengal" -- \
   "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"
+cp test.keep pets/annotations/test.txt
+mv pets/images/beagle_1.jpg beagle.keep
+expect_run "a breed whose only training image is missing: the label and the image named" 2 \
+  "classify.labels: 'beagle' has no example in the data \(its examples' images could not be used: pets/annotations/trainval.txt:5: .*beagle_1.jpg" -- \
+  "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"
+mv beagle.keep pets/images/beagle_1.jpg
 rm pets/annotations/test.txt
 expect_run "a missing annotation file: named" 2 "pets/annotations/test.txt: .*annotations.tar.gz" -- \
   "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"

@@ -259,6 +259,11 @@ static void check_data(void) {
          * anyway); the data set still holds one example */
         CHECK(ds.n == 1, "refused examples are not added (%lld)", (long long)ds.n);
     }
+    /* a typed <image_soft_token> (no image to fill it): refused */
+    gm_chat_msg typed[2] = {{"user", "plain <image_soft_token> text"}, {"assistant", "ok"}};
+    CHECK(gm_dataset_add_chat_images(&ds, m->tok, typed, 2, 64, -1, &mm, NULL, NULL, 0, &err) == GM_ERR_INVALID &&
+              gm_test_contains(err.msg, "<image_soft_token> tokens (id 511), which only images may fill"),
+          "a typed soft token: %s", err.msg);
     CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 64, -1, &mm, imgs, sha, 2, &err) == GM_ERR_INVALID &&
               gm_test_contains(err.msg, "1 image placeholders (<start_of_image>) but 2 images"),
           "placeholders vs images: %s", err.msg);
