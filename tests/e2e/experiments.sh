@@ -64,7 +64,7 @@ bad "a label given without data" "classify.labels: 'durian' has no example in th
 sed 's/prompt = "Which fruit?"/prompt = "Which fruit?", labels = {"cherry", "apple", "berry"}/' tiny.lua > relabel.lua
 expect_run "labels given in another order are matched by name" 0 "labels cherry, apple, berry" -- "$GM" relabel.lua --dry-run
 mkdir -p samefirst/cat samefirst/category && for lab in cat category; do for i in 1 2 3 4 5; do echo "note $i $lab" > samefirst/$lab/$i.txt; done; done
-sed 's/root = "data"/root = "samefirst"/' tiny.lua > samefirst.lua
+sed 's/root = "data"/root = "samefirst"/; s/name = "tiny"/name = "samefirst"/' tiny.lua > samefirst.lua
 expect_run "labels with the same first token: a note, then each whole label is scored" 0 "note: labels 'cat' and 'category' start with the same token: evaluation scores each whole label.*final accuracy" -- "$GM" samefirst.lua --trial 1
 { for i in 1 2 3 4 5 6 7 8 9 10; do echo '{"messages": [{"role": "user", "content": "say '$i'"}, {"role": "assistant", "content": "'$i'"}]}'; done
   echo '{"messages": [{"role": "user", "content": "no answer"}]}'
