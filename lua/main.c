@@ -169,11 +169,20 @@ static int cmd_inspect(int argc, char **argv) {
     printf("  (s = sliding, RoPE %g; F = full, RoPE %g)\n", (double)c->rope_theta[0],
            (double)c->rope_theta[c->n_layers >= 6 ? 5 : 0]);
     if (m->tok) printf("tokenizer    %lld tokens\n", (long long)gm_tokenizer_vocab_size(m->tok));
+    if (m->vision) {
+        const gm_vision_config *v = &m->vision->cfg.vision;
+        printf("vision tower siglip: %lld layers, width %lld, %lld heads, MLP %lld; images %lld x %lld in %lld-pixel patches "
+               "(%lld), %lld soft tokens each (image token %d, between %d and %d); weights below '%s'\n",
+               (long long)v->n_layers, (long long)v->hidden_size, (long long)v->n_heads, (long long)v->intermediate_size,
+               (long long)v->image_size, (long long)v->image_size, (long long)v->patch_size, (long long)v->patches,
+               (long long)v->tokens, v->image_token_id, v->boi_id, v->eoi_id, m->vision->prefix);
+    }
     inspect_acc acc;
     memset(&acc, 0, sizeof acc);
     acc.verbose = true;
     printf("tensors (names as in Hugging Face checkpoints):\n");
     gm_model_for_each_tensor(m, inspect_tensor, &acc);
+    if (m->vision) gm_model_for_each_tensor(m->vision, inspect_tensor, &acc);
     printf("weights by dtype:\n");
     size_t total = 0;
     for (int t = 0; t < GM_DTYPE_COUNT; t++) {
