@@ -67,7 +67,12 @@ local function labelled_folder(d, items, what, item)
     end
   end
   if not gm.is_dir(d.root) then P.usage(d._where, "data.%s: %s is not a folder", d._kind, d.root) end
-  if gm.is_dir(d.root .. "/train") and gm.is_dir(d.root .. "/test") then
+  local has_train, has_test = gm.is_dir(d.root .. "/train"), gm.is_dir(d.root .. "/test")
+  if has_train ~= has_test then
+    P.usage(d._where, "data.%s: %s has %s/ but no %s/: give both splits as folders, or neither (labels directly below the root)",
+      d._kind, d.root, has_train and "train" or "test", has_train and "test" or "train")
+  end
+  if has_train and has_test then
     read_split(d.root .. "/train", items.train)
     read_split(d.root .. "/test", items.test)
   else

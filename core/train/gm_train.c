@@ -567,12 +567,13 @@ static gm_status check_batch(const gm_trainer *tr, const gm_batch *b, int64_t *n
         int64_t here = 0;
         for (int64_t t = 0; t < b->T; t++) {
             int32_t id = b->ids[s * b->T + t], tg = b->targets[s * b->T + t];
-            if (id == img) continue; /* a soft token: its id is never embedded */
-            if (id < 0 || id >= c->vocab_size || tg >= c->vocab_size)
+            /* a soft token's id is never embedded, and no position learns to predict one (an image
+             * in an answer is given, not generated: as Hugging Face recipes mask image tokens) */
+            bool id_ok = id == img || (id >= 0 && id < c->vocab_size), tg_ok = tg == img || tg < c->vocab_size;
+            if (!id_ok || !tg_ok)
                 return gm_error_set(err, GM_ERR_INVALID, "example %lld: token id %d at position %lld is outside the vocabulary",
-                                    (long long)(b->example_index ? b->example_index[s] : s), tg >= c->vocab_size ? tg : id,
-                                    (long long)t);
-            here += tg >= 0;
+                                    (long long)(b->example_index ? b->example_index[s] : s), tg_ok ? id : tg, (long long)t);
+            here += tg >= 0 && tg != img;
         }
         if (here == 0)
             return gm_error_set(err, GM_ERR_INVALID,
@@ -588,8 +589,9 @@ static gm_status check_batch(const gm_trainer *tr, const gm_batch *b, int64_t *n
  * lists uploaded too; returns their count. */
 static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, int64_t *n_sup_out, gm_error *err) {
     int64_t N = b->B * b->T, n_sup = 0;
+    int32_t img = tr->cfg->vision.hidden_size > 0 ? tr->cfg->vision.image_token_id : -1;
     for (int64_t i = 0; i < N; i++)
-        if (b->targets[i] >= 0) {
+        if (b->targets[i] >= 0 && b->targets[i] != img) { /* as check_batch counts them */
             tr->h_rows[n_sup] = (int32_t)i;
             tr->h_tgt[n_sup++] = b->targets[i];
         }
@@ -602,7 +604,6 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
     gm_graph_input in = {.B = b->B, .T = b->T, .ids = b->ids, .pos0 = 0};
     int64_t R = 0;
     if (b->n_images > 0) { /* the images' soft tokens, and their tokens' attention ends */
-        int32_t img = tr->cfg->vision.image_token_id;
         for (int64_t i = 0; i < N; i++) {
             tr->h_ids[i] = b->ids[i] == img ? 0 : b->ids[i]; /* replaced below, as Hugging Face does */
             if (b->ids[i] == img) tr->h_img_rows[R++] = (int32_t)i;

@@ -26,8 +26,9 @@ projector, the tiny Gemma 3 text decoder of make_ref.py) and what transformers c
         /lora     PEFT LoRA (r 4, alpha 8) on every linear of the language model only (the tower
                   and projector frozen), random A ~ U(-0.5, 0.5) and B ~ N(0, 0.1^2) drawn in
                   state-dict order from torch.Generator(SEED_LORA); labels = the last 6 tokens of
-                  each /mm sequence (transformers shifts them: position t predicts t + 1); loss
-                  (mean over the 15 supervised predictions), and for every adapted module
+                  each /mm sequence except image tokens (transformers shifts them: position t
+                  predicts t + 1); loss (mean over the 14 supervised predictions), and for every
+                  adapted module
                   "layers.<l>.<module>" its A, B and their gradients (A_grad, B_grad)
 
 Tiny config: text = make_ref.py's TINY_COMMON (vocab 512, hidden 64, 6 layers, 5 sliding + 1 full,
@@ -234,6 +235,7 @@ def main():
     assert len(trainable) == len(lora_params) and all("language_model" in n for n in trainable), trainable[:3]
     labels = torch.full_like(ids, -100)
     labels[:, -6:] = ids[:, -6:]
+    labels[ids == IMG] = -100  # image tokens are given, never predicted (as Hugging Face recipes mask them)
     out = pm(input_ids=ids, pixel_values=mm_pix, token_type_ids=tt, labels=labels)
     out.loss.backward()
     lora_loss = float(out.loss)
