@@ -22,18 +22,21 @@
 #define _GNU_SOURCE
 #include "gm_alloc.h"
 #include "gm_chat.h"
+#include "gm_data.h"
 #include "gm_decoder.h"
 #include "gm_fetch.h"
 #include "gm_adapter.h"
 #include "gm_backend.h"
 #include "gm_generate.h"
 #include "gm_gguf.h"
+#include "gm_image.h"
 #include "gm_lua.h"
 #include "gm_lora.h"
 #include "gm_model.h"
 #include "gm_plan.h"
 #include "gm_quant.h"
 #include "gm_tokenizer.h"
+#include "gm_vision.h"
 
 #include <malloc.h> // mallopt
 
@@ -67,8 +70,9 @@ static void usage(FILE *f) {
             "  gemmarun inspect MODEL\n"
             "  gemmarun generate MODEL [--adapter RESULTS_OR_CHECKPOINT [--trial ID]] \"prompt\"\n"
             "                    [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
-            "                    [--threads N]   (--adapter: results/EXP/, a trial file, a merged results\n"
-            "                    file, a checkpoint or a PEFT adapter folder; --trial: the trial's index or id)\n"
+            "                    [--image FILE ...] [--threads N]   (--adapter: results/EXP/, a trial file, a\n"
+            "                    merged results file, a checkpoint or a PEFT adapter folder; --trial: the trial's\n"
+            "                    index or id; --image: a PNG / JPEG before the prompt, multimodal models)\n"
             "  gemmarun plan MODEL [key=value ...] the memory plan of a training run (loads no weights)\n"
             "  gemmarun options [--markdown]       the training options: defaults, ranges, meaning\n"
             "  gemmarun fetch NAME                (known: gemma3-270m)\n"
@@ -231,6 +235,8 @@ static int cmd_generate(int argc, char **argv) {
     long long max_tokens = 64, top_k = 0, seed = 0, threads = 2;
     double temperature = 0, top_p = 1;
     bool chat = false, options_done = false;
+    const char *images[16];
+    int n_images = 0;
     char opt_buf[64];
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -272,6 +278,13 @@ static int cmd_generate(int argc, char **argv) {
         else if (strcmp(a, "--chat") == 0 && !inline_value) chat = true;
         else if (strcmp(a, "--adapter") == 0 && v) adapter = v, i += step;
         else if (strcmp(a, "--trial") == 0 && v) trial = v, i += step;
+        else if (strcmp(a, "--image") == 0 && v && *v) {
+            if (n_images == 16) {
+                fprintf(stderr, "gemmarun generate: at most 16 --image files\n");
+                return 2;
+            }
+            images[n_images++] = v, i += step;
+        }
         else {
             fprintf(stderr, "gemmarun generate: unknown option or missing value: %s\n", argv[i]);
             usage(stderr);
@@ -305,20 +318,68 @@ static int cmd_generate(int argc, char **argv) {
         gm_model_free(m);
         return 2;
     }
+    if (n_images > 0 && !m->vision) {
+        fprintf(stderr, "gemmarun: error: %s has no vision tower: a text-only model cannot read --image %s\n"
+                        "  hint: use a multimodal checkpoint (Gemma3ForConditionalGeneration, e.g. gemma-3-4b)\n",
+                path, images[0]);
+        gm_model_free(m);
+        return 2;
+    }
+    /* images go before the prompt, one "<start_of_image>" each, as Hugging Face's chat template
+     * writes [{"type": "image"}, ..., {"type": "text"}] */
+    char *user = gm_malloc(strlen(prompt) + 16 * (size_t)n_images + 1);
+    if (!user) {
+        gm_model_free(m);
+        return fail(&(gm_error){GM_ERR_NOMEM, "out of memory"}, 1);
+    }
+    user[0] = '\0';
+    for (int i = 0; i < n_images; i++) strcat(user, "<start_of_image>");
+    strcat(user, prompt);
     char *text = NULL;
     if (chat) { /* Gemma's chat template around one user turn (gemma_architecture.md §2.5) */
-        gm_chat_msg msg = {"user", prompt};
+        gm_chat_msg msg = {"user", user};
         s = gm_chat_render(&msg, 1, true, &text, NULL, &err);
         if (s != GM_OK) {
+            gm_free(user);
             gm_model_free(m);
             return fail(&err, 2);
         }
     }
-    const char *in = text ? text : prompt;
+    const char *in = text ? text : user;
     size_t len = strlen(in);
-    int32_t *ids = gm_malloc((len + 8) * sizeof(int32_t));
+    int32_t *ids = NULL;
     int64_t n_prompt = 0;
-    s = gm_tokenizer_encode(m->tok, in, len, true, chat, ids, (int64_t)len + 8, &n_prompt, &err);
+    float *soft = NULL;
+    int64_t *soft_rows = NULL, n_soft = 0;
+    if (n_images > 0) { /* expanded as the processor does; the images through the tower */
+        const gm_vision_config *vc = &m->cfg.vision;
+        gm_mm_spec mm = {vc->boi_id, vc->eoi_id, vc->image_token_id, vc->tokens};
+        s = gm_mm_encode_text(m->tok, in, &mm, n_images, 0, &ids, &n_prompt, &err);
+        int64_t S = vc->image_size, C = m->cfg.hidden_size;
+        float *pixels = s == GM_OK ? gm_malloc((size_t)(n_images * 3 * S * S) * sizeof(float)) : NULL;
+        if (s == GM_OK && !pixels) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory for %d images", n_images);
+        gm_image_opts io = gm_image_opts_gemma3(S);
+        for (int i = 0; s == GM_OK && i < n_images; i++) {
+            gm_image_pixels px = {0};
+            s = gm_image_preprocess_file(images[i], NULL, &io, &px, &err);
+            if (s == GM_OK) memcpy(pixels + (size_t)i * 3 * S * S, px.data, (size_t)(3 * S * S) * sizeof(float));
+            gm_image_pixels_free(&px);
+        }
+        gm_vision *vis = NULL;
+        if (s == GM_OK) s = gm_vision_new(m, n_images, (int)threads, NULL, &vis, &err);
+        soft = s == GM_OK ? gm_malloc((size_t)(n_images * vc->tokens * C) * sizeof(float)) : NULL;
+        soft_rows = s == GM_OK ? gm_malloc((size_t)(n_images * vc->tokens) * sizeof(int64_t)) : NULL;
+        if (s == GM_OK && (!soft || !soft_rows)) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
+        if (s == GM_OK) s = gm_vision_encode(vis, pixels, n_images, soft, NULL, &err);
+        for (int64_t t = 0; s == GM_OK && t < n_prompt; t++)
+            if (ids[t] == vc->image_token_id) soft_rows[n_soft++] = t;
+        gm_vision_free(vis);
+        gm_free(pixels);
+    } else {
+        ids = gm_malloc((len + 8) * sizeof(int32_t));
+        s = ids ? gm_tokenizer_encode(m->tok, in, len, true, chat, ids, (int64_t)len + 8, &n_prompt, &err)
+                : gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
+    }
     int rc = 0;
     gm_infer *st = NULL;
     int32_t *out = NULL;
@@ -335,7 +396,8 @@ static int cmd_generate(int argc, char **argv) {
     }
     if (s == GM_OK) {
         /* prefill in chunks of 256 tokens: Ctrl-C is honoured between chunks */
-        gm_infer_opts io = {.batch = 1, .ctx = n_prompt + max_tokens, .max_tokens = n_prompt < 256 ? n_prompt : 256,
+        gm_infer_opts io = {.batch = 1, .ctx = n_prompt + max_tokens,
+                            .max_tokens = n_images > 0 || n_prompt < 256 ? n_prompt : 256, /* images: one call */
                             .n_threads = (int)threads, .adapter = ad ? &ad->lora : NULL, .backend = be};
         s = gm_infer_new(m, &io, &st, &err);
     }
@@ -354,7 +416,11 @@ static int cmd_generate(int argc, char **argv) {
         gm_generate_stats stats = {0};
         signal(SIGINT, on_sigint);
         if (!chat) fputs(prompt, stdout);
-        s = gm_generate(st, ids, n_prompt, &so, stream_token, &sc, out, &n_out, &stats, &err);
+        if (n_images > 0)
+            s = gm_generate_images(st, ids, n_prompt, soft, soft_rows, n_soft, m->cfg.vision.image_token_id, &so, stream_token,
+                                   &sc, out, &n_out, &stats, &err);
+        else
+            s = gm_generate(st, ids, n_prompt, &so, stream_token, &sc, out, &n_out, &stats, &err);
         signal(SIGINT, SIG_DFL);
         printf("\n");
         fflush(stdout);
@@ -377,6 +443,9 @@ static int cmd_generate(int argc, char **argv) {
     gm_free(out);
     gm_free(ids);
     gm_free(text);
+    gm_free(user);
+    gm_free(soft);
+    gm_free(soft_rows);
     gm_infer_free(st);
     gm_adapter_free(ad);
     gm_backend_free(be);

@@ -34,28 +34,21 @@ void gm_dataset_free(gm_dataset *ds) {
 #define BOI_TEXT "<start_of_image>"
 
 /* The conversation's ids with each image expanded (see gm_dataset_add_chat_images). */
-static gm_status encode_mm(const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs, const gm_mm_spec *mm,
-                           int64_t n_images, int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err) {
-    char *text = NULL;
-    size_t len = 0;
-    GM_TRY(gm_chat_render(msgs, n_msgs, false, &text, &len, err));
+gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_mm_spec *mm, int64_t n_images,
+                            int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err) {
+    size_t len = strlen(text);
     /* "<start_of_image>" -> "\n\n<start_of_image><end_of_image>\n\n"; the soft tokens are put
      * between the two as ids below (special tokens split the text, so the tokens around them are
      * what Hugging Face's processor gets from its expanded string) */
     static const char rep[] = "\n\n<start_of_image><end_of_image>\n\n";
     int64_t k = 0;
     for (const char *p = strstr(text, BOI_TEXT); p; p = strstr(p + 1, BOI_TEXT)) k++;
-    if (k != n_images) {
-        gm_free(text);
+    if (k != n_images)
         return gm_error_set(err, GM_ERR_INVALID, "example %lld: %lld image placeholders (<start_of_image>) but %lld images",
                             (long long)ex_index, (long long)k, (long long)n_images);
-    }
     size_t cap = len + (size_t)k * sizeof rep + 1;
     char *x = gm_malloc(cap);
-    if (!x) {
-        gm_free(text);
-        return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    }
+    if (!x) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     size_t o = 0;
     for (const char *p = text;;) {
         const char *q = strstr(p, BOI_TEXT);
@@ -66,7 +59,6 @@ static gm_status encode_mm(const gm_tokenizer *tok, const gm_chat_msg *msgs, int
         p = q + strlen(BOI_TEXT);
     }
     x[o] = '\0';
-    gm_free(text);
     int32_t *ids = NULL;
     int64_t n = 0;
     gm_status s = gm_tokenizer_encode_alloc(tok, x, o, true, true, &ids, &n, err);
@@ -102,6 +94,15 @@ static gm_status encode_mm(const gm_tokenizer *tok, const gm_chat_msg *msgs, int
     *ids_out = out;
     *n_out = m;
     return GM_OK;
+}
+
+static gm_status encode_mm(const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs, const gm_mm_spec *mm,
+                           int64_t n_images, int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err) {
+    char *text = NULL;
+    GM_TRY(gm_chat_render(msgs, n_msgs, false, &text, NULL, err));
+    gm_status s = gm_mm_encode_text(tok, text, mm, n_images, ex_index, ids_out, n_out, err);
+    gm_free(text);
+    return s;
 }
 
 /* Adds an example (ids owned from here on); images / image_sha copied. */

@@ -77,6 +77,12 @@ gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, co
                                      int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *images,
                                      const char *const *image_sha, int64_t n_images, gm_error *err);
 
+/* Text (a rendered chat, or a raw prompt) with one "<start_of_image>" per image into ids, BOS
+ * first, each image expanded as mm says (see gm_dataset_add_chat_images, whose checks it makes;
+ * ex_index names the example in messages). *ids_out is gm_malloc'd. */
+gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_mm_spec *mm, int64_t n_images,
+                            int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err);
+
 /* The most images one example of ds has (for planning a micro-batch's image path). */
 int64_t gm_dataset_max_images(const gm_dataset *ds);
 

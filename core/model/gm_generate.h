@@ -57,6 +57,15 @@ gm_status gm_generate(gm_infer *st, const int32_t *prompt, int64_t n_prompt, con
                       gm_token_cb cb, void *user, int32_t *out_ids, int64_t *n_out,
                       gm_generate_stats *stats, gm_error *err);
 
+/* gm_generate for a prompt holding images (a multimodal model): soft (n_soft, C) host rows, the
+ * images' soft tokens (gm_vision_encode), replace the prompt's rows soft_rows (its image_token_id
+ * runs), and each image's tokens see the whole image (gm_mm_kv_end). The prompt is prefilled in
+ * one call: GM_ERR_INVALID when it is longer than the state's tokens per call. */
+gm_status gm_generate_images(gm_infer *st, const int32_t *prompt, int64_t n_prompt, const float *soft,
+                             const int64_t *soft_rows, int64_t n_soft, int32_t image_token_id, const gm_sample_opts *o,
+                             gm_token_cb cb, void *user, int32_t *out_ids, int64_t *n_out, gm_generate_stats *stats,
+                             gm_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -8,7 +8,8 @@
 #   - classify{} on data.image_folder{}: the same, with labels from the folder names;
 #   - an unusable image (corrupt, truncated, not an image) is named with its example and reason,
 #     the run goes on without it; a file that does not exist likewise;
-#   - the same data on a text-only model stops before any work, naming the image and the model.
+#   - the same data on a text-only model stops before any work, naming the image and the model;
+#   - `generate --image` on the multimodal model; its errors (text-only model, a truncated file).
 source "$(dirname "$0")/lib.bash"
 SRC=$(pwd)
 cd "$TMP"
@@ -71,6 +72,13 @@ cp "$IMG"/small.jpg "$IMG"/wide.jpg "$IMG"/tall.jpg "$IMG"/palette.png "$IMG"/rg
 cp "$IMG"/gray.jpg "$IMG"/gray.png "$IMG"/gray16.png "$IMG"/gray_alpha.png "$IMG"/gray4.png "$IMG"/gray1.png folder/gray/
 mk pics "$VIS" 'classify { data = data.image_folder { root = "folder", test = 3 }, prompt = "Is this photo in color?" }'
 expect_run "classify on data.image_folder: baseline, training, accuracy" 0 "accuracy" -- "$GM" pics.lua
+# generation with images (greedy, a few tokens), and its errors
+expect_run "generate --image (two photos) on the multimodal model" 0 "prompt tokens at .* new tokens" -- \
+  "$GM" generate "$VIS" --chat --image "$IMG/small.jpg" --image "$IMG/palette.png" "Compare them." --max-tokens 4
+expect_run "generate --image on a text-only model: refused, naming both" 2 "tiny_gemma3_chat has no vision tower: a text-only model cannot read --image .*small.jpg" -- \
+  "$GM" generate "$SRC/tests/ref/tiny_gemma3_chat" --chat --image "$IMG/small.jpg" "What is it?"
+expect_run "generate --image with a truncated file: named, with the reason" 2 "truncated.jpg: .*(truncated|Premature)" -- \
+  "$GM" generate "$VIS" --chat --image data/pics/truncated.jpg "What is it?"
 # the same data on a text-only model: stopped before any work, naming the image and the model
 mk text "$SRC/tests/ref/tiny_gemma3_chat" 'sft { data = data.jsonl { train = "data/chat.jsonl", test_fraction = 0.25 } }'
 expect_run "images on a text-only model: refused, naming the image and the model" 2 "has images.*pics/.*no vision tower" -- "$GM" text.lua

@@ -11,6 +11,7 @@
 #include "gm_alloc.h"
 #include "gm_data.h"
 #include "gm_decoder.h"
+#include "gm_generate.h"
 #include "gm_model.h"
 #include "gm_train.h"
 #include "gm_vision.h"
@@ -91,6 +92,49 @@ done:
     gm_vision_free(v);
     gm_free(ids), gm_free(pix), gm_free(soft);
     return out;
+}
+
+/* Generation with images (gm_generate_images): the first sequence's prompt with its image, greedy:
+ * the first new token is the argmax of transformers' logits at the prompt's last position, and the
+ * state's logits there are those logits. */
+static void check_generate(const gm_model *m) {
+    size_t n = 0;
+    int64_t dims[4];
+    int nd = 0;
+    int32_t *ids = gm_test_h5_read(gm_test_path(REF), "/mm/input_ids", 1, &n, dims, &nd);
+    float *pix = gm_test_h5_read(gm_test_path(REF), "/mm/pixel_values", 0, &n, NULL, NULL);
+    float *ref = gm_test_h5_read(gm_test_path(REF), "/mm/logits", 0, &n, NULL, NULL);
+    if (!ids || !pix || !ref) return;
+    int64_t T = dims[1], V = m->cfg.vocab_size, C = m->cfg.hidden_size;
+    gm_error err = {0};
+    gm_vision *v = NULL;
+    gm_infer *st = NULL;
+    float soft[4 * 64];
+    int64_t rows[4], n_soft = 0;
+    for (int64_t t = 0; t < T; t++)
+        if (ids[t] == m->cfg.vision.image_token_id) rows[n_soft++] = t;
+    gm_infer_opts io = {.batch = 1, .max_tokens = T, .ctx = T + 1, .n_threads = 2};
+    CHECK(gm_vision_new(m, 1, 2, NULL, &v, &err) == GM_OK && gm_vision_encode(v, pix, 1, soft, NULL, &err) == GM_OK, "%s",
+          err.msg);
+    CHECK(gm_infer_new(m, &io, &st, &err) == GM_OK, "%s", err.msg);
+    if (v && st && n_soft == 4) {
+        gm_sample_opts so = {.max_new_tokens = 1};
+        int32_t out[1];
+        int64_t n_out = 0;
+        CHECK(gm_generate_images(st, ids, T, soft, rows, n_soft, m->cfg.vision.image_token_id, &so, NULL, NULL, out, &n_out,
+                                 NULL, &err) == GM_OK, "generate with an image: %s", err.msg);
+        const float *last = ref + (T - 1) * V;
+        int64_t best = 0;
+        for (int64_t k = 1; k < V; k++)
+            if (last[k] > last[best]) best = k;
+        CHECK(n_out == 1 && out[0] == best, "greedy token %d, transformers' argmax %lld", n_out ? out[0] : -1, (long long)best);
+        gm_check_close("generation's prefill logits (one image) vs transformers", st->logits, last, (size_t)V,
+                       TOL_VISION_LOGITS_TINY_ABS, 0);
+    }
+    (void)C;
+    gm_infer_free(st);
+    gm_vision_free(v);
+    gm_free(ids), gm_free(pix), gm_free(ref);
 }
 
 static void check_mm(const gm_model *m) {
@@ -290,7 +334,7 @@ int main(void) {
                   "%s: image token ids %d %d %d", dirs[i], m->cfg.vision.image_token_id, m->cfg.vision.boi_id,
                   m->cfg.vision.eoi_id);
             check_tower(m, dirs[i]);
-            if (i == 0) check_mm(m), check_lora(m);
+            if (i == 0) check_mm(m), check_lora(m), check_generate(m);
         }
         gm_model_free(m);
     }
