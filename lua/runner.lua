@@ -128,6 +128,7 @@ local function load_classify_items(d)
     end
     items.labels = d.classes
     local K = #d.classes
+    local seen = {} -- image -> the line that listed it: an image listed twice, or in both splits, is an error
     local function read(name, into)
       local path = root .. "/annotations/" .. name
       local ok, text = pcall(gm.read_text, path)
@@ -152,6 +153,11 @@ local function load_classify_items(d)
             P.usage(d._where, "data.oxford_pets: %s:%d: image %s has class id %d (%s), but its name says %s", path, n, img,
               cid, d.classes[cid], breed or "no breed")
           end
+          if seen[img] then
+            P.usage(d._where, "data.oxford_pets: %s:%d: image %s is listed again (first at %s)%s", path, n, img, seen[img],
+              seen[img]:find(name, 1, true) and "" or ": an image in both splits would be tested on what it trained on")
+          end
+          seen[img] = path .. ":" .. n
           local file = root .. "/images/" .. img .. ".jpg"
           into[#into + 1] = { images = { file }, label = cid, where = path .. ":" .. n }
         end
@@ -1129,7 +1135,14 @@ function R.run(e, cli)
   resolve_model_adapter(ctx, e, trials)
   if cli.dry_run then
     if ctx.model then ctx.model:close() end
-    for _, ds in pairs(ctx.data) do ds.train:close(); ds.test:close(); if ds.val then ds.val:close() end end
+    for key, ds in pairs(ctx.data) do
+      local n = ds.train:stats().rejected + ds.test:stats().rejected
+      if n > 0 then
+        say("note: max_length %s rejects %d example%s while tokenizing (first: %s: %s)", key:match("|(%d+)$") or "?", n,
+          n == 1 and "" or "s", ds.rejected[1].example, (ds.rejected[1].reason:gsub("\n.*", "")))
+      end
+      ds.train:close(); ds.test:close(); if ds.val then ds.val:close() end
+    end
     say("data: %d training and %d test examples%s", #items.train, #items.test,
       items.labels and (", labels " .. table.concat(items.labels, ", ")) or "")
     local over = 0

@@ -58,6 +58,10 @@ echo "Bengal_2 1 1 1" >> pets/annotations/test.txt
 expect_run "a name against its class id: file and line" 2 "test.txt:6: image Bengal_2 has class id 1 \(Abyssinian\), but its name says Bengal" -- \
   "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"
 cp test.keep pets/annotations/test.txt
+echo "Abyssinian_1 1 1 1" >> pets/annotations/test.txt
+expect_run "an image in both splits: both lines named" 2 "test.txt:6: image Abyssinian_1 is listed again \(first at pets/annotations/trainval.txt:1\): an image in both splits" -- \
+  "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"
+cp test.keep pets/annotations/test.txt
 mv pets/images/beagle_1.jpg beagle.keep
 expect_run "a breed whose only training image is missing: the label and the image named" 2 \
   "classify.labels: 'beagle' has no example in the data \(its examples' images could not be used: pets/annotations/trainval.txt:5: .*beagle_1.jpg" -- \
