@@ -486,8 +486,10 @@ end
 -- What a runner process holds beyond a trainer's plan: the results files open in memory (and the
 -- HDF5 library state that comes with them before any checkpoint), the tokenized data sets, the
 -- Lua state, the evaluation's extra BLAS buffers. Fitted on a tiny-model trial (30.3 MiB measured,
--- 25.7 planned without it), checked on the 270M quickstart (docs/memory.md).
-local RUNNER_STATE_BYTES = 5 * 2 ^ 20
+-- 25.7 planned without it), checked on the 270M quickstart (docs/memory.md); refitted 2026-12-02
+-- when the build gained libjpeg and libexif (the image path): the e2e_experiments trial measured
+-- 31.6-33.2 MiB over 5 runs and a CI run, against 25.7 MiB planned without it.
+local RUNNER_STATE_BYTES = 6 * 2 ^ 20
 
 --- A trial's plan: the trainer's (gm.plan) plus the runner's own state, as item "runner".
 local function trial_plan(model, opts, items)
