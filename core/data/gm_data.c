@@ -207,7 +207,6 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
         }
     }
     ds->ex[ds->n++] = e;
-    (void)tok;
     return GM_OK;
 }
 
