@@ -423,7 +423,7 @@ static int l_lora_modules(lua_State *L) {
     gm_lora lo;
     memset(&lo, 0, sizeof lo);
     gm_error err = {0};
-    if (gm_lora_describe(&lo, &lc, lm->m->arch, &lm->m->cfg, lm->m->prefix, &err) != GM_OK) {
+    if (gm_lora_describe(&lo, &lc, lm->m->arch, &lm->m->cfg, lm->m->peft_prefix, &err) != GM_OK) {
         gm_lora_free(&lo);
         return gm_bind_raise(L, &err);
     }

@@ -17,7 +17,7 @@
  *     r:set_memory{planned={[kind]=bytes}, measured={[kind]=bytes}, measured_peak_rss=bytes}
  *     r:set_data{n_train=, n_test=, n_rejected=, n_truncated=, rejections={{example=, reason=}}}
  *     r:set_provenance{name = string, ...}   /provenance attributes (lua/runner.lua: what produced it)
- *     r:put_adapter(trainer)         the trainer's LoRA weights under /adapter/<PEFT key>
+ *     r:put_adapter(trainer)         the trainer's trained tensors (LoRA, a trained projector) under /adapter/<PEFT key>
  *     r:truncate(rows), r:rows(), r:resumed(), r:path(), r:save(), r:close()
  *   gm.results_read(path)            -> trial table | nil, "no such file"
  *   gm.results_read_all(path)        -> {trial, ...} from a folder, a trial file or a merged file
@@ -531,15 +531,11 @@ static int l_put_adapter(lua_State *L) {
     lresults *u = check_res(L, 1);
     gm_trainer *tr = gm_bind_check_trainer(L, 2);
     int n = 0;
-    gm_lora_adapter *ad = gm_trainer_adapters(tr, &n);
-    int64_t rank = gm_trainer_opts(tr)->lora.rank;
+    const gm_train_param *p = gm_trainer_params(tr, &n);
     gm_error err = {0};
-    for (int i = 0; i < n; i++) {
-        int64_t sa[2] = {rank, ad[i].in}, sb[2] = {ad[i].out, rank};
-        raise_if(L, gm_results_put_tensor(u->r, ad[i].name_A, ad[i].A, 2, sa, &err), &err);
-        raise_if(L, gm_results_put_tensor(u->r, ad[i].name_B, ad[i].B, 2, sb, &err), &err);
-    }
-    lua_pushinteger(L, 2 * n);
+    for (int i = 0; i < n; i++) /* LoRA A / B of every adapter, and the projector when trained */
+        raise_if(L, gm_results_put_tensor(u->r, p[i].name, p[i].p, p[i].ndim, p[i].shape, &err), &err);
+    lua_pushinteger(L, n);
     return 1;
 }
 

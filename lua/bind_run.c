@@ -227,7 +227,7 @@ static void plan_args(lua_State *L, gm_train_opts *o, gm_config *cfg, gm_dtype *
 }
 
 /* gm.lora_count(model, opts) -> adapters, trainable parameters: the adapters opts (targets,
- * layers, rank) give on that model, module names in the checkpoint's own layout (gm_model_prefix),
+ * layers, rank) give on that model, module names as PEFT names them (gm_model_prefix),
  * from its config and names alone. Raises with gm_lora_describe's message (targets that select no
  * module, unknown names, layers beyond the model). Gemma 3n / 4 configs count on the Gemma 3 part
  * of their layers, as the planner does. */

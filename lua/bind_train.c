@@ -369,8 +369,7 @@ static bool option_from_lua(lua_State *L, int idx, gm_train_opts *o, const gm_op
         v.text = targets_text(L, idx, joined, sizeof joined, m2, sizeof m2);
         if (!v.text) return snprintf(msg, cap, "%s", m2), false;
         gm_error err = {0};
-        if (gm_lora_targets_check(v.text, gm_arch_get(GM_ARCH_GEMMA3), NULL, &err) != GM_OK)
-            return snprintf(msg, cap, "%s", err.msg), false;
+        if (gm_train_opt_targets_check(sp, v.text, &err) != GM_OK) return snprintf(msg, cap, "%s", err.msg), false;
         break;
     }
     case GM_OPT_LAYERS: {
@@ -419,7 +418,7 @@ static int l_train_option_check(lua_State *L) {
     }
     lua_pushboolean(L, 1);
     if (sp->kind == GM_OPT_INT) lua_pushinteger(L, (lua_Integer)lua_tonumber(L, 2));
-    else if (sp->kind == GM_OPT_TARGETS) lua_pushstring(L, o.lora.targets);
+    else if (sp->kind == GM_OPT_TARGETS) lua_pushstring(L, strcmp(sp->name, "vision_targets") == 0 ? o.vision_targets : o.lora.targets);
     else lua_pushvalue(L, 2);
     return 2;
 }

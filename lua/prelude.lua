@@ -669,6 +669,10 @@ function M.count_trials(e)
   return n * #e.seeds
 end
 
+--- Training options added after trial ids were first given, with their defaults (issue 10: what of
+--- the image path trains).
+local LATER_OPTIONS = { vision_targets = "none", modules_to_save = "none" }
+
 function M.expand(e, max_trials)
   max_trials = max_trials or M.MAX_TRIALS
   local count = M.count_trials(e)
@@ -699,8 +703,11 @@ function M.expand(e, max_trials)
       local cfg = { model = e.model, seed = seed, model_adapter = e.model_adapter }
       for k, v in pairs(e.train) do cfg[k] = v end
       for k, v in pairs(p) do cfg[k] = v end
-      -- (validation only when given: the ids of experiments without it stay as they were)
-      local identity = gm.json_encode({ experiment = e.name, config = cfg, task = task_identity(e.task),
+      -- (validation only when given, and the options added since ids were first given only when
+      -- not at their defaults: the ids of experiments without them stay as they were)
+      local id_cfg = {}
+      for k, v in pairs(cfg) do if LATER_OPTIONS[k] ~= v then id_cfg[k] = v end end
+      local identity = gm.json_encode({ experiment = e.name, config = id_cfg, task = task_identity(e.task),
         validation = e.validation and task_identity(e.validation) or nil })
       trials[#trials + 1] = { index = #trials + 1, id = gm.sha256(identity):sub(1, 12), config = cfg, point = p, seed = seed }
     end

@@ -468,6 +468,7 @@ local function trainer_opts(cfg, total_steps, threads, images_per_example)
     grad_accum = cfg.grad_accum, lr = cfg.lr, weight_decay = cfg.weight_decay, beta1 = cfg.beta1, beta2 = cfg.beta2,
     eps = cfg.eps, max_grad_norm = cfg.max_grad_norm, schedule = cfg.schedule, warmup = warmup,
     steps = total_steps, checkpointing = cfg.checkpointing, threads = threads,
+    vision_targets = cfg.vision_targets, modules_to_save = cfg.modules_to_save,
   }
 end
 

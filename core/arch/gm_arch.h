@@ -163,9 +163,16 @@ enum {
 };
 
 /* Buffers of the head (backend memory): post (N, C), mean / rstd (N), pooled / normed (R, C),
- * rstd_mm (R), out (R, C_text) with R = images x tokens per image. */
+ * rstd_mm (R), out (R, C_text) with R = images x tokens per image.
+ * A trained projector (PEFT's modules_to_save = ["multi_modal_projector"]) replaces the
+ * weights' own: proj (C, C_text) in the checkpoint's orientation (mm_input_projection_weight,
+ * out = normed . proj) and norm_scale (C) the RMSNorm's effective scale 1 + w; NULL: the
+ * weights'. Backward (gm_siglip_head_bwd): dout (R, C_text) in; dnormed, dpooled (R, C) and
+ * dpost (N, C) workspace; dproj (C, C_text) and dnorm (C) accumulate when not NULL. */
 typedef struct gm_siglip_head_bufs {
     float *post, *mean, *rstd, *pooled, *normed, *rstd_mm, *out;
+    const float *proj, *norm_scale;
+    float *dout, *dnormed, *dpooled, *dpost, *dproj, *dnorm;
 } gm_siglip_head_bufs;
 
 /* X[0] (N, C) of an encoder graph begun with gm_graph_begin_encoder (T = patches per image) from
@@ -174,6 +181,10 @@ void gm_siglip_embed(struct gm_graph *g, const float *patches);
 /* The soft tokens b->out (images x tokens, C_text) from X[L]: post-layernorm, average pooling,
  * the projector's RMSNorm and projection (gemma_architecture.md §2.2). */
 void gm_siglip_head(struct gm_graph *g, const gm_siglip_head_bufs *b);
+/* Backward of gm_siglip_head from b->dout: the projector's gradients into b->dproj / b->dnorm
+ * (accumulated, each when not NULL) and, when `into_tower`, dL/dX[L] into the graph's residual
+ * gradient g->g (assigned) for the tower's layer_bwd. The post-layernorm is frozen. */
+void gm_siglip_head_bwd(struct gm_graph *g, const gm_siglip_head_bufs *b, bool into_tower);
 
 #ifdef __cplusplus
 }

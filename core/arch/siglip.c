@@ -180,6 +180,10 @@ void gm_siglip_embed(gm_graph *g, const float *patches) {
     g->k->bias_fwd(kc, g->X[0], (const float *)w->global[GM_SIGLIP_PATCH_B].data, N, C);
 }
 
+static const float *norm_scale(const gm_graph *g, const gm_siglip_head_bufs *b) {
+    return b->norm_scale ? b->norm_scale : (const float *)g->w->global[GM_SIGLIP_MM_NORM].data;
+}
+
 void gm_siglip_head(gm_graph *g, const gm_siglip_head_bufs *b) {
     const gm_kctx *kc = &g->kc;
     const gm_config *c = g->cfg;
@@ -189,9 +193,34 @@ void gm_siglip_head(gm_graph *g, const gm_siglip_head_bufs *b) {
     g->k->layernorm_fwd(kc, b->post, b->mean, b->rstd, g->X[c->n_layers], (const float *)w->global[GM_GLOBAL_FINAL_NORM].data,
                         (const float *)w->global[GM_SIGLIP_POST_LN_B].data, N, C, c->rms_norm_eps);
     g->k->avgpool_fwd(kc, b->pooled, b->post, B, side, side / tside, C);
-    g->k->rmsnorm_fwd(kc, b->normed, b->rstd_mm, b->pooled, (const float *)w->global[GM_SIGLIP_MM_NORM].data, R, C,
-                      c->rms_norm_eps);
-    g->k->matmul_fwd(kc, b->out, b->normed, &w->global[GM_SIGLIP_MM_PROJ], R, 0.0f);
+    g->k->rmsnorm_fwd(kc, b->normed, b->rstd_mm, b->pooled, norm_scale(g, b), R, C, c->rms_norm_eps);
+    if (b->proj) { /* out (R, C_text) = normed (R, C) . proj (C, C_text): the input-gradient product */
+        gm_wview pv = gm_wview_f32((float *)b->proj, C, c->vision.out_hidden_size);
+        g->k->matmul_bwd_input(kc, b->out, b->normed, &pv, R, 0.0f);
+    } else {
+        g->k->matmul_fwd(kc, b->out, b->normed, &w->global[GM_SIGLIP_MM_PROJ], R, 0.0f);
+    }
+}
+
+void gm_siglip_head_bwd(gm_graph *g, const gm_siglip_head_bufs *b, bool into_tower) {
+    const gm_kctx *kc = &g->kc;
+    const gm_config *c = g->cfg;
+    const gm_weights *w = g->w;
+    int64_t B = g->B, N = g->N, C = c->hidden_size, Ct = c->vision.out_hidden_size;
+    int64_t side = (int64_t)llround(sqrt((double)g->T)), tside = (int64_t)llround(sqrt((double)c->vision.tokens));
+    int64_t R = B * c->vision.tokens;
+    if (b->proj) {
+        gm_wview pv = gm_wview_f32((float *)b->proj, C, Ct);
+        g->k->matmul_fwd(kc, b->dnormed, b->dout, &pv, R, 0.0f);                 /* dnormed = dout proj^T */
+        if (b->dproj) g->k->matmul_bwd_weight(kc, b->dproj, b->normed, b->dout, R, C, Ct, 1.0f); /* += normed^T dout */
+    } else {
+        g->k->matmul_bwd_input(kc, b->dnormed, b->dout, &w->global[GM_SIGLIP_MM_PROJ], R, 0.0f);
+    }
+    g->k->rmsnorm_bwd(kc, b->dpooled, b->dnorm, b->dnormed, b->pooled, norm_scale(g, b), b->rstd_mm, R, C, 0.0f);
+    if (!into_tower) return;
+    g->k->avgpool_bwd(kc, b->dpost, b->dpooled, B, side, side / tside, C);
+    g->k->layernorm_bwd(kc, g->g, NULL, NULL, b->dpost, g->X[c->n_layers], (const float *)w->global[GM_GLOBAL_FINAL_NORM].data,
+                        b->mean, b->rstd, N, C, 0.0f);
 }
 
 const gm_arch_def gm_arch_siglip = {

@@ -255,6 +255,12 @@ static const char *find_prefix(const gm_safetensors *st) {
     return NULL;
 }
 
+/* gm_model.peft_prefix from the checkpoint's text prefix: a multimodal layout's decoder sits at
+ * model.language_model. in transformers' module tree, whichever way its files name it. */
+static const char *peft_prefix_of(const char *prefix) {
+    return strcmp(prefix, "model.") == 0 ? "model." : "model.language_model.";
+}
+
 gm_status gm_model_prefix(const char *path, char *out, size_t cap, gm_error *err) {
     snprintf(out, cap, "model."); /* GGUF files hold a text-only model */
     if (!is_hf_checkpoint(path)) return GM_OK;
@@ -268,7 +274,7 @@ gm_status gm_model_prefix(const char *path, char *out, size_t cap, gm_error *err
     gm_safetensors_free(st);
     if (!p) return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no embedding tensor (looked for model.embed_tokens.weight and the "
                                 "multimodal prefixes)", path);
-    snprintf(out, cap, "%s", p);
+    snprintf(out, cap, "%s", peft_prefix_of(p));
     return GM_OK;
 }
 
@@ -337,6 +343,7 @@ static gm_status load_hf(gm_model *m, const char *path, const gm_model_opts *o, 
                             path);
     /* PEFT names modules by their path in the checkpoint's model: the text decoder's prefix */
     snprintf(m->prefix, sizeof m->prefix, "%s", prefix);
+    snprintf(m->peft_prefix, sizeof m->peft_prefix, "%s", peft_prefix_of(prefix));
     GM_TRY(setup_arch(m, err));
     gm_arena_init(&m->arena, "norm weights", GM_DEVICE_CPU);
     GM_TRY(bind_all(m, prefix, err));
@@ -423,6 +430,7 @@ static gm_status load_gguf(gm_model *m, const char *path, const gm_model_opts *o
                                 path, t->cname, layer, (long long)m->cfg.n_layers);
     }
     snprintf(m->prefix, sizeof m->prefix, "model."); /* a text-only Gemma3ForCausalLM's layout */
+    snprintf(m->peft_prefix, sizeof m->peft_prefix, "%s", peft_prefix_of(m->prefix));
     GM_TRY(setup_arch(m, err));
     gm_arena_init(&m->arena, "norm weights", GM_DEVICE_CPU);
     GM_TRY(bind_all(m, "", err));

@@ -49,10 +49,16 @@ typedef struct gm_model {
     const gm_arch_def *arch;   /* the architecture's spec and forward (core/arch) */
     gm_model_format format;
     char path[1024];
-    /* Module path of the text decoder in this checkpoint's layout, as PEFT names modules:
-     * "model." for Gemma3ForCausalLM and GGUF files, "model.language_model." (transformers >=
-     * 4.52) or "language_model.model." (older) for Gemma3ForConditionalGeneration. */
+    /* Module path of the text decoder in this checkpoint's weight names: "model." for
+     * Gemma3ForCausalLM and GGUF files, "model.language_model." (converters, transformers 4.52 to
+     * 4.x) or "language_model.model." (the hub's files, transformers 5's save_pretrained) for
+     * Gemma3ForConditionalGeneration. */
     char prefix[64];
+    /* The same path in transformers' module tree, as PEFT names adapter modules whatever the
+     * files' layout: "model." for a text model, "model.language_model." for a multimodal Gemma 3
+     * (transformers >= 4.52; checked against PEFT 0.21 on transformers 5.24 by tests/ref/
+     * make_vision_ref.py). */
+    char peft_prefix[64];
     /* Where top-level weights (gm_weight_spec.top_level) are named: "" for the text decoder; a
      * tower's multimodal root ("" or "model."), where its projector lives. */
     char root[64];
@@ -84,8 +90,9 @@ gm_status gm_model_load(const char *path, const gm_model_opts *opts, gm_model **
 
 void gm_model_free(gm_model *m);
 
-/* The module prefix (gm_model.prefix) of the checkpoint at `path` without loading it: "model." for
- * GGUF files, from the safetensors header's names for Hugging Face checkpoints (no weight is read).
+/* The PEFT module prefix (gm_model.peft_prefix) of the checkpoint at `path` without loading it:
+ * "model." for GGUF files, from the safetensors header's names for Hugging Face checkpoints (no
+ * weight is read).
  * Errors as gm_model_load's for the safetensors files. */
 gm_status gm_model_prefix(const char *path, char *out, size_t cap, gm_error *err);
 

@@ -6,29 +6,53 @@
 #include "gm_alloc.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
-/* The one layout: the tower's weights, the encoder graph, the patch and head buffers. */
+/* The one layout: the tower's weights, the encoder graph, the patch and head buffers, and what
+ * trains (the tower's adapters, the projector's copies, the head's backward workspace). */
 gm_status gm_vision_layout(gm_vision *v, gm_arena *a, gm_arena *host, gm_error *err) {
     GM_TRY(gm_weights_layout(&v->w, v->tower, GM_F32, GM_F32, v->be, a, v->g.o.n_threads, err));
+    if (v->train_tower) gm_lora_layout(&v->lora, a, true);
     gm_graph_layout(&v->g, a, host);
     int64_t N = v->max_images * v->P, R = v->max_images * v->tokens, pd = 3 * v->patch_size * v->patch_size;
-#define F32(ar, n) (float *)gm_arena_alloc(ar, (size_t)(n) * sizeof(float), GM_MEM_ACTIVATIONS)
-    v->patches = F32(a, N * pd);
-    v->head.post = F32(a, N * v->C);
-    v->head.mean = F32(a, N);
-    v->head.rstd = F32(a, N);
-    v->head.pooled = F32(a, R * v->C);
-    v->head.normed = F32(a, R * v->C);
-    v->head.rstd_mm = F32(a, R);
-    v->head.out = F32(a, R * v->C_text);
-    v->host_patches = F32(host, N * pd);
+#define F32(ar, n, kind) (float *)gm_arena_alloc(ar, (size_t)(n) * sizeof(float), kind)
+    v->patches = F32(a, N * pd, GM_MEM_ACTIVATIONS);
+    v->head.post = F32(a, N * v->C, GM_MEM_ACTIVATIONS);
+    v->head.mean = F32(a, N, GM_MEM_ACTIVATIONS);
+    v->head.rstd = F32(a, N, GM_MEM_ACTIVATIONS);
+    v->head.pooled = F32(a, R * v->C, GM_MEM_ACTIVATIONS);
+    v->head.normed = F32(a, R * v->C, GM_MEM_ACTIVATIONS);
+    v->head.rstd_mm = F32(a, R, GM_MEM_ACTIVATIONS);
+    v->head.out = F32(a, R * v->C_text, GM_MEM_ACTIVATIONS);
+    v->host_patches = F32(host, N * pd, GM_MEM_ACTIVATIONS);
+    if (v->train_tower || v->train_proj) {
+        v->dsoft = v->head.dout = F32(a, R * v->C_text, GM_MEM_WORKSPACE);
+        v->head.dnormed = F32(a, R * v->C, GM_MEM_WORKSPACE);
+        v->head.dpooled = F32(a, R * v->C, GM_MEM_WORKSPACE);
+    }
+    if (v->train_tower) v->head.dpost = F32(a, N * v->C, GM_MEM_WORKSPACE);
+    if (v->train_proj) {
+        for (int i = 0; i < GM_VISION_PROJ_PARAMS; i++) {
+            gm_vision_param *q = &v->proj[i];
+            q->p = F32(a, q->n, GM_MEM_ADAPTERS), q->d = F32(a, q->n, GM_MEM_GRADS);
+            q->m = F32(a, q->n, GM_MEM_OPTIMIZER), q->v = F32(a, q->n, GM_MEM_OPTIMIZER);
+        }
+        v->norm_scale = F32(a, v->C, GM_MEM_ADAPTERS);
+        v->head.proj = v->proj[0].p, v->head.dproj = v->proj[0].d;
+        v->head.norm_scale = v->norm_scale, v->head.dnorm = v->proj[1].d;
+    }
 #undef F32
     return GM_OK;
 }
 
 gm_status gm_vision_init(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images, int n_threads,
                          gm_backend *be, gm_error *err) {
+    return gm_vision_init_train(v, mm, tower, max_images, NULL, false, n_threads, be, err);
+}
+
+gm_status gm_vision_init_train(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images,
+                               const gm_vision_train *t, bool checkpointing, int n_threads, gm_backend *be, gm_error *err) {
     memset(v, 0, sizeof *v);
     if (max_images < 1) return gm_error_set(err, GM_ERR_INVALID, "max_images must be at least 1");
     GM_TRY(gm_config_vision_tower(mm, &v->tcfg, err));
@@ -43,15 +67,98 @@ gm_status gm_vision_init(gm_vision *v, const gm_config *mm, const gm_model *towe
     v->tokens = tc->vision.tokens;
     v->C = tc->hidden_size;
     v->C_text = tc->vision.out_hidden_size;
-    gm_graph_opts go = {.mode = GM_GRAPH_INFER, .batch = max_images, .max_tokens = v->P, .ctx = v->P,
-                        .checkpointing = false, .lm_rows = 1, .rank = 0, .n_threads = n_threads > 0 ? n_threads : 2};
     GM_TRY(gm_weights_init(&v->w, tc, GM_QUANT_STORED, err));
-    return gm_graph_init(&v->g, tc, &v->w, NULL, be, &go, err);
+    v->train_tower = t && t->lora;
+    v->train_proj = t && t->projector;
+    if (v->train_tower) {
+        /* the tower's own streams: its A initialization and dropout masks differ from the text
+         * adapters' of the same layer and slot */
+        gm_lora_config lc = *t->lora;
+        lc.seed ^= 0x76697369u; /* "visi" */
+        for (int l = 0; l < GM_MAX_LAYERS; l++) lc.layers[l] = true;
+        gm_status s = gm_lora_describe(&v->lora, &lc, v->w.arch, tc, GM_VISION_TOWER_PREFIX, err);
+        if (s != GM_OK) {
+            gm_error_prefix(err, "vision_targets");
+            return s;
+        }
+    }
+    if (v->train_proj) {
+        static const char *const names[GM_VISION_PROJ_PARAMS] = {"mm_input_projection_weight", "mm_soft_emb_norm.weight"};
+        for (int i = 0; i < GM_VISION_PROJ_PARAMS; i++) {
+            gm_vision_param *q = &v->proj[i];
+            snprintf(q->name, sizeof q->name, "%s%s", GM_VISION_PROJECTOR_PREFIX, names[i]);
+            q->ndim = i == 0 ? 2 : 1;
+            q->shape[0] = v->C, q->shape[1] = i == 0 ? v->C_text : 0;
+            q->n = i == 0 ? v->C * v->C_text : v->C;
+            q->decay = i == 0;
+        }
+    }
+    gm_graph_opts go = {.mode = v->train_tower ? GM_GRAPH_TRAIN : GM_GRAPH_INFER, .batch = max_images,
+                        .max_tokens = v->P, .ctx = v->P, .checkpointing = v->train_tower && checkpointing, .lm_rows = 1,
+                        .rank = v->train_tower ? v->lora.cfg.rank : 0, .n_threads = n_threads > 0 ? n_threads : 2};
+    return gm_graph_init(&v->g, tc, &v->w, v->train_tower ? &v->lora : NULL, be, &go, err);
 }
 
 void gm_vision_release(gm_vision *v) {
     gm_graph_free(&v->g);
+    gm_lora_free(&v->lora);
     gm_weights_free(&v->w);
+}
+
+gm_status gm_vision_init_params(gm_vision *v, gm_error *err) {
+    int64_t r = v->lora.cfg.rank;
+    gm_status s = GM_OK;
+    size_t cap = (size_t)(v->C * v->C_text);
+    for (int i = 0; i < v->lora.n; i++)
+        if ((size_t)(r * v->lora.ad[i].in) > cap) cap = (size_t)(r * v->lora.ad[i].in);
+    float *h = gm_malloc(cap * sizeof(float)), *t = gm_malloc(cap * sizeof(float));
+    if (!h || !t) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    for (int i = 0; s == GM_OK && v->train_tower && i < v->lora.n; i++) {
+        gm_lora_adapter *ad = &v->lora.ad[i];
+        size_t na = (size_t)(r * ad->in) * sizeof(float), nb = (size_t)(ad->out * r) * sizeof(float);
+        gm_lora_init_A(&v->lora.cfg, ad, h);
+        gm_backend_upload(v->be, ad->A, h, na);
+        gm_backend_memset(v->be, ad->B, 0, nb);
+        float *z[6] = {ad->dA, ad->mA, ad->vA, ad->dB, ad->mB, ad->vB};
+        for (int q = 0; q < 6; q++) gm_backend_memset(v->be, z[q], 0, q < 3 ? na : nb);
+    }
+    if (s == GM_OK && v->train_proj) {
+        /* the weights hold the projection transposed (C_text, C) and the norm as its scale 1 + w */
+        int64_t C = v->C, Ct = v->C_text;
+        gm_backend_download(v->be, t, v->w.global[GM_SIGLIP_MM_PROJ].data, (size_t)(C * Ct) * sizeof(float));
+        for (int64_t o = 0; o < Ct; o++)
+            for (int64_t c = 0; c < C; c++) h[c * Ct + o] = t[o * C + c];
+        gm_backend_upload(v->be, v->proj[0].p, h, (size_t)(C * Ct) * sizeof(float));
+        gm_backend_download(v->be, t, v->w.global[GM_SIGLIP_MM_NORM].data, (size_t)C * sizeof(float));
+        gm_backend_upload(v->be, v->norm_scale, t, (size_t)C * sizeof(float));
+        for (int64_t c = 0; c < C; c++) h[c] = t[c] - 1.0f;
+        gm_backend_upload(v->be, v->proj[1].p, h, (size_t)C * sizeof(float));
+        for (int i = 0; i < GM_VISION_PROJ_PARAMS; i++) {
+            gm_vision_param *q = &v->proj[i];
+            gm_backend_memset(v->be, q->d, 0, (size_t)q->n * sizeof(float));
+            gm_backend_memset(v->be, q->m, 0, (size_t)q->n * sizeof(float));
+            gm_backend_memset(v->be, q->v, 0, (size_t)q->n * sizeof(float));
+        }
+    }
+    gm_free(h);
+    gm_free(t);
+    return s == GM_OK ? gm_backend_status(v->be, err) : s;
+}
+
+void gm_vision_backward(gm_vision *v) {
+    gm_graph *g = &v->g;
+    gm_siglip_head_bwd(g, &v->head, v->train_tower);
+    if (!v->train_tower) return;
+    for (int64_t l = g->cfg->n_layers - 1; l >= 0; l--) {
+        if (g->o.checkpointing) g->arch->layer_fwd(g, l); /* recompute this layer's record */
+        g->arch->layer_bwd(g, l);
+    }
+}
+
+void gm_vision_params_updated(gm_vision *v) {
+    if (!v->train_proj) return;
+    v->g.k->fill(&v->g.kc, v->norm_scale, v->C, 1.0f);
+    v->g.k->add_fwd(&v->g.kc, v->norm_scale, v->proj[1].p, v->C);
 }
 
 gm_status gm_vision_new(const gm_model *m, int64_t max_images, int n_threads, gm_backend *be, gm_vision **out,

@@ -22,6 +22,7 @@
 #include "gm_arena.h"
 #include "gm_backend.h"
 #include "gm_graph.h"
+#include "gm_lora.h"
 #include "gm_model.h"
 #include "gm_status.h"
 #include "gm_weights.h"
@@ -31,6 +32,34 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* What of the image path trains (the trainer's options vision_targets and modules_to_save):
+ * lora - adapters on the tower's linears (its targets are matched on the tower's module names,
+ * "model.vision_tower.encoder.layers.N.self_attn.q_proj" as PEFT names them on transformers 5's
+ * Gemma3ForConditionalGeneration), or NULL; projector - the projector's weight and RMSNorm
+ * trained fully (PEFT's modules_to_save = ["multi_modal_projector"]). */
+typedef struct gm_vision_train {
+    const gm_lora_config *lora;
+    bool projector;
+} gm_vision_train;
+
+/* A trained tensor of the image path with its gradient and AdamW moments (backend memory):
+ * n floats, shape as PEFT saves it; decay false for the RMSNorm weight (Hugging Face's Trainer
+ * exempts norm weights from weight decay). */
+typedef struct gm_vision_param {
+    char name[160];          /* PEFT key: base_model.model.model.multi_modal_projector.<...> */
+    float *p, *d, *m, *v;
+    int64_t n, shape[2];
+    int ndim;
+    bool decay;
+} gm_vision_param;
+
+#define GM_VISION_PROJ_PARAMS 2
+
+/* The projector's PEFT module prefix (transformers 5's Gemma3ForConditionalGeneration) and the
+ * tower's (module names "<prefix>layers.N.self_attn.q_proj"). */
+#define GM_VISION_PROJECTOR_PREFIX "base_model.model.model.multi_modal_projector."
+#define GM_VISION_TOWER_PREFIX "model.vision_tower.encoder."
 
 typedef struct gm_vision {
     const gm_model *tower;      /* the multimodal model's vision part (gm_model.vision); NULL: a plan */
@@ -47,6 +76,14 @@ typedef struct gm_vision {
     int64_t P;                  /* patches per image, side^2 */
     int64_t tokens;             /* soft tokens per image */
     int64_t C, C_text;          /* tower width, text width */
+    /* training (gm_vision_init with a gm_vision_train): */
+    bool train_tower;           /* adapters on the tower: the graph keeps its records, backward runs */
+    bool train_proj;            /* the projector is trained: proj, norm below */
+    gm_lora lora;               /* the tower's adapters (n = 0 when none) */
+    gm_vision_param proj[GM_VISION_PROJ_PARAMS]; /* [0] mm_input_projection_weight (C, C_text),
+                                                   [1] mm_soft_emb_norm.weight w (C) */
+    float *norm_scale;          /* (C): 1 + w, what the RMSNorm multiplies by */
+    float *dsoft;               /* (max_images * tokens, C_text): dL/d soft tokens, the caller's */
 } gm_vision;
 
 /* Plans and allocates the image path of multimodal model m for up to max_images images per call,
@@ -61,6 +98,19 @@ void gm_vision_free(gm_vision *v);
  * for a plan. gm_vision_release frees the tables (not the arenas). */
 gm_status gm_vision_init(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images, int n_threads,
                          gm_backend *be, gm_error *err);
+/* The same for training: what `t` selects learns (t NULL or selecting nothing: frozen, as
+ * gm_vision_init); checkpointing keeps only each tower layer's input and recomputes its record
+ * before the backward. GM_ERR_INVALID when t->lora's targets select no module of the tower. */
+gm_status gm_vision_init_train(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images,
+                               const gm_vision_train *t, bool checkpointing, int n_threads, gm_backend *be, gm_error *err);
+/* After the allocating layout pass: PEFT's initial tower adapters (A uniform, B zero), the
+ * projector's trained copies from the model's weights, zero gradients and moments. */
+gm_status gm_vision_init_params(gm_vision *v, gm_error *err);
+/* Backward of the last gm_vision_run from v->dsoft (images x tokens, C_text; backend): the
+ * projector's gradients and the tower adapters' accumulate. Only for a trained image path. */
+void gm_vision_backward(gm_vision *v);
+/* After a trained projector's optimizer step: norm_scale = 1 + w. */
+void gm_vision_params_updated(gm_vision *v);
 gm_status gm_vision_layout(gm_vision *v, gm_arena *a, gm_arena *host, gm_error *err);
 void gm_vision_release(gm_vision *v);
 

@@ -258,7 +258,7 @@ static gm_status check_finite(const float *x, int64_t n, const char *source, con
  * scaling, lays out and commits their buffers on be, and fills them through fetch. */
 static gm_status load_modules(const gm_model *m, gm_backend *be, const gm_lora_config *lc, const char **modules,
                               char (*keys)[192], int nm, fetch_fn fetch, void *ctx, gm_adapter *a, gm_error *err) {
-    gm_status s = gm_lora_describe_modules(&a->lora, lc, m->arch, &m->cfg, m->prefix, modules, nm, err);
+    gm_status s = gm_lora_describe_modules(&a->lora, lc, m->arch, &m->cfg, m->peft_prefix, modules, nm, err);
     if (s == GM_OK && a->lora.n != nm)
         s = gm_error_set(err, GM_ERR_FORMAT, "%s: %d adapter modules listed, %d distinct", a->source, nm, a->lora.n);
     if (s == GM_OK) { /* buffers on the backend */
@@ -328,6 +328,15 @@ static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, 
     /* the modules: every "<key>.lora_A.weight" (module = key without PEFT's "base_model.model.") */
     for (int i = 0; i < n && s == GM_OK; i++) {
         const char *name = ch[i].name;
+        if (ch[i].kind == GM_H5_DATASET && (strstr(name, "vision_tower.") || strstr(name, "multi_modal_projector."))) {
+            /* a run with vision_targets / modules_to_save: its language-model adapters alone
+             * would give another model than the one trained and evaluated */
+            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: %s also trains the image path (%s: vision_targets or "
+                             "modules_to_save); reading such an adapter back (generate, export, model_adapter) is not "
+                             "supported yet\n  hint: its results (accuracy, loss) are in the same file; train without "
+                             "vision_targets / modules_to_save for an adapter to reuse", path, group, name);
+            break;
+        }
         if (ch[i].kind != GM_H5_DATASET || !ends_with(name, A_SUFFIX)) continue;
         snprintf(keys[nm], sizeof keys[nm], "%.*s", (int)(strlen(name) - strlen(A_SUFFIX)), name);
         modules[nm] = strncmp(keys[nm], PEFT_PREFIX, strlen(PEFT_PREFIX)) == 0 ? keys[nm] + strlen(PEFT_PREFIX) : keys[nm];
@@ -791,9 +800,9 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
         if (!layers[lo->ad[i].layer]) layers[lo->ad[i].layer] = true, n_layers_used++;
     for (int sl = 0; sl < GM_MAX_LAYER_WEIGHTS; sl++) n_slots_used += lo->slot_used[sl];
     bool product = lo->n == n_layers_used * n_slots_used;
-    *list = product && strcmp(m->prefix, "model.") == 0;
+    *list = product && strcmp(m->peft_prefix, "model.") == 0;
     *n_layers = n_layers_used;
-    size_t cap = 64 + 2 * strlen(m->prefix) + 8 * (size_t)m->cfg.n_layers; /* escaped: 2 bytes a char at most */
+    size_t cap = 64 + 2 * strlen(m->peft_prefix) + 8 * (size_t)m->cfg.n_layers; /* escaped: 2 bytes a char at most */
     for (int i = 0; i < lo->n; i++) cap += 2 * strlen(lo->ad[i].module) + 2;
     char *rx = gm_calloc(cap, 1);
     if (!rx) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
@@ -806,7 +815,7 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
     } else if (product) {
         /* a regular expression full-matched against module names: exactly these modules (a list
          * would also match e.g. a vision tower's q_proj in a multimodal checkpoint) */
-        rx_append(rx, cap, m->prefix);
+        rx_append(rx, cap, m->peft_prefix);
         strcat(rx, "layers\\.(?:");
         bool first = true;
         for (int l = 0; l < m->cfg.n_layers; l++)
@@ -826,7 +835,7 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
             const gm_lora_adapter *any = NULL;
             if (!first_slot) strcat(rx, "|");
             first_slot = false;
-            rx_append(rx, cap, m->prefix);
+            rx_append(rx, cap, m->peft_prefix);
             strcat(rx, "layers\\.(?:");
             bool first = true;
             for (int i = 0; i < lo->n; i++) {

@@ -32,8 +32,11 @@ struct gm_trainer {
     gm_weights w;             /* base weights as trained on (re-encoded or as stored) */
     gm_lora lora;             /* the adapters, with gradients and moments */
     gm_graph g;               /* the forward / backward in training mode */
-    gm_vision vis;            /* the image path (o.max_images > 0): tower + projector, frozen */
+    gm_vision vis;            /* the image path (o.max_images > 0): tower + projector */
     bool has_vis;
+    bool vis_trains;          /* the tower's adapters or the projector learn */
+    gm_train_param *params;   /* [n_params]: every trained tensor (gm_trainer_params) */
+    int n_params, cap_params;
     int32_t *img_rows;        /* (N) backend: rows of X[0] the images' soft tokens replace */
     int32_t *h_img_rows, *h_ids, *h_kv_end; /* (N) host staging */
     gm_arena arena;           /* backend memory: weights, adapters, activations, loss */
@@ -174,6 +177,15 @@ gm_status gm_train_opt_set(gm_train_opts *o, const gm_opt_spec *s, gm_opt_value 
     return GM_OK;
 }
 
+gm_status gm_train_opt_targets_check(const gm_opt_spec *s, const char *text, gm_error *err) {
+    bool vision = strcmp(s->name, "vision_targets") == 0;
+    if (vision && strcmp(text, "none") == 0) return GM_OK;
+    gm_status st = gm_lora_targets_check(text, gm_arch_get(vision ? GM_ARCH_SIGLIP : GM_ARCH_GEMMA3),
+                                         vision ? GM_VISION_TOWER_PREFIX : NULL, err);
+    if (st != GM_OK && vision) gm_error_prefix(err, "vision_targets");
+    return st;
+}
+
 gm_status gm_train_opt_parse(gm_train_opts *o, const gm_opt_spec *s, const char *text, gm_error *err) {
     gm_opt_value v = {0, text, NULL};
     char range[160];
@@ -293,13 +305,48 @@ static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, g
             return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: the built-in sizes do not describe the vision tower yet, so a run "
                                 "with images cannot be planned from the name; give the checkpoint folder (its config.json "
                                 "has the tower)", c->name);
-        GM_TRY(gm_vision_init(&tr->vis, c, tr->m ? tr->m->vision : NULL, tr->o.max_images, tr->o.n_threads, tr->be, err));
+        gm_lora_config vl = tr->o.lora;
+        snprintf(vl.targets, sizeof vl.targets, "%s", tr->o.vision_targets);
+        gm_vision_train vt = {.lora = strcmp(tr->o.vision_targets, "none") != 0 ? &vl : NULL,
+                              .projector = tr->o.train_projector};
+        GM_TRY(gm_vision_init_train(&tr->vis, c, tr->m ? tr->m->vision : NULL, tr->o.max_images, &vt, tr->o.checkpointing,
+                                    tr->o.n_threads, tr->be, err));
         tr->has_vis = true;
+        tr->vis_trains = tr->vis.train_tower || tr->vis.train_proj;
+    } else if (strcmp(tr->o.vision_targets, "none") != 0 || tr->o.train_projector) {
+        return gm_error_set(err, GM_ERR_INVALID, "%s is set, but the data has no images: the vision tower and projector "
+                            "only learn from images\n  hint: leave vision_targets and modules_to_save out for text-only data",
+                            tr->o.train_projector ? "modules_to_save" : "vision_targets");
     }
     GM_TRY(gm_weights_init(&tr->w, c, tr->o.quant, err));
     GM_TRY(gm_lora_describe(&tr->lora, &tr->o.lora, tr->w.arch, c, prefix, err));
+    tr->cap_params = 2 * tr->lora.n + (tr->has_vis ? 2 * tr->vis.lora.n + GM_VISION_PROJ_PARAMS : 0);
+    tr->params = gm_calloc((size_t)tr->cap_params, sizeof *tr->params);
+    if (!tr->params) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     gm_graph_opts go = graph_opts(&tr->o);
     return gm_graph_init(&tr->g, c, &tr->w, &tr->lora, tr->be, &go, err);
+}
+
+/* Adds the A and B of each adapter of lo to the trained list. */
+static void add_adapters(gm_trainer *tr, const gm_lora *lo) {
+    int64_t r = lo->cfg.rank;
+    for (int i = 0; i < lo->n; i++) {
+        const gm_lora_adapter *ad = &lo->ad[i];
+        tr->params[tr->n_params++] = (gm_train_param){ad->name_A, ad->A, ad->dA, ad->mA, ad->vA, r * ad->in, 2, {r, ad->in}, true};
+        tr->params[tr->n_params++] = (gm_train_param){ad->name_B, ad->B, ad->dB, ad->mB, ad->vB, ad->out * r, 2, {ad->out, r}, true};
+    }
+}
+
+/* The trained list (gm_trainer_params) from the buffers the layout handed out. */
+static void collect_params(gm_trainer *tr) {
+    tr->n_params = 0;
+    add_adapters(tr, &tr->lora);
+    if (tr->has_vis && tr->vis.train_tower) add_adapters(tr, &tr->vis.lora);
+    for (int i = 0; tr->has_vis && tr->vis.train_proj && i < GM_VISION_PROJ_PARAMS; i++) {
+        gm_vision_param *q = &tr->vis.proj[i];
+        tr->params[tr->n_params++] = (gm_train_param){q->name, q->p, q->d, q->m, q->v, q->n, q->ndim,
+                                                      {q->shape[0], q->shape[1]}, q->decay};
+    }
 }
 
 /* Reserves (or, on committed arenas, hands out) every buffer. m == NULL: a plan. */
@@ -333,6 +380,7 @@ static gm_status layout(gm_trainer *tr, const gm_model *m, gm_dtype stored, gm_d
     tr->h_lse = (float *)gm_arena_alloc(h, (size_t)N * sizeof(float), GM_MEM_WORKSPACE);
     tr->h_tgt_logit = (float *)gm_arena_alloc(h, (size_t)N * sizeof(float), GM_MEM_WORKSPACE);
     tr->h_row_loss = (double *)gm_arena_alloc(h, (size_t)N * sizeof(double), GM_MEM_WORKSPACE);
+    collect_params(tr);
     return GM_OK;
 }
 
@@ -369,6 +417,8 @@ static void trainer_release(gm_trainer *tr) {
     gm_graph_free(&tr->g);
     gm_lora_free(&tr->lora);
     gm_weights_free(&tr->w);
+    gm_free(tr->params);
+    tr->params = NULL;
 }
 
 gm_status gm_train_plan(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
@@ -386,7 +436,8 @@ gm_status gm_train_plan(const gm_config *cfg, const gm_train_opts *o, gm_dtype s
         for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->by_kind[k] = tr->arena.by_kind[k] + tr->host.by_kind[k];
         out->alias_bytes = tr->w.alias_bytes;
         memcpy(out->weight_bytes, tr->w.kind_bytes, sizeof out->weight_bytes);
-        out->n_trainable = tr->lora.n_params;
+        out->n_trainable = 0;
+        for (int i = 0; i < tr->n_params; i++) out->n_trainable += tr->params[i].n;
         out->scratch_floats = tr->g.scratch_floats;
     }
     trainer_release(tr);
@@ -411,6 +462,7 @@ static gm_status init_adapters(gm_trainer *tr, gm_error *err) {
         gm_backend_memset(tr->be, ad->vB, 0, nb);
     }
     gm_free(stage);
+    if (tr->vis_trains) GM_TRY(gm_vision_init_params(&tr->vis, err));
     return gm_backend_status(tr->be, err);
 }
 
@@ -425,7 +477,7 @@ gm_status gm_trainer_new_on(const gm_model *m, const gm_train_opts *o, gm_backen
     gm_status s = GM_OK;
     if (be) tr->be = be;
     else s = gm_backend_cpu_new(o->n_threads, &tr->owned_be, err), tr->be = tr->owned_be;
-    if (s == GM_OK) s = setup(tr, c, m->prefix, err);
+    if (s == GM_OK) s = setup(tr, c, m->peft_prefix, err);
     /* pass 1: measure; pass 2: allocate, re-encode / upload the base weights, hand out buffers
      * (the re-encoding releases each source tensor's mapped pages as it goes: the file's own
      * linear weights are not read again) */
@@ -463,6 +515,11 @@ gm_lora_adapter *gm_trainer_adapters(gm_trainer *tr, int *n) {
 }
 
 const gm_lora *gm_trainer_lora(const gm_trainer *tr) { return &tr->lora; }
+const gm_train_param *gm_trainer_params(const gm_trainer *tr, int *n) {
+    *n = tr->n_params;
+    return tr->params;
+}
+bool gm_trainer_trains_vision(const gm_trainer *tr) { return tr->vis_trains; }
 gm_backend *gm_trainer_backend(const gm_trainer *tr) { return tr->be; }
 const gm_train_opts *gm_trainer_opts(const gm_trainer *tr) { return &tr->o; }
 int64_t gm_trainer_step_count(const gm_trainer *tr) { return tr->step; }
@@ -485,12 +542,8 @@ void gm_trainer_write_adapter(gm_trainer *tr, int i, char which, const float *sr
 }
 
 void gm_trainer_zero_grad(gm_trainer *tr) {
-    int64_t r = tr->o.lora.rank;
-    for (int i = 0; i < tr->lora.n; i++) {
-        gm_lora_adapter *ad = &tr->lora.ad[i];
-        gm_backend_memset(tr->be, ad->dA, 0, (size_t)(r * ad->in) * sizeof(float));
-        gm_backend_memset(tr->be, ad->dB, 0, (size_t)(ad->out * r) * sizeof(float));
-    }
+    for (int i = 0; i < tr->n_params; i++)
+        gm_backend_memset(tr->be, tr->params[i].d, 0, (size_t)tr->params[i].n * sizeof(float));
 }
 
 /* ---- loss --------------------------------------------------------------------------------- */
@@ -608,6 +661,9 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
             tr->h_ids[i] = b->ids[i] == img ? 0 : b->ids[i]; /* replaced below, as Hugging Face does */
             if (b->ids[i] == img) tr->h_img_rows[R++] = (int32_t)i;
         }
+        tr->vis.g.dropout = dropout;
+        tr->vis.g.dropout_step = (uint64_t)tr->step;
+        tr->vis.g.dropout_micro = (uint64_t)tr->micro;
         GM_TRY(gm_vision_run(&tr->vis, b->pixels, b->n_images, err));
         gm_mm_kv_end(b->ids, b->B, b->T, img, 0, tr->h_kv_end);
         gm_backend_upload(tr->be, tr->img_rows, tr->h_img_rows, (size_t)R * sizeof(int32_t));
@@ -632,6 +688,12 @@ gm_status gm_trainer_forward_backward(gm_trainer *tr, const gm_batch *b, float g
     for (int64_t l = tr->cfg->n_layers - 1; l >= 0; l--) {
         if (tr->o.checkpointing) g->arch->layer_fwd(g, l); /* recompute this block's activations */
         g->arch->layer_bwd(g, l);
+    }
+    if (tr->vis_trains && b->n_images > 0) {
+        /* the soft tokens replaced rows of X[0] unscaled: their gradient is dL/dX[0] there */
+        int64_t R = b->n_images * tr->cfg->vision.tokens;
+        g->k->gather_rows(&g->kc, tr->vis.dsoft, g->g, tr->img_rows, R, tr->cfg->hidden_size);
+        gm_vision_backward(&tr->vis);
     }
     tr->micro++;
     return gm_backend_status(tr->be, err);
@@ -747,44 +809,35 @@ gm_status gm_trainer_step(gm_trainer *tr, const gm_batch *micro, int n_micro, gm
         return gm_error_set(err, GM_ERR_NONFINITE, "step %lld: the loss is %g (non-finite); the adapters were not updated",
                             (long long)tr->step + 1, loss);
     /* gradient norm (and a non-finite check per tensor) */
-    int64_t r = tr->o.lora.rank;
+    const gm_kctx *kc = &tr->g.kc;
     double sq = 0;
-    for (int i = 0; i < tr->lora.n; i++) {
-        gm_lora_adapter *ad = &tr->lora.ad[i];
-        double a = 0, b2 = 0;
-        const gm_kctx *kc = &tr->g.kc;
-        tr->g.k->sumsq(kc, tr->sumsq, ad->dA, r * ad->in);
-        tr->g.k->sumsq(kc, tr->sumsq + 1, ad->dB, ad->out * r);
-        double two[2];
-        gm_backend_download(tr->be, two, tr->sumsq, sizeof two);
-        a = two[0], b2 = two[1];
-        if (!isfinite(a) || !isfinite(b2))
+    for (int i = 0; i < tr->n_params; i++) {
+        const gm_train_param *q = &tr->params[i];
+        double one;
+        tr->g.k->sumsq(kc, tr->sumsq, q->d, q->n);
+        gm_backend_download(tr->be, &one, tr->sumsq, sizeof one);
+        if (!isfinite(one))
             return gm_error_set(err, GM_ERR_NONFINITE, "step %lld: gradient of %s is non-finite; the adapters were not updated",
-                                (long long)tr->step + 1, isfinite(a) ? ad->name_B : ad->name_A);
-        sq += a + b2;
+                                (long long)tr->step + 1, q->name);
+        sq += one;
     }
     double norm = sqrt(sq);
     if (tr->o.max_grad_norm > 0) {
         /* torch.nn.utils.clip_grad_norm_: coef = max_norm / (norm + 1e-6), applied when < 1 */
         double coef = (double)tr->o.max_grad_norm / (norm + 1e-6);
         if (coef < 1.0)
-            for (int i = 0; i < tr->lora.n; i++) {
-                gm_lora_adapter *ad = &tr->lora.ad[i];
-                tr->g.k->scale_fwd(&tr->g.kc, ad->dA, ad->dA, r * ad->in, (float)coef);
-                tr->g.k->scale_fwd(&tr->g.kc, ad->dB, ad->dB, ad->out * r, (float)coef);
-            }
+            for (int i = 0; i < tr->n_params; i++) tr->g.k->scale_fwd(kc, tr->params[i].d, tr->params[i].d, tr->params[i].n, (float)coef);
     }
     double lr = gm_train_lr_at(&tr->o, tr->step);
     int64_t t = tr->step + 1;
     double bc1 = 1.0 - pow((double)tr->o.beta1, (double)t), bc2 = 1.0 - pow((double)tr->o.beta2, (double)t);
     float decay = (float)(1.0 - lr * (double)tr->o.weight_decay), step_size = (float)(lr / bc1), bc2s = (float)sqrt(bc2);
-    for (int i = 0; i < tr->lora.n; i++) {
-        gm_lora_adapter *ad = &tr->lora.ad[i];
-        tr->g.k->adamw(&tr->g.kc, ad->A, ad->dA, ad->mA, ad->vA, r * ad->in, tr->o.beta1, tr->o.beta2, tr->o.eps, decay,
-                     step_size, bc2s);
-        tr->g.k->adamw(&tr->g.kc, ad->B, ad->dB, ad->mB, ad->vB, ad->out * r, tr->o.beta1, tr->o.beta2, tr->o.eps, decay,
-                     step_size, bc2s);
+    for (int i = 0; i < tr->n_params; i++) {
+        const gm_train_param *q = &tr->params[i];
+        tr->g.k->adamw(kc, q->p, q->d, q->m, q->v, q->n, tr->o.beta1, tr->o.beta2, tr->o.eps, q->decay ? decay : 1.0f,
+                       step_size, bc2s);
     }
+    if (tr->vis_trains) gm_vision_params_updated(&tr->vis);
     GM_TRY(gm_backend_status(tr->be, err));
     tr->step = t;
     if (st) {
@@ -799,44 +852,42 @@ gm_status gm_trainer_step(gm_trainer *tr, const gm_batch *micro, int n_micro, gm
 
 /* ---- checkpoints -------------------------------------------------------------------------- */
 
-/* The checkpoint's tensor list: each adapter matrix with its two AdamW moments. On a
+/* The checkpoint's tensor list: each trained tensor with its two AdamW moments. On a
  * host-visible backend they point at the trainer's own buffers; otherwise at *stage, a host
- * block of 3 x the trainable parameters (gm_free'd by the caller) that save fills by download
+ * block of 3 x the trained parameters (gm_free'd by the caller) that save fills by download
  * and load empties by upload. */
 static gm_ckpt_tensor *ckpt_tensors(gm_trainer *tr, int *n, float **stage) {
     *stage = NULL;
-    gm_ckpt_tensor *t = gm_calloc((size_t)(2 * tr->lora.n + 1), sizeof *t);
+    gm_ckpt_tensor *t = gm_calloc((size_t)tr->n_params + 1, sizeof *t);
     if (!t) return NULL;
     bool host = tr->be->host_visible;
-    if (!host && !(*stage = gm_malloc((size_t)(3 * tr->lora.n_params) * sizeof(float)))) {
+    int64_t total = 0;
+    for (int i = 0; i < tr->n_params; i++) total += tr->params[i].n;
+    if (!host && !(*stage = gm_malloc((size_t)(3 * total) * sizeof(float)))) {
         gm_free(t);
         return NULL;
     }
-    int64_t r = tr->o.lora.rank;
     float *p = *stage;
-    for (int i = 0; i < tr->lora.n; i++) {
-        gm_lora_adapter *ad = &tr->lora.ad[i];
-        int64_t na = r * ad->in, nb = ad->out * r;
-        float *A = ad->A, *mA = ad->mA, *vA = ad->vA, *B = ad->B, *mB = ad->mB, *vB = ad->vB;
-        if (!host) A = p, mA = p + na, vA = p + 2 * na, p += 3 * na, B = p, mB = p + nb, vB = p + 2 * nb, p += 3 * nb;
-        t[2 * i] = (gm_ckpt_tensor){ad->name_A, A, mA, vA, 2, {r, ad->in, 0, 0}};
-        t[2 * i + 1] = (gm_ckpt_tensor){ad->name_B, B, mB, vB, 2, {ad->out, r, 0, 0}};
+    for (int i = 0; i < tr->n_params; i++) {
+        const gm_train_param *q = &tr->params[i];
+        float *d = q->p, *m = q->m, *v = q->v;
+        if (!host) d = p, m = p + q->n, v = p + 2 * q->n, p += 3 * q->n;
+        t[i] = (gm_ckpt_tensor){q->name, d, m, v, q->ndim, {q->shape[0], q->shape[1], 0, 0}};
     }
-    *n = 2 * tr->lora.n;
+    *n = tr->n_params;
     return t;
 }
 
-/* Moves the staged values of adapter matrix j of the list (data, m, v) across. */
+/* Moves the staged values of each tensor of the list (data, m, v) across. */
 static void ckpt_stage(gm_trainer *tr, const gm_ckpt_tensor *t, int n, bool to_host) {
     for (int j = 0; j < n; j++) {
-        const gm_lora_adapter *ad = &tr->lora.ad[j / 2];
-        bool a = j % 2 == 0;
-        size_t bytes = (size_t)(t[j].shape[0] * t[j].shape[1]) * sizeof(float);
-        float *dev[3] = {a ? ad->A : ad->B, a ? ad->mA : ad->mB, a ? ad->vA : ad->vB};
+        const gm_train_param *q = &tr->params[j];
+        size_t bytes = (size_t)q->n * sizeof(float);
+        float *dev[3] = {q->p, q->m, q->v};
         float *hst[3] = {t[j].data, t[j].m, t[j].v};
-        for (int q = 0; q < 3; q++) {
-            if (to_host) gm_backend_download(tr->be, hst[q], dev[q], bytes);
-            else gm_backend_upload(tr->be, dev[q], hst[q], bytes);
+        for (int k = 0; k < 3; k++) {
+            if (to_host) gm_backend_download(tr->be, hst[k], dev[k], bytes);
+            else gm_backend_upload(tr->be, dev[k], hst[k], bytes);
         }
     }
 }
@@ -872,6 +923,7 @@ gm_status gm_trainer_load(gm_trainer *tr, const char *path, int64_t *epoch, int6
     gm_free(stage);
     gm_free(t);
     if (s != GM_OK) return s;
+    if (tr->vis_trains) gm_vision_params_updated(&tr->vis);
     GM_TRY(gm_backend_status(tr->be, err));
     tr->step = c.step;
     if (epoch) *epoch = c.epoch;

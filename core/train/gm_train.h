@@ -82,6 +82,8 @@ typedef struct gm_train_opts {
     int64_t checkpoint_every; /* ... with a resumable checkpoint every this many steps */
     int64_t max_images;      /* images per micro-batch the image path is planned for (0: text
                                 only); the caller derives it from the data, like the seed */
+    char vision_targets[GM_LORA_TARGETS_MAX]; /* LoRA targets in the vision tower ("none": frozen) */
+    bool train_projector;    /* modules_to_save = "multi_modal_projector": the projector learns */
     int n_threads;
 } gm_train_opts;
 
@@ -133,6 +135,10 @@ gm_status gm_train_opt_set(gm_train_opts *o, const gm_opt_spec *s, gm_opt_value 
  * numbers for INT / NUM, on/off, true/false, yes/no or 1/0 for BOOL, comma-separated indices for
  * LAYERS, the text itself otherwise. */
 gm_status gm_train_opt_parse(gm_train_opts *o, const gm_opt_spec *s, const char *text, gm_error *err);
+/* Checks a TARGETS row's text before any model loads, against the modules of the part it
+ * adapts (targets: the Gemma decoder's; vision_targets: the SigLIP tower's, or "none"):
+ * gm_lora_targets_check's rules and errors, prefixed with the option's name. */
+gm_status gm_train_opt_targets_check(const gm_opt_spec *s, const char *text, gm_error *err);
 /* The allowed values of a row as one phrase ("an integer 1..4096", "a number > 0", "constant,
  * linear, cosine") into buf; returns buf. */
 const char *gm_opt_describe_range(const gm_opt_spec *s, char *buf, size_t cap);
@@ -149,7 +155,8 @@ typedef struct gm_batch {
     /* Images (multimodal models): pixels (n_images, 3, S, S) host, preprocessed (core/image), in
      * the order their soft-token runs appear in ids (row-major over the batch). Each image fills
      * one run of the config's tokens-per-image <image_soft_token> ids; those tokens see their
-     * whole image, the rest stays causal (gm_mm_kv_end). The tower and projector are frozen. */
+     * whole image, the rest stays causal (gm_mm_kv_end). The tower and projector learn what the
+     * options vision_targets and modules_to_save say (frozen by default). */
     const float *pixels;
     int64_t n_images;
 } gm_batch;
@@ -201,8 +208,27 @@ void gm_trainer_zero_grad(gm_trainer *tr);
 gm_status gm_trainer_forward_backward(gm_trainer *tr, const gm_batch *b, float grad_scale, double *loss_sum,
                                       gm_error *err);
 
-/* The adapters (array owned by the trainer; buffers are backend memory). */
+/* The language model's adapters (array owned by the trainer; buffers are backend memory). */
 gm_lora_adapter *gm_trainer_adapters(gm_trainer *tr, int *n);
+
+/* Every trained tensor with its gradient and AdamW moments (backend memory): the language
+ * model's adapters (A, B of each, in gm_trainer_adapters' order), then the vision tower's, then
+ * the projector's weights (modules_to_save). name: the PEFT key; shape as PEFT saves it; decay:
+ * whether weight decay applies (not on norm weights, as Hugging Face's Trainer). */
+typedef struct gm_train_param {
+    const char *name;
+    float *p, *d, *m, *v;
+    int64_t n;
+    int ndim;
+    int64_t shape[2];
+    bool decay;
+} gm_train_param;
+
+/* The list above (owned by the trainer; *n entries). */
+const gm_train_param *gm_trainer_params(const gm_trainer *tr, int *n);
+/* True when anything outside the language model's adapters trains (tower adapters, projector):
+ * such a run's adapter is not a plain language-model LoRA. */
+bool gm_trainer_trains_vision(const gm_trainer *tr);
 /* The adapter set, to attach to a generation state on the same backend (gm_infer_opts.adapter). */
 const gm_lora *gm_trainer_lora(const gm_trainer *tr);
 /* The trainer's backend. */
@@ -232,7 +258,8 @@ typedef struct gm_train_plan_info {
                                           resident, not in an arena) */
     size_t weight_bytes[GM_W_KIND_COUNT]; /* resident base weights by gm_wkind: linear, norm,
                                           embedding, vector (aliased or re-encoded) */
-    int64_t n_trainable;               /* LoRA parameters */
+    int64_t n_trainable;               /* trained parameters: LoRA (language model and vision
+                                          tower) and the projector when it is trained */
     size_t scratch_floats;             /* the kernels' workspace (part of the transient item) */
 } gm_train_plan_info;
 

@@ -9,7 +9,10 @@
 #   - an unusable image (corrupt, truncated, not an image) is named with its example and reason,
 #     the run goes on without it; a file that does not exist likewise;
 #   - the same data on a text-only model stops before any work, naming the image and the model;
-#   - `generate --image` on the multimodal model; its errors (text-only model, a truncated file).
+#   - `generate --image` on the multimodal model; its errors (text-only model, a truncated file);
+#   - vision_targets and modules_to_save: the tower's adapters and the projector train, land in
+#     the trial file under PEFT's keys; reading that adapter back is refused, saying why; a text
+#     module as a tower target is refused with the tower's module names.
 source "$(dirname "$0")/lib.bash"
 SRC=$(pwd)
 cd "$TMP"
@@ -72,6 +75,34 @@ cp "$IMG"/small.jpg "$IMG"/wide.jpg "$IMG"/tall.jpg "$IMG"/palette.png "$IMG"/rg
 cp "$IMG"/gray.jpg "$IMG"/gray.png "$IMG"/gray16.png "$IMG"/gray_alpha.png "$IMG"/gray4.png "$IMG"/gray1.png folder/gray/
 mk pics "$VIS" 'classify { data = data.image_folder { root = "folder", test = 3 }, prompt = "Is this photo in color?" }'
 expect_run "classify on data.image_folder: baseline, training, accuracy" 0 "accuracy" -- "$GM" pics.lua
+# the image path trained too: LoRA on two of the tower's linears, the projector fully
+cat > pics_vt.lua <<LUA
+return experiment {
+  name = "pics_vt",
+  model = "$VIS",
+  task = classify { data = data.image_folder { root = "folder", test = 3 }, prompt = "Is this photo in color?" },
+  train = { epochs = 2, batch = 2, lr = 1e-2, rank = 4, alpha = 8, max_length = 64, schedule = "constant", warmup = 0,
+            vision_targets = { "q_proj", "fc1" }, modules_to_save = "multi_modal_projector" },
+  seeds = {1},
+}
+LUA
+expect_run "classify with vision_targets and modules_to_save: trains and evaluates" 0 "final accuracy" -- "$GM" pics_vt.lua
+if [ -n "$PY" ]; then
+  expect_run "its trial file holds the tower's adapters and the trained projector under PEFT's keys" 0 "^ok 8 2$" -- "$PY" -c "
+import glob, h5py
+a = h5py.File(glob.glob('results/pics_vt/trial-*.h5')[0], 'r')['adapter']
+tower = [k for k in a if k.startswith('base_model.model.model.vision_tower.encoder.layers.')]
+proj = [k for k in a if k.startswith('base_model.model.model.multi_modal_projector.')]
+assert all(('q_proj' in k or 'fc1' in k) for k in tower), tower
+assert a['base_model.model.model.multi_modal_projector.mm_input_projection_weight'].shape == (32, 64)
+print('ok', len(tower), len(proj))"
+else
+  skip_unless_ci "the trial file's tower and projector tensors (h5py: run ./setup.sh)"
+fi
+expect_run "generate --adapter of that run: refused, saying the image path was trained" 2 "also trains the image path" -- \
+  "$GM" generate "$VIS" --adapter results/pics_vt --chat --image "$IMG/small.jpg" "What is it?" --max-tokens 2
+sed -e 's/"q_proj", "fc1"/"gate_proj"/' -e 's/name = "pics_vt"/name = "pics_vt_bad"/' pics_vt.lua > pics_vt_bad.lua
+expect_run "vision_targets naming a text module: refused with the tower's module names" 2 "vision_targets.*gate_proj.*fc1" -- "$GM" pics_vt_bad.lua
 # generation with images (greedy, a few tokens), and its errors
 expect_run "generate --image (two photos) on the multimodal model" 0 "prompt tokens at .* new tokens" -- \
   "$GM" generate "$VIS" --chat --image "$IMG/small.jpg" --image "$IMG/palette.png" "Compare them." --max-tokens 4

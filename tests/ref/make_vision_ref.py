@@ -243,7 +243,39 @@ def main():
 
     def short(k):  # base_model.model.<...>.language_model.layers.3.self_attn.q_proj.lora_A.weight -> layers.3.self_attn.q_proj
         i = k.index("layers.")
-        return k[i:].replace(".lora_A.weight", "").replace(".lora_B.weight", "")
+        tail = k[i:].replace(".lora_A.weight", "").replace(".lora_B.weight", "")
+        return ("vision." if "vision_tower" in k else "") + tail
+
+    # PEFT LoRA on the tower's linears too (and fewer language-model modules), the projector
+    # trained fully (modules_to_save), on a fresh copy of the same weights
+    vt_model = Gemma3ForConditionalGeneration.from_pretrained(dirs[0], attn_implementation="eager").eval()
+    vcfg = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, modules_to_save=["multi_modal_projector"],
+                           target_modules=r"(.*language_model.*\.(q_proj|v_proj|down_proj))|"
+                                          r"(.*vision_tower.*\.(q_proj|k_proj|v_proj|out_proj|fc1|fc2))")
+    vm = peft.get_peft_model(vt_model, vcfg)
+    vm.train()
+    vt_keys = list(peft.get_peft_model_state_dict(vm).keys())
+    vnamed = dict(vm.named_parameters())
+    gv = torch.Generator().manual_seed(SEED_LORA + 1)
+    vt_lora = {}
+    with torch.no_grad():
+        for k in vt_keys:
+            if ".lora_" not in k:
+                continue
+            live = vnamed[k.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")]
+            if ".lora_A." in k:
+                live.copy_(torch.rand(live.shape, generator=gv) - 0.5)
+            else:
+                live.copy_(torch.randn(live.shape, generator=gv) * 0.1)
+            vt_lora[k] = live
+    proj = {n.split(".modules_to_save.default.")[1]: p for n, p in vm.named_parameters()
+            if p.requires_grad and ".modules_to_save.default." in n}
+    assert sorted(proj) == ["mm_input_projection_weight", "mm_soft_emb_norm.weight"], sorted(proj)
+    assert any("vision_tower" in k for k in vt_lora) and any("language_model" in k for k in vt_lora)
+    vout = vm(input_ids=ids, pixel_values=mm_pix, token_type_ids=tt, labels=labels)
+    vout.loss.backward()
+    vt_loss = float(vout.loss)
+    mr.log(f"tower + projector loss {vt_loss:.6f}, {len(vt_lora)} LoRA tensors, saved keys e.g. {vt_keys[0]}")
 
     path = os.path.join(HERE, "tiny_vision_ref.h5")
 
@@ -268,6 +300,17 @@ def main():
             which = "A" if ".lora_A." in k else "B"
             mr.h5_dset(lg, f"{short(k)}.{which}", p.detach().numpy(), np.float32)
             mr.h5_dset(lg, f"{short(k)}.{which}_grad", p.grad.numpy(), np.float32)
+
+        vg = mr.h5_group(f, "lora_vt")
+        mr.h5_dset(vg, "loss", np.array([vt_loss]), np.float64)
+        mr.h5_attrs(vg, {"r": 4, "lora_alpha": 8, "seed": SEED_LORA + 1, "target_modules": vcfg.target_modules,
+                         "modules_to_save": "multi_modal_projector", "peft_keys": "\n".join(vt_keys)})
+        for k, p in vt_lora.items():
+            which = "A" if ".lora_A." in k else "B"
+            mr.h5_dset(vg, f"{short(k)}.{which}", p.detach().numpy(), np.float32)
+            mr.h5_dset(vg, f"{short(k)}.{which}_grad", p.grad.numpy(), np.float32)
+        for n, p in proj.items():
+            mr.h5_dset(vg, f"projector.{n}_grad", p.grad.numpy(), np.float32)
 
     mr.write_h5_atomically(path, writer)
     for p in [path] + [os.path.join(d, f) for d in dirs for f in ("config.json", "model.safetensors")]:

@@ -3,8 +3,10 @@
  * back from disk (core/train/gm_lora.c, core/store/gm_adapter.c), on the tiny Gemma 3:
  *   - the tiny model rewritten as Gemma3ForConditionalGeneration checkpoints (the same tensors under
  *     "model.language_model." - transformers >= 4.52 - and under the older "language_model.model.",
- *     with a vision_config) loads with the same logits, and its adapters get PEFT's keys for that
- *     layout ("base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight");
+ *     with a vision_config) loads with the same logits, and its adapters get PEFT's keys, which
+ *     follow transformers' module tree, not the files' layout: "base_model.model.model.language_
+ *     model.layers.0.self_attn.q_proj.lora_A.weight" for both (PEFT 0.21 on transformers 5.24
+ *     names them so: tests/ref/tiny_vision_ref.h5 /lora_vt peft_keys, checked in test_vision);
  *   - target_modules as PEFT matches them: "all-linear", a list of suffixes, a dotted suffix, a
  *     regular expression (full match); unknown names, bad and empty-matching expressions refused;
  *   - a checkpoint's adapter loaded with gm_adapter_load equals the trainer's, and generation with
@@ -134,7 +136,7 @@ static void test_layouts_and_targets(const gm_model *causal) {
     } layouts[] = {
         {"causal", "model.", "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"},
         {"cond_new", "model.language_model.", "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight"},
-        {"cond_legacy", "language_model.model.", "base_model.model.language_model.model.layers.0.self_attn.q_proj.lora_A.weight"},
+        {"cond_legacy", "language_model.model.", "base_model.model.model.language_model.layers.0.self_attn.q_proj.lora_A.weight"},
     };
     for (int i = 0; i < 3; i++) {
         gm_model *m = (gm_model *)causal;
@@ -155,7 +157,7 @@ static void test_layouts_and_targets(const gm_model *causal) {
         CHECK(strcmp(m->prefix, layouts[i].prefix) == 0, "%s: module prefix '%s'", layouts[i].name, m->prefix);
         gm_lora_config lc = gm_lora_config_default();
         gm_lora lo;
-        CHECK_OK(gm_lora_describe(&lo, &lc, m->arch, &m->cfg, m->prefix, &err), &err);
+        CHECK_OK(gm_lora_describe(&lo, &lc, m->arch, &m->cfg, m->peft_prefix, &err), &err);
         CHECK(lo.n == 7 * L && strcmp(lo.ad[0].name_A, layouts[i].peft_q0) == 0, "%s: %d adapters, first key %s", layouts[i].name,
               lo.n, lo.n ? lo.ad[0].name_A : "");
         gm_lora_free(&lo);

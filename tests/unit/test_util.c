@@ -204,6 +204,37 @@ bool gm_test_h5_attr_double(const char *file, const char *obj, const char *attr,
     return ok;
 }
 
+char *gm_test_h5_attr_string(const char *file, const char *obj, const char *attr) {
+    H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
+    if (f < 0) return NULL;
+    char *out = NULL;
+    hid_t a = H5Aopen_by_name(f, obj, attr, H5P_DEFAULT, H5P_DEFAULT);
+    hid_t ft = a >= 0 ? H5Aget_type(a) : -1;
+    if (ft >= 0 && H5Tget_class(ft) == H5T_STRING) {
+        hid_t mt = H5Tcopy(H5T_C_S1);
+        H5Tset_cset(mt, H5Tget_cset(ft)); /* h5py writes UTF-8; HDF5 does not convert between sets */
+        if (H5Tis_variable_str(ft) > 0) {
+            char *v = NULL;
+            H5Tset_size(mt, H5T_VARIABLE);
+            if (H5Aread(a, mt, &v) >= 0 && v) {
+                size_t n = strlen(v);
+                if ((out = gm_malloc(n + 1))) memcpy(out, v, n + 1);
+                H5free_memory(v);
+            }
+        } else {
+            size_t n = H5Tget_size(ft);
+            H5Tset_size(mt, n + 1);
+            if ((out = gm_calloc(n + 1, 1)) && H5Aread(a, mt, out) < 0) gm_free(out), out = NULL;
+        }
+        H5Tclose(mt);
+    }
+    if (ft >= 0) H5Tclose(ft);
+    if (a >= 0) H5Aclose(a);
+    H5Fclose(f);
+    return out;
+}
+
 void gm_test_cached_logits(const gm_model *m, gm_backend *be, const gm_lora *lora, const int32_t *ids, int64_t T,
                            float *out) {
     gm_error err = {0};

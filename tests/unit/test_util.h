@@ -295,5 +295,8 @@ void *gm_test_h5_read(const char *file, const char *dataset, int is_int, size_t 
 bool gm_test_h5_exists(const char *file, const char *path);
 /* Reads a numeric or string attribute of an object; returns false if absent. */
 bool gm_test_h5_attr_double(const char *file, const char *obj, const char *attr, double *out);
+/* A string attribute of an object (fixed or variable length) as a gm_malloc'd C string; NULL
+ * if absent or not a string. */
+char *gm_test_h5_attr_string(const char *file, const char *obj, const char *attr);
 
 #endif /* GM_TEST_UTIL_H */

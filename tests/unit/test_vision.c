@@ -169,6 +169,164 @@ static const char *short_name(const char *peft_name, char *buf, size_t cap) {
     return buf;
 }
 
+/* The fixture's key of a trained tensor: "layers.3.self_attn.q_proj.A" (language model),
+ * "vision.layers.0.mlp.fc1.B" (tower), "projector.mm_input_projection_weight" (projector). */
+static const char *vt_key(const char *peft_name, char *buf, size_t cap) {
+    const char *proj = strstr(peft_name, "multi_modal_projector.");
+    if (proj) {
+        snprintf(buf, cap, "projector.%s", proj + strlen("multi_modal_projector."));
+        return buf;
+    }
+    char sn[120];
+    short_name(peft_name, sn, sizeof sn);
+    snprintf(buf, cap, "%s%s.%s", strstr(peft_name, "vision_tower") ? "vision." : "", sn,
+             strstr(peft_name, ".lora_A.") ? "A" : "B");
+    return buf;
+}
+
+/* LoRA on the language model and on the vision tower's linears, the projector trained fully
+ * (modules_to_save), with images: the loss, every gradient and the PEFT key of every trained
+ * tensor against PEFT (/lora_vt); then a few steps train, and a checkpoint carries the tower's
+ * adapters and the projector across. */
+static void check_lora_vision(const gm_model *m) {
+    size_t n = 0;
+    int64_t dims[4];
+    int nd = 0;
+    int32_t *ids = gm_test_h5_read(gm_test_path(REF), "/mm/input_ids", 1, &n, dims, &nd);
+    int32_t *labels = gm_test_h5_read(gm_test_path(REF), "/lora/labels", 1, &n, NULL, NULL);
+    float *pix = gm_test_h5_read(gm_test_path(REF), "/mm/pixel_values", 0, &n, NULL, NULL);
+    double *loss_ref = gm_test_h5_read(gm_test_path(REF), "/lora_vt/loss", 2, &n, NULL, NULL);
+    char *peft_keys = gm_test_h5_attr_string(gm_test_path(REF), "/lora_vt", "peft_keys");
+    CHECK(peft_keys != NULL, "/lora_vt has its peft_keys attribute");
+    if (!ids || !labels || !pix || !loss_ref || !peft_keys) return;
+    int64_t B = dims[0], T = dims[1];
+    int32_t *tg = gm_malloc((size_t)(B * T) * 4);
+    int64_t n_sup = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            int32_t next = t + 1 < T ? labels[b * T + t + 1] : -100;
+            tg[b * T + t] = next >= 0 ? next : -1;
+            n_sup += next >= 0;
+        }
+    gm_train_opts o = gm_train_opts_default();
+    o.lora.rank = 4;
+    o.lora.alpha = 8;
+    snprintf(o.lora.targets, sizeof o.lora.targets, "q_proj,v_proj,down_proj");
+    snprintf(o.vision_targets, sizeof o.vision_targets, "q_proj,k_proj,v_proj,out_proj,fc1,fc2");
+    o.train_projector = true;
+    o.batch = B;
+    o.max_length = T;
+    o.max_images = 3;
+    o.n_threads = 2;
+    gm_error err = {0};
+    gm_trainer *tr = NULL;
+    CHECK(gm_trainer_new(m, &o, &tr, &err) == GM_OK, "trainer with the tower and projector: %s", err.msg);
+    if (tr) {
+        int np = 0;
+        const gm_train_param *pp = gm_trainer_params(tr, &np);
+        /* 6 layers x 3 text modules + 2 tower layers x 6 modules, A and B each, + 2 projector tensors */
+        CHECK(np == 2 * (6 * 3 + 2 * 6) + 2, "%d trained tensors (60 LoRA + 2 projector)", np);
+        CHECK(gm_trainer_trains_vision(tr), "the trainer says the image path learns");
+        char key[400], name[256];
+        int unnamed = 0;
+        for (int i = 0; i < np; i++) {
+            /* the same PEFT keys as get_peft_model_state_dict on transformers' module tree */
+            const char *hit = strstr(peft_keys, pp[i].name);
+            size_t ln = strlen(pp[i].name);
+            if (!hit || (hit != peft_keys && hit[-1] != '\n') || (hit[ln] != '\n' && hit[ln] != '\0')) {
+                if (unnamed++ < 3) CHECK(false, "%s is not one of PEFT's keys", pp[i].name);
+            }
+            snprintf(name, sizeof name, "%s", pp[i].name);
+            if (strstr(name, "multi_modal_projector")) continue; /* starts from the model's own weights */
+            snprintf(key, sizeof key, "/lora_vt/%s", vt_key(name, key + 200, 200));
+            float *v = gm_test_h5_read(gm_test_path(REF), key, 0, &n, NULL, NULL);
+            CHECK(v && (int64_t)n == pp[i].n, "%s: %zu values for %lld", key, n, (long long)pp[i].n);
+            if (v && (int64_t)n == pp[i].n) gm_backend_upload(gm_trainer_backend(tr), pp[i].p, v, n * sizeof(float));
+            gm_free(v);
+        }
+        CHECK(unnamed == 0, "%d trained tensors named unlike PEFT", unnamed);
+        gm_batch bt = {.B = B, .T = T, .ids = ids, .targets = tg, .pixels = pix, .n_images = 3};
+        double loss_sum = 0;
+        gm_trainer_zero_grad(tr);
+        CHECK(gm_trainer_forward_backward(tr, &bt, (float)(1.0 / (double)n_sup), &loss_sum, &err) == GM_OK, "step: %s",
+              err.msg);
+        double loss = loss_sum / (double)n_sup;
+        CHECK(fabs(loss - loss_ref[0]) <= TOL_PEFT_LOSS_REL * fabs(loss_ref[0]), "loss %.9g vs PEFT %.9g", loss, loss_ref[0]);
+        printf("LoRA on the tower + trained projector: loss %.7f vs PEFT %.7f\n", loss, loss_ref[0]);
+        double worst[3] = {0, 0, 0}; /* language model, tower, projector */
+        int seen[3] = {0, 0, 0};
+        for (int i = 0; i < np; i++) {
+            snprintf(name, sizeof name, "%s", pp[i].name);
+            int part = strstr(name, "multi_modal_projector") ? 2 : strstr(name, "vision_tower") ? 1 : 0;
+            snprintf(key, sizeof key, "/lora_vt/%s_grad", vt_key(name, key + 200, 200));
+            float *want = gm_test_h5_read(gm_test_path(REF), key, 0, &n, NULL, NULL);
+            if (!want || (int64_t)n != pp[i].n) {
+                CHECK(false, "%s: missing or %zu values for %lld", key, n, (long long)pp[i].n);
+                gm_free(want);
+                continue;
+            }
+            double mx = 1e-12, e = 0;
+            for (size_t j = 0; j < n; j++) mx = fmax(mx, fabs(want[j])), e = fmax(e, fabs((double)pp[i].d[j] - want[j]));
+            worst[part] = fmax(worst[part], e / mx);
+            seen[part]++;
+            gm_free(want);
+        }
+        static const char *const part_name[3] = {"language-model LoRA", "tower LoRA", "projector"};
+        for (int k = 0; k < 3; k++) {
+            CHECK(seen[k] > 0 && worst[k] <= TOL_PEFT_GRAD_REL, "%s gradients: %d tensors, worst relative error %.3g",
+                  part_name[k], seen[k], worst[k]);
+            printf("%s gradients vs PEFT: %d tensors, worst relative error %.2e\n", part_name[k], seen[k], worst[k]);
+        }
+        /* optimizer steps move the tower's adapters and the projector, and the loss falls */
+        double first = 0, last = 0;
+        for (int s = 0; s < 4; s++) {
+            gm_step_stats st;
+            CHECK(gm_trainer_step(tr, &bt, 1, &st, &err) == GM_OK, "step %d: %s", s, err.msg);
+            if (s == 0) first = st.loss;
+            last = st.loss;
+        }
+        CHECK(last < first, "4 steps with lr 2e-4: loss %.6f -> %.6f falls", first, last);
+        /* a checkpoint round trip restores every trained tensor, the projector's included */
+        char dir[512], path[600];
+        if (gm_test_make_tmpdir("vision_ckpt", dir, sizeof dir)) {
+            snprintf(path, sizeof path, "%s/c.h5", dir);
+            CHECK_OK(gm_trainer_save(tr, path, 0, 0, last, "{}", &err), &err);
+            gm_trainer *t2 = NULL;
+            CHECK_OK(gm_trainer_new(m, &o, &t2, &err), &err);
+            if (t2) {
+                CHECK_OK(gm_trainer_load(t2, path, NULL, NULL, &err), &err);
+                int n2 = 0;
+                const gm_train_param *p2 = gm_trainer_params(t2, &n2);
+                int differ = 0;
+                for (int i = 0; i < np && n2 == np; i++)
+                    differ += memcmp(p2[i].p, pp[i].p, (size_t)pp[i].n * sizeof(float)) != 0 ||
+                              memcmp(p2[i].v, pp[i].v, (size_t)pp[i].n * sizeof(float)) != 0;
+                CHECK(n2 == np && differ == 0, "checkpoint round trip: %d of %d tensors differ", differ, np);
+                gm_step_stats s1, s2;
+                CHECK_OK(gm_trainer_step(tr, &bt, 1, &s1, &err), &err);
+                CHECK_OK(gm_trainer_step(t2, &bt, 1, &s2, &err), &err);
+                CHECK(s1.loss == s2.loss, "the step after resuming: loss %.9g vs %.9g uninterrupted", s2.loss, s1.loss);
+            }
+            gm_trainer_free(t2);
+            gm_test_remove_tmpdir(dir);
+        }
+    }
+    gm_trainer_free(tr);
+    /* the tower's targets are checked against the tower's modules, and need images */
+    o.max_images = 3;
+    snprintf(o.vision_targets, sizeof o.vision_targets, "gate_proj");
+    CHECK(gm_trainer_new(m, &o, &tr, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "vision_targets") &&
+              gm_test_contains(err.msg, "fc1"),
+          "a text module as a tower target: %s", err.msg);
+    gm_trainer_free(tr), tr = NULL;
+    snprintf(o.vision_targets, sizeof o.vision_targets, "fc1");
+    o.max_images = 0;
+    CHECK(gm_trainer_new(m, &o, &tr, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "no images"),
+          "tower targets on text-only data: %s", err.msg);
+    gm_trainer_free(tr);
+    gm_free(ids), gm_free(labels), gm_free(pix), gm_free(loss_ref), gm_free(peft_keys), gm_free(tg);
+}
+
 /* LoRA on the language model with images in the batch (tower and projector frozen): loss and
  * every adapter gradient against PEFT on the same adapters (/lora). */
 static void check_lora(const gm_model *m) {
@@ -333,7 +491,7 @@ int main(void) {
                   "%s: image token ids %d %d %d", dirs[i], m->cfg.vision.image_token_id, m->cfg.vision.boi_id,
                   m->cfg.vision.eoi_id);
             check_tower(m, dirs[i]);
-            if (i == 0) check_mm(m), check_lora(m), check_generate(m);
+            if (i == 0) check_mm(m), check_lora(m), check_lora_vision(m), check_generate(m);
         }
         gm_model_free(m);
     }
