@@ -1,14 +1,28 @@
 /*
- * bind_plot.c - gm.plot: line and point plots as PNG files, for the runner's loss curves and
- * metric-vs-field plots (lua/report.lua) and for scripts.
+ * bind_plot.c - gm.plot: line and point plots and confusion matrices as PNG files, for the
+ * runner's loss curves, metric-vs-field plots and confusion matrices (lua/report.lua) and for
+ * scripts.
  *
  *   gm.plot{file=, title=, xlabel=, ylabel=, logx=, kind="lines"|"points"|"band", xticks={..},
  *           xticklabels={..}, series={{label=, x={..}, y={..}, err={..}, color=}, ..}}
  *                                    -> {file=, width=, height=, ink=} (PNG 1024x640)
+ *   gm.plot{file=, title=, kind="confusion", labels={name, ..}, matrix={{count, ..}, ..},
+ *           xlabel="predicted label", ylabel="true label", colorbar=true}
+ *                                    -> {file=, width=, height=, ink=} (square PNG, see below)
  *
  * The file must end in .png and lie inside the results folder (lua/write_rule.h). A NaN in a
  * series breaks its line; on a log axis non-positive x are left out; `color` picks one of 10
  * colors x 4 dash styles; legends that do not fit end in a "... N more" line.
+ *
+ * kind = "confusion" draws a K x K heatmap as scikit-learn's ConfusionMatrixDisplay does: row i
+ * is the true label labels[i], column j the predicted one, matrix[i][j] the count (a whole
+ * number >= 0). A cell is shaded by its share of its row (white to dark blue), so that rare and
+ * common classes read alike; a row without examples is grey (its share is undefined). Counts
+ * are written in the cells up to K = 40; class names longer than 28 characters end in "…";
+ * column names turn vertical when they do not fit their column. The PNG is square: cells of
+ * 26 px up to K = 40 (10 px beyond) plus margins sized to the longest name, at least 1024 px
+ * (3 short names: 1024x1024) and at most 4096 px (then cells shrink and, below 9 px names,
+ * every n-th class is named); K <= 1000.
  *
  * PLplot draws (pngcairo device, Debian package plplot-driver-cairo, loaded at run time). It
  * prints to stdout/stderr and calls exit() on fatal errors, so every PLplot call runs with fds 1
@@ -51,7 +65,16 @@ static const unsigned char PALETTE[10][3] = {
 #define COL_FG 1
 #define COL_GRID 2
 #define COL_FIRST 3 // palette colors follow (10)
-#define COL_BAND 15 // the translucent fill of a band (set per series)
+#define COL_EMPTY 13 // confusion: the cells of a row without examples
+#define COL_ZERO 14  // confusion: the "0" of an empty cell, fainter than the counts
+#define COL_BAND 15  // the translucent fill of a band (set per series)
+
+/* ColorBrewer's 9-class Blues (matplotlib's "Blues"), a confusion cell's share 0 to 1. */
+static const unsigned char BLUES[9][3] = {{247, 251, 255}, {222, 235, 247}, {198, 219, 239},
+                                          {158, 202, 225}, {107, 174, 214}, {66, 146, 198},
+                                          {33, 113, 181},  {8, 81, 156},    {8, 48, 107}};
+#define CONF_MAX_K 1000    // classes; the matrix is K^2 doubles and the PNG at most 4096 px
+#define CONF_MAX_COUNTS 40 // up to this K the counts are written in the cells
 
 typedef struct plot_series {
     const char *label; // NULL: not in the legend
@@ -69,6 +92,14 @@ typedef struct plot_spec {
     double *ticks;
     const char **tick_labels;
 } plot_spec;
+
+typedef struct confusion_spec {
+    const char *file, *title, *xlabel, *ylabel;
+    int K;
+    const char **labels; // (K), borrowed from the Lua table
+    double *m;           // (K, K) counts, row = true label, column = predicted
+    bool colorbar;
+} confusion_spec;
 
 static jmp_buf *plot_jmp;
 static char plot_msg[512];
@@ -127,8 +158,10 @@ static bool have_device(const char *name) {
 
 static double tx(const plot_spec *p, double x) { return p->logx ? log10(x) : x; }
 
-/* Draws the plot; returns false with plot_msg set on failure. Runs under quiet + setjmp. */
-static bool draw(const plot_spec *p) {
+/* Draws a line, point or band plot (a plot_spec); returns false with plot_msg set on failure.
+ * Runs under quiet + setjmp. */
+static bool draw_lines(const void *spec) {
+    const plot_spec *p = spec;
     // data range (finite values; log axis: positive x only)
     double x0 = INFINITY, x1 = -INFINITY, y0 = INFINITY, y1 = -INFINITY;
     for (int i = 0; i < p->n_series; i++)
@@ -341,6 +374,209 @@ static bool draw(const plot_spec *p) {
     return true;
 }
 
+/* ---- confusion matrices ------------------------------------------------------------------------ */
+
+/* PLplot has no text-length query (5.15). Measured with pngcairo and DejaVu Sans, a character is
+ * about 0.70 of the character height wide (lower case); class names mix in capitals, digits and
+ * '_' ("class_number_101" measured 0.78), so a little more is reserved. */
+#define CHAR_W 0.80
+/* PLplot's default character height is 1/50 of the page's width: the confusion plot's text
+ * keeps the size it has on a 1024 px page (CONF_BASE px), whatever the page. */
+#define CONF_BASE (PLOT_W / 50.0)
+#define CONF_MIN_TICK 9.0   // px: smaller class names are not drawn (every step-th one instead)
+#define CONF_MAX_CHARS 28   // Oxford Pets' longest breed name has 26
+#define CONF_MAX_SIDE 4096  // px
+
+static size_t utf8_len(const char *s) {
+    size_t n = 0;
+    for (; *s; s++) n += ((unsigned char)*s & 0xC0) != 0x80;
+    return n;
+}
+
+/* s shortened to at most max_chars code points (the last one then "…") with PLplot's escape
+ * character '#' doubled (a class name such as "C#" would otherwise start a text escape), into
+ * out (cap bytes). */
+static void tick_text(const char *s, size_t max_chars, char *out, size_t cap) {
+    size_t n = utf8_len(s), keep = n <= max_chars ? n : (max_chars > 1 ? max_chars - 1 : 1), k = 0, o = 0;
+    for (const char *c = s; *c && o + 8 < cap; c++) {
+        if (((unsigned char)*c & 0xC0) != 0x80 && k++ == keep) break; // a code point's first byte
+        if (*c == '#') out[o++] = '#';
+        out[o++] = *c;
+    }
+    if (keep < n && o + 4 < cap) memcpy(out + o, "\xE2\x80\xA6", 3), o += 3; // U+2026 …
+    out[o] = '\0';
+}
+
+/* Where everything of a confusion plot goes, in pixels (y up from the bottom of the page). */
+typedef struct conf_layout {
+    int side;                            // the square page
+    double tick, count, title;           // character heights: class names, counts, title
+    double left, right, top, bottom;     // margins
+    double s, cell, x0, y0;              // the matrix: side, cell, lower left corner
+    double lab_w;                        // the longest (shortened) class name, as drawn
+    size_t max_chars;                    // class names longer than this end in "…"
+    int step;                            // every step-th class is named (1 up to hundreds)
+    bool vertical;                       // column names read bottom to top
+} conf_layout;
+
+/* The page: cells of 26 px while counts are written in them (K <= 40), else 10 px; the matrix at
+ * least 620 px; margins for the class names (at most CONF_MAX_CHARS characters), the axis
+ * labels, the title and the colour bar; square, 1024..4096 px. With more classes than 4096 px
+ * hold, cells shrink and only every step-th class is named (names at least 9 px high). */
+static void conf_layout_make(const confusion_spec *c, conf_layout *o) {
+    const int K = c->K;
+    const double B = CONF_BASE, axis = 1.1 * B;
+    size_t longest = 1;
+    for (int i = 0; i < K; i++) {
+        size_t n = utf8_len(c->labels[i]);
+        if (n > longest) longest = n;
+    }
+    o->max_chars = CONF_MAX_CHARS;
+    if (longest > o->max_chars) longest = o->max_chars;
+    o->cell = K <= CONF_MAX_COUNTS ? 26 : 10;
+    o->top = 4.2 * B;
+    o->right = c->colorbar ? 11.0 * B : 1.5 * B;
+    o->side = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        // names at most 85% of the base height and 80% of a cell (or of step cells)
+        o->step = 1;
+        o->tick = fmin(0.85 * B, 0.8 * o->cell);
+        if (o->tick < CONF_MIN_TICK) {
+            o->step = (int)ceil(CONF_MIN_TICK / o->tick);
+            o->tick = fmin(0.85 * B, 0.8 * o->cell * o->step);
+        }
+        o->lab_w = CHAR_W * o->tick * (double)longest;
+        o->vertical = o->lab_w > 0.95 * o->cell * o->step;
+        o->left = 0.8 * B + 2.5 * axis + o->lab_w + 0.6 * o->tick;
+        o->bottom = 0.8 * B + 2.0 * axis + (o->vertical ? o->lab_w : 1.3 * o->tick) + 0.6 * o->tick;
+        if (pass == 0) {
+            double m = fmax(o->cell * K, 620);
+            double side = fmax(o->left + m + o->right, o->top + m + o->bottom);
+            o->side = side < PLOT_W ? PLOT_W : side > CONF_MAX_SIDE ? CONF_MAX_SIDE : (int)ceil(side);
+        }
+        o->s = fmin(o->side - o->left - o->right, o->side - o->top - o->bottom);
+        o->cell = o->s / K; // the cell as it came out: the second pass sizes the names to it
+    }
+    // centred in the room left of the colour bar and below the title
+    o->x0 = o->left + 0.5 * (o->side - o->left - o->right - o->s);
+    o->y0 = o->bottom + 0.5 * (o->side - o->top - o->bottom - o->s);
+    size_t tl = utf8_len(c->title);
+    o->title = fmin(1.3 * B, 0.96 * o->side / (CHAR_W * (double)(tl ? tl : 1)));
+    o->count = 0;
+    if (K <= CONF_MAX_COUNTS) {
+        // the counts as large as the widest fits its cell
+        double maxcount = 0;
+        for (size_t i = 0; i < (size_t)K * K; i++) maxcount = fmax(maxcount, c->m[i]);
+        char num[32];
+        int digits = snprintf(num, sizeof num, "%.0f", maxcount);
+        o->count = fmin(B, fmin(0.42 * o->cell, 0.8 * o->cell / (CHAR_W * digits)));
+    }
+}
+
+/* Draws a confusion_spec; returns false with plot_msg set on failure. Runs under quiet + setjmp.
+ * The layout is in pixels; PLplot wants mm (its page is the PNG at 72 dpi) and normalized
+ * viewport coordinates. */
+static bool draw_confusion(const void *spec) {
+    const confusion_spec *c = spec;
+    const int K = c->K;
+    conf_layout o;
+    conf_layout_make(c, &o);
+    pladv(0);
+    PLFLT sx0, sx1, sy0, sy1;
+    plgspa(&sx0, &sx1, &sy0, &sy1);
+    const double mm = (sx1 - sx0) / o.side, side = o.side; // mm per pixel
+    if (o.s < 40) {
+        snprintf(plot_msg, sizeof plot_msg, "%d classes leave no room for the matrix", K);
+        return false;
+    }
+    plvpor(o.x0 / side, (o.x0 + o.s) / side, o.y0 / side, (o.y0 + o.s) / side);
+    plwind(0, K, 0, K);
+
+    PLFLT r[9], g[9], b[9], pos[9];
+    for (int k = 0; k < 9; k++)
+        pos[k] = k / 8.0, r[k] = BLUES[k][0] / 255.0, g[k] = BLUES[k][1] / 255.0, b[k] = BLUES[k][2] / 255.0;
+    plscmap1n(256);
+    plscmap1l(1, 9, pos, r, g, b, NULL);
+    plscol0(COL_EMPTY, 200, 200, 200);
+    plscol0(COL_ZERO, 150, 150, 150);
+    // The whole square in the share-0 color, then only the nonzero cells (at most the number of
+    // examples) and the rows without examples: K^2 fills would be slow for hundreds of classes.
+    PLFLT xs[4], ys[4];
+    plcol1(0.0);
+    xs[0] = 0, xs[1] = K, xs[2] = K, xs[3] = 0, ys[0] = 0, ys[1] = 0, ys[2] = K, ys[3] = K;
+    plfill(4, xs, ys);
+    for (int i = 0; i < K; i++) {
+        double total = 0;
+        for (int j = 0; j < K; j++) total += c->m[(size_t)i * K + j];
+        double yt = K - i, yb = K - i - 1; // row 1 at the top, as a table reads
+        if (total <= 0) {                    // no examples: no share, not a share of 0
+            plcol0(COL_EMPTY);
+            xs[0] = 0, xs[1] = K, xs[2] = K, xs[3] = 0, ys[0] = yb, ys[1] = yb, ys[2] = yt, ys[3] = yt;
+            plfill(4, xs, ys);
+            continue;
+        }
+        for (int j = 0; j < K; j++) {
+            double v = c->m[(size_t)i * K + j];
+            if (v <= 0) continue;
+            plcol1(v / total);
+            xs[0] = j, xs[1] = j + 1, xs[2] = j + 1, xs[3] = j, ys[0] = yb, ys[1] = yb, ys[2] = yt, ys[3] = yt;
+            plfill(4, xs, ys);
+        }
+    }
+    if (o.count > 0) {
+        // white on the dark half of the scale, zeros fainter than the counts
+        char num[32];
+        plschr(o.count * mm, 1.0);
+        for (int i = 0; i < K; i++) {
+            double total = 0;
+            for (int j = 0; j < K; j++) total += c->m[(size_t)i * K + j];
+            for (int j = 0; j < K; j++) {
+                double v = c->m[(size_t)i * K + j];
+                plcol0(v <= 0 ? COL_ZERO : v / total > 0.5 ? COL_BG : COL_FG);
+                snprintf(num, sizeof num, "%.0f", v);
+                plptex(j + 0.5, K - i - 0.5, 1, 0, 0.5, num); // centred on the point, both ways
+            }
+        }
+    }
+    plcol0(COL_FG);
+    plwidth(1.5);
+    plbox("bc", 0, 0, "bc", 0, 0);
+    // class names on the ticks (plmtex's displacement is in character heights)
+    plschr(o.tick * mm, 1.0);
+    char lab[512];
+    for (int i = 0; i < K; i += o.step) {
+        double at = (i + 0.5) / K;
+        tick_text(c->labels[i], o.max_chars, lab, sizeof lab);
+        plmtex("lv", 0.6, 1.0 - at, 1.0, lab);
+        if (o.vertical)
+            plmtex("bv", 0.6, at, 1.0, lab);
+        else
+            plmtex("b", 1.3, at, 0.5, lab);
+    }
+    const double axis = 1.1 * CONF_BASE;
+    plschr(axis * mm, 1.0);
+    plmtex("l", (o.lab_w + 0.6 * o.tick) / axis + 1.5, 0.5, 0.5, c->ylabel);
+    plmtex("b", ((o.vertical ? o.lab_w : 1.3 * o.tick) + 0.6 * o.tick) / axis + 1.8, 0.5, 0.5, c->xlabel);
+    if (c->colorbar) {
+        // the scale: a bar right of the matrix, the share of the true label's examples in %
+        double bx0 = o.x0 + o.s + 1.6 * CONF_BASE;
+        plvpor(bx0 / side, (bx0 + 1.2 * CONF_BASE) / side, o.y0 / side, (o.y0 + o.s) / side);
+        plwind(0, 1, 0, 100);
+        xs[0] = 0, xs[1] = 1, xs[2] = 1, xs[3] = 0, ys[0] = 0, ys[1] = 0, ys[2] = 100, ys[3] = 100;
+        plgradient(4, xs, ys, 90.0);
+        plcol0(COL_FG);
+        plwidth(1.0);
+        plschr(0.8 * CONF_BASE * mm, 1.0);
+        plbox("bc", 0, 0, "bcmtv", 25, 1);
+        plmtex("r", 4.4, 0.5, 0.5, "share of the row (%)");
+    }
+    plvpor(0.0, 1.0, 0.0, 1.0 - o.top / side);
+    plschr(o.title * mm, 1.0);
+    plcol0(COL_FG);
+    plmtex("t", 1.3 * CONF_BASE / o.title, 0.5, 0.5, c->title);
+    return true;
+}
+
 /* Decodes the PNG at path completely with libpng; the size and the fraction of pixels that are
  * not background white. */
 static bool png_check(const char *path, int *w, int *h, double *ink, char *why, size_t cap) {
@@ -397,24 +633,188 @@ static double *num_list(lua_State *L, int idx, const char *key, int *n, bool req
     return v;
 }
 
+/* Draws into <file>.tmp with draw(spec) on a w x h page, checks the PNG with libpng, renames it
+ * onto file and pushes {file=, width=, height=, ink=}; raises (file removed) on failure. */
+static int render_png(lua_State *L, const char *file, int width, int height, bool (*draw)(const void *),
+                      const void *spec) {
+    // drawn into <file>.tmp, checked, then renamed: a failed or killed plot leaves the previous
+    // PNG in place (as gm_write_file_atomic does for tables and results files)
+    char tmp[4096];
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", file) >= (int)sizeof tmp)
+        return luaL_error(L, "gm.plot: file name too long: %s", file);
+    // PLplot asks on stdin for another name when it cannot open the file: find out first
+    FILE *probe = fopen(tmp, "wb");
+    if (!probe) return luaL_error(L, "gm.plot: cannot create %s: %s", tmp, strerror(errno));
+    fclose(probe);
+    plot_msg[0] = '\0';
+    quiet q;
+    quiet_on(&q);
+    if (!have_device("pngcairo")) {
+        quiet_off(&q);
+        unlink(tmp);
+        return luaL_error(L, "gm.plot: PLplot has no pngcairo device (install the Debian package "
+                             "plplot-driver-cairo)");
+    }
+    jmp_buf jb;
+    jmp_buf *prev = plot_jmp;
+    plot_jmp = &jb;
+    PLINT old_strm = 0, strm = 0;
+    volatile bool begun = false, ok = false;
+    plgstrm(&old_strm);
+    if (setjmp(jb) == 0) {
+        plsexit(plot_exit);
+        plsabort(plot_abort);
+        plmkstrm(&strm);
+        begun = true;
+        plsdev("pngcairo");
+        plsfnam(tmp);
+        plspage(0, 0, width, height, 0, 0);
+        plscmap0n(16);
+        plscol0(COL_BG, 255, 255, 255);
+        plscol0(COL_FG, 0, 0, 0);
+        plscol0(COL_GRID, 225, 225, 225);
+        for (int i = 0; i < 10; i++)
+            plscol0(COL_FIRST + i, PALETTE[i][0], PALETTE[i][1], PALETTE[i][2]);
+        plinit();
+        ok = draw(spec);
+        plend1();
+        begun = false;
+    } else if (begun) {
+        // a fatal PLplot error inside the stream: end it as well as it can be ended
+        plend1();
+    }
+    plsstrm(old_strm);
+    plsexit(NULL);
+    plsabort(NULL);
+    plot_jmp = prev;
+    quiet_off(&q);
+    if (!ok) {
+        unlink(tmp);
+        return luaL_error(L, "gm.plot: %s: %s", file, plot_msg[0] ? plot_msg : "PLplot failed");
+    }
+    int w = 0, h = 0;
+    double ink = 0;
+    char why[256];
+    if (!png_check(tmp, &w, &h, &ink, why, sizeof why)) {
+        unlink(tmp);
+        return luaL_error(L, "gm.plot: %s was written but is not a valid PNG: %s (the previous file, if any, "
+                          "is untouched)", file, why);
+    }
+    if (rename(tmp, file) != 0) {
+        int e = errno;
+        unlink(tmp);
+        return luaL_error(L, "gm.plot: cannot rename %s onto %s: %s", tmp, file, strerror(e));
+    }
+    lua_createtable(L, 0, 4);
+    lua_pushstring(L, file);
+    lua_setfield(L, -2, "file");
+    lua_pushinteger(L, w);
+    lua_setfield(L, -2, "width");
+    lua_pushinteger(L, h);
+    lua_setfield(L, -2, "height");
+    lua_pushnumber(L, ink);
+    lua_setfield(L, -2, "ink");
+    return 1;
+}
+
+
+/* gm.plot{kind = "confusion", ...} (the header): reads and checks labels and matrix, then draws. */
+static int plot_confusion(lua_State *L, const char *file) {
+    static const char *const other[] = {"series", "logx", "xticks", "xticklabels", NULL};
+    for (int i = 0; other[i]; i++) {
+        lua_getfield(L, 1, other[i]);
+        if (!lua_isnil(L, -1))
+            return luaL_error(L, "gm.plot: '%s' is not an option of kind 'confusion' (it takes labels, matrix, "
+                              "title, xlabel, ylabel, colorbar)", other[i]);
+        lua_pop(L, 1);
+    }
+    confusion_spec c = {0};
+    c.file = file;
+    c.title = gm_bind_opt_str(L, 1, "title", "confusion matrix");
+    c.xlabel = gm_bind_opt_str(L, 1, "xlabel", "predicted label");
+    c.ylabel = gm_bind_opt_str(L, 1, "ylabel", "true label");
+    c.colorbar = gm_bind_opt_bool(L, 1, "colorbar", true);
+    lua_getfield(L, 1, "labels");
+    if (!lua_istable(L, -1))
+        return luaL_error(L, "gm.plot: kind 'confusion' needs 'labels', the list of the class names");
+    int labels = lua_gettop(L);
+    c.K = (int)lua_rawlen(L, labels);
+    if (c.K < 1) return luaL_error(L, "gm.plot: 'labels' is empty: a confusion matrix needs at least one class");
+    if (c.K > CONF_MAX_K)
+        return luaL_error(L, "gm.plot: 'labels' has %d classes; a confusion matrix is drawn for at most %d", c.K,
+                          CONF_MAX_K);
+    c.labels = lua_newuserdatauv(L, (size_t)c.K * sizeof *c.labels, 0);
+    for (int i = 1; i <= c.K; i++) {
+        lua_rawgeti(L, labels, i);
+        if (lua_type(L, -1) != LUA_TSTRING)
+            return luaL_error(L, "gm.plot: labels[%d] must be a string (a class name), got %s", i,
+                              luaL_typename(L, -1));
+        c.labels[i - 1] = lua_tostring(L, -1); // anchored by the labels table, which stays on the stack
+        lua_pop(L, 1);
+    }
+    lua_getfield(L, 1, "matrix");
+    if (!lua_istable(L, -1))
+        return luaL_error(L, "gm.plot: kind 'confusion' needs 'matrix', a list of %d rows of %d counts (row: true "
+                          "label, column: predicted)", c.K, c.K);
+    int mat = lua_gettop(L);
+    int rows = (int)lua_rawlen(L, mat);
+    if (rows != c.K)
+        return luaL_error(L, "gm.plot: 'matrix' has %d rows but 'labels' names %d classes (the matrix must be K x K, "
+                          "one row per true label)", rows, c.K);
+    c.m = lua_newuserdatauv(L, (size_t)c.K * (size_t)c.K * sizeof *c.m, 0);
+    for (int i = 1; i <= c.K; i++) {
+        lua_rawgeti(L, mat, i);
+        if (!lua_istable(L, -1))
+            return luaL_error(L, "gm.plot: matrix[%d] must be a list of %d counts (one per predicted label), got %s",
+                              i, c.K, luaL_typename(L, -1));
+        if ((int)lua_rawlen(L, -1) != c.K)
+            return luaL_error(L, "gm.plot: matrix[%d] has %d counts but 'labels' names %d classes (the matrix must be "
+                              "K x K)", i, (int)lua_rawlen(L, -1), c.K);
+        for (int j = 1; j <= c.K; j++) {
+            lua_rawgeti(L, -1, j);
+            double v = lua_type(L, -1) == LUA_TNUMBER ? (double)lua_tonumber(L, -1) : -1;
+            if (lua_type(L, -1) != LUA_TNUMBER || !isfinite(v) || v < 0 || v != floor(v) || v > 9007199254740992.0)
+                return luaL_error(L, "gm.plot: matrix[%d][%d] must be a whole number >= 0 (a count of examples), "
+                                  "got %s", i, j, luaL_tolstring(L, -1, NULL));
+            c.m[(size_t)(i - 1) * c.K + (j - 1)] = v;
+            lua_pop(L, 1);
+        }
+        lua_pop(L, 1);
+    }
+    gm_bind_check_write_path(L, file, "gm.plot");
+    conf_layout o;
+    conf_layout_make(&c, &o);
+    return render_png(L, file, o.side, o.side, draw_confusion, &c);
+}
+
 static int l_plot(lua_State *L) {
     luaL_checktype(L, 1, LUA_TTABLE);
-    static const char *const keys[] = {"file", "title",  "xlabel", "ylabel",      "logx",
-                                       "kind", "series", "xticks", "xticklabels", NULL};
+    static const char *const keys[] = {"file",   "title",  "xlabel",      "ylabel", "logx",     "kind",
+                                       "series", "xticks", "xticklabels", "labels", "matrix", "colorbar",
+                                       NULL};
     gm_bind_check_opts(L, 1, "gm.plot", keys);
+    const char *file = gm_bind_opt_str(L, 1, "file", NULL);
+    if (!file) return luaL_error(L, "gm.plot: 'file' (a .png path) is required");
+    size_t fl = strlen(file);
+    if (fl < 5 || strcmp(file + fl - 4, ".png") != 0)
+        return luaL_error(L, "gm.plot: file '%s' must end in .png", file);
+    const char *kind = gm_bind_opt_str(L, 1, "kind", "lines");
+    if (strcmp(kind, "confusion") == 0) return plot_confusion(L, file);
+    if (strcmp(kind, "lines") != 0 && strcmp(kind, "points") != 0 && strcmp(kind, "band") != 0)
+        return luaL_error(L, "gm.plot: kind '%s' (allowed: lines, points, band, confusion)", kind);
+    static const char *const other[] = {"labels", "matrix", "colorbar", NULL};
+    for (int i = 0; other[i]; i++) {
+        lua_getfield(L, 1, other[i]);
+        if (!lua_isnil(L, -1))
+            return luaL_error(L, "gm.plot: '%s' belongs to kind 'confusion', not '%s'", other[i], kind);
+        lua_pop(L, 1);
+    }
     plot_spec p = {0};
-    p.file = gm_bind_opt_str(L, 1, "file", NULL);
-    if (!p.file) return luaL_error(L, "gm.plot: 'file' (a .png path) is required");
-    size_t fl = strlen(p.file);
-    if (fl < 5 || strcmp(p.file + fl - 4, ".png") != 0)
-        return luaL_error(L, "gm.plot: file '%s' must end in .png", p.file);
+    p.file = file;
     p.title = gm_bind_opt_str(L, 1, "title", "");
     p.xlabel = gm_bind_opt_str(L, 1, "xlabel", "");
     p.ylabel = gm_bind_opt_str(L, 1, "ylabel", "");
     p.logx = gm_bind_opt_bool(L, 1, "logx", false);
-    const char *kind = gm_bind_opt_str(L, 1, "kind", "lines");
-    if (strcmp(kind, "lines") != 0 && strcmp(kind, "points") != 0 && strcmp(kind, "band") != 0)
-        return luaL_error(L, "gm.plot: kind '%s' (allowed: lines, points, band)", kind);
     p.points = strcmp(kind, "points") == 0;
     p.band = strcmp(kind, "band") == 0;
     p.ticks = num_list(L, 1, "xticks", &p.n_ticks, false, "xticks");
@@ -468,85 +868,7 @@ static int l_plot(lua_State *L) {
         // series[i] and its x/y/err arrays stay on the stack (anchored) until the plot is done
     }
     gm_bind_check_write_path(L, p.file, "gm.plot");
-
-    // drawn into <file>.tmp, checked, then renamed: a failed or killed plot leaves the previous
-    // PNG in place (as gm_write_file_atomic does for tables and results files)
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", p.file) >= (int)sizeof tmp)
-        return luaL_error(L, "gm.plot: file name too long: %s", p.file);
-    // PLplot asks on stdin for another name when it cannot open the file: find out first
-    FILE *probe = fopen(tmp, "wb");
-    if (!probe) return luaL_error(L, "gm.plot: cannot create %s: %s", tmp, strerror(errno));
-    fclose(probe);
-    plot_msg[0] = '\0';
-    quiet q;
-    quiet_on(&q);
-    if (!have_device("pngcairo")) {
-        quiet_off(&q);
-        unlink(tmp);
-        return luaL_error(L, "gm.plot: PLplot has no pngcairo device (install the Debian package "
-                             "plplot-driver-cairo)");
-    }
-    jmp_buf jb;
-    jmp_buf *prev = plot_jmp;
-    plot_jmp = &jb;
-    PLINT old_strm = 0, strm = 0;
-    volatile bool begun = false, ok = false;
-    plgstrm(&old_strm);
-    if (setjmp(jb) == 0) {
-        plsexit(plot_exit);
-        plsabort(plot_abort);
-        plmkstrm(&strm);
-        begun = true;
-        plsdev("pngcairo");
-        plsfnam(tmp);
-        plspage(0, 0, PLOT_W, PLOT_H, 0, 0);
-        plscmap0n(16);
-        plscol0(COL_BG, 255, 255, 255);
-        plscol0(COL_FG, 0, 0, 0);
-        plscol0(COL_GRID, 225, 225, 225);
-        for (int i = 0; i < 10; i++)
-            plscol0(COL_FIRST + i, PALETTE[i][0], PALETTE[i][1], PALETTE[i][2]);
-        plinit();
-        ok = draw(&p);
-        plend1();
-        begun = false;
-    } else if (begun) {
-        // a fatal PLplot error inside the stream: end it as well as it can be ended
-        plend1();
-    }
-    plsstrm(old_strm);
-    plsexit(NULL);
-    plsabort(NULL);
-    plot_jmp = prev;
-    quiet_off(&q);
-    if (!ok) {
-        unlink(tmp);
-        return luaL_error(L, "gm.plot: %s: %s", p.file, plot_msg[0] ? plot_msg : "PLplot failed");
-    }
-    int w = 0, h = 0;
-    double ink = 0;
-    char why[256];
-    if (!png_check(tmp, &w, &h, &ink, why, sizeof why)) {
-        unlink(tmp);
-        return luaL_error(L, "gm.plot: %s was written but is not a valid PNG: %s (the previous file, if any, "
-                          "is untouched)", p.file, why);
-    }
-    if (rename(tmp, p.file) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return luaL_error(L, "gm.plot: cannot rename %s onto %s: %s", tmp, p.file, strerror(e));
-    }
-    lua_createtable(L, 0, 4);
-    lua_pushstring(L, p.file);
-    lua_setfield(L, -2, "file");
-    lua_pushinteger(L, w);
-    lua_setfield(L, -2, "width");
-    lua_pushinteger(L, h);
-    lua_setfield(L, -2, "height");
-    lua_pushnumber(L, ink);
-    lua_setfield(L, -2, "ink");
-    return 1;
+    return render_png(L, p.file, PLOT_W, PLOT_H, draw_lines, &p);
 }
 
 /* ---- registration ----------------------------------------------------------------------------- */

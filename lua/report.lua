@@ -1,11 +1,15 @@
 -- report.lua: paper-style tables and plots from trial results (embedded; gm_module("report")).
+-- Over 1,500 lines on purpose: the tables, the plots and the page share one model of the cells
+-- (in_order, settings, collect_cells), which splitting the file would have to export.
 --
 --   local report = gm_module("report")
 --   local tables = report.render(trials, spec)   -- {text=, md=, tex=, csv=}
 --   report.write(dir, name, tables)              -- <dir>/<name>.md, .tex, .csv (gm.write_text)
 --   report.plots(trials, spec, dir, name)        -- <name>_loss.png, <name>_<metric>_vs_<col>.png,
 --                                                   <name>_validation.png (with validation)
---   report.html_page(trials, tables, plots, name) -- the self-contained one-page report
+--   report.confusion_plots(trials, dir, name, best) -- <name>_confusion_<trial>_<phase>.png per
+--                                                   trial and phase with a confusion matrix
+--   report.html_page(trials, tables, plots, name, note) -- the self-contained one-page report
 --   report.cli(trials, path, dir, name, is_dir)  -- what `gemmarun table PATH` runs (also
 --                                                   writes <dir>/<name>.html)
 --
@@ -1311,6 +1315,56 @@ function report.plots(trials, spec, dir, name)
   return files
 end
 
+--- Writes <dir>/<name>_confusion_<trial>_<phase>.png for every trial and eval phase that has a
+--- confusion matrix (classify{}; gm.plot kind "confusion"): <trial> is the trial's index, or
+--- index-id when trials of several runs of the experiment share it. Each plot is drawn on its
+--- own: one that fails is a warning and the others are still drawn. Returns the files written
+--- (trial order, baseline before final), the warnings, and the files of `best` (a trial, or nil:
+--- none).
+function report.confusion_plots(trials, dir, name, best)
+  trials = in_order(trials)
+  local uses = {}
+  for _, t in ipairs(trials) do uses[tostring(t.trial_index)] = (uses[tostring(t.trial_index)] or 0) + 1 end
+  local files, warnings, best_files = {}, {}, {}
+  for _, t in ipairs(trials) do
+    local phases = {}
+    for ph, ev in pairs(t.eval or {}) do
+      if type(ev) == "table" and type(ev.confusion) == "table" and type(ev.labels) == "table" then
+        phases[#phases + 1] = ph
+      end
+    end
+    local rank = {baseline = 1, final = 2}
+    table.sort(phases, function(a, b)
+      if (rank[a] or 3) ~= (rank[b] or 3) then return (rank[a] or 3) < (rank[b] or 3) end
+      return a < b
+    end)
+    local id = tostring(t.trial_index)
+    if uses[id] > 1 then id = id .. "-" .. tostring(t.trial_id) end
+    local fields = {}
+    for _, f in ipairs(type(t.swept) == "table" and t.swept or {}) do fields[#fields + 1] = f end
+    if t.config and t.config.seed ~= nil then fields[#fields + 1] = "seed" end
+    local d = describe(fields, values_of(t, fields))
+    for _, ph in ipairs(phases) do
+      local ev = t.eval[ph]
+      local file = dir .. "/" .. name .. "_confusion_" .. safe_name(id) .. "_" .. safe_name(ph) .. ".png"
+      local title = string.format("%s, trial %s%s: %s%s", t.experiment or name, id, d ~= "" and (" (" .. d .. ")") or "",
+        ph, type(ev.accuracy) == "number" and string.format(", accuracy %.1f%% of %d", 100 * ev.accuracy,
+          math.tointeger(ev.n_examples) or 0) or "")
+      if t.status ~= "completed" then title = title .. " [" .. tostring(t.status) .. "]" end
+      local ok, err = pcall(gm.plot, {file = file, kind = "confusion", title = title, labels = ev.labels,
+                                      matrix = ev.confusion})
+      if ok then
+        files[#files + 1] = file
+        if best and t.trial_id == best.trial_id then best_files[#best_files + 1] = file end
+      else
+        warnings[#warnings + 1] = string.format("confusion matrix of trial %s (%s) not drawn: %s", id, ph,
+          type(err) == "table" and tostring(err.msg) or tostring(err))
+      end
+    end
+  end
+  return files, warnings, best_files
+end
+
 -- ---- the one-page report (results/<name>.html) ------------------------------------------------------
 
 -- provenance fields shown, in this order (results/README.md lists them)
@@ -1337,8 +1391,8 @@ pre { background: #f6f6f6; padding: 12px; font-size: 12px; overflow-x: auto; }
 --- the report's name; returns one self-contained HTML document (no external file, script or
 --- font: the plots are inlined as data: URIs) with the tables, the plots, the provenance (each
 --- field's distinct values over the trials, with how many trials have each) and the
---- experiment file's text.
-function report.html_page(trials, tables, plot_files, name)
+--- experiment file's text; `note` (optional) is a line under the plots.
+function report.html_page(trials, tables, plot_files, name, note)
   local experiment = (trials[1] and trials[1].experiment) or name
   local h = {"<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              "<title>" .. html_escape(experiment) .. " — gemmarun report</title>",
@@ -1347,7 +1401,7 @@ function report.html_page(trials, tables, plot_files, name)
              '<p class="note">' .. #trials .. " trial" .. (#trials == 1 and "" or "s") ..
                "; tables also in " .. html_escape(name) .. ".md, .tex and .csv (same numbers, full precision in the CSV)</p>",
              "<h2>Results</h2>", tables.html}
-  if #plot_files > 0 then
+  if #plot_files > 0 or note then
     h[#h + 1] = "<h2>Plots</h2>"
     for _, f in ipairs(plot_files) do
       local ok, png = pcall(gm.read_text, f)
@@ -1356,6 +1410,7 @@ function report.html_page(trials, tables, plot_files, name)
           gm.base64(png) .. '"><figcaption class="note">' .. html_escape(f:match("[^/]*$")) .. "</figcaption></figure>"
       end
     end
+    if note then h[#h + 1] = '<p class="note">' .. html_escape(note) .. "</p>" end
   end
   h[#h + 1] = '<h2>Provenance</h2><table class="provenance"><thead><tr><th>field</th><th>value (trials)</th></tr></thead><tbody>'
   local shown = 0
@@ -1407,9 +1462,9 @@ end
 
 --- `gemmarun table`: renders `trials` (read from `path`, a folder of trial files or a merged
 --- file) with the report spec stored in them (else report.default_spec), writes
---- <dir>/<name>.md/.tex/.csv and the plots, and for a folder the merged <dir>/<name>.h5.
---- Returns {text = the text table, written = {path, ...}, warnings = {message, ...}}; plot
---- failures are warnings (the tables matter more), anything else raises.
+--- <dir>/<name>.md/.tex/.csv, the plots and the confusion matrices, and for a folder the merged
+--- <dir>/<name>.h5. Returns {text = the text table, written = {path, ...}, warnings = {message,
+--- ...}}; plot failures are warnings (the tables matter more), anything else raises.
 --- The trial `gemmarun export --best` takes: the best cell of the report's table (spec's metric,
 --- phase and direction, on the shown digits; of several, the first in the table's order), and in
 --- it the trial with the best value of the metric (ties: the lowest index). Returns the trial and
@@ -1464,8 +1519,30 @@ function report.cli(trials, path, dir, name, is_dir)
   else
     warnings[#warnings + 1] = "plots not written: " .. tostring(files)
   end
+  local page_plots, note = ok and files or {}, nil
+  -- Confusion matrices: every trial's as a file, the best trial's on the page (a sweep of 96
+  -- trials would make a page of tens of MB); named one by one in `written` up to 4, else as a
+  -- pattern (a sweep would fill the terminal with file names).
+  local bok, best = pcall(report.best_trial, trials, spec)
+  local cok, conf, cwarn, best_conf = pcall(report.confusion_plots, trials, dir, name, bok and best or nil)
+  if cok then
+    for _, w in ipairs(cwarn) do warnings[#warnings + 1] = w end
+    if #conf <= 4 then
+      for _, f in ipairs(conf) do written[#written + 1] = f end
+    else
+      written[#written + 1] = string.format("%s/%s_confusion_*.png (%d confusion matrices)", dir, name, #conf)
+    end
+    for _, f in ipairs(best_conf) do page_plots[#page_plots + 1] = f end
+    if #conf > #best_conf then
+      note = string.format("Confusion matrices: %s; every trial's in %s_confusion_*.png (%d files).",
+        #best_conf > 0 and ("those of trial " .. tostring(best.trial_index) .. ", the best, above") or "none shown here",
+        name, #conf)
+    end
+  else
+    warnings[#warnings + 1] = "confusion matrices not drawn: " .. tostring(conf)
+  end
   local page = dir .. "/" .. name .. ".html"
-  gm.write_text(page, report.html_page(in_order(trials), tables, ok and files or {}, name))
+  gm.write_text(page, report.html_page(in_order(trials), tables, page_plots, name, note))
   written[#written + 1] = page
   if is_dir then
     local merged = dir .. "/" .. name .. ".h5"

@@ -5,7 +5,8 @@
 # must be self-contained (no script, no external resource: plots inlined as data: URIs) and, as
 # chromium parses it (--dump-dom): its metric table's numbers equal the CSV's, line for line, at
 # full precision (data-* attributes) and as shown (the visible text); every inlined plot equals
-# the PNG file byte for byte; the provenance shows the trial files' model and data hashes; the
+# the PNG file byte for byte (all plots; of the confusion matrices, the best trial's, the note
+# says which); the provenance shows the trial files' model and data hashes; the
 # experiment file's text is there verbatim. chromium's screenshot of the page (1280x2000) must
 # show the table's text and the plot's colored lines (pixel counts, decoded here).
 source "$(dirname "$0")/lib.bash"
@@ -33,23 +34,25 @@ import base64, csv, glob, h5py, html, re, struct, sys, zlib
 from html.parser import HTMLParser
 
 class Page(HTMLParser):
-    """Collects the metric table's data cells (attributes and text), images, provenance rows, <pre>."""
+    """Collects the metric table's data cells (attributes and text), images, provenance rows, <pre>,
+    note paragraphs."""
     def __init__(self):
         super().__init__()
-        self.cells, self.imgs, self.prov, self.pre = [], [], {}, []
+        self.cells, self.imgs, self.prov, self.pre, self.notes = [], [], {}, [], []
         self.where, self.td, self.text, self.row = [], None, "", []
     def handle_starttag(self, tag, attrs):
         a = dict(attrs)
         if tag == "table": self.where.append(a.get("class", ""))
-        if tag in ("td", "th", "pre"): self.td, self.text = (tag, a), ""
+        if tag in ("td", "th", "pre") or (tag == "p" and a.get("class") == "note"): self.td, self.text = (tag, a), ""
         if tag == "img": self.imgs.append(a["src"])
         if tag == "tr": self.row = []
     def handle_endtag(self, tag):
         if tag == "table": self.where.pop()
-        if tag in ("td", "th", "pre") and self.td:
+        if tag in ("td", "th", "pre", "p") and self.td:
             kind, a = self.td
             t = self.text.strip()
-            if tag == "pre": self.pre.append(self.text)
+            if tag == "p": self.notes.append(t)
+            elif tag == "pre": self.pre.append(self.text)
             elif self.where and self.where[-1] == "metric" and tag == "td": self.cells.append((a, t))
             elif self.where and self.where[-1] == "provenance": self.row.append(t)
             self.td = None
@@ -72,9 +75,14 @@ for (a, text), r in zip(page.cells, lines):
         assert "[%.1f, %.1f]" % (float(r["ci_low"]), float(r["ci_high"])) in text, (text, r)
     assert (r["best"] == "1") == ("best" in a.get("class", "")), (a, r)
 print("table: %d cells equal the CSV" % len(page.cells))
-pngs = sorted(glob.glob("results/tiny_*.png"))
+# every plot, and of the confusion matrices (one per trial and phase) the best trial's two
+pngs = [p for p in glob.glob("results/tiny_*.png") if "_confusion_" not in p]
+best = re.search(r"those of trial (\d+), the best", "".join(page.notes))
+assert best, page.notes
+pngs = sorted(pngs + glob.glob("results/tiny_confusion_%s_*.png" % best.group(1)))
 inlined = sorted(base64.b64decode(s.split(",", 1)[1]) for s in page.imgs)
-assert len(pngs) > 0 and inlined == sorted(open(p, "rb").read() for p in pngs), (len(inlined), pngs)
+assert len(pngs) > 2 and inlined == sorted(open(p, "rb").read() for p in pngs), (len(inlined), pngs)
+assert len(glob.glob("results/tiny_confusion_*.png")) == 4, "2 trials x (baseline, final)"
 print("plots: %d inlined, byte for byte" % len(inlined))
 with h5py.File(sorted(glob.glob("results/tiny/trial-*.h5"))[0], "r") as f:
     for k in ("model_sha256", "data_sha256", "git_commit"):

@@ -3,10 +3,10 @@
 # test.txt; real JPEG files: the photos of tests/ref/images, written by PIL through libjpeg) with
 # the tiny multimodal Gemma 3 (tests/ref/tiny_gemma3_vision_chat), the sweep cut to one point by
 # --set: the zero-shot baseline, training, whole-label scoring of the 37 breeds (their names share
-# first tokens), the HDF5 results and the table. Then the data set's errors: a missing annotation
-# file, a class id out of range and a name that contradicts its class id each stop the run naming
-# the file (and line), before any work, and the results already written stay as they were; a breed
-# whose only training image is missing is named with that image.
+# first tokens), the HDF5 results, the table and the confusion matrices as PNG. Then the data
+# set's errors: a missing annotation file, a class id out of range and a name that contradicts its
+# class id each stop the run naming the file (and line), before any work, and the results already
+# written stay as they were; a breed whose only training image is missing is named with that image.
 source "$(dirname "$0")/lib.bash"
 SRC=$(pwd)
 cd "$TMP"
@@ -35,7 +35,22 @@ SET=(--set rank=4 --set alpha=8 --set lr=1e-2 --set quant=bf16 --set max_length=
 expect_run "pets_sweep.lua --dry-run: 37 breeds, whole-label scoring, the plan" 0 \
   "whole label.*data: 37 training and 5 test examples.*trial  1 .*plan .*images [0-9.]+ MiB" -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}" --dry-run
 expect_run "pets_sweep.lua: baseline, training, final accuracy, the table" 0 \
-  "baseline accuracy.*final accuracy.*pets_sweep: accuracy.*written: results/pets_sweep.md" -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"
+  "baseline accuracy.*final accuracy.*pets_sweep: accuracy.*written: results/pets_sweep.md.*results/pets_sweep_confusion_1_final\.png" -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"
+# the trial's confusion matrices, baseline and final, drawn: a PNG (signature, ends in IEND), a
+# square page (IHDR, big-endian at bytes 16..23) of at least 1024 px for the 37 breeds
+confusion_png() {
+  local f=$1 sig w h
+  [ -s "$f" ] || { echo "missing $f"; return 1; }
+  sig=$(od -An -tx1 -N8 "$f" | tr -d ' \n')
+  [ "$sig" = "89504e470d0a1a0a" ] || { echo "$f: not a PNG ($sig)"; return 1; }
+  w=$((16#$(od -An -tx1 -j16 -N4 "$f" | tr -d ' \n'))) h=$((16#$(od -An -tx1 -j20 -N4 "$f" | tr -d ' \n')))
+  { [ "$w" = "$h" ] && [ "$w" -ge 1024 ]; } || { echo "$f: ${w}x$h, not a square of >= 1024 px"; return 1; }
+  [ "$(tail -c 8 "$f" | od -An -tx1 | tr -d ' \n')" = "49454e44ae426082" ] || { echo "$f: no IEND chunk at the end"; return 1; }
+  echo "$f ${w}x$h ok"
+}
+for ph in baseline final; do
+  expect_run "the $ph confusion matrix as PNG (37 x 37, square)" 0 "ok$" -- confusion_png "results/pets_sweep_confusion_1_$ph.png"
+done
 find_python "h5py, numpy"
 if [ -n "$PY" ]; then
   expect_run "the trial's results: 37 labels, a 37 x 37 confusion matrix over the 5 test images" 0 "^ok 5$" -- "$PY" -c "

@@ -3,8 +3,9 @@
 # A Lua script writes 8 trial files of a small known sweep (quant x lr x 2 seeds, one trial
 # failed) into results/e2e_sweep/; `gemmarun table` must print and write the exact Markdown and
 # CSV below (mean ± sample std over seeds, best marked, one baseline row per quant, the failed
-# trial in a footnote), valid 1024x640 PNG plots, and the merged results/e2e_sweep.h5, which
-# renders the same tables again. Then the sandbox's write rule (only under results/), the exit
+# trial in a footnote), valid 1024x640 PNG plots, a confusion matrix PNG per completed trial
+# (one that cannot be written is a warning, not a lost table), and the merged
+# results/e2e_sweep.h5, which renders the same tables again. Then the sandbox's write rule (only under results/), the exit
 # codes for a missing or corrupt RESULTS, and that h5py and pandas (Debian's python3-h5py,
 # -pandas and -tables, installed by setup.sh) read the files as results/README.md promises.
 source "$(dirname "$0")/lib.bash"
@@ -105,19 +106,40 @@ expect_run "LaTeX booktabs with the best cell bold" 0 'nf4 & 85\.0 \$\\pm\$ 7\.1
 oneline() { tr '\n' ' ' < "$1"; }
 expect_run "LaTeX has toprule, midrule, bottomrule" 0 "toprule.*midrule.*bottomrule" -- oneline results/e2e_sweep.tex
 
-# PNG: signature and IHDR width/height (big-endian at bytes 16..23)
+# PNG: signature and IHDR width/height (big-endian at bytes 16..23; default 1024x640)
 png_ok() {
-  local f=$1 sig dims
+  local f=$1 want=${2:-0000040000000280} sig dims
   [ -s "$f" ] || { echo "missing $f"; return 1; }
   sig=$(od -An -tx1 -N8 "$f" | tr -d ' \n')
   dims=$(od -An -tx1 -j16 -N8 "$f" | tr -d ' \n')
   [ "$sig" = "89504e470d0a1a0a" ] || { echo "$f: not a PNG ($sig)"; return 1; }
-  [ "$dims" = "0000040000000280" ] || { echo "$f: not 1024x640 ($dims)"; return 1; }
+  [ "$dims" = "$want" ] || { echo "$f: IHDR size $dims, not $want"; return 1; }
   echo "$f ok"
 }
 expect_run "loss curves PNG (1024x640)" 0 "ok$" -- png_ok results/e2e_sweep_loss.png
 expect_run "accuracy vs lr PNG (1024x640)" 0 "ok$" -- png_ok results/e2e_sweep_accuracy_vs_lr.png
 expect_run "merged results/e2e_sweep.h5 written" 0 "e2e_sweep\.h5" -- ls results
+# confusion matrices: one per trial and phase that has one (the 7 completed trials' final), square
+# (1024x1024 for 2 classes); one that cannot be written (a folder where it goes) is a warning
+# naming it, and the tables and the other matrices are still written
+for i in 1 2 3 4 5 6 7; do
+  expect_run "confusion matrix of trial $i (1024x1024)" 0 "ok$" -- png_ok "results/e2e_sweep_confusion_${i}_final.png" 0000040000000400
+done
+expect_run "no confusion matrix for the failed trial without one" 0 "^none$" -- \
+  bash -c '[ -e results/e2e_sweep_confusion_8_final.png ] && echo found || echo none'
+rm results/e2e_sweep_confusion_3_final.png results/e2e_sweep_confusion_5_final.png results/e2e_sweep.md
+mkdir results/e2e_sweep_confusion_3_final.png
+"$GM" table results/e2e_sweep/ > blocked.out 2>&1; echo "exit $?" >> blocked.out
+expect_run "a confusion matrix that cannot be written: a warning naming it, exit 0" 0 \
+  "warning: confusion matrix of trial 3 \(final\) not drawn: .*results/e2e_sweep_confusion_3_final\.png.*exit 0$" -- cat blocked.out
+expect_run "... the others listed together in the output" 0 "wrote .*results/e2e_sweep_confusion_\*\.png \(6 confusion matrices\)" -- cat blocked.out
+after_block() {
+  [ -s results/e2e_sweep.md ] || { echo "results/e2e_sweep.md missing"; return 1; }
+  [ -z "$(ls results | grep tmp)" ] || { echo "left behind: $(ls results | grep tmp)"; return 1; }
+  png_ok results/e2e_sweep_confusion_5_final.png 0000040000000400
+}
+expect_run "... and the tables and the other matrices written, no .tmp left" 0 "ok$" -- after_block
+rmdir results/e2e_sweep_confusion_3_final.png
 
 mkdir -p again && cp results/e2e_sweep.h5 again/
 expect_run "the merged file renders the same table" 0 "wrote again/e2e_sweep\.md" -- "$GM" table again/e2e_sweep.h5

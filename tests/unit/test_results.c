@@ -9,7 +9,8 @@
  * a child that appends a row and saves in a loop: after every kill the file opens and holds
  * exactly the rows of the last completed save (or of the one in flight if its rename landed),
  * never a torn file. Then the Lua side: gm.results / gm.results_read / gm.results_merge / path
- * rule / gm.plot (the PNG is decoded again with libpng by gm.plot itself: size 1024x640).
+ * rule / gm.plot (the PNG is decoded again with libpng by gm.plot itself: size 1024x640; a
+ * confusion matrix: square, its cells drawn, bad matrices and labels refused by name).
  *
  * Leaves a sample trial file and a merged file for a manual h5py/pandas check at
  * $GM_TEST_RESULTS_OUT (default <build>/test_results_sample/).
@@ -684,6 +685,42 @@ static const char LUA_CODE[] =
     "  series = {{label = 'a', x = {1,2,3}, y = {3,2,1.5}}, {label = 'b', x = {1,2,3}, y = "
     "{2.5,2,1}}}}\n"
     "assert(info.width == 1024 and info.height == 640, 'png size')\n"
+    /* confusion matrices: a square PNG (1024 px up to 29 short names), shaded cells; the third
+     * row has no examples (no share: grey, no division by zero) */
+    "local ci = gm.plot{file = root .. '/c3.png', kind = 'confusion', title = 'trial 1: final',\n"
+    "  labels = {'a', 'b', 'c'}, matrix = {{5, 1, 0}, {2, 7, 1}, {0, 0, 0}}}\n"
+    "assert(ci.width == 1024 and ci.height == 1024, 'confusion png size ' .. ci.width .. 'x' .. ci.height)\n"
+    "assert(ci.ink > 0.3 and ci.ink < 0.9, 'confusion: the cells are drawn, ink ' .. ci.ink)\n"
+    "local zero = {}\n"
+    "for i = 1, 3 do zero[i] = {0, 0, 0} end\n"
+    "assert(gm.plot{file = root .. '/c0.png', kind = 'confusion', labels = {'a', 'b', 'c'}, matrix = zero}.ink > 0.3,\n"
+    "  'an all-zero matrix draws')\n"
+    /* 37 long names (Oxford Pets' breeds are up to 26 characters): a larger square page */
+    "local L37, M37 = {}, {}\n"
+    "for i = 1, 37 do L37[i] = 'staffordshire_bull_terrier_' .. i; M37[i] = {}\n"
+    "  for j = 1, 37 do M37[i][j] = i == j and 40 or (i + j) % 7 == 0 and 3 or 0 end end\n"
+    "local c37 = gm.plot{file = root .. '/c37.png', kind = 'confusion', labels = L37, matrix = M37}\n"
+    "assert(c37.width == c37.height and c37.width > 1024 and c37.width <= 4096, 'K = 37: ' .. c37.width)\n"
+    "assert(c37.ink > 0.15, 'K = 37 ink ' .. c37.ink)\n"
+    "local function plot_err(spec, want)\n"
+    "  spec.file, spec.kind = spec.file or root .. '/bad.png', spec.kind or 'confusion'\n"
+    "  local ok, e = pcall(gm.plot, spec)\n"
+    "  assert(not ok and tostring(e):find(want), 'want /' .. want .. '/, got ' .. tostring(e))\n"
+    "end\n"
+    "plot_err({labels = {'a', 'b', 'c'}, matrix = {{1, 2}, {3, 4}}}, \"'matrix' has 2 rows but 'labels' names 3\")\n"
+    "plot_err({labels = {'a', 'b'}, matrix = {{1, 2}, {3, 4, 5}}}, 'matrix%[2%] has 3 counts but .labels. names 2')\n"
+    "plot_err({labels = {'a', 'b'}, matrix = {{1, 2}, 3}}, 'matrix%[2%] must be a list of 2 counts')\n"
+    "plot_err({labels = {'a', 'b'}, matrix = {{1, -1}, {3, 4}}}, 'matrix%[1%]%[2%] must be a whole number >= 0')\n"
+    "plot_err({labels = {'a', 'b'}, matrix = {{1, 2}, {0.5, 4}}}, 'matrix%[2%]%[1%] must be a whole number >= 0.*0%.5')\n"
+    "plot_err({labels = {'a', 'b'}, matrix = {{1, 2}, {0/0, 4}}}, 'matrix%[2%]%[1%] must be a whole number')\n"
+    "plot_err({labels = {'a', 'b'}, matrix = {{1, 'x'}, {3, 4}}}, 'matrix%[1%]%[2%] must be a whole number')\n"
+    "plot_err({labels = {}, matrix = {}}, \"'labels' is empty\")\n"
+    "plot_err({labels = {'a', 2}, matrix = {{1, 2}, {3, 4}}}, 'labels%[2%] must be a string')\n"
+    "plot_err({labels = {'a'}}, \"needs 'matrix'\")\n"
+    "plot_err({matrix = {{1}}}, \"needs 'labels'\")\n"
+    "plot_err({labels = {'a'}, matrix = {{1}}, series = {}}, \"'series' is not an option of kind 'confusion'\")\n"
+    "plot_err({kind = 'lines', matrix = {{1}}, series = {{x = {1}, y = {1}}}}, \"'matrix' belongs to kind 'confusion'\")\n"
+    "assert(not gm.file_exists(root .. '/bad.png') and not gm.file_exists(root .. '/bad.png.tmp'), 'no file left')\n"
     /* path refusals are usage errors (exit 2): {usage = true, msg = "file:line: ..."} */
     "local ok, e = pcall(gm.results, '/etc/trial-x.h5')\n"
     "assert(not ok and e.usage and e.msg:find('results folder'), 'outside the root: ' .. tostring(e.msg))\n"
