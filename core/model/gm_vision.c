@@ -10,7 +10,7 @@
 
 /* The one layout: the tower's weights, the encoder graph, the patch and head buffers. */
 gm_status gm_vision_layout(gm_vision *v, gm_arena *a, gm_arena *host, gm_error *err) {
-    GM_TRY(gm_weights_layout(&v->w, v->tower, GM_F32, GM_F32, v->be, a, v->g.o.n_threads, err));
+    GM_TRY(gm_weights_layout(&v->w, v->tower, v->stored, v->stored, v->be, a, v->g.o.n_threads, err));
     gm_graph_layout(&v->g, a, host);
     int64_t N = v->max_images * v->P, R = v->max_images * v->tokens, pd = 3 * v->patch_size * v->patch_size;
 #define F32(ar, n) (float *)gm_arena_alloc(ar, (size_t)(n) * sizeof(float), GM_MEM_ACTIVATIONS)
@@ -43,6 +43,9 @@ gm_status gm_vision_init(gm_vision *v, const gm_config *mm, const gm_model *towe
     v->tokens = tc->vision.tokens;
     v->C = tc->hidden_size;
     v->C_text = tc->vision.out_hidden_size;
+    /* Hugging Face checkpoints of Gemma 3 store the tower in bf16 (google/gemma-3-4b-it: 8.6 GB of
+     * safetensors for its 4.3 B parameters); a model's own views replace this when one is given */
+    v->stored = GM_BF16;
     gm_graph_opts go = {.mode = GM_GRAPH_INFER, .batch = max_images, .max_tokens = v->P, .ctx = v->P,
                         .checkpointing = false, .lm_rows = 1, .rank = 0, .n_threads = n_threads > 0 ? n_threads : 2};
     GM_TRY(gm_weights_init(&v->w, tc, GM_QUANT_STORED, err));

@@ -47,6 +47,8 @@ typedef struct gm_vision {
     int64_t P;                  /* patches per image, side^2 */
     int64_t tokens;             /* soft tokens per image */
     int64_t C, C_text;          /* tower width, text width */
+    gm_dtype stored;            /* a plan (tower NULL): the dtype the checkpoint stores the tower's
+                                   matrices in (gm_vision_init: bf16, as the hub's files) */
 } gm_vision;
 
 /* Plans and allocates the image path of multimodal model m for up to max_images images per call,
@@ -58,7 +60,8 @@ void gm_vision_free(gm_vision *v);
 /* The same path inside another owner's arenas (the trainer's): describe it for multimodal config
  * mm (and, when not NULL, its model's tower `tower`: m->vision), then run gm_vision_layout in each
  * pass of the owner's arena protocol (a = backend arena, host = host staging). be may be NULL
- * for a plan. gm_vision_release frees the tables (not the arenas). */
+ * for a plan; a plan sizes the tower's weights as stored in v->stored (set it between the two
+ * calls for another dtype). gm_vision_release frees the tables (not the arenas). */
 gm_status gm_vision_init(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images, int n_threads,
                          gm_backend *be, gm_error *err);
 gm_status gm_vision_layout(gm_vision *v, gm_arena *a, gm_arena *host, gm_error *err);

@@ -289,10 +289,6 @@ static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, g
             return gm_error_set(err, GM_ERR_INVALID, "%s: the data has images, but the model has no vision tower\n"
                                 "  hint: use a multimodal checkpoint (Gemma3ForConditionalGeneration, e.g. gemma-3-4b)",
                                 tr->m->path);
-        if (c->vision.hidden_size <= 0) /* a plan from a built-in size */
-            return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: the built-in sizes do not describe the vision tower yet, so a run "
-                                "with images cannot be planned from the name; give the checkpoint folder (its config.json "
-                                "has the tower)", c->name);
         GM_TRY(gm_vision_init(&tr->vis, c, tr->m ? tr->m->vision : NULL, tr->o.max_images, tr->o.n_threads, tr->be, err));
         tr->has_vis = true;
     }
