@@ -120,12 +120,15 @@ gm_status gm_plan_vision(const gm_config *cfg, int64_t max_images, int n_threads
                          gm_error *err) {
     memset(out, 0, sizeof *out);
     gm_vision v;
-    GM_TRY(gm_vision_init(&v, cfg, NULL, max_images, n_threads, NULL, err));
-    v.stored = stored;
     gm_arena a, h;
     gm_arena_init(&a, "vision tower plan", GM_DEVICE_CPU);
     gm_arena_init(&h, "vision tower plan host", GM_DEVICE_CPU);
-    gm_status s = gm_vision_layout(&v, &a, &h, err);
+    /* gm_vision_init clears v first, so releasing after a failed init frees what it made */
+    gm_status s = gm_vision_init(&v, cfg, NULL, max_images, n_threads, NULL, err);
+    if (s == GM_OK) {
+        v.stored = stored;
+        s = gm_vision_layout(&v, &a, &h, err);
+    }
     if (s == GM_OK) {
         out->max_images = max_images;
         out->stored = stored;
