@@ -16,7 +16,7 @@
  *   gm.interrupted() -> bool                  true once Ctrl-C was pressed (main installs the handler)
  *   gm.model_config(path_or_name) -> table    the config only (GGUF header, config.json or preset;
  *                                             preset = true for a built-in size: no weights)
- *   gm.plan(path_or_name, train_opts) -> {[kind] = bytes, total = bytes}
+ *   gm.plan(path_or_name, train_opts) -> {[kind] = bytes, ["vision tower"] = bytes (with images), total = bytes}
  *   gm.plan_fit(path_or_name, train_opts, limit) -> train_opts', total, chosen
  *   gm.make_results_dir(dir), gm.remove_checkpoint(path)   the runner's folders and checkpoints
  *   trainer:choose(dataset, {i, ...}, {tok, ...}) -> {k, ...}, {{logit, ...}, ...}
@@ -268,6 +268,10 @@ static int l_plan(lua_State *L) {
     }
     lua_pushinteger(L, (lua_Integer)p.runtime);
     lua_setfield(L, -2, "runtime");
+    if (p.vision.total > 0) { /* the tower's share, an item apart (gm_plan.h) */
+        lua_pushinteger(L, (lua_Integer)p.vision.total);
+        lua_setfield(L, -2, "vision tower");
+    }
     lua_pushinteger(L, (lua_Integer)p.total);
     lua_setfield(L, -2, "total");
     lua_pushboolean(L, p.exact);
@@ -371,6 +375,8 @@ static int l_plan_fit(lua_State *L) {
     lua_setfield(L, -2, "batch");
     lua_pushinteger(L, o.grad_accum);
     lua_setfield(L, -2, "grad_accum");
+    lua_pushinteger(L, o.max_images); /* images per micro-batch shrink with the batch */
+    lua_setfield(L, -2, "max_images");
     lua_pushinteger(L, (lua_Integer)p.total);
     lua_pushstring(L, chosen);
     return 3;

@@ -209,6 +209,28 @@ static gm_status parse_rope(const cJSON *o, float *theta, float *pos_scale, cons
     return GM_OK;
 }
 
+/* Parameters of a SigLIP tower without its pooling head (vision_use_head = False) and of the
+ * Gemma 3 projector into d_text, as the checkpoint stores them (gemma_architecture.md §2.1-2.2):
+ * the patch convolution 3 p^2 -> C with its bias, the position table (patches x C), per layer q, k,
+ * v, out (C x C + bias each), two LayerNorms (weight + bias), fc1 C -> F and fc2 F -> C with
+ * biases; post_layernorm (weight + bias); the projector's RMSNorm (C) and its C x d_text matrix.
+ * For the So400m tower of Gemma 3 (C 1152, F 4304, 27 layers, 4096 patches of 14 x 14) the tower
+ * alone is 416,866,032, the count transformers reports for Gemma3Model.vision_tower
+ * (docs/memory.md, "Parameter counts"). 0 when the config leaves a needed size unknown. */
+static int64_t siglip_params(const gm_vision_config *v, int64_t d_text) {
+    int64_t C = v->hidden_size, F = v->intermediate_size, p = v->patch_size;
+    if (C <= 0 || F <= 0 || p <= 0 || v->patches <= 0 || v->n_layers <= 0 || d_text <= 0) return 0;
+    /* a config.json may say anything: the same sum in double first, so that no int64 term below
+     * can wrap (every term is positive, hence at most the total) */
+    double dC = (double)C, dF = (double)F;
+    double bound = 3.0 * (double)p * (double)p * dC + (double)v->patches * dC +
+                   (double)v->n_layers * (4 * dC * dC + 2 * dC * dF + 9 * dC + dF) + 4 * dC + dC * (double)d_text;
+    if (!(bound < 0x1p62)) return 0;
+    int64_t layer = 4 * (C * C + C) + 2 * 2 * C + (C * F + F) + (F * C + C);
+    int64_t tower = (3 * p * p * C + C) + v->patches * C + v->n_layers * layer + 2 * C;
+    return tower + C + C * d_text;
+}
+
 /* The vision tower of a multimodal config (Gemma3Config: vision_config = SiglipVisionConfig,
  * mm_tokens_per_image): its shape, for planning and for the tower to come. Absent: no tower. */
 static gm_status vision_from_json(const cJSON *root, const char *label, gm_vision_config *v, gm_error *err) {
@@ -397,6 +419,8 @@ gm_status gm_config_from_json(const char *json, const char *label, gm_config *cf
         s = config_from_text_json(text ? text : root, label, cfg, err);
         if (s == GM_OK && text) s = vision_from_json(root, label, &cfg->vision, err);
         if (s == GM_OK) cfg->vision.out_hidden_size = cfg->vision.hidden_size > 0 ? cfg->hidden_size : 0;
+        /* the tower and projector are in the checkpoint: its parameter count includes them */
+        if (s == GM_OK && cfg->vision.hidden_size > 0) cfg->vision.params = siglip_params(&cfg->vision, cfg->hidden_size);
     }
     cJSON_Delete(root);
     return s;
@@ -421,15 +445,42 @@ typedef struct preset {
     const char *name;
     int64_t C, L, H, KVH, D, F, W, V, maxpos;
     float qscalar, global_scale;
+    bool siglip; /* multimodal (Gemma3ForConditionalGeneration): the SigLIP tower below */
 } preset;
 
 static const preset presets[] = {
-    {"gemma3-270m", 640, 18, 4, 1, 256, 2048, 512, 262144, 32768, 256, 1.0f},
-    {"gemma3-1b", 1152, 26, 4, 1, 256, 6912, 512, 262144, 32768, 256, 1.0f},
-    {"gemma3-4b", 2560, 34, 8, 4, 256, 10240, 1024, 262208, 131072, 256, 0.125f},
-    {"gemma3-12b", 3840, 48, 16, 8, 256, 15360, 1024, 262208, 131072, 256, 0.125f},
-    {"gemma3-27b", 5376, 62, 32, 16, 128, 21504, 1024, 262208, 131072, 168, 0.125f},
+    {"gemma3-270m", 640, 18, 4, 1, 256, 2048, 512, 262144, 32768, 256, 1.0f, false},
+    {"gemma3-1b", 1152, 26, 4, 1, 256, 6912, 512, 262144, 32768, 256, 1.0f, false},
+    {"gemma3-4b", 2560, 34, 8, 4, 256, 10240, 1024, 262208, 131072, 256, 0.125f, true},
+    {"gemma3-12b", 3840, 48, 16, 8, 256, 15360, 1024, 262208, 131072, 256, 0.125f, true},
+    {"gemma3-27b", 5376, 62, 32, 16, 128, 21504, 1024, 262208, 131072, 168, 0.125f, true},
 };
+
+/* The vision tower of the multimodal Gemma 3 sizes (4b, 12b, 27b share it): SigLIP So400m as
+ * transformers' converter configures it (convert_gemma3_weights.py _VISION_CONFIG, the hub's
+ * google/gemma-3-{4b,12b,27b}-it config.json: hidden 1152, 27 layers, 16 heads of 72, MLP 4304,
+ * image 896, patch 14, gelu_pytorch_tanh, LayerNorm eps 1e-6, no pooling head) with Gemma3Config's
+ * mm_tokens_per_image 256 (4 x 4 average pooling of the 64 x 64 patch grid) and token ids
+ * (image_token_index 262144, boi 255999, eoi 256000): gemma_architecture.md §2.1-2.4. The
+ * projector maps 1152 into the text width. */
+static void gemma3_siglip(gm_config *c) {
+    gm_vision_config *v = &c->vision;
+    memset(v, 0, sizeof *v);
+    v->hidden_size = 1152;
+    v->n_layers = 27;
+    v->n_heads = 16;
+    v->intermediate_size = 4304;
+    v->image_size = 896;
+    v->patch_size = 14;
+    v->patches = (896 / 14) * (896 / 14);
+    v->tokens = 256;
+    v->layer_norm_eps = 1e-6f;
+    v->out_hidden_size = c->hidden_size;
+    v->image_token_id = 262144;
+    v->boi_id = 255999;
+    v->eoi_id = 256000;
+    v->params = siglip_params(v, c->hidden_size);
+}
 
 /* Gemma 3n / Gemma 4 text decoders (§3.1, §4.1). kv_shared: the last kv_shared layers reuse the
  * K/V of an earlier layer (§3.5, §4.4); wide_shared_ffn: FFN width of those layers (Gemma 4 E2B's
@@ -589,6 +640,7 @@ gm_status gm_config_preset(const char *name, gm_config *cfg, gm_error *err) {
         cfg->query_pre_attn_scalar = p->qscalar;
         cfg->norm_convention = GM_NORM_ONE_PLUS_W;
         gm_config_gemma3_layers(cfg, 6, 1e4f, 1e6f, p->global_scale);
+        if (p->siglip) gemma3_siglip(cfg);
         return GM_OK;
     }
     for (size_t i = 0; i < sizeof presets_ext / sizeof presets_ext[0]; i++) {

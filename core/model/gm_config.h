@@ -144,7 +144,10 @@ gm_status gm_config_from_json(const char *json, const char *label, gm_config *cf
 /* Built-in presets of the published sizes: "gemma3-270m", "gemma3-1b", "gemma3-4b",
  * "gemma3-12b", "gemma3-27b", "gemma3n-e2b", "gemma3n-e4b", "gemma4-e2b", "gemma4-e4b",
  * "gemma4-31b", "gemma4-26b-a4b" (Gemma 3n / 4 with their per-layer arrays and tower sizes, for
- * planning). Returns GM_ERR_NOT_FOUND listing the known names. */
+ * planning). gemma3-4b / 12b / 27b are the multimodal checkpoints (Gemma3ForConditionalGeneration):
+ * `vision` holds their SigLIP So400m tower and projector, as a config.json of theirs would;
+ * gemma3-270m / 1b are text-only (vision all zero). Returns GM_ERR_NOT_FOUND listing the known
+ * names. */
 gm_status gm_config_preset(const char *name, gm_config *cfg, gm_error *err);
 
 /* The config as a Hugging Face config.json for Gemma3ForCausalLM (model_type "gemma3_text"), the
@@ -156,8 +159,9 @@ gm_status gm_config_preset(const char *name, gm_config *cfg, gm_error *err);
 gm_status gm_config_to_json(const gm_config *c, const char *dtype, char **out, gm_error *err);
 
 /* Number of parameters as the checkpoint stores them (embedding counted once; tied head): the text
- * decoder, and for Gemma 3n / 4 also the per-layer embeddings, AltUp, LAuReL, experts and the
- * vision / audio towers (vision_params, audio_params). */
+ * decoder, for Gemma 3n / 4 also the per-layer embeddings, AltUp, LAuReL and experts, and the
+ * vision / audio towers with their projectors (vision.params, audio.params: multimodal Gemma 3
+ * presets and config.json files with a vision_config count their SigLIP tower). */
 int64_t gm_config_n_params(const gm_config *cfg);
 
 #ifdef __cplusplus

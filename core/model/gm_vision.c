@@ -12,7 +12,7 @@
 /* The one layout: the tower's weights, the encoder graph, the patch and head buffers, and what
  * trains (the tower's adapters, the projector's copies, the head's backward workspace). */
 gm_status gm_vision_layout(gm_vision *v, gm_arena *a, gm_arena *host, gm_error *err) {
-    GM_TRY(gm_weights_layout(&v->w, v->tower, GM_F32, GM_F32, v->be, a, v->g.o.n_threads, err));
+    GM_TRY(gm_weights_layout(&v->w, v->tower, v->stored, v->stored, v->be, a, v->g.o.n_threads, err));
     if (v->train_tower) gm_lora_layout(&v->lora, a, true);
     gm_graph_layout(&v->g, a, host);
     int64_t N = v->max_images * v->P, R = v->max_images * v->tokens, pd = 3 * v->patch_size * v->patch_size;
@@ -67,6 +67,9 @@ gm_status gm_vision_init_train(gm_vision *v, const gm_config *mm, const gm_model
     v->tokens = tc->vision.tokens;
     v->C = tc->hidden_size;
     v->C_text = tc->vision.out_hidden_size;
+    /* Hugging Face checkpoints of Gemma 3 store the tower in bf16 (google/gemma-3-4b-it: 8.6 GB of
+     * safetensors for its 4.3 B parameters); a model's own views replace this when one is given */
+    v->stored = GM_BF16;
     GM_TRY(gm_weights_init(&v->w, tc, GM_QUANT_STORED, err));
     v->train_tower = t && t->lora;
     v->train_proj = t && t->projector;

@@ -84,6 +84,8 @@ typedef struct gm_vision {
                                                    [1] mm_soft_emb_norm.weight w (C) */
     float *norm_scale;          /* (C): 1 + w, what the RMSNorm multiplies by */
     float *dsoft;               /* (max_images * tokens, C_text): dL/d soft tokens, the caller's */
+    gm_dtype stored;            /* a plan (tower NULL): the dtype the checkpoint stores the tower's
+                                   matrices in (gm_vision_init: bf16, as the hub's files) */
 } gm_vision;
 
 /* Plans and allocates the image path of multimodal model m for up to max_images images per call,
@@ -95,7 +97,8 @@ void gm_vision_free(gm_vision *v);
 /* The same path inside another owner's arenas (the trainer's): describe it for multimodal config
  * mm (and, when not NULL, its model's tower `tower`: m->vision), then run gm_vision_layout in each
  * pass of the owner's arena protocol (a = backend arena, host = host staging). be may be NULL
- * for a plan. gm_vision_release frees the tables (not the arenas). */
+ * for a plan; a plan sizes the tower's weights as stored in v->stored (set it between the two
+ * calls for another dtype). gm_vision_release frees the tables (not the arenas). */
 gm_status gm_vision_init(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images, int n_threads,
                          gm_backend *be, gm_error *err);
 /* The same for training: what `t` selects learns (t NULL or selecting nothing: frozen, as

@@ -10,6 +10,7 @@
 #include "gm_gguf.h"
 #include "gm_lora.h"
 #include "gm_quant.h"
+#include "gm_vision.h" /* the tower's own layout (gm_plan_vision) */
 
 #include <stdio.h>
 #include <string.h>
@@ -89,23 +90,81 @@ static bool names_gemma(const char *name) {
     return false;
 }
 
+gm_status gm_plan_max_images(const gm_config *cfg, const gm_train_opts *o, const gm_plan_inputs *in, int64_t *out,
+                             gm_error *err) {
+    *out = o->max_images;
+    int64_t images = in ? in->images : 0;
+    if (images <= 0 && o->max_images <= 0) return GM_OK;
+    /* cfg->name is the preset's or the file's own ("gemma3-4b", or general.name), usually naming
+     * the family already; a bare one ("gemma3_text" from config.json) gets it added */
+    if (cfg->vision.hidden_size <= 0 || cfg->vision.tokens <= 0)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED,
+                            "%s%s takes no image inputs: it has no vision tower\n  hint: the multimodal Gemma 3 sizes "
+                            "are gemma3-4b, gemma3-12b and gemma3-27b (or a Gemma3ForConditionalGeneration checkpoint)",
+                            names_gemma(cfg->name) ? "" : "Gemma 3 model ", cfg->name);
+    if (images > 0) {
+        /* gm_plan_check_size bounds images by the model's positions, so this cannot wrap */
+        int64_t positions = images * (cfg->vision.tokens + 2);
+        if (positions >= o->max_length)
+            return gm_error_set(err, GM_ERR_INVALID,
+                                "max_length = %lld leaves no room for text beside %lld image%s (%lld soft tokens + 2 "
+                                "markers each = %lld positions, counted in max_length)\n  hint: raise max_length above %lld",
+                                (long long)o->max_length, (long long)images, images == 1 ? "" : "s",
+                                (long long)cfg->vision.tokens, (long long)positions, (long long)positions);
+        if (images * o->batch > *out) *out = images * o->batch;
+    }
+    return GM_OK;
+}
+
+gm_status gm_plan_vision(const gm_config *cfg, const gm_train_opts *o, int64_t max_images, int n_threads, gm_dtype stored,
+                         gm_plan_tower *out, gm_error *err) {
+    memset(out, 0, sizeof *out);
+    gm_vision v;
+    gm_arena a, h;
+    gm_arena_init(&a, "vision tower plan", GM_DEVICE_CPU);
+    gm_arena_init(&h, "vision tower plan host", GM_DEVICE_CPU);
+    /* gm_vision_init clears v first, so releasing after a failed init frees what it made */
+    gm_lora_config vl;
+    gm_vision_train vt = gm_train_vision_selection(o, &vl);
+    gm_status s = gm_vision_init_train(&v, cfg, NULL, max_images, &vt, o->checkpointing, n_threads, NULL, err);
+    if (s == GM_OK) {
+        v.stored = stored;
+        s = gm_vision_layout(&v, &a, &h, err);
+    }
+    if (s == GM_OK) {
+        out->max_images = max_images;
+        out->stored = stored;
+        for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->by_kind[k] = a.by_kind[k] + h.by_kind[k];
+        /* read in place on a host-visible backend (the plan's): the model's memory-mapped pages
+         * and its f32 vectors, which a text-only run never touches */
+        out->weights = v.w.alias_bytes + a.by_kind[GM_MEM_WEIGHTS];
+        out->activations = a.used - a.by_kind[GM_MEM_WEIGHTS];
+        out->staging = h.used;
+        out->total = out->weights + out->activations + out->staging;
+    }
+    gm_vision_release(&v);
+    gm_arena_free(&a);
+    gm_arena_free(&h);
+    return s;
+}
+
 gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
                            const gm_plan_inputs *inputs, gm_plan *out, gm_error *err) {
     memset(out, 0, sizeof *out);
     if (cfg->arch != GM_ARCH_GEMMA3) return gm_plan_estimate(cfg, o, stored, stored_embed, inputs, out, err);
-    /* cfg->name is the preset's or the file's own ("Gemma 3 270m", or general.name), usually
-     * naming the family already; a bare one ("gemma3_text" from config.json) gets it added */
-    if (inputs && (inputs->images > 0 || inputs->audio_seconds > 0))
-        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s%s takes no %s inputs in gemmarun yet",
-                            names_gemma(cfg->name) ? "" : "Gemma 3 model ", cfg->name,
-                            inputs->images > 0 ? "image" : "audio");
+    if (inputs && inputs->audio_seconds > 0)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s%s takes no audio inputs (Gemma 3 has no audio tower)",
+                            names_gemma(cfg->name) ? "" : "Gemma 3 model ", cfg->name);
     GM_TRY(gm_lora_config_validate(&o->lora, cfg, err));
     /* before the trainer's layout multiplies batch x max_length into byte counts */
     GM_TRY(gm_plan_check_size(cfg, o, inputs, err));
+    /* images: the trainer reserves the tower for the images of one micro-batch */
+    gm_train_opts ov = *o;
+    GM_TRY(gm_plan_max_images(cfg, o, inputs, &ov.max_images, err));
     /* the trainer's own layout, on measuring arenas: adapters, gradients, optimizer state,
      * activations, transients, workspace, and the re-encoded base weights when not aliased */
     gm_train_plan_info tp;
-    GM_TRY(gm_train_plan(cfg, o, stored, stored_embed, &tp, err));
+    GM_TRY(gm_train_plan(cfg, &ov, stored, stored_embed, &tp, err));
     memcpy(out->by_kind, tp.by_kind, sizeof tp.by_kind);
     /* base weights read in place from the file (memory-mapped pages become resident): the
      * embedding / LM head and norms always, the linear weights when trained on as stored */
@@ -117,8 +176,18 @@ gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtyp
     out->n_params = gm_config_n_params(cfg);
     out->n_trainable = tp.n_trainable;
     out->by_kind[GM_MEM_TRANSIENT] += gm_plan_checkpoint_bytes(out->n_trainable);
+    /* the tower's share as an item of its own: the same layout the trainer ran (so its arena part
+     * comes out of the items exactly), plus its weights read in place, which the trainer's
+     * arenas do not hold */
+    if (ov.max_images > 0) {
+        GM_TRY(gm_plan_vision(cfg, &ov, ov.max_images, ov.n_threads, stored, &out->vision, err));
+        for (int k = 0; k < GM_MEM_KIND_COUNT; k++) {
+            GM_ASSERT(out->by_kind[k] >= out->vision.by_kind[k]);
+            out->by_kind[k] -= out->vision.by_kind[k];
+        }
+    }
     out->runtime = gm_plan_runtime_bytes(cfg);
-    out->total = out->runtime;
+    out->total = out->runtime + out->vision.total;
     for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->total += out->by_kind[k];
     out->exact = true;
     return GM_OK;
@@ -137,6 +206,14 @@ void gm_plan_format(const gm_plan *p, char *buf, size_t cap) {
         if (k == GM_MEM_WEIGHTS && p->base_detail[0]) PUT("   (%s)", p->base_detail);
         PUT("\n");
     }
+    if (p->vision.total > 0) {
+        const gm_plan_tower *v = &p->vision;
+        PUT("  %-18s %10.1f MiB   (%lld image%s per micro-batch: weights %s %.1f MiB (memory-mapped), activations %.1f MiB, "
+            "pixel staging %.1f MiB)\n",
+            "vision tower", (double)v->total / 1048576.0, (long long)v->max_images, v->max_images == 1 ? "" : "s",
+            gm_dtype_name(v->stored), (double)v->weights / 1048576.0, (double)v->activations / 1048576.0,
+            (double)v->staging / 1048576.0);
+    }
     PUT("  %-18s %10.1f MiB   (code, libraries, tokenizer, BLAS buffers)\n", "runtime", (double)p->runtime / 1048576.0);
     PUT("  %-18s %10.1f MiB   (%.2f GiB)%s\n", "total", (double)p->total / 1048576.0, (double)p->total / 1073741824.0,
         p->exact ? "" : "   estimate");
@@ -153,9 +230,12 @@ gm_status gm_plan_fit(const gm_config *cfg, gm_train_opts *o, gm_dtype stored, g
     size_t first = p->total;
     if (!f.checkpointing) f.checkpointing = true;
     GM_TRY(gm_plan_training(cfg, &f, stored, stored_embed, inputs, p, err));
+    /* max_images is per micro-batch (images per example x batch): it shrinks with the batch */
+    int64_t per_example = f.max_images > 0 && f.max_images % f.batch == 0 ? f.max_images / f.batch : 0;
     while (p->total > limit && f.batch > 1) {
         f.batch /= 2;
         f.grad_accum *= 2;
+        if (per_example > 0) f.max_images = per_example * f.batch;
         GM_TRY(gm_plan_training(cfg, &f, stored, stored_embed, inputs, p, err));
     }
     if (p->total > limit) {

@@ -13,7 +13,9 @@
  * double-wide and mixture-of-experts FFNs, vision and audio towers) and says it is an estimate.
  *
  * Items (gm_mem_kind): base weights, adapters, gradients, optimizer state, saved activations,
- * largest transient (attention scores, LM-head logits chunk), workspace, plus `runtime`.
+ * largest transient (attention scores, LM-head logits chunk), workspace, plus `runtime`, and for a
+ * Gemma 3 run with images `vision tower` (gm_plan_tower: the tower's weights, its forward buffers
+ * for the images of a micro-batch and their pixel staging, taken out of the other items).
  * Peak = their sum: every item is allocated once and lives for the whole run (DESIGN.md §7).
  *
  * Ownership: plain value structs. Errors: GM_ERR_INVALID for impossible options (as the
@@ -43,10 +45,27 @@ typedef struct gm_plan_inputs {
     double audio_seconds;    /* seconds of audio per example */
 } gm_plan_inputs;
 
+/* The vision tower's share of a Gemma 3 run with images (gm_plan_vision): the SigLIP tower and
+ * projector as the trainer holds them - frozen, as stored, run forward on up to max_images images
+ * per micro-batch (core/model/gm_vision.c, whose own layout sizes every buffer here). */
+typedef struct gm_plan_tower {
+    int64_t max_images;      /* images per micro-batch it is sized for; 0: the run has no images */
+    gm_dtype stored;         /* the dtype its matrices are stored in (read in place) */
+    size_t weights;          /* tower + projector: matrices as stored (memory-mapped pages, resident
+                                once read), LayerNorm / bias vectors and the projector in f32 */
+    size_t activations;      /* its forward on max_images images: the patches, one layer's buffers,
+                                the attention scratch, pooled / normed / projected soft tokens */
+    size_t staging;          /* host staging: the images' patches before they are copied over */
+    size_t by_kind[GM_MEM_KIND_COUNT]; /* what of the above the run's arenas hold, by kind (the
+                                trainer's layout counts it in its items; the plan moves it here) */
+    size_t total;            /* weights + activations + staging */
+} gm_plan_tower;
+
 typedef struct gm_plan {
-    size_t by_kind[GM_MEM_KIND_COUNT];
+    size_t by_kind[GM_MEM_KIND_COUNT]; /* the items, the vision tower's share taken out */
+    gm_plan_tower vision;    /* the vision tower (Gemma 3 with images), a separate item */
     size_t runtime;          /* process: code, libraries, tokenizer, BLAS buffers */
-    size_t total;
+    size_t total;            /* runtime + the items + vision.total */
     bool exact;              /* true: the trainer's own layout (Gemma 3); false: an estimate */
     int64_t n_params;        /* base model parameters */
     int64_t n_trainable;     /* LoRA parameters */
@@ -56,9 +75,31 @@ typedef struct gm_plan {
 
 /* Plans a training run. `stored` is the stored dtype of the linear weights (for quant "stored"
  * and to size memory-mapped weights): GM_BF16 for Hugging Face checkpoints, the dominant GGUF
- * type otherwise. inputs may be NULL (text only). */
+ * type otherwise. inputs may be NULL (text only). Images on a Gemma 3 model with a vision tower
+ * (a multimodal size or checkpoint): the trainer's tower for gm_plan_max_images images per
+ * micro-batch, itemized as out->vision; a text-only run plans no tower, as the trainer
+ * allocates none. GM_ERR_UNSUPPORTED for images on a model without a tower or audio on Gemma 3. */
 gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
                            const gm_plan_inputs *inputs, gm_plan *out, gm_error *err);
+
+/* Images per micro-batch a Gemma 3 run reserves its vision tower for (gm_train_opts.max_images):
+ * the options' own max_images (the runner sets it: the most images one example has x batch) or
+ * inputs->images x batch, whichever is larger; 0 without images. For Gemma 3, max_length counts
+ * every position, each image's soft tokens and two markers included (the data set places them
+ * inside it): GM_ERR_INVALID when inputs->images of them leave no position for text, or when
+ * the model has no vision tower. */
+gm_status gm_plan_max_images(const gm_config *cfg, const gm_train_opts *o, const gm_plan_inputs *inputs, int64_t *out,
+                             gm_error *err);
+
+/* The vision tower's share of a Gemma 3 run (multimodal cfg) for max_images images per
+ * micro-batch with n_threads threads, its matrices stored as `stored`, training what o's
+ * vision_targets and modules_to_save select (their adapters, gradients, moments and saved
+ * activations are the tower's share too): gm_vision_init_train and gm_vision_layout - the
+ * functions the trainer reserves the tower with - on measuring arenas, plus the weights it reads
+ * in place. Errors: gm_config_vision_tower's (no or an inconsistent
+ * tower). */
+gm_status gm_plan_vision(const gm_config *cfg, const gm_train_opts *o, int64_t max_images, int n_threads, gm_dtype stored,
+                         gm_plan_tower *out, gm_error *err);
 
 /* The config of a model argument without loading weights: a built-in size name (unless it is
  * also a fetched model in the cache), a GGUF file (header only), a Hugging Face folder or its
@@ -77,7 +118,8 @@ size_t gm_plan_runtime_bytes(const gm_config *cfg);
 /* memory_limit with fit (issue: never run out of memory mid-run): if the plan exceeds `limit`
  * bytes, turn on activation checkpointing, then halve the batch and double the gradient
  * accumulation (same effective batch) until the plan fits. On success *o holds the chosen
- * options, *p their plan and `chosen` says what changed ("" if nothing had to); GM_ERR_LIMIT
+ * options (max_images, images per micro-batch, shrinks with the batch), *p their plan and
+ * `chosen` says what changed ("" if nothing had to); GM_ERR_LIMIT
  * (with the smallest plan reached and what else would help) when even batch 1 with
  * checkpointing does not fit. */
 gm_status gm_plan_fit(const gm_config *cfg, gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,

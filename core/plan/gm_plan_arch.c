@@ -33,10 +33,15 @@
 /* Patch vector of the Gemma 4 vision encoder: 16 x 16 pixels x 3 channels (§4.5). */
 #define G4_PATCH_VEC 768
 
+/* Whether the images' soft tokens come on top of max_length: for Gemma 3, whose trainer gemmarun
+ * has, max_length counts every position (the data set places each image's soft tokens and
+ * markers inside it, gm_plan_max_images); for the others it counts text (gm_plan_arch.h). */
+static bool images_add_positions(const gm_config *c) { return c->arch != GM_ARCH_GEMMA3; }
+
 int64_t gm_plan_sequence_length(const gm_config *c, int64_t max_length, const gm_plan_inputs *in) {
     int64_t T = max_length;
     if (!in) return T;
-    if (in->images > 0 && c->vision.tokens > 0) T += in->images * (c->vision.tokens + 2);
+    if (in->images > 0 && c->vision.tokens > 0 && images_add_positions(c)) T += in->images * (c->vision.tokens + 2);
     if (in->audio_seconds > 0 && c->audio.tokens_per_s > 0) {
         int64_t clips = (int64_t)ceil(in->audio_seconds / AUDIO_CLIP_S);
         int64_t tok = c->arch == GM_ARCH_GEMMA3N ? clips * G3N_AUDIO_TOKENS_PER_CLIP
@@ -71,7 +76,7 @@ static double matrix_bytes(gm_quant q, gm_dtype stored, int64_t N, int64_t K) {
 static int64_t g4_vision_ffn(const gm_config *c) { return c->vision.hidden_size == 1152 ? 4304 : 4 * c->vision.hidden_size; }
 
 static int64_t vision_linear_params(const gm_config *c) {
-    if (c->vision.params <= 0) return 0;
+    if (c->vision.params <= 0 || c->arch == GM_ARCH_GEMMA3) return 0;
     int64_t C = c->hidden_size, dv = c->vision.hidden_size;
     if (c->arch == GM_ARCH_GEMMA3N) return 2048 * C; /* only the embedder: MobileNet-V5 is Conv2d */
     return c->vision.n_layers * (4 * dv * dv + 3 * dv * g4_vision_ffn(c)) + G4_PATCH_VEC * dv + dv * C;
@@ -130,7 +135,8 @@ static extra_bytes extra_weights(const gm_config *c, gm_quant q, gm_dtype stored
     b.other = other > 0 ? other : 0.0;
     /* towers: Linear layers in format q (bitsandbytes quantizes every nn.Linear), the rest as stored */
     int64_t vl = vision_linear_params(c), al = audio_linear_params(c);
-    if (c->vision.params > 0) {
+    /* Gemma 3's SigLIP tower: gm_plan_vision's item, only in a run with images (below) */
+    if (c->vision.params > 0 && c->arch != GM_ARCH_GEMMA3) {
         int64_t dv = c->vision.hidden_size > 0 ? c->vision.hidden_size : 1;
         b.vision = matrix_bytes(q, stored, dv, vl / dv) + elem_bytes(stored_embed, (double)(c->vision.params - vl));
     }
@@ -271,7 +277,8 @@ gm_status gm_plan_check_size(const gm_config *c, const gm_train_opts *o, const g
         if (!(in->audio_seconds >= 0 && in->audio_seconds <= maxpos * AUDIO_CLIP_S))
             return gm_error_set(err, GM_ERR_INVALID, "audio_seconds = %g: must be in 0..%.0f (each %.0f s clip takes positions "
                                 "of the model's max_position_embeddings)", in->audio_seconds, maxpos * AUDIO_CLIP_S, AUDIO_CLIP_S);
-        if (in->images > 0 && c->vision.tokens > 0) T += (double)in->images * ((double)c->vision.tokens + 2);
+        if (in->images > 0 && c->vision.tokens > 0 && images_add_positions(c))
+            T += (double)in->images * ((double)c->vision.tokens + 2);
         if (in->audio_seconds > 0 && c->audio.tokens_per_s > 0) {
             double clips = ceil(in->audio_seconds / AUDIO_CLIP_S);
             T += (c->arch == GM_ARCH_GEMMA3N ? clips * G3N_AUDIO_TOKENS_PER_CLIP : ceil(in->audio_seconds * c->audio.tokens_per_s)) +
@@ -338,11 +345,15 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
     int64_t A = c->altup_inputs > 1 ? c->altup_inputs : 1;
     int nt = o->n_threads;
 
-    /* the Gemma 3 part: the trainer's own layout, on T = text + soft-token positions */
+    /* the Gemma 3 part: the trainer's own layout, on T = text + soft-token positions; a Gemma 3
+     * config with images also gets the trainer's SigLIP tower (gm_plan_vision's item below) */
+    bool g3_tower = c->arch == GM_ARCH_GEMMA3;
     gm_config g3 = *c;
     g3.arch = GM_ARCH_GEMMA3;
     gm_train_opts o3 = *o;
     o3.max_length = T;
+    o3.max_images = 0;
+    if (g3_tower) GM_TRY(gm_plan_max_images(c, o, in, &o3.max_images, err));
     gm_train_plan_info tp;
     GM_TRY(gm_train_plan(&g3, &o3, stored, stored_embed, &tp, err));
 
@@ -423,7 +434,8 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
     if (scratch > tp.scratch_floats) F32(scratch - tp.scratch_floats, GM_MEM_TRANSIENT);
     /* frozen towers, forward only, one item at a time (counted apart from the decoder's scratch,
      * as the trainer reserves every buffer for the whole run) */
-    bool vis = in && in->images > 0 && c->vision.params > 0, aud = in && in->audio_seconds > 0 && c->audio.params > 0;
+    bool vis = in && in->images > 0 && c->vision.params > 0 && !g3_tower;
+    bool aud = in && in->audio_seconds > 0 && c->audio.params > 0;
     if (vis) F32(vision_forward_floats(c, nt), GM_MEM_TRANSIENT);
     if (aud) F32(audio_forward_floats(c, in->audio_seconds), GM_MEM_TRANSIENT);
 #undef F32
@@ -446,8 +458,13 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
 
     out->n_trainable = tp.n_trainable;
     out->by_kind[GM_MEM_TRANSIENT] += gm_plan_checkpoint_bytes(out->n_trainable);
+    /* Gemma 3's tower: the part's layout reserved it; the same item as gm_plan_training's */
+    if (o3.max_images > 0) {
+        GM_TRY(gm_plan_vision(c, &o3, o3.max_images, nt, stored, &out->vision, err));
+        for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->by_kind[k] -= out->vision.by_kind[k];
+    }
     out->runtime = gm_plan_runtime_bytes(c);
-    out->total = out->runtime;
+    out->total = out->runtime + out->vision.total;
     for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->total += out->by_kind[k];
     out->exact = false;
     out->n_params = gm_config_n_params(c);

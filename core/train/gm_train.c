@@ -249,6 +249,12 @@ const gm_opt_spec *gm_train_opt_closest(const char *name) {
     return bd <= limit ? best : NULL;
 }
 
+gm_vision_train gm_train_vision_selection(const gm_train_opts *o, gm_lora_config *vl) {
+    *vl = o->lora;
+    snprintf(vl->targets, sizeof vl->targets, "%s", o->vision_targets);
+    return (gm_vision_train){.lora = strcmp(o->vision_targets, "none") != 0 ? vl : NULL, .projector = o->train_projector};
+}
+
 gm_train_opts gm_train_opts_default(void) {
     gm_train_opts o;
     memset(&o, 0, sizeof o);
@@ -301,14 +307,8 @@ static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, g
             return gm_error_set(err, GM_ERR_INVALID, "%s: the data has images, but the model has no vision tower\n"
                                 "  hint: use a multimodal checkpoint (Gemma3ForConditionalGeneration, e.g. gemma-3-4b)",
                                 tr->m->path);
-        if (c->vision.hidden_size <= 0) /* a plan from a built-in size */
-            return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: the built-in sizes do not describe the vision tower yet, so a run "
-                                "with images cannot be planned from the name; give the checkpoint folder (its config.json "
-                                "has the tower)", c->name);
-        gm_lora_config vl = tr->o.lora;
-        snprintf(vl.targets, sizeof vl.targets, "%s", tr->o.vision_targets);
-        gm_vision_train vt = {.lora = strcmp(tr->o.vision_targets, "none") != 0 ? &vl : NULL,
-                              .projector = tr->o.train_projector};
+        gm_lora_config vl;
+        gm_vision_train vt = gm_train_vision_selection(&tr->o, &vl);
         GM_TRY(gm_vision_init_train(&tr->vis, c, tr->m ? tr->m->vision : NULL, tr->o.max_images, &vt, tr->o.checkpointing,
                                     tr->o.n_threads, tr->be, err));
         tr->has_vis = true;

@@ -42,6 +42,7 @@
 #include "gm_model.h"
 #include "gm_quant.h"
 #include "gm_status.h"
+#include "gm_vision.h"
 
 #include <stdbool.h>
 #include <stdint.h>
@@ -86,6 +87,11 @@ typedef struct gm_train_opts {
     bool train_projector;    /* modules_to_save = "multi_modal_projector": the projector learns */
     int n_threads;
 } gm_train_opts;
+
+/* What of the image path o trains (vision_targets, modules_to_save), for gm_vision_init_train:
+ * the tower's LoRA config goes into *vl (o's rank, alpha, dropout and seed, with vision_targets
+ * as its targets), which must outlive the use of the result. */
+gm_vision_train gm_train_vision_selection(const gm_train_opts *o, gm_lora_config *vl);
 
 /* The defaults of the schema (gm_train_opts.def), plus seed 0, 2 threads, total_steps 1. */
 gm_train_opts gm_train_opts_default(void);

@@ -43,6 +43,20 @@ expect_run "plan: memory_limit out of range" 2 "bad value for memory_limit: 1e30
 expect_run "plan: largest batch still plans" 0 "batch 65536 x accumulation 65536" -- "$GM" plan gemma3-270m batch=65536 grad_accum=65536 max_length=32768
 expect_run "plan: small memory_limit in its unit" 1 "memory_limit 1\.00 KiB: does NOT fit" -- "$GM" plan gemma3-270m memory_limit=1KiB
 expect_run "plan: image inputs on a text model" 2 "error: Gemma 3 270m takes no image inputs" -- "$GM" plan gemma3-270m images=1
+expect_run "plan: image inputs on the 1B (text only): no tower" 2 "error: gemma3-1b takes no image inputs: it has no vision tower" -- \
+  "$GM" plan gemma3-1b images=1
+expect_run "plan: images that leave no room for text in max_length" 2 \
+  "max_length = 512 leaves no room for text beside 2 images \(256 soft tokens \+ 2 markers each = 516 positions" -- \
+  "$GM" plan gemma3-4b images=2 max_length=512
+# a multimodal size plans images from its name: the tower's share is a line of its own (weights,
+# activations for the micro-batch's images, pixel staging); without images there is no such line
+expect_run "plan: gemma3-4b with an image itemizes the vision tower" 0 \
+  "4\.30B parameters.*images per example: 1.*  vision tower +[0-9.]+ MiB +\(4 images per micro-batch: weights bf16 807\.1 MiB \(memory-mapped\), activations [0-9.]+ MiB, pixel staging 36\.9 MiB\).*total" -- \
+  "$GM" plan gemma3-4b images=1 batch=4 max_length=512 rank=64 alpha=64 quant=nf4
+expect_run "plan: gemma3-27b with an image" 0 "vision tower +[0-9.]+ MiB +\(2 images per micro-batch" -- \
+  "$GM" plan gemma3-27b images=1 batch=2 max_length=512 quant=nf4
+expect_run "plan: gemma3-4b text only has no tower line" 0 "4\.30B parameters.*total.*no tower line" -- bash -c \
+  "out=\$('$GM' plan gemma3-4b batch=4 max_length=512 quant=nf4 2>&1); rc=\$?; echo \"\$out\"; printf '%s\n' \"\$out\" | grep -q 'vision tower' || echo 'no tower line'; exit \$rc"
 # the core's reason follows on its own indented line, with no whitespace-only line before it
 expect_run "plan: bad quant, no blank line" 2 "bad value for quant: nf5 \(expected stored, gguf, f32, bf16, nf4, int8\).no blank line" -- bash -c \
   "out=\$('$GM' plan gemma3-270m quant=nf5 2>&1); rc=\$?; echo \"\$out\"; printf '%s\n' \"\$out\" | grep -q '^[[:space:]]*\$' || echo 'no blank line'; exit \$rc"

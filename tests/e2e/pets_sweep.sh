@@ -34,6 +34,11 @@ export PETS_ROOT=pets GEMMA_MODEL="$SRC/tests/ref/tiny_gemma3_vision_chat"
 SET=(--set rank=4 --set alpha=8 --set lr=1e-2 --set quant=bf16 --set max_length=96 --set seeds=1)
 expect_run "pets_sweep.lua --dry-run: 37 breeds, whole-label scoring, the plan" 0 \
   "whole label.*data: 37 training and 5 test examples.*trial  1 .*plan .*images [0-9.]+ MiB" -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}" --dry-run
+# the file as shipped names the built-in size gemma3-4b: its dry run plans every trial from the name,
+# the SigLIP tower's share itemized (weights, activations of 4 images, pixel staging)
+expect_run "pets_sweep.lua --dry-run from the gemma3-4b size: the vision tower in every plan" 0 \
+  "96 trials.*model gemma3-4b.*trial  1 .*plan .*vision tower [0-9.]+ GiB.*images [0-9.]+ MiB.*trial 96 .*vision tower" -- \
+  env GEMMA_MODEL=gemma3-4b "$GM" "$SRC/experiments/pets_sweep.lua" --dry-run
 expect_run "pets_sweep.lua: baseline, training, final accuracy, the table" 0 \
   "baseline accuracy.*final accuracy.*pets_sweep: accuracy.*written: results/pets_sweep.md.*results/pets_sweep_confusion_1_final\.png" -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"
 # the trial's confusion matrices, baseline and final, drawn: a PNG (signature, ends in IEND), a

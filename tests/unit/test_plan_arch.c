@@ -1,11 +1,14 @@
 /*
  * test_plan_arch.c - the Gemma 3n / Gemma 4 presets and the memory estimator (core/plan/gm_plan_arch.c).
  *
- * Checks: (1) the presets' shapes (layer pattern, KV-sharing sources, double-wide FFN) and their
- * parameter totals against published figures (docs/memory.md lists the sources); (2) the
- * estimator run on Gemma 3 configs reproduces the trainer's own plan item by item (that is what
- * validates its accounting); (3) monotonicity: longer sequences, larger batches, images and no
- * checkpointing cost more; nf4 weighs less than bf16; (4) LoRA counts on KV-shared and k_eq_v layers.
+ * Checks: (1) the presets' shapes (layer pattern, KV-sharing sources, double-wide FFN, the
+ * multimodal Gemma 3 sizes' SigLIP tower) and their parameter totals against published figures
+ * (docs/memory.md lists the sources); (2) the estimator run on Gemma 3 configs reproduces the
+ * trainer's own plan item by item, with images too (that is what validates its accounting); (3)
+ * a Gemma 3 plan with images from a size name: the tower's share is an item of its own and
+ * everything else is the text-only plan; (4) monotonicity: longer sequences, larger batches, images
+ * and no checkpointing cost more; nf4 weighs less than bf16; (5) LoRA counts on KV-shared and
+ * k_eq_v layers.
  *
  * `test_plan_arch --table` prints the plans of docs/memory.md "The seeds' cases" instead.
  */
@@ -122,16 +125,65 @@ static void test_param_totals(void) {
     /* Gemma 3 presets unchanged: 270M = 268,098,176 (embedding 167.8M + 100.3M in the blocks) */
     c = preset("gemma3-270m");
     CHECK(gm_config_n_params(&c) == 268098176, "270m %lld", (long long)gm_config_n_params(&c));
+
+    /* The multimodal Gemma 3 sizes with their SigLIP tower and projector: the Hub's safetensors
+     * metadata of google/gemma-3-{4b,12b,27b}-it (4,300,079,472 / 12,187,325,040 /
+     * 27,432,406,640), exactly, and the model cards' rounded 4.3B / 12.2B / 27.4B within the
+     * published-figure tolerance; the tower alone (without the projector) is the 416,866,032 that
+     * transformers reports for Gemma3Model.vision_tower (docs/memory.md, "Parameter counts") */
+    static const struct { const char *name; int64_t exact; double rounded; } mm[] = {
+        {"gemma3-4b", 4300079472LL, 4.3e9}, {"gemma3-12b", 12187325040LL, 12.2e9}, {"gemma3-27b", 27432406640LL, 27.4e9}};
+    for (size_t i = 0; i < sizeof mm / sizeof mm[0]; i++) {
+        c = preset(mm[i].name);
+        int64_t n = gm_config_n_params(&c);
+        CHECK(n == mm[i].exact, "%s: %lld parameters, the checkpoint has %lld", mm[i].name, (long long)n,
+              (long long)mm[i].exact);
+        CHECK(rel((double)n, mm[i].rounded) <= TOL_PARAMS_PUBLISHED_REL, "%s: %lld vs %.1fB", mm[i].name, (long long)n,
+              mm[i].rounded / 1e9);
+        int64_t projector = 1152 + 1152 * c.hidden_size; /* mm_soft_emb_norm + mm_input_projection_weight */
+        CHECK(c.vision.params - projector == 416866032, "%s: vision tower %lld", mm[i].name,
+              (long long)(c.vision.params - projector));
+    }
+    /* the two text-only sizes stay without a tower (1B: 999,885,952 on the Hub) */
+    c = preset("gemma3-1b");
+    CHECK(gm_config_n_params(&c) == 999885952 && c.vision.params == 0 && c.vision.hidden_size == 0, "1b %lld, no tower",
+          (long long)gm_config_n_params(&c));
+}
+
+/* The multimodal Gemma 3 sizes' tower, field by field: SigLIP So400m as transformers' converter
+ * configures it (_VISION_CONFIG) and Gemma3Config's token ids (gemma_architecture.md §2.1-2.4),
+ * and gm_config_vision_tower accepts it (the config the tower's graph runs on). */
+static void test_gemma3_towers(void) {
+    const char *names[] = {"gemma3-4b", "gemma3-12b", "gemma3-27b"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        gm_config c = preset(names[i]), t;
+        const gm_vision_config *v = &c.vision;
+        CHECK(v->hidden_size == 1152 && v->n_layers == 27 && v->n_heads == 16 && v->intermediate_size == 4304 &&
+                  v->image_size == 896 && v->patch_size == 14 && v->patches == 4096 && v->tokens == 256 &&
+                  v->layer_norm_eps == 1e-6f && v->out_hidden_size == c.hidden_size,
+              "%s: SigLIP shape", names[i]);
+        CHECK(v->image_token_id == 262144 && v->boi_id == 255999 && v->eoi_id == 256000, "%s: image token ids", names[i]);
+        gm_error err;
+        CHECK_OK(gm_config_vision_tower(&c, &t, &err), &err);
+        CHECK(t.head_dim == 72 && t.vocab_size == 4096 && t.n_layers == 27, "%s: tower config (head_dim %lld)", names[i],
+              (long long)t.head_dim);
+    }
+    const char *text_only[] = {"gemma3-270m", "gemma3-1b"};
+    for (size_t i = 0; i < 2; i++) {
+        gm_config c = preset(text_only[i]);
+        CHECK(c.vision.hidden_size == 0 && c.vision.tokens == 0 && c.vision.params == 0, "%s: text only", text_only[i]);
+    }
 }
 
 /* ---- Gemma 3 through the estimator vs the trainer ---------------------------------------- */
 
-static void compare_with_trainer(const char *name, gm_train_opts o, gm_dtype stored, gm_dtype stored_embed) {
+static void compare_with_trainer_in(const char *name, gm_train_opts o, gm_dtype stored, gm_dtype stored_embed,
+                                    const gm_plan_inputs *in) {
     gm_config c = preset(name);
     gm_plan est, exact;
     gm_error err;
-    CHECK_OK(gm_plan_estimate(&c, &o, stored, stored_embed, NULL, &est, &err), &err);
-    CHECK_OK(gm_plan_training(&c, &o, stored, stored_embed, NULL, &exact, &err), &err);
+    CHECK_OK(gm_plan_estimate(&c, &o, stored, stored_embed, in, &est, &err), &err);
+    CHECK_OK(gm_plan_training(&c, &o, stored, stored_embed, in, &exact, &err), &err);
     CHECK(!est.exact && exact.exact, "exact flags");
     for (int k = 0; k < GM_MEM_KIND_COUNT; k++) {
         double a = (double)est.by_kind[k], b = (double)exact.by_kind[k];
@@ -139,10 +191,20 @@ static void compare_with_trainer(const char *name, gm_train_opts o, gm_dtype sto
               name, (long long)o.max_length, (long long)o.batch, o.checkpointing, gm_quant_name(o.quant), o.lora.rank,
               gm_mem_kind_name((gm_mem_kind)k), a, b);
     }
+    /* the vision tower's item (a run with images): weights, activations, pixel staging */
+    const size_t ev[] = {est.vision.weights, est.vision.activations, est.vision.staging, est.vision.total};
+    const size_t xv[] = {exact.vision.weights, exact.vision.activations, exact.vision.staging, exact.vision.total};
+    for (int i = 0; i < 4; i++)
+        CHECK(xv[i] == 0 ? ev[i] == 0 : rel((double)ev[i], (double)xv[i]) <= TOL_PLAN_VS_TRAINER_REL,
+              "%s images %lld: vision tower part %d: %zu vs %zu", name, in ? (long long)in->images : 0LL, i, ev[i], xv[i]);
     CHECK(rel((double)est.total, (double)exact.total) <= TOL_PLAN_VS_TRAINER_REL, "%s total %zu vs %zu", name,
           est.total, exact.total);
     CHECK(est.n_trainable == exact.n_trainable, "%s trainable %lld vs %lld", name, (long long)est.n_trainable,
           (long long)exact.n_trainable);
+}
+
+static void compare_with_trainer(const char *name, gm_train_opts o, gm_dtype stored, gm_dtype stored_embed) {
+    compare_with_trainer_in(name, o, stored, stored_embed, NULL);
 }
 
 static void test_gemma3_vs_trainer(void) {
@@ -159,6 +221,91 @@ static void test_gemma3_vs_trainer(void) {
     /* every other layer of the 62 (an explicit list names only layers the model has) */
     for (int l = 0; l < GM_MAX_LAYERS; l++) o.lora.layers[l] = l < 62 && l % 2 == 0;
     compare_with_trainer("gemma3-27b", o, GM_BF16, GM_BF16);
+    /* the multimodal sizes with one image per example at the pets settings (experiments/
+     * pets_sweep.lua: batch 4, max_length 512, rank 64, nf4 and bf16), and two images at 1024 */
+    gm_plan_inputs one = {1, 0.0}, two = {2, 0.0};
+    const char *mm[] = {"gemma3-4b", "gemma3-12b", "gemma3-27b"};
+    for (int i = 0; i < 3; i++) {
+        compare_with_trainer_in(mm[i], opts(64, 512, 4, false, GM_QUANT_NF4), GM_BF16, GM_BF16, &one);
+        compare_with_trainer_in(mm[i], opts(64, 512, 4, true, GM_QUANT_BF16), GM_BF16, GM_BF16, &one);
+    }
+    compare_with_trainer_in("gemma3-4b", opts(16, 1024, 2, false, GM_QUANT_NF4), GM_BF16, GM_BF16, &two);
+}
+
+/* ---- Gemma 3 with images, planned from a size name ---------------------------------------- */
+
+static void test_gemma3_images(void) {
+    gm_error err;
+    gm_plan text, img;
+    gm_plan_inputs one = {1, 0.0};
+    const char *mm[] = {"gemma3-4b", "gemma3-12b", "gemma3-27b"};
+    for (int i = 0; i < 3; i++) {
+        gm_config c = preset(mm[i]);
+        gm_train_opts o = opts(64, 512, 4, false, GM_QUANT_NF4);
+        o.n_threads = 8;
+        CHECK_OK(gm_plan_training(&c, &o, GM_BF16, GM_BF16, NULL, &text, &err), &err);
+        CHECK_OK(gm_plan_training(&c, &o, GM_BF16, GM_BF16, &one, &img, &err), &err);
+        /* text only: the trainer allocates no tower, so the plan has none */
+        CHECK(text.vision.total == 0 && text.vision.max_images == 0, "%s: a text-only plan has no tower", mm[i]);
+        const gm_plan_tower *v = &img.vision;
+        CHECK(img.exact && v->max_images == 4, "%s: tower sized for 1 image x batch 4 (%lld)", mm[i], (long long)v->max_images);
+        /* its weights: the hub's bf16 matrices (read in place) plus what the loader keeps in f32 -
+         * every LayerNorm / bias vector (9 C + F per layer, 2 C post-LN, C patch bias), the
+         * projector's norm (C) and its transposed C x D matrix */
+        int64_t C = c.vision.hidden_size, F = c.vision.intermediate_size;
+        int64_t f32 = c.vision.n_layers * (9 * C + F) + 4 * C + C * c.hidden_size;
+        CHECK(v->weights == (size_t)(2 * (c.vision.params - f32) + 4 * f32), "%s: tower weights %zu vs %lld", mm[i],
+              v->weights, (long long)(2 * (c.vision.params - f32) + 4 * f32));
+        /* pixel staging: 4 images of 4096 patches x 3 x 14 x 14 f32 (= 3 x 896 x 896), and the
+         * tower graph's few int32 per patch (ids, positions, attention ends) */
+        size_t pixels = (size_t)4 * 3 * 896 * 896 * sizeof(float);
+        CHECK(v->staging >= pixels && v->staging <= pixels + (size_t)4 * 4096 * 16, "%s: pixel staging %zu", mm[i],
+              v->staging);
+        CHECK(v->activations > ((size_t)1 << 30) && v->total == v->weights + v->activations + v->staging,
+              "%s: tower activations %zu", mm[i], v->activations);
+        /* everything else is the text-only plan: the tower's share is taken out of the items; the
+         * trainer's only other image buffers are four rows of int32 image indices (workspace) */
+        for (int k = 0; k < GM_MEM_KIND_COUNT; k++) {
+            size_t extra = k == GM_MEM_WORKSPACE ? 4 * (size_t)(4 * 512) * sizeof(int32_t) : 0;
+            CHECK(img.by_kind[k] == text.by_kind[k] + extra, "%s %s: %zu with an image, %zu without", mm[i],
+                  gm_mem_kind_name((gm_mem_kind)k), img.by_kind[k], text.by_kind[k]);
+        }
+        CHECK(img.total == text.total + v->total + 4 * (size_t)(4 * 512) * sizeof(int32_t), "%s: total", mm[i]);
+        char buf[4096];
+        gm_plan_format(&img, buf, sizeof buf);
+        CHECK(strstr(buf, "vision tower") && strstr(buf, "4 images per micro-batch") && strstr(buf, "pixel staging"),
+              "%s: the table itemizes the tower:\n%s", mm[i], buf);
+        gm_plan_format(&text, buf, sizeof buf);
+        CHECK(!strstr(buf, "vision tower"), "%s: no tower line without images", mm[i]);
+    }
+    /* fit trades batch for accumulation: the tower is sized for the smaller micro-batch too */
+    gm_config c = preset("gemma3-4b");
+    gm_train_opts o = opts(64, 512, 4, false, GM_QUANT_NF4);
+    gm_plan p;
+    char chosen[256];
+    size_t limit = (size_t)21 << 29; /* 10.5 GiB: batch 4 with checkpointing needs 11.6 GiB, batch 2 10.0 */
+    CHECK_OK(gm_plan_fit(&c, &o, GM_BF16, GM_BF16, &one, limit, &p, chosen, sizeof chosen, &err), &err);
+    CHECK(o.batch == 2 && o.grad_accum == 2 && p.vision.max_images == 2 && p.total <= limit, "fit: batch %lld, tower for %lld",
+          (long long)o.batch, (long long)p.vision.max_images);
+    /* the runner passes max_images (images per example x batch) in the options: fit shrinks it */
+    o = opts(64, 512, 4, false, GM_QUANT_NF4);
+    o.max_images = 4;
+    CHECK_OK(gm_plan_fit(&c, &o, GM_BF16, GM_BF16, NULL, limit, &p, chosen, sizeof chosen, &err), &err);
+    CHECK(o.batch == 2 && o.max_images == 2 && p.vision.max_images == 2, "fit with max_images: batch %lld, %lld images",
+          (long long)o.batch, (long long)o.max_images);
+    /* the runner's way (max_images in the options, no inputs) plans the same tower */
+    o = opts(64, 512, 4, false, GM_QUANT_NF4);
+    o.max_images = 4;
+    CHECK_OK(gm_plan_training(&c, &o, GM_BF16, GM_BF16, NULL, &p, &err), &err);
+    CHECK(p.vision.max_images == 4 && p.vision.total > 0, "max_images in the options");
+    /* refused: a text-only size, and images that leave no room for text in max_length */
+    gm_config t = preset("gemma3-1b");
+    o = opts(16, 512, 1, false, GM_QUANT_NF4);
+    CHECK(gm_plan_training(&t, &o, GM_BF16, GM_BF16, &one, &p, &err) == GM_ERR_UNSUPPORTED &&
+              strstr(err.msg, "no vision tower"), "1b with an image: %s", err.msg);
+    gm_plan_inputs two = {2, 0.0};
+    CHECK(gm_plan_training(&c, &o, GM_BF16, GM_BF16, &two, &p, &err) == GM_ERR_INVALID &&
+              strstr(err.msg, "516 positions"), "two images in 512: %s", err.msg);
 }
 
 /* ---- monotonicity and scaling ------------------------------------------------------------- */
@@ -381,7 +528,9 @@ int main(int argc, char **argv) {
     }
     test_presets();
     test_param_totals();
+    test_gemma3_towers();
     test_gemma3_vs_trainer();
+    test_gemma3_images();
     test_monotonic("gemma3n-e2b");
     test_monotonic("gemma4-e4b");
     test_monotonic("gemma4-31b");
