@@ -620,6 +620,8 @@ static int cmd_plan(int argc, char **argv) {
            (long long)o.grad_accum, (long long)o.max_length, o.checkpointing ? "on" : "off", o.n_threads,
            o.n_threads == 1 ? "" : "s");
     if (in.images) printf("images per example: %lld\n", (long long)in.images);
+    if (in.images && (strcmp(o.vision_targets, "none") != 0 || o.train_projector))
+        printf("vision tower: LoRA on %s%s\n", o.vision_targets, o.train_projector ? ", the projector trained (modules_to_save)" : "");
     if (in.audio_seconds > 0) printf("audio per example: %.1f s\n", in.audio_seconds);
     char table[4096];
     gm_plan_format(&p, table, sizeof table);

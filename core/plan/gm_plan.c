@@ -138,9 +138,10 @@ gm_status gm_plan_vision(const gm_config *cfg, const gm_train_opts *o, int64_t m
         /* read in place on a host-visible backend (the plan's): the model's memory-mapped pages
          * and its f32 vectors, which a text-only run never touches */
         out->weights = v.w.alias_bytes + a.by_kind[GM_MEM_WEIGHTS];
-        out->activations = a.used - a.by_kind[GM_MEM_WEIGHTS];
+        out->trained = a.by_kind[GM_MEM_ADAPTERS] + a.by_kind[GM_MEM_GRADS] + a.by_kind[GM_MEM_OPTIMIZER];
+        out->activations = a.used - a.by_kind[GM_MEM_WEIGHTS] - out->trained;
         out->staging = h.used;
-        out->total = out->weights + out->activations + out->staging;
+        out->total = out->weights + out->trained + out->activations + out->staging;
     }
     gm_vision_release(&v);
     gm_arena_free(&a);
@@ -208,10 +209,13 @@ void gm_plan_format(const gm_plan *p, char *buf, size_t cap) {
     }
     if (p->vision.total > 0) {
         const gm_plan_tower *v = &p->vision;
-        PUT("  %-18s %10.1f MiB   (%lld image%s per micro-batch: weights %s %.1f MiB (memory-mapped), activations %.1f MiB, "
+        char tr[96] = "";
+        if (v->trained > 0)
+            snprintf(tr, sizeof tr, ", trained with gradients and optimizer state %.1f MiB", (double)v->trained / 1048576.0);
+        PUT("  %-18s %10.1f MiB   (%lld image%s per micro-batch: weights %s %.1f MiB (memory-mapped)%s, activations %.1f MiB, "
             "pixel staging %.1f MiB)\n",
             "vision tower", (double)v->total / 1048576.0, (long long)v->max_images, v->max_images == 1 ? "" : "s",
-            gm_dtype_name(v->stored), (double)v->weights / 1048576.0, (double)v->activations / 1048576.0,
+            gm_dtype_name(v->stored), (double)v->weights / 1048576.0, tr, (double)v->activations / 1048576.0,
             (double)v->staging / 1048576.0);
     }
     PUT("  %-18s %10.1f MiB   (code, libraries, tokenizer, BLAS buffers)\n", "runtime", (double)p->runtime / 1048576.0);

@@ -56,9 +56,12 @@ typedef struct gm_plan_tower {
     size_t activations;      /* its forward on max_images images: the patches, one layer's buffers,
                                 the attention scratch, pooled / normed / projected soft tokens */
     size_t staging;          /* host staging: the images' patches before they are copied over */
+    size_t trained;          /* what of it trains (vision_targets, modules_to_save): the tower's
+                                adapters, a trained projector's copy, their gradients and AdamW
+                                moments; 0 when frozen (not part of activations) */
     size_t by_kind[GM_MEM_KIND_COUNT]; /* what of the above the run's arenas hold, by kind (the
                                 trainer's layout counts it in its items; the plan moves it here) */
-    size_t total;            /* weights + activations + staging */
+    size_t total;            /* weights + trained + activations + staging */
 } gm_plan_tower;
 
 typedef struct gm_plan {
