@@ -30,6 +30,14 @@ projector, the tiny Gemma 3 text decoder of make_ref.py) and what transformers c
                   predicts t + 1); loss (mean over the 14 supervised predictions), and for every
                   adapted module
                   "layers.<l>.<module>" its A, B and their gradients (A_grad, B_grad)
+        /lora_vt  the same batch with PEFT LoRA (r 4, alpha 8; A, B drawn as /lora's from
+                  SEED_LORA + 1) on the language model's q_proj, v_proj, down_proj and on every
+                  linear of the tower (q/k/v/out_proj, fc1, fc2: "vision.layers.<l>.<module>"), and
+                  modules_to_save = ["multi_modal_projector"] (the projector trained fully):
+                  loss, A, B and gradients, the projector's gradients
+                  ("projector.mm_input_projection_weight_grad", "projector.mm_soft_emb_norm.weight_
+                  grad"), and attribute peft_keys: get_peft_model_state_dict's keys, one a line
+                  (the names PEFT saves the adapter under)
 
 Tiny config: text = make_ref.py's TINY_COMMON (vocab 512, hidden 64, 6 layers, 5 sliding + 1 full,
 sliding window 4, 4 heads / 2 kv heads, head_dim 16); vision: image 56, patch 14 (4 x 4 = 16
@@ -152,6 +160,25 @@ def renamed(k, rules):
     return k
 
 
+def random_lora(pm, seed):
+    """Random A ~ U(-0.5, 0.5) and B ~ N(0, 0.1^2) (a nonzero B, so every gradient is nonzero) on the
+    LoRA tensors of PEFT model pm, drawn in state-dict order; returns {PEFT key: live parameter}."""
+    named = dict(pm.named_parameters())
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    with torch.no_grad():
+        for k in peft.get_peft_model_state_dict(pm):
+            if ".lora_" not in k:
+                continue
+            live = named[k.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")]
+            if ".lora_A." in k:
+                live.copy_(torch.rand(live.shape, generator=g) - 0.5)
+            else:
+                live.copy_(torch.randn(live.shape, generator=g) * 0.1)
+            out[k] = live
+    return out
+
+
 def image_block(n):
     return [BOI] + [IMG] * n + [EOI]
 
@@ -219,18 +246,7 @@ def main():
                            target_modules=r".*language_model.*\.(q_proj|k_proj|v_proj|o_proj|gate_proj|up_proj|down_proj)")
     pm = peft.get_peft_model(model, lcfg)
     pm.train()
-    sd_keys = list(peft.get_peft_model_state_dict(pm).keys())
-    named = dict(pm.named_parameters())
-    gl = torch.Generator().manual_seed(SEED_LORA)
-    lora_params = {}
-    with torch.no_grad():
-        for k in sd_keys:
-            live = named[k.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")]
-            if ".lora_A." in k:
-                live.copy_(torch.rand(live.shape, generator=gl) - 0.5)
-            else:
-                live.copy_(torch.randn(live.shape, generator=gl) * 0.1)
-            lora_params[k] = live
+    lora_params = random_lora(pm, SEED_LORA)
     trainable = [n for n, p in pm.named_parameters() if p.requires_grad]
     assert len(trainable) == len(lora_params) and all("language_model" in n for n in trainable), trainable[:3]
     labels = torch.full_like(ids, -100)
@@ -255,19 +271,7 @@ def main():
     vm = peft.get_peft_model(vt_model, vcfg)
     vm.train()
     vt_keys = list(peft.get_peft_model_state_dict(vm).keys())
-    vnamed = dict(vm.named_parameters())
-    gv = torch.Generator().manual_seed(SEED_LORA + 1)
-    vt_lora = {}
-    with torch.no_grad():
-        for k in vt_keys:
-            if ".lora_" not in k:
-                continue
-            live = vnamed[k.replace(".lora_A.weight", ".lora_A.default.weight").replace(".lora_B.weight", ".lora_B.default.weight")]
-            if ".lora_A." in k:
-                live.copy_(torch.rand(live.shape, generator=gv) - 0.5)
-            else:
-                live.copy_(torch.randn(live.shape, generator=gv) * 0.1)
-            vt_lora[k] = live
+    vt_lora = random_lora(vm, SEED_LORA + 1)
     proj = {n.split(".modules_to_save.default.")[1]: p for n, p in vm.named_parameters()
             if p.requires_grad and ".modules_to_save.default." in n}
     assert sorted(proj) == ["mm_input_projection_weight", "mm_soft_emb_norm.weight"], sorted(proj)

@@ -169,6 +169,40 @@ static const char *short_name(const char *peft_name, char *buf, size_t cap) {
     return buf;
 }
 
+/* The /mm batch with the /lora labels as trainer targets (position t predicts t + 1, image tokens
+ * never) and the reference loss at `loss_key`: what both LoRA checks train on. */
+typedef struct lora_batch {
+    int32_t *ids, *labels, *tg;
+    float *pix;
+    double *loss_ref;
+    int64_t B, T, n_sup;
+} lora_batch;
+
+static bool lora_batch_load(const char *loss_key, lora_batch *lb) {
+    size_t n = 0;
+    int64_t dims[4];
+    int nd = 0;
+    memset(lb, 0, sizeof *lb);
+    lb->ids = gm_test_h5_read(gm_test_path(REF), "/mm/input_ids", 1, &n, dims, &nd);
+    lb->labels = gm_test_h5_read(gm_test_path(REF), "/lora/labels", 1, &n, NULL, NULL);
+    lb->pix = gm_test_h5_read(gm_test_path(REF), "/mm/pixel_values", 0, &n, NULL, NULL);
+    lb->loss_ref = gm_test_h5_read(gm_test_path(REF), loss_key, 2, &n, NULL, NULL);
+    if (!lb->ids || !lb->labels || !lb->pix || !lb->loss_ref) return false;
+    lb->B = dims[0], lb->T = dims[1];
+    lb->tg = gm_malloc((size_t)(lb->B * lb->T) * 4);
+    for (int64_t b = 0; b < lb->B; b++)
+        for (int64_t t = 0; t < lb->T; t++) {
+            int32_t next = t + 1 < lb->T ? lb->labels[b * lb->T + t + 1] : -100;
+            lb->tg[b * lb->T + t] = next >= 0 ? next : -1;
+            lb->n_sup += next >= 0;
+        }
+    return true;
+}
+
+static void lora_batch_free(lora_batch *lb) {
+    gm_free(lb->ids), gm_free(lb->labels), gm_free(lb->tg), gm_free(lb->pix), gm_free(lb->loss_ref);
+}
+
 /* The fixture's key of a trained tensor: "layers.3.self_attn.q_proj.A" (language model),
  * "vision.layers.0.mlp.fc1.B" (tower), "projector.mm_input_projection_weight" (projector). */
 static const char *vt_key(const char *peft_name, char *buf, size_t cap) {
@@ -190,24 +224,15 @@ static const char *vt_key(const char *peft_name, char *buf, size_t cap) {
  * adapters and the projector across. */
 static void check_lora_vision(const gm_model *m) {
     size_t n = 0;
-    int64_t dims[4];
-    int nd = 0;
-    int32_t *ids = gm_test_h5_read(gm_test_path(REF), "/mm/input_ids", 1, &n, dims, &nd);
-    int32_t *labels = gm_test_h5_read(gm_test_path(REF), "/lora/labels", 1, &n, NULL, NULL);
-    float *pix = gm_test_h5_read(gm_test_path(REF), "/mm/pixel_values", 0, &n, NULL, NULL);
-    double *loss_ref = gm_test_h5_read(gm_test_path(REF), "/lora_vt/loss", 2, &n, NULL, NULL);
+    lora_batch lb;
     char *peft_keys = gm_test_h5_attr_string(gm_test_path(REF), "/lora_vt", "peft_keys");
     CHECK(peft_keys != NULL, "/lora_vt has its peft_keys attribute");
-    if (!ids || !labels || !pix || !loss_ref || !peft_keys) return;
-    int64_t B = dims[0], T = dims[1];
-    int32_t *tg = gm_malloc((size_t)(B * T) * 4);
-    int64_t n_sup = 0;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            int32_t next = t + 1 < T ? labels[b * T + t + 1] : -100;
-            tg[b * T + t] = next >= 0 ? next : -1;
-            n_sup += next >= 0;
-        }
+    if (!lora_batch_load("/lora_vt/loss", &lb) || !peft_keys) {
+        lora_batch_free(&lb), gm_free(peft_keys);
+        return;
+    }
+    int64_t B = lb.B, T = lb.T, n_sup = lb.n_sup;
+    const double *loss_ref = lb.loss_ref;
     gm_train_opts o = gm_train_opts_default();
     o.lora.rank = 4;
     o.lora.alpha = 8;
@@ -245,7 +270,7 @@ static void check_lora_vision(const gm_model *m) {
             gm_free(v);
         }
         CHECK(unnamed == 0, "%d trained tensors named unlike PEFT", unnamed);
-        gm_batch bt = {.B = B, .T = T, .ids = ids, .targets = tg, .pixels = pix, .n_images = 3};
+        gm_batch bt = {.B = B, .T = T, .ids = lb.ids, .targets = lb.tg, .pixels = lb.pix, .n_images = 3};
         double loss_sum = 0;
         gm_trainer_zero_grad(tr);
         CHECK(gm_trainer_forward_backward(tr, &bt, (float)(1.0 / (double)n_sup), &loss_sum, &err) == GM_OK, "step: %s",
@@ -324,29 +349,22 @@ static void check_lora_vision(const gm_model *m) {
     CHECK(gm_trainer_new(m, &o, &tr, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "no images"),
           "tower targets on text-only data: %s", err.msg);
     gm_trainer_free(tr);
-    gm_free(ids), gm_free(labels), gm_free(pix), gm_free(loss_ref), gm_free(peft_keys), gm_free(tg);
+    lora_batch_free(&lb), gm_free(peft_keys);
 }
 
 /* LoRA on the language model with images in the batch (tower and projector frozen): loss and
  * every adapter gradient against PEFT on the same adapters (/lora). */
 static void check_lora(const gm_model *m) {
     size_t n = 0;
-    int64_t dims[4];
-    int nd = 0;
-    int32_t *ids = gm_test_h5_read(gm_test_path(REF), "/mm/input_ids", 1, &n, dims, &nd);
-    int32_t *labels = gm_test_h5_read(gm_test_path(REF), "/lora/labels", 1, &n, NULL, NULL);
-    float *pix = gm_test_h5_read(gm_test_path(REF), "/mm/pixel_values", 0, &n, NULL, NULL);
-    double *loss_ref = gm_test_h5_read(gm_test_path(REF), "/lora/loss", 2, &n, NULL, NULL);
-    if (!ids || !labels || !pix || !loss_ref) return;
-    int64_t B = dims[0], T = dims[1];
-    int32_t *tg = gm_malloc((size_t)(B * T) * 4);
-    int64_t n_sup = 0;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t t = 0; t < T; t++) {
-            int32_t next = t + 1 < T ? labels[b * T + t + 1] : -100;
-            tg[b * T + t] = next >= 0 ? next : -1;
-            n_sup += next >= 0;
-        }
+    lora_batch lb;
+    if (!lora_batch_load("/lora/loss", &lb)) {
+        lora_batch_free(&lb);
+        return;
+    }
+    int64_t B = lb.B, T = lb.T, n_sup = lb.n_sup;
+    const int32_t *ids = lb.ids, *tg = lb.tg;
+    const float *pix = lb.pix;
+    const double *loss_ref = lb.loss_ref;
     gm_train_opts o = gm_train_opts_default();
     o.lora.rank = 4;
     o.lora.alpha = 8;
@@ -411,7 +429,7 @@ static void check_lora(const gm_model *m) {
               "images on a text-only model: %s", err.msg);
         gm_model_free(text);
     }
-    gm_free(ids), gm_free(labels), gm_free(pix), gm_free(loss_ref), gm_free(tg);
+    lora_batch_free(&lb);
 }
 
 /* Examples with images (gm_dataset_add_chat_images) on the tiny multimodal model's tokenizer:
