@@ -199,6 +199,18 @@ static bool lora_batch_load(const char *loss_key, lora_batch *lb) {
     return true;
 }
 
+/* The fixture's LoRA (r 4, alpha 8) for the whole batch with its 3 images, 2 threads. */
+static gm_train_opts lora_batch_opts(const lora_batch *lb) {
+    gm_train_opts o = gm_train_opts_default();
+    o.lora.rank = 4;
+    o.lora.alpha = 8;
+    o.batch = lb->B;
+    o.max_length = lb->T;
+    o.max_images = 3;
+    o.n_threads = 2;
+    return o;
+}
+
 static void lora_batch_free(lora_batch *lb) {
     gm_free(lb->ids), gm_free(lb->labels), gm_free(lb->tg), gm_free(lb->pix), gm_free(lb->loss_ref);
 }
@@ -233,16 +245,10 @@ static void check_lora_vision(const gm_model *m) {
     }
     int64_t B = lb.B, T = lb.T, n_sup = lb.n_sup;
     const double *loss_ref = lb.loss_ref;
-    gm_train_opts o = gm_train_opts_default();
-    o.lora.rank = 4;
-    o.lora.alpha = 8;
+    gm_train_opts o = lora_batch_opts(&lb);
     snprintf(o.lora.targets, sizeof o.lora.targets, "q_proj,v_proj,down_proj");
     snprintf(o.vision_targets, sizeof o.vision_targets, "q_proj,k_proj,v_proj,out_proj,fc1,fc2");
     o.train_projector = true;
-    o.batch = B;
-    o.max_length = T;
-    o.max_images = 3;
-    o.n_threads = 2;
     gm_error err = {0};
     gm_trainer *tr = NULL;
     CHECK(gm_trainer_new(m, &o, &tr, &err) == GM_OK, "trainer with the tower and projector: %s", err.msg);
@@ -365,13 +371,7 @@ static void check_lora(const gm_model *m) {
     const int32_t *ids = lb.ids, *tg = lb.tg;
     const float *pix = lb.pix;
     const double *loss_ref = lb.loss_ref;
-    gm_train_opts o = gm_train_opts_default();
-    o.lora.rank = 4;
-    o.lora.alpha = 8;
-    o.batch = B;
-    o.max_length = T;
-    o.max_images = 3;
-    o.n_threads = 2;
+    gm_train_opts o = lora_batch_opts(&lb);
     gm_error err = {0};
     gm_trainer *tr = NULL;
     CHECK(gm_trainer_new(m, &o, &tr, &err) == GM_OK, "trainer with images: %s", err.msg);
