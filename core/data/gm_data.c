@@ -226,6 +226,19 @@ gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, i
             if (*n_images >= max_images)
                 return gm_error_set(err, GM_ERR_INVALID, "a batch holds more than %lld images (the plan's limit)",
                                     (long long)max_images);
+            /* a file already decoded for this batch (label scoring repeats one example's images
+             * once per candidate): copied, not decoded again */
+            int64_t same = -1, k = 0;
+            for (int64_t b2 = 0; b2 <= b && same < 0; b2++) {
+                const gm_example *e2 = &ds->ex[idx[b2]];
+                for (int64_t i2 = 0; i2 < e2->n_images && same < 0 && !(b2 == b && i2 == i); i2++, k++)
+                    if (strcmp(e2->images[i2], e->images[i]) == 0) same = k;
+            }
+            if (same >= 0) {
+                memcpy(pixels + *n_images * 3 * S * S, pixels + same * 3 * S * S, (size_t)(3 * S * S) * sizeof(float));
+                (*n_images)++;
+                continue;
+            }
             gm_image_pixels px = {0};
             GM_TRY(gm_image_preprocess_file(e->images[i], NULL, &o, &px, err));
             memcpy(pixels + *n_images * 3 * S * S, px.data, (size_t)(3 * S * S) * sizeof(float));

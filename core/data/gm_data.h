@@ -88,7 +88,8 @@ int64_t gm_dataset_max_images(const gm_dataset *ds);
 
 /* The images of examples idx[0..B) in batch order, each decoded and preprocessed (core/image:
  * Gemma 3's processor, S x S) into pixels (room for max_images x 3 x S x S floats); *n_images
- * receives their count. Errors name the file (it may have changed since the data set was built):
+ * receives their count. A file repeated in the batch (label scoring: one example's images once per
+ * candidate) is decoded once and copied. Errors name the file (it may have changed since the data set was built):
  * GM_ERR_INVALID when more than max_images, the decoder's errors otherwise. */
 gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, int64_t S, int64_t max_images,
                           float *pixels, int64_t *n_images, gm_error *err);

@@ -218,13 +218,19 @@ static void patchify(const float *img, int64_t S, int64_t p, float *out) {
 }
 
 gm_status gm_vision_run(gm_vision *v, const float *pixels, int64_t n, gm_error *err) {
+    return gm_vision_run_some(v, pixels, NULL, n, err);
+}
+
+gm_status gm_vision_run_some(gm_vision *v, const float *pixels, const int64_t *which, int64_t n, gm_error *err) {
     if (n < 1 || n > v->max_images)
         return gm_error_set(err, GM_ERR_INVALID, "%lld images in one call; this image path was planned for 1..%lld",
                             (long long)n, (long long)v->max_images);
     int64_t S = v->image_size, pd = 3 * v->patch_size * v->patch_size, N = n * v->P;
-    for (int64_t i = 0; i < n; i++) patchify(pixels + i * 3 * S * S, S, v->patch_size, v->host_patches + i * v->P * pd);
+    for (int64_t i = 0; i < n; i++)
+        patchify(pixels + (which ? which[i] : i) * 3 * S * S, S, v->patch_size, v->host_patches + i * v->P * pd);
     gm_backend_upload(v->be, v->patches, v->host_patches, (size_t)(N * pd) * sizeof(float));
     GM_TRY(gm_graph_begin_encoder(&v->g, n, v->P, err));
+    v->n_encoded += n;
     gm_siglip_embed(&v->g, v->patches);
     gm_graph_forward(&v->g);
     gm_siglip_head(&v->g, &v->head);

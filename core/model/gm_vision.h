@@ -84,6 +84,8 @@ typedef struct gm_vision {
                                                    [1] mm_soft_emb_norm.weight w (C) */
     float *norm_scale;          /* (C): 1 + w, what the RMSNorm multiplies by */
     float *dsoft;               /* (max_images * tokens, C_text): dL/d soft tokens, the caller's */
+    int64_t n_encoded;          /* images run through the tower so far (a counter, for tests and
+                                   reports) */
     gm_dtype stored;            /* a plan (tower NULL): the dtype the checkpoint stores the tower's
                                    matrices in (gm_vision_init: bf16, as the hub's files) */
 } gm_vision;
@@ -120,6 +122,9 @@ void gm_vision_release(gm_vision *v);
 /* Runs n images (pixels (n, 3, S, S) host) through the tower and projector; the soft tokens stay
  * in backend memory at v->head.out (n * tokens, C_text). */
 gm_status gm_vision_run(gm_vision *v, const float *pixels, int64_t n, gm_error *err);
+/* The same on images which[0..n) of pixels (which NULL: 0..n-1); soft tokens of which[i] at row
+ * i * tokens of v->head.out. */
+gm_status gm_vision_run_some(gm_vision *v, const float *pixels, const int64_t *which, int64_t n, gm_error *err);
 
 /* Soft tokens of n images: pixels (n, 3, S, S) host f32, preprocessed as Gemma 3's image processor
  * does (core/image: resized to S x S, rescaled, normalized to [-1, 1]); out (n, tokens, C_text)

@@ -39,6 +39,7 @@ struct gm_trainer {
     int n_params, cap_params;
     int32_t *img_rows;        /* (N) backend: rows of X[0] the images' soft tokens replace */
     int32_t *h_img_rows, *h_ids, *h_kv_end; /* (N) host staging */
+    int64_t *h_uniq, *h_of;   /* (max_images): a batch's distinct images, each image's among them */
     gm_arena arena;           /* backend memory: weights, adapters, activations, loss */
     gm_arena host;            /* host staging */
     int64_t step;             /* optimizer steps done */
@@ -363,6 +364,8 @@ static gm_status layout(gm_trainer *tr, const gm_model *m, gm_dtype stored, gm_d
         tr->h_img_rows = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
         tr->h_ids = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
         tr->h_kv_end = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
+        tr->h_uniq = (int64_t *)gm_arena_alloc(h, (size_t)tr->o.max_images * sizeof(int64_t), GM_MEM_WORKSPACE);
+        tr->h_of = (int64_t *)gm_arena_alloc(h, (size_t)tr->o.max_images * sizeof(int64_t), GM_MEM_WORKSPACE);
     }
 #define F32(n, kind) (float *)gm_arena_alloc(a, (size_t)(n) * sizeof(float), kind)
     tr->sup_rows = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
@@ -520,6 +523,7 @@ const gm_train_param *gm_trainer_params(const gm_trainer *tr, int *n) {
     return tr->params;
 }
 bool gm_trainer_trains_vision(const gm_trainer *tr) { return tr->vis_trains; }
+int64_t gm_trainer_images_encoded(const gm_trainer *tr) { return tr->has_vis ? tr->vis.n_encoded : 0; }
 gm_backend *gm_trainer_backend(const gm_trainer *tr) { return tr->be; }
 const gm_train_opts *gm_trainer_opts(const gm_trainer *tr) { return &tr->o; }
 int64_t gm_trainer_step_count(const gm_trainer *tr) { return tr->step; }
@@ -655,7 +659,7 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
     g->dropout_step = (uint64_t)tr->step;
     g->dropout_micro = (uint64_t)tr->micro;
     gm_graph_input in = {.B = b->B, .T = b->T, .ids = b->ids, .pos0 = 0};
-    int64_t R = 0;
+    int64_t R = 0, n_run = 0;
     if (b->n_images > 0) { /* the images' soft tokens, and their tokens' attention ends */
         for (int64_t i = 0; i < N; i++) {
             tr->h_ids[i] = b->ids[i] == img ? 0 : b->ids[i]; /* replaced below, as Hugging Face does */
@@ -664,14 +668,32 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
         tr->vis.g.dropout = dropout;
         tr->vis.g.dropout_step = (uint64_t)tr->step;
         tr->vis.g.dropout_micro = (uint64_t)tr->micro;
-        GM_TRY(gm_vision_run(&tr->vis, b->pixels, b->n_images, err));
+        /* one tower pass per distinct image: label scoring repeats an example's image once per
+         * candidate; a training step through a learning tower keeps every pass (its backward
+         * runs per occurrence) */
+        n_run = b->n_images;
+        if (!(dropout && tr->vis_trains)) {
+            size_t px = (size_t)(3 * tr->vis.image_size * tr->vis.image_size);
+            n_run = 0;
+            for (int64_t j = 0; j < b->n_images; j++) {
+                int64_t u = -1;
+                for (int64_t k = 0; k < n_run && u < 0; k++)
+                    if (memcmp(b->pixels + (size_t)tr->h_uniq[k] * px, b->pixels + (size_t)j * px, px * sizeof(float)) == 0) u = k;
+                if (u < 0) tr->h_uniq[u = n_run++] = j;
+                tr->h_of[j] = u;
+            }
+        }
+        GM_TRY(gm_vision_run_some(&tr->vis, b->pixels, n_run < b->n_images ? tr->h_uniq : NULL, n_run, err));
         gm_mm_kv_end(b->ids, b->B, b->T, img, 0, tr->h_kv_end);
         gm_backend_upload(tr->be, tr->img_rows, tr->h_img_rows, (size_t)R * sizeof(int32_t));
         in.ids = tr->h_ids;
         in.kv_end = tr->h_kv_end;
     }
     GM_TRY(gm_graph_begin(g, &in, err));
-    if (R > 0) g->k->scatter_rows(&g->kc, g->X[0], tr->vis.head.out, tr->img_rows, R, tr->cfg->hidden_size);
+    int64_t C = tr->cfg->hidden_size, tok = tr->cfg->vision.tokens;
+    if (R > 0 && n_run == b->n_images) g->k->scatter_rows(&g->kc, g->X[0], tr->vis.head.out, tr->img_rows, R, C);
+    for (int64_t j = 0; R > 0 && n_run < b->n_images && j < b->n_images; j++) /* image j's run of rows */
+        g->k->scatter_rows(&g->kc, g->X[0], tr->vis.head.out + tr->h_of[j] * tok * C, tr->img_rows + j * tok, tok, C);
     gm_graph_forward(g);
     *n_sup_out = n_sup;
     return GM_OK;

@@ -232,6 +232,9 @@ typedef struct gm_train_param {
 
 /* The list above (owned by the trainer; *n entries). */
 const gm_train_param *gm_trainer_params(const gm_trainer *tr, int *n);
+/* Images the trainer has run through the vision tower so far (a batch's repeated image runs once
+ * outside a training step through a learning tower). */
+int64_t gm_trainer_images_encoded(const gm_trainer *tr);
 /* True when anything outside the language model's adapters trains (tower adapters, projector):
  * such a run's adapter is not a plain language-model LoRA. */
 bool gm_trainer_trains_vision(const gm_trainer *tr);

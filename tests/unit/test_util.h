@@ -96,6 +96,10 @@
  * 1.07e-6 (magnitudes <= ~4); logits with 1, 2 and no images 6.56e-6. Bounds 3x. */
 #define TOL_VISION_TOWER_TINY_ABS 5e-6
 #define TOL_VISION_LOGITS_TINY_ABS 2e-5
+/* A sequence's log-probability (a sum over its 6 supervised tokens) scored in a batch of 3 copies
+ * (one tower pass for the repeated image) vs alone (batch 1): the same math, the batch's BLAS
+ * blocking. Measured 2026-12-02: 1.4e-6 (log-probability about -40); bound 7x. */
+#define TOL_VISION_SCORE_BATCH_ABS 1e-5
 /* Gradient checks (tests/unit/test_grad.c). f32 analytic gradients vs the 4th-order central
  * difference of a double-precision loss, relative to the tensor's largest gradient: measured
  * <= 2.6e-7 on every kernel (2026-11-30); 5e-6 leaves room for other inputs and still catches any

@@ -413,6 +413,31 @@ static void check_lora(const gm_model *m) {
             }
         CHECK(worst <= TOL_PEFT_GRAD_REL, "LoRA gradients with images: worst relative error %.3g", worst);
         printf("LoRA gradients with images vs PEFT: worst relative error %.2e\n", worst);
+        /* label scoring repeats one example's image per candidate: three copies of the first
+         * sequence score as the sequence alone, through one tower pass */
+        {
+            int64_t S = m->cfg.vision.image_size, px = 3 * S * S;
+            int32_t *ids3 = gm_malloc((size_t)(3 * T) * 4), *tg3 = gm_malloc((size_t)(3 * T) * 4);
+            float *pix3 = gm_malloc((size_t)(3 * px) * 4);
+            for (int c = 0; c < 3; c++) {
+                memcpy(ids3 + c * T, ids, (size_t)T * 4), memcpy(tg3 + c * T, tg, (size_t)T * 4);
+                memcpy(pix3 + c * px, pix, (size_t)px * 4);
+            }
+            gm_batch one = {.B = 1, .T = T, .ids = ids, .targets = tg, .pixels = pix, .n_images = 1};
+            gm_batch three = {.B = 3, .T = T, .ids = ids3, .targets = tg3, .pixels = pix3, .n_images = 3};
+            double lp1[1], lp3[3];
+            CHECK_OK(gm_trainer_score(tr, &one, lp1, &err), &err);
+            int64_t before = gm_trainer_images_encoded(tr);
+            CHECK_OK(gm_trainer_score(tr, &three, lp3, &err), &err);
+            long long passes = (long long)(gm_trainer_images_encoded(tr) - before);
+            CHECK(passes == 1, "3 copies of an image: %lld tower passes (want 1)", passes);
+            double d = 0;
+            for (int c = 0; c < 3; c++) d = fmax(d, fabs(lp3[c] - lp1[0]));
+            CHECK(d <= TOL_VISION_SCORE_BATCH_ABS, "3 copies score as one: max |diff| %.3g (log-prob %.6f)", d, lp1[0]);
+            printf("3 copies of an image in one scoring batch: %lld tower pass(es), max log-prob diff %.3g to the sequence alone\n",
+                   passes, d);
+            gm_free(ids3), gm_free(tg3), gm_free(pix3);
+        }
         /* a batch whose image count does not match its image tokens is refused, naming both */
         gm_batch bad = bt;
         bad.n_images = 2;
