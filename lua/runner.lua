@@ -44,7 +44,9 @@ end
 --- needs): a label the model could never see.
 local function labelled_folder(d, items, what, item)
   local count, folder_of, index = {}, {}, {} -- examples per label, a folder of it (for the message)
-  local function read_split(root, into)
+  local in_train = {} -- labels with a training example (split layout)
+  items.skipped = items.skipped or {}
+  local function read_split(root, into, seen)
     for _, lab in ipairs(gm.list_dir(root)) do
       local dir = root .. "/" .. lab
       if gm.is_dir(dir) then
@@ -56,11 +58,18 @@ local function labelled_folder(d, items, what, item)
           count[li], folder_of[li] = 0, dir
         end
         for _, f in ipairs(gm.list_dir(dir)) do
-          local it = item(dir .. "/" .. f)
+          local path = dir .. "/" .. f
+          -- one folder per label: what is not an example is listed, never silently dropped
+          local it = not gm.is_dir(path) and item(path) or nil
           if it then
             it.label = li
             into[#into + 1] = it
             count[li] = count[li] + 1
+            if seen then seen[li] = true end
+          else
+            items.skipped[#items.skipped + 1] = { path = path, reason = gm.is_dir(path)
+              and "a folder inside a label folder (not read: the labels are the folders directly below the root)"
+              or ("not a " .. what) }
           end
         end
       end
@@ -73,8 +82,14 @@ local function labelled_folder(d, items, what, item)
       d._kind, d.root, has_train and "train" or "test", has_train and "test" or "train")
   end
   if has_train and has_test then
-    read_split(d.root .. "/train", items.train)
+    read_split(d.root .. "/train", items.train, in_train)
     read_split(d.root .. "/test", items.test)
+    for li, lab in ipairs(items.labels) do
+      if not in_train[li] and count[li] > 0 then
+        P.usage(d._where, "data.%s: label '%s' has test examples but no training example (%s/train/%s is missing or empty): "
+          .. "the model could never learn it; add training examples or remove %s/test/%s", d._kind, lab, d.root, lab, d.root, lab)
+      end
+    end
   else
     local all = {}
     read_split(d.root, all)
@@ -1031,6 +1046,12 @@ local function preflight(e, selected, dry_run)
       say("  %s: %s", r.example, (r.reason:gsub("\n.*", "")))
     end
     if n > 10 then say("  ... and %d more (every one is listed in each trial file's data/rejections_json)", n - 10) end
+  end
+  if items.skipped and #items.skipped > 0 then
+    local n = #items.skipped
+    say("warning: %d entr%s of the label folders not read:", n, n == 1 and "y" or "ies")
+    for i = 1, math.min(n, 5) do say("  %s: %s", items.skipped[i].path, items.skipped[i].reason) end
+    if n > 5 then say("  ... and %d more", n - 5) end
   end
   if e.task._kind == "classify" and #items.labels < 2 then
     P.usage(d._where or e.task._where, "classify{} needs at least 2 labels; the data set has %d (%s)", #items.labels,

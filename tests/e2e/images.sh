@@ -5,7 +5,9 @@
 #   - sft{} on a chat JSONL whose user turns hold {"type": "image", "path": ...} parts (paths
 #     relative to the JSONL file, one or two images per conversation): trains, evaluates, writes
 #     its results file and the table;
-#   - classify{} on data.image_folder{}: the same, with labels from the folder names;
+#   - classify{} on data.image_folder{}: the same, with labels from the folder names; what in a
+#     label folder is not an example (a nested folder, another file) is listed; a label with test
+#     examples only is refused;
 #   - an unusable image (corrupt, truncated, not an image) is named with its example and reason,
 #     the run goes on without it; a file that does not exist likewise;
 #   - the same data on a text-only model stops before any work, naming the image and the model;
@@ -75,6 +77,17 @@ cp "$IMG"/small.jpg "$IMG"/wide.jpg "$IMG"/tall.jpg "$IMG"/palette.png "$IMG"/rg
 cp "$IMG"/gray.jpg "$IMG"/gray.png "$IMG"/gray16.png "$IMG"/gray_alpha.png "$IMG"/gray4.png "$IMG"/gray1.png folder/gray/
 mk pics "$VIS" 'classify { data = data.image_folder { root = "folder", test = 3 }, prompt = "Is this photo in color?" }'
 expect_run "classify on data.image_folder: baseline, training, accuracy" 0 "accuracy" -- "$GM" pics.lua
+# what in a label folder is not an example is listed; a label with test examples only is refused
+mkdir -p folder/color/nested && cp "$IMG"/small.jpg folder/color/nested/ && echo notes > folder/gray/notes.txt
+expect_run "a nested folder and a non-image file in the label folders: listed, not silently dropped" 0 \
+  "2 entries of the label folders not read:.*folder/color/nested: a folder inside a label folder.*folder/gray/notes.txt: not a .png or .jpg image" -- "$GM" pics.lua --dry-run
+rm -r folder/color/nested folder/gray/notes.txt
+mkdir -p split/train/a split/train/b split/test/a split/test/b split/test/c
+for l in a b; do cp "$IMG"/small.jpg "$IMG"/gray.jpg split/train/$l/; cp "$IMG"/wide.jpg split/test/$l/; done
+cp "$IMG"/tall.jpg split/test/c/
+sed -e 's/root = "folder", test = 3/root = "split"/' -e 's/name = "pics"/name = "split"/' pics.lua > split.lua
+expect_run "a label with test examples but no training example: refused, naming the folders" 2 \
+  "label 'c' has test examples but no training example \(split/train/c is missing or empty\)" -- "$GM" split.lua --dry-run
 # the image path trained too: LoRA on two of the tower's linears, the projector fully
 cat > pics_vt.lua <<LUA
 return experiment {
