@@ -228,9 +228,11 @@ static void plan_args(lua_State *L, gm_train_opts *o, gm_config *cfg, gm_dtype *
 
 /* gm.lora_count(model, opts) -> adapters, trainable parameters: the adapters opts (targets,
  * layers, rank) give on that model, module names as PEFT names them (gm_model_prefix),
- * from its config and names alone. Raises with gm_lora_describe's message (targets that select no
- * module, unknown names, layers beyond the model). Gemma 3n / 4 configs count on the Gemma 3 part
- * of their layers, as the planner does. */
+ * from its config and names alone; with vision_targets (not "none") also the tower's adapters and
+ * their parameters (results 3 and 4). Raises with gm_lora_describe's message (targets that select no
+ * module, unknown names, layers beyond the model; a model without a SigLIP tower for
+ * vision_targets). Gemma 3n / 4 configs count on the Gemma 3 part of their layers, as the planner
+ * does. */
 static int l_lora_count(lua_State *L) {
     gm_train_opts o;
     gm_config cfg;
@@ -249,7 +251,22 @@ static int l_lora_count(lua_State *L) {
     lua_pushinteger(L, lo.n);
     lua_pushinteger(L, lo.n_params);
     gm_lora_free(&lo);
-    return 2;
+    if (strcmp(o.vision_targets, "none") == 0) return 2;
+    /* the tower's adapters (vision_targets), on its own config and module names */
+    gm_config tc;
+    gm_lora_config vl;
+    gm_vision_train vt = gm_train_vision_selection(&o, &vl);
+    for (int l = 0; l < GM_MAX_LAYERS; l++) vl.layers[l] = true;
+    gm_status s = gm_config_vision_tower(&cfg, &tc, &err);
+    if (s == GM_OK) s = gm_lora_describe(&lo, vt.lora, gm_arch_get(GM_ARCH_SIGLIP), &tc, GM_VISION_TOWER_PREFIX, &err);
+    if (s != GM_OK) {
+        gm_error_prefix(&err, "vision_targets");
+        return gm_bind_raise(L, &err);
+    }
+    lua_pushinteger(L, lo.n);
+    lua_pushinteger(L, lo.n_params);
+    gm_lora_free(&lo);
+    return 4;
 }
 
 static int l_plan(lua_State *L) {

@@ -105,7 +105,7 @@ static int l_ds_add_chat(lua_State *L) {
     gm_bind_check_opts(L, 3, "add_chat", allowed);
     lua_Integer max_length = gm_bind_opt_int(L, 3, "max_length", 256);
     lua_Integer label = gm_bind_opt_int(L, 3, "label", -1);
-    const char *images[64], *shas[64];
+    const char *images[GM_MAX_IMAGES_PER_EXAMPLE], *shas[GM_MAX_IMAGES_PER_EXAMPLE];
     lua_Integer n_images = 0;
     if (lua_istable(L, 3)) {
         lua_getfield(L, 3, "images");
@@ -113,7 +113,8 @@ static int l_ds_add_chat(lua_State *L) {
         if (!lua_isnil(L, -2)) {
             luaL_checktype(L, -2, LUA_TTABLE);
             n_images = luaL_len(L, -2);
-            if (n_images > 64) return luaL_error(L, "add_chat: at most 64 images per example, got %d", (int)n_images);
+            if (n_images > GM_MAX_IMAGES_PER_EXAMPLE)
+                return luaL_error(L, "add_chat: at most %d images per example, got %d", GM_MAX_IMAGES_PER_EXAMPLE, (int)n_images);
             for (lua_Integer i = 1; i <= n_images; i++) {
                 lua_rawgeti(L, -2, i);
                 images[i - 1] = lua_tostring(L, -1);
@@ -287,18 +288,18 @@ static void unknown_option(lua_State *L, const char *fn, const char *key) {
 /* The targets text of the Lua value at idx: a string as it is, or a list of plain module names
  * joined with commas (PEFT: list entries are names, never patterns). NULL with a message in msg
  * when the value is neither. */
-static const char *targets_text(lua_State *L, int idx, char *buf, size_t cap, char *msg, size_t msgcap) {
+static const char *targets_text(lua_State *L, int idx, const char *name, char *buf, size_t cap, char *msg, size_t msgcap) {
     idx = lua_absindex(L, idx);
     if (lua_type(L, idx) == LUA_TSTRING) return lua_tostring(L, idx);
     if (lua_type(L, idx) != LUA_TTABLE) {
-        snprintf(msg, msgcap, "targets must be \"all-linear\", a list of module names or a regular expression (a string)");
+        snprintf(msg, msgcap, "%s must be \"all-linear\", a list of module names or a regular expression (a string)", name);
         return NULL;
     }
     size_t k = 0;
     buf[0] = '\0';
     lua_Integer n = luaL_len(L, idx);
     if (n == 0) {
-        snprintf(msg, msgcap, "targets is an empty list");
+        snprintf(msg, msgcap, "%s is an empty list", name);
         return NULL;
     }
     for (lua_Integer i = 1; i <= n; i++) {
@@ -307,16 +308,16 @@ static const char *targets_text(lua_State *L, int idx, char *buf, size_t cap, ch
         bool bad = !e || !*e || gm_lora_targets_is_regex(e) || strpbrk(e, ", \t");
         if (bad) {
             if (e && gm_lora_targets_is_regex(e))
-                snprintf(msg, msgcap, "targets[%d] = '%s': a list holds module names; give a regular expression as one string",
+                snprintf(msg, msgcap, "%s[%d] = '%s': a list holds module names; give a regular expression as one string", name,
                          (int)i, e);
-            else snprintf(msg, msgcap, "targets[%d] is not a module name", (int)i);
+            else snprintf(msg, msgcap, "%s[%d] is not a module name", name, (int)i);
             lua_pop(L, 1);
             return NULL;
         }
         int w = snprintf(buf + k, cap - k, "%s%s", i > 1 ? "," : "", e);
         lua_pop(L, 1);
         if (w < 0 || (size_t)w >= cap - k) {
-            snprintf(msg, msgcap, "targets: longer than %d characters", (int)cap - 1);
+            snprintf(msg, msgcap, "%s: longer than %d characters", name, (int)cap - 1);
             return NULL;
         }
         k += (size_t)w;
@@ -366,7 +367,7 @@ static bool option_from_lua(lua_State *L, int idx, gm_train_opts *o, const gm_op
         break;
     case GM_OPT_TARGETS: {
         char m2[300];
-        v.text = targets_text(L, idx, joined, sizeof joined, m2, sizeof m2);
+        v.text = targets_text(L, idx, sp->name, joined, sizeof joined, m2, sizeof m2);
         if (!v.text) return snprintf(msg, cap, "%s", m2), false;
         gm_error err = {0};
         if (gm_train_opt_targets_check(sp, v.text, &err) != GM_OK) return snprintf(msg, cap, "%s", err.msg), false;
@@ -864,7 +865,7 @@ static int l_tr_close(lua_State *L) {
  * gm_lora_targets_check) before any model loads; text is the targets as one string. */
 static int l_lora_targets_check(lua_State *L) {
     char buf[GM_LORA_TARGETS_MAX], msg[300];
-    const char *t = targets_text(L, 1, buf, sizeof buf, msg, sizeof msg);
+    const char *t = targets_text(L, 1, "targets", buf, sizeof buf, msg, sizeof msg);
     gm_error err = {0};
     if (!t) {
         lua_pushboolean(L, 0);
@@ -945,5 +946,7 @@ void gm_lua_open_train(lua_State *L) {
     lua_setfield(L, -2, "train_option_check");
     lua_pushcfunction(L, l_clock);
     lua_setfield(L, -2, "clock");
+    lua_pushinteger(L, GM_MAX_IMAGES_PER_EXAMPLE);
+    lua_setfield(L, -2, "MAX_IMAGES_PER_EXAMPLE");
     lua_pop(L, 1);
 }

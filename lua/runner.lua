@@ -948,7 +948,10 @@ local function check_images(items, splits)
     local kept = {}
     for i, it in ipairs(items[name] or {}) do
       local why
-      for _, p in ipairs(it.images or {}) do
+      if it.images and #it.images > gm.MAX_IMAGES_PER_EXAMPLE then
+        why = string.format("%d images; an example holds at most %d", #it.images, gm.MAX_IMAGES_PER_EXAMPLE)
+      end
+      for _, p in ipairs(why and {} or it.images or {}) do
         if not items.image_sha[p] then
           local ok, sha, w, h = pcall(gm.image_check, p)
           if not ok then why = clean_msg(sha); break end
@@ -1010,6 +1013,28 @@ local function preflight(e, selected, dry_run)
     P.usage(d._where or e.task._where, "%s", clean_msg(items))
   end
   check_images(items, { "train", "test" })
+  -- what of the image path trains needs images, and a tower whose modules the targets select
+  local vis_ok = {}
+  for _, t in ipairs(selected) do
+    local c = t.config
+    local vt, ms = c.vision_targets or "none", c.modules_to_save or "none"
+    if vt ~= "none" or ms ~= "none" then
+      local key = ms ~= "none" and vt == "none" and "modules_to_save" or "vision_targets"
+      if (items.max_images or 0) == 0 then
+        P.usage(P.where_of(key), "train.%s is set, but the data has no images: the vision tower and projector only learn "
+          .. "from images (leave vision_targets and modules_to_save out for text-only data)", key)
+      end
+      if not (cfgs[c.model] and cfgs[c.model].vision) then
+        P.usage(P.where_of(key), "train.%s: %s has no vision tower to train", key, c.model)
+      end
+      local vkey = c.model .. "\0" .. vt
+      if vt ~= "none" and not vis_ok[vkey] then
+        local ok, msg = pcall(gm.lora_count, c.model, { vision_targets = vt, rank = c.rank })
+        if not ok then P.usage(P.where_of("vision_targets"), "train.%s", clean_msg(msg)) end
+        vis_ok[vkey] = true
+      end
+    end
+  end
   if e.task._kind == "classify" and e.task.labels then
     -- the task's labels, in its order: every data label must be one of them (matched by name),
     -- and every one of them must have data

@@ -61,6 +61,9 @@ void gm_dataset_free(gm_dataset *ds);
  * example (truncated to max_length). Returns GM_ERR_INVALID (the example is not added; the
  * caller decides whether that is fatal) when the response would be empty after truncation or
  * the conversation has no model turn. */
+/* The most images one example may hold (a chat's image parts). */
+#define GM_MAX_IMAGES_PER_EXAMPLE 64
+
 gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                               int64_t max_length, int32_t label, gm_error *err);
 

@@ -258,7 +258,7 @@ static const char *find_prefix(const gm_safetensors *st) {
 /* gm_model.peft_prefix from the checkpoint's text prefix: a multimodal layout's decoder sits at
  * model.language_model. in transformers' module tree, whichever way its files name it. */
 static const char *peft_prefix_of(const char *prefix) {
-    return strcmp(prefix, "model.") == 0 ? "model." : "model.language_model.";
+    return strcmp(prefix, "model.") == 0 ? "model." : GM_PEFT_PREFIX_MULTIMODAL;
 }
 
 gm_status gm_model_prefix(const char *path, char *out, size_t cap, gm_error *err) {

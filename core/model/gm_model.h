@@ -59,6 +59,7 @@ typedef struct gm_model {
      * (transformers >= 4.52; checked against PEFT 0.21 on transformers 5.24 by tests/ref/
      * make_vision_ref.py). */
     char peft_prefix[64];
+#define GM_PEFT_PREFIX_MULTIMODAL "model.language_model."
     /* Where top-level weights (gm_weight_spec.top_level) are named: "" for the text decoder; a
      * tower's multimodal root ("" or "model."), where its projector lives. */
     char root[64];

@@ -51,9 +51,19 @@ gm_status gm_vision_init(gm_vision *v, const gm_config *mm, const gm_model *towe
     return gm_vision_init_train(v, mm, tower, max_images, NULL, false, n_threads, be, err);
 }
 
+static gm_status init_train(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images,
+                            const gm_vision_train *t, bool checkpointing, int n_threads, gm_backend *be, gm_error *err);
+
 gm_status gm_vision_init_train(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images,
                                const gm_vision_train *t, bool checkpointing, int n_threads, gm_backend *be, gm_error *err) {
     memset(v, 0, sizeof *v);
+    gm_status s = init_train(v, mm, tower, max_images, t, checkpointing, n_threads, be, err);
+    if (s != GM_OK) gm_vision_release(v); /* what it described before failing */
+    return s;
+}
+
+static gm_status init_train(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images,
+                            const gm_vision_train *t, bool checkpointing, int n_threads, gm_backend *be, gm_error *err) {
     if (max_images < 1) return gm_error_set(err, GM_ERR_INVALID, "max_images must be at least 1");
     GM_TRY(gm_config_vision_tower(mm, &v->tcfg, err));
     const gm_config *tc = &v->tcfg;

@@ -338,6 +338,10 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
                            const gm_plan_inputs *in, gm_plan *out, gm_error *err) {
     memset(out, 0, sizeof *out);
     GM_TRY(gm_lora_config_validate(&o->lora, c, err)); /* the rank, before it sizes anything */
+    if (c->arch != GM_ARCH_GEMMA3 && (strcmp(o->vision_targets, "none") != 0 || o->train_projector))
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: training its vision tower or projector (%s) is not supported yet: "
+                            "only Gemma 3's SigLIP tower trains", c->name,
+                            strcmp(o->vision_targets, "none") != 0 ? "vision_targets" : "modules_to_save");
     GM_TRY(gm_plan_check_size(c, o, in, err));
     int64_t T = gm_plan_sequence_length(c, o->max_length, in);
     GM_TRY(validate(c, o, T, err));

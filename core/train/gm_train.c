@@ -183,7 +183,7 @@ gm_status gm_train_opt_targets_check(const gm_opt_spec *s, const char *text, gm_
     if (vision && strcmp(text, "none") == 0) return GM_OK;
     gm_status st = gm_lora_targets_check(text, gm_arch_get(vision ? GM_ARCH_SIGLIP : GM_ARCH_GEMMA3),
                                          vision ? GM_VISION_TOWER_PREFIX : NULL, err);
-    if (st != GM_OK && vision) gm_error_prefix(err, "vision_targets");
+    if (st != GM_OK) gm_error_prefix(err, "%s", s->name);
     return st;
 }
 
@@ -316,7 +316,8 @@ static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, g
         tr->vis_trains = tr->vis.train_tower || tr->vis.train_proj;
     } else if (strcmp(tr->o.vision_targets, "none") != 0 || tr->o.train_projector) {
         return gm_error_set(err, GM_ERR_INVALID, "%s is set, but the data has no images: the vision tower and projector "
-                            "only learn from images\n  hint: leave vision_targets and modules_to_save out for text-only data",
+                            "only learn from images\n  hint: leave vision_targets and modules_to_save out for text-only data "
+                            "(gemmarun plan: give images=N)",
                             tr->o.train_projector ? "modules_to_save" : "vision_targets");
     }
     GM_TRY(gm_weights_init(&tr->w, c, tr->o.quant, err));
@@ -432,7 +433,9 @@ gm_status gm_train_plan(const gm_config *cfg, const gm_train_opts *o, gm_dtype s
     tr->o = *o;
     gm_arena_init(&tr->arena, "training", GM_DEVICE_CPU);
     gm_arena_init(&tr->host, "training host", GM_DEVICE_CPU);
-    gm_status s = setup(tr, cfg, NULL, err);
+    /* the module names a loaded model of this config gets (gm_model.peft_prefix): a regular
+     * expression over them (a model_adapter's targets) selects the same modules in the plan */
+    gm_status s = setup(tr, cfg, cfg->vision.hidden_size > 0 ? GM_PEFT_PREFIX_MULTIMODAL : NULL, err);
     if (s == GM_OK) s = layout(tr, NULL, stored, stored_embed, err);
     if (s == GM_OK) {
         out->total = tr->arena.used + tr->host.used;
