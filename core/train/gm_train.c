@@ -49,7 +49,8 @@ struct gm_trainer {
     float *xs, *hs, *rstd_s, *dhs; /* (N, C), (N, C), (N), (N, C) gathered rows */
     float *logits;            /* (GM_LM_ROWS, GM_LM_VOCAB) */
     float *run_max, *run_sum, *tgt_logit, *lse; /* (N) */
-    double *sumsq;            /* (2) squared norms of one adapter's gradients */
+    double *sumsq, *h_sumsq;  /* (cap_params): each trained tensor's squared gradient norm, backend
+                                 and host (one download a step) */
     /* host staging */
     int32_t *h_rows, *h_tgt;  /* (N) */
     float *h_lse, *h_tgt_logit; /* (N) */
@@ -322,7 +323,7 @@ static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, g
     }
     GM_TRY(gm_weights_init(&tr->w, c, tr->o.quant, err));
     GM_TRY(gm_lora_describe(&tr->lora, &tr->o.lora, tr->w.arch, c, prefix, err));
-    tr->cap_params = 2 * tr->lora.n + (tr->has_vis ? 2 * tr->vis.lora.n + GM_VISION_PROJ_PARAMS : 0);
+    tr->cap_params = 2 * tr->lora.n + (tr->has_vis ? 2 * tr->vis.lora.n + (tr->vis.train_proj ? GM_VISION_PROJ_PARAMS : 0) : 0);
     tr->params = gm_calloc((size_t)tr->cap_params, sizeof *tr->params);
     if (!tr->params) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     gm_graph_opts go = graph_opts(&tr->o);
@@ -377,7 +378,8 @@ static gm_status layout(gm_trainer *tr, const gm_model *m, gm_dtype stored, gm_d
     tr->logits = F32(rows * vc, GM_MEM_TRANSIENT);
     tr->run_max = F32(N, GM_MEM_WORKSPACE), tr->run_sum = F32(N, GM_MEM_WORKSPACE);
     tr->tgt_logit = F32(N, GM_MEM_WORKSPACE), tr->lse = F32(N, GM_MEM_WORKSPACE);
-    tr->sumsq = (double *)gm_arena_alloc(a, 2 * sizeof(double), GM_MEM_WORKSPACE);
+    tr->sumsq = (double *)gm_arena_alloc(a, (size_t)tr->cap_params * sizeof(double), GM_MEM_WORKSPACE);
+    tr->h_sumsq = (double *)gm_arena_alloc(h, (size_t)tr->cap_params * sizeof(double), GM_MEM_WORKSPACE);
 #undef F32
     tr->h_rows = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
     tr->h_tgt = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
@@ -836,15 +838,13 @@ gm_status gm_trainer_step(gm_trainer *tr, const gm_batch *micro, int n_micro, gm
     /* gradient norm (and a non-finite check per tensor) */
     const gm_kctx *kc = &tr->g.kc;
     double sq = 0;
+    for (int i = 0; i < tr->n_params; i++) tr->g.k->sumsq(kc, tr->sumsq + i, tr->params[i].d, tr->params[i].n);
+    gm_backend_download(tr->be, tr->h_sumsq, tr->sumsq, (size_t)tr->n_params * sizeof(double));
     for (int i = 0; i < tr->n_params; i++) {
-        const gm_train_param *q = &tr->params[i];
-        double one;
-        tr->g.k->sumsq(kc, tr->sumsq, q->d, q->n);
-        gm_backend_download(tr->be, &one, tr->sumsq, sizeof one);
-        if (!isfinite(one))
+        if (!isfinite(tr->h_sumsq[i]))
             return gm_error_set(err, GM_ERR_NONFINITE, "step %lld: gradient of %s is non-finite; the adapters were not updated",
-                                (long long)tr->step + 1, q->name);
-        sq += one;
+                                (long long)tr->step + 1, tr->params[i].name);
+        sq += tr->h_sumsq[i];
     }
     double norm = sqrt(sq);
     if (tr->o.max_grad_norm > 0) {
