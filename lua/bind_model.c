@@ -9,6 +9,9 @@
  * Lua API (table `gm`):
  *   gm.load_model(path_or_name [, {threads = n}])      -> model
  *   gm.hub_id(name)                                    -> Hugging Face repository of a fetched model, or nil
+ *   gm.with_vision_tower(text, {hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
+ *        image_size, patch_size, mm_tokens_per_image, seed = 0, dtype = "f32"}) -> path, written: the
+ *        text model with a new vision tower, as a Hugging Face folder in the cache (written once)
  *   model:tokenize(text [, {bos = true, special = false}]) -> {ids...}
  *   model:detokenize(ids [, {special = false}])       -> string
  *   model:generate(prompt [, opts])                   -> text, {prompt_tokens, new_tokens,
@@ -49,6 +52,8 @@
 #include "gm_tokenizer.h"
 
 #include <lauxlib.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <math.h>
 #include <string.h>
@@ -77,6 +82,70 @@ static int l_load_model(lua_State *L) {
     if (gm_model_load(path, NULL, &lm->m, &err) != GM_OK) return gm_bind_raise(L, &err);
     lm->n_threads = threads > 0 ? threads : 2;
     return 1;
+}
+
+/* gm.with_vision_tower(text, spec) -> path, written: text model `text` (a path or fetched name)
+ * with a new SigLIP tower and projector of spec's shape (Hugging Face's vision_config names, plus
+ * mm_tokens_per_image, seed, dtype "f32" | "bf16"), written once by gm_model_save_with_tower into
+ * <cache>/models/<text file stem>-vision-<12 hex>, the hex the sha256 of the text model's files'
+ * sha256 and the spec: the same text model and spec always name the same folder, whose existence
+ * means it is whole (it is renamed into place). `written`: false when it was there already. */
+static int l_with_vision_tower(lua_State *L) {
+    const char *text = luaL_checkstring(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    static const char *const allowed[] = {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                                          "image_size", "patch_size", "mm_tokens_per_image", "seed", "dtype", NULL};
+    gm_bind_check_opts(L, 2, "with_vision_tower", allowed);
+    gm_vision_config v = {0};
+    static const char *const need[] = {"hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+                                       "image_size", "patch_size", "mm_tokens_per_image"};
+    int64_t *dst[] = {&v.hidden_size, &v.n_layers, &v.n_heads, &v.intermediate_size, &v.image_size, &v.patch_size, &v.tokens};
+    for (int i = 0; i < 7; i++) {
+        *dst[i] = gm_bind_opt_int(L, 2, need[i], 0);
+        if (*dst[i] <= 0 || *dst[i] > (1 << 20))
+            return luaL_error(L, "with_vision_tower: %s must be a positive integer (got %I)", need[i], (lua_Integer)*dst[i]);
+    }
+    const lua_Integer seed = gm_bind_opt_int(L, 2, "seed", 0);
+    const char *dtname = gm_bind_opt_str(L, 2, "dtype", "f32");
+    gm_dtype dt;
+    if (!gm_dtype_from_name(dtname, &dt) || (dt != GM_F32 && dt != GM_BF16))
+        return luaL_error(L, "with_vision_tower: dtype must be \"f32\" or \"bf16\", not \"%s\"", dtname);
+    gm_error err = {0};
+    char path[1200];
+    if (gm_resolve_model(text, path, sizeof path, &err) != GM_OK) return gm_bind_raise(L, &err);
+    gm_model *m = NULL;
+    if (gm_model_load(path, NULL, &m, &err) != GM_OK) return gm_bind_raise(L, &err);
+    char hex[65], line[1400];
+    gm_status s = gm_model_sha256(m, hex, NULL, 0, &err);
+    int n = snprintf(line, sizeof line, "gemmarun with_vision_tower 1\n%s\n%lld %lld %lld %lld %lld %lld %lld %lld %s\n", hex,
+                     (long long)v.hidden_size, (long long)v.n_layers, (long long)v.n_heads, (long long)v.intermediate_size,
+                     (long long)v.image_size, (long long)v.patch_size, (long long)v.tokens, (long long)seed, gm_dtype_name(dt));
+    unsigned char md[32];
+    unsigned int mdlen = 0;
+    if (s == GM_OK && EVP_Digest(line, (size_t)n, md, &mdlen, EVP_sha256(), NULL) != 1)
+        s = gm_error_set(&err, GM_ERR_IO, "sha256 failed");
+    char dir[1024], out[2400], stem[256];
+    const char *base = strrchr(path, '/') ? strrchr(path, '/') + 1 : path;
+    snprintf(stem, sizeof stem, "%.200s", base);
+    char *dot = strrchr(stem, '.');
+    if (dot && dot != stem) *dot = '\0';
+    gm_cache_dir(dir, sizeof dir);
+    snprintf(out, sizeof out, "%s/models", dir);
+    (void)mkdir(dir, 0755), (void)mkdir(out, 0755); /* as gemmarun fetch makes them */
+    snprintf(out, sizeof out, "%s/models/%s-vision-", dir, stem);
+    for (int i = 0; i < 6; i++) snprintf(out + strlen(out), 3, "%02x", md[i]);
+    struct stat sb;
+    bool written = false;
+    if (s == GM_OK && stat(out, &sb) != 0) {
+        gm_merged_info info;
+        s = gm_model_save_with_tower(m, &v, (uint64_t)seed, dt, out, &info, &err);
+        written = s == GM_OK;
+    }
+    gm_model_free(m);
+    if (s != GM_OK) return gm_bind_raise(L, &err);
+    lua_pushstring(L, out);
+    lua_pushboolean(L, written);
+    return 2;
 }
 
 static const gm_tokenizer *need_tok(lua_State *L, lmodel *lm) {
@@ -638,7 +707,7 @@ void gm_lua_open_model(lua_State *L) {
     lua_pushcfunction(L, l_tostring);
     lua_setfield(L, -2, "__tostring");
     lua_pop(L, 1);
-    static const luaL_Reg fns[] = {{"load_model", l_load_model}, {"hub_id", l_hub_id}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"load_model", l_load_model}, {"hub_id", l_hub_id}, {"with_vision_tower", l_with_vision_tower}, {NULL, NULL}};
     luaL_newlib(L, fns);
     lua_setglobal(L, "gm");
 }

@@ -223,6 +223,24 @@ end
 --- grid{ field = {v1, v2, ...}, ... }: every combination (the first key varies slowest).
 function API.grid(spec) return tagged("grid", spec) end
 
+--- with_vision_tower{ text = "gemma3-270m", hidden_size = 128, num_hidden_layers = 2,
+--- num_attention_heads = 4, intermediate_size = 512, image_size = 32, patch_size = 4,
+--- mm_tokens_per_image = 16, seed = 0, dtype = "f32" }: as experiment.model, the text model with a
+--- new, randomly initialized SigLIP vision tower and projector of that shape (Hugging Face's
+--- vision_config names), written once into the cache as a Hugging Face Gemma3ForConditionalGeneration
+--- folder (core/store/gm_merged.h gm_model_save_with_tower). Its projector starts at zero: train it
+--- (train.modules_to_save = "multi_modal_projector") and the tower's linears (train.vision_targets).
+local TOWER_KEYS = { "text", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size",
+  "patch_size", "mm_tokens_per_image", "seed", "dtype" }
+function API.with_vision_tower(spec)
+  local t = tagged("with_vision_tower", spec)
+  check_keys(t, TOWER_KEYS, "with_vision_tower")
+  if type(t.text) ~= "string" or t.text == "" then
+    usage(t._where, "with_vision_tower: text must be a text model's path or name (e.g. \"gemma3-270m\")")
+  end
+  return t
+end
+
 --- random{ n = trials, seed = s, field = {choices} | uniform(a, b) | log_uniform(a, b) | int(a, b) }
 function API.random(spec) return tagged("random", spec) end
 function API.uniform(a, b) return { _dist = "uniform", a = a, b = b } end
@@ -411,7 +429,10 @@ function M.validate(e)
   if type(e.name) ~= "string" or not e.name:match("^[%w_%-]+$") then
     usage(from0("name"), "experiment.name = %s: must be a name of letters, digits, _ and - (it names the results files)", tostring(e.name))
   end
-  if type(e.model) ~= "string" or e.model == "" then usage(from0("model"), "experiment.model must be a model path or name (e.g. \"gemma3-270m\")") end
+  local composed = type(e.model) == "table" and e.model._kind == "with_vision_tower"
+  if not composed and (type(e.model) ~= "string" or e.model == "") then
+    usage(from0("model"), "experiment.model must be a model path or name (e.g. \"gemma3-270m\") or with_vision_tower{...}")
+  end
   if e.model_adapter ~= nil and (type(e.model_adapter) ~= "string" or e.model_adapter == "") then
     usage(from0("model_adapter"), "experiment.model_adapter must be the path of an adapter to start from (a PEFT adapter folder, a "
       .. "results folder of one trial, a trial file or a checkpoint)")

@@ -1159,9 +1159,26 @@ local function check_lengths(ctx, e, selected, items)
   end
 end
 
+--- experiment.model = with_vision_tower{...}: the composed model's folder in the cache (written the
+--- first time: the text model's weights converted, the new tower drawn), which then stands for the
+--- model everywhere (trials' config.model, provenance, reproduce).
+local function resolve_composed_model(e)
+  local m = e.model
+  if type(m) ~= "table" then return end
+  local spec = {}
+  for k, v in pairs(m) do if k ~= "text" and k:sub(1, 1) ~= "_" then spec[k] = v end end
+  local ok, path, written = pcall(gm.with_vision_tower, m.text, spec)
+  if not ok then P.usage(m._where, "with_vision_tower: %s", clean_msg(path)) end
+  say("model: %s with a new vision tower (%d layers of width %d, %d x %d images in %d-pixel patches, %d tokens per image, "
+    .. "seed %d): %s%s", m.text, m.num_hidden_layers, m.hidden_size, m.image_size, m.image_size, m.patch_size,
+    m.mm_tokens_per_image, m.seed or 0, path, written and " (written now)" or "")
+  e.model = path
+end
+
 function R.run(e, cli)
   P.apply_overrides(e, cli.set)
   P.validate(e)
+  resolve_composed_model(e)
   local trials, swept = P.expand(e, cli.max_trials)
   local selected = trials
   if cli.trial then

@@ -727,10 +727,41 @@ gm_status gm_config_to_json(const gm_config *c, const char *dtype, char **out, g
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "writing a config.json for %s models is not implemented yet (Gemma 3 is)",
                             gm_arch_name(c->arch));
     int full = first_layer(c, GM_LAYER_FULL), slide = first_layer(c, GM_LAYER_SLIDING);
-    cJSON *j = cJSON_CreateObject(), *a;
+    const gm_vision_config *v = &c->vision;
+    const bool mm = v->hidden_size > 0;
+    cJSON *j = cJSON_CreateObject(), *a, *root = j;
     if (!j) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    a = cJSON_AddArrayToObject(j, "architectures");
-    cJSON_AddItemToArray(a, cJSON_CreateString("Gemma3ForCausalLM"));
+    if (mm) {
+        /* Gemma3Config (transformers' configuration_gemma3.py): the decoder as text_config, the
+         * tower as vision_config (SiglipVisionConfig without its pooling head) */
+        a = cJSON_AddArrayToObject(root, "architectures");
+        cJSON_AddItemToArray(a, cJSON_CreateString("Gemma3ForConditionalGeneration"));
+        cJSON_AddNumberToObject(root, "boi_token_index", v->boi_id);
+        cJSON_AddStringToObject(root, "dtype", dtype);
+        cJSON_AddNumberToObject(root, "eoi_token_index", v->eoi_id);
+        cJSON_AddNumberToObject(root, "image_token_index", v->image_token_id);
+        cJSON_AddNumberToObject(root, "initializer_range", 0.02);
+        cJSON_AddNumberToObject(root, "mm_tokens_per_image", (double)v->tokens);
+        cJSON_AddStringToObject(root, "model_type", "gemma3");
+        cJSON_AddBoolToObject(root, "tie_word_embeddings", c->tie_word_embeddings);
+        cJSON *vc = cJSON_AddObjectToObject(root, "vision_config");
+        cJSON_AddNumberToObject(vc, "attention_dropout", 0);
+        cJSON_AddStringToObject(vc, "hidden_act", "gelu_pytorch_tanh");
+        cJSON_AddNumberToObject(vc, "hidden_size", (double)v->hidden_size);
+        cJSON_AddNumberToObject(vc, "image_size", (double)v->image_size);
+        cJSON_AddNumberToObject(vc, "intermediate_size", (double)v->intermediate_size);
+        cJSON_AddNumberToObject(vc, "layer_norm_eps", gm_f32_shortest(v->layer_norm_eps));
+        cJSON_AddStringToObject(vc, "model_type", "siglip_vision_model");
+        cJSON_AddNumberToObject(vc, "num_attention_heads", (double)v->n_heads);
+        cJSON_AddNumberToObject(vc, "num_channels", 3);
+        cJSON_AddNumberToObject(vc, "num_hidden_layers", (double)v->n_layers);
+        cJSON_AddNumberToObject(vc, "patch_size", (double)v->patch_size);
+        cJSON_AddBoolToObject(vc, "vision_use_head", false);
+        j = cJSON_AddObjectToObject(root, "text_config");
+    } else {
+        a = cJSON_AddArrayToObject(j, "architectures");
+        cJSON_AddItemToArray(a, cJSON_CreateString("Gemma3ForCausalLM"));
+    }
     cJSON_AddBoolToObject(j, "attention_bias", false);
     cJSON_AddNumberToObject(j, "attention_dropout", 0);
     if (c->attn_logit_softcap > 0) cJSON_AddNumberToObject(j, "attn_logit_softcapping", gm_f32_shortest(c->attn_logit_softcap));
@@ -776,7 +807,7 @@ gm_status gm_config_to_json(const gm_config *c, const char *dtype, char **out, g
     cJSON_AddBoolToObject(j, "use_bidirectional_attention", false);
     cJSON_AddBoolToObject(j, "use_cache", true);
     cJSON_AddNumberToObject(j, "vocab_size", (double)c->vocab_size);
-    *out = cJSON_Print(j);
-    cJSON_Delete(j);
+    *out = cJSON_Print(root);
+    cJSON_Delete(root);
     return *out ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
 }

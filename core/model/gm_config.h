@@ -153,8 +153,10 @@ gm_status gm_config_preset(const char *name, gm_config *cfg, gm_error *err);
 /* The config as a Hugging Face config.json for Gemma3ForCausalLM (model_type "gemma3_text"), the
  * fields transformers' Gemma3TextConfig writes, with `dtype` ("float32", "bfloat16", ...) as the
  * weights' dtype: layer_types and rope_parameters (transformers >= 5) and the same RoPE as
- * rope_theta / rope_local_base_freq / rope_scaling (older versions). gm_config_from_json reads it
- * back to the same config. *out: cJSON_Print text, free with cJSON_free. Errors: GM_ERR_UNSUPPORTED
+ * rope_theta / rope_local_base_freq / rope_scaling (older versions). A config with a vision tower
+ * (vision.hidden_size > 0) is written as Gemma3ForConditionalGeneration (model_type "gemma3"): the
+ * decoder's fields as text_config, the tower as vision_config, mm_tokens_per_image and the image
+ * token ids at the top. gm_config_from_json reads it back to the same config. *out: cJSON_Print text, free with cJSON_free. Errors: GM_ERR_UNSUPPORTED
  * for a Gemma 3n / 4 config (not written yet), GM_ERR_NOMEM. */
 gm_status gm_config_to_json(const gm_config *c, const char *dtype, char **out, gm_error *err);
 

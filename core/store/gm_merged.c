@@ -9,11 +9,13 @@
 #include "gm_gguf.h"
 #include "gm_mmap.h"
 #include "gm_quant.h"
+#include "gm_rng.h"
 #include "gm_safetensors.h"
 #include "gm_tokenizer.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -35,7 +37,7 @@ typedef struct out_tensor {
     char name[256];
     gm_dtype dtype;
     int ndim;
-    int64_t shape[2];
+    int64_t shape[4];
     void *data;
 } out_tensor;
 
@@ -87,8 +89,30 @@ static void *encode(const float *x, int64_t rows, int64_t cols, gm_dtype dt, siz
 }
 
 /* Reads, merges and encodes one weight of the spec (layer < 0: model-level) into the list. */
+/* Where a Hugging Face folder's weights are named: the decoder's module prefix ("model." for
+ * Gemma3ForCausalLM, "language_model.model." in a multimodal checkpoint) and the root of its
+ * top-level weights ("" and "language_model."). */
+typedef struct hf_names {
+    const char *prefix, *root;
+} hf_names;
+static const hf_names TEXT_NAMES = {"model.", ""};
+
+/* Appends an empty tensor to the list; NULL when out of memory. */
+static out_tensor *out_push(out_list *o) {
+    if (o->n == o->cap) {
+        int cap = o->cap * 2 + 64;
+        out_tensor *nt = gm_realloc(o->t, (size_t)cap * sizeof *nt);
+        if (!nt) return NULL;
+        o->t = nt, o->cap = cap;
+    }
+    out_tensor *t = &o->t[o->n];
+    memset(t, 0, sizeof *t);
+    return t;
+}
+
 static gm_status add_weight(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format fmt, gm_dtype dtype,
-                            const gm_weight_spec *w, int64_t layer, int slot, out_list *o, int *n_merged, gm_error *err) {
+                            const hf_names *hn, const gm_weight_spec *w, int64_t layer, int slot, out_list *o, int *n_merged,
+                            gm_error *err) {
     const gm_config *c = &m->cfg;
     int64_t rows = gm_dim_value(c, layer, w->rows, 0), cols = w->cols == GM_DIM_NONE ? 0 : gm_dim_value(c, layer, w->cols, 0);
     const int64_t n = cols ? rows * cols : rows;
@@ -117,22 +141,16 @@ static gm_status add_weight(const gm_model *m, const gm_lora *lo, gm_backend *be
     gm_dtype dt = dtype;
     if (fmt == GM_MERGED_GGUF && !cols) dt = GM_F32;
     if (dt == GM_Q8_0 && cols % 32 != 0) dt = GM_F16;
-    if (s == GM_OK && o->n == o->cap) {
-        int cap = o->cap * 2 + 64;
-        out_tensor *nt = gm_realloc(o->t, (size_t)cap * sizeof *nt);
-        if (!nt) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-        else o->t = nt, o->cap = cap;
-    }
+    out_tensor *t = s == GM_OK ? out_push(o) : NULL;
+    if (s == GM_OK && !t) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     if (s == GM_OK) {
-        out_tensor *t = &o->t[o->n];
-        memset(t, 0, sizeof *t);
         if (fmt == GM_MERGED_GGUF) {
             if (layer >= 0) snprintf(t->name, sizeof t->name, "blk.%lld.%s", (long long)layer, w->gguf);
             else snprintf(t->name, sizeof t->name, "%s", w->gguf);
         } else {
-            /* a text-only checkpoint: the decoder under "model." whatever the base's layout */
-            if (layer >= 0) snprintf(t->name, sizeof t->name, "model.layers.%lld.%s", (long long)layer, w->hf);
-            else snprintf(t->name, sizeof t->name, "%s%s", w->top_level ? "" : "model.", w->hf);
+            /* the decoder under hn's prefix whatever the base's layout */
+            if (layer >= 0) snprintf(t->name, sizeof t->name, "%slayers.%lld.%s", hn->prefix, (long long)layer, w->hf);
+            else snprintf(t->name, sizeof t->name, "%s%s", w->top_level ? hn->root : hn->prefix, w->hf);
         }
         t->dtype = dt;
         t->ndim = cols ? 2 : 1;
@@ -148,18 +166,18 @@ static gm_status add_weight(const gm_model *m, const gm_lora *lo, gm_backend *be
 }
 
 /* Every weight of the spec, model-level first, then layer by layer (the loader's order). */
-static gm_status collect(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format fmt, gm_dtype dtype, out_list *o,
-                         int *n_merged, gm_error *err) {
+static gm_status collect(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format fmt, gm_dtype dtype,
+                         const hf_names *hn, out_list *o, int *n_merged, gm_error *err) {
     const gm_config *c = &m->cfg;
     const gm_arch_def *ar = m->arch;
     for (int gi = 0; gi < ar->n_globals; gi++) {
         if (gi == GM_GLOBAL_LM_HEAD && c->tie_word_embeddings) continue;
         if (!gm_weight_present(&ar->globals[gi], c, -1)) continue;
-        GM_TRY(add_weight(m, lo, be, fmt, dtype, &ar->globals[gi], -1, -1, o, n_merged, err));
+        GM_TRY(add_weight(m, lo, be, fmt, dtype, hn, &ar->globals[gi], -1, -1, o, n_merged, err));
     }
     for (int64_t l = 0; l < c->n_layers; l++)
         for (int sl = 0; sl < ar->n_layer; sl++)
-            if (gm_weight_present(&ar->layer[sl], c, l)) GM_TRY(add_weight(m, lo, be, fmt, dtype, &ar->layer[sl], l, sl, o, n_merged, err));
+            if (gm_weight_present(&ar->layer[sl], c, l)) GM_TRY(add_weight(m, lo, be, fmt, dtype, hn, &ar->layer[sl], l, sl, o, n_merged, err));
     return GM_OK;
 }
 
@@ -227,14 +245,15 @@ static const char *torch_dtype(gm_dtype dt) {
     return dt == GM_BF16 ? "bfloat16" : dt == GM_F16 ? "float16" : "float32";
 }
 
-static gm_status save_hf(const gm_model *m, const out_list *o, gm_dtype dtype, const char *dir, gm_merged_info *info,
-                         gm_error *err) {
+/* Writes the folder's files: the weights in o, config.json of `cfg`, generation_config.json, the
+ * tokenizer. */
+static gm_status save_hf(const gm_model *m, const gm_config *cfg, const out_list *o, gm_dtype dtype, const char *dir,
+                         gm_merged_info *info, gm_error *err) {
     gm_st_write_tensor *wt = gm_calloc((size_t)o->n, sizeof *wt);
     if (!wt) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     for (int i = 0; i < o->n; i++) {
         const out_tensor *t = &o->t[i];
-        wt[i] = (gm_st_write_tensor){t->name, t->dtype, t->ndim, {t->shape[0], t->shape[1]}, t->data};
-        if (t->ndim == 1) wt[i].shape[0] = t->shape[0];
+        wt[i] = (gm_st_write_tensor){t->name, t->dtype, t->ndim, {t->shape[0], t->shape[1], t->shape[2], t->shape[3]}, t->data};
     }
     char path[4352];
     snprintf(path, sizeof path, "%s/model.safetensors", dir);
@@ -243,7 +262,7 @@ static gm_status save_hf(const gm_model *m, const out_list *o, gm_dtype dtype, c
     gm_free(wt);
     GM_TRY(s);
     char *json;
-    GM_TRY(gm_config_to_json(&m->cfg, torch_dtype(dtype), &json, err));
+    GM_TRY(gm_config_to_json(cfg, torch_dtype(dtype), &json, err));
     s = write_text(dir, "config.json", json, err);
     cJSON_free(json);
     GM_TRY(s);
@@ -343,25 +362,62 @@ static void remove_folder(const char *dir) {
     rmdir(dir);
 }
 
+/* The checks before writing a Hugging Face folder at `out` from base m in `dtype`. */
+static gm_status check_hf_out(const gm_model *m, gm_dtype dtype, const char *out, gm_error *err) {
+    struct stat sb;
+    char base_dir[4096];
+    source_dir(m, base_dir, sizeof base_dir);
+    if (dtype == GM_F16)
+        return gm_error_set(err, GM_ERR_INVALID, "f16: Gemma's activations overflow in float16, so transformers (which "
+                "computes in the config's dtype) gives NaN logits: use bf16 (the default) or f32");
+    if (dtype != GM_F32 && dtype != GM_BF16)
+        return gm_error_set(err, GM_ERR_INVALID, "a Hugging Face folder takes dtype bf16 or f32, not %s", gm_dtype_name(dtype));
+    if (stat(out, &sb) == 0 && !S_ISDIR(sb.st_mode))
+        return gm_error_set(err, GM_ERR_INVALID, "%s exists and is not a folder: give a folder to write the merged model into", out);
+    if (same_file(out, base_dir))
+        return gm_error_set(err, GM_ERR_INVALID, "%s is the base model's folder: give another folder (the base is kept)", out);
+    GM_TRY(check_folder(out, err));
+    return GM_OK;
+}
+
+/* OUT.partial made empty (a stale one cleared), for a folder written and then renamed into place
+ * (finish_hf_out): an interrupted or failed write never leaves a half-written model at OUT. */
+static gm_status start_hf_out(const char *out, char *part, size_t cap, gm_error *err) {
+    if ((size_t)snprintf(part, cap, "%s.partial", out) >= cap || strlen(out) + 5 >= 4096)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: path too long", out);
+    GM_TRY(check_folder(part, err));
+    remove_folder(part);
+    if (mkdir(part, 0755) != 0) return gm_error_set(err, GM_ERR_IO, "%s: cannot create the folder: %s", part, strerror(errno));
+    return GM_OK;
+}
+
+/* s == GM_OK: OUT (an earlier export, checked) aside, the new folder `part` in its place, then the
+ * old one gone; else `part` removed. Returns the status. */
+static gm_status finish_hf_out(gm_status s, const char *out, const char *part, gm_error *err) {
+    if (s != GM_OK) {
+        remove_folder(part);
+        return s;
+    }
+    char old[4200];
+    snprintf(old, sizeof old, "%s.old", out);
+    struct stat sb;
+    bool had = stat(out, &sb) == 0;
+    remove_folder(old);
+    if (had && rename(out, old) != 0)
+        return gm_error_set(err, GM_ERR_IO, "%s: cannot replace it: %s (the new model is in %s)", out, strerror(errno), part);
+    if (rename(part, out) != 0) return gm_error_set(err, GM_ERR_IO, "%s: cannot rename %s to it: %s", out, part, strerror(errno));
+    if (had) remove_folder(old);
+    return GM_OK;
+}
+
 gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format format, gm_dtype dtype,
                                const char *out, gm_merged_info *info, gm_error *err) {
     gm_merged_info dummy;
     if (!info) info = &dummy;
     memset(info, 0, sizeof *info);
     struct stat sb;
-    char base_dir[4096];
-    source_dir(m, base_dir, sizeof base_dir);
     if (format == GM_MERGED_HF) {
-        if (dtype == GM_F16)
-            return gm_error_set(err, GM_ERR_INVALID, "f16: Gemma's activations overflow in float16, so transformers (which "
-                                "computes in the config's dtype) gives NaN logits: use bf16 (the default) or f32");
-        if (dtype != GM_F32 && dtype != GM_BF16)
-            return gm_error_set(err, GM_ERR_INVALID, "a Hugging Face folder takes dtype bf16 or f32, not %s", gm_dtype_name(dtype));
-        if (stat(out, &sb) == 0 && !S_ISDIR(sb.st_mode))
-            return gm_error_set(err, GM_ERR_INVALID, "%s exists and is not a folder: give a folder to write the merged model into", out);
-        if (same_file(out, base_dir))
-            return gm_error_set(err, GM_ERR_INVALID, "%s is the base model's folder: give another folder (the base is kept)", out);
-        GM_TRY(check_folder(out, err));
+        GM_TRY(check_hf_out(m, dtype, out, err));
     } else {
         if (dtype != GM_F32 && dtype != GM_BF16 && dtype != GM_F16 && dtype != GM_Q8_0)
             return gm_error_set(err, GM_ERR_INVALID, "a merged GGUF takes dtype f32, f16, bf16 or q8_0, not %s", gm_dtype_name(dtype));
@@ -378,37 +434,137 @@ gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, gm_backend 
     }
     if (m->cfg.arch != GM_ARCH_GEMMA3)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "merging into %s models is not implemented yet", gm_arch_name(m->cfg.arch));
-    /* a folder is written as OUT.partial, then put in OUT's place: an interrupted or failed
-     * export never leaves a half-written model at OUT (a stale OUT.partial is cleared first) */
-    char part[4200], old[4200];
-    if (format == GM_MERGED_HF) {
-        if ((size_t)snprintf(part, sizeof part, "%s.partial", out) >= 4096 || (size_t)snprintf(old, sizeof old, "%s.old", out) >= 4096)
-            return gm_error_set(err, GM_ERR_INVALID, "%s: path too long", out);
-        GM_TRY(check_folder(part, err));
-        remove_folder(part);
-        if (mkdir(part, 0755) != 0)
-            return gm_error_set(err, GM_ERR_IO, "%s: cannot create the folder: %s", part, strerror(errno));
-    }
+    char part[4200];
+    if (format == GM_MERGED_HF) GM_TRY(start_hf_out(out, part, sizeof part, err));
     out_list o = {0};
-    gm_status s = collect(m, lo, be, format, dtype, &o, &info->n_merged, err);
-    if (s == GM_OK) s = format == GM_MERGED_HF ? save_hf(m, &o, dtype, part, info, err) : save_gguf(m, &o, dtype, out, info, err);
+    gm_status s = collect(m, lo, be, format, dtype, &TEXT_NAMES, &o, &info->n_merged, err);
+    if (s == GM_OK) s = format == GM_MERGED_HF ? save_hf(m, &m->cfg, &o, dtype, part, info, err) : save_gguf(m, &o, dtype, out, info, err);
     info->n_tensors = o.n;
     info->bytes = o.bytes;
     out_free(&o);
-    if (format == GM_MERGED_HF) {
-        if (s == GM_OK) {
-            /* OUT (an earlier export, checked above) aside, the new folder in its place, then the old one gone */
-            bool had = stat(out, &sb) == 0;
-            remove_folder(old);
-            if (had && rename(out, old) != 0)
-                s = gm_error_set(err, GM_ERR_IO, "%s: cannot replace it: %s (the new model is in %s)", out, strerror(errno), part);
-            else if (rename(part, out) != 0)
-                s = gm_error_set(err, GM_ERR_IO, "%s: cannot rename %s to it: %s", out, part, strerror(errno));
-            else if (had)
-                remove_folder(old);
-        } else {
-            remove_folder(part);
-        }
-    }
+    if (format == GM_MERGED_HF) s = finish_hf_out(s, out, part, err);
     return s;
+}
+
+/* ---- a text model with a new vision tower -------------------------------------------------- */
+
+/* A standard normal draw (Box-Muller on two uniforms; 1 - u keeps the log finite). */
+static float normal_draw(gm_rng *r) {
+    double u1 = 1.0 - (double)gm_rng_uniform(r), u2 = (double)gm_rng_uniform(r);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* FNV-1a of a name: each weight's random stream is keyed by its name, so its values do not
+ * depend on the order the weights are written in. */
+static uint64_t name_stream(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+/* One weight of the new tower, initialized as transformers initializes a
+ * Gemma3ForConditionalGeneration made from its config (PreTrainedModel._init_weights with
+ * initializer_range 0.02, then Gemma3PreTrainedModel._init_weights): linears, the patch
+ * convolution and the position embedding N(0, 0.02^2); biases 0; LayerNorm weights 1; the
+ * projector's weight 0 and its RMSNorm's w 0 (scale 1 + w = 1). A zero projector means an image
+ * adds nothing until the projector trains (modules_to_save). */
+static gm_status add_tower_weight(const gm_config *tc, const gm_weight_spec *w, int64_t layer, bool is_proj, bool is_patch,
+                                  uint64_t seed, gm_dtype dtype, const char *name, out_list *o, gm_error *err) {
+    int64_t rows = gm_dim_value(tc, layer, w->rows, 0), cols = w->cols == GM_DIM_NONE ? 0 : gm_dim_value(tc, layer, w->cols, 0);
+    const int64_t n = cols ? rows * cols : rows;
+    float *x = gm_malloc((size_t)n * sizeof *x);
+    if (!x) return gm_error_set(err, GM_ERR_NOMEM, "out of memory for %s", name);
+    size_t len = strlen(w->hf);
+    bool bias = len >= 5 && strcmp(w->hf + len - 5, ".bias") == 0;
+    if ((w->kind == GM_W_LINEAR || w->kind == GM_W_EMBED) && !is_proj) {
+        gm_rng r = gm_rng_seed(seed, name_stream(name));
+        for (int64_t i = 0; i < n; i++) x[i] = 0.02f * normal_draw(&r);
+    } else {
+        const float v = w->kind == GM_W_VEC && !bias ? 1.0f : 0.0f; /* LayerNorm weight 1; biases, RMSNorm w, projector 0 */
+        for (int64_t i = 0; i < n; i++) x[i] = v;
+    }
+    out_tensor *t = out_push(o);
+    if (!t) {
+        gm_free(x);
+        return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    }
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = dtype;
+    if (is_patch) { /* Conv2d's (C, 3, p, p) */
+        const int64_t p = tc->vision.patch_size;
+        t->ndim = 4, t->shape[0] = rows, t->shape[1] = 3, t->shape[2] = p, t->shape[3] = p;
+    } else if (w->transposed) { /* the projector is stored (C, C_text) */
+        t->ndim = 2, t->shape[0] = cols, t->shape[1] = rows;
+    } else {
+        t->ndim = cols ? 2 : 1, t->shape[0] = rows, t->shape[1] = cols;
+    }
+    size_t bytes;
+    t->data = encode(x, cols ? rows : 1, cols ? cols : rows, dtype, &bytes);
+    gm_free(x);
+    if (!t->data) return gm_error_set(err, GM_ERR_NOMEM, "out of memory encoding %s", name);
+    o->n++, o->bytes += bytes;
+    return GM_OK;
+}
+
+/* The id of special token `text` in m's vocabulary, else `fallback`. */
+static int32_t special_id(const gm_model *m, const char *text, int32_t fallback) {
+    int32_t id = m->tok ? gm_tokenizer_find(m->tok, text, strlen(text)) : -1;
+    return id >= 0 ? id : fallback;
+}
+
+gm_status gm_model_save_with_tower(const gm_model *m, const gm_vision_config *vision, uint64_t seed, gm_dtype dtype,
+                                   const char *out, gm_merged_info *info, gm_error *err) {
+    gm_merged_info dummy;
+    if (!info) info = &dummy;
+    memset(info, 0, sizeof *info);
+    if (m->cfg.arch != GM_ARCH_GEMMA3)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: a vision tower is attached to Gemma 3 text models; this is %s", m->path,
+                            gm_arch_name(m->cfg.arch));
+    if (m->vision || m->cfg.vision.hidden_size > 0)
+        return gm_error_set(err, GM_ERR_INVALID, "%s already has a vision tower: use it as it is", m->path);
+    if (!m->tok)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: the text model has no tokenizer (its <start_of_image> is needed)", m->path);
+    GM_TRY(check_hf_out(m, dtype, out, err));
+    /* the multimodal config: the decoder's, with the tower; the image markers are the vocabulary's
+     * own <start_of_image> / <end_of_image> (Gemma 3's 255999 / 256000, in every Gemma 3 tokenizer);
+     * the soft token's id may lie outside the vocabulary (the 270M has 262,144 entries, the id is
+     * 262144): its rows are never embedded, as transformers replaces them before embedding */
+    gm_config mm = m->cfg, tc;
+    mm.vision = *vision;
+    gm_vision_config *v = &mm.vision;
+    if (v->layer_norm_eps <= 0) v->layer_norm_eps = 1e-6f;
+    v->boi_id = special_id(m, "<start_of_image>", -1);
+    v->eoi_id = special_id(m, "<end_of_image>", -1);
+    v->image_token_id = special_id(m, "<image_soft_token>", 262144);
+    if (v->boi_id < 0 || v->eoi_id < 0)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: the vocabulary has no <start_of_image> / <end_of_image> token", m->path);
+    if (v->patch_size > 0 && v->image_size > 0) v->patches = (v->image_size / v->patch_size) * (v->image_size / v->patch_size);
+    v->out_hidden_size = mm.hidden_size;
+    GM_TRY(gm_config_vision_tower(&mm, &tc, err));
+    v->params = 0; /* a planning figure, counted again when the folder is read */
+    char part[4200];
+    GM_TRY(start_hf_out(out, part, sizeof part, err));
+    /* the hub's layout (what transformers' save_pretrained writes for Gemma3ForConditionalGeneration) */
+    static const hf_names MM_NAMES = {"language_model.model.", "language_model."};
+    static const char TOWER[] = "vision_tower.vision_model.";
+    out_list o = {0};
+    gm_status s = collect(m, NULL, NULL, GM_MERGED_HF, dtype, &MM_NAMES, &o, &info->n_merged, err);
+    const gm_arch_def *ar = gm_arch_get(GM_ARCH_SIGLIP);
+    char name[256];
+    for (int gi = 0; s == GM_OK && gi < ar->n_globals; gi++) {
+        const gm_weight_spec *w = &ar->globals[gi];
+        if (gi == GM_GLOBAL_LM_HEAD || !gm_weight_present(w, &tc, -1)) continue; /* the tied slot: the position embedding */
+        snprintf(name, sizeof name, "%s%s", w->top_level ? "" : TOWER, w->hf);
+        s = add_tower_weight(&tc, w, -1, gi == GM_SIGLIP_MM_PROJ, gi == GM_SIGLIP_PATCH, seed, dtype, name, &o, err);
+    }
+    for (int64_t l = 0; s == GM_OK && l < tc.n_layers; l++)
+        for (int sl = 0; s == GM_OK && sl < ar->n_layer; sl++) {
+            snprintf(name, sizeof name, "%s%s%lld.%s", TOWER, ar->layers_prefix, (long long)l, ar->layer[sl].hf);
+            s = add_tower_weight(&tc, &ar->layer[sl], l, false, false, seed, dtype, name, &o, err);
+        }
+    if (s == GM_OK) s = save_hf(m, &mm, &o, dtype, part, info, err);
+    info->n_tensors = o.n;
+    info->bytes = o.bytes;
+    out_free(&o);
+    return finish_hf_out(s, out, part, err);
 }

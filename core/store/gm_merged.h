@@ -65,6 +65,29 @@ typedef struct gm_merged_info {
 gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format format, gm_dtype dtype,
                                const char *out, gm_merged_info *info, gm_error *err);
 
+/* Writes text model m (a Gemma 3 decoder without a tower) with a new, randomly initialized SigLIP
+ * vision tower and multimodal projector attached, as a Hugging Face Gemma3ForConditionalGeneration
+ * folder at `out` (transformers and gm_model_load read it): for building an image model from a
+ * text model when no pretrained tower of the wanted size is at hand (experiments/digits_vision.lua:
+ * the real Gemma 3 270M with a small tower, the tower's LoRA and the projector trained).
+ * `vision` gives the tower's shape as Hugging Face's vision_config does - hidden_size, n_layers,
+ * n_heads, intermediate_size, image_size, patch_size, layer_norm_eps (0: 1e-6) - and tokens
+ * (mm_tokens_per_image: a square whose side divides the patch grid); the rest is filled in: the
+ * image markers are the vocabulary's <start_of_image> / <end_of_image>, the soft token
+ * <image_soft_token> (262144 when the vocabulary lacks it: such rows are never embedded).
+ * Weights: the decoder's as stored, dequantized to f32 (bit-exact) and encoded in `dtype` (f32 or
+ * bf16), named in the hub's layout (language_model.model.*); the tower's and the projector's
+ * drawn as transformers initializes a Gemma3ForConditionalGeneration made from its config
+ * (normal(0, 0.02) linears, patch convolution and position embedding; zero biases; unit LayerNorm
+ * weights; a zero projector and RMSNorm w), from Philox streams keyed by `seed` and each weight's
+ * name: the same seed gives the same bytes. The tokenizer is copied or built as
+ * gm_model_save_merged does; the folder is written as OUT.partial and renamed into place.
+ * Errors: GM_ERR_UNSUPPORTED (not Gemma 3), GM_ERR_INVALID (m already has a tower; no tokenizer or
+ * no <start_of_image> in it; an inconsistent tower shape, named with its fields; `out` as
+ * gm_model_save_merged refuses it), GM_ERR_NOMEM, GM_ERR_IO naming the path. */
+gm_status gm_model_save_with_tower(const gm_model *m, const gm_vision_config *vision, uint64_t seed, gm_dtype dtype,
+                                   const char *out, gm_merged_info *info, gm_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -19,6 +19,12 @@
       equal FILE (ours: the base with the adapter attached) within X, and the adapter moves ours
       by more than EFFECT_FACTOR * X against --ours-base (the base alone), so a merge that lost
       the adapter would fail.
+  peft_check.py tower --model DIR --ids 2,5,7 --ours FILE --tol X
+      A text model with a new vision tower (gm.with_vision_tower: a Gemma3ForConditionalGeneration
+      folder) loads in transformers with no missing or unexpected weight; the tower is drawn as
+      transformers' own init draws it (normal(0, 0.02) linears, patch convolution and position
+      embedding; zero biases and projector; unit LayerNorm weights: each tensor's std within 10% of
+      0.02 or exactly its constant); text-only, its logits equal FILE (ours) within X.
   peft_check.py tokenizer --model DIR --cases FILE [--gguf FILE] [--chat TEXT --chat-ids FILE]
       AutoTokenizer.from_pretrained(DIR) encodes every text of FILE (tests/peers/tokens.lua: a
       JSON list of {text, ids}) to gemmarun's ids and decodes them back to the text; with --gguf
@@ -134,6 +140,46 @@ def cmd_merged(a):
     return 1 if fails else 0
 
 
+def cmd_tower(a):
+    from safetensors.torch import load_file
+    from transformers import Gemma3ForConditionalGeneration
+    ids = [int(x) for x in a.ids.split(",")]
+    fails = 0
+    torch.set_num_threads(2)
+    model, info = Gemma3ForConditionalGeneration.from_pretrained(a.model, dtype=torch.float32, attn_implementation="eager",
+                                                                 output_loading_info=True)
+    model.eval()
+    bad = {k: v for k, v in info.items() if v}
+    fails += report(not bad, "transformers loads every weight of the folder, none missing or unexpected" if not bad else
+                    f"transformers' loading info: {bad}")
+    st = load_file(os.path.join(a.model, "model.safetensors"))
+    wrong = []
+    n_tower = 0
+    for k, t in st.items():
+        if not (k.startswith("vision_tower.") or k.startswith("multi_modal_projector.")):
+            continue
+        n_tower += 1
+        if k.endswith(".bias") or "multi_modal_projector" in k:
+            ok = bool(torch.all(t == 0))
+        elif "norm" in k:
+            ok = bool(torch.all(t == 1))
+        else:
+            ok = abs(float(t.std()) - 0.02) <= 0.002 and abs(float(t.mean())) <= 0.002
+        if not ok:
+            wrong.append(f"{k} (mean {float(t.mean()):.3g}, std {float(t.std()):.3g})")
+    fails += report(n_tower > 0 and not wrong, f"the {n_tower} tower and projector tensors are drawn as transformers' init" if not wrong
+                    else f"drawn otherwise: {wrong[:4]}")
+    theirs = logits_of(model, ids).reshape(-1).astype(np.float64)
+    ours = np.loadtxt(a.ours, dtype=np.float64).reshape(-1)
+    if ours.shape != theirs.shape:
+        print(f"FAIL  {a.ours}: {ours.size} logits, transformers gives {theirs.size}")
+        return 1
+    diff = float(np.max(np.abs(ours - theirs)))
+    fails += report(diff <= a.tol, f"text-only logits: max |gemmarun - transformers| = {diff:.3g} {'<=' if diff <= a.tol else '>'} "
+                    f"{a.tol:g} over {ours.size} logits")
+    return 1 if fails else 0
+
+
 def cmd_tokenizer(a):
     from transformers import AutoTokenizer
 
@@ -226,6 +272,11 @@ def main():
     g.add_argument("--tol", type=float, required=True)
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--last", action="store_true")
+    w = sub.add_parser("tower")
+    w.add_argument("--model", required=True)
+    w.add_argument("--ids", required=True)
+    w.add_argument("--ours", required=True)
+    w.add_argument("--tol", type=float, required=True)
     t = sub.add_parser("tokenizer")
     t.add_argument("--model", required=True)
     t.add_argument("--cases", required=True)
@@ -233,7 +284,7 @@ def main():
     t.add_argument("--chat", default=None)
     t.add_argument("--chat-ids", default="")
     a = p.parse_args()
-    return {"compare": cmd_compare, "make": cmd_make, "merged": cmd_merged, "tokenizer": cmd_tokenizer}[a.cmd](a)
+    return {"compare": cmd_compare, "make": cmd_make, "merged": cmd_merged, "tower": cmd_tower, "tokenizer": cmd_tokenizer}[a.cmd](a)
 
 
 if __name__ == "__main__":
