@@ -163,7 +163,7 @@ local function load_classify_items(d)
     local counts = {} -- "label train/test" per label, said once: how the sheet was cut
     for k, lab in ipairs(d.labels) do
       items.labels[k] = lab
-      local n, n_train, n_test = 0, 0, 0
+      local n, n_train, n_test, row_min, row_max = 0, 0, 0, math.huge, -1
       for r = (k - 1) * per, k * per - 1 do
         for c = 0, cols - 1 do
           n = n + 1
@@ -174,13 +174,14 @@ local function load_classify_items(d)
             into[#into + 1] = { images = { string.format("%s#xywh=%d,%d,%d,%d", path, c * cw, r * ch, cw, ch) }, label = k,
               where = string.format("%s cell (row %d, col %d)", path, r, c) }
             if is_test then n_test = n_test + 1 else n_train = n_train + 1 end
+            row_min, row_max = math.min(row_min, r), math.max(row_max, r)
           end
         end
       end
-      counts[k] = string.format("%s %d/%d", lab, n_train, n_test)
+      counts[k] = string.format("%s rows %d-%d %d/%d", lab, row_min, row_max, n_train, n_test)
     end
     say("data.image_grid: %s is %d x %d pixels: %d rows x %d columns of %d x %d cells, %d rows per label; "
-      .. "per label (train/test): %s", path, W, H, rows, cols, cw, ch, per, table.concat(counts, ", "))
+      .. "per label (rows of its cells used, train/test): %s", path, W, H, rows, cols, cw, ch, per, table.concat(counts, ", "))
   elseif d._kind == "oxford_pets" then
     -- the official layout (https://www.robots.ox.ac.uk/~vgg/data/pets/): images/<Breed_name>_<n>.jpg,
     -- annotations/trainval.txt and annotations/test.txt with lines "<image> <class id 1..37>

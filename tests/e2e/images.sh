@@ -166,7 +166,7 @@ LUA
   sed 's/CELL/{ 6, 4 }/' grid.lua > grid_ok.lua
   # 24 cells per label; every 4th tests (6), the other 18 train, capped at 5
   expect_run "classify on data.image_grid: each label's train/test cells as split and capped, 2 steps" 0 \
-    "grid.png is 72 x 24 pixels: 6 rows x 12 columns of 6 x 4 cells, 2 rows per label; per label \(train/test\): red 5/6, green 5/6, blue 5/6.*step 2/2.*final accuracy.*over the 18 test examples" \
+    "grid.png is 72 x 24 pixels: 6 rows x 12 columns of 6 x 4 cells, 2 rows per label; per label \(rows of its cells used, train/test\): red rows 0-1 5/6, green rows 2-3 5/6, blue rows 4-5 5/6.*step 2/2.*final accuracy.*over the 18 test examples" \
     -- "$GM" grid_ok.lua
   sed 's/CELL/7/' grid.lua > grid_bad.lua
   expect_run "data.image_grid, a cell size that does not tile the sheet: exit 2 with the sheet's size" 2 \
@@ -180,7 +180,7 @@ LUA
     -e 's/split = 4, train = 5/split = 5/' grid.lua > digits.lua
   if [ -r "$DIGITS" ]; then
     expect_run "OpenCV's digits.png: 5,000 cells, 400 train / 100 test per digit, checked in --dry-run" 0 \
-      "per label \(train/test\): 0 400/100, 1 400/100, 2 400/100, 3 400/100, 4 400/100, 5 400/100, 6 400/100, 7 400/100, 8 400/100, 9 400/100.*data: 4000 training and 1000 test examples" \
+      "per label \(rows of its cells used, train/test\): 0 rows 0-4 400/100, 1 rows 5-9 400/100, 2 rows 10-14 400/100, 3 rows 15-19 400/100, 4 rows 20-24 400/100, 5 rows 25-29 400/100, 6 rows 30-34 400/100, 7 rows 35-39 400/100, 8 rows 40-44 400/100, 9 rows 45-49 400/100.*data: 4000 training and 1000 test examples" \
       -- env SHEET="$DIGITS" "$GM" digits.lua --dry-run
   else
     expect_run "OpenCV's digits.png missing: the message names Debian's opencv-doc" 2 "does not exist: it comes with Debian's opencv-doc package" \
