@@ -10,8 +10,10 @@
  * max_length are truncated on the right; an example whose response would lose every token is
  * rejected with its reason, never silently kept.
  *
- * Ownership: a gm_dataset owns its examples (ids arrays, texts, labels). gm_batch_collate writes
- * into caller buffers of size (B, T). Errors: GM_ERR_INVALID naming the example (index, and its
+ * Ownership: a gm_dataset owns its examples (ids arrays, texts, labels, image references).
+ * gm_batch_collate and gm_batch_images write into caller buffers ((B, T); max_images x 3 x S x S).
+ * A gm_image_check_cache is owned by its creator (gm_image_check_cache_new / _free) and used by
+ * one thread at a time. Errors: GM_ERR_INVALID naming the example (index, and its
  * label if any) and the reason; GM_ERR_IO naming the file for unreadable data.
  */
 #ifndef GM_DATA_H

@@ -30,7 +30,8 @@
  * GM_ERR_IO (missing or unreadable file), GM_ERR_FORMAT (corrupt or truncated data; libpng's and
  * libjpeg's warnings count as errors), GM_ERR_UNSUPPORTED (not PNG/JPEG - the message says what
  * it looks like: GIF, WebP, BMP, TIFF, ...), GM_ERR_LIMIT (more pixels than the limit; checked on
- * the header, before any pixel buffer is allocated), GM_ERR_INVALID (bad sizes or options),
+ * the header, before any pixel buffer is allocated), GM_ERR_INVALID (bad sizes or options; a
+ * malformed image reference, or a region outside its image: the message names the reference),
  * GM_ERR_NOMEM. A failure never leaks.
  */
 #ifndef GM_IMAGE_H
