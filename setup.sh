@@ -25,6 +25,7 @@ packages=(
   python3-h5py python3-pandas python3-tables   # the test that results files read in h5py and pandas
   chromium                                       # the HTML report checked in a headless browser
   fortunes
+  opencv-doc                                     # experiments/digits_vision.lua: OpenCV's 5,000 real handwritten digits
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -6,8 +6,12 @@
  *                                           -> true | false, reason   (messages: {{role=, content=}, ...};
  *                                              content holds one "<start_of_image>" per image)
  *   dataset:max_images()                   -> the most images one example has
- *   gm.image_check(path)                    -> sha256 hex, width, height (decoded completely; raises
- *                                              naming the file when it cannot be used)
+ *   gm.image_check(ref)                     -> sha256 hex, width, height (decoded completely; raises
+ *                                              naming the file when it cannot be used; ref: a file or
+ *                                              a region "PATH#xywh=X,Y,W,H"; width, height: the file's)
+ *   gm.image_checker()                      -> checker: checker:check(ref) is gm.image_check(ref),
+ *                                              each distinct file decoded and hashed once (close it
+ *                                              after one validation pass)
  *   dataset:size(), dataset:stats()         -> {n, rejected, truncated}
  *   dataset:sha256()                        -> hex of the tokenized examples (gm_dataset_sha256)
  *   dataset:example(i)                      -> {tokens = n, response_start = k, label = n}
@@ -48,6 +52,7 @@
 
 #define DATASET_MT "gm.Dataset"
 #define TRAINER_MT "gm.Trainer"
+#define CHECKER_MT "gm.ImageChecker"
 
 typedef struct ldataset {
     gm_dataset ds;
@@ -171,17 +176,46 @@ static int l_ds_max_images(lua_State *L) {
     return 1;
 }
 
-/* gm.image_check(path) -> sha256 hex, width, height; raises naming the file. */
-static int l_image_check(lua_State *L) {
-    const char *path = luaL_checkstring(L, 1);
+/* gm_image_check's results, or raise naming the reference. */
+static int image_check(lua_State *L, gm_image_check_cache *cache, const char *ref) {
     char sha[65];
     int64_t w = 0, h = 0;
     gm_error err = {0};
-    if (gm_image_check(path, sha, &w, &h, &err) != GM_OK) return gm_bind_raise(L, &err);
+    if (gm_image_check(cache, ref, sha, &w, &h, &err) != GM_OK) return gm_bind_raise(L, &err);
     lua_pushstring(L, sha);
     lua_pushinteger(L, w);
     lua_pushinteger(L, h);
     return 3;
+}
+
+/* gm.image_check(ref) -> sha256 hex, width, height; raises naming the file. */
+static int l_image_check(lua_State *L) { return image_check(L, NULL, luaL_checkstring(L, 1)); }
+
+typedef struct lchecker {
+    gm_image_check_cache *cache;
+} lchecker;
+
+/* gm.image_checker() -> a checker with one cache for a validation pass. */
+static int l_image_checker(lua_State *L) {
+    lchecker *c = lua_newuserdatauv(L, sizeof *c, 0);
+    c->cache = NULL;
+    luaL_setmetatable(L, CHECKER_MT);
+    if (!(c->cache = gm_image_check_cache_new())) return luaL_error(L, "out of memory for an image check cache");
+    return 1;
+}
+
+static int l_checker_check(lua_State *L) {
+    lchecker *c = luaL_checkudata(L, 1, CHECKER_MT);
+    const char *ref = luaL_checkstring(L, 2);
+    if (!c->cache) return luaL_error(L, "this image checker was closed");
+    return image_check(L, c->cache, ref);
+}
+
+static int l_checker_close(lua_State *L) {
+    lchecker *c = luaL_checkudata(L, 1, CHECKER_MT);
+    gm_image_check_cache_free(c->cache);
+    c->cache = NULL;
+    return 0;
 }
 
 static int l_ds_size(lua_State *L) {
@@ -923,6 +957,8 @@ void gm_lua_open_train(lua_State *L) {
                                           {NULL, NULL}};
     new_class(L, DATASET_MT, ds_methods, l_ds_close);
     new_class(L, TRAINER_MT, tr_methods, l_tr_close);
+    static const luaL_Reg checker_methods[] = {{"check", l_checker_check}, {"close", l_checker_close}, {NULL, NULL}};
+    new_class(L, CHECKER_MT, checker_methods, l_checker_close);
     /* model:trainer(...) */
     luaL_getmetatable(L, GM_MODEL_MT);
     lua_getfield(L, -1, "__index");
@@ -936,6 +972,8 @@ void gm_lua_open_train(lua_State *L) {
     lua_setfield(L, -2, "fortunes");
     lua_pushcfunction(L, l_image_check);
     lua_setfield(L, -2, "image_check");
+    lua_pushcfunction(L, l_image_checker);
+    lua_setfield(L, -2, "image_checker");
     lua_pushcfunction(L, l_peak_rss);
     lua_setfield(L, -2, "peak_rss");
     lua_pushcfunction(L, l_lora_targets_check);

@@ -290,6 +290,19 @@ function data.image_folder(spec)
   return t
 end
 
+--- data.image_grid{ path = "sheet.png", cell = 20 | {w, h}, labels = {...}, split = 5, train = n, test = n }:
+--- one image cut into cells of `cell` pixels (a sprite sheet: OpenCV's digits.png); the rows of
+--- cells are shared evenly and in order among the labels (the first #rows / #labels rows are
+--- labels[1]'s, ...); within a label's cells, row by row, every `split`-th (default 5: 20%) is a
+--- test example, the rest train; `train` / `test` keep only the first so many of each label's.
+--- Each example is one cell, an image reference "sheet.png#xywh=X,Y,W,H". Needs a model with a
+--- vision tower.
+function data.image_grid(spec)
+  local t = tagged("image_grid", spec)
+  check_keys(t, { "path", "cell", "labels", "split", "train", "test" }, "data.image_grid")
+  return t
+end
+
 --- data.jsonl{ train = "path.jsonl", test = "path.jsonl" }: one {"messages": [...]} per line
 --- (Hugging Face chat format: role system/user/assistant, content; a content may be a list of
 --- parts {"type": "text", "text": ...} and {"type": "image", "path": ...}, paths relative to the
@@ -402,7 +415,7 @@ M.parse_bytes = parse_bytes
 
 local function validate_data(d, where)
   if type(d) ~= "table" or not d._kind then
-    usage(where, "task.data must be a data set (data.fortunes{...}, data.folder{...}, data.image_folder{...}, data.jsonl{...}, data.oxford_pets{...})")
+    usage(where, "task.data must be a data set (data.fortunes{...}, data.folder{...}, data.image_folder{...}, data.image_grid{...}, data.jsonl{...}, data.oxford_pets{...})")
   end
   if d._kind == "fortunes" then
     if not is_list(d.topics) or #d.topics < 2 then usage(d._where, "data.fortunes: topics must list at least 2 topic files") end
@@ -413,6 +426,29 @@ local function validate_data(d, where)
     if type(d.root) ~= "string" then usage(d._where, "data.%s: root must be a folder path", d._kind) end
     if d.test ~= nil and (math.type(d.test) ~= "integer" or d.test < 2) then
       usage(d._where, "data.%s: test must be an integer >= 2 (every test-th example of a label is a test example)", d._kind)
+    end
+  elseif d._kind == "image_grid" then
+    if type(d.path) ~= "string" or d.path == "" then usage(d._where, "data.image_grid: path must be an image file (PNG or JPEG)") end
+    local c = d.cell
+    local function side(v) return math.type(v) == "integer" and v >= 1 end
+    if not (side(c) or (is_list(c) and #c == 2 and side(c[1]) and side(c[2]))) then
+      usage(d._where, "data.image_grid: cell must be the cells' side in pixels (an integer >= 1, e.g. 20) or {width, height}; got %s",
+        type(c) == "table" and "a table that is not {width, height}" or tostring(c))
+    end
+    if not is_list(d.labels) or #d.labels < 2 then usage(d._where, "data.image_grid: labels must list at least 2 labels, in the order of the sheet's rows") end
+    local seen = {}
+    for i, l in ipairs(d.labels) do
+      if type(l) ~= "string" or l == "" then usage(d._where, "data.image_grid: labels[%d] must be a non-empty string", i) end
+      if seen[l] then usage(d._where, "data.image_grid: label '%s' is listed twice (labels[%d] and labels[%d])", l, seen[l], i) end
+      seen[l] = i
+    end
+    if d.split ~= nil and (math.type(d.split) ~= "integer" or d.split < 2) then
+      usage(d._where, "data.image_grid: split must be an integer >= 2 (every split-th cell of a label is a test example)")
+    end
+    for _, n in ipairs({ "train", "test" }) do
+      if d[n] ~= nil and (math.type(d[n]) ~= "integer" or d[n] < 1) then
+        usage(d._where, "data.image_grid: %s must be a positive integer (the most %s cells kept per label)", n, n == "train" and "training" or "test")
+      end
     end
   elseif d._kind == "jsonl" then
     if type(d.train or d.path) ~= "string" then usage(d._where, "data.jsonl: train (or path) must be a .jsonl file path") end

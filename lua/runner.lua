@@ -132,6 +132,56 @@ local function load_classify_items(d)
       local ext = path:match("%.(%w+)$")
       if ext and IMAGE_EXT[ext:lower()] then return { images = { path }, where = path } end
     end)
+  elseif d._kind == "image_grid" then
+    -- a sprite sheet cut into cells, each cell one example: an image reference to its rectangle
+    -- (core/image's "#xywh=X,Y,W,H"), so no file is written and the sheet's sha256 with each
+    -- rectangle is the data's identity; rows and columns are counted from 0, as pixels are
+    local path = d.path
+    if not gm.file_exists(path) then
+      if path == "/usr/share/doc/opencv-doc/examples/data/digits.png" then
+        P.usage(d._where, "data.image_grid: %s does not exist: it comes with Debian's opencv-doc package (apt-get install opencv-doc; ./setup.sh installs it)", path)
+      end
+      P.usage(d._where, "data.image_grid: %s does not exist (path names the sheet: a PNG or JPEG file)", path)
+    end
+    local ok, sha_or_err, W, H = pcall(gm.image_check, path)
+    if not ok then P.usage(d._where, "data.image_grid: %s", clean_msg(sha_or_err)) end
+    local cw, ch = d.cell, d.cell
+    if type(d.cell) == "table" then cw, ch = d.cell[1], d.cell[2] end
+    local K = #d.labels
+    if W % cw ~= 0 or H % ch ~= 0 then
+      P.usage(d._where, "data.image_grid: %s is %d x %d pixels, which cells of %d x %d do not tile (%s)", path, W, H, cw, ch,
+        W % cw ~= 0 and string.format("%d columns of %d leave %d pixels", W // cw, cw, W % cw)
+          or string.format("%d rows of %d leave %d pixels", H // ch, ch, H % ch))
+    end
+    local cols, rows = W // cw, H // ch
+    if rows % K ~= 0 then
+      P.usage(d._where, "data.image_grid: %s is %d x %d pixels: %d rows of %d-pixel cells, which %d labels cannot share evenly "
+        .. "(each label takes the same number of consecutive rows)", path, W, H, rows, ch, K)
+    end
+    local per, every = rows // K, d.split or 5
+    items.labels = {}
+    local counts = {} -- "label train/test" per label, said once: how the sheet was cut
+    for k, lab in ipairs(d.labels) do
+      items.labels[k] = lab
+      local n, n_train, n_test, row_min, row_max = 0, 0, 0, math.huge, -1
+      for r = (k - 1) * per, k * per - 1 do
+        for c = 0, cols - 1 do
+          n = n + 1
+          local is_test = n % every == 0
+          local into, cap, have = items.train, d.train, n_train
+          if is_test then into, cap, have = items.test, d.test, n_test end
+          if not cap or have < cap then
+            into[#into + 1] = { images = { string.format("%s#xywh=%d,%d,%d,%d", path, c * cw, r * ch, cw, ch) }, label = k,
+              where = string.format("%s cell (row %d, col %d)", path, r, c) }
+            if is_test then n_test = n_test + 1 else n_train = n_train + 1 end
+            row_min, row_max = math.min(row_min, r), math.max(row_max, r)
+          end
+        end
+      end
+      counts[k] = string.format("%s rows %d-%d %d/%d", lab, row_min, row_max, n_train, n_test)
+    end
+    say("data.image_grid: %s is %d x %d pixels: %d rows x %d columns of %d x %d cells, %d rows per label; "
+      .. "per label (rows of its cells used, train/test): %s", path, W, H, rows, cols, cw, ch, per, table.concat(counts, ", "))
   elseif d._kind == "oxford_pets" then
     -- the official layout (https://www.robots.ox.ac.uk/~vgg/data/pets/): images/<Breed_name>_<n>.jpg,
     -- annotations/trainval.txt and annotations/test.txt with lines "<image> <class id 1..37>
@@ -934,16 +984,19 @@ end
 --- What can be checked before any weights are loaded, for the dry run and the real run alike:
 --- every model's config is readable and holds max_length, the data sources read and give a
 --- usable data set. Raises usage errors (exit 2). Returns the raw items and the configs by model.
---- Decodes every image of the items once (gm.image_check: a corrupt, truncated, empty, absurdly
---- large or unknown-format file is found here, before any training), records each file's sha256
---- (items.image_sha, the data's identity) and the most images one example has
+--- Decodes every image file of the items once (gm.image_checker: a corrupt, truncated, empty,
+--- absurdly large or unknown-format file is found here, before any training; a region
+--- "#xywh=X,Y,W,H" outside its file too), records each reference's sha256 (items.image_sha, the
+--- data's identity: a region's includes its rectangle) and the most images one example has
 --- (items.max_images). An example with an unusable image leaves its split and is listed in
---- items.rejected_read with the file and the reason.
+--- items.rejected_read with the reference and the reason. The checker decodes and hashes a sheet
+--- once for all its cells (5,000 cells of OpenCV's digits.png: docs/experiments.md, "Images").
 local function check_images(items, splits)
   items.image_sha = items.image_sha or {}
   items.max_images = items.max_images or 0
   local bad = items.rejected_read or {}
   items.rejected_read = bad
+  local checker <close> = gm.image_checker()
   for _, name in ipairs(splits) do
     local kept = {}
     for i, it in ipairs(items[name] or {}) do
@@ -953,7 +1006,7 @@ local function check_images(items, splits)
       end
       for _, p in ipairs(why and {} or it.images or {}) do
         if not items.image_sha[p] then
-          local ok, sha, w, h = pcall(gm.image_check, p)
+          local ok, sha, w, h = pcall(checker.check, checker, p)
           if not ok then why = clean_msg(sha); break end
           items.image_sha[p] = sha
           items.max_image_pixels = math.max(items.max_image_pixels or 0, w * h)

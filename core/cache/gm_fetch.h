@@ -54,6 +54,13 @@ gm_status gm_fetch(const char *name, bool verbose, char *path, size_t cap, gm_er
 /* sha256 of a file as 64 lowercase hex characters + NUL. */
 gm_status gm_sha256_file(const char *path, char hex[65], gm_error *err);
 
+/* Feeds every byte of the file at `path` into ctx, an OpenSSL EVP_MD_CTX already initialised for
+ * a digest (the caller finalises it, or copies it to hash more after the file: core/data hashes
+ * a file once and each region of it from there). GM_ERR_IO naming the file when it cannot be
+ * opened or read (ctx then holds part of the file). */
+struct evp_md_ctx_st; /* OpenSSL's EVP_MD_CTX */
+gm_status gm_digest_file(const char *path, struct evp_md_ctx_st *ctx, gm_error *err);
+
 #ifdef __cplusplus
 }
 #endif

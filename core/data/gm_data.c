@@ -220,14 +220,21 @@ gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, i
                           float *pixels, int64_t *n_images, gm_error *err) {
     *n_images = 0;
     gm_image_opts o = gm_image_opts_gemma3(S);
-    for (int64_t b = 0; b < B; b++) {
+    /* the last decoded file: the cells of one sheet in a batch decode it once (measured on
+     * OpenCV's 2000 x 1000 digits.png: docs/experiments.md, "Images") */
+    char held[GM_IMAGE_PATH_MAX] = "", path[GM_IMAGE_PATH_MAX];
+    gm_image file = {0};
+    gm_status s = GM_OK;
+    for (int64_t b = 0; b < B && s == GM_OK; b++) {
         const gm_example *e = &ds->ex[idx[b]];
-        for (int64_t i = 0; i < e->n_images; i++) {
-            if (*n_images >= max_images)
-                return gm_error_set(err, GM_ERR_INVALID, "a batch holds more than %lld images (the plan's limit)",
-                                    (long long)max_images);
-            /* a file already decoded for this batch (label scoring repeats one example's images
-             * once per candidate): copied, not decoded again */
+        for (int64_t i = 0; i < e->n_images && s == GM_OK; i++) {
+            if (*n_images >= max_images) {
+                s = gm_error_set(err, GM_ERR_INVALID, "a batch holds more than %lld images (the plan's limit)", (long long)max_images);
+                break;
+            }
+            float *dst = pixels + *n_images * 3 * S * S;
+            /* a reference already preprocessed for this batch (label scoring repeats one example's
+             * images once per candidate): copied, not decoded again */
             int64_t same = -1, k = 0;
             for (int64_t b2 = 0; b2 <= b && same < 0; b2++) {
                 const gm_example *e2 = &ds->ex[idx[b2]];
@@ -235,26 +242,149 @@ gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, i
                     if (strcmp(e2->images[i2], e->images[i]) == 0) same = k;
             }
             if (same >= 0) {
-                memcpy(pixels + *n_images * 3 * S * S, pixels + same * 3 * S * S, (size_t)(3 * S * S) * sizeof(float));
+                memcpy(dst, pixels + same * 3 * S * S, (size_t)(3 * S * S) * sizeof(float));
                 (*n_images)++;
                 continue;
             }
+            const char *ref = e->images[i];
+            gm_image_rect r;
+            bool has_rect = false;
+            s = gm_image_ref_parse(ref, path, sizeof path, &r, &has_rect, err);
+            if (s == GM_OK && strcmp(path, held) != 0) {
+                gm_image_free(&file); /* one decoded file at a time: the plan counts one */
+                held[0] = '\0';
+                s = gm_image_load(path, NULL, &file, err);
+                if (s == GM_OK) snprintf(held, sizeof held, "%s", path);
+            }
+            gm_image cell = {0};
+            if (s == GM_OK && has_rect) s = gm_image_ref_check(ref, r, file.w, file.h, err);
+            if (s == GM_OK && has_rect) s = gm_image_crop(&file, r, &cell, err);
             gm_image_pixels px = {0};
-            GM_TRY(gm_image_preprocess_file(e->images[i], NULL, &o, &px, err));
-            memcpy(pixels + *n_images * 3 * S * S, px.data, (size_t)(3 * S * S) * sizeof(float));
+            if (s == GM_OK) {
+                s = gm_image_preprocess(has_rect ? &cell : &file, &o, &px, err);
+                if (s != GM_OK) gm_error_prefix(err, "%s", ref);
+            }
+            if (s == GM_OK) {
+                memcpy(dst, px.data, (size_t)(3 * S * S) * sizeof(float));
+                (*n_images)++;
+            }
             gm_image_pixels_free(&px);
-            (*n_images)++;
+            gm_image_free(&cell);
         }
     }
-    return GM_OK;
+    gm_image_free(&file);
+    return s;
 }
 
-gm_status gm_image_check(const char *path, char sha_hex[65], int64_t *w, int64_t *h, gm_error *err) {
+/* ---- checking image references (gm_image_check) ----------------------------------------------- */
+
+/* One file of a validation pass: its decoded size and the sha256 state after its bytes, or the
+ * error it gave. */
+typedef struct check_entry {
+    char *path;
+    int64_t w, h;
+    EVP_MD_CTX *md;   /* NULL when the file failed */
+    gm_status s;
+    char *msg;        /* the failure's message (s != GM_OK) */
+    struct check_entry *next;
+} check_entry;
+
+/* A fixed number of hash chains: a data set's distinct files (thousands) keep them short; the
+ * table never grows, so it needs no rehashing. */
+#define CHECK_BUCKETS 1024
+
+struct gm_image_check_cache {
+    check_entry *bucket[CHECK_BUCKETS];
+};
+
+gm_image_check_cache *gm_image_check_cache_new(void) { return gm_calloc(1, sizeof(gm_image_check_cache)); }
+
+static void check_entry_free(check_entry *e) {
+    gm_free(e->path);
+    gm_free(e->msg);
+    EVP_MD_CTX_free(e->md);
+    gm_free(e);
+}
+
+void gm_image_check_cache_free(gm_image_check_cache *c) {
+    if (!c) return;
+    for (int i = 0; i < CHECK_BUCKETS; i++)
+        for (check_entry *e = c->bucket[i], *next; e; e = next) next = e->next, check_entry_free(e);
+    gm_free(c);
+}
+
+static size_t check_hash(const char *path) { /* FNV-1a */
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)path; *p; p++) h = (h ^ *p) * 1099511628211ull;
+    return (size_t)(h % CHECK_BUCKETS);
+}
+
+/* Decodes the file (for its size and to find a corrupt one) and hashes its bytes into e. */
+static gm_status check_file(const char *path, check_entry *e, gm_error *err) {
     gm_image img = {0};
     GM_TRY(gm_image_load(path, NULL, &img, err));
-    *w = img.w, *h = img.h;
+    e->w = img.w, e->h = img.h;
     gm_image_free(&img);
-    return gm_sha256_file(path, sha_hex, err);
+    e->md = EVP_MD_CTX_new();
+    if (!e->md || EVP_DigestInit_ex(e->md, EVP_sha256(), NULL) != 1)
+        return gm_error_set(err, GM_ERR_IO, "sha256: OpenSSL initialisation failed");
+    return gm_digest_file(path, e->md, err);
+}
+
+gm_status gm_image_check(gm_image_check_cache *cache, const char *ref, char sha_hex[65], int64_t *w, int64_t *h,
+                         gm_error *err) {
+    char path[GM_IMAGE_PATH_MAX];
+    gm_image_rect r;
+    bool has_rect = false;
+    GM_TRY(gm_image_ref_parse(ref, path, sizeof path, &r, &has_rect, err));
+    check_entry *e = NULL;
+    size_t slot = check_hash(path);
+    for (e = cache ? cache->bucket[slot] : NULL; e && strcmp(e->path, path) != 0; e = e->next) {}
+    bool owned = false; /* e is this call's alone (no cache) */
+    if (!e) {
+        e = gm_calloc(1, sizeof *e);
+        if (e) e->path = gm_strdup(path);
+        if (!e || !e->path) {
+            if (e) gm_free(e);
+            return gm_error_set(err, GM_ERR_NOMEM, "out of memory checking image %s", path);
+        }
+        e->s = check_file(path, e, err);
+        /* a failure is kept too (with its message): a broken sheet is not decoded once per cell */
+        bool keep = cache != NULL;
+        if (keep && e->s != GM_OK) keep = (e->msg = gm_strdup(err ? err->msg : "cannot be used")) != NULL;
+        if (keep) {
+            e->next = cache->bucket[slot];
+            cache->bucket[slot] = e;
+        } else {
+            owned = true;
+        }
+        if (e->s != GM_OK) {
+            gm_status s = e->s;
+            if (owned) check_entry_free(e);
+            return s;
+        }
+    } else if (e->s != GM_OK) {
+        return gm_error_set(err, e->s, "%s", e->msg);
+    }
+    gm_status s = has_rect ? gm_image_ref_check(ref, r, e->w, e->h, err) : GM_OK;
+    /* sha256(file bytes || normalized fragment), from the state after the bytes */
+    EVP_MD_CTX *md = s == GM_OK ? EVP_MD_CTX_new() : NULL;
+    if (s == GM_OK && (!md || EVP_MD_CTX_copy_ex(md, e->md) != 1)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory hashing %s", ref);
+    if (s == GM_OK && has_rect) {
+        char frag[96];
+        gm_image_ref_fragment(r, frag, sizeof frag);
+        EVP_DigestUpdate(md, frag, strlen(frag));
+    }
+    unsigned char dig[EVP_MAX_MD_SIZE];
+    unsigned int n = 0;
+    if (s == GM_OK && EVP_DigestFinal_ex(md, dig, &n) != 1) s = gm_error_set(err, GM_ERR_IO, "sha256 of %s failed", ref);
+    if (s == GM_OK) {
+        for (unsigned k = 0; k < 32; k++) snprintf(sha_hex + 2 * k, 3, "%02x", dig[k]);
+        *w = e->w, *h = e->h;
+    }
+    EVP_MD_CTX_free(md);
+    if (owned) check_entry_free(e);
+    return s;
 }
 
 gm_status gm_dataset_sha256(const gm_dataset *ds, char hex[65], gm_error *err) {

@@ -10,8 +10,10 @@
  * max_length are truncated on the right; an example whose response would lose every token is
  * rejected with its reason, never silently kept.
  *
- * Ownership: a gm_dataset owns its examples (ids arrays, texts, labels). gm_batch_collate writes
- * into caller buffers of size (B, T). Errors: GM_ERR_INVALID naming the example (index, and its
+ * Ownership: a gm_dataset owns its examples (ids arrays, texts, labels, image references).
+ * gm_batch_collate and gm_batch_images write into caller buffers ((B, T); max_images x 3 x S x S).
+ * A gm_image_check_cache is owned by its creator (gm_image_check_cache_new / _free) and used by
+ * one thread at a time. Errors: GM_ERR_INVALID naming the example (index, and its
  * label if any) and the reason; GM_ERR_IO naming the file for unreadable data.
  */
 #ifndef GM_DATA_H
@@ -91,16 +93,40 @@ int64_t gm_dataset_max_images(const gm_dataset *ds);
 
 /* The images of examples idx[0..B) in batch order, each decoded and preprocessed (core/image:
  * Gemma 3's processor, S x S) into pixels (room for max_images x 3 x S x S floats); *n_images
- * receives their count. A file repeated in the batch (label scoring: one example's images once per
- * candidate) is decoded once and copied. Errors name the file (it may have changed since the data set was built):
- * GM_ERR_INVALID when more than max_images, the decoder's errors otherwise. */
+ * receives their count. Each image is a reference (gm_image_ref_parse: a file, or a region of
+ * one). A reference repeated in the batch (label scoring: one example's images once per
+ * candidate) is preprocessed once and copied; consecutive references to one file (the cells of a
+ * sprite sheet) decode it once: the last decoded file is kept until another file is needed, so at
+ * most one decoded file is held at a time. Errors name the reference (the file may have changed
+ * since the data set was built): GM_ERR_INVALID when more than max_images or a region outside its
+ * file, the decoder's errors otherwise. */
 gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, int64_t S, int64_t max_images,
                           float *pixels, int64_t *n_images, gm_error *err);
 
-/* Decodes an image file completely (a truncated or corrupt file is found here, before training)
- * and hashes it: sha_hex (65 chars) the file's sha256, *w / *h its size after EXIF orientation.
- * Errors name the file (core/image/gm_image.h). */
-gm_status gm_image_check(const char *path, char sha_hex[65], int64_t *w, int64_t *h, gm_error *err);
+/* What gm_image_check learned of each file within one validation pass, so that the 5,000 cells of
+ * one sprite sheet decode and hash it once: per distinct file, its decoded size and the sha256
+ * state after its bytes, or the error it gave (a broken sheet is reported for each of its
+ * references without being decoded again). Entries stay until gm_image_check_cache_free: a file
+ * changed during the pass is not seen. A few hundred bytes per file. */
+typedef struct gm_image_check_cache gm_image_check_cache;
+
+/* A new, empty cache (owned: gm_image_check_cache_free), or NULL when out of memory. */
+gm_image_check_cache *gm_image_check_cache_new(void);
+
+/* Releases the cache and every entry. NULL is a no-op. */
+void gm_image_check_cache_free(gm_image_check_cache *c);
+
+/* Checks an image reference (gm_image_ref_parse: a file, or a region "#xywh=X,Y,W,H" of one):
+ * decodes the file completely (a truncated or corrupt file is found here, before training),
+ * checks that the region lies inside it, and hashes it: sha_hex (65 chars) is the sha256 of the
+ * file's bytes, followed for a region by the region's normalized fragment text
+ * (gm_image_ref_fragment, e.g. "#xywh=20,0,20,20"): two cells of one sheet differ, a plain file
+ * hashes as its bytes alone. *w / *h receive the decoded FILE's size after EXIF orientation (what
+ * the decoder holds, even for a region: the memory plan counts it). cache (NULL: none) keeps each
+ * file's decode and hash for the next reference to it. Errors name the reference or the file
+ * (core/image/gm_image.h); GM_ERR_NOMEM for the cache. */
+gm_status gm_image_check(gm_image_check_cache *cache, const char *ref, char sha_hex[65], int64_t *w, int64_t *h,
+                         gm_error *err);
 
 /* The identity of the data actually trained or evaluated on, for provenance: sha256 over every
  * example in order - its token count, response start, label (int64, int64, int32, little-endian)

@@ -653,3 +653,89 @@ void gm_image_free(gm_image *img) {
     gm_free(img->rgb);
     *img = (gm_image){0};
 }
+
+/* ---- image references ------------------------------------------------------------------------- */
+
+/* One unsigned decimal integer of a fragment at *p (Media Fragments: 1*DIGIT), at most 2^31 - 1;
+ * advances *p. False when there is none or it is too large. */
+static bool ref_number(const char **p, int64_t *v) {
+    const char *s = *p;
+    int64_t x = 0;
+    while (*s >= '0' && *s <= '9') {
+        x = 10 * x + (*s - '0');
+        if (x > INT32_MAX) return false;
+        s++;
+    }
+    if (s == *p) return false;
+    *p = s, *v = x;
+    return true;
+}
+
+gm_status gm_image_ref_parse(const char *ref, char *path, size_t cap, gm_image_rect *r, bool *has_rect, gm_error *err) {
+    GM_ASSERT(ref && path && cap > 0 && r && has_rect);
+    /* the last '#' starts a fragment only when "xywh=" follows and no '/' does (a '#' in a folder
+     * name is not a fragment): anything else is part of the file's name */
+    const char *hash = strrchr(ref, '#');
+    bool frag = hash && strncmp(hash + 1, "xywh=", 5) == 0 && !strchr(hash, '/');
+    size_t n = frag ? (size_t)(hash - ref) : strlen(ref);
+    if (n == 0)
+        return gm_error_set(err, GM_ERR_INVALID, "image reference '%s': no file before the region\nhint: write PATH#xywh=X,Y,W,H", ref);
+    if (n >= cap)
+        return gm_error_set(err, GM_ERR_INVALID, "image reference '%.200s...': the path is %zu bytes, longer than %zu\nhint: use a shorter path",
+                            ref, n, cap - 1);
+    gm_image_rect q = {0};
+    if (frag) {
+        const char *p = hash + 6;
+        if (strncmp(p, "percent:", 8) == 0)
+            return gm_error_set(err, GM_ERR_INVALID,
+                                "image reference '%s': percent regions are not supported\nhint: give the region in pixels: #xywh=X,Y,W,H", ref);
+        if (strncmp(p, "pixel:", 6) == 0) p += 6;
+        int64_t *v[4] = {&q.x, &q.y, &q.w, &q.h};
+        bool ok = true;
+        for (int i = 0; i < 4 && ok; i++) {
+            ok = ref_number(&p, v[i]) && *p == (i < 3 ? ',' : '\0');
+            if (i < 3) p++;
+        }
+        if (!ok)
+            return gm_error_set(err, GM_ERR_INVALID,
+                                "image reference '%s': malformed region '%s': expected #xywh=X,Y,W,H, four whole numbers of pixels "
+                                "(at most 2147483647, no signs or spaces)\nhint: e.g. %.*s#xywh=0,0,20,20 is the 20 x 20 pixels at the top left",
+                                ref, hash, (int)(n < 200 ? n : 200), ref);
+        if (q.w == 0 || q.h == 0)
+            return gm_error_set(err, GM_ERR_INVALID, "image reference '%s': the region is empty (width %lld, height %lld)\n"
+                                "hint: W and H of #xywh=X,Y,W,H must be at least 1", ref, (long long)q.w, (long long)q.h);
+    }
+    memcpy(path, ref, n);
+    path[n] = '\0';
+    *has_rect = frag;
+    if (frag) *r = q;
+    return GM_OK;
+}
+
+gm_status gm_image_ref_check(const char *ref, gm_image_rect r, int64_t w, int64_t h, gm_error *err) {
+    if (r.x >= 0 && r.y >= 0 && r.w >= 1 && r.h >= 1 && r.x <= w - r.w && r.y <= h - r.h) return GM_OK;
+    return gm_error_set(err, GM_ERR_INVALID,
+                        "image reference '%s': the region (columns %lld..%lld, rows %lld..%lld) is not inside the image, "
+                        "which is %lld x %lld pixels\nhint: X + W must be at most %lld and Y + H at most %lld",
+                        ref, (long long)r.x, (long long)(r.x + r.w - 1), (long long)r.y, (long long)(r.y + r.h - 1),
+                        (long long)w, (long long)h, (long long)w, (long long)h);
+}
+
+void gm_image_ref_fragment(gm_image_rect r, char *buf, size_t cap) {
+    snprintf(buf, cap, "#xywh=%lld,%lld,%lld,%lld", (long long)r.x, (long long)r.y, (long long)r.w, (long long)r.h);
+}
+
+gm_status gm_image_load_ref(const char *ref, const gm_image_limits *limits, gm_image *out, gm_error *err) {
+    GM_ASSERT(ref && out);
+    char path[GM_IMAGE_PATH_MAX];
+    gm_image_rect r;
+    bool has_rect = false;
+    GM_TRY(gm_image_ref_parse(ref, path, sizeof path, &r, &has_rect, err));
+    if (!has_rect) return gm_image_load(path, limits, out, err);
+    gm_image img = {0};
+    GM_TRY(gm_image_load(path, limits, &img, err));
+    gm_status s = gm_image_ref_check(ref, r, img.w, img.h, err);
+    if (s == GM_OK) s = gm_image_crop(&img, r, out, err);
+    gm_image_free(&img);
+    return s;
+}

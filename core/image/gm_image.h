@@ -13,6 +13,10 @@
  * libjpeg (the libraries PIL itself uses), the EXIF orientation is read with libexif, and the
  * format is recognised from the first bytes, never from the file name.
  *
+ * Wherever a file is read for a data set or a prompt, an image reference may stand for it: a path,
+ * or a path ending in a Media Fragments region "#xywh=X,Y,W,H" that selects a rectangle of the
+ * decoded file (gm_image_ref_parse: a sprite sheet of many examples is one file).
+ *
  * One deliberate difference: a 16-bit grayscale PNG, which PIL opens as mode "I;16" and clips to
  * 255 (almost every pixel turns white), keeps its high byte here, as PIL does for 16-bit RGB,
  * RGBA and gray+alpha PNGs.
@@ -26,7 +30,8 @@
  * GM_ERR_IO (missing or unreadable file), GM_ERR_FORMAT (corrupt or truncated data; libpng's and
  * libjpeg's warnings count as errors), GM_ERR_UNSUPPORTED (not PNG/JPEG - the message says what
  * it looks like: GIF, WebP, BMP, TIFF, ...), GM_ERR_LIMIT (more pixels than the limit; checked on
- * the header, before any pixel buffer is allocated), GM_ERR_INVALID (bad sizes or options),
+ * the header, before any pixel buffer is allocated), GM_ERR_INVALID (bad sizes or options; a
+ * malformed image reference, or a region outside its image: the message names the reference),
  * GM_ERR_NOMEM. A failure never leaks.
  */
 #ifndef GM_IMAGE_H
@@ -123,6 +128,42 @@ void gm_image_free(gm_image *img);
  * unrecognised. Needs at most 12 bytes. */
 const char *gm_image_sniff(const void *head, size_t n);
 
+/* ---- image references: a file, or a region of one ------------------------------------------ */
+
+/* The longest file path an image reference may name (bytes, with the terminating NUL). */
+#define GM_IMAGE_PATH_MAX 4096
+
+/* Splits an image reference into its file and region. A reference is a file path, optionally
+ * followed by a W3C Media Fragments spatial fragment (https://www.w3.org/TR/media-frags/ §4.2.2):
+ * `PATH#xywh=X,Y,W,H` or `PATH#xywh=pixel:X,Y,W,H`, X, Y, W, H unsigned decimal integers in
+ * pixels of the decoded image (after EXIF orientation): columns [X, X + W), rows [Y, Y + H). Only
+ * the text after the LAST '#' is looked at, and only when it starts with "xywh=": any other '#'
+ * belongs to the path (file names may hold '#'), so "a#1.png" and "a.png#top" are plain paths.
+ * Writes the path (NUL-terminated, at most cap bytes) and, when there is a fragment, *r with
+ * *has_rect = true (else *has_rect = false and *r is untouched).
+ * Errors, GM_ERR_INVALID naming the reference: an "xywh=" fragment that is not exactly four
+ * whole numbers >= 0 separated by commas (signs, spaces, decimals, a missing or extra number), a
+ * zero W or H, a value above 2^31 - 1, "percent:" units (not supported: give pixels), an empty
+ * path, a path of cap bytes or more. (Media Fragments clips a region that overhangs the image;
+ * gm_image_ref_check refuses it instead: a data set's cell is all there or it is a mistake.) */
+gm_status gm_image_ref_parse(const char *ref, char *path, size_t cap, gm_image_rect *r, bool *has_rect, gm_error *err);
+
+/* Checks that region r of reference `ref` (for the message) lies inside a w x h image: GM_OK, or
+ * GM_ERR_INVALID naming the reference, the region's pixel ranges and the image's size. */
+gm_status gm_image_ref_check(const char *ref, gm_image_rect r, int64_t w, int64_t h, gm_error *err);
+
+/* The fragment of region r as gm_image_ref_parse reads it, in its one normalized spelling
+ * "#xywh=X,Y,W,H" (no units, no leading zeros), into buf (cap bytes; 96 always suffice). Two
+ * spellings of one region give the same text: the data's identity hashes this, not what was
+ * written. */
+void gm_image_ref_fragment(gm_image_rect r, char *buf, size_t cap);
+
+/* gm_image_load of a reference: the file decoded whole (with `limits`: the decoder's work is the
+ * file's, not the region's), then, for a region, gm_image_ref_check and the region copied out
+ * (gm_image_crop). *out is the region (or the whole image); untouched on failure. Errors: those of
+ * gm_image_ref_parse, gm_image_load, gm_image_ref_check; GM_ERR_NOMEM. */
+gm_status gm_image_load_ref(const char *ref, const gm_image_limits *limits, gm_image *out, gm_error *err);
+
 /* ---- geometry ---------------------------------------------------------------------------------- */
 
 /* Copies the pixels of rectangle r of `in` into *out (r.w x r.h), as numpy slicing
@@ -170,8 +211,8 @@ int64_t gm_image_pan_and_scan_crops(int64_t w, int64_t h, const gm_image_opts *o
  * above 16384, pan & scan parameters < 1, more than GM_IMAGE_MAX_CROPS crops), GM_ERR_NOMEM. */
 gm_status gm_image_preprocess(const gm_image *img, const gm_image_opts *opts, gm_image_pixels *out, gm_error *err);
 
-/* gm_image_load then gm_image_preprocess. */
-gm_status gm_image_preprocess_file(const char *path, const gm_image_limits *limits, const gm_image_opts *opts,
+/* gm_image_load_ref then gm_image_preprocess: `ref` is a file or a region of one. */
+gm_status gm_image_preprocess_file(const char *ref, const gm_image_limits *limits, const gm_image_opts *opts,
                                    gm_image_pixels *out, gm_error *err);
 
 /* Releases px->data and zeroes *px. NULL is a no-op. */

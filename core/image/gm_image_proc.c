@@ -329,12 +329,12 @@ gm_status gm_image_preprocess(const gm_image *img, const gm_image_opts *opts, gm
     return GM_OK;
 }
 
-gm_status gm_image_preprocess_file(const char *path, const gm_image_limits *limits, const gm_image_opts *opts, gm_image_pixels *out,
+gm_status gm_image_preprocess_file(const char *ref, const gm_image_limits *limits, const gm_image_opts *opts, gm_image_pixels *out,
                                    gm_error *err) {
     gm_image img = {0};
-    GM_TRY(gm_image_load(path, limits, &img, err));
+    GM_TRY(gm_image_load_ref(ref, limits, &img, err));
     gm_status s = gm_image_preprocess(&img, opts, out, err);
-    if (s != GM_OK) gm_error_prefix(err, "%s", path);
+    if (s != GM_OK) gm_error_prefix(err, "%s", ref);
     gm_image_free(&img);
     return s;
 }

@@ -12,6 +12,12 @@
 #     the run goes on without it; a file that does not exist likewise;
 #   - the same data on a text-only model stops before any work, naming the image and the model;
 #   - `generate --image` on the multimodal model; its errors (text-only model, a truncated file);
+#   - classify{} on data.image_grid{} (a sprite sheet written here, cut into cells): each label's
+#     train/test cells as split and capped, a couple of steps; a cell size that does not tile the
+#     sheet or whose rows the labels cannot share is exit 2 naming the sheet's size; a missing
+#     sheet is named; OpenCV's digits.png (when opencv-doc is installed) cut into 400/100 per digit;
+#   - image references with a region ("file#xywh=X,Y,W,H") in `generate --image`, and one outside
+#     its file refused with the file's size;
 #   - vision_targets and modules_to_save: the tower's adapters and the projector train, land in
 #     the trial file under PEFT's keys; reading that adapter back is refused, saying why; a text
 #     module as a tower target is refused with the tower's module names.
@@ -135,4 +141,59 @@ expect_run "generate --image with a truncated file: named, with the reason" 2 "t
 mk text "$SRC/tests/ref/tiny_gemma3_chat" 'sft { data = data.jsonl { train = "data/chat.jsonl", test_fraction = 0.25 } }'
 expect_run "images on a text-only model: refused, naming the image and the model" 2 "has images.*pics/.*no vision tower" -- "$GM" text.lua
 [ ! -e results/text ] && { pass=$((pass + 1)); echo "ok    nothing written for the refused run"; } || { fail=$((fail + 1)); echo "FAIL  results/text exists"; }
+# data.image_grid: a 72 x 24 grayscale sheet of 6 x 4 cells (12 columns, 6 rows; 2 rows per label),
+# written with Python's zlib (a PNG is a signature and three chunks)
+if command -v python3 >/dev/null; then
+  python3 - grid.png <<'PY'
+import struct, sys, zlib
+W, H = 72, 24
+raw = b"".join(bytes([0] + [((y // 8) * 100 + (x * 7 + y * 13) % 50) & 255 for x in range(W)]) for y in range(H))
+chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+open(sys.argv[1], "wb").write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", W, H, 8, 0, 0, 0, 0))
+                              + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+PY
+  cat > grid.lua <<LUA
+return experiment {
+  name = "grid",
+  model = "$VIS",
+  task = classify { data = data.image_grid { path = env("SHEET", "grid.png"), cell = CELL, labels = { "red", "green", "blue" },
+                                             split = 4, train = 5 },
+                    prompt = "Which colour?" },
+  train = { epochs = 1, batch = 2, lr = 1e-2, rank = 4, alpha = 8, max_length = 64, schedule = "constant", warmup = 0, max_steps = 2 },
+  seeds = {1},
+}
+LUA
+  sed 's/CELL/{ 6, 4 }/' grid.lua > grid_ok.lua
+  # 24 cells per label; every 4th tests (6), the other 18 train, capped at 5
+  expect_run "classify on data.image_grid: each label's train/test cells as split and capped, 2 steps" 0 \
+    "grid.png is 72 x 24 pixels: 6 rows x 12 columns of 6 x 4 cells, 2 rows per label; per label \(rows of its cells used, train/test\): red rows 0-1 5/6, green rows 2-3 5/6, blue rows 4-5 5/6.*step 2/2.*final accuracy.*over the 18 test examples" \
+    -- "$GM" grid_ok.lua
+  sed 's/CELL/7/' grid.lua > grid_bad.lua
+  expect_run "data.image_grid, a cell size that does not tile the sheet: exit 2 with the sheet's size" 2 \
+    "grid_bad.lua:[0-9]+: data.image_grid: grid.png is 72 x 24 pixels, which cells of 7 x 7 do not tile \(10 columns of 7 leave 2 pixels\)" -- "$GM" grid_bad.lua --dry-run
+  sed 's/CELL/{ 6, 6 }/' grid.lua > grid_rows.lua
+  expect_run "data.image_grid, rows the labels cannot share: exit 2 with the sheet's size" 2 \
+    "data.image_grid: grid.png is 72 x 24 pixels: 4 rows of 6-pixel cells, which 3 labels cannot share evenly" -- "$GM" grid_rows.lua --dry-run
+  expect_run "data.image_grid, a missing sheet: named" 2 "data.image_grid: nothere.png does not exist" -- env SHEET=nothere.png "$GM" grid_ok.lua --dry-run
+  DIGITS=/usr/share/doc/opencv-doc/examples/data/digits.png
+  sed -e 's/CELL/20/' -e 's/labels = { "red", "green", "blue" }/labels = { "0", "1", "2", "3", "4", "5", "6", "7", "8", "9" }/' \
+    -e 's/split = 4, train = 5/split = 5/' grid.lua > digits.lua
+  if [ -r "$DIGITS" ]; then
+    expect_run "OpenCV's digits.png: 5,000 cells, 400 train / 100 test per digit, checked in --dry-run" 0 \
+      "per label \(rows of its cells used, train/test\): 0 rows 0-4 400/100, 1 rows 5-9 400/100, 2 rows 10-14 400/100, 3 rows 15-19 400/100, 4 rows 20-24 400/100, 5 rows 25-29 400/100, 6 rows 30-34 400/100, 7 rows 35-39 400/100, 8 rows 40-44 400/100, 9 rows 45-49 400/100.*data: 4000 training and 1000 test examples" \
+      -- env SHEET="$DIGITS" "$GM" digits.lua --dry-run
+  else
+    expect_run "OpenCV's digits.png missing: the message names Debian's opencv-doc" 2 "does not exist: it comes with Debian's opencv-doc package" \
+      -- env SHEET="$DIGITS" "$GM" digits.lua --dry-run
+    skip_unless_ci "data.image_grid on OpenCV's digits.png (apt-get install opencv-doc)"
+  fi
+else
+  skip_unless_ci "data.image_grid (python3 writes its sheet: run ./setup.sh)"
+fi
+# image references with a region in generate --image; one outside the file (small.jpg: 120 x 80)
+expect_run "generate --image FILE#xywh=X,Y,W,H (a region of a photo)" 0 "prompt tokens at .* new tokens" -- \
+  "$GM" generate "$VIS" --chat --image "$IMG/small.jpg#xywh=40,20,60,40" "What is it?" --max-tokens 2
+expect_run "generate --image with a region outside the file: refused, naming the reference and the file's size" 2 \
+  "small.jpg#xywh=100,0,50,50': the region \(columns 100..149, rows 0..49\) is not inside the image, which is 120 x 80 pixels" -- \
+  "$GM" generate "$VIS" --chat --image "$IMG/small.jpg#xywh=100,0,50,50" "What is it?" --max-tokens 2
 finish

@@ -4,7 +4,11 @@
  * BILINEAR at many sizes, Gemma3ImageProcessorPil's pixel_values (with and without pan & scan),
  * the pan & scan rectangles; the distance to the default torchvision processor (a measured bound);
  * every bad file's error (message names the file and the reason, nothing leaks), the pixel limit
- * checked before allocation, and allocation failures at every point.
+ * checked before allocation, and allocation failures at every point. Image references: the
+ * "#xywh=X,Y,W,H" region parser (valid, malformed, '#' in plain names), the crop after EXIF
+ * orientation, regions outside their file, a region's identity (sha256 of the file's bytes and the
+ * normalized fragment), the check cache, and the batch loader on regions of one sheet (timed on
+ * OpenCV's digits.png when opencv-doc is installed).
  *
  * Reference: tests/ref/image_ref.h5 and tests/ref/images/, written by tests/ref/make_image_ref.py
  * (tests/ref/README.md). Large references are stored as the sha256 of their bytes; small ones as
@@ -13,12 +17,14 @@
 #include "test_util.h"
 
 #include "gm_alloc.h"
+#include "gm_data.h"
 #include "gm_image.h"
 
 #include <hdf5.h>
 #include <openssl/evp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static char REF[1024];
 
@@ -459,6 +465,254 @@ static void test_api_errors(void) {
     gm_image_free(&img);
 }
 
+/* ---- image references ------------------------------------------------------------------------ */
+
+/* The parser: what is a region, what is a plain path, and what is refused with the reference named. */
+static void test_ref_parse(void) {
+    char path[64];
+    gm_image_rect r;
+    bool has = false;
+    gm_error err = {0};
+    static const struct { const char *ref, *path; gm_image_rect r; } good[] = {
+        {"a/b.png#xywh=1,2,3,4", "a/b.png", {1, 2, 3, 4}},
+        {"a/b.png#xywh=pixel:1,2,3,4", "a/b.png", {1, 2, 3, 4}},
+        {"s.png#xywh=0020,0,20,020", "s.png", {20, 0, 20, 20}},          /* leading zeros: still digits */
+        {"x#1.png#xywh=0,0,2147483647,1", "x#1.png", {0, 0, 2147483647, 1}}, /* a '#' in the name, then a region */
+    };
+    for (size_t i = 0; i < sizeof good / sizeof *good; i++) {
+        has = false;
+        CHECK_OK(gm_image_ref_parse(good[i].ref, path, sizeof path, &r, &has, &err), &err);
+        CHECK(has && strcmp(path, good[i].path) == 0 && r.x == good[i].r.x && r.y == good[i].r.y && r.w == good[i].r.w &&
+                  r.h == good[i].r.h,
+              "%s -> '%s' %lld,%lld,%lld,%lld", good[i].ref, path, (long long)r.x, (long long)r.y, (long long)r.w, (long long)r.h);
+    }
+    /* not a fragment: a '#' that belongs to the file's name */
+    static const char *plain[] = {"a.png", "a#1.png", "a.png#top", "a.png#xywh", "#notes.png", "dir#xywh=1/file.png", "a.png#XYWH=1,2,3,4"};
+    for (size_t i = 0; i < sizeof plain / sizeof *plain; i++) {
+        has = true;
+        r = (gm_image_rect){7, 7, 7, 7};
+        CHECK_OK(gm_image_ref_parse(plain[i], path, sizeof path, &r, &has, &err), &err);
+        CHECK(!has && strcmp(path, plain[i]) == 0 && r.x == 7, "%s is a plain path: got '%s' has_rect %d", plain[i], path, has);
+    }
+    /* malformed regions: GM_ERR_INVALID naming the reference, outputs untouched */
+    static const struct { const char *ref, *why; } bad[] = {
+        {"s.png#xywh=1,2,3", "expected #xywh=X,Y,W,H"},  {"s.png#xywh=1,2,3,4,5", "expected #xywh=X,Y,W,H"},
+        {"s.png#xywh=-1,0,2,2", "no signs"},              {"s.png#xywh=+1,0,2,2", "no signs"},
+        {"s.png#xywh=1.5,0,2,2", "whole numbers"},        {"s.png#xywh= 1,0,2,2", "no signs or spaces"},
+        {"s.png#xywh=1,0,2,2 ", "whole numbers"},         {"s.png#xywh=", "expected #xywh=X,Y,W,H"},
+        {"s.png#xywh=a,b,c,d", "whole numbers"},          {"s.png#xywh=1,,2,2", "whole numbers"},
+        {"s.png#xywh=2147483648,0,1,1", "at most 2147483647"}, {"s.png#xywh=0,0,0,5", "the region is empty"},
+        {"s.png#xywh=0,0,5,0", "the region is empty"},    {"s.png#xywh=percent:0,0,50,50", "percent regions are not supported"},
+        {"#xywh=0,0,1,1", "no file before the region"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        has = false;
+        strcpy(path, "untouched");
+        gm_status s = gm_image_ref_parse(bad[i].ref, path, sizeof path, &r, &has, &err);
+        CHECK(s == GM_ERR_INVALID && !has && strcmp(path, "untouched") == 0 && gm_test_contains(err.msg, bad[i].ref) &&
+                  gm_test_contains(err.msg, bad[i].why),
+              "%s: %s: %s", bad[i].ref, gm_status_name(s), err.msg);
+    }
+    /* a path that does not fit the caller's buffer */
+    char small[8];
+    CHECK(gm_image_ref_parse("abcdefgh.png#xywh=0,0,1,1", small, sizeof small, &r, &has, &err) == GM_ERR_INVALID &&
+              gm_test_contains(err.msg, "longer than 7"),
+          "long path: %s", err.msg);
+    char frag[96];
+    gm_image_ref_fragment((gm_image_rect){20, 0, 20, 20}, frag, sizeof frag);
+    CHECK(strcmp(frag, "#xywh=20,0,20,20") == 0, "fragment %s", frag);
+}
+
+/* sha256 of n bytes of a file, then `more`, as hex. */
+static void sha_file_plus(const char *path, const char *more, char hex[65]) {
+    FILE *f = fopen(path, "rb");
+    EVP_MD_CTX *c = EVP_MD_CTX_new();
+    EVP_DigestInit_ex(c, EVP_sha256(), NULL);
+    unsigned char buf[4096], md[32];
+    size_t n;
+    while (f && (n = fread(buf, 1, sizeof buf, f)) > 0) EVP_DigestUpdate(c, buf, n);
+    if (f) fclose(f);
+    EVP_DigestUpdate(c, more, strlen(more));
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(c, md, &len);
+    EVP_MD_CTX_free(c);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+}
+
+/* Loading a region: the crop of the oriented image; outside the image: refused with its size;
+ * a file whose name holds '#'; the processor on a region; gm_image_check's identity and cache. */
+static void test_ref_load(void) {
+    gm_error err = {0};
+    char ref[2300];
+    gm_image full = {0}, cell = {0}, want = {0};
+    /* after EXIF orientation: orient6.jpg is stored landscape and decodes portrait */
+    CHECK_OK(gm_image_load(img_path("orient6.jpg"), NULL, &full, &err), &err);
+    if (!full.rgb) return;
+    gm_image_rect r = {full.w - 7, full.h - 5, 7, 5}; /* the bottom-right corner, inside only once rotated */
+    snprintf(ref, sizeof ref, "%s#xywh=%lld,%lld,7,5", img_path("orient6.jpg"), (long long)r.x, (long long)r.y);
+    CHECK_OK(gm_image_load_ref(ref, NULL, &cell, &err), &err);
+    CHECK_OK(gm_image_crop(&full, r, &want, &err), &err);
+    CHECK(cell.rgb && want.rgb && cell.w == 7 && cell.h == 5 && memcmp(cell.rgb, want.rgb, 7 * 5 * 3) == 0,
+          "orient6.jpg region: %lld x %lld, pixels %s", (long long)cell.w, (long long)cell.h,
+          cell.rgb && want.rgb && memcmp(cell.rgb, want.rgb, 105) == 0 ? "equal" : "differ");
+    gm_image_free(&cell), gm_image_free(&want);
+    /* one column too far: the reference and the decoded size are named */
+    snprintf(ref, sizeof ref, "%s#xywh=%lld,0,8,5", img_path("orient6.jpg"), (long long)(full.w - 7));
+    char size[64];
+    snprintf(size, sizeof size, "%lld x %lld pixels", (long long)full.w, (long long)full.h);
+    gm_status s = gm_image_load_ref(ref, NULL, &cell, &err);
+    CHECK(s == GM_ERR_INVALID && cell.rgb == NULL && gm_test_contains(err.msg, ref) && gm_test_contains(err.msg, size),
+          "region past the edge: %s: %s", gm_status_name(s), err.msg);
+    char sha[65];
+    int64_t w = 0, h = 0;
+    s = gm_image_check(NULL, ref, sha, &w, &h, &err);
+    CHECK(s == GM_ERR_INVALID && gm_test_contains(err.msg, size), "gm_image_check, region past the edge: %s", err.msg);
+    gm_image_free(&full);
+
+    /* a plain file whose name holds '#' (and one that looks like a fragment but has a '/' after) */
+    char dir[256], named[512], sub[512];
+    if (gm_test_make_tmpdir("image_ref", dir, sizeof dir)) {
+        snprintf(named, sizeof named, "%s/x#1.png", dir);
+        snprintf(sub, sizeof sub, "%s/d#xywh=1", dir);
+        FILE *in = fopen(img_path("palette.png"), "rb"), *out = fopen(named, "wb");
+        char buf[4096];
+        size_t n;
+        while (in && out && (n = fread(buf, 1, sizeof buf, in)) > 0) fwrite(buf, 1, n, out);
+        if (in) fclose(in);
+        if (out) fclose(out);
+        gm_image a = {0}, b = {0};
+        CHECK_OK(gm_image_load_ref(named, NULL, &a, &err), &err);
+        CHECK_OK(gm_image_load(img_path("palette.png"), NULL, &b, &err), &err);
+        CHECK(a.rgb && b.rgb && a.w == b.w && a.h == b.h && memcmp(a.rgb, b.rgb, (size_t)(a.w * a.h * 3)) == 0, "x#1.png read as a plain file");
+        gm_image_free(&a);
+        snprintf(ref, sizeof ref, "%s#xywh=1,1,2,2", named);
+        CHECK_OK(gm_image_load_ref(ref, NULL, &a, &err), &err);
+        CHECK(a.rgb && a.w == 2 && a.h == 2 && memcmp(a.rgb, b.rgb + (1 * b.w + 1) * 3, 6) == 0, "region of x#1.png");
+        gm_image_free(&a), gm_image_free(&b);
+        unlink(named);
+        gm_test_remove_tmpdir(dir);
+    }
+
+    /* the processor on a region equals the processor on the cropped image */
+    gm_image_opts o = gm_image_opts_gemma3(24);
+    gm_image_pixels p1 = {0}, p2 = {0};
+    snprintf(ref, sizeof ref, "%s#xywh=10,20,40,30", img_path("small.jpg"));
+    CHECK_OK(gm_image_preprocess_file(ref, NULL, &o, &p1, &err), &err);
+    CHECK_OK(gm_image_load(img_path("small.jpg"), NULL, &full, &err), &err);
+    if (full.rgb) CHECK_OK(gm_image_crop(&full, (gm_image_rect){10, 20, 40, 30}, &cell, &err), &err);
+    if (cell.rgb) CHECK_OK(gm_image_preprocess(&cell, &o, &p2, &err), &err);
+    CHECK(p1.data && p2.data && memcmp(p1.data, p2.data, 3 * 24 * 24 * sizeof(float)) == 0, "preprocess_file of a region");
+    gm_image_pixels_free(&p1), gm_image_pixels_free(&p2);
+    gm_image_free(&cell), gm_image_free(&full);
+
+    /* identity: sha256(file bytes || normalized fragment); another spelling of the region hashes
+     * the same, another region differently, the file alone as its bytes; a cache gives the same */
+    gm_image_check_cache *cache = gm_image_check_cache_new();
+    CHECK(cache != NULL, "cache");
+    char want_sha[65], file_sha[65], sha2[65], sha3[65];
+    sha_file_plus(img_path("small.jpg"), "#xywh=10,20,40,30", want_sha);
+    sha_file_plus(img_path("small.jpg"), "", file_sha);
+    for (int pass = 0; pass < 2; pass++) {
+        gm_image_check_cache *c = pass ? cache : NULL;
+        CHECK_OK(gm_image_check(c, ref, sha, &w, &h, &err), &err);
+        CHECK(strcmp(sha, want_sha) == 0 && w == 120 && h == 80, "region sha %s (want %s), size %lld x %lld (the file's)", sha, want_sha,
+              (long long)w, (long long)h);
+        snprintf(ref, sizeof ref, "%s#xywh=pixel:010,20,40,030", img_path("small.jpg"));
+        CHECK_OK(gm_image_check(c, ref, sha2, &w, &h, &err), &err);
+        snprintf(ref, sizeof ref, "%s#xywh=11,20,40,30", img_path("small.jpg"));
+        CHECK_OK(gm_image_check(c, ref, sha3, &w, &h, &err), &err);
+        CHECK(strcmp(sha2, want_sha) == 0 && strcmp(sha3, want_sha) != 0, "another spelling: same sha; another region: another");
+        CHECK_OK(gm_image_check(c, img_path("small.jpg"), sha, &w, &h, &err), &err);
+        CHECK(strcmp(sha, file_sha) == 0, "plain file: its bytes' sha256");
+        snprintf(ref, sizeof ref, "%s#xywh=10,20,40,30", img_path("small.jpg"));
+    }
+    /* a missing file: the same error on every reference to it, from the cache too */
+    for (int i = 0; i < 2; i++) {
+        s = gm_image_check(cache, "/nonexistent/sheet.png#xywh=0,0,1,1", sha, &w, &h, &err);
+        CHECK(s == GM_ERR_IO && gm_test_contains(err.msg, "/nonexistent/sheet.png: cannot open"), "missing sheet, time %d: %s", i, err.msg);
+    }
+    gm_image_check_cache_free(cache);
+    gm_image_check_cache_free(NULL);
+}
+
+/* gm_batch_images on regions of one sheet (and a plain file between them): each image equals the
+ * processor on its cell; then, with OpenCV's digits.png, the cost of validating its 5,000 cells
+ * and of one batch of 8 cells (printed; the bounds are generous for a loaded 2-core machine). */
+static void test_ref_batch(void) {
+    gm_error err = {0};
+    const int64_t S = 16;
+    char refs[4][2300];
+    snprintf(refs[0], sizeof refs[0], "%s#xywh=0,0,20,20", img_path("small.jpg"));
+    snprintf(refs[1], sizeof refs[1], "%s#xywh=100,60,20,20", img_path("small.jpg"));
+    snprintf(refs[2], sizeof refs[2], "%s", img_path("palette.png"));
+    snprintf(refs[3], sizeof refs[3], "%s#xywh=20,0,20,20", img_path("small.jpg"));
+    gm_dataset ds;
+    gm_dataset_init(&ds);
+    gm_example ex[4] = {0};
+    char *imgs[4] = {refs[0], refs[1], refs[2], refs[3]};
+    for (int i = 0; i < 4; i++) ex[i].images = &imgs[i], ex[i].n_images = 1;
+    ds.ex = ex, ds.n = 4;
+    int64_t idx[5] = {0, 1, 2, 3, 1}, n = 0;
+    float *px = calloc(5 * 3 * S * S, sizeof(float));
+    CHECK_OK(gm_batch_images(&ds, idx, 5, S, 5, px, &n, &err), &err);
+    CHECK(n == 5, "%lld images", (long long)n);
+    gm_image_opts o = gm_image_opts_gemma3(S);
+    for (int b = 0; b < 5; b++) {
+        gm_image_pixels one = {0};
+        CHECK_OK(gm_image_preprocess_file(refs[idx[b]], NULL, &o, &one, &err), &err);
+        CHECK(one.data && memcmp(one.data, px + b * 3 * S * S, (size_t)(3 * S * S) * sizeof(float)) == 0, "batch image %d (%s)", b, refs[idx[b]]);
+        gm_image_pixels_free(&one);
+    }
+    /* a region outside its file: named, with the file's size */
+    snprintf(refs[3], sizeof refs[3], "%s#xywh=110,0,20,20", img_path("small.jpg"));
+    gm_status s = gm_batch_images(&ds, idx, 4, S, 5, px, &n, &err);
+    CHECK(s == GM_ERR_INVALID && gm_test_contains(err.msg, refs[3]) && gm_test_contains(err.msg, "120 x 80 pixels"), "batch, bad region: %s", err.msg);
+    free(px);
+
+    const char *digits = "/usr/share/doc/opencv-doc/examples/data/digits.png";
+    if (!gm_test_file_exists(digits)) {
+        printf("skip  timing on %s (Debian's opencv-doc is not installed)\n", digits);
+        return;
+    }
+    gm_image_check_cache *cache = gm_image_check_cache_new();
+    double t0 = gm_test_now_s();
+    char sha[65];
+    int64_t w = 0, h = 0;
+    int bad = 0;
+    for (int i = 0; i < 5000; i++) {
+        snprintf(refs[0], sizeof refs[0], "%s#xywh=%d,%d,20,20", digits, (i % 100) * 20, (i / 100) * 20);
+        bad += gm_image_check(cache, refs[0], sha, &w, &h, &err) != GM_OK;
+    }
+    double t_check = gm_test_now_s() - t0;
+    gm_image_check_cache_free(cache);
+    CHECK(bad == 0 && w == 2000 && h == 1000, "digits.png: %d cells refused (%s), %lld x %lld", bad, err.msg, (long long)w, (long long)h);
+    CHECK(t_check < 5.0, "checking digits.png's 5,000 cells took %.2f s", t_check);
+    /* one batch of 8 cells of the sheet at Gemma 3's 896 x 896 */
+    const int64_t S2 = GM_IMAGE_GEMMA3_SIZE, B = 8;
+    char bref[8][200];
+    char *bimgs[8];
+    gm_example bex[8] = {0};
+    for (int i = 0; i < B; i++) {
+        snprintf(bref[i], sizeof bref[i], "%s#xywh=%d,%d,20,20", digits, (i * 37 % 100) * 20, (i * 7 % 50) * 20);
+        bimgs[i] = bref[i], bex[i].images = &bimgs[i], bex[i].n_images = 1;
+    }
+    gm_dataset bds = {.ex = bex, .n = B};
+    int64_t bidx[8] = {0, 1, 2, 3, 4, 5, 6, 7};
+    float *bpx = malloc((size_t)(B * 3 * S2 * S2) * sizeof(float));
+    t0 = gm_test_now_s();
+    CHECK_OK(gm_batch_images(&bds, bidx, B, S2, B, bpx, &n, &err), &err);
+    double t_batch = gm_test_now_s() - t0;
+    gm_image sheet = {0};
+    t0 = gm_test_now_s();
+    CHECK_OK(gm_image_load(digits, NULL, &sheet, &err), &err);
+    double t_decode = gm_test_now_s() - t0;
+    gm_image_free(&sheet);
+    free(bpx);
+    printf("digits.png: 5,000 cells checked in %.3f s; a batch of 8 cells at %lld x %lld in %.3f s (one decode of the sheet: %.3f s)\n",
+           t_check, (long long)S2, (long long)S2, t_batch, t_decode);
+    CHECK(t_batch < 8 * t_decode + 2.0, "a batch of 8 cells took %.2f s, a decode %.3f s", t_batch, t_decode);
+}
+
 int main(void) {
     snprintf(REF, sizeof REF, "%s", gm_test_path("tests/ref/image_ref.h5"));
     if (!gm_test_file_exists(REF)) {
@@ -476,6 +730,9 @@ int main(void) {
     test_limits();
     test_alloc_failures();
     test_api_errors();
+    test_ref_parse();
+    test_ref_load();
+    test_ref_batch();
     printf("test_image: %.1f s\n", gm_test_now_s() - t0);
     return gm_test_finish();
 }
