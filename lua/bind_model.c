@@ -117,7 +117,7 @@ static int l_with_vision_tower(lua_State *L) {
     if (gm_model_load(path, NULL, &m, &err) != GM_OK) return gm_bind_raise(L, &err);
     char hex[65], line[1400];
     gm_status s = gm_model_sha256(m, hex, NULL, 0, &err);
-    int n = snprintf(line, sizeof line, "gemmarun with_vision_tower 1\n%s\n%lld %lld %lld %lld %lld %lld %lld %lld %s\n", hex,
+    int n = snprintf(line, sizeof line, "gemmarun with_vision_tower 2\n%s\n%lld %lld %lld %lld %lld %lld %lld %lld %s\n", hex,
                      (long long)v.hidden_size, (long long)v.n_layers, (long long)v.n_heads, (long long)v.intermediate_size,
                      (long long)v.image_size, (long long)v.patch_size, (long long)v.tokens, (long long)seed, gm_dtype_name(dt));
     unsigned char md[32];

@@ -228,8 +228,9 @@ function API.grid(spec) return tagged("grid", spec) end
 --- mm_tokens_per_image = 16, seed = 0, dtype = "f32" }: as experiment.model, the text model with a
 --- new, randomly initialized SigLIP vision tower and projector of that shape (Hugging Face's
 --- vision_config names), written once into the cache as a Hugging Face Gemma3ForConditionalGeneration
---- folder (core/store/gm_merged.h gm_model_save_with_tower). Its projector starts at zero: train it
---- (train.modules_to_save = "multi_modal_projector") and the tower's linears (train.vision_targets).
+--- folder (core/store/gm_merged.h gm_model_save_with_tower). Nothing of it is pretrained: train the
+--- projector (train.modules_to_save = "multi_modal_projector") and the tower's linears
+--- (train.vision_targets).
 local TOWER_KEYS = { "text", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "image_size",
   "patch_size", "mm_tokens_per_image", "seed", "dtype" }
 function API.with_vision_tower(spec)

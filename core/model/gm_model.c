@@ -278,6 +278,28 @@ gm_status gm_model_prefix(const char *path, char *out, size_t cap, gm_error *err
     return GM_OK;
 }
 
+gm_status gm_model_stored_dtypes(const char *path, gm_dtype *linear, gm_dtype *embed, gm_error *err) {
+    if (!is_hf_checkpoint(path)) return gm_error_set(err, GM_ERR_INVALID, "%s: not a Hugging Face checkpoint", path);
+    char dir[1024];
+    if (ends_with(path, "/config.json") || strcmp(path, "config.json") == 0) {
+        dirname_of(path, dir, sizeof dir);
+        path = dir;
+    }
+    gm_safetensors *st = NULL;
+    GM_TRY(gm_safetensors_open(path, &st, err)); /* the header only: no weight is read */
+    const char *p = find_prefix(st);
+    char name[256];
+    const gm_st_tensor *t = NULL;
+    if (p) {
+        snprintf(name, sizeof name, "%slayers.0.mlp.up_proj.weight", p);
+        if ((t = gm_safetensors_find(st, name))) *linear = t->dtype;
+        snprintf(name, sizeof name, "%sembed_tokens.weight", p);
+        if ((t = gm_safetensors_find(st, name))) *embed = t->dtype;
+    }
+    gm_safetensors_free(st);
+    return GM_OK;
+}
+
 /* The tower of a multimodal checkpoint (gm_model.vision): its weights are named below the tower's
  * prefix, the projector's below the multimodal model's root. The root is what the text decoder's
  * prefix says ("language_model.model." in the hub's layout: root ""; "model.language_model.": root

@@ -97,6 +97,12 @@ void gm_model_free(gm_model *m);
  * Errors as gm_model_load's for the safetensors files. */
 gm_status gm_model_prefix(const char *path, char *out, size_t cap, gm_error *err);
 
+/* The stored dtypes of a Hugging Face checkpoint's text decoder without loading it, from the
+ * safetensors header: *linear that of layer 0's up_proj (the dominant linear), *embed the
+ * embedding's; each left as it was when the tensor is absent. For planning (gm_config_probe).
+ * Errors: GM_ERR_INVALID (`path` is not a Hugging Face checkpoint), gm_safetensors_open's. */
+gm_status gm_model_stored_dtypes(const char *path, gm_dtype *linear, gm_dtype *embed, gm_error *err);
+
 /* Layer l's weight in `slot` (m->arch->layer[slot]). */
 static inline const gm_tensor *gm_model_weight(const gm_model *m, int64_t l, int slot) {
     return &m->layer[l * m->arch->n_layer + slot];

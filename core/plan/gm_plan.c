@@ -9,6 +9,7 @@
 #include "gm_fetch.h"
 #include "gm_gguf.h"
 #include "gm_lora.h"
+#include "gm_model.h"
 #include "gm_quant.h"
 #include "gm_vision.h" /* the tower's own layout (gm_plan_vision) */
 
@@ -49,7 +50,11 @@ gm_status gm_config_probe(const char *arg, gm_config *cfg, gm_dtype *stored, gm_
         char cp[1300];
         if (S_ISDIR(st.st_mode)) snprintf(cp, sizeof cp, "%s/config.json", path);
         else snprintf(cp, sizeof cp, "%s", path);
-        return gm_config_from_json_file(cp, cfg, err);
+        GM_TRY(gm_config_from_json_file(cp, cfg, err));
+        /* the weights' dtypes from the safetensors header beside it (a config.json alone: bf16) */
+        gm_error e2 = {0};
+        (void)gm_model_stored_dtypes(cp, stored, stored_embed, &e2);
+        return GM_OK;
     }
     gm_gguf *g = NULL;
     GM_TRY(gm_gguf_open(path, &g, err));

@@ -466,9 +466,13 @@ static uint64_t name_stream(const char *s) {
  * Gemma3ForConditionalGeneration made from its config (PreTrainedModel._init_weights with
  * initializer_range 0.02, then Gemma3PreTrainedModel._init_weights): linears, the patch
  * convolution and the position embedding N(0, 0.02^2); biases 0; LayerNorm weights 1; the
- * projector's weight 0 and its RMSNorm's w 0 (scale 1 + w = 1). A zero projector means an image
- * adds nothing until the projector trains (modules_to_save). */
-static gm_status add_tower_weight(const gm_config *tc, const gm_weight_spec *w, int64_t layer, bool is_proj, bool is_patch,
+ * projector's RMSNorm w 0 (scale 1 + w = 1) - except the projector's weight, which transformers
+ * zeroes and we draw N(0, 0.02^2) like the other linears. A zero projector gives zero soft tokens,
+ * and the decoder's first RMSNorm of a zero row has a gradient of 1/sqrt(eps) = 1000 per unit:
+ * the first step's gradient norm was 4e7 (digits_vision.lua), that step stays in AdamW's second
+ * moment for hundreds of steps, and the projector hardly moved: test accuracy stayed at chance
+ * (10.0% after 250 steps) where the drawn projector learns (29% after 126 steps; README). */
+static gm_status add_tower_weight(const gm_config *tc, const gm_weight_spec *w, int64_t layer, bool is_patch,
                                   uint64_t seed, gm_dtype dtype, const char *name, out_list *o, gm_error *err) {
     int64_t rows = gm_dim_value(tc, layer, w->rows, 0), cols = w->cols == GM_DIM_NONE ? 0 : gm_dim_value(tc, layer, w->cols, 0);
     const int64_t n = cols ? rows * cols : rows;
@@ -476,7 +480,7 @@ static gm_status add_tower_weight(const gm_config *tc, const gm_weight_spec *w, 
     if (!x) return gm_error_set(err, GM_ERR_NOMEM, "out of memory for %s", name);
     size_t len = strlen(w->hf);
     bool bias = len >= 5 && strcmp(w->hf + len - 5, ".bias") == 0;
-    if ((w->kind == GM_W_LINEAR || w->kind == GM_W_EMBED) && !is_proj) {
+    if (w->kind == GM_W_LINEAR || w->kind == GM_W_EMBED) {
         gm_rng r = gm_rng_seed(seed, name_stream(name));
         for (int64_t i = 0; i < n; i++) x[i] = 0.02f * normal_draw(&r);
     } else {
@@ -555,12 +559,12 @@ gm_status gm_model_save_with_tower(const gm_model *m, const gm_vision_config *vi
         const gm_weight_spec *w = &ar->globals[gi];
         if (gi == GM_GLOBAL_LM_HEAD || !gm_weight_present(w, &tc, -1)) continue; /* the tied slot: the position embedding */
         snprintf(name, sizeof name, "%s%s", w->top_level ? "" : TOWER, w->hf);
-        s = add_tower_weight(&tc, w, -1, gi == GM_SIGLIP_MM_PROJ, gi == GM_SIGLIP_PATCH, seed, dtype, name, &o, err);
+        s = add_tower_weight(&tc, w, -1, gi == GM_SIGLIP_PATCH, seed, dtype, name, &o, err);
     }
     for (int64_t l = 0; s == GM_OK && l < tc.n_layers; l++)
         for (int sl = 0; s == GM_OK && sl < ar->n_layer; sl++) {
             snprintf(name, sizeof name, "%s%s%lld.%s", TOWER, ar->layers_prefix, (long long)l, ar->layer[sl].hf);
-            s = add_tower_weight(&tc, &ar->layer[sl], l, false, false, seed, dtype, name, &o, err);
+            s = add_tower_weight(&tc, &ar->layer[sl], l, false, seed, dtype, name, &o, err);
         }
     if (s == GM_OK) s = save_hf(m, &mm, &o, dtype, part, info, err);
     info->n_tensors = o.n;

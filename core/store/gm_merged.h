@@ -78,9 +78,10 @@ gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, gm_backend 
  * Weights: the decoder's as stored, dequantized to f32 (bit-exact) and encoded in `dtype` (f32 or
  * bf16), named in the hub's layout (language_model.model.*); the tower's and the projector's
  * drawn as transformers initializes a Gemma3ForConditionalGeneration made from its config
- * (normal(0, 0.02) linears, patch convolution and position embedding; zero biases; unit LayerNorm
- * weights; a zero projector and RMSNorm w), from Philox streams keyed by `seed` and each weight's
- * name: the same seed gives the same bytes. The tokenizer is copied or built as
+ * (normal(0, 0.02) linears, patch convolution and position embedding; zero biases and RMSNorm w;
+ * unit LayerNorm weights), but with the projector drawn like the linears instead of zeroed (a zero
+ * projector stalls training: gm_merged.c add_tower_weight), from Philox streams keyed by `seed`
+ * and each weight's name: the same seed gives the same bytes. The tokenizer is copied or built as
  * gm_model_save_merged does; the folder is written as OUT.partial and renamed into place.
  * Errors: GM_ERR_UNSUPPORTED (not Gemma 3), GM_ERR_INVALID (m already has a tower; no tokenizer or
  * no <start_of_image> in it; an inconsistent tower shape, named with its fields; `out` as

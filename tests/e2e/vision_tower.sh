@@ -18,7 +18,7 @@ REAL=$(real_model) || { fail=$((fail + 1)); echo "FAIL  the real model is missin
 HOME_DIR=${GEMMARUN_HOME:-$HOME/.cache/gemmarun}
 DIGITS=/usr/share/doc/opencv-doc/examples/data/digits.png
 # the tower of experiments/digits_vision.lua
-SPEC='hidden_size = 128, num_hidden_layers = 2, num_attention_heads = 4, intermediate_size = 512, image_size = 32, patch_size = 4, mm_tokens_per_image = 16, seed = 1'
+SPEC='hidden_size = 128, num_hidden_layers = 2, num_attention_heads = 4, intermediate_size = 512, image_size = 32, patch_size = 32, mm_tokens_per_image = 1, seed = 1'
 cat > compose.lua <<LUA
 local p, written = gm.with_vision_tower("gemma3-270m", { $SPEC })
 print("path " .. p)
@@ -32,7 +32,7 @@ P=$(sed -n 's/^path //p' first.txt)
 expect_run "with_vision_tower writes a Hugging Face folder in the cache" 0 "^ok$" -- bash -c "
   case '$P' in '$HOME_DIR'/models/gemma-3-270m-q4_k_m-vision-*) ;; *) cat first.txt; exit 1 ;; esac
   test -s '$P/model.safetensors' -a -s '$P/config.json' -a -s '$P/tokenizer.json' && ! ls -d '$P'.partial 2>/dev/null && echo ok"
-expect_run "... read back: the tower's shape from its config.json" 0 "vision 128 x 2 layers, 16 tokens" -- cat first.txt
+expect_run "... read back: the tower's shape from its config.json" 0 "vision 128 x 2 layers, 1 tokens" -- cat first.txt
 expect_run "the same text model and spec: the same folder, not written again" 0 "path $P.*written false" -- "$GM" compose.lua
 # the same spec into another cache (the real model linked there): the same bytes
 mkdir -p home2/models && ln -s "$REAL" home2/models/

@@ -22,9 +22,10 @@
   peft_check.py tower --model DIR --ids 2,5,7 --ours FILE --tol X
       A text model with a new vision tower (gm.with_vision_tower: a Gemma3ForConditionalGeneration
       folder) loads in transformers with no missing or unexpected weight; the tower is drawn as
-      transformers' own init draws it (normal(0, 0.02) linears, patch convolution and position
-      embedding; zero biases and projector; unit LayerNorm weights: each tensor's std within 10% of
-      0.02 or exactly its constant); text-only, its logits equal FILE (ours) within X.
+      transformers' own init draws it (normal(0, 0.02) linears, patch convolution, position
+      embedding and - unlike transformers' zeros, gm_merged.h says why - the projector; zero biases
+      and RMSNorm w; unit LayerNorm weights: each tensor's std within 10% of 0.02 or exactly its
+      constant); text-only, its logits equal FILE (ours) within X.
   peft_check.py tokenizer --model DIR --cases FILE [--gguf FILE] [--chat TEXT --chat-ids FILE]
       AutoTokenizer.from_pretrained(DIR) encodes every text of FILE (tests/peers/tokens.lua: a
       JSON list of {text, ids}) to gemmarun's ids and decodes them back to the text; with --gguf
@@ -159,9 +160,9 @@ def cmd_tower(a):
         if not (k.startswith("vision_tower.") or k.startswith("multi_modal_projector.")):
             continue
         n_tower += 1
-        if k.endswith(".bias") or "multi_modal_projector" in k:
+        if k.endswith(".bias") or "mm_soft_emb_norm" in k:
             ok = bool(torch.all(t == 0))
-        elif "norm" in k:
+        elif "layer_norm" in k or "layernorm" in k:
             ok = bool(torch.all(t == 1))
         else:
             ok = abs(float(t.std()) - 0.02) <= 0.002 and abs(float(t.mean())) <= 0.002

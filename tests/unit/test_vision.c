@@ -11,12 +11,16 @@
 #include "gm_alloc.h"
 #include "gm_data.h"
 #include "gm_decoder.h"
+#include "gm_mmap.h"
 #include "gm_generate.h"
+#include "gm_merged.h"
 #include "gm_model.h"
 #include "gm_train.h"
 #include "gm_vision.h"
 
+#include <math.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #define REF "tests/ref/tiny_vision_ref.h5"
 
@@ -518,6 +522,140 @@ static void check_data(void) {
     gm_model_free(m);
 }
 
+/* Copies file `from` to `to`; false on failure. */
+static bool copy_file(const char *from, const char *to) {
+    FILE *f = fopen(from, "rb"), *g = f ? fopen(to, "wb") : NULL;
+    bool ok = f && g;
+    char buf[65536];
+    size_t n;
+    while (ok && (n = fread(buf, 1, sizeof buf, f)) > 0) ok = fwrite(buf, 1, n, g) == n;
+    if (f) fclose(f);
+    if (g && fclose(g) != 0) ok = false;
+    return ok;
+}
+
+/* Whether two files hold the same bytes. */
+static bool same_bytes(const char *a, const char *b) {
+    char *x = NULL, *y = NULL;
+    size_t nx = 0, ny = 0;
+    gm_error err = {0};
+    bool same = gm_read_file(a, &x, &nx, &err) == GM_OK && gm_read_file(b, &y, &ny, &err) == GM_OK && nx == ny &&
+                memcmp(x, y, nx) == 0;
+    gm_free(x), gm_free(y);
+    return same;
+}
+
+/* gm_model_save_with_tower (core/store/gm_merged.h) on the tiny text model with a tokenizer that
+ * has the image markers: the folder loads as a multimodal model of the asked shape, its decoder
+ * gives the text model's logits bit for bit, its tower runs an image, its weights are drawn as
+ * documented (std 0.02, zero biases and RMSNorm w, unit LayerNorm weights), the same seed gives the
+ * same bytes and another seed others; misfit shapes, a model with a tower and a vocabulary without
+ * <start_of_image> are refused before anything is written. */
+static void check_with_tower(void) {
+    char tmp[512], src[700], path[800];
+    if (!gm_test_make_tmpdir("with_tower", tmp, sizeof tmp)) return;
+    snprintf(src, sizeof src, "%s/text", tmp);
+    mkdir(src, 0755);
+    snprintf(path, sizeof path, "%s/config.json", src);
+    bool ok = copy_file(gm_test_path("tests/ref/tiny_gemma3_chat/config.json"), path);
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    ok = ok && copy_file(gm_test_path("tests/ref/tiny_gemma3_chat/model.safetensors"), path);
+    snprintf(path, sizeof path, "%s/tokenizer.json", src); /* the same 512 ids, with the image markers */
+    ok = ok && copy_file(gm_test_path("tests/ref/tiny_gemma3_vision_chat/tokenizer.json"), path);
+    CHECK(ok, "copy the tiny text model");
+    gm_error err = {0};
+    gm_model *text = NULL, *mm = NULL, *plain = NULL;
+    CHECK(gm_model_load(src, NULL, &text, &err) == GM_OK, "load the text model: %s", err.msg);
+    if (!text) goto done;
+    gm_vision_config v = {.hidden_size = 32, .n_layers = 1, .n_heads = 4, .intermediate_size = 48, .image_size = 28,
+                          .patch_size = 14, .tokens = 4};
+    char out[800], out2[800], out3[800];
+    snprintf(out, sizeof out, "%s/mm", tmp);
+    snprintf(out2, sizeof out2, "%s/mm2", tmp);
+    snprintf(out3, sizeof out3, "%s/mm3", tmp);
+    CHECK(gm_model_save_with_tower(text, &v, 7, GM_F32, out, NULL, &err) == GM_OK, "with a tower: %s", err.msg);
+    CHECK(gm_model_save_with_tower(text, &v, 7, GM_F32, out2, NULL, &err) == GM_OK, "again: %s", err.msg);
+    CHECK(gm_model_save_with_tower(text, &v, 8, GM_F32, out3, NULL, &err) == GM_OK, "another seed: %s", err.msg);
+    char a[900], b[900];
+    snprintf(a, sizeof a, "%s/model.safetensors", out);
+    snprintf(b, sizeof b, "%s/model.safetensors", out2);
+    CHECK(same_bytes(a, b), "the same seed gives the same bytes");
+    snprintf(b, sizeof b, "%s/model.safetensors", out3);
+    CHECK(!same_bytes(a, b), "another seed gives other weights");
+    CHECK(gm_model_load(out, NULL, &mm, &err) == GM_OK, "load the multimodal folder: %s", err.msg);
+    if (mm) {
+        const gm_vision_config *c = &mm->cfg.vision;
+        CHECK(mm->vision && c->hidden_size == 32 && c->n_layers == 1 && c->n_heads == 4 && c->intermediate_size == 48 &&
+                  c->image_size == 28 && c->patch_size == 14 && c->tokens == 4 && c->out_hidden_size == 64,
+              "the tower's shape read back from config.json");
+        CHECK(c->boi_id == 509 && c->eoi_id == 510 && c->image_token_id == 511, "the image markers are the vocabulary's (%d %d %d)",
+              c->boi_id, c->eoi_id, c->image_token_id);
+        CHECK(strcmp(mm->prefix, "language_model.model.") == 0, "the hub's layout (%s)", mm->prefix);
+        /* the decoder is the text model's, bit for bit */
+        static const int32_t ids[] = {2, 17, 300, 41, 5, 99};
+        float l1[6 * 512], l2[6 * 512];
+        gm_test_cached_logits(text, NULL, NULL, ids, 6, l1);
+        gm_test_cached_logits(mm, NULL, NULL, ids, 6, l2);
+        CHECK(memcmp(l1, l2, sizeof l1) == 0, "the decoder's logits are the text model's bit for bit");
+        /* the draw: std 0.02 where drawn, constants elsewhere */
+        const gm_model *t = mm->vision;
+        const gm_tensor *pe = &t->global[GM_SIGLIP_PATCH], *pr = &t->global[GM_SIGLIP_MM_PROJ], *nb = &t->global[GM_SIGLIP_MM_NORM];
+        double s2 = 0, s1 = 0;
+        int64_t n = gm_tensor_numel(pe);
+        for (int64_t i = 0; i < n; i++) s1 += ((const float *)pe->data)[i], s2 += (double)((const float *)pe->data)[i] * ((const float *)pe->data)[i];
+        double sd = sqrt(s2 / (double)n - (s1 / (double)n) * (s1 / (double)n));
+        CHECK(fabs(sd - 0.02) < 0.002, "the patch embedding is drawn with std 0.02 (%.4f over %lld values)", sd, (long long)n);
+        float pmax = 0;
+        for (int64_t i = 0; i < gm_tensor_numel(pr); i++) pmax = fmaxf(pmax, fabsf(((const float *)pr->data)[i]));
+        CHECK(pmax > 0.02f && pmax < 0.2f, "the projector is drawn, not zero (max |w| %.3f)", pmax);
+        bool unit = true;
+        for (int64_t i = 0; i < gm_tensor_numel(nb); i++) unit = unit && ((const float *)nb->data)[i] == 1.0f;
+        CHECK(unit, "the projector's RMSNorm scale 1 + w is 1");
+        /* the tower runs an image */
+        gm_vision *vis = NULL;
+        CHECK(gm_vision_new(mm, 1, 2, NULL, &vis, &err) == GM_OK, "gm_vision_new: %s", err.msg);
+        if (vis) {
+            float px[3 * 28 * 28], so[4 * 64];
+            uint64_t st = 5;
+            for (int i = 0; i < 3 * 28 * 28; i++) px[i] = gm_test_rand(&st);
+            CHECK(gm_vision_encode(vis, px, 1, so, NULL, &err) == GM_OK, "encode: %s", err.msg);
+            bool finite = true, nonzero = false;
+            for (int i = 0; i < 4 * 64; i++) finite = finite && isfinite(so[i]), nonzero = nonzero || so[i] != 0;
+            CHECK(finite && nonzero, "an image's soft tokens are finite and not zero");
+        }
+        gm_vision_free(vis);
+        /* a model that already has a tower */
+        CHECK(gm_model_save_with_tower(mm, &v, 7, GM_F32, out3, NULL, &err) == GM_ERR_INVALID &&
+                  gm_test_contains(err.msg, "already has a vision tower"),
+              "a model with a tower: %s", err.msg);
+    }
+    /* misfit shapes: named, nothing written */
+    char bad[800];
+    snprintf(bad, sizeof bad, "%s/bad", tmp);
+    gm_vision_config w = v;
+    w.tokens = 3;
+    CHECK(gm_model_save_with_tower(text, &w, 7, GM_F32, bad, NULL, &err) == GM_ERR_INVALID &&
+              gm_test_contains(err.msg, "mm_tokens_per_image = 3 must be a square") && !gm_test_file_exists(bad),
+          "3 tokens per image: %s", err.msg);
+    w = v, w.n_heads = 5;
+    CHECK(gm_model_save_with_tower(text, &w, 7, GM_F32, bad, NULL, &err) == GM_ERR_INVALID &&
+              gm_test_contains(err.msg, "heads 5, hidden_size 32") && !gm_test_file_exists(bad),
+          "5 heads of a width 32: %s", err.msg);
+    CHECK(gm_model_save_with_tower(text, &v, 7, GM_F16, bad, NULL, &err) == GM_ERR_INVALID && !gm_test_file_exists(bad),
+          "f16: %s", err.msg);
+    /* a vocabulary without <start_of_image> */
+    CHECK(gm_model_load(gm_test_path("tests/ref/tiny_gemma3_chat"), NULL, &plain, &err) == GM_OK, "load: %s", err.msg);
+    if (plain)
+        CHECK(gm_model_save_with_tower(plain, &v, 7, GM_F32, bad, NULL, &err) == GM_ERR_INVALID &&
+                  gm_test_contains(err.msg, "no <start_of_image>") && !gm_test_file_exists(bad),
+              "no image markers: %s", err.msg);
+done:
+    gm_model_free(plain);
+    gm_model_free(mm);
+    gm_model_free(text);
+    gm_test_remove_tmpdir(tmp);
+}
+
 int main(void) {
     /* the three key layouts (make_vision_ref.py): hub, converters', transformers 5's save */
     const char *dirs[3] = {"tests/ref/tiny_gemma3_vision", "tests/ref/tiny_gemma3_vision_newkeys",
@@ -542,6 +680,7 @@ int main(void) {
         gm_model_free(m);
     }
     check_data();
+    check_with_tower();
     /* a text-only checkpoint has no image path: a clear error */
     gm_error err = {0};
     gm_model *m = NULL;
