@@ -469,9 +469,10 @@ static uint64_t name_stream(const char *s) {
  * projector's RMSNorm w 0 (scale 1 + w = 1) - except the projector's weight, which transformers
  * zeroes and we draw N(0, 0.02^2) like the other linears. A zero projector gives zero soft tokens,
  * and the decoder's first RMSNorm of a zero row has a gradient of 1/sqrt(eps) = 1000 per unit:
- * the first step's gradient norm was 4e7 (digits_vision.lua), that step stays in AdamW's second
- * moment for hundreds of steps, and the projector hardly moved: test accuracy stayed at chance
- * (10.0% after 250 steps) where the drawn projector learns (29% after 126 steps; README). */
+ * the first step's gradient norm was 4e7 (digits_vision.lua with 16 tokens per image), such a
+ * step stays in AdamW's second moment for hundreds of steps, and the projector hardly moved: with
+ * 50 digits per class, 126 steps, test accuracy stayed at chance (10.0%) where the drawn projector
+ * gives 29% (README, "Images: real handwritten digits"). */
 static gm_status add_tower_weight(const gm_config *tc, const gm_weight_spec *w, int64_t layer, bool is_patch,
                                   uint64_t seed, gm_dtype dtype, const char *name, out_list *o, gm_error *err) {
     int64_t rows = gm_dim_value(tc, layer, w->rows, 0), cols = w->cols == GM_DIM_NONE ? 0 : gm_dim_value(tc, layer, w->cols, 0);

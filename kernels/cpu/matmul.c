@@ -17,6 +17,9 @@
 #include <cblas.h>
 #include <omp.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <xmmintrin.h>
+#endif
 
 #define GEMV_MAX_M 4
 
@@ -28,10 +31,20 @@ size_t gm_k_matmul_scratch_floats(gm_dtype w_type, int64_t N, int64_t K, int n_t
     return gemm > gemv ? gemm : gemv;
 }
 
+/* MXCSR's flush-to-zero (bit 15) and denormals-are-zero (bit 6): kernels.h says why. */
+static void flush_denormals(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_setcsr(_mm_getcsr() | 0x8040u);
+#endif
+}
+
 void gm_kernels_set_threads(int n_threads) {
     static int current = -1;
     if (n_threads != current) {
         openblas_set_num_threads(n_threads);
+        flush_denormals();
+#pragma omp parallel num_threads(n_threads > 0 ? n_threads : 1)
+        flush_denormals();
         current = n_threads;
     }
 }
