@@ -15,13 +15,21 @@
 -- token gave 29%: the decoder learns to read one token much sooner.)
 -- README.md and docs/experiments.md give the measured accuracy; tests/e2e/vision_tower.sh runs
 -- this file on a few digits.
+-- a count from the environment, or the default; anything but a whole number >= 1 is an error
+local function count(name, default)
+  local v = env(name, default)
+  local n = math.tointeger(tonumber(v))
+  if not n or n < 1 then error(string.format("%s = %q: give a whole number >= 1", name, v), 0) end
+  return n
+end
+
 local digits = data.image_grid {
   path = env("DIGITS_PNG", "/usr/share/doc/opencv-doc/examples/data/digits.png"),
   cell = 20,
   labels = { "0", "1", "2", "3", "4", "5", "6", "7", "8", "9" },
   split = 5,
-  train = tonumber(env("DIGITS_TRAIN", "200")),
-  test = tonumber(env("DIGITS_TEST", "50")),
+  train = count("DIGITS_TRAIN", "200"),
+  test = count("DIGITS_TEST", "50"),
 }
 
 return experiment {

@@ -101,9 +101,13 @@ static int l_with_vision_tower(lua_State *L) {
                                        "image_size", "patch_size", "mm_tokens_per_image"};
     int64_t *dst[] = {&v.hidden_size, &v.n_layers, &v.n_heads, &v.intermediate_size, &v.image_size, &v.patch_size, &v.tokens};
     for (int i = 0; i < 7; i++) {
+        if (lua_getfield(L, 2, need[i]) == LUA_TNIL)
+            return luaL_error(L, "with_vision_tower: %s is missing (the tower's fields: hidden_size, num_hidden_layers, "
+                              "num_attention_heads, intermediate_size, image_size, patch_size, mm_tokens_per_image)", need[i]);
+        lua_pop(L, 1);
         *dst[i] = gm_bind_opt_int(L, 2, need[i], 0);
         if (*dst[i] <= 0 || *dst[i] > (1 << 20))
-            return luaL_error(L, "with_vision_tower: %s must be a positive integer (got %I)", need[i], (lua_Integer)*dst[i]);
+            return luaL_error(L, "with_vision_tower: %s must be an integer from 1 to 1048576 (got %I)", need[i], (lua_Integer)*dst[i]);
     }
     const lua_Integer seed = gm_bind_opt_int(L, 2, "seed", 0);
     const char *dtname = gm_bind_opt_str(L, 2, "dtype", "f32");

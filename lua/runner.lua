@@ -1221,7 +1221,10 @@ local function resolve_composed_model(e)
   local spec = {}
   for k, v in pairs(m) do if k ~= "text" and k:sub(1, 1) ~= "_" then spec[k] = v end end
   local ok, path, written = pcall(gm.with_vision_tower, m.text, spec)
-  if not ok then P.usage(m._where, "with_vision_tower: %s", clean_msg(path)) end
+  if not ok then
+    local msg = clean_msg(path)
+    P.usage(m._where, "%s%s", msg:find("^with_vision_tower:") and "" or "with_vision_tower: ", msg)
+  end
   say("model: %s with a new vision tower (%d layer%s of width %d, %d x %d images in %d-pixel patches, %d token%s per image, "
     .. "seed %d): %s%s", m.text, m.num_hidden_layers, m.num_hidden_layers == 1 and "" or "s", m.hidden_size, m.image_size,
     m.image_size, m.patch_size, m.mm_tokens_per_image, m.mm_tokens_per_image == 1 and "" or "s", m.seed or 0, path,

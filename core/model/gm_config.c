@@ -275,6 +275,16 @@ gm_status gm_config_vision_tower(const gm_config *mm, gm_config *t, gm_error *er
     memset(t, 0, sizeof *t);
     if (v->hidden_size <= 0 || v->n_layers <= 0)
         return gm_error_set(err, GM_ERR_INVALID, "%s: the model has no vision tower (no vision_config)", mm->name);
+    /* the commonest misfits, each named by its field */
+    if (v->n_layers > GM_MAX_LAYERS)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: vision_config num_hidden_layers = %lld: at most %d", mm->name,
+                            (long long)v->n_layers, GM_MAX_LAYERS);
+    if (v->n_heads > 0 && v->hidden_size % v->n_heads != 0)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: vision_config num_attention_heads = %lld does not divide hidden_size = %lld",
+                            mm->name, (long long)v->n_heads, (long long)v->hidden_size);
+    if (v->patch_size > 0 && v->image_size > 0 && v->image_size % v->patch_size != 0)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: vision_config patch_size = %lld does not divide image_size = %lld", mm->name,
+                            (long long)v->patch_size, (long long)v->image_size);
     if (v->n_layers > GM_MAX_LAYERS || v->n_heads <= 0 || v->hidden_size % v->n_heads != 0 || v->intermediate_size <= 0 ||
         v->patch_size <= 0 || v->image_size <= 0 || v->image_size % v->patch_size != 0 || v->tokens <= 0)
         return gm_error_set(err, GM_ERR_INVALID,

@@ -28,6 +28,14 @@ static const char *const HF_FILES[] = {"model.safetensors", "config.json", "gene
                                        "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                                        "added_tokens.json", "chat_template.jinja"};
 #define N_HF_FILES (sizeof HF_FILES / sizeof HF_FILES[0])
+/* ... and what an interrupted write of them leaves (gm_write_file_atomic's NAME.tmp): a stale
+ * OUT.partial may hold these too, and is cleared */
+static const char *const HF_FILES_PARTIAL[] = {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+                                               "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                                               "added_tokens.json", "chat_template.jinja", "model.safetensors.tmp",
+                                               "config.json.tmp", "generation_config.json.tmp", "tokenizer.json.tmp",
+                                               "tokenizer_config.json.tmp", "special_tokens_map.json.tmp",
+                                               "tokenizer.model.tmp", "added_tokens.json.tmp", "chat_template.jinja.tmp"};
 
 /* llama.cpp's general.file_type values (llama.h, enum llama_ftype) */
 enum { FTYPE_ALL_F32 = 0, FTYPE_MOSTLY_F16 = 1, FTYPE_MOSTLY_Q8_0 = 7, FTYPE_MOSTLY_BF16 = 32 };
@@ -385,7 +393,12 @@ static gm_status check_hf_out(const gm_model *m, gm_dtype dtype, const char *out
 static gm_status start_hf_out(const char *out, char *part, size_t cap, gm_error *err) {
     if ((size_t)snprintf(part, cap, "%s.partial", out) >= cap || strlen(out) + 5 >= 4096)
         return gm_error_set(err, GM_ERR_INVALID, "%s: path too long", out);
-    GM_TRY(check_folder(part, err));
+    char other[256];
+    GM_TRY(gm_folder_foreign(part, HF_FILES_PARTIAL, (int)(sizeof HF_FILES_PARTIAL / sizeof HF_FILES_PARTIAL[0]), other,
+                             sizeof other, err));
+    if (other[0])
+        return gm_error_set(err, GM_ERR_INVALID, "%s holds %s, which an interrupted write would not leave: move or delete that "
+                            "folder (it is where the model is written before it is renamed to %s)", part, other, out);
     remove_folder(part);
     if (mkdir(part, 0755) != 0) return gm_error_set(err, GM_ERR_IO, "%s: cannot create the folder: %s", part, strerror(errno));
     return GM_OK;

@@ -34,12 +34,15 @@ expect_run "with_vision_tower writes a Hugging Face folder in the cache" 0 "^ok$
   test -s '$P/model.safetensors' -a -s '$P/config.json' -a -s '$P/tokenizer.json' && ! ls -d '$P'.partial 2>/dev/null && echo ok"
 expect_run "... read back: the tower's shape from its config.json" 0 "vision 128 x 2 layers, 1 tokens" -- cat first.txt
 expect_run "the same text model and spec: the same folder, not written again" 0 "path $P.*written false" -- "$GM" compose.lua
-# the same spec into another cache (the real model linked there): the same bytes
+# the same spec into another cache (the real model linked there), where an interrupted write left
+# its OUT.partial with a half-written file: cleared, and the same bytes
 mkdir -p home2/models && ln -s "$REAL" home2/models/
+mkdir -p "home2/models/$(basename "$P").partial" && echo half > "home2/models/$(basename "$P").partial/model.safetensors.tmp"
 GEMMARUN_HOME=$PWD/home2 "$GM" compose.lua > second.txt 2>&1
 P2=$(sed -n 's/^path //p' second.txt)
-expect_run "the draw is seeded: written again elsewhere, the same bytes" 0 "^same$" -- bash -c "
-  test -n '$P2' && cmp -s '$P/model.safetensors' '$P2/model.safetensors' && cmp -s '$P/config.json' '$P2/config.json' && echo same"
+expect_run "the draw is seeded: written again elsewhere (over an interrupted write's leftovers), the same bytes" 0 "^same$" -- bash -c "
+  test -n '$P2' && cmp -s '$P/model.safetensors' '$P2/model.safetensors' && cmp -s '$P/config.json' '$P2/config.json' &&
+  ! ls -d '$P2.partial' 2>/dev/null && echo same"
 rm -rf home2
 # errors, before anything is written
 mkx() { # NAME MODEL-EXPR
@@ -61,6 +64,10 @@ mkx has 'with_vision_tower { text = "'"$SRC"'/tests/ref/tiny_gemma3_vision_chat"
 expect_run "a text model that already has a tower: exit 2, named" 2 "tiny_gemma3_vision_chat already has a vision tower" -- "$GM" has.lua --dry-run
 mkx key 'with_vision_tower { text = "gemma3-270m", hidden = 64 }'
 expect_run "an unknown key: exit 2 with the allowed ones" 2 "with_vision_tower.*hidden.*hidden_size" -- "$GM" key.lua --dry-run
+mkx heads 'with_vision_tower { text = "gemma3-270m", hidden_size = 128, num_hidden_layers = 1, num_attention_heads = 3, intermediate_size = 128, image_size = 32, patch_size = 4, mm_tokens_per_image = 4 }'
+expect_run "heads that do not divide the width: exit 2, the fields named" 2 "num_attention_heads = 3 does not divide hidden_size = 128" -- "$GM" heads.lua --dry-run
+mkx miss 'with_vision_tower { text = "gemma3-270m", num_hidden_layers = 1, num_attention_heads = 4, intermediate_size = 128, image_size = 32, patch_size = 4, mm_tokens_per_image = 4 }'
+expect_run "a missing field: exit 2, named once" 2 "miss\.lua:[0-9]+: with_vision_tower: hidden_size is missing" -- "$GM" miss.lua --dry-run
 expect_run "... nothing written into the cache" 0 "^$before$" -- bash -c "ls '$HOME_DIR/models' | wc -l"
 # transformers reads it
 peers_python

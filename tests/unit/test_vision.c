@@ -639,7 +639,7 @@ static void check_with_tower(void) {
           "3 tokens per image: %s", err.msg);
     w = v, w.n_heads = 5;
     CHECK(gm_model_save_with_tower(text, &w, 7, GM_F32, bad, NULL, &err) == GM_ERR_INVALID &&
-              gm_test_contains(err.msg, "heads 5, hidden_size 32") && !gm_test_file_exists(bad),
+              gm_test_contains(err.msg, "num_attention_heads = 5 does not divide hidden_size = 32") && !gm_test_file_exists(bad),
           "5 heads of a width 32: %s", err.msg);
     CHECK(gm_model_save_with_tower(text, &v, 7, GM_F16, bad, NULL, &err) == GM_ERR_INVALID && !gm_test_file_exists(bad),
           "f16: %s", err.msg);
