@@ -105,17 +105,29 @@ typedef struct hf_names {
 } hf_names;
 static const hf_names TEXT_NAMES = {"model.", ""};
 
-/* Appends an empty tensor to the list; NULL when out of memory. */
-static out_tensor *out_push(out_list *o) {
+static void *encode(const float *x, int64_t rows, int64_t cols, gm_dtype dt, size_t *bytes);
+
+/* Appends tensor `name` of shape (ndim dims) to the list: x, rows x cols floats (cols 0: rows
+ * values), encoded as dt. */
+static gm_status out_add(out_list *o, const char *name, gm_dtype dt, int ndim, const int64_t *shape, const float *x,
+                         int64_t rows, int64_t cols, gm_error *err) {
     if (o->n == o->cap) {
         int cap = o->cap * 2 + 64;
         out_tensor *nt = gm_realloc(o->t, (size_t)cap * sizeof *nt);
-        if (!nt) return NULL;
+        if (!nt) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
         o->t = nt, o->cap = cap;
     }
     out_tensor *t = &o->t[o->n];
     memset(t, 0, sizeof *t);
-    return t;
+    snprintf(t->name, sizeof t->name, "%s", name);
+    t->dtype = dt;
+    t->ndim = ndim;
+    memcpy(t->shape, shape, (size_t)ndim * sizeof *shape);
+    size_t bytes;
+    t->data = encode(x, cols ? rows : 1, cols ? cols : rows, dt, &bytes);
+    if (!t->data) return gm_error_set(err, GM_ERR_NOMEM, "out of memory encoding %s", name);
+    o->n++, o->bytes += bytes;
+    return GM_OK;
 }
 
 static gm_status add_weight(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format fmt, gm_dtype dtype,
@@ -149,25 +161,18 @@ static gm_status add_weight(const gm_model *m, const gm_lora *lo, gm_backend *be
     gm_dtype dt = dtype;
     if (fmt == GM_MERGED_GGUF && !cols) dt = GM_F32;
     if (dt == GM_Q8_0 && cols % 32 != 0) dt = GM_F16;
-    out_tensor *t = s == GM_OK ? out_push(o) : NULL;
-    if (s == GM_OK && !t) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     if (s == GM_OK) {
+        char name[256];
         if (fmt == GM_MERGED_GGUF) {
-            if (layer >= 0) snprintf(t->name, sizeof t->name, "blk.%lld.%s", (long long)layer, w->gguf);
-            else snprintf(t->name, sizeof t->name, "%s", w->gguf);
+            if (layer >= 0) snprintf(name, sizeof name, "blk.%lld.%s", (long long)layer, w->gguf);
+            else snprintf(name, sizeof name, "%s", w->gguf);
         } else {
             /* the decoder under hn's prefix whatever the base's layout */
-            if (layer >= 0) snprintf(t->name, sizeof t->name, "%slayers.%lld.%s", hn->prefix, (long long)layer, w->hf);
-            else snprintf(t->name, sizeof t->name, "%s%s", w->top_level ? hn->root : hn->prefix, w->hf);
+            if (layer >= 0) snprintf(name, sizeof name, "%slayers.%lld.%s", hn->prefix, (long long)layer, w->hf);
+            else snprintf(name, sizeof name, "%s%s", w->top_level ? hn->root : hn->prefix, w->hf);
         }
-        t->dtype = dt;
-        t->ndim = cols ? 2 : 1;
-        t->shape[0] = rows;
-        t->shape[1] = cols;
-        size_t bytes;
-        t->data = encode(x, cols ? rows : 1, cols ? cols : rows, dt, &bytes);
-        if (!t->data) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory encoding %s", t->name);
-        else o->n++, o->bytes += bytes;
+        const int64_t shape[2] = {rows, cols};
+        s = out_add(o, name, dt, cols ? 2 : 1, shape, x, rows, cols, err);
     }
     gm_free(x);
     return s;
@@ -501,27 +506,13 @@ static gm_status add_tower_weight(const gm_config *tc, const gm_weight_spec *w, 
         const float v = w->kind == GM_W_VEC && !bias ? 1.0f : 0.0f; /* LayerNorm weight 1; biases, RMSNorm w, projector 0 */
         for (int64_t i = 0; i < n; i++) x[i] = v;
     }
-    out_tensor *t = out_push(o);
-    if (!t) {
-        gm_free(x);
-        return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    }
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->dtype = dtype;
-    if (is_patch) { /* Conv2d's (C, 3, p, p) */
-        const int64_t p = tc->vision.patch_size;
-        t->ndim = 4, t->shape[0] = rows, t->shape[1] = 3, t->shape[2] = p, t->shape[3] = p;
-    } else if (w->transposed) { /* the projector is stored (C, C_text) */
-        t->ndim = 2, t->shape[0] = cols, t->shape[1] = rows;
-    } else {
-        t->ndim = cols ? 2 : 1, t->shape[0] = rows, t->shape[1] = cols;
-    }
-    size_t bytes;
-    t->data = encode(x, cols ? rows : 1, cols ? cols : rows, dtype, &bytes);
+    const int64_t p = tc->vision.patch_size;
+    const int64_t conv[4] = {rows, 3, p, p}, trans[2] = {cols, rows}, plain[2] = {rows, cols};
+    gm_status s = is_patch       ? out_add(o, name, dtype, 4, conv, x, rows, cols, err)  /* Conv2d's (C, 3, p, p) */
+                  : w->transposed ? out_add(o, name, dtype, 2, trans, x, rows, cols, err) /* the projector, (C, C_text) */
+                                  : out_add(o, name, dtype, cols ? 2 : 1, plain, x, rows, cols, err);
     gm_free(x);
-    if (!t->data) return gm_error_set(err, GM_ERR_NOMEM, "out of memory encoding %s", name);
-    o->n++, o->bytes += bytes;
-    return GM_OK;
+    return s;
 }
 
 /* The id of special token `text` in m's vocabulary, else `fallback`. */
