@@ -26,6 +26,7 @@ packages=(
   chromium                                       # the HTML report checked in a headless browser
   fortunes
   opencv-doc                                     # experiments/digits_vision.lua: OpenCV's 5,000 real handwritten digits
+  slurm-wlm munge                                # tests/e2e/slurm.sh: a one-node Slurm for `gemmarun submit --slurm`
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -80,6 +80,12 @@ void gm_lua_open_model(lua_State *L);
 void gm_lua_open_train(lua_State *L);
 /* Registers lua/bind_run.c (data files, hashing, plans, progress, Ctrl-C). */
 void gm_lua_open_run(lua_State *L);
+/* Registers lua/bind_proc.c (gm.trial_lock, gm.trial_unlock). */
+void gm_lua_open_proc(lua_State *L);
+/* spawn({program, arg, ...}) -> exit_code, stdout, stderr (lua/bind_proc.c): runs a program and
+ * waits for it. Not registered in gm (experiment files must not run programs): lua/main.c hands it
+ * to `gemmarun submit` alone. */
+int gm_lua_spawn(lua_State *L);
 /* Registers lua/bind_json.c (gm.json_encode, gm.json_decode, gm.null); needs gm_lua_open_model
  * first. */
 void gm_lua_open_json(lua_State *L);

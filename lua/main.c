@@ -3,6 +3,7 @@
  *
  *   gemmarun                          run the embedded default experiment (experiments/quickstart.lua)
  *   gemmarun FILE.lua [--allow-os]    run an experiment file
+ *   gemmarun submit FILE.lua --slurm  its pending trials as a Slurm job array (lua/slurm.lua)
  *   gemmarun inspect MODEL            config, tensors (dtype, shape, bytes), memory
  *   gemmarun generate MODEL [--adapter RESULTS_OR_CHECKPOINT [--trial ID]] "prompt"
  *                                     [--max-tokens N] [--temperature T] [--top-k K] [--top-p P]
@@ -49,6 +50,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 
 static volatile int interrupted;
@@ -63,10 +65,16 @@ static void usage(FILE *f) {
             "usage:\n"
             "  gemmarun [--dry-run] [--trial N] [--set key=value ...] [--threads N]\n"
             "                                     run the embedded default experiment (experiments/quickstart.lua)\n"
-            "  gemmarun EXPERIMENT.lua [--dry-run] [--trial N] [--set key=value ...] [--allow-os] [--threads N]\n"
-            "                    [--verbose] [--max-trials N] [--max-lua-instructions N] [--max-lua-memory SIZE]\n"
-            "                    (limits on experiment code: 10000 trials, 250000000 instructions at the\n"
-            "                    file's top level, 1GiB of Lua heap; --verbose: Lua tracebacks)\n"
+            "  gemmarun EXPERIMENT.lua [--dry-run] [--trial N|ID] [--set key=value ...] [--allow-os] [--threads N]\n"
+            "                    [--no-tables] [--verbose] [--max-trials N] [--max-lua-instructions N] [--max-lua-memory SIZE]\n"
+            "                    (--trial: the trial's index in the sweep or its id; --no-tables: leave the\n"
+            "                    tables to `gemmarun table`; limits on experiment code: 10000 trials, 250000000\n"
+            "                    instructions at the file's top level, 1GiB of Lua heap; --verbose: Lua tracebacks)\n"
+            "  gemmarun submit EXPERIMENT.lua --slurm [--partition P] [--cpus-per-trial N] [--gpus-per-trial N]\n"
+            "                    [--max-parallel K] [--print] [--set key=value ...] [-- SBATCH OPTIONS]\n"
+            "                                     the pending trials as a Slurm job array (memory per trial from\n"
+            "                                     its plan) and a job that renders the tables after them\n"
+            "                                     (scripts in results/EXP/slurm/; --print: print, do not submit)\n"
             "  gemmarun inspect MODEL\n"
             "  gemmarun generate MODEL [--adapter RESULTS_OR_CHECKPOINT [--trial ID]] \"prompt\"\n"
             "                    [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
@@ -810,58 +818,97 @@ static void set_overrides(lua_State *L, const char *const *sets, int nsets) {
 }
 
 /* Runs an experiment file (or the embedded default when file is NULL). If the file returns an
- * experiment{...}, the runner (lua/runner.lua) runs its trials with the command-line options. */
-static int run_lua(const char *file, int argc, char **argv) {
+ * experiment{...}, the runner (lua/runner.lua) runs its trials with the command-line options; with
+ * submit set (`gemmarun submit FILE.lua --slurm ...`), lua/slurm.lua plans the pending trials and
+ * submits them as a Slurm job array instead of running them. */
+static int run_lua(const char *file, int argc, char **argv, bool submit) {
     gm_lua_opts lo = {.allow_os = false, .n_threads = 2};
-    const char *sets[128];
-    int nsets = 0;
-    long long trial = 0, max_trials = 0;
-    bool dry = false;
+    const char *sets[128], *trial = NULL, *partition = NULL, *sbatch_args[64];
+    int nsets = 0, nsbatch = 0;
+    long long max_trials = 0, gpus = 0, cpus = 0, max_parallel = 0;
+    bool dry = false, no_tables = false, slurm = false, print = false, threads_given = false;
+    const char *who = submit ? "gemmarun submit" : "gemmarun";
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
+        if (submit && strcmp(a, "--") == 0) { /* the rest goes to sbatch as it is */
+            for (i++; i < argc; i++) {
+                if (nsbatch == 64) {
+                    fprintf(stderr, "%s: more than 64 sbatch options after --\n", who);
+                    return 2;
+                }
+                sbatch_args[nsbatch++] = argv[i];
+            }
+            break;
+        }
         if (strcmp(a, "--allow-os") == 0) lo.allow_os = true;
-        else if (strcmp(a, "--dry-run") == 0) dry = true;
+        else if (!submit && strcmp(a, "--dry-run") == 0) dry = true;
+        else if (!submit && strcmp(a, "--no-tables") == 0) no_tables = true;
+        else if (submit && strcmp(a, "--slurm") == 0) slurm = true;
+        else if (submit && strcmp(a, "--print") == 0) print = true;
         else if (strcmp(a, "--verbose") == 0) lo.verbose = true;
-        else if ((strcmp(a, "--max-trials") == 0 || strcmp(a, "--max-lua-instructions") == 0) && i + 1 < argc) {
+        else if (submit && strcmp(a, "--partition") == 0 && i + 1 < argc && argv[i + 1][0]) partition = argv[++i];
+        else if ((strcmp(a, "--max-trials") == 0 || strcmp(a, "--max-lua-instructions") == 0 ||
+                  (submit && (strcmp(a, "--gpus-per-trial") == 0 || strcmp(a, "--cpus-per-trial") == 0 ||
+                              strcmp(a, "--max-parallel") == 0))) && i + 1 < argc) {
             long long n = 0;
-            if (!parse_long(argv[++i], &n) || n < 1) {
-                fprintf(stderr, "gemmarun: bad value for %s: %s (expected a positive integer)\n", a, argv[i]);
+            bool zero_ok = strcmp(a, "--gpus-per-trial") == 0;
+            if (!parse_long(argv[++i], &n) || n < (zero_ok ? 0 : 1) || n > 1000000000) {
+                fprintf(stderr, "%s: bad value for %s: %s (expected a %s integer)\n", who, a, argv[i],
+                        zero_ok ? "non-negative" : "positive");
                 return 2;
             }
             if (strcmp(a, "--max-trials") == 0) max_trials = n;
+            else if (strcmp(a, "--gpus-per-trial") == 0) gpus = n;
+            else if (strcmp(a, "--cpus-per-trial") == 0) cpus = n;
+            else if (strcmp(a, "--max-parallel") == 0) max_parallel = n;
             else lo.max_instructions = n;
         } else if (strcmp(a, "--max-lua-memory") == 0 && i + 1 < argc) {
             double b = 0;
             if (!parse_size(argv[++i], &b) || b < 1048576.0 || b > 1152921504606846976.0) {
-                fprintf(stderr, "gemmarun: bad value for --max-lua-memory: %s (expected a size from 1MiB, e.g. 4GiB)\n",
-                        argv[i]);
+                fprintf(stderr, "%s: bad value for --max-lua-memory: %s (expected a size from 1MiB, e.g. 4GiB)\n",
+                        who, argv[i]);
                 return 2;
             }
             lo.max_memory = (long long)b;
-        }
-        else if ((strcmp(a, "--threads") == 0 || strcmp(a, "--trial") == 0 || strcmp(a, "--set") == 0) && i + 1 < argc) {
+        } else if (!submit && strcmp(a, "--trial") == 0 && i + 1 < argc) {
+            /* an index in the sweep (1..N) or a trial id (12 hex digits, or the start of one): the
+             * runner tells which (runner.pick_trial) */
+            trial = argv[++i];
+            if (!*trial) {
+                fprintf(stderr, "%s: bad value for --trial: '' (give the trial's index or id)\n", who);
+                return 2;
+            }
+        } else if ((strcmp(a, "--threads") == 0 || strcmp(a, "--set") == 0) && i + 1 < argc) {
             const char *v = argv[++i];
             long long n = 0;
             if (strcmp(a, "--set") == 0) {
                 if (nsets < 128) sets[nsets++] = v;
-            } else if (!parse_long(v, &n) || n < 1) {
-                fprintf(stderr, "gemmarun: bad value for %s: %s\n", a, v);
+            } else if (!parse_long(v, &n) || n < 1 || n > 256) {
+                fprintf(stderr, "%s: bad value for %s: %s\n", who, a, v);
                 return 2;
-            } else if (strcmp(a, "--threads") == 0) {
-                lo.n_threads = (int)n;
             } else {
-                trial = n;
+                lo.n_threads = (int)n;
+                threads_given = true;
             }
         } else {
-            fprintf(stderr, "gemmarun: unknown option or missing value: %s\n", a);
+            fprintf(stderr, "%s: unknown option or missing value: %s%s\n", who, a,
+                    submit ? " (options for sbatch itself go after --, e.g. -- --account=A --time=2:00:00)" : "");
             usage(stderr);
             return 2;
         }
     }
+    if (submit && !slurm) {
+        fprintf(stderr, "gemmarun submit: say which scheduler: --slurm (the only one supported), e.g.\n"
+                        "  gemmarun submit %s --slurm --max-parallel 8\n", file);
+        return 2;
+    }
     gm_error err = {0};
     lua_State *L = NULL;
     if (gm_lua_new(&lo, &L, &err) != GM_OK) return fail(&err, 1);
+    /* Ctrl-C, and the SIGTERM a scheduler sends (scancel, a time limit's --signal): the trial
+     * saves a checkpoint at the end of its step and the run stops (runner.lua) */
     signal(SIGINT, on_sigint_run);
+    signal(SIGTERM, on_sigint_run);
     gm_status s;
     int base = lua_gettop(L);
     lua_pushstring(L, command_line);
@@ -883,16 +930,78 @@ static int run_lua(const char *file, int argc, char **argv) {
         lua_getfield(L, base + 1, "_kind");
         bool is_exp = lua_isstring(L, -1) && strcmp(lua_tostring(L, -1), "experiment") == 0;
         lua_pop(L, 1);
-        if (is_exp) {
+        if (is_exp && submit) {
+            /* slurm.submit(experiment, {set, slurm options, spawn, ...}) -> exit code */
+            lua_settop(L, base + 1);
+            lua_getglobal(L, "gm_module");
+            lua_pushstring(L, "slurm");
+            lua_call(L, 1, 1);
+            lua_getfield(L, -1, "submit");
+            lua_remove(L, -2);
+            lua_pushvalue(L, base + 1);
+            lua_createtable(L, 0, 16);
+            set_overrides(L, sets, nsets);
+            if (max_trials > 0) {
+                lua_pushinteger(L, max_trials);
+                lua_setfield(L, -2, "max_trials");
+            }
+            if (partition) {
+                lua_pushstring(L, partition);
+                lua_setfield(L, -2, "partition");
+            }
+            lua_pushinteger(L, gpus);
+            lua_setfield(L, -2, "gpus_per_trial");
+            if (cpus > 0) {
+                lua_pushinteger(L, cpus);
+                lua_setfield(L, -2, "cpus_per_trial");
+            }
+            if (max_parallel > 0) {
+                lua_pushinteger(L, max_parallel);
+                lua_setfield(L, -2, "max_parallel");
+            }
+            if (threads_given) {
+                lua_pushinteger(L, lo.n_threads);
+                lua_setfield(L, -2, "threads");
+            }
+            lua_pushboolean(L, print);
+            lua_setfield(L, -2, "print");
+            lua_pushboolean(L, lo.allow_os);
+            lua_setfield(L, -2, "allow_os");
+            lua_createtable(L, nsbatch, 0);
+            for (int i = 0; i < nsbatch; i++) {
+                lua_pushstring(L, sbatch_args[i]);
+                lua_rawseti(L, -2, i + 1);
+            }
+            lua_setfield(L, -2, "sbatch_args");
+            /* the paths the jobs run with: this program and the file, absolute (the jobs may
+             * start in another folder); running sbatch is given to this call only, never to
+             * experiment files (lua/bind_proc.c) */
+            char exe[PATH_MAX], abs_file[PATH_MAX], cwd[PATH_MAX];
+            ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+            exe[n > 0 ? n : 0] = '\0';
+            lua_pushstring(L, exe);
+            lua_setfield(L, -2, "exe");
+            lua_pushstring(L, realpath(file, abs_file) ? abs_file : file);
+            lua_setfield(L, -2, "file");
+            lua_pushstring(L, getcwd(cwd, sizeof cwd) ? cwd : ".");
+            lua_setfield(L, -2, "cwd");
+            lua_pushcfunction(L, gm_lua_spawn);
+            lua_setfield(L, -2, "spawn");
+            s = gm_lua_call(L, 2, 1, &err);
+            if (s != GM_OK) rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
+            else rc = (int)lua_tointeger(L, -1);
+        } else if (is_exp) {
             /* runner.run(experiment, {dry_run, trial, set}) -> exit code */
             lua_settop(L, base + 1);
             push_runner_fn(L, "run");
             lua_pushvalue(L, base + 1);
-            lua_createtable(L, 0, 3);
+            lua_createtable(L, 0, 4);
             lua_pushboolean(L, dry);
             lua_setfield(L, -2, "dry_run");
-            if (trial > 0) {
-                lua_pushinteger(L, trial);
+            lua_pushboolean(L, no_tables);
+            lua_setfield(L, -2, "no_render");
+            if (trial) {
+                lua_pushstring(L, trial);
                 lua_setfield(L, -2, "trial");
             }
             set_overrides(L, sets, nsets);
@@ -925,13 +1034,15 @@ static int run_lua(const char *file, int argc, char **argv) {
             fprintf(stderr, "gemmarun: %s builds experiment{...} but does not return it: write "
                             "`return experiment{...}`\n", name);
             rc = 2;
-        } else if (dry || trial || nsets) {
-            fprintf(stderr, "gemmarun: %s: --dry-run, --trial and --set need an experiment file that returns "
-                            "experiment{...}; this one returns nothing (it ran as a Lua script)\n", name);
+        } else if (submit || dry || trial || nsets || no_tables) {
+            fprintf(stderr, "gemmarun: %s: %s need%s an experiment file that returns experiment{...}; this one "
+                            "returns nothing (it ran as a Lua script)\n", name,
+                    submit ? "submit" : "--dry-run, --trial, --set and --no-tables", submit ? "s" : "");
             rc = 2;
         }
     }
     signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     gm_lua_close(L);
     return rc;
 }
@@ -1102,11 +1213,11 @@ int main(int argc, char **argv) {
      * could add its size to the peak, off the memory plan (docs/memory.md). A fixed threshold
      * also turns that adjustment off. */
     mallopt(M_MMAP_THRESHOLD, 1 << 20);
-    if (argc < 2) return run_lua(NULL, 0, NULL);
+    if (argc < 2) return run_lua(NULL, 0, NULL, false);
     const char *cmd = argv[1];
     /* `gemmarun --dry-run`, `gemmarun --trial 2`, ...: the embedded default with options */
     if (cmd[0] == '-' && cmd[1] == '-' && strcmp(cmd, "--help") != 0 && strcmp(cmd, "--version") != 0)
-        return run_lua(NULL, argc - 1, argv + 1);
+        return run_lua(NULL, argc - 1, argv + 1, false);
     if (strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0 || strcmp(cmd, "help") == 0) {
         usage(stdout);
         return 0;
@@ -1123,8 +1234,17 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "table") == 0) return cmd_table(argc - 2, argv + 2);
     if (strcmp(cmd, "reproduce") == 0) return cmd_reproduce(argc - 2, argv + 2);
     if (strcmp(cmd, "export") == 0) return cmd_export(argc - 2, argv + 2);
+    if (strcmp(cmd, "submit") == 0) {
+        size_t k = argc > 2 ? strlen(argv[2]) : 0;
+        if (k < 5 || strcmp(argv[2] + k - 4, ".lua") != 0) {
+            fprintf(stderr, "usage: gemmarun submit EXPERIMENT.lua --slurm [--partition P] [--cpus-per-trial N]\n"
+                            "         [--gpus-per-trial N] [--max-parallel K] [--print] [--set key=value ...] [-- SBATCH OPTIONS]\n");
+            return 2;
+        }
+        return run_lua(argv[2], argc - 3, argv + 3, true);
+    }
     size_t n = strlen(cmd);
-    if (n > 4 && strcmp(cmd + n - 4, ".lua") == 0) return run_lua(cmd, argc - 2, argv + 2);
+    if (n > 4 && strcmp(cmd + n - 4, ".lua") == 0) return run_lua(cmd, argc - 2, argv + 2, false);
     fprintf(stderr, "gemmarun: unknown command '%s'\n", cmd);
     usage(stderr);
     return 2;

@@ -1232,18 +1232,40 @@ local function resolve_composed_model(e)
   e.model = path
 end
 
-function R.run(e, cli)
+--- The trial `which` names among `trials` (P.expand's): an index in the sweep (digits, fewer than
+--- 12) or a trial id (12 hex digits) or the start of one only one trial has, any case. Usage
+--- errors (exit 2) say what the experiment has.
+function R.pick_trial(trials, which)
+  local w = tostring(which):lower()
+  if w:match("^%d+$") and #w < 12 then
+    local i = tonumber(w)
+    if i < 1 or i > #trials then P.usage(nil, "--trial %s: the experiment has trials 1..%d", w, #trials) end
+    return trials[i]
+  end
+  local pick = {}
+  for _, t in ipairs(trials) do if t.id:sub(1, #w) == w then pick[#pick + 1] = t end end
+  if #pick == 1 then return pick[1] end
+  if #pick == 0 then
+    P.usage(nil, "--trial %s: no trial of this experiment has that id (its %d trials: %s%s); a trial's id is the hash "
+      .. "of its configuration, so it changes when the file or a --set changes what the trial trains", which, #trials,
+      table.concat((function() local l = {} for i = 1, math.min(#trials, 8) do l[i] = trials[i].index .. " " .. trials[i].id end return l end)(), ", "),
+      #trials > 8 and ", ..." or "")
+  end
+  P.usage(nil, "--trial %s: %d trials have an id starting so: give more of it", which, #pick)
+end
+
+--- What a run and a submission check before any trial: the file's overrides and validation,
+--- the composed model, the sweep, the models, data and max_length (tokenizing every example),
+--- model_adapter. Returns ctx (data, items, ...), the trials, the selected ones and the swept
+--- fields. Raises usage errors (exit 2) for what is wrong in the file.
+function R.prepare(e, cli)
   P.apply_overrides(e, cli.set)
   P.validate(e)
   resolve_composed_model(e)
   local trials, swept = P.expand(e, cli.max_trials)
   local selected = trials
-  if cli.trial then
-    if cli.trial < 1 or cli.trial > #trials then P.usage(nil, "--trial %d: the experiment has trials 1..%d", cli.trial, #trials) end
-    selected = { trials[cli.trial] }
-  end
+  if cli.trial then selected = { R.pick_trial(trials, cli.trial) } end
   if cli.select then selected = { cli.select(trials) } end
-  local dir = cli.dir and cli.dir(e) or ((e.results or "results") .. "/" .. e.name)
   say("experiment %s: %d trial%s (%s), model %s", e.name, #trials, #trials == 1 and "" or "s",
     (#swept > 0 and ("sweep over " .. table.concat(swept, ", ") .. " x ") or "") .. #e.seeds .. (#e.seeds == 1 and " seed" or " seeds"),
     e.model)
@@ -1256,39 +1278,74 @@ function R.run(e, cli)
   local ctx = { data = {}, baselines = {}, items = items, cfgs = cfgs }
   check_lengths(ctx, e, selected, items)
   resolve_model_adapter(ctx, e, trials)
-  if cli.dry_run then
-    if ctx.model then ctx.model:close() end
-    for key, ds in pairs(ctx.data) do
-      local n = ds.train:stats().rejected + ds.test:stats().rejected
-      if n > 0 then
-        say("note: max_length %s rejects %d example%s while tokenizing (first: %s: %s)", key:match("|(%d+)$") or "?", n,
-          n == 1 and "" or "s", ds.rejected[1].example, (ds.rejected[1].reason:gsub("\n.*", "")))
-      end
-      ds.train:close(); ds.test:close(); if ds.val then ds.val:close() end
+  return ctx, trials, selected, swept
+end
+
+--- Closes what R.prepare opened for a dry run or a submission (the model, the tokenized data),
+--- saying how many examples max_length rejects.
+function R.close_prepared(ctx, items)
+  if ctx.model then ctx.model:close() end
+  for key, ds in pairs(ctx.data) do
+    local n = ds.train:stats().rejected + ds.test:stats().rejected
+    if n > 0 then
+      say("note: max_length %s rejects %d example%s while tokenizing (first: %s: %s)", key:match("|(%d+)$") or "?", n,
+        n == 1 and "" or "s", ds.rejected[1].example, (ds.rejected[1].reason:gsub("\n.*", "")))
     end
-    say("data: %d training and %d test examples%s", #items.train, #items.test,
-      items.labels and (", labels " .. table.concat(items.labels, ", ")) or "")
+    ds.train:close(); ds.test:close(); if ds.val then ds.val:close() end
+  end
+  say("data: %d training and %d test examples%s", #items.train, #items.test,
+    items.labels and (", labels " .. table.concat(items.labels, ", ")) or "")
+end
+
+--- A trial's memory as the runner will meet it: {total (bytes, after fit), plan, fit (what fit
+--- chose, or nil), over (true: it would be refused), why (the fit's or the planner's error)}.
+function R.plan_trial(e, t, items, threads)
+  local opts = trainer_opts(t.config, 1, threads, items.max_images)
+  local ok, plan = pcall(trial_plan, t.config.model, opts, items)
+  if not ok then return { why = clean_msg(plan) } end
+  local r = { plan = plan, total = plan.total }
+  if e.memory_limit_bytes and plan.total > e.memory_limit_bytes then
+    local fok, total, chosen = false, nil, nil
+    if e.fit then
+      local _
+      fok, _, total, chosen = pcall(gm.plan_fit, t.config.model, opts, math.max(1, e.memory_limit_bytes - RUNNER_STATE_BYTES))
+    end
+    if fok then
+      r.total, r.fit = total + RUNNER_STATE_BYTES, chosen
+    else
+      r.over, r.why = true, e.fit and clean_msg(total) or nil
+    end
+  end
+  return r
+end
+
+--- The file a process locks while it works on trial `id` of results folder `dir`: hidden, so
+--- that what lists or globs the folder's trial-* files sees only trial files and checkpoints.
+function R.lock_path(dir, id) return dir .. "/.trial-" .. id .. ".lock" end
+
+--- The runner's one-line description of a trial (index, id, swept values, seed).
+function R.describe_trial(t, swept) return describe_point(t, swept) end
+
+function R.run(e, cli)
+  local ctx, trials, selected, swept = R.prepare(e, cli)
+  local items = ctx.items
+  local dir = cli.dir and cli.dir(e) or ((e.results or "results") .. "/" .. e.name)
+  if cli.dry_run then
+    R.close_prepared(ctx, items)
     local over = 0
     for _, t in ipairs(selected) do
-      local cfg = t.config
-      local opts = trainer_opts(cfg, 1, e.threads or GM_THREADS, items.max_images)
-      local ok, plan = pcall(trial_plan, cfg.model, opts, items)
+      local r = R.plan_trial(e, t, items, e.threads or GM_THREADS)
       local line
-      if ok then
-        line = string.format("  trial %2d  %s  %s  plan %s (%s)", t.index, t.id, describe_point(t, swept), fmt_bytes(plan.total), R.plan_summary(plan))
-        if e.memory_limit_bytes and plan.total > e.memory_limit_bytes then
-          local fok, _, total, chosen = false, nil, nil, nil
-          if e.fit then fok, _, total, chosen = pcall(gm.plan_fit, cfg.model, opts, math.max(1, e.memory_limit_bytes - RUNNER_STATE_BYTES)) end
-          if fok then total = total + RUNNER_STATE_BYTES end
-          if fok then
-            line = line .. string.format("  over memory_limit; fit: %s (plan %s)", chosen, fmt_bytes(total))
-          else
-            over = over + 1
-            line = line .. "  OVER memory_limit" .. (e.fit and (": cannot fit: " .. clean_msg(total or _)) or " (the trial will be refused; fit = true may help)")
-          end
+      if r.plan then
+        line = string.format("  trial %2d  %s  %s  plan %s (%s)", t.index, t.id, describe_point(t, swept), fmt_bytes(r.plan.total), R.plan_summary(r.plan))
+        if r.fit then
+          line = line .. string.format("  over memory_limit; fit: %s (plan %s)", r.fit, fmt_bytes(r.total))
+        elseif r.over then
+          over = over + 1
+          line = line .. "  OVER memory_limit" .. (e.fit and (": cannot fit: " .. r.why) or " (the trial will be refused; fit = true may help)")
         end
       else
-        line = string.format("  trial %2d  %s  %s  plan unavailable: %s", t.index, t.id, describe_point(t, swept), clean_msg(plan))
+        line = string.format("  trial %2d  %s  %s  plan unavailable: %s", t.index, t.id, describe_point(t, swept), r.why)
       end
       say("%s", line)
     end
@@ -1308,10 +1365,19 @@ function R.run(e, cli)
   ctx.cli_set = cli.set
   local report = e.report and { rows = e.report.rows, cols = e.report.cols, metric = e.report.metric, phase = e.report.phase, digits = e.report.digits }
     or { rows = swept, cols = {}, metric = e.task._kind == "classify" and "accuracy" or "loss" }
+  local busy = 0
   for _, t in ipairs(selected) do
     local path = dir .. "/trial-" .. t.id .. ".h5"
-    local prior = gm.file_exists(path) and gm.results_read(path) or nil
-    if prior and prior.status == "completed" then
+    -- one process per trial: another one on it (a second run of this experiment, an array task
+    -- submitted again while the first runs) keeps it (lua/bind_proc.c)
+    local lock = R.lock_path(dir, t.id)
+    local mine, holder = gm.trial_lock(lock)
+    local prior = mine and gm.file_exists(path) and gm.results_read(path) or nil
+    if not mine then
+      busy = busy + 1
+      say("trial %d/%d  %s  %s: running in another process (pid %s): left to it", t.index, #trials, t.id,
+        describe_point(t, swept), holder)
+    elseif prior and prior.status == "completed" then
       -- kept as it is; but say so when it was trained on other data than the data set is now
       local d = ctx.data[t.config.model .. "|" .. t.config.max_length]
       local was = prior.provenance and prior.provenance.data_sha256
@@ -1365,6 +1431,7 @@ function R.run(e, cli)
       ctx.res:close()
       ctx.res = nil
     end
+    if mine then gm.trial_unlock(lock) end
   end
   if ctx.model then ctx.model:close() end
   for _, ds in pairs(ctx.data) do ds.train:close(); ds.test:close(); if ds.val then ds.val:close() end end
@@ -1377,14 +1444,18 @@ function R.run(e, cli)
     say("interrupted: finished trials are kept and the current one resumes from its checkpoint when you run the same command again")
     return 1
   end
-  if cli.no_render then return failed > 0 and 1 or 0 end
+  if busy > 0 then
+    say("%d trial%s ran in another process: run the same command once %s done to see %s here", busy, busy == 1 and "" or "s",
+      busy == 1 and "it is" or "they are", busy == 1 and "it" or "them")
+  end
+  if cli.no_render then return (failed > 0 or busy > 0) and 1 or 0 end
   local rok, rerr = pcall(R.render, dir, e.results or "results", e.name)
   if not rok then
     say("the trials are done and kept, but the tables could not be written: %s (run `gemmarun table %s` once it "
       .. "can be)", clean_msg(rerr), dir)
     return 1
   end
-  return failed > 0 and 1 or 0
+  return (failed > 0 or busy > 0) and 1 or 0
 end
 
 --- Merges the trial files, prints the table and writes .md/.tex/.csv and plots (the same path
