@@ -76,7 +76,7 @@ expect_run "invalid: a file returning a plain table" 2 "t.lua returns a table th
 sed 's/^return experiment/local e = experiment/' tiny.lua > noreturn.lua
 expect_run "invalid: an experiment built but not returned" 2 "noreturn.lua builds experiment\{...\} but does not return it" -- "$GM" noreturn.lua
 expect_run "invalid: a file returning something else" 2 "r42.lua returns a number, not an experiment" -- bash -c "echo 'return 42' > r42.lua; '$GM' r42.lua"
-expect_run "invalid: --dry-run on a plain script" 2 "empty.lua: --dry-run, --trial and --set need an experiment file" -- bash -c ": > empty.lua; '$GM' empty.lua --dry-run"
+expect_run "invalid: --dry-run on a plain script" 2 "empty.lua: --dry-run, --trial, --set and --no-tables need an experiment file" -- bash -c ": > empty.lua; '$GM' empty.lua --dry-run"
 expect_run "invalid: missing model (--set), in the dry run" 2 "--set model=/nope: model /nope: " -- "$GM" tiny.lua --set model=/nope --dry-run
 expect_run "invalid: max_length beyond the model's positions, in the dry run" 2 "--set max_length=100000: train.max_length = 100000: .* has [0-9]+ positions; use at most" -- "$GM" tiny.lua --set max_length=100000 --dry-run
 expect_run "invalid: a --set value names --set" 2 "--set quant=nf5: train.quant = nf5: allowed values" -- "$GM" tiny.lua --set quant=nf5 --dry-run
