@@ -42,7 +42,7 @@ expect_run "pets_sweep.lua --dry-run from the gemma3-4b size: the vision tower i
 # the job script of docs/scaling.md: 96 trials in 8 arrays by memory request, --max-parallel 16
 # shared 2 per array (--print plans a built-in size, as --dry-run does; nothing is submitted)
 expect_run "submit --slurm --print for pets_sweep.lua from gemma3-4b: 96 trials, 8 arrays by memory" 0 \
-  "trial  1  [0-9a-f]+  alpha=16 lr=5e-05 max_length=512 quant=nf4 rank=16 seed=1  plan [0-9.]+ GiB -> --mem=[0-9]+M.*96 of 96 trials pending \(0 done\); 8 arrays \(one per memory request\), 8 CPUs per trial, at most 16 at once \(2 \+ 2 \+ 2 \+ 2 \+ 2 \+ 2 \+ 2 \+ 2 by array\).*a8=\\$\(sbatch --parsable --array=22-24,46-48,70-72,94-96%2 .*--dependency=afterany:\\$a1:\\$a2:\\$a3:\\$a4:\\$a5:\\$a6:\\$a7:\\$a8.*not submitted" -- \
+  "trial  1  [0-9a-f]+  alpha=16 lr=5e-05 max_length=512 quant=nf4 rank=16 seed=1  plan [0-9.]+ GiB -> --mem=[0-9]+M.*96 of 96 trials pending \(0 done\); 8 arrays \(one per memory request\), 8 CPUs per trial, at most 16 at once \(2 \+ 2 \+ 2 \+ 2 \+ 2 \+ 2 \+ 2 \+ 2 by array\).*a8=\\\$\(sbatch --parsable --array=22-24,46-48,70-72,94-96%2 .*--dependency=afterany:\\\$a1:\\\$a2:\\\$a3:\\\$a4:\\\$a5:\\\$a6:\\\$a7:\\\$a8.*not submitted" -- \
   env GEMMA_MODEL=gemma3-4b "$GM" submit "$SRC/experiments/pets_sweep.lua" --slurm --partition gpu --cpus-per-trial 8 --max-parallel 16 --print
 rm -rf results/pets_sweep
 expect_run "pets_sweep.lua: baseline, training, final accuracy, the table" 0 \

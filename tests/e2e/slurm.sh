@@ -160,11 +160,11 @@ ids=$(sed -n 's/^  [0-9]*) trial=\([0-9a-f]*\) ;;$/\1/p' results/tiny/slurm/tria
 want=$(ls ../straight/results/tiny/ | sed -n 's/^trial-\([0-9a-f]*\)\.h5$/\1/p' | sort | tr '\n' ' ')
 check "the script's trial ids are the local run's ($want)" [ "$ids" = "$want" ]
 check "nothing was submitted" [ -z "$(squeue -h -o %i)" ]
-# the file's sweep reordered after the script was written: index 1's id is now the sweep's trial 2,
-# and --trial ID still finds it
+# the file's sweep reordered after the script was written: index 1's id (lr 0.01, seed 1) is now
+# the sweep's trial 3 (seeds vary fastest), and --trial ID still finds it
 id1=$(sed -n 's/^  1) trial=\([0-9a-f]*\) ;;$/\1/p' results/tiny/slurm/trials.sbatch)
 sed -i 's/lr = {1e-2, 3e-3}/lr = {3e-3, 1e-2}/' tiny.lua
-expect_run "after the sweep is reordered, the script's id still names its trial (now the 2nd)" 0 "trial  2  $id1  lr=0.01 seed=1" \
+expect_run "after the sweep is reordered, the script's id still names its trial (now the 3rd)" 0 "trial  3  $id1  lr=0.01 seed=1" \
   -- "$GM" tiny.lua --trial "$id1" --dry-run
 cd ..
 
