@@ -44,6 +44,11 @@ expect_run "pets_sweep.lua --dry-run from the gemma3-4b size: the vision tower i
 expect_run "submit --slurm --print for pets_sweep.lua from gemma3-4b: 96 trials, 8 arrays by memory" 0 \
   "trial  1  [0-9a-f]+  alpha=16 lr=5e-05 max_length=512 quant=nf4 rank=16 seed=1  plan [0-9.]+ GiB -> --mem=[0-9]+M.*96 of 96 trials pending \(0 done\); 8 arrays \(one per memory request\), 8 CPUs per trial, at most 16 at once \(2 \+ 2 \+ 2 \+ 2 \+ 2 \+ 2 \+ 2 \+ 2 by array\).*a8=\\\$\(sbatch --parsable --array=22-24,46-48,70-72,94-96%2 .*--dependency=afterany:\\\$a1:\\\$a2:\\\$a3:\\\$a4:\\\$a5:\\\$a6:\\\$a7:\\\$a8.*not submitted" -- \
   env GEMMA_MODEL=gemma3-4b "$GM" submit "$SRC/experiments/pets_sweep.lua" --slurm --partition gpu --cpus-per-trial 8 --max-parallel 16 --print
+# --max-parallel below the number of memory requests: neighbouring requests merge (the larger for
+# both) until each array can run one
+expect_run "submit --print --max-parallel 4: the 8 requests merged into 4 arrays, one task each" 0 \
+  "96 of 96 trials pending \(0 done\); 4 arrays \(one per memory request\), 2 CPUs per trial, at most 4 at once \(1 \+ 1 \+ 1 \+ 1 by array\).*a1=\\\$\(sbatch --parsable --array=1-9,25-33,49-57,73-81%1 --mem=[0-9]+M .*a4=\\\$\(sbatch --parsable --array=22-24,46-48,70-72,94-96%1 --mem=[0-9]+M" -- \
+  env GEMMA_MODEL=gemma3-4b "$GM" submit "$SRC/experiments/pets_sweep.lua" --slurm --max-parallel 4 --print
 rm -rf results/pets_sweep
 expect_run "pets_sweep.lua: baseline, training, final accuracy, the table" 0 \
   "baseline accuracy.*final accuracy.*pets_sweep: accuracy.*written: results/pets_sweep.md.*results/pets_sweep_confusion_1_final\.png" -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}"

@@ -195,7 +195,7 @@ out=$("$GM" submit tiny.lua --slurm --cpus-per-trial 1 --max-parallel 1 2>&1)
 job=$(printf '%s' "$out" | sed -n 's/.*submitted: array job \([0-9]*\),.*/\1/p')
 first=$(sed -n 's/^  1) trial=\([0-9a-f]*\) ;;$/\1/p' results/tiny/slurm/trials.sbatch)
 # trial 1 runs first (--max-parallel 1); its first checkpoint (step 5) says it is mid-trial
-for _ in $(seq 1 600); do
+for _ in $(seq 1 2400); do
   [ -f "results/tiny/trial-$first.ckpt.h5" ] && break
   sleep 0.05
 done
@@ -238,7 +238,7 @@ mkdir twice && cp -r data tiny.lua twice/
 cd twice
 "$GM" tiny.lua --trial 1 --threads 1 > first.log 2>&1 &
 pid=$!
-for _ in $(seq 1 600); do
+for _ in $(seq 1 2400); do
   ls results/tiny/trial-*.ckpt.h5 > /dev/null 2>&1 && break
   sleep 0.05
 done
