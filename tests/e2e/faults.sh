@@ -17,26 +17,6 @@ GM=$(cd "$(dirname "$GM")" && pwd)/$(basename "$GM")
 cd "$TMP"
 tiny_fixture "$SRC" 12
 
-# series and tensors that must be equal (elapsed time, tokens/s and memory are measurements)
-DETERMINISTIC="/metrics/step /metrics/loss /metrics/lr /metrics/grad_norm /metrics/supervised_tokens /adapter /eval/baseline /eval/final"
-# same_trials A B: every trial file of results folder A equals B's on DETERMINISTIC; prints the differences
-same_trials() {
-  local f id differ="" n=0
-  for f in "$2"/trial-*.h5; do
-    case "$f" in *.ckpt.h5) continue ;; esac
-    id=$(basename "$f")
-    n=$((n + 1))
-    [ -f "$1/$id" ] || { differ="$differ $id:missing"; continue; }
-    for obj in $DETERMINISTIC; do
-      h5diff -q "$1/$id" "$f" "$obj" "$obj" > /dev/null 2>&1 || differ="$differ $id:$obj"
-    done
-  done
-  [ "$n" -gt 0 ] || differ=" (no trial files in $2)"
-  printf '%s' "$differ"
-}
-# the accuracy table (the memory table below it holds measurements)
-acc_table() { sed '/^Peak memory/,$d' "$1"; }
-
 mkdir straight && cp -r data tiny.lua straight/
 t0=$(date +%s.%N)
 (cd straight && "$GM" tiny.lua > run.log 2>&1) && [ "$(ls straight/results/tiny/trial-*.h5 | wc -l)" = 4 ] \

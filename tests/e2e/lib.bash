@@ -98,3 +98,26 @@ return experiment {
 }
 EOF
 }
+
+# Series and tensors of a trial file that must come out equal when the same trial runs again
+# (elapsed time, tokens/s and memory are measurements).
+DETERMINISTIC="/metrics/step /metrics/loss /metrics/lr /metrics/grad_norm /metrics/supervised_tokens /adapter /eval/baseline /eval/final"
+# same_trials A B: every trial file of results folder A equals B's on DETERMINISTIC (h5diff, no
+# tolerance); prints the differences (nothing when equal)
+same_trials() {
+  local f id differ="" n=0
+  for f in "$2"/trial-*.h5; do
+    case "$f" in *.ckpt.h5) continue ;; esac
+    id=$(basename "$f")
+    n=$((n + 1))
+    [ -f "$1/$id" ] || { differ="$differ $id:missing"; continue; }
+    for obj in $DETERMINISTIC; do
+      h5diff -q "$1/$id" "$f" "$obj" "$obj" > /dev/null 2>&1 || differ="$differ $id:$obj"
+    done
+  done
+  [ "$n" -gt 0 ] || differ=" (no trial files in $2)"
+  printf '%s' "$differ"
+}
+# acc_table FILE.md: the accuracy table of a rendered results file (the memory table below it holds
+# measurements)
+acc_table() { sed '/^Peak memory/,$d' "$1"; }

@@ -17,22 +17,6 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 GM=$(cd "$(dirname "$GM")" && pwd)/$(basename "$GM")
 cd "$TMP"
 
-DETERMINISTIC="/metrics/step /metrics/loss /metrics/lr /metrics/grad_norm /metrics/supervised_tokens /adapter /eval/baseline /eval/final"
-same_trials() {
-  local f id differ="" n=0
-  for f in "$2"/trial-*.h5; do
-    case "$f" in *.ckpt.h5) continue ;; esac
-    id=$(basename "$f")
-    n=$((n + 1))
-    [ -f "$1/$id" ] || { differ="$differ $id:missing"; continue; }
-    for obj in $DETERMINISTIC; do
-      h5diff -q "$1/$id" "$f" "$obj" "$obj" > /dev/null 2>&1 || differ="$differ $id:$obj"
-    done
-  done
-  [ "$n" -gt 0 ] || differ=" (no trial files in $2)"
-  printf '%s' "$differ"
-}
-acc_table() { sed '/^Peak memory/,$d' "$1"; }
 check() { # check NAME CONDITION...: ok when the command succeeds
   local name=$1
   shift
