@@ -756,6 +756,7 @@ function M.expand(e, max_trials)
     end
     table.sort(swept)
   end
+  local seen, duplicates = {}, 0 -- trial id -> index; random points drawn twice
   for _, p in ipairs(M.sweep_points(e)) do
     for _, seed in ipairs(e.seeds) do
       local cfg = { model = e.model, seed = seed, model_adapter = e.model_adapter }
@@ -767,9 +768,27 @@ function M.expand(e, max_trials)
       for k, v in pairs(cfg) do if LATER_OPTIONS[k] ~= v then id_cfg[k] = v end end
       local identity = gm.json_encode({ experiment = e.name, config = id_cfg, task = task_identity(e.task),
         validation = e.validation and task_identity(e.validation) or nil })
-      trials[#trials + 1] = { index = #trials + 1, id = gm.sha256(identity):sub(1, 12), config = cfg, point = p, seed = seed }
+      local id = gm.sha256(identity):sub(1, 12)
+      local twin = seen[id]
+      if twin and (not e.sweep or e.sweep._kind == "grid") then
+        -- one trial file per id: a value listed twice would train one trial twice and count it
+        -- twice in nothing (the second finds the first's file done)
+        local what = {}
+        for _, k in ipairs(swept) do what[#what + 1] = k .. "=" .. tostring(p[k]) end
+        what[#what + 1] = "seed=" .. tostring(seed)
+        usage((e.sweep and e.sweep._where) or e._where, "trials %d and %d are the same trial (%s): a value is listed twice in "
+          .. "the sweep; list each once", twin, #trials + 1, table.concat(what, " "))
+      end
+      if twin then
+        -- a random search drew a point it had drawn before: it runs once
+        duplicates = duplicates + 1
+      else
+        seen[id] = #trials + 1
+        trials[#trials + 1] = { index = #trials + 1, id = id, config = cfg, point = p, seed = seed }
+      end
     end
   end
+  trials.duplicates = duplicates
   return trials, swept
 end
 

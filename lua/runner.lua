@@ -1269,6 +1269,10 @@ function R.prepare(e, cli)
   say("experiment %s: %d trial%s (%s), model %s", e.name, #trials, #trials == 1 and "" or "s",
     (#swept > 0 and ("sweep over " .. table.concat(swept, ", ") .. " x ") or "") .. #e.seeds .. (#e.seeds == 1 and " seed" or " seeds"),
     e.model)
+  if (trials.duplicates or 0) > 0 then
+    say("note: the random search drew some points more than once: each distinct trial runs once (%d trials, not %d)",
+      #trials, #trials + trials.duplicates)
+  end
   -- everything that can fail for the whole sweep is checked before the first trial (and by the
   -- dry run): models, max_length, data
   local items, cfgs = preflight(e, selected, cli.dry_run)
