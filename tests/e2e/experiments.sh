@@ -61,7 +61,7 @@ expect_run "invalid: a built-in size cannot train" 2 "--set model=gemma3-1b: mod
 bad "a grid value listed twice (1e-2 and 0.01: one trial id)" "bad.lua:7: trials 1 and 5 are the same trial \(lr=0.01 seed=1\): a value is listed twice in the sweep" 's/lr = {1e-2, 3e-3}/lr = {1e-2, 3e-3, 0.01}/'
 sed 's/sweep = grid { lr = {1e-2, 3e-3} }/sweep = random { n = 6, lr = {1e-2, 3e-3} }/' tiny.lua > rnd2.lua
 expect_run "a random search that draws a point twice runs it once, and says so" 0 \
-  "note: the random search drew some points more than once: each distinct trial runs once \(4 trials, not 12\).*trial  4 [0-9a-f]{12} " -- "$GM" rnd2.lua --dry-run
+  "note: the random search drew some points more than once: each distinct trial runs once \(4 trials, not 12\).*trial  4  [0-9a-f]{12}  lr=" -- "$GM" rnd2.lua --dry-run
 bad "an empty layer list" "train.layers is empty" 's/rank = 4,/rank = 4, layers = {},/'
 bad "labels given that miss a data label" "classify.labels: the data has label 'cherry', which is not among the labels given \(apple, berry\)" 's/prompt = "Which fruit?"/prompt = "Which fruit?", labels = {"apple", "berry"}/'
 bad "a label given without data" "classify.labels: 'durian' has no example in the data" 's/prompt = "Which fruit?"/prompt = "Which fruit?", labels = {"apple", "berry", "cherry", "durian"}/'
