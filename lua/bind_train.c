@@ -295,11 +295,18 @@ static int l_fortunes(lua_State *L) {
 
 /* Keys a trainer's option table takes beyond the schema's (core/train/gm_train_opts.def): the
  * runner's derived values - the seed, the total steps the schedule decays over, the threads. */
-static const char *const EXTRA_KEYS[] = {"seed", "steps", "threads"};
+/* The options besides the schema's: read by gm_bind_read_train_opts, listed by unknown_option. */
+static const char *const EXTRA_KEYS[] = {"seed", "steps", "threads", "max_images"};
 #define N_EXTRA ((int)(sizeof EXTRA_KEYS / sizeof EXTRA_KEYS[0]))
 
 /* Raises "<fn>: unknown option 'x' (did you mean ...?) (allowed: ...)" listing the schema's names
  * and the extras. */
+static bool is_extra_key(const char *k) {
+    for (int i = 0; i < N_EXTRA; i++)
+        if (!strcmp(k, EXTRA_KEYS[i])) return true;
+    return false;
+}
+
 static void unknown_option(lua_State *L, const char *fn, const char *key) {
     int n;
     const gm_opt_spec *sp = gm_train_opt_specs(&n);
@@ -475,7 +482,7 @@ void gm_bind_read_train_opts(lua_State *L, int idx, const char *fn, gm_train_opt
         const gm_opt_spec *sp = gm_train_opt_find(k);
         if (sp) {
             set_from_lua(L, fn, o, sp);
-        } else if (!strcmp(k, "seed") || !strcmp(k, "steps") || !strcmp(k, "threads") || !strcmp(k, "max_images")) {
+        } else if (is_extra_key(k)) {
             bool zero_ok = !strcmp(k, "seed") || !strcmp(k, "max_images");
             if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < (zero_ok ? 0 : 1))
                 luaL_error(L, "%s: option '%s' must be %s", fn, k, zero_ok ? "an integer >= 0" : "a positive integer");
