@@ -16,7 +16,9 @@
  *   gm.interrupted() -> bool                  true once Ctrl-C was pressed (main installs the handler)
  *   gm.model_config(path_or_name) -> table    the config only (GGUF header, config.json or preset;
  *                                             preset = true for a built-in size: no weights)
- *   gm.plan(path_or_name, train_opts) -> {[kind] = bytes, ["vision tower"] = bytes (with images), total = bytes}
+ *   gm.plan(path_or_name, train_opts [, {images = per example}]) -> {[kind] = bytes, ["vision tower"] = bytes (with
+ *                                             images), total = bytes}; with images, max_length is checked
+ *                                             against their soft tokens
  *   gm.plan_fit(path_or_name, train_opts, limit) -> train_opts', total, chosen
  *   gm.make_results_dir(dir), gm.remove_checkpoint(path)   the runner's folders and checkpoints
  *   trainer:choose(dataset, {i, ...}, {tok, ...}) -> {k, ...}, {{logit, ...}, ...}
@@ -276,6 +278,18 @@ static int l_plan(lua_State *L) {
     plan_args(L, &o, &cfg, &stored, &stored_embed);
     gm_error err = {0};
     gm_plan_inputs in = {0, 0};
+    /* optional inputs {images = per example}: the planner then also checks that max_length
+     * leaves room for text beside them (gm_plan_max_images), as `gemmarun plan images=N` does */
+    if (!lua_isnoneornil(L, 3)) {
+        luaL_checktype(L, 3, LUA_TTABLE);
+        static const char *const allowed[] = {"images", NULL};
+        gm_bind_check_opts(L, 3, "plan", allowed);
+        lua_getfield(L, 3, "images");
+        if (!lua_isnil(L, -1) && (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0))
+            return luaL_error(L, "plan: inputs.images must be an integer >= 0 (images per example)");
+        in.images = (int64_t)lua_tointeger(L, -1);
+        lua_pop(L, 1);
+    }
     gm_plan p;
     if (gm_plan_training(&cfg, &o, stored, stored_embed, &in, &p, &err) != GM_OK) return gm_bind_raise(L, &err);
     lua_createtable(L, 0, GM_MEM_KIND_COUNT + 3);

@@ -559,7 +559,10 @@ local RUNNER_STATE_BYTES = 6 * 2 ^ 20
 
 --- A trial's plan: the trainer's (gm.plan) plus the runner's own state, as item "runner".
 local function trial_plan(model, opts, items)
-  local plan = gm.plan(model, opts)
+  -- (with images the planner also checks that max_length leaves room for text beside them: what a
+  -- built-in size's dry run, which tokenizes nothing, has to go on)
+  local per_example = items and items.max_images or 0
+  local plan = gm.plan(model, opts, per_example > 0 and { images = per_example } or nil)
   plan.runner = math.tointeger(RUNNER_STATE_BYTES)
   plan.total = plan.total + plan.runner
   -- images: a batch's preprocessed pixels (grad_accum x max_images x 3 x S x S f32, what the
@@ -1152,6 +1155,15 @@ local function check_lengths(ctx, e, selected, items)
   local seen = {}
   for _, t in ipairs(selected) do
     local m, ml = t.config.model, t.config.max_length
+    if not seen[m .. "|" .. ml] and ctx.cfgs[m] and ctx.cfgs[m].preset and (items.max_images or 0) > 0 then
+      -- a built-in size has no tokenizer to count the prompts with, but its images' soft tokens
+      -- alone must leave room for text: the planner's check (gm_plan_max_images)
+      seen[m .. "|" .. ml] = true
+      local ok, err = pcall(gm.plan, m, { max_length = ml }, { images = items.max_images })
+      if not ok and clean_msg(err):find("leaves no room for text", 1, true) then
+        P.usage((e.sweep and e.sweep.max_length) and e.sweep._where or P.where_of("max_length"), "train.%s", clean_msg(err))
+      end
+    end
     if not seen[m .. "|" .. ml] and not (ctx.cfgs[m] and ctx.cfgs[m].preset) then
       seen[m .. "|" .. ml] = true
       use_model(ctx, e, m)

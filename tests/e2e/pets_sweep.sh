@@ -39,6 +39,10 @@ expect_run "pets_sweep.lua --dry-run: 37 breeds, whole-label scoring, the plan" 
 expect_run "pets_sweep.lua --dry-run from the gemma3-4b size: the vision tower in every plan" 0 \
   "96 trials.*model gemma3-4b.*trial  1 .*plan .*vision tower [0-9.]+ GiB.*images [0-9.]+ MiB.*trial 96 .*vision tower" -- \
   env GEMMA_MODEL=gemma3-4b "$GM" "$SRC/experiments/pets_sweep.lua" --dry-run
+# a built-in size tokenizes nothing, but the images' soft tokens alone must leave room for text
+expect_run "pets_sweep.lua --dry-run from gemma3-4b: a max_length the image tokens fill is an error in the file" 2 \
+  "--set max_length=200: train.max_length = 200 leaves no room for text beside 1 image \(256 soft tokens \+ 2 markers each = 258 positions" -- \
+  env GEMMA_MODEL=gemma3-4b "$GM" "$SRC/experiments/pets_sweep.lua" --dry-run --set max_length=200
 # the job script of docs/scaling.md: 96 trials in 8 arrays by memory request, --max-parallel 16
 # shared 2 per array (--print plans a built-in size, as --dry-run does; nothing is submitted)
 expect_run "submit --slurm --print for pets_sweep.lua from gemma3-4b: 96 trials, 8 arrays by memory" 0 \
