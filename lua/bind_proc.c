@@ -1,11 +1,15 @@
 /*
  * bind_proc.c - processes and locks for the runner and the scheduler front end:
  *
- *   gm.trial_lock(path) -> true | false, holder   an exclusive lock on the file path (created if
- *                                                 missing), held until gm.trial_unlock(path) or the
+ *   gm.file_lock(path [, wait_s]) -> true | false, holder
+ *                                                 an exclusive lock on the file path (created if
+ *                                                 missing), held until gm.file_unlock(path) or the
  *                                                 process ends; false when another process holds it
- *                                                 (holder: the pid it wrote there, or "?")
- *   gm.trial_unlock(path)                         lets it go
+ *                                                 past wait_s seconds (default 0; tried every 20 ms)
+ *                                                 (holder: "PID on HOST" as it wrote there, or "?")
+ *   gm.file_unlock(path)                          lets it go
+ *   gm.file_locked(path) -> false | true, holder  whether another process holds it now; creates
+ *                                                 nothing (no file: nobody ever locked it)
  *   gm_lua_spawn (not in gm: lua/main.c hands it to `gemmarun submit` only, lua/slurm.lua)
  *       spawn({program, arg, ...}) -> exit_code, stdout, stderr
  *
@@ -41,6 +45,7 @@
 #include <string.h>
 #include <sys/file.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -52,9 +57,28 @@ static struct {
     int fd;
 } locks[MAX_LOCKS];
 
-static int l_trial_lock(lua_State *L) {
+/* Tries LOCK_EX on fd for wait_s seconds; 0 when locked, else the errno of the last try. */
+static int lock_within(int fd, double wait_s) {
+    for (double waited = 0;; waited += 0.02) {
+        if (flock(fd, LOCK_EX | LOCK_NB) == 0) return 0;
+        if (errno != EWOULDBLOCK || waited >= wait_s) return errno;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
+/* The holder's note in the lock file ("PID on HOST"), or "?". */
+static void read_holder(int fd, char *holder, size_t n) {
+    ssize_t k = pread(fd, holder, n - 1, 0);
+    holder[k > 0 ? k : 0] = '\0';
+    holder[strcspn(holder, "\n")] = '\0';
+    if (!holder[0]) snprintf(holder, n, "?");
+}
+
+static int l_file_lock(lua_State *L) {
     const char *path = luaL_checkstring(L, 1);
-    gm_bind_check_write_path(L, path, "trial_lock"); /* the results folder only, like every write */
+    double wait_s = luaL_optnumber(L, 2, 0);
+    gm_bind_check_write_path(L, path, "file_lock"); /* the results folder only, like every write */
     for (int i = 0; i < MAX_LOCKS; i++)
         if (locks[i].fd > 0 && strcmp(locks[i].path, path) == 0) {
             lua_pushboolean(L, 1);
@@ -63,19 +87,14 @@ static int l_trial_lock(lua_State *L) {
     int slot = -1;
     for (int i = 0; i < MAX_LOCKS && slot < 0; i++)
         if (locks[i].fd <= 0) slot = i;
-    if (slot < 0) return luaL_error(L, "trial_lock: more than %d trial locks held at once", MAX_LOCKS);
-    if (strlen(path) >= sizeof locks[0].path) return luaL_error(L, "trial_lock: path too long: %s", path);
+    if (slot < 0) return luaL_error(L, "file_lock: more than %d locks held at once", MAX_LOCKS);
+    if (strlen(path) >= sizeof locks[0].path) return luaL_error(L, "file_lock: path too long: %s", path);
     int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return luaL_error(L, "cannot open the lock file %s: %s", path, strerror(errno));
-    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-        int e = errno;
-        char holder[32] = "?";
-        if (e == EWOULDBLOCK) {
-            ssize_t n = pread(fd, holder, sizeof holder - 1, 0);
-            holder[n > 0 ? n : 1] = '\0';
-            if (n <= 0) holder[0] = '?';
-            holder[strcspn(holder, "\n")] = '\0';
-        }
+    int e = lock_within(fd, wait_s);
+    if (e != 0) {
+        char holder[300];
+        read_holder(fd, holder, sizeof holder);
         close(fd);
         if (e != EWOULDBLOCK) return luaL_error(L, "cannot lock %s: %s", path, strerror(e));
         lua_pushboolean(L, 0);
@@ -93,7 +112,7 @@ static int l_trial_lock(lua_State *L) {
     return 1;
 }
 
-static int l_trial_unlock(lua_State *L) {
+static int l_file_unlock(lua_State *L) {
     const char *path = luaL_checkstring(L, 1);
     for (int i = 0; i < MAX_LOCKS; i++)
         if (locks[i].fd > 0 && strcmp(locks[i].path, path) == 0) {
@@ -101,6 +120,30 @@ static int l_trial_unlock(lua_State *L) {
             locks[i].fd = 0;
         }
     return 0;
+}
+
+static int l_file_locked(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        if (errno == ENOENT) {
+            lua_pushboolean(L, 0);
+            return 1;
+        }
+        return luaL_error(L, "cannot open the lock file %s: %s", path, strerror(errno));
+    }
+    /* a shared lock: it is refused only while someone holds the exclusive one */
+    if (flock(fd, LOCK_SH | LOCK_NB) == 0) {
+        close(fd);
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    char holder[300];
+    read_holder(fd, holder, sizeof holder);
+    close(fd);
+    lua_pushboolean(L, 1);
+    lua_pushstring(L, holder);
+    return 2;
 }
 
 /* ---- spawn ---- */
@@ -204,6 +247,7 @@ int gm_lua_spawn(lua_State *L) {
 }
 
 void gm_lua_open_proc(lua_State *L) {
-    static const luaL_Reg fns[] = {{"trial_lock", l_trial_lock}, {"trial_unlock", l_trial_unlock}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {
+        {"file_lock", l_file_lock}, {"file_unlock", l_file_unlock}, {"file_locked", l_file_locked}, {NULL, NULL}};
     gm_bind_add_functions(L, fns);
 }

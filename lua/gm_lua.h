@@ -80,7 +80,7 @@ void gm_lua_open_model(lua_State *L);
 void gm_lua_open_train(lua_State *L);
 /* Registers lua/bind_run.c (data files, hashing, plans, progress, Ctrl-C). */
 void gm_lua_open_run(lua_State *L);
-/* Registers lua/bind_proc.c (gm.trial_lock, gm.trial_unlock). */
+/* Registers lua/bind_proc.c (gm.file_lock, gm.file_unlock, gm.file_locked). */
 void gm_lua_open_proc(lua_State *L);
 /* spawn({program, arg, ...}) -> exit_code, stdout, stderr (lua/bind_proc.c): runs a program and
  * waits for it. Not registered in gm (experiment files must not run programs): lua/main.c hands it

@@ -744,7 +744,8 @@ static int cmd_table(int argc, char **argv) {
     // 2. render, write, plot, merge
     static const char run_src[] =
         "local t = GM_TABLE\n"
-        "return gm_module('report').cli(t.trials, t.path, t.dir, t.name, t.is_dir)";
+        "return gm_module('runner').render_locked(t.dir, t.name, function()\n"
+        "  return gm_module('report').cli(t.trials, t.path, t.dir, t.name, t.is_dir) end)";
     int rc = 0;
     if (gm_lua_run_string(L, run_src, sizeof run_src - 1, "=gemmarun table", &err) != GM_OK) {
         print_first_line("gemmarun table: error: ", err.msg);

@@ -518,6 +518,13 @@ function M.validate(e)
     usage(from("fit"), "experiment.fit = true needs a memory_limit to fit into (e.g. memory_limit = \"8GiB\")")
   end
   if e.threads ~= nil and (math.type(e.threads) ~= "integer" or e.threads < 1 or e.threads > 256) then usage(from("threads"), "experiment.threads must be an integer in 1..256") end
+  -- the runner writes only under results/ (lua/write_rule.c, gm_bind_check_runner_path)
+  if e.results ~= nil and (type(e.results) ~= "string" or not (e.results == "results" or e.results:match("^results/"))
+      or e.results:find("..", 1, true)) then
+    usage(from("results"), "experiment.results = %s: must be results or a folder under it (e.g. \"results/ablations\"), "
+      .. "relative to the working folder, without '..': gemmarun writes only there", type(e.results) == "string"
+      and string.format("%q", e.results) or tostring(e.results))
+  end
   if e.sweep ~= nil then
     local s = e.sweep
     if type(s) ~= "table" or (s._kind ~= "grid" and s._kind ~= "random") then usage(w, "experiment.sweep must be grid{...} or random{...}") end

@@ -1259,7 +1259,8 @@ function R.pick_trial(trials, which)
   if #pick == 1 then return pick[1] end
   if #pick == 0 then
     P.usage(nil, "--trial %s: no trial of this experiment has that id (its %d trials: %s%s); a trial's id is the hash "
-      .. "of its configuration, so it changes when the file or a --set changes what the trial trains", which, #trials,
+      .. "of its configuration, so it changes when the file, a --set or an environment variable the file reads (env()) "
+      .. "changes what the trial trains", which, #trials,
       table.concat((function() local l = {} for i = 1, math.min(#trials, 8) do l[i] = trials[i].index .. " " .. trials[i].id end return l end)(), ", "),
       #trials > 8 and ", ..." or "")
   end
@@ -1387,7 +1388,8 @@ function R.run(e, cli)
     -- one process per trial: another one on it (a second run of this experiment, an array task
     -- submitted again while the first runs) keeps it (lua/bind_proc.c)
     local lock = R.lock_path(dir, t.id)
-    local mine, holder = gm.trial_lock(lock)
+    -- (a `submit` that looks at the lock holds it for a moment: 2 s to let go)
+    local mine, holder = gm.file_lock(lock, 2)
     local prior = mine and gm.file_exists(path) and gm.results_read(path) or nil
     if not mine then
       busy = busy + 1
@@ -1447,7 +1449,7 @@ function R.run(e, cli)
       ctx.res:close()
       ctx.res = nil
     end
-    if mine then gm.trial_unlock(lock) end
+    if mine then gm.file_unlock(lock) end
   end
   if ctx.model then ctx.model:close() end
   for _, ds in pairs(ctx.data) do ds.train:close(); ds.test:close(); if ds.val then ds.val:close() end end
@@ -1474,10 +1476,23 @@ function R.run(e, cli)
   return (failed > 0 or busy > 0) and 1 or 0
 end
 
+--- Runs render() (it writes results_root/name.md, .tex, .csv, plots and the page) holding
+--- results_root/.name.tables.lock: two renders of one experiment at once - a local run's end and
+--- a tables job, two array tasks' runs - take turns instead of racing on the same files.
+function R.render_locked(results_root, name, render)
+  local lock = results_root .. "/." .. name .. ".tables.lock"
+  local ok, holder = gm.file_lock(lock, 600)
+  if not ok then error(string.format("another process (pid %s) has been writing these tables for 10 minutes: %s", holder, lock), 0) end
+  local rok, out = pcall(render)
+  gm.file_unlock(lock)
+  if not rok then error(out, 0) end
+  return out
+end
+
 --- Merges the trial files, prints the table and writes .md/.tex/.csv and plots (the same path
 --- as `gemmarun table results/<name>`).
 function R.render(dir, results_root, name)
-  local out = gm_module("report").cli(gm.results_read_all(dir), dir, results_root, name, true)
+  local out = R.render_locked(results_root, name, function() return gm_module("report").cli(gm.results_read_all(dir), dir, results_root, name, true) end)
   print("\n" .. out.text)
   for _, w in ipairs(out.warnings) do say("warning: %s", w) end
   say("written: %s", table.concat(out.written, ", "))

@@ -61,6 +61,31 @@ function S.array_spec(idx)
   return table.concat(parts, ",")
 end
 
+--- A path inside sbatch's --output, where % starts a pattern (%j, %a, ...) and \ turns patterns
+--- off (sbatch(1), "filename pattern"): a literal % is %%.
+function S.pattern_safe(path) return (path:gsub("%%", "%%%%")) end
+
+-- Options after `--` that would break what submit builds: the arrays' indices, the tables job's
+-- dependency on them, where the logs go, where the tasks run; sbatch's short forms included.
+S.OWN_OPTIONS = { ["--array"] = "the array indices are the pending trials'", ["-a"] = "--array",
+  ["--dependency"] = "the tables job depends on the arrays (afterany)", ["-d"] = "--dependency",
+  ["--output"] = "each task logs to results/NAME/slurm/", ["-o"] = "--output", ["--error"] = "each task logs to results/NAME/slurm/",
+  ["-e"] = "--error", ["--chdir"] = "the tasks run in the folder submit ran in", ["-D"] = "--chdir",
+  ["--wrap"] = "the scripts are gemmarun's", ["--parsable"] = "submit reads the job ids itself" }
+
+--- Refuses sbatch options (after `--`) that S.OWN_OPTIONS names, with why.
+function S.check_sbatch_args(args)
+  for _, a in ipairs(args) do
+    local opt = a:match("^(%-%-[%w-]+)=") or a:match("^(%-%-[%w-]+)$") or a:match("^(%-%a)")
+    local why = opt and S.OWN_OPTIONS[opt]
+    if why then
+      if S.OWN_OPTIONS[why] then opt, why = why, S.OWN_OPTIONS[why] end
+      P.usage(nil, "sbatch option %s after --: gemmarun submit sets %s itself (%s); leave it out%s", a, opt, why,
+        opt == "--array" and " (--max-parallel caps the running tasks)" or "")
+    end
+  end
+end
+
 local function mib(bytes) return math.tointeger(math.ceil(bytes / 2 ^ 20)) end
 
 --- The request for a plan of `bytes`: plan x 1.10, up to a multiple of 64 MiB, in MiB.
@@ -77,7 +102,7 @@ function S.array_script(o)
     "# submit.sh submits it once per memory class with --array (the trials' indices) and --mem (their plan).",
     "#SBATCH --job-name=" .. S.quote("gemmarun-" .. o.name),
     "#SBATCH --chdir=" .. S.quote(o.cwd),
-    "#SBATCH --output=" .. S.quote(o.dir .. "/slurm/trial-%a.job-%A.out"),
+    "#SBATCH --output=" .. S.quote(S.pattern_safe(o.dir) .. "/slurm/trial-%a.job-%A.out"),
     "#SBATCH --open-mode=append",
     "#SBATCH --ntasks=1",
     "#SBATCH --cpus-per-task=" .. o.cpus,
@@ -106,7 +131,7 @@ function S.tables_script(o)
     string.format("# The tables of experiment %s, after its array tasks ended; written by `gemmarun submit` (%s).", o.name, o.when),
     "#SBATCH --job-name=" .. S.quote("gemmarun-" .. o.name .. "-tables"),
     "#SBATCH --chdir=" .. S.quote(o.cwd),
-    "#SBATCH --output=" .. S.quote(o.dir .. "/slurm/tables.job-%j.out"),
+    "#SBATCH --output=" .. S.quote(S.pattern_safe(o.dir) .. "/slurm/tables.job-%j.out"),
     "#SBATCH --ntasks=1",
     "#SBATCH --cpus-per-task=1",
     "#SBATCH --mem=" .. S.TABLES_MEM_MIB .. "M",
@@ -181,7 +206,9 @@ function S.submit_script(o, steps)
       words[#words + 1] = a:find("$a", 1, true) and ('"' .. a .. '"') or S.quote(a)
     end
     L[#L + 1] = "# " .. st.label
-    L[#L + 1] = string.format("%s=$(%s | cut -d';' -f1)", st.var, table.concat(words, " "))
+    -- (no pipe: set -e stops at a failed sbatch; --parsable prints ID or ID;CLUSTER)
+    L[#L + 1] = string.format("%s=$(%s)", st.var, table.concat(words, " "))
+    L[#L + 1] = string.format("%s=${%s%%%%;*}", st.var, st.var)
     L[#L + 1] = string.format('echo "%s: job $%s"', st.var == "tables" and "tables" or ("array " .. st.var), st.var)
   end
   return table.concat(L, "\n") .. "\n"
@@ -192,6 +219,7 @@ end
 local function run_steps(spawn, steps)
   local ids = {}
   for _, st in ipairs(steps) do
+    if gm.interrupted() then return nil, st, "interrupted (Ctrl-C or SIGTERM) before it", 130, ids end
     local argv = {}
     for i, a in ipairs(st.argv) do argv[i] = (a:gsub("%$(a%d+)", function(v) return ids[v] end)) end
     local rc, out, err = spawn(argv)
@@ -202,12 +230,43 @@ local function run_steps(spawn, steps)
   return ids
 end
 
+--- This experiment's jobs still in the queue (pending or running), from this folder: squeue's
+--- "ID STATE" lines, or nil and why when squeue cannot tell.
+local function queued(spawn, name, cwd)
+  local ok, rc, out, err = pcall(spawn, { "squeue", "--noheader", "--me", "--name=" .. "gemmarun-" .. name .. ",gemmarun-"
+    .. name .. "-tables", "--format=%i|%T|%Z" })
+  if not ok then return nil, tostring(rc) end
+  if rc ~= 0 then return nil, (err ~= "" and err or out):gsub("%s+$", "") end
+  local jobs = {}
+  for line in out:gmatch("[^\n]+") do
+    local id, state, dir = line:match("^%s*([^|]+)|([^|]*)|(.*)$")
+    if id and dir == cwd then jobs[#jobs + 1] = id .. " " .. state:lower() end
+  end
+  return jobs
+end
+
 function S.submit(e, cli)
   -- (--print checks as a dry run does: a built-in size without weights is a note, not an error -
   -- the script may be meant for a cluster that has them)
   local ctx, trials, _, swept = R.prepare(e, { set = cli.set, max_trials = cli.max_trials, dry_run = cli.print })
   local items = ctx.items
   R.close_prepared(ctx, items)
+  S.check_sbatch_args(cli.sbatch_args or {})
+  -- tasks of an earlier submission still queued would run their trials a second time (the trial
+  -- lock keeps them apart, but they take slots, and the tables job may render too early)
+  if not cli.print then
+    local jobs, why = queued(cli.spawn, e.name, cli.cwd)
+    if not jobs then
+      say("cannot list the queue (squeue: %s): nothing submitted", why)
+      return 1
+    end
+    if #jobs > 0 then
+      say("jobs of this experiment, submitted from this folder, are still in the queue: %s%s. Submit again once they "
+        .. "end (squeue --me --name=gemmarun-%s), or scancel them first; finished trials are kept either way. Nothing "
+        .. "submitted", table.concat(jobs, ", ", 1, math.min(#jobs, 8)), #jobs > 8 and (" and " .. (#jobs - 8) .. " more") or "", e.name)
+      return 1
+    end
+  end
   local rel = (e.results or "results") .. "/" .. e.name
   local dir = rel:sub(1, 1) == "/" and rel or (cli.cwd .. "/" .. rel)
   gm.make_results_dir(rel)
@@ -219,15 +278,16 @@ function S.submit(e, cli)
     local path = rel .. "/trial-" .. t.id .. ".h5"
     local prior = gm.file_exists(path) and gm.results_read(path) or nil
     local lock = R.lock_path(rel, t.id)
-    local free, holder = gm.trial_lock(lock)
-    if free then gm.trial_unlock(lock) end
+    local busy, holder = gm.file_locked(lock)
+    local free = not busy
     if prior and prior.status == "completed" then
       done = done + 1
     elseif not free then
       running[#running + 1] = string.format("%d (pid %s)", t.index, holder)
     else
       local r = R.plan_trial(e, t, items, cpus)
-      local how = prior and (" (" .. prior.status .. (gm.file_exists(rel .. "/trial-" .. t.id .. ".ckpt.h5") and ": resumes from its checkpoint" or "") .. ")") or ""
+      local how = prior and (" (" .. prior.status .. (gm.file_exists(rel .. "/trial-" .. t.id .. ".ckpt.h5") and ": resumes from its checkpoint" or "")
+        .. (prior.status == "failed" and prior.reason and prior.reason ~= "" and (": " .. prior.reason .. "; it runs again") or "") .. ")") or ""
       if not r.plan then P.usage(nil, "trial %d (%s): no memory plan: %s", t.index, R.describe_trial(t, swept), r.why) end
       if r.over then
         over[#over + 1] = string.format("trial %d (%s): plan %s", t.index, R.describe_trial(t, swept), R.fmt_bytes(r.plan.total))
@@ -304,7 +364,7 @@ function S.submit(e, cli)
       hint = "\n  hint: a node of the partition must hold the memory asked for (the trial's plan + 10%, above); lower "
         .. "max_length or batch, use quant = \"nf4\", or choose a partition with larger nodes (--partition)"
     end
-    say("sbatch failed (exit %d) for %s: %s%s", rc, st.label, msg, hint)
+    if rc == 130 then say("%s %s", msg, st.label) else say("sbatch failed (exit %d) for %s: %s%s", rc, st.label, msg, hint) end
     say("%s", #sent > 0 and ("submitted before it: " .. table.concat(sent, ", ") .. "; scancel them, or let them run and "
       .. "submit again later: finished trials are kept") or "nothing was submitted")
     return 1

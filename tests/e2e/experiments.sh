@@ -62,6 +62,7 @@ bad "a grid value listed twice (1e-2 and 0.01: one trial id)" "bad.lua:7: trials
 sed 's/sweep = grid { lr = {1e-2, 3e-3} }/sweep = random { n = 6, lr = {1e-2, 3e-3} }/' tiny.lua > rnd2.lua
 expect_run "a random search that draws a point twice runs it once, and says so" 0 \
   "note: the random search drew some points more than once: each distinct trial runs once \(4 trials, not 12\).*trial  4  [0-9a-f]{12}  lr=" -- "$GM" rnd2.lua --dry-run
+bad "results outside results/" 'experiment.results = "/tmp/elsewhere": must be results or a folder under it' 's/  seeds = {1, 2},/  seeds = {1, 2}, results = "\/tmp\/elsewhere",/'
 bad "an empty layer list" "train.layers is empty" 's/rank = 4,/rank = 4, layers = {},/'
 bad "labels given that miss a data label" "classify.labels: the data has label 'cherry', which is not among the labels given \(apple, berry\)" 's/prompt = "Which fruit?"/prompt = "Which fruit?", labels = {"apple", "berry"}/'
 bad "a label given without data" "classify.labels: 'durian' has no example in the data" 's/prompt = "Which fruit?"/prompt = "Which fruit?", labels = {"apple", "berry", "cherry", "durian"}/'

@@ -178,6 +178,9 @@ cd killed
 out=$("$GM" submit tiny.lua --slurm --cpus-per-trial 1 --max-parallel 1 2>&1)
 job=$(printf '%s' "$out" | sed -n 's/.*submitted: array job \([0-9]*\),.*/\1/p')
 first=$(sed -n 's/^  1) trial=\([0-9a-f]*\) ;;$/\1/p' results/tiny/slurm/trials.sbatch)
+expect_run "submitting again while its tasks are queued submits nothing, naming the jobs" 1 \
+  "jobs of this experiment, submitted from this folder, are still in the queue: ${job}_.*Nothing submitted" \
+  -- "$GM" submit tiny.lua --slurm --cpus-per-trial 1
 # trial 1 runs first (--max-parallel 1); its first checkpoint (step 5) says it is mid-trial
 for _ in $(seq 1 2400); do
   [ -f "results/tiny/trial-$first.ckpt.h5" ] && break
@@ -208,6 +211,41 @@ check "the tables (rendered again after the resumed trial) equal the local run's
   bash -c '[ "$(sed "/^Peak memory/,\$d" results/tiny.md)" = "$(sed "/^Peak memory/,\$d" ../straight/results/tiny.md)" ]'
 cd ..
 
+# ---- sbatch options that would break the submission; Ctrl-C between two sbatch calls ---------------
+mkdir opts && cp -r data tiny.lua opts/
+cd opts
+for o in --dependency=afterok:1 --array=1-2 -o%j.out --output=x.out; do
+  expect_run "sbatch option $o after --: refused, nothing submitted" 2 "sbatch option $o after --: gemmarun submit sets --[a-z]+ itself" \
+    -- "$GM" submit tiny.lua --slurm -- --time=5:00 "$o"
+done
+check "nothing of those is queued" [ -z "$(squeue -h -o %i)" ]
+# a slow sbatch (2 s) on PATH: Ctrl-C while the array's sbatch runs stops before the tables job's
+mkdir -p slow && printf '#!/bin/sh\nsleep 2\nexec %s "$@"\n' "$(command -v sbatch)" > slow/sbatch && chmod +x slow/sbatch
+PATH=$PWD/slow:$PATH "$GM" submit tiny.lua --slurm --cpus-per-trial 1 --set epochs=1 > int.log 2>&1 &
+pid=$!
+sleep 1
+kill -INT $pid
+wait $pid && rc=0 || rc=$?
+check "Ctrl-C during submit: exit 1, the tables job not submitted, the array named for scancel" \
+  bash -c "[ $rc = 1 ] && grep -q 'interrupted (Ctrl-C or SIGTERM) before it the tables' int.log && grep -q 'submitted before it: a1 = job [0-9]*; scancel them' int.log"
+scancel --quiet --user=root
+check "its array ends (cancelled)" wait_jobs
+cd ..
+
+# ---- a % in the folder: sbatch's --output patterns kept literal ----------------------------------------
+mkdir 'pct%j' && cp -r data tiny.lua 'pct%j'/
+cd 'pct%j'
+expect_run "submit from a folder with % in its name" 0 "submitted: array job" -- "$GM" submit tiny.lua --slurm --cpus-per-trial 1 --set epochs=1
+check "its jobs end" wait_jobs
+check "the tasks' logs and trial files are in that folder" \
+  bash -c "[ \"\$(ls results/tiny/slurm/trial-*.out | wc -l)\" = 4 ] && [ \"\$(ls results/tiny/trial-*.h5 | grep -vc ckpt)\" = 4 ] && [ -s results/tiny.md ]"
+# four renders of one experiment at once take turns (the tables lock): all succeed
+for i in 1 2 3 4; do "$GM" table results/tiny > render$i.log 2>&1 & done
+wait
+check "four renders at once all write the tables, no .tmp left" \
+  bash -c "[ \"\$(grep -l '^wrote results/tiny.md' render*.log | wc -l)\" = 4 ] && ! ls results | grep -q tmp"
+cd ..
+
 # ---- a trial no node can hold ------------------------------------------------------------------------
 mkdir small && cp -r data tiny.lua small/
 cd small
@@ -215,6 +253,9 @@ expect_run "a trial no node of the partition can hold: Slurm refuses it, the mes
   "--mem=64M.*sbatch failed \(exit 1\) for trials 1, 2, 3, 4 \(plan up to [0-9.]+ MiB; 64 MiB each\): .*(node configuration is not available|Memory specification).*hint: a node of the partition must hold the memory.*nothing was submitted" \
   -- "$GM" submit tiny.lua --slurm --partition small
 check "nothing of it is queued" [ -z "$(squeue -h -o %i)" ]
+sh results/tiny/slurm/submit.sh > bysh.log 2>&1 && rc=0 || rc=$?
+check "its submit.sh, run by hand, stops at the failed sbatch (exit $rc, no tables job)" \
+  bash -c "[ $rc != 0 ] && grep -q 'node configuration is not available' bysh.log && ! grep -q 'tables: job' bysh.log"
 cd ..
 
 # ---- two processes on one trial -----------------------------------------------------------------------
