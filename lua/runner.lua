@@ -1459,7 +1459,10 @@ function R.run(e, cli)
     return 1
   end
   if interrupted then
-    say("interrupted: finished trials are kept and the current one resumes from its checkpoint when you run the same command again")
+    -- (a Slurm array task's user resubmits; the task's own command is not theirs to type)
+    local again = os.getenv("SLURM_ARRAY_JOB_ID") and "you submit the experiment again (gemmarun submit ... --slurm)"
+      or "you run the same command again"
+    say("interrupted: finished trials are kept and the current one resumes from its checkpoint when %s", again)
     return 1
   end
   if busy > 0 then

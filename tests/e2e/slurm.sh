@@ -191,6 +191,7 @@ check "trial 1 is mid-trial (a checkpoint, not completed) when it is cancelled" 
 scancel "${job}_1"
 check "the other jobs end" wait_jobs
 check "the cancelled task saved a checkpoint and stopped (SIGTERM)" grep -q "interrupted at step [0-9]*: checkpoint saved" results/tiny/slurm/trial-1.job-$job.out
+check "its log says to submit again" grep -q "resumes from its checkpoint when you submit the experiment again" results/tiny/slurm/trial-1.job-$job.out
 declare -A kept
 for f in results/tiny/trial-*.h5; do
   case "$f" in *.ckpt.h5) continue ;; esac
