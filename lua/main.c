@@ -24,6 +24,7 @@
 #include "gm_chat.h"
 #include "gm_data.h"
 #include "gm_decoder.h"
+#include "gm_dist.h"
 #include "gm_fetch.h"
 #include "gm_adapter.h"
 #include "gm_backend.h"
@@ -859,8 +860,19 @@ static int run_lua(const char *file, int argc, char **argv) {
         }
     }
     gm_error err = {0};
+    /* data parallel: under mpirun / srun with more than one process this process is one rank of
+     * the trial's world (core/dist/gm_dist.h); otherwise a world of one, and MPI is not touched */
+    gm_dist *dist = NULL;
+    if (gm_dist_new(&dist, &err) != GM_OK) return fail(&err, 1);
+    gm_lua_set_dist(dist);
     lua_State *L = NULL;
-    if (gm_lua_new(&lo, &L, &err) != GM_OK) return fail(&err, 1);
+    if (gm_lua_new(&lo, &L, &err) != GM_OK) {
+        int rc = fail(&err, 1);
+        gm_lua_set_dist(NULL);
+        if (gm_dist_world_size(dist) > 1) gm_dist_abort(dist, rc, "could not start (above); stopping every rank");
+        gm_dist_free(dist);
+        return rc;
+    }
     signal(SIGINT, on_sigint_run);
     gm_status s;
     int base = lua_gettop(L);
@@ -933,6 +945,15 @@ static int run_lua(const char *file, int argc, char **argv) {
     }
     signal(SIGINT, SIG_DFL);
     gm_lua_close(L);
+    gm_lua_set_dist(NULL);
+    if (rc != 0 && gm_dist_world_size(dist) > 1) {
+        /* the other ranks may be waiting in a collective this one will never join: stop them
+         * all (MPI_Abort) rather than leave them blocked; the exit code is this rank's */
+        char msg[160];
+        snprintf(msg, sizeof msg, "ended with exit code %d; stopping every rank of the run (MPI_Abort)", rc);
+        gm_dist_abort(dist, rc, msg);
+    }
+    gm_dist_free(dist);
     return rc;
 }
 
