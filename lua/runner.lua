@@ -574,11 +574,22 @@ end
 -- 31.6-33.2 MiB over 5 runs and a CI run, against 25.7 MiB planned without it.
 local RUNNER_STATE_BYTES = 6 * 2 ^ 20
 
---- A trial's plan: the trainer's (gm.plan) plus the runner's own state, as item "runner".
+-- Open MPI's own state in each rank of a data-parallel run (its libraries, the shared-memory
+-- transport's segments): 10.3-10.8 MiB measured at world_size 2 (the tiny-model trial of
+-- e2e_data_parallel: 42.6-43.1 MiB peak on rank 0 against 32.3 MiB for the same trial in one
+-- process, 2026-12-03); more peers map more segments, hence the margin.
+local MPI_STATE_BYTES = 16 * 2 ^ 20
+
+--- A trial's plan: the trainer's (gm.plan) plus the runner's own state, as item "runner" (and
+--- MPI's, as item "mpi", in a data-parallel run).
 local function trial_plan(model, opts, items)
   local plan = gm.plan(model, opts)
   plan.runner = math.tointeger(RUNNER_STATE_BYTES)
   plan.total = plan.total + plan.runner
+  if DIST.world_size > 1 then
+    plan.mpi = math.tointeger(MPI_STATE_BYTES)
+    plan.total = plan.total + plan.mpi
+  end
   -- images: a batch's preprocessed pixels (grad_accum x max_images x 3 x S x S f32, what the
   -- trainer's binding collates into), and decoding the largest file: its RGB (w h 3 bytes), a copy
   -- for an EXIF rotation, the resize's intermediate (longest side x S x 3) and its S x S output in

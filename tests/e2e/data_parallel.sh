@@ -10,7 +10,8 @@
 #     TOL_DATA_PARALLEL_ADAPTER_ABS / _LOSS_REL (tests/unit/test_util.h: the gradients' f32 sums
 #     in another order);
 #   - only rank 0 writes and prints: rank 1 runs in a folder of its own (an MPMD launch) that
-#     stays as it was, and its stdout and stderr are empty; the trial records world_size 2;
+#     stays as it was, and its stdout and stderr are empty; the trial records world_size 2, and
+#     rank 0's peak memory stays within the plan, which has an item for MPI's own state;
 #   - rank 1 killed (-9) mid-training: the run ends (no rank left waiting), the rerun resumes
 #     from rank 0's checkpoint and ends equal to the run that was never interrupted; a resume on
 #     another number of processes is refused with the reason.
@@ -89,6 +90,11 @@ d=$DIFFER
   && [ ! -s out/1/rank.1/stderr ] \
   && { pass=$((pass + 1)); echo "ok    rank 0 printed the run, rank 1 printed nothing"; } \
   || { fail=$((fail + 1)); echo "FAIL  printing: rank 1 said '$(head -c 300 out/1/rank.1/stdout out/1/rank.1/stderr 2>&1)'"; }
+attr() { h5dump -a "$1" "$(ls "$2"/results/tiny/trial-*.h5)" 2>/dev/null | sed -n 's/.*(0): "*\([^"]*\)"*.*/\1/p'; }
+meas=$(attr /memory/measured_peak_rss r0) plan=$(attr /memory/planned_total r0) mpi=$(attr /memory/planned_mpi r0)
+[ -n "$mpi" ] && [ -n "$meas" ] && [ "$meas" -le "$plan" ] \
+  && { pass=$((pass + 1)); echo "ok    rank 0's peak within the plan with MPI's item: $((meas / 1024)) KiB measured, $((plan / 1024)) KiB planned"; } \
+  || { fail=$((fail + 1)); echo "FAIL  rank 0's peak $meas over the plan $plan (planned_mpi '$mpi')"; }
 ws=$(h5dump -a /provenance/world_size "$(ls r0/results/tiny/trial-*.h5)" 2>/dev/null | sed -n 's/.*(0): "\(.*\)".*/\1/p')
 [ "$ws" = 2 ] && { pass=$((pass + 1)); echo "ok    the trial records world_size 2 (/provenance)"; } \
   || { fail=$((fail + 1)); echo "FAIL  /provenance world_size is '$ws'"; }
