@@ -889,6 +889,7 @@ static int run_lua(const char *file, int argc, char **argv) {
                                   "@experiments/quickstart.lua", &err);
     }
     int rc = 0;
+    bool synced = false; /* the runner returned: every rank passed its closing barrier */
     if (s != GM_OK) {
         rc = fail(&err, (s == GM_ERR_IO || s == GM_ERR_INVALID) ? 2 : 1);
     } else if (lua_gettop(L) > base && lua_istable(L, base + 1)) {
@@ -914,7 +915,7 @@ static int run_lua(const char *file, int argc, char **argv) {
             }
             s = gm_lua_call(L, 2, 1, &err);
             if (s != GM_OK) rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
-            else rc = (int)lua_tointeger(L, -1);
+            else rc = (int)lua_tointeger(L, -1), synced = true;
         } else {
             fprintf(stderr, "gemmarun: %s returns a table that is not an experiment: an experiment file ends with "
                             "`return experiment{...}`\n", file ? file : "experiments/quickstart.lua");
@@ -946,9 +947,10 @@ static int run_lua(const char *file, int argc, char **argv) {
     signal(SIGINT, SIG_DFL);
     gm_lua_close(L);
     gm_lua_set_dist(NULL);
-    if (rc != 0 && gm_dist_world_size(dist) > 1) {
-        /* the other ranks may be waiting in a collective this one will never join: stop them
-         * all (MPI_Abort) rather than leave them blocked; the exit code is this rank's */
+    if (rc != 0 && !synced && gm_dist_world_size(dist) > 1) {
+        /* this rank stopped outside the runner's course (an error escaped it): the others may
+         * be waiting in a collective it will never join: stop them all (MPI_Abort) rather than
+         * leave them blocked; the exit code is this rank's */
         char msg[160];
         snprintf(msg, sizeof msg, "ended with exit code %d; stopping every rank of the run (MPI_Abort)", rc);
         gm_dist_abort(dist, rc, msg);

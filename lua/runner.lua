@@ -1296,7 +1296,7 @@ local function resolve_composed_model(e)
   e.model = path
 end
 
-function R.run(e, cli)
+local function run_all(e, cli)
   P.apply_overrides(e, cli.set)
   P.validate(e)
   resolve_composed_model(e)
@@ -1449,6 +1449,15 @@ function R.run(e, cli)
     return 1
   end
   return failed > 0 and 1 or 0
+end
+
+--- Runs (or resumes) the trials and renders the tables; returns the exit code. Data parallel:
+--- every rank leaves together, after rank 0's last write (a rank that raised instead never gets
+--- here, and main stops the world with MPI_Abort).
+function R.run(e, cli)
+  local rc = run_all(e, cli)
+  if DIST.world_size > 1 then gm.dist_barrier() end
+  return rc
 end
 
 --- Merges the trial files, prints the table and writes .md/.tex/.csv and plots (the same path

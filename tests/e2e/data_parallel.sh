@@ -14,7 +14,8 @@
 #     rank 0's peak memory stays within the plan, which has an item for MPI's own state;
 #   - rank 1 killed (-9) mid-training: the run ends (no rank left waiting), the rerun resumes
 #     from rank 0's checkpoint and ends equal to the run that was never interrupted; a resume on
-#     another number of processes is refused with the reason.
+#     another number of processes is refused with the reason; Ctrl-C on rank 0 alone stops every
+#     rank at the same step with the checkpoint saved, and the rerun ends equal too.
 # Without mpirun (or a gemmarun built without MPI) the checks skip, and fail under CI.
 source "$(dirname "$0")/lib.bash"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -148,6 +149,41 @@ expect_run "a resume on 1 process of a trial started on 2 is refused, naming wor
 expect_run "the rerun on 2 processes resumes from the checkpoint and completes" 0 "resuming from step [1-9][0-9]*.*final accuracy" \
   -- env EPOCHS=8 "${MPIRUN[@]}" -np 2 "$GM" tiny.lua "${LONG[@]}"
 cd ..
+# Ctrl-C reaching rank 0 only: every rank stops at the same step, rank 0 saves the checkpoint
+# and the trial as interrupted, all exit 1 together; the rerun resumes and ends equal
+rm -rf ctrlc && mkdir ctrlc && cp -r data tiny.lua ctrlc/
+cd ctrlc
+EPOCHS=8 "${MPIRUN[@]}" -np 2 "$GM" tiny.lua "${LONG[@]}" > run.log 2>&1 &
+mpid=$!
+victim=""
+for _ in $(seq 1 600); do
+  if ls results/tiny/trial-*.ckpt.h5 > /dev/null 2>&1; then
+    for c in $(pgrep -P $mpid); do
+      tr '\0' '\n' < /proc/$c/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=0 && victim=$c
+    done
+    [ -n "$victim" ] && kill -INT "$victim" && break
+  fi
+  kill -0 $mpid 2>/dev/null || break
+  sleep 0.05
+done
+ended=""
+for _ in $(seq 1 600); do kill -0 $mpid 2>/dev/null || { ended=1; break; }; sleep 0.1; done
+[ -z "$ended" ] && kill -TERM $mpid 2>/dev/null
+wait $mpid
+irc=$?
+status=$(h5dump -a /status "$(ls results/tiny/trial-*.h5 | grep -v ckpt)" 2>/dev/null | sed -n 's/.*(0): "\(.*\)".*/\1/p')
+[ -n "$victim" ] && [ -n "$ended" ] && [ $irc = 1 ] && [ "$status" = interrupted ] \
+  && grep -q "interrupted at step [0-9]*: checkpoint saved" run.log && ! grep -q MPI_ABORT run.log \
+  && { pass=$((pass + 1)); echo "ok    Ctrl-C on rank 0: every rank stopped ($(grep -o 'interrupted at step [0-9]*' run.log | head -1)), checkpoint saved, exit 1 without MPI_Abort"; } \
+  || { fail=$((fail + 1)); echo "FAIL  Ctrl-C on rank 0: victim '$victim', ended '${ended:-no: hung 60 s}', exit $irc, status '$status'"; tail -5 run.log; }
+expect_run "after Ctrl-C, the rerun on 2 processes resumes and completes" 0 "resuming from step [1-9][0-9]*.*final accuracy" \
+  -- env EPOCHS=8 "${MPIRUN[@]}" -np 2 "$GM" tiny.lua "${LONG[@]}"
+cd ..
+compare straight ctrlc ""
+d=$DIFFER
+[ -z "$d" ] && [ "$(rows ctrlc)" = 48 ] \
+  && { pass=$((pass + 1)); echo "ok    the run resumed after Ctrl-C equals the uninterrupted one bit for bit"; } \
+  || { fail=$((fail + 1)); echo "FAIL  the run resumed after Ctrl-C differs:$d (largest: $MAXD, $(rows ctrlc) steps)"; }
 compare straight killed ""
 d=$DIFFER
 [ -z "$d" ] && [ "$(rows killed)" = 48 ] \
