@@ -33,6 +33,13 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # more ranks than cores is fine here (oversubscribe); no pinning, the ranks share the cores, and a
 # rank waiting in a collective (while rank 0 evaluates) yields its core instead of spinning
 MPIRUN=(mpirun --oversubscribe --bind-to none --mca mpi_yield_when_idle 1)
+# Under the sanitizer run (GM_SANITIZE, tests/sanitizers/run.sh): Open MPI never frees what
+# MPI_Init, its progress threads and its plugins allocate (83 reports at exit, many from plugins
+# already unloaded: no module to suppress by), so the ranks run with leak checking off; ASan's
+# and UBSan's other checks stay on, and the single-process runs here keep leak checking.
+# (through mpirun's environment, which it passes on to every rank; -x would reach only the first
+# program of an MPMD launch)
+[ -n "${GM_SANITIZE:-}" ] && MPIRUN=(env "ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}detect_leaks=0" "${MPIRUN[@]}")
 tiny_fixture "$SRC" 4
 # one trial of the fixture's sweep: lr 1e-2, seed 1; 24 training examples
 # one thread per process: the two ranks share this machine's 2 cores
@@ -93,7 +100,8 @@ d=$DIFFER
   || { fail=$((fail + 1)); echo "FAIL  printing: rank 1 said '$(head -c 300 out/1/rank.1/stdout out/1/rank.1/stderr 2>&1)'"; }
 attr() { h5dump -a "$1" "$(ls "$2"/results/tiny/trial-*.h5)" 2>/dev/null | sed -n 's/.*(0): "*\([^"]*\)"*.*/\1/p'; }
 meas=$(attr /memory/measured_peak_rss r0) plan=$(attr /memory/planned_total r0) mpi=$(attr /memory/planned_mpi r0)
-[ -n "$mpi" ] && [ -n "$meas" ] && [ "$meas" -le "$plan" ] \
+# (not under ASan, whose shadow memory is what it would measure: GM_SANITIZE, docs/testing.md)
+[ -n "$mpi" ] && [ -n "$meas" ] && { [ "$meas" -le "$plan" ] || [ -n "${GM_SANITIZE:-}" ]; } \
   && { pass=$((pass + 1)); echo "ok    rank 0's peak within the plan with MPI's item: $((meas / 1024)) KiB measured, $((plan / 1024)) KiB planned"; } \
   || { fail=$((fail + 1)); echo "FAIL  rank 0's peak $meas over the plan $plan (planned_mpi '$mpi')"; }
 ws=$(h5dump -a /provenance/world_size "$(ls r0/results/tiny/trial-*.h5)" 2>/dev/null | sed -n 's/.*(0): "\(.*\)".*/\1/p')
