@@ -1401,6 +1401,19 @@ local function run_all(e, cli)
         if ctx.model then ctx.model:close() end
         error(err, 0)
       end
+      if not ok and DIST.world_size > 1 and not (type(err) == "table" and err.interrupted and not err.io) then
+        -- data parallel: only Ctrl-C (gm.dist_any) and a failed step (gm_trainer_step) reach
+        -- every rank at the same point; any other failure (a write or an evaluation on rank 0,
+        -- an error on one rank) leaves the others in a collective this rank will not join.
+        -- Rank 0 records it, then every rank stops (main: MPI_Abort) instead of waiting forever.
+        local reason = type(err) == "table" and (err.msg or "interrupted") or clean_msg(err)
+        progress(string.format("trial %d/%d  FAILED: %s", t.index, #trials, reason), true)
+        ctx.res:set({ status = type(err) == "table" and "interrupted" or "failed", reason = reason })
+        pcall(ctx.res.save, ctx.res)
+        ctx.res:close()
+        if ctx.model then ctx.model:close() end
+        error(string.format("trial %d/%d failed on rank %d of %d: %s", t.index, #trials, DIST.rank, DIST.world_size, reason), 0)
+      end
       if not ok then
         if type(err) == "table" and (err.interrupted or err.io) then
           interrupted = true

@@ -15,7 +15,8 @@
 #   - rank 1 killed (-9) mid-training: the run ends (no rank left waiting), the rerun resumes
 #     from rank 0's checkpoint and ends equal to the run that was never interrupted; a resume on
 #     another number of processes is refused with the reason; Ctrl-C on rank 0 alone stops every
-#     rank at the same step with the checkpoint saved, and the rerun ends equal too.
+#     rank at the same step with the checkpoint saved, and the rerun ends equal too; a write
+#     failing on rank 0 alone stops every rank (MPI_Abort) instead of leaving rank 1 waiting.
 # Without mpirun (or a gemmarun built without MPI) the checks skip, and fail under CI.
 source "$(dirname "$0")/lib.bash"
 SRC=$(cd "$(dirname "$0")/../.." && pwd)
@@ -127,6 +128,16 @@ rm -rf straight killed && mkdir straight killed && cp -r data tiny.lua straight/
 LONG=("${T1[@]}" --set grad_accum=1 --set lr=1e-3)
 (cd straight && EPOCHS=8 "${MPIRUN[@]}" -np 2 "$GM" tiny.lua "${LONG[@]}" > run.log 2>&1) \
   || { echo "      the uninterrupted run failed:"; tail -3 straight/run.log; }
+# a failure on rank 0 alone (its first checkpoint cannot be written: a folder where the .tmp
+# goes): rank 1, already in the next step's all-reduce, must not wait forever
+id=$(ls straight/results/tiny/ | grep -v ckpt | sed -n 's/\.h5$//p' | head -1)
+rm -rf wfail && mkdir wfail && cp -r data tiny.lua wfail/ && mkdir -p "wfail/results/tiny/$id.ckpt.h5.tmp"
+expect_run "a write failing on rank 0 alone stops every rank (MPI_Abort) with the reason, no rank left waiting" 1 \
+  "trial 1/2 failed on rank 0 of 2: .*ckpt\.h5.*MPI_ABORT" \
+  -- bash -c "cd wfail && EPOCHS=8 exec timeout 120 ${MPIRUN[*]} -np 2 '$GM' tiny.lua ${LONG[*]}"
+status=$(h5dump -a /status "wfail/results/tiny/$id.h5" 2>/dev/null | sed -n 's/.*(0): "\(.*\)".*/\1/p')
+[ "$status" = interrupted ] && { pass=$((pass + 1)); echo "ok    rank 0 recorded the trial as interrupted before stopping"; } \
+  || { fail=$((fail + 1)); echo "FAIL  the trial's status after the failed write: '$status'"; }
 cd killed
 EPOCHS=8 "${MPIRUN[@]}" -np 2 "$GM" tiny.lua "${LONG[@]}" > run.log 2>&1 &
 mpid=$!
