@@ -889,7 +889,8 @@ static int run_lua(const char *file, int argc, char **argv) {
                                   "@experiments/quickstart.lua", &err);
     }
     int rc = 0;
-    bool synced = false; /* the runner returned: every rank passed its closing barrier */
+    bool synced = false; /* the runner returned normally: every rank passed its closing barrier */
+    char why[600] = "";  /* else, what failed where the other ranks could not see it */
     if (s != GM_OK) {
         rc = fail(&err, (s == GM_ERR_IO || s == GM_ERR_INVALID) ? 2 : 1);
     } else if (lua_gettop(L) > base && lua_istable(L, base + 1)) {
@@ -897,7 +898,7 @@ static int run_lua(const char *file, int argc, char **argv) {
         bool is_exp = lua_isstring(L, -1) && strcmp(lua_tostring(L, -1), "experiment") == 0;
         lua_pop(L, 1);
         if (is_exp) {
-            /* runner.run(experiment, {dry_run, trial, set}) -> exit code */
+            /* runner.run(experiment, {dry_run, trial, set}) -> exit code, stop the other ranks */
             lua_settop(L, base + 1);
             push_runner_fn(L, "run");
             lua_pushvalue(L, base + 1);
@@ -913,9 +914,14 @@ static int run_lua(const char *file, int argc, char **argv) {
                 lua_pushinteger(L, max_trials);
                 lua_setfield(L, -2, "max_trials");
             }
-            s = gm_lua_call(L, 2, 1, &err);
-            if (s != GM_OK) rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
-            else rc = (int)lua_tointeger(L, -1), synced = true;
+            s = gm_lua_call(L, 2, 2, &err);
+            if (s != GM_OK) {
+                rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
+            } else {
+                rc = (int)lua_tointeger(L, -2);
+                synced = !lua_isstring(L, -1);
+                if (!synced) snprintf(why, sizeof why, "%s", lua_tostring(L, -1));
+            }
         } else {
             fprintf(stderr, "gemmarun: %s returns a table that is not an experiment: an experiment file ends with "
                             "`return experiment{...}`\n", file ? file : "experiments/quickstart.lua");
@@ -948,11 +954,13 @@ static int run_lua(const char *file, int argc, char **argv) {
     gm_lua_close(L);
     gm_lua_set_dist(NULL);
     if (rc != 0 && !synced && gm_dist_world_size(dist) > 1) {
-        /* this rank stopped outside the runner's course (an error escaped it): the others may
-         * be waiting in a collective it will never join: stop them all (MPI_Abort) rather than
-         * leave them blocked; the exit code is this rank's */
-        char msg[160];
-        snprintf(msg, sizeof msg, "ended with exit code %d; stopping every rank of the run (MPI_Abort)", rc);
+        /* this rank stopped outside the runner's course (an error escaped it, or it failed
+         * where the others could not see it): they may be waiting in a collective it will never
+         * join: stop them all (MPI_Abort) rather than leave them blocked; the exit code is this
+         * rank's */
+        char msg[800];
+        snprintf(msg, sizeof msg, "%s%sended with exit code %d; stopping every rank of the run (MPI_Abort)", why,
+                 why[0] ? "; " : "", rc);
         gm_dist_abort(dist, rc, msg);
     }
     gm_dist_free(dist);

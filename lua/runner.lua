@@ -630,7 +630,7 @@ end
 
 function R.plan_summary(plan)
   local parts = {}
-  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace", "vision tower", "runtime", "runner", "images" }) do
+  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace", "vision tower", "runtime", "runner", "mpi", "images" }) do
     if plan[k] and plan[k] > 0 then parts[#parts + 1] = k .. " " .. fmt_bytes(plan[k]) end
   end
   return table.concat(parts, ", ")
@@ -1412,7 +1412,7 @@ local function run_all(e, cli)
         pcall(ctx.res.save, ctx.res)
         ctx.res:close()
         if ctx.model then ctx.model:close() end
-        error(string.format("trial %d/%d failed on rank %d of %d: %s", t.index, #trials, DIST.rank, DIST.world_size, reason), 0)
+        return 1, string.format("trial %d/%d failed: %s", t.index, #trials, reason)
       end
       if not ok then
         if type(err) == "table" and (err.interrupted or err.io) then
@@ -1464,13 +1464,14 @@ local function run_all(e, cli)
   return failed > 0 and 1 or 0
 end
 
---- Runs (or resumes) the trials and renders the tables; returns the exit code. Data parallel:
---- every rank leaves together, after rank 0's last write (a rank that raised instead never gets
---- here, and main stops the world with MPI_Abort).
+--- Runs (or resumes) the trials and renders the tables; returns the exit code, and a message when
+--- the other ranks of a data-parallel run must be stopped (main: MPI_Abort) because this one
+--- failed where they could not see it. Otherwise every rank leaves together, after rank 0's last
+--- write.
 function R.run(e, cli)
-  local rc = run_all(e, cli)
-  if DIST.world_size > 1 then gm.dist_barrier() end
-  return rc
+  local rc, abort = run_all(e, cli)
+  if DIST.world_size > 1 and not abort then gm.dist_barrier() end
+  return rc, abort
 end
 
 --- Merges the trial files, prints the table and writes .md/.tex/.csv and plots (the same path

@@ -133,7 +133,7 @@ LONG=("${T1[@]}" --set grad_accum=1 --set lr=1e-3)
 id=$(ls straight/results/tiny/ | grep -v ckpt | sed -n 's/\.h5$//p' | head -1)
 rm -rf wfail && mkdir wfail && cp -r data tiny.lua wfail/ && mkdir -p "wfail/results/tiny/$id.ckpt.h5.tmp"
 expect_run "a write failing on rank 0 alone stops every rank (MPI_Abort) with the reason, no rank left waiting" 1 \
-  "trial 1/2 failed on rank 0 of 2: .*ckpt\.h5.*MPI_ABORT" \
+  "rank 0 of 2: trial 1/2 failed: saving checkpoint .*ckpt\.h5.*stopping every rank of the run \(MPI_Abort\)" \
   -- bash -c "cd wfail && EPOCHS=8 exec timeout 120 ${MPIRUN[*]} -np 2 '$GM' tiny.lua ${LONG[*]}"
 status=$(h5dump -a /status "wfail/results/tiny/$id.h5" 2>/dev/null | sed -n 's/.*(0): "\(.*\)".*/\1/p')
 [ "$status" = interrupted ] && { pass=$((pass + 1)); echo "ok    rank 0 recorded the trial as interrupted before stopping"; } \
