@@ -21,6 +21,7 @@ packages=(
   libpng-dev libjpeg62-turbo-dev libexif-dev libsndfile1-dev libsamplerate0-dev libfftw3-dev
   libplplot-dev plplot-driver-cairo libcairo2-dev libzip-dev libssl-dev libopenblas-openmp-dev
   clang libclang-rt-14-dev
+  openmpi-bin libopenmpi-dev                    # data-parallel training of one trial (mpirun; core/dist)
   python3 python3-pip
   python3-h5py python3-pandas python3-tables   # the test that results files read in h5py and pandas
   chromium                                       # the HTML report checked in a headless browser

@@ -20,7 +20,10 @@
  *                                              plus seed, steps, threads, max_images: images per
  *                                              micro-batch, from the data)
  *   trainer:step(dataset, {i, ...})        -> {loss, tokens, grad_norm, lr, step}
- *       the indices (1-based) are split into micro-batches of opts.batch (gradient accumulation)
+ *       the indices (1-based) are split into micro-batches of opts.batch (gradient accumulation);
+ *       under data parallelism (gm.dist_info().world_size > 1, lua/bind_dist.c) the trainer
+ *       joins the world when made, each rank passes its share of the step (possibly none) and
+ *       loss, tokens and grad_norm are the whole step's (gm_trainer_set_dist)
  *   trainer:eval(dataset, {i, ...})        -> mean loss, supervised tokens
  *   trainer:score_labels(dataset, {i, ...}, {{tok, ...}, ...}) -> best label per example, scores
  *                                              (log-probability of each whole candidate response)
@@ -42,6 +45,7 @@
 
 #include "gm_alloc.h"
 #include "gm_data.h"
+#include "gm_dist.h"
 #include "gm_train.h"
 
 #include <lauxlib.h>
@@ -566,6 +570,7 @@ static int l_trainer(lua_State *L) {
     lua_setiuservalue(L, -2, 1);
     gm_error err = {0};
     if (gm_trainer_new(lm->m, &o, &t->tr, &err) != GM_OK) return gm_bind_raise(L, &err);
+    if (gm_trainer_set_dist(t->tr, gm_lua_dist(), &err) != GM_OK) return gm_bind_raise(L, &err);
     int64_t rows = o.grad_accum * o.batch;
     t->ids = gm_malloc((size_t)(rows * o.max_length) * sizeof(int32_t));
     t->targets = gm_malloc((size_t)(rows * o.max_length) * sizeof(int32_t));
@@ -598,7 +603,9 @@ static int collate(lua_State *L, ltrainer *t, ldataset *d, int idx_arg) {
     const gm_train_opts *o = gm_trainer_opts(t->tr);
     luaL_checktype(L, idx_arg, LUA_TTABLE);
     lua_Integer n = luaL_len(L, idx_arg);
-    if (n < 1 || n > o->batch * o->grad_accum)
+    /* data parallel: a rank may have no share of a short last step */
+    lua_Integer least = gm_dist_world_size(gm_lua_dist()) > 1 ? 0 : 1;
+    if (n < least || n > o->batch * o->grad_accum)
         luaL_error(L, "a step takes 1..%d examples (batch %d x grad_accum %d), got %d", (int)(o->batch * o->grad_accum),
                    (int)o->batch, (int)o->grad_accum, (int)n);
     for (lua_Integer i = 1; i <= n; i++) {

@@ -313,6 +313,7 @@ gm_status gm_lua_new(const gm_lua_opts *opts, lua_State **out, gm_error *err) {
     gm_lua_open_stats(L);
     gm_lua_open_run(L);
     gm_lua_open_proc(L);
+    gm_lua_open_dist(L);
     lua_newtable(L);
     lua_setfield(L, LUA_REGISTRYINDEX, "gm.modules");
     lua_pushcfunction(L, l_module);

@@ -94,6 +94,14 @@ void gm_lua_set_interrupted(void);
 /* The flag itself (nonzero after Ctrl-C): long operations (generation) poll it. */
 extern volatile int gm_lua_interrupted;
 
+/* Registers lua/bind_dist.c (gm.dist_info, dist_any, dist_same, dist_bcast, dist_barrier). */
+void gm_lua_open_dist(lua_State *L);
+/* The data-parallel world (core/dist/gm_dist.h) the runner and its trainers use: main's, borrowed
+ * (must outlive every Lua state); NULL (the default): one process. */
+struct gm_dist;
+void gm_lua_set_dist(struct gm_dist *d);
+struct gm_dist *gm_lua_dist(void);
+
 /* Registers lua/bind_results.c (results files, gm.write_text); called by gm_lua_new. */
 void gm_lua_open_results(lua_State *L);
 /* Registers lua/bind_plot.c (gm.plot); called by gm_lua_new. */

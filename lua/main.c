@@ -25,6 +25,7 @@
 #include "gm_chat.h"
 #include "gm_data.h"
 #include "gm_decoder.h"
+#include "gm_dist.h"
 #include "gm_fetch.h"
 #include "gm_adapter.h"
 #include "gm_backend.h"
@@ -904,8 +905,19 @@ static int run_lua(const char *file, int argc, char **argv, bool submit) {
         return 2;
     }
     gm_error err = {0};
+    /* data parallel: under mpirun / srun with more than one process this process is one rank of
+     * the trial's world (core/dist/gm_dist.h); otherwise a world of one, and MPI is not touched */
+    gm_dist *dist = NULL;
+    if (gm_dist_new(&dist, &err) != GM_OK) return fail(&err, 1);
+    gm_lua_set_dist(dist);
     lua_State *L = NULL;
-    if (gm_lua_new(&lo, &L, &err) != GM_OK) return fail(&err, 1);
+    if (gm_lua_new(&lo, &L, &err) != GM_OK) {
+        int rc = fail(&err, 1);
+        gm_lua_set_dist(NULL);
+        if (gm_dist_world_size(dist) > 1) gm_dist_abort(dist, rc, "could not start (above); stopping every rank");
+        gm_dist_free(dist);
+        return rc;
+    }
     /* Ctrl-C, and the SIGTERM a scheduler sends (scancel, a time limit's --signal): the trial
      * saves a checkpoint at the end of its step and the run stops (runner.lua) */
     signal(SIGINT, on_sigint_run);
@@ -925,6 +937,8 @@ static int run_lua(const char *file, int argc, char **argv, bool submit) {
                                   "@experiments/quickstart.lua", &err);
     }
     int rc = 0;
+    bool synced = false; /* the runner returned normally: every rank passed its closing barrier */
+    char why[600] = "";  /* else, what failed where the other ranks could not see it */
     if (s != GM_OK) {
         rc = fail(&err, (s == GM_ERR_IO || s == GM_ERR_INVALID) ? 2 : 1);
     } else if (lua_gettop(L) > base && lua_istable(L, base + 1)) {
@@ -992,7 +1006,7 @@ static int run_lua(const char *file, int argc, char **argv, bool submit) {
             if (s != GM_OK) rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
             else rc = (int)lua_tointeger(L, -1);
         } else if (is_exp) {
-            /* runner.run(experiment, {dry_run, trial, set}) -> exit code */
+            /* runner.run(experiment, {dry_run, trial, set}) -> exit code, stop the other ranks */
             lua_settop(L, base + 1);
             push_runner_fn(L, "run");
             lua_pushvalue(L, base + 1);
@@ -1010,9 +1024,14 @@ static int run_lua(const char *file, int argc, char **argv, bool submit) {
                 lua_pushinteger(L, max_trials);
                 lua_setfield(L, -2, "max_trials");
             }
-            s = gm_lua_call(L, 2, 1, &err);
-            if (s != GM_OK) rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
-            else rc = (int)lua_tointeger(L, -1);
+            s = gm_lua_call(L, 2, 2, &err);
+            if (s != GM_OK) {
+                rc = fail(&err, s == GM_ERR_INVALID ? 2 : 1);
+            } else {
+                rc = (int)lua_tointeger(L, -2);
+                synced = !lua_isstring(L, -1);
+                if (!synced) snprintf(why, sizeof why, "%s", lua_tostring(L, -1));
+            }
         } else {
             fprintf(stderr, "gemmarun: %s returns a table that is not an experiment: an experiment file ends with "
                             "`return experiment{...}`\n", file ? file : "experiments/quickstart.lua");
@@ -1045,6 +1064,18 @@ static int run_lua(const char *file, int argc, char **argv, bool submit) {
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
     gm_lua_close(L);
+    gm_lua_set_dist(NULL);
+    if (rc != 0 && !synced && gm_dist_world_size(dist) > 1) {
+        /* this rank stopped outside the runner's course (an error escaped it, or it failed
+         * where the others could not see it): they may be waiting in a collective it will never
+         * join: stop them all (MPI_Abort) rather than leave them blocked; the exit code is this
+         * rank's */
+        char msg[800];
+        snprintf(msg, sizeof msg, "%s%sended with exit code %d; stopping every rank of the run (MPI_Abort)", why,
+                 why[0] ? "; " : "", rc);
+        gm_dist_abort(dist, rc, msg);
+    }
+    gm_dist_free(dist);
     return rc;
 }
 

@@ -7,6 +7,12 @@
 -- reasons), baseline evaluation, training (resumable checkpoints every checkpoint_every steps and
 -- on Ctrl-C), final evaluation, results file. A failing trial is recorded as failed with its
 -- reason and the sweep goes on. Exit code: 0 all trials done, 1 some failed or interrupted.
+--
+-- Data parallel (docs/scaling.md): under mpirun / srun every rank runs this same code on the same
+-- data; each optimizer step's examples are split by rank (rank r: micro-batches r*A+1 .. r*A+A of
+-- the step's world_size*A) and the trainer all-reduces the gradients (gm_trainer_set_dist). Only
+-- rank 0 writes (results files, checkpoints, tables), prints and evaluates; the others keep no
+-- results file (NO_RESULTS) and wait. Every rank reads a checkpoint to resume from.
 
 local P = GM_PRELUDE
 local R = {}
@@ -25,7 +31,18 @@ local function fmt_time(s)
   return string.format("%ds", s)
 end
 
-local function say(fmt, ...) print(string.format(fmt, ...)) end
+-- this process's place in the data-parallel world (gm.dist_info, lua/bind_dist.c); rank 0 is the
+-- only one that writes and prints
+local DIST = gm.dist_info()
+local ROOT = DIST.rank == 0
+R.dist = DIST
+
+local function say(fmt, ...) if ROOT then print(string.format(fmt, ...)) end end
+local function progress(line, final) if ROOT then gm.progress(line, final) end end
+
+-- What a rank other than 0 holds instead of a results file: every method does nothing (rows()
+-- is 0), so the runner's bookkeeping runs unchanged and nothing is written.
+local NO_RESULTS = setmetatable({}, { __index = function() return function() return 0 end end })
 
 --- An error's text without the position of the runner's own code ("lua/runner.lua:97: "), which
 --- tells the user nothing.
@@ -554,10 +571,19 @@ end
 -- Lua state, the evaluation's extra BLAS buffers. Fitted on a tiny-model trial (30.3 MiB measured,
 -- 25.7 planned without it), checked on the 270M quickstart (docs/memory.md); refitted 2026-12-02
 -- when the build gained libjpeg and libexif (the image path): the e2e_experiments trial measured
--- 31.6-33.2 MiB over 5 runs and a CI run, against 25.7 MiB planned without it.
-local RUNNER_STATE_BYTES = 6 * 2 ^ 20
+-- 31.6-33.2 MiB over 5 runs and a CI run, against 25.7 MiB planned without it; 7 MiB since
+-- 2026-12-03, when the build linked Open MPI (data parallel; its libraries are mapped in every
+-- process): the e2e_experiments trial measured 33.4-34.0 MiB against 32.2 planned with 6 MiB.
+local RUNNER_STATE_BYTES = 7 * 2 ^ 20
 
---- A trial's plan: the trainer's (gm.plan) plus the runner's own state, as item "runner".
+-- Open MPI's own state in each rank of a data-parallel run (its libraries, the shared-memory
+-- transport's segments): 10.3-10.8 MiB measured at world_size 2 (the tiny-model trial of
+-- e2e_data_parallel: 42.6-43.1 MiB peak on rank 0 against 32.3 MiB for the same trial in one
+-- process, 2026-12-03); more peers map more segments, hence the margin.
+local MPI_STATE_BYTES = 16 * 2 ^ 20
+
+--- A trial's plan: the trainer's (gm.plan) plus the runner's own state, as item "runner" (and
+--- MPI's, as item "mpi", in a data-parallel run).
 local function trial_plan(model, opts, items)
   -- (with images the planner also checks that max_length leaves room for text beside them: what a
   -- built-in size's dry run, which tokenizes nothing, has to go on)
@@ -565,6 +591,10 @@ local function trial_plan(model, opts, items)
   local plan = gm.plan(model, opts, per_example > 0 and { images = per_example } or nil)
   plan.runner = math.tointeger(RUNNER_STATE_BYTES)
   plan.total = plan.total + plan.runner
+  if DIST.world_size > 1 then
+    plan.mpi = math.tointeger(MPI_STATE_BYTES)
+    plan.total = plan.total + plan.mpi
+  end
   -- images: a batch's preprocessed pixels (grad_accum x max_images x 3 x S x S f32, what the
   -- trainer's binding collates into), and decoding the largest file: its RGB (w h 3 bytes), a copy
   -- for an EXIF rotation, the resize's intermediate (longest side x S x 3) and its S x S output in
@@ -605,7 +635,7 @@ end
 
 function R.plan_summary(plan)
   local parts = {}
-  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace", "vision tower", "runtime", "runner", "images" }) do
+  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace", "vision tower", "runtime", "runner", "mpi", "images" }) do
     if plan[k] and plan[k] > 0 then parts[#parts + 1] = k .. " " .. fmt_bytes(plan[k]) end
   end
   return table.concat(parts, ", ")
@@ -720,6 +750,7 @@ end
 --- vanished folder - is the machine's, not the trial's: it is raised as {io = true, msg} so that
 --- the sweep stops instead of failing every later trial the same way (R.run).
 local function guarded_write(fn, ...)
+  if not ROOT then return end
   local ok, err = pcall(fn, ...)
   if not ok then error({ io = true, msg = clean_msg(err) }, 0) end
 end
@@ -747,6 +778,8 @@ local function provenance(ctx, e, cfg, d)
     data_sha256 = d.sha.both, data_train_sha256 = d.sha.train, data_test_sha256 = d.sha.test,
     data_validation_sha256 = d.sha.val,
     threads = tostring(e.threads or GM_THREADS), device = "cpu", compute_dtype = "f32",
+    -- data parallel: processes the trial ran on (all-reducing the gradients) and how
+    world_size = tostring(DIST.world_size), dist_transport = DIST.transport,
     command_line = GM_COMMAND_LINE or "", set_overrides_json = gm.json_encode(ctx.cli_set or {}),
     experiment_file = GM_EXPERIMENT_FILE or "experiments/quickstart.lua",
     experiment_source = ctx.source,
@@ -762,6 +795,14 @@ end
 --- the tokenized data of the stored provenance (raises naming what changed).
 local function check_resume_identity(prior, p, ckpt)
   local was = prior and prior.provenance or {}
+  -- a step is world_size x grad_accum micro-batches: another world size would change the step
+  -- the checkpoint's data position counts in
+  local ws_was = was.world_size or (was.model_sha256 and "1")
+  if ws_was and ws_was ~= p.world_size then
+    error(string.format("this trial started on %s process%s (world_size) and is resumed on %s: a step's micro-batches "
+      .. "would change; resume it with %s process%s, or delete %s to start it over", ws_was, ws_was == "1" and "" or "es",
+      p.world_size, ws_was, ws_was == "1" and "" or "es", ckpt), 0)
+  end
   for _, f in ipairs({ { "model_sha256", "the model files" }, { "data_sha256", "the data (as tokenized)" },
     { "model_adapter_sha256", "the adapter it started from (model_adapter)" } }) do
     local old, new = was[f[1]], p[f[1]]
@@ -792,7 +833,9 @@ local function run_trial(ctx, e, trial, n_trials)
     say("  %d examples rejected (first: %s: %s)", st_tr.rejected + st_te.rejected, d.rejected[1].example, d.rejected[1].reason)
   end
   if st_tr.n == 0 then error("no training example is left after tokenization", 0) end
-  local per_step = cfg.batch * cfg.grad_accum
+  -- data parallel: a step is world_size x grad_accum micro-batches, rank r's share per_rank of them
+  local per_rank = cfg.batch * cfg.grad_accum
+  local per_step = per_rank * DIST.world_size
   local steps_per_epoch = math.max(1, (st_tr.n + per_step - 1) // per_step)
   local total = steps_per_epoch * cfg.epochs
   if cfg.max_steps then total = math.min(total, cfg.max_steps) end
@@ -810,6 +853,7 @@ local function run_trial(ctx, e, trial, n_trials)
   -- adapter: the baseline is its evaluation)
   local limit = e.task.max_eval
   local function evaluate(phase)
+    if not ROOT then return {} end -- rank 0 evaluates; the others wait at the next collective
     local r
     if e.task._kind == "classify" then r = eval_classify(ctx.model, tr, d.test, ctx.items.labels, limit)
     else r = eval_sft(tr, d.test, limit, opts.batch) end
@@ -838,8 +882,17 @@ local function run_trial(ctx, e, trial, n_trials)
     -- trials that share them (other seeds, learning rates, ranks) reuse one evaluation
     local bkey = cfg.model .. "|" .. cfg.quant .. "|" .. cfg.max_length .. "|" .. (cfg.model_adapter or "")
     local b = ctx.baselines[bkey]
-    if b then res:set_eval("baseline", b) else b = evaluate("baseline"); ctx.baselines[bkey] = b end
-    say("  baseline %s", b.accuracy and string.format("accuracy %.1f%%", 100 * b.accuracy) or string.format("loss %.4f", b.loss))
+    if b then res:set_eval("baseline", b) else b = evaluate("baseline"); ctx.baselines[bkey] = ROOT and b or nil end
+    if ROOT then say("  baseline %s", b.accuracy and string.format("accuracy %.1f%%", 100 * b.accuracy) or string.format("loss %.4f", b.loss)) end
+  end
+  if DIST.world_size > 1 then
+    -- every rank resumed from the same step (a results folder on a disk the ranks share), and
+    -- read the checkpoint before rank 0 writes anything
+    local lo, hi = gm.dist_same(step)
+    if lo ~= hi then
+      error(string.format("the ranks resume from different steps (%d to %d): %s must be on a file system every rank "
+        .. "sees", lo, hi, ckpt), 0)
+    end
   end
   res:set_provenance(prov)
   res:set({ status = "running" })
@@ -864,9 +917,14 @@ local function run_trial(ctx, e, trial, n_trials)
       if vs[i] == vs[i] then note_validation(vs[i], ss[i] or i) end
     end
   end
-  local function validate_now()
+  local function validate_root()
     if e.task._kind == "classify" then return eval_classify(ctx.model, tr, d.val, ctx.items.labels, nil).accuracy end
     return eval_sft(tr, d.val, nil, opts.batch).loss
+  end
+  local function validate_now()
+    -- rank 0 evaluates, the others take its value (early stopping must stop every rank alike)
+    if DIST.world_size > 1 then return gm.dist_bcast(ROOT and validate_root() or 0) end
+    return validate_root()
   end
   local t0, tokens, last_loss = gm.clock(), 0, 0 / 0
   ctx.last_elapsed = 0
@@ -882,7 +940,11 @@ local function run_trial(ctx, e, trial, n_trials)
       idx[i] = order[pos + i]
     end
     pos = pos + #idx
-    local st = tr:step(d.train, idx)
+    local mine = idx
+    if DIST.world_size > 1 then
+      mine = table.move(idx, DIST.rank * per_rank + 1, math.min(#idx, (DIST.rank + 1) * per_rank), 1, {})
+    end
+    local st = tr:step(d.train, mine)
     step = st.step
     last_loss = st.loss
     local step_tokens = 0
@@ -910,12 +972,14 @@ local function run_trial(ctx, e, trial, n_trials)
     -- the display must never fail a trial: format in a protected call
     local okp, line = pcall(string.format, "trial %d/%d  step %d/%d  loss %.4f  %.0f tok/s  ETA %s  mem %s", trial.index,
       n_trials, step, total, st.loss, tokens / math.max(1e-9, elapsed), fmt_time(eta), fmt_bytes(gm.peak_rss()))
-    gm.progress(okp and line or string.format("trial %d/%d  step %d/%d", trial.index, n_trials, step, total))
-    if gm.interrupted() or step % (cfg.checkpoint_every or 25) == 0 or step == total or stopped_at then
+    progress(okp and line or string.format("trial %d/%d  step %d/%d", trial.index, n_trials, step, total))
+    -- Ctrl-C on any rank stops every rank at the same step
+    local interrupted = gm.dist_any(gm.interrupted())
+    if interrupted or step % (cfg.checkpoint_every or 25) == 0 or step == total or stopped_at then
       guarded_write(tr.save, tr, ckpt, { epoch = epoch, pos = pos, loss = st.loss, config = gm.json_encode(cfg) })
       guarded_write(res.save, res)
-      if gm.interrupted() then
-        gm.progress(string.format("trial %d/%d  interrupted at step %d: checkpoint saved", trial.index, n_trials, step), true)
+      if interrupted then
+        progress(string.format("trial %d/%d  interrupted at step %d: checkpoint saved", trial.index, n_trials, step), true)
         res:set({ status = "interrupted" })
         guarded_write(res.save, res)
         error({ interrupted = true }, 0)
@@ -923,32 +987,34 @@ local function run_trial(ctx, e, trial, n_trials)
     end
     if stopped_at then break end
   end
-  gm.progress(string.format("trial %d/%d  %d step%s, final loss %.4f, %s", trial.index, n_trials, step, step == 1 and "" or "s", last_loss, fmt_time(gm.clock() - t0)), true)
+  progress(string.format("trial %d/%d  %d step%s, final loss %.4f, %s", trial.index, n_trials, step, step == 1 and "" or "s", last_loss, fmt_time(gm.clock() - t0)), true)
   if stopped_at then
     say("  early stopping at step %d of %d: no better %s %s in %d evaluation%s (best %.6g at step %d)", stopped_at, total,
       val_name, val.metric == "loss" and "(lower)" or "(higher)", val.patience, val.patience == 1 and "" or "s", best_v, best_step)
   end
-  if val and val.select == "best" and best_step and best_step ~= step then
+  if ROOT and val and val.select == "best" and best_step and best_step ~= step then
     -- the final evaluation and the stored adapter are those of the best validation step
     tr:load(best_path)
     say("  selected the adapter of step %d (%s %.6g)", best_step, val_name, best_v)
   end
   local f = evaluate("final")
-  if val then
+  if val and ROOT then
     -- which adapter the final evaluation is of, and what it scored on the validation set
     local extra = { selected_step = (val.select == "best" and best_step) or step, ["best_" .. val_name] = best_v,
       best_step = best_step, stopped_at_step = stopped_at or step }
     for k, v in pairs(extra) do f[k] = v end
     res:set_eval("final", f)
   end
-  say("  final %s", f.accuracy and string.format("accuracy %.1f%%", 100 * f.accuracy) or string.format("loss %.4f", f.loss))
+  if ROOT then say("  final %s", f.accuracy and string.format("accuracy %.1f%%", 100 * f.accuracy) or string.format("loss %.4f", f.loss)) end
   mem.measured_peak_rss = gm.peak_rss()
   res:set_memory(mem)
   res:put_adapter(tr)
   res:set({ status = "completed", wall_seconds = gm.clock() - t_start })
   guarded_write(res.save, res)
-  gm.remove_checkpoint(ckpt)
-  if val then gm.remove_checkpoint(best_path) end
+  if ROOT then
+    gm.remove_checkpoint(ckpt)
+    if val then gm.remove_checkpoint(best_path) end
+  end
 end
 
 --------------------------------------------------------------------------------------------------
@@ -1343,7 +1409,7 @@ function R.lock_path(dir, id) return dir .. "/.trial-" .. id .. ".lock" end
 --- The runner's one-line description of a trial (index, id, swept values, seed).
 function R.describe_trial(t, swept) return describe_point(t, swept) end
 
-function R.run(e, cli)
+local function run_all(e, cli)
   local ctx, trials, selected, swept = R.prepare(e, cli)
   local items = ctx.items
   local dir = cli.dir and cli.dir(e) or ((e.results or "results") .. "/" .. e.name)
@@ -1374,8 +1440,8 @@ function R.run(e, cli)
   -- the experiment's text, stored in every trial's provenance (what `gemmarun reproduce` reruns)
   ctx.source = GM_EXPERIMENT_SOURCE or (GM_EXPERIMENT_FILE and gm.file_exists(GM_EXPERIMENT_FILE)
     and gm.read_text(GM_EXPERIMENT_FILE)) or ""
-  gm.make_results_dir(dir)
-  if cli.fresh then -- `gemmarun reproduce`: its scratch trial starts over
+  if ROOT then gm.make_results_dir(dir) end
+  if cli.fresh and ROOT then -- `gemmarun reproduce`: its scratch trial starts over
     for _, t in ipairs(selected) do gm.remove_reproduction(dir .. "/trial-" .. t.id .. ".h5") end
   end
   local failed, interrupted, stopped = 0, false, nil
@@ -1388,8 +1454,11 @@ function R.run(e, cli)
     -- one process per trial: another one on it (a second run of this experiment, an array task
     -- submitted again while the first runs) keeps it (lua/bind_proc.c)
     local lock = R.lock_path(dir, t.id)
-    -- (a `submit` that looks at the lock holds it for a moment: 2 s to let go)
-    local mine, holder = gm.file_lock(lock, 2)
+    -- (a `submit` that looks at the lock holds it for a moment: 2 s to let go; data parallel: rank
+    -- 0 holds it for the world and tells the others)
+    local mine, holder = true, nil
+    if ROOT then mine, holder = gm.file_lock(lock, 2) end
+    if DIST.world_size > 1 then mine = gm.dist_bcast(mine and 1 or 0) == 1 end
     local prior = mine and gm.file_exists(path) and gm.results_read(path) or nil
     if not mine then
       busy = busy + 1
@@ -1410,7 +1479,7 @@ function R.run(e, cli)
     else
       say("trial %d/%d  %s  %s", t.index, #trials, t.id, describe_point(t, swept))
       use_model(ctx, e, t.config.model)
-      ctx.res = gm.results(path)
+      ctx.res = ROOT and gm.results(path) or NO_RESULTS
       ctx.res:set({ experiment = e.name, trial_id = t.id, trial_index = t.index, n_trials = #trials, status = "running",
         reason = "", config_json = gm.json_encode(t.config), report_json = gm.json_encode(report), swept_json = gm.json_encode(#swept > 0 and swept or gm.null) })
       ctx.res:set_config(with_task(t.config, e.task, e.validation))
@@ -1421,12 +1490,25 @@ function R.run(e, cli)
         if ctx.model then ctx.model:close() end
         error(err, 0)
       end
+      if not ok and DIST.world_size > 1 and not (type(err) == "table" and err.interrupted and not err.io) then
+        -- data parallel: only Ctrl-C (gm.dist_any) and a failed step (gm_trainer_step) reach
+        -- every rank at the same point; any other failure (a write or an evaluation on rank 0,
+        -- an error on one rank) leaves the others in a collective this rank will not join.
+        -- Rank 0 records it, then every rank stops (main: MPI_Abort) instead of waiting forever.
+        local reason = type(err) == "table" and (err.msg or "interrupted") or clean_msg(err)
+        progress(string.format("trial %d/%d  FAILED: %s", t.index, #trials, reason), true)
+        ctx.res:set({ status = type(err) == "table" and "interrupted" or "failed", reason = reason })
+        pcall(ctx.res.save, ctx.res)
+        ctx.res:close()
+        if ctx.model then ctx.model:close() end
+        return 1, string.format("trial %d/%d failed: %s", t.index, #trials, reason)
+      end
       if not ok then
         if type(err) == "table" and (err.interrupted or err.io) then
           interrupted = true
           if err.io then
             stopped = err.msg
-            gm.progress(string.format("trial %d/%d  STOPPED: cannot write: %s", t.index, #trials, err.msg), true)
+            progress(string.format("trial %d/%d  STOPPED: cannot write: %s", t.index, #trials, err.msg), true)
           end
           -- (the disk may still be full: the trial is resumable whether or not this lands)
           ctx.res:set({ status = "interrupted", reason = err.io and ("cannot write: " .. err.msg) or "" })
@@ -1436,7 +1518,7 @@ function R.run(e, cli)
         end
         failed = failed + 1
         local reason = clean_msg(err)
-        gm.progress(string.format("trial %d/%d  FAILED: %s", t.index, #trials, reason), true)
+        progress(string.format("trial %d/%d  FAILED: %s", t.index, #trials, reason), true)
         ctx.res:set({ status = "failed", reason = reason })
         local sok, serr = pcall(ctx.res.save, ctx.res)
         if not sok then
@@ -1449,7 +1531,7 @@ function R.run(e, cli)
       ctx.res:close()
       ctx.res = nil
     end
-    if mine then gm.file_unlock(lock) end
+    if mine and ROOT then gm.file_unlock(lock) end
   end
   if ctx.model then ctx.model:close() end
   for _, ds in pairs(ctx.data) do ds.train:close(); ds.test:close(); if ds.val then ds.val:close() end end
@@ -1469,7 +1551,7 @@ function R.run(e, cli)
     say("%d trial%s ran in another process: run the same command once %s done to see %s here", busy, busy == 1 and "" or "s",
       busy == 1 and "it is" or "they are", busy == 1 and "it" or "them")
   end
-  if cli.no_render then return (failed > 0 or busy > 0) and 1 or 0 end
+  if cli.no_render or not ROOT then return (failed > 0 or busy > 0) and 1 or 0 end
   local rok, rerr = pcall(R.render, dir, e.results or "results", e.name)
   if not rok then
     say("the trials are done and kept, but the tables could not be written: %s (run `gemmarun table %s` once it "
@@ -1490,6 +1572,16 @@ function R.render_locked(results_root, name, render)
   gm.file_unlock(lock)
   if not rok then error(out, 0) end
   return out
+end
+
+--- Runs (or resumes) the trials and renders the tables; returns the exit code, and a message when
+--- the other ranks of a data-parallel run must be stopped (main: MPI_Abort) because this one
+--- failed where they could not see it. Otherwise every rank leaves together, after rank 0's last
+--- write.
+function R.run(e, cli)
+  local rc, abort = run_all(e, cli)
+  if DIST.world_size > 1 and not abort then gm.dist_barrier() end
+  return rc, abort
 end
 
 --- Merges the trial files, prints the table and writes .md/.tex/.csv and plots (the same path

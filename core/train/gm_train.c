@@ -15,6 +15,7 @@
 
 #include "gm_alloc.h"
 #include "gm_checkpoint.h"
+#include "gm_dist.h"
 #include "gm_graph.h"
 #include "gm_weights.h"
 #include "kernels.h"
@@ -55,6 +56,12 @@ struct gm_trainer {
     int32_t *h_rows, *h_tgt;  /* (N) */
     float *h_lse, *h_tgt_logit; /* (N) */
     double *h_row_loss;       /* (N) */
+    /* data parallel (gm_trainer_set_dist): the world (borrowed) and the gradients as runs of
+     * buffers adjacent in memory, one all-reduce each */
+    gm_dist *dist;
+    float **dist_bufs;        /* (n_dist_runs) */
+    size_t *dist_n;           /* (n_dist_runs) floats per run */
+    int n_dist_runs;
 };
 
 const char *gm_schedule_name(gm_schedule s) {
@@ -512,6 +519,7 @@ gm_status gm_trainer_new(const gm_model *m, const gm_train_opts *o, gm_trainer *
 
 void gm_trainer_free(gm_trainer *tr) {
     if (!tr) return;
+    gm_free(tr->dist_bufs), gm_free(tr->dist_n);
     trainer_release(tr);
     gm_backend_free(tr->owned_be);
     gm_free(tr);
@@ -810,26 +818,81 @@ gm_status gm_trainer_choice_logits(gm_trainer *tr, const gm_batch *b, const int6
     return gm_backend_status(tr->be, err);
 }
 
+gm_status gm_trainer_set_dist(gm_trainer *tr, gm_dist *d, gm_error *err) {
+    gm_free(tr->dist_bufs), gm_free(tr->dist_n);
+    tr->dist = NULL, tr->dist_bufs = NULL, tr->dist_n = NULL, tr->n_dist_runs = 0;
+    if (gm_dist_world_size(d) == 1) return GM_OK;
+    if (!tr->be->host_visible) {
+        /* device memory: NCCL must serve this backend (a one-float all-reduce says whether it does) */
+        float *probe = tr->params[0].d;
+        GM_TRY(gm_dist_allreduce_backend(d, tr->be, probe, 0, err));
+    }
+    tr->dist_bufs = gm_malloc((size_t)tr->n_params * sizeof *tr->dist_bufs);
+    tr->dist_n = gm_malloc((size_t)tr->n_params * sizeof *tr->dist_n);
+    if (!tr->dist_bufs || !tr->dist_n) {
+        gm_free(tr->dist_bufs), gm_free(tr->dist_n);
+        tr->dist_bufs = NULL, tr->dist_n = NULL;
+        return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    }
+    for (int i = 0; i < tr->n_params; i++) {
+        const gm_train_param *q = &tr->params[i];
+        int k = tr->n_dist_runs;
+        if (k > 0 && tr->dist_bufs[k - 1] + tr->dist_n[k - 1] == q->d) tr->dist_n[k - 1] += (size_t)q->n;
+        else tr->dist_bufs[k] = q->d, tr->dist_n[k] = (size_t)q->n, tr->n_dist_runs++;
+    }
+    tr->dist = d;
+    return GM_OK;
+}
+
 gm_status gm_trainer_step(gm_trainer *tr, const gm_batch *micro, int n_micro, gm_step_stats *st, gm_error *err) {
+    /* Data parallel (tr->dist): this rank's micro-batches are the step's rank*A .. rank*A+A-1
+     * (A = grad_accum), possibly none in a short last step. Every rank runs every collective
+     * below whatever happened locally, so a rank that fails here makes the others fail the
+     * same step instead of blocking in the next all-reduce. */
+    bool dist = tr->dist != NULL;
     int64_t total = 0;
+    gm_status local = GM_OK;
     for (int i = 0; i < n_micro; i++) {
         int64_t n;
         gm_status s = check_batch(tr, &micro[i], &n, err);
         if (s != GM_OK) {
             gm_error_prefix(err, "step %lld, micro-batch %d", (long long)tr->step + 1, i);
-            return s;
+            if (!dist) return s;
+            local = s;
+            break;
         }
         total += n;
     }
-    if (n_micro < 1 || total == 0)
+    if (dist) { /* the supervised tokens of the whole step, and whether any rank refused its share */
+        int64_t v[2] = {total, local != GM_OK};
+        GM_TRY(gm_dist_allreduce_i64(tr->dist, v, 2, GM_DIST_SUM, err));
+        if (local != GM_OK) return local;
+        if (v[1] > 0)
+            return gm_error_set(err, GM_ERR_INVALID, "step %lld: %lld other rank(s) refused their micro-batches (the "
+                                "reason is in their messages)", (long long)tr->step + 1, (long long)v[1]);
+        total = v[0];
+    }
+    if ((n_micro < 1 && !dist) || total == 0)
         return gm_error_set(err, GM_ERR_INVALID, "step %lld has no supervised token", (long long)tr->step + 1);
     gm_trainer_zero_grad(tr);
-    tr->micro = 0;
+    /* dropout keys: the micro-batch's index in the whole step, as in one process */
+    tr->micro = dist ? (int64_t)gm_dist_rank(tr->dist) * tr->o.grad_accum : 0;
     double loss_sum = 0;
-    for (int i = 0; i < n_micro; i++) {
+    for (int i = 0; i < n_micro && local == GM_OK; i++) {
         double ls = 0;
-        GM_TRY(gm_trainer_forward_backward(tr, &micro[i], (float)(1.0 / (double)total), &ls, err));
+        local = gm_trainer_forward_backward(tr, &micro[i], (float)(1.0 / (double)total), &ls, err);
         loss_sum += ls;
+    }
+    if (!dist && local != GM_OK) return local;
+    if (dist) { /* the loss of the whole step, whether any rank failed, then the gradients' sum */
+        double v[2] = {loss_sum, local != GM_OK};
+        GM_TRY(gm_dist_allreduce_f64(tr->dist, v, 2, GM_DIST_SUM, err));
+        if (local != GM_OK) return local;
+        if (v[1] > 0)
+            return gm_error_set(err, GM_ERR_RUNTIME, "step %lld: %g other rank(s) failed in the forward / backward (the "
+                                "reason is in their messages)", (long long)tr->step + 1, v[1]);
+        loss_sum = v[0];
+        GM_TRY(gm_dist_allreduce_many(tr->dist, tr->be, tr->dist_bufs, tr->dist_n, tr->n_dist_runs, NULL, err));
     }
     double loss = loss_sum / (double)total;
     if (!isfinite(loss))

@@ -183,7 +183,23 @@ gm_status gm_trainer_new(const gm_model *m, const gm_train_opts *o, gm_trainer *
 gm_status gm_trainer_new_on(const gm_model *m, const gm_train_opts *o, gm_backend *be, gm_trainer **out, gm_error *err);
 void gm_trainer_free(gm_trainer *tr);
 
-/* One optimizer step over n_micro micro-batches (gradient accumulation). */
+typedef struct gm_dist gm_dist; /* core/dist/gm_dist.h */
+
+/* Data-parallel training (core/dist/gm_dist.h): from now on each gm_trainer_step all-reduces,
+ * over the world `d` (borrowed, must outlive the trainer or the next call), the step's supervised
+ * token count, its loss sum and the trained tensors' gradients (sum), before the non-finite
+ * check, clipping and AdamW, which then run identically on every rank. Each rank passes its
+ * share of the step: rank r the micro-batches r*A .. r*A+A-1 of the step (A = grad_accum; fewer,
+ * or none, in a short last step), so world_size ranks with grad_accum A give the micro-batches,
+ * loss, gradients (up to the order of float sums) and updates of one process with grad_accum
+ * A x world_size. d NULL or of world_size 1: back to one process. GM_ERR_UNSUPPORTED when the
+ * backend's memory is not host memory and d has no NCCL attached for it; GM_ERR_NOMEM. */
+gm_status gm_trainer_set_dist(gm_trainer *tr, gm_dist *d, gm_error *err);
+
+/* One optimizer step over n_micro micro-batches (gradient accumulation). Data parallel: every
+ * rank must call it for every step, with n_micro 0 allowed; a failure on one rank (its batch
+ * refused, a device error) makes every rank's step fail (the others with GM_ERR_INVALID or
+ * GM_ERR_RUNTIME naming how many ranks failed); a failed all-reduce is GM_ERR_DEVICE. */
 gm_status gm_trainer_step(gm_trainer *tr, const gm_batch *micro, int n_micro, gm_step_stats *st, gm_error *err);
 
 /* Forward only: sum of token losses and supervised token count (evaluation; no gradients). */

@@ -4,7 +4,8 @@
  * passes on machines without one; on a GPU machine it is part of the device check script
  * (tests/cuda/device_check.sh). Also the CUDA backend (kernels/cuda/backend.cu): a tiny-model
  * LoRA run and generation on it against the CPU backend - this is the program that links the
- * CUDA backend, so a kernel without its CUDA twin fails to link here.
+ * CUDA backend, so a kernel without its CUDA twin fails to link here. And NCCL (data-parallel
+ * training's device all-reduce, kernels/cuda/dist_nccl.cu) on a world of one process.
  */
 #include "test_util.h"
 
@@ -15,6 +16,7 @@ int main(void) { return gm_test_skip_unless_ci("built without CUDA (nvcc not fou
 #include "gm_backend.h"
 #include "gm_cuda.h"
 #include "gm_decoder.h"
+#include "gm_dist.h"
 #include "gm_model.h"
 #include "gm_train.h"
 #include "kernels.h"
@@ -321,6 +323,37 @@ static void test_backend(void) {
     gm_model_free(m);
 }
 
+/* NCCL on a world of one process (no launcher in the environment): a communicator bound to the
+ * CUDA backend's stream; the sum all-reduce of one rank, of one buffer and of a group of two,
+ * gives back the same floats (the data path of gm_dist_allreduce_many on a device). */
+static void test_nccl(void) {
+#ifdef GM_HAVE_NCCL
+    gm_error err = {0};
+    gm_dist *d = NULL;
+    gm_backend *be = NULL;
+    CHECK_OK(gm_dist_new(&d, &err), &err);
+    CHECK_OK(gm_backend_cuda_new(0, &be, &err), &err);
+    if (!d || !be) return;
+    CHECK(gm_dist_world_size(d) == 1, "nccl: world of one without a launcher (got %d)", gm_dist_world_size(d));
+    CHECK_OK(gm_dist_nccl_attach(d, be, &err), &err);
+    size_t n[2] = {10007, 33};
+    float *h[2] = {host_rand(n[0], 3), host_rand(n[1], 3)}, *o = gm_malloc(n[0] * 4);
+    float *dv[2] = {to_dev(h[0], n[0] * 4), to_dev(h[1], n[1] * 4)};
+    CHECK_OK(gm_dist_allreduce_backend(d, be, dv[0], n[0], &err), &err);
+    from_dev(o, dv[0], n[0] * 4);
+    CHECK(memcmp(o, h[0], n[0] * 4) == 0, "nccl: all-reduce over one rank gives the buffer back");
+    CHECK_OK(gm_dist_allreduce_many(d, be, dv, n, 2, NULL, &err), &err);
+    from_dev(o, dv[1], n[1] * 4);
+    CHECK(memcmp(o, h[1], n[1] * 4) == 0, "nccl: a group of two all-reduces gives the buffers back");
+    gm_cuda_free(dv[0]), gm_cuda_free(dv[1]);
+    gm_free(h[0]), gm_free(h[1]), gm_free(o);
+    gm_dist_free(d); /* destroys the communicator before the backend's stream goes */
+    gm_backend_free(be);
+#else
+    CHECK(0, "nccl: this CUDA build has no NCCL (CMake did not find nccl.h / libnccl beside the CUDA toolkit)");
+#endif
+}
+
 int main(void) {
     if (gm_cuda_device_count() <= 0) return gm_test_skip("no CUDA device");
     printf("device: %s\n", gm_cuda_device_name());
@@ -334,6 +367,7 @@ int main(void) {
     test_matmul_embed(&hc, &dc);
     test_movement(&hc, &dc);
     test_backend();
+    test_nccl();
     gm_cuda_free(dc.scratch);
     gm_free(hc.scratch);
     return gm_test_finish();
