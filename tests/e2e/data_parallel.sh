@@ -138,22 +138,28 @@ expect_run "a write failing on rank 0 alone stops every rank (MPI_Abort) with th
 status=$(h5dump -a /status "wfail/results/tiny/$id.h5" 2>/dev/null | sed -n 's/.*(0): "\(.*\)".*/\1/p')
 [ "$status" = interrupted ] && { pass=$((pass + 1)); echo "ok    rank 0 recorded the trial as interrupted before stopping"; } \
   || { fail=$((fail + 1)); echo "FAIL  the trial's status after the failed write: '$status'"; }
+# signal_rank_after_checkpoint RANK SIGNAL: once rank 0 has written a checkpoint, sends SIGNAL to
+# the child of mpirun ($mpid) whose environment says OMPI_COMM_WORLD_RANK=RANK; sets victim
+signal_rank_after_checkpoint() {
+  victim=""
+  local c
+  for _ in $(seq 1 600); do
+    if ls results/tiny/trial-*.ckpt.h5 > /dev/null 2>&1; then
+      for c in $(pgrep -P $mpid); do
+        tr '\0' '\n' < /proc/$c/environ 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" && victim=$c
+      done
+      [ -n "$victim" ] && kill "$2" "$victim" && break
+    fi
+    kill -0 $mpid 2>/dev/null || break
+    sleep 0.05
+  done
+}
 cd killed
 EPOCHS=8 "${MPIRUN[@]}" -np 2 "$GM" tiny.lua "${LONG[@]}" > run.log 2>&1 &
 mpid=$!
 # rank 1: the child of mpirun whose environment says OMPI_COMM_WORLD_RANK=1; killed once rank 0
 # has written a checkpoint (every 5 steps; 48 steps in all)
-victim=""
-for _ in $(seq 1 600); do
-  if ls results/tiny/trial-*.ckpt.h5 > /dev/null 2>&1; then
-    for c in $(pgrep -P $mpid); do
-      tr '\0' '\n' < /proc/$c/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=1 && victim=$c
-    done
-    [ -n "$victim" ] && kill -9 "$victim" && break
-  fi
-  kill -0 $mpid 2>/dev/null || break
-  sleep 0.05
-done
+signal_rank_after_checkpoint 1 -9
 # the run must end by itself: rank 0 must not wait forever for the dead rank
 ended=""
 for _ in $(seq 1 600); do kill -0 $mpid 2>/dev/null || { ended=1; break; }; sleep 0.1; done
@@ -174,17 +180,7 @@ rm -rf ctrlc && mkdir ctrlc && cp -r data tiny.lua ctrlc/
 cd ctrlc
 EPOCHS=8 "${MPIRUN[@]}" -np 2 "$GM" tiny.lua "${LONG[@]}" > run.log 2>&1 &
 mpid=$!
-victim=""
-for _ in $(seq 1 600); do
-  if ls results/tiny/trial-*.ckpt.h5 > /dev/null 2>&1; then
-    for c in $(pgrep -P $mpid); do
-      tr '\0' '\n' < /proc/$c/environ 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=0 && victim=$c
-    done
-    [ -n "$victim" ] && kill -INT "$victim" && break
-  fi
-  kill -0 $mpid 2>/dev/null || break
-  sleep 0.05
-done
+signal_rank_after_checkpoint 0 -INT
 ended=""
 for _ in $(seq 1 600); do kill -0 $mpid 2>/dev/null || { ended=1; break; }; sleep 0.1; done
 [ -z "$ended" ] && kill -TERM $mpid 2>/dev/null
