@@ -9,6 +9,8 @@
 #     finished trials' files are untouched and everything ends equal to the local run;
 #   - a trial no node can hold is refused by Slurm itself (a partition of a 48 MiB node), with
 #     a message naming the memory asked for and what to change, nothing submitted;
+#   - `srun -n 2` runs one trial data-parallel (the world from Slurm's PMIx environment), equal to one
+#     process with grad_accum 2;
 #   - two processes on one trial: the second leaves it to the first (the trial lock).
 # Without the daemons (not root, packages missing) the test says why: a skip on a developer's
 # machine, a failure under CI. It stops its daemons and jobs on exit.
@@ -258,6 +260,26 @@ sh results/tiny/slurm/submit.sh > bysh.log 2>&1 && rc=0 || rc=$?
 check "its submit.sh, run by hand, stops at the failed sbatch (exit $rc, no tables job)" \
   bash -c "[ $rc != 0 ] && grep -q 'node configuration is not available' bysh.log && ! grep -q 'tables: job' bysh.log"
 cd ..
+
+# ---- a data-parallel trial under srun: the world from Slurm's environment (PMIx) -----------------------
+# 2 ranks x grad_accum 1 train as 1 process x grad_accum 2 (docs/scaling.md): bit-identical here, as in
+# e2e_data_parallel under mpirun (its tolerance table entry allows 1e-5 for longer accumulations)
+if command -v mpirun > /dev/null; then
+  mkdir srun && cp -r data tiny.lua srun/
+  cd srun
+  expect_run "srun -n 2 --mpi=pmix: one trial on 2 ranks, rank 0 writes the tables" 0 "final accuracy.*written: results/tiny.md" \
+    -- timeout 300 srun -n 2 --mpi=pmix --mem=1G "$GM" tiny.lua --trial 1 --threads 1
+  f=$(ls results/tiny/trial-*.h5 | grep -v ckpt | head -1)
+  check "the trial file says world_size 2 over mpi" bash -c "h5dump -a /provenance/world_size $f | grep -q '\"2\"' && h5dump -a /provenance/dist_transport $f | grep -q '\"mpi\"'"
+  mkdir one && cp -r data tiny.lua one/
+  (cd one && "$GM" tiny.lua --trial 1 --threads 1 --set grad_accum=2 > run.log 2>&1)
+  g=$(ls one/results/tiny/trial-*.h5 | grep -v ckpt | head -1)
+  check "it equals one process with grad_accum 2: adapter and loss series (h5diff, no tolerance)" \
+    bash -c "h5diff -q $f $g /adapter /adapter && h5diff -q $f $g /metrics/loss /metrics/loss"
+  cd ..
+else
+  skip_unless_ci "srun with a data-parallel trial: mpirun (Open MPI) is not installed"
+fi
 
 # ---- two processes on one trial -----------------------------------------------------------------------
 mkdir twice && cp -r data tiny.lua twice/
