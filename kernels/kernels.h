@@ -163,6 +163,13 @@ size_t gm_k_attention_scratch_floats(int64_t B, int64_t T, int64_t H, int64_t D,
 void gm_dequant_row(gm_dtype type, const void *src, float *dst, int64_t n);
 /* Row r of any weight view (including NF4 and int8) into dst (w->cols floats), CPU memory. */
 void gm_dequant_wrow(const gm_wview *w, int64_t r, float *dst);
+/* *out = row r of w . x (w->cols floats), fused for the formats where it pays (Q8_0, Q5_0: no
+ * dequantized row written and read back), bit-identical to gm_dequant_wrow followed by
+ * matmul.c's 8-lane dot (test_kernels checks it). Returns false, *out untouched, for other types. */
+bool gm_dot_wrow(const gm_wview *w, int64_t r, const float *x, float *out);
+/* false: gm_dot_wrow runs its baseline x86-64 code even where the CPU has AVX2 (tests compare the
+ * twins; nothing else sets it). Default true. */
+extern bool gm_cpu_simd;
 
 /* Sets the OpenBLAS thread count (once per process; cheap to call again), and on x86 sets
  * flush-to-zero and denormals-are-zero (MXCSR FTZ | DAZ) in the calling thread and in each of the
@@ -173,6 +180,18 @@ void gm_dequant_wrow(const gm_wview *w, int64_t r, float *dst);
  * of the time in sgemm). What it changes: values and gradients below 1.2e-38, far under every
  * tolerance; results stay deterministic. */
 void gm_kernels_set_threads(int n_threads);
+
+/* GM_CPU_CLONES before a hot CPU kernel function: GCC compiles it twice, for baseline x86-64 and
+ * with AVX2, and the dynamic loader picks the clone the CPU runs (function multi-versioning,
+ * target_clones / ifunc). "avx2" does not include FMA, so no multiply-add is contracted and both
+ * clones compute the same bits (test_dequant checks the dispatched clone against ggml's vectors).
+ * Why: the build targets baseline x86-64 (SSE2) to run on any x86-64 CPU; the dequantizers were
+ * 87% of decoding time in scalar SSE2 code (perf, docs/benchmarks.md). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define GM_CPU_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define GM_CPU_CLONES
+#endif
 
 #define GM_KERNEL(name, params, args) void gm_k_##name##_cpu params;
 #include "kernels.def"

@@ -35,6 +35,7 @@
 #include "gm_lua.h"
 #include "gm_lora.h"
 #include "gm_model.h"
+#include "gm_omp.h"
 #include "gm_plan.h"
 #include "gm_quant.h"
 #include "gm_tokenizer.h"
@@ -1238,6 +1239,7 @@ static int cmd_export(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
+    gm_omp_passive_wait_by_default(argv); /* OpenMP waits sleep, not spin: kernels/gm_omp.h */
     record_command_line(argc, argv);
     /* Large buffers (arenas, checkpoint and results images) get their own mappings and go back
      * to the system when freed. Left alone, glibc raises its mmap threshold after the first such

@@ -12,12 +12,13 @@
 #include "gm_status.h"
 #include "gm_omp.h"
 
+#include <stdbool.h>
 #include <string.h>
 
 static inline float h2f(const uint8_t *p) { return gm_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
 
 /* Q8_0 (34 B / 32): d, qs[32] int8.  w = d * q */
-static void dq_q8_0(const uint8_t *b, float *y) {
+GM_CPU_CLONES static void dq_q8_0(const uint8_t *b, float *y) {
     float d = h2f(b);
     const int8_t *q = (const int8_t *)(b + 2);
     for (int e = 0; e < 32; e++) y[e] = d * (float)q[e];
@@ -25,7 +26,7 @@ static void dq_q8_0(const uint8_t *b, float *y) {
 
 /* Q4_0 (18 B / 32): d, qs[16]. Element e<16 = low nibble of qs[e], e>=16 = high nibble of
  * qs[e-16]. w = d * (nibble - 8) */
-static void dq_q4_0(const uint8_t *b, float *y) {
+GM_CPU_CLONES static void dq_q4_0(const uint8_t *b, float *y) {
     float d = h2f(b);
     const uint8_t *qs = b + 2;
     for (int l = 0; l < 16; l++) {
@@ -45,7 +46,7 @@ static void dq_q4_1(const uint8_t *b, float *y) {
 }
 
 /* Q5_0 (22 B / 32): d, qh (u32 LE), qs[16]. q = nibble | (bit e of qh) << 4; w = d * (q - 16) */
-static void dq_q5_0(const uint8_t *b, float *y) {
+GM_CPU_CLONES static void dq_q5_0(const uint8_t *b, float *y) {
     float d = h2f(b);
     uint32_t qh = (uint32_t)b[2] | ((uint32_t)b[3] << 8) | ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 24);
     const uint8_t *qs = b + 6;
@@ -120,7 +121,7 @@ static void scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
 /* Q4_K (144 B / 256): d, dmin, scales[12], qs[128]. Chunk c of 64 uses qs[32c..32c+31]:
  * element 64c+l (l<32) = low nibble, 64c+32+l = high nibble. Sub-block j = e/32.
  * w = d * S_j * q - dmin * M_j */
-static void dq_q4_k(const uint8_t *b, float *y) {
+GM_CPU_CLONES static void dq_q4_k(const uint8_t *b, float *y) {
     float d = h2f(b), dmin = h2f(b + 2);
     const uint8_t *s = b + 4, *qs = b + 16;
     for (int c = 0; c < 4; c++) {
@@ -138,7 +139,7 @@ static void dq_q4_k(const uint8_t *b, float *y) {
 
 /* Q5_K (176 B / 256): d, dmin, scales[12], qh[32], qs[128]. Nibbles as Q4_K; fifth bit of
  * element e = qh[e%32] bit e/32. w = d * S_j * q - dmin * M_j */
-static void dq_q5_k(const uint8_t *b, float *y) {
+GM_CPU_CLONES static void dq_q5_k(const uint8_t *b, float *y) {
     float d = h2f(b), dmin = h2f(b + 2);
     const uint8_t *s = b + 4, *qh = b + 16, *qs = b + 48;
     for (int c = 0; c < 4; c++) {
@@ -160,18 +161,24 @@ static void dq_q5_k(const uint8_t *b, float *y) {
 /* Q6_K (210 B / 256): ql[128], qh[64], scales[16] int8, d. Element e: h = e/128, r = e%128,
  * k = r/32, l = r%32; low4 = nibble (k<2: low, else high) of ql[64h + l + 32(k&1)];
  * high2 = (qh[32h + l] >> 2k) & 3; q = (low4 | high2<<4) - 32; w = d * scales[e/16] * q */
-static void dq_q6_k(const uint8_t *b, float *y) {
+GM_CPU_CLONES static void dq_q6_k(const uint8_t *b, float *y) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
     float d = h2f(b + 208);
-    for (int e = 0; e < 256; e++) {
-        int h = e / 128, r = e % 128, k = r / 32, l = r % 32;
-        uint8_t byte = ql[64 * h + l + 32 * (k & 1)];
-        int low4 = k < 2 ? (byte & 0xF) : (byte >> 4);
-        int high2 = (qh[32 * h + l] >> (2 * k)) & 3;
-        int q = (low4 | (high2 << 4)) - 32;
-        y[e] = d * (float)sc[e / 16] * (float)q;
-    }
+    /* e = 128h + 32k + l, looped so that l runs over 16 contiguous elements of one scale */
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 4; k++)
+            for (int half = 0; half < 2; half++) {
+                int e0 = 128 * h + 32 * k + 16 * half;
+                float ds = d * (float)sc[e0 / 16]; /* (d * scale) * q: the order of the formula */
+                for (int i = 0; i < 16; i++) {
+                    int l = 16 * half + i;
+                    uint8_t byte = ql[64 * h + l + 32 * (k & 1)];
+                    int low4 = k < 2 ? (byte & 0xF) : (byte >> 4);
+                    int high2 = (qh[32 * h + l] >> (2 * k)) & 3;
+                    y[e0 + i] = ds * (float)((low4 | (high2 << 4)) - 32);
+                }
+            }
 }
 
 void gm_dequant_row(gm_dtype type, const void *src, float *dst, int64_t n) {
@@ -259,6 +266,109 @@ void gm_dequant_wrow(const gm_wview *w, int64_t r, float *dst) {
         return;
     }
     default: gm_dequant_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, dst, w->cols);
+    }
+}
+
+/* The sum of dot() in matmul.c: 8 lanes, lane = element index mod 8, combined pairwise. A fused
+ * dot below must use exactly this so that it returns the bits of dequantize-then-dot(). */
+static inline float lanes_sum(const float s[8]) {
+    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+/* Q8_0 row . x without the dequantized row in memory: w = d * q rounded as dq_q8_0 does, then
+ * lane k accumulates x * w in element order, as dot(x, row) does (a block of 32 is 4 x 8 lanes).
+ * The AVX2 twin does the same operations 8 lanes at a time: the same bits. */
+static float dot_q8_0(const uint8_t *row, const float *x, int64_t K) {
+    float s[8] = {0};
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *blk = row + 34 * b;
+        float d = h2f(blk);
+        const int8_t *q = (const int8_t *)(blk + 2);
+        const float *xb = x + 32 * b;
+        for (int i = 0; i < 32; i += 8)
+            for (int k = 0; k < 8; k++) s[k] += xb[i + k] * (d * (float)q[i + k]);
+    }
+    return lanes_sum(s);
+}
+
+/* Q5_0 row . x, fused the same way (element layout: dq_q5_0). */
+static float dot_q5_0(const uint8_t *row, const float *x, int64_t K) {
+    float s[8] = {0};
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *blk = row + 22 * b;
+        float d = h2f(blk);
+        uint32_t qh = (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) | ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24);
+        const uint8_t *qs = blk + 6;
+        const float *xb = x + 32 * b;
+        for (int e = 0; e < 32; e++) {
+            int l = e & 15;
+            int q = e < 16 ? (qs[l] & 0xF) | (int)(((qh >> e) & 1u) << 4) : (qs[l] >> 4) | (int)(((qh >> e) & 1u) << 4);
+            s[e & 7] += xb[e] * (d * (float)(q - 16));
+        }
+    }
+    return lanes_sum(s);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define GM_HAVE_AVX2_DOTS 1
+__attribute__((target("avx2"))) static inline float lanes_sum_avx2(__m256 acc) {
+    float s[8];
+    _mm256_storeu_ps(s, acc);
+    return lanes_sum(s);
+}
+
+__attribute__((target("avx2"))) static float dot_q8_0_avx2(const uint8_t *row, const float *x, int64_t K) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *blk = row + 34 * b;
+        __m256 d = _mm256_set1_ps(h2f(blk));
+        for (int i = 0; i < 32; i += 8) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + i)));
+            __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + 32 * b + i), w));
+        }
+    }
+    return lanes_sum_avx2(acc);
+}
+
+__attribute__((target("avx2"))) static float dot_q5_0_avx2(const uint8_t *row, const float *x, int64_t K) {
+    __m256 acc = _mm256_setzero_ps();
+    const __m256i lo_shift = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), mask4 = _mm256_set1_epi32(0xF);
+    const __m256i one = _mm256_set1_epi32(1), sixteen = _mm256_set1_epi32(16);
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *blk = row + 22 * b;
+        __m256 d = _mm256_set1_ps(h2f(blk));
+        uint32_t qh32 = (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) | ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24);
+        __m256i qh = _mm256_set1_epi32((int)qh32);
+        for (int i = 0; i < 32; i += 8) { /* elements i..i+7 */
+            int l = i & 15;
+            __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 6 + l)));
+            __m256i nib = i < 16 ? _mm256_and_si256(bytes, mask4) : _mm256_srli_epi32(bytes, 4);
+            __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(qh, _mm256_add_epi32(lo_shift, _mm256_set1_epi32(i))), one);
+            __m256i q = _mm256_sub_epi32(_mm256_or_si256(nib, _mm256_slli_epi32(hb, 4)), sixteen);
+            __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + 32 * b + i), w));
+        }
+    }
+    return lanes_sum_avx2(acc);
+}
+#endif
+
+bool gm_cpu_simd = true;
+
+bool gm_dot_wrow(const gm_wview *w, int64_t r, const float *x, float *out) {
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+#ifdef GM_HAVE_AVX2_DOTS
+    /* __builtin_cpu_supports reads what libgcc's constructor found: a load, no cpuid */
+    bool avx2 = gm_cpu_simd && __builtin_cpu_supports("avx2");
+    if (avx2 && w->type == GM_Q8_0) return *out = dot_q8_0_avx2(row, x, w->cols), true;
+    if (avx2 && w->type == GM_Q5_0) return *out = dot_q5_0_avx2(row, x, w->cols), true;
+#endif
+    switch (w->type) {
+    case GM_Q8_0: *out = dot_q8_0(row, x, w->cols); return true;
+    case GM_Q5_0: *out = dot_q5_0(row, x, w->cols); return true;
+    default: return false;
     }
 }
 

@@ -51,7 +51,7 @@ void gm_kernels_set_threads(int n_threads) {
 
 /* Dot product with 8 independent partial sums so the compiler can vectorize without
  * reassociation flags; deterministic for a given n. */
-static float dot(const float *a, const float *b, int64_t n) {
+GM_CPU_CLONES static float dot(const float *a, const float *b, int64_t n) {
     float s[8] = {0};
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
@@ -78,6 +78,11 @@ void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const g
             float *row = ctx->scratch + (size_t)omp_get_thread_num() * (size_t)K;
         GM_PRAGMA(omp for schedule(static))
             for (int64_t n = 0; n < N; n++) {
+                float v1;
+                if (M == 1 && gm_dot_wrow(w, n, x, &v1)) { /* decoding: fused, same bits */
+                    out[n] = beta != 0.0f ? out[n] + v1 : v1;
+                    continue;
+                }
                 gm_dequant_wrow(w, n, row);
                 for (int64_t m = 0; m < M; m++) {
                     float v = dot(x + m * K, row, K);

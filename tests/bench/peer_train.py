@@ -28,6 +28,10 @@ def main():
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--ckpt", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--attn", default="eager", choices=["eager", "sdpa"])
+    ap.add_argument("--autocast", default="none", choices=["none", "bf16"],
+                    help="bf16: torch.autocast('cpu', bfloat16) around the forward (oneDNN bf16 kernels "
+                         "where the CPU has them)")
     a = ap.parse_args()
 
     import torch
@@ -39,7 +43,7 @@ def main():
     torch.manual_seed(0)
     d, f = os.path.split(a.gguf)
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float32,
-                                                 attn_implementation="eager")
+                                                 attn_implementation=a.attn)
     if a.ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -55,14 +59,15 @@ def main():
         ids = torch.randint(1000, 200000, (a.batch, a.max_len), generator=g)
         ids[:, 0] = 2  # <bos>
         t0 = time.perf_counter()
-        out = model(input_ids=ids, labels=ids, use_cache=False)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.autocast == "bf16"):
+            out = model(input_ids=ids, labels=ids, use_cache=False)
         out.loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         if s > 0:  # step 0 is the warm-up, as in train_step.lua
             times.append(time.perf_counter() - t0)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    print(f"| transformers {transformers.__version__} + peft {peft.__version__} (f32) | "
+    print(f"| transformers {transformers.__version__} + peft {peft.__version__} (f32, {a.attn}{', bf16 autocast' if a.autocast == 'bf16' else ''}) | "
           f"{'on' if a.ckpt else 'off'} | {a.rank} | {a.batch} | {a.max_len} | "
           f"{statistics.median(times):.2f} | {peak:.1f} |")
 

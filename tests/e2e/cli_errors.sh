@@ -7,6 +7,12 @@ MODEL=$(real_model) || { echo "0 passed, 1 failed"; exit 1; }
 
 expect_run "unknown command" 2 "unknown command 'frobnicate'" -- "$GM" frobnicate
 expect_run "help" 0 "usage:" -- "$GM" --help
+# OpenMP threads wait passively unless the user chose (kernels/gm_omp.h: spinning waits made a
+# step 3.9x slower beside one busy process); libgomp prints what it read at start-up (its default
+# also prints PASSIVE, with a spin count of 300000: the spin count is what tells)
+expect_run "OpenMP waits are passive by default" 0 "GOMP_SPINCOUNT = '0'" -- env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=verbose "$GM" --version
+expect_run "OMP_WAIT_POLICY set by the user is kept" 0 "OMP_WAIT_POLICY = 'ACTIVE'" -- env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active OMP_DISPLAY_ENV=true "$GM" --version
+expect_run "GOMP_SPINCOUNT set by the user is kept" 0 "GOMP_SPINCOUNT = '1234'" -- env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=1234 OMP_DISPLAY_ENV=verbose "$GM" --version
 expect_run "inspect: missing file" 2 "/no/such/model.gguf: no such file" -- "$GM" inspect /no/such/model.gguf
 expect_run "inspect: missing config key" 2 "config.json: missing key 'head_dim'" -- "$GM" inspect tests/ref/bad/missing_key
 expect_run "inspect: weights do not match config" 2 "tensor 'model.layers.0.mlp.gate_proj.weight' has shape \[128, 64\], but the config implies \[100, 64\]" -- "$GM" inspect tests/ref/bad/shape_mismatch

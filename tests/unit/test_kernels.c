@@ -300,6 +300,44 @@ static void test_threads_deterministic(void) {
     gm_free(wf), gm_free(x), gm_free(w), gm_free(o1), gm_free(o2), gm_free(k.scratch);
 }
 
+/* Decoding (M = 1) takes the fused row dot (gm_dot_wrow) for Q8_0 and Q5_0: it must return the
+ * bits of the dequantize-then-dot path that M = 2 takes, with the AVX2 twin and with the baseline
+ * code, at block counts that are not a multiple of anything (K = 32 .. 672), with accumulation. */
+static void test_fused_gemv(void) {
+    gm_dtype types[] = {GM_Q8_0, GM_Q5_0, GM_Q6_K};
+    int64_t Ks[] = {32, 96, 256, 672}, N = 37;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+            int64_t K = Ks[ki];
+            if (K % gm_dtype_get(types[t])->block_size) continue;
+            float *wf = rnd(N * K, 0.5f), *x1 = rnd(K, 1.0f), *x2 = gm_malloc((size_t)(2 * K) * 4);
+            memcpy(x2, x1, (size_t)K * 4), memcpy(x2 + K, x1, (size_t)K * 4);
+            size_t rb;
+            void *w = encode_weight(types[t], wf, N, K, &rb);
+            gm_kctx k = make_ctx(2, gm_k_matmul_scratch_floats(types[t], N, K, 2));
+            gm_wview wv = {types[t], w, rb, N, K, 0, 0, 0.0f, 0};
+            float *o2 = gm_malloc((size_t)(2 * N) * 4), *o1 = gm_malloc((size_t)N * 4), *o1b = gm_malloc((size_t)N * 4);
+            gm_k_matmul_fwd_cpu(&k, o2, x2, &wv, 2, 0.0f);
+            for (int simd = 1; simd >= 0; simd--) {
+                gm_cpu_simd = simd != 0;
+                gm_k_matmul_fwd_cpu(&k, o1, x1, &wv, 1, 0.0f);
+                for (int64_t n = 0; n < N; n++) o1b[n] = 0.25f;
+                gm_k_matmul_fwd_cpu(&k, o1b, x1, &wv, 1, 1.0f);
+                size_t bad = 0, bad_acc = 0;
+                for (int64_t n = 0; n < N; n++) {
+                    bad += memcmp(&o1[n], &o2[n], 4) != 0 || memcmp(&o1[n], &o2[N + n], 4) != 0;
+                    float want = 0.25f + o2[n];
+                    bad_acc += memcmp(&o1b[n], &want, 4) != 0;
+                }
+                CHECK(bad == 0 && bad_acc == 0, "fused GEMV %s K=%lld (%s): %zu of %lld rows differ from dequantize-then-dot, "
+                      "%zu with accumulation", gm_dtype_name(types[t]), (long long)K, simd ? "dispatched" : "baseline",
+                      bad, (long long)N, bad_acc);
+            }
+            gm_cpu_simd = true;
+            gm_free(wf), gm_free(x1), gm_free(x2), gm_free(w), gm_free(o1), gm_free(o1b), gm_free(o2), gm_free(k.scratch);
+        }
+}
+
 /* fill, row gather / scatter, KV-cache store, log-sum-exp finish (kernels/cpu/movement.c), against
  * loops written from the contracts in kernels.h. */
 static void test_movement(void) {
@@ -347,5 +385,6 @@ int main(void) {
     test_matmul();
     test_embed();
     test_threads_deterministic();
+    test_fused_gemv();
     return gm_test_finish();
 }

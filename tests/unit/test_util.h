@@ -44,8 +44,12 @@
 #define TOL_REAL_LSE_ABS 2e-4
 /* The real 270M's training loss at initialization (training forward, chunked f32 online
  * log-sum-exp) vs the mean cross-entropy from the decoder's logits with a double log-softmax over
- * all 262,144 entries (test_train_model, 8 fortunes, 2026-12-02): measured 1.7e-8 relative; 6x. */
-#define TOL_REAL_LOSS_F64_REL 1e-7
+ * all 262,144 entries (test_train_model, 8 fortunes): measured 1.7e-8 relative on an AVX-512 CPU
+ * (2026-12-02) and 1.04e-7 on an AVX2-only one (2026-12-04: OpenBLAS's Haswell sgemm rounds
+ * otherwise; the same bits with the binaries before and after that day's kernel changes); 3x the
+ * larger. f32 has 6e-8 relative precision: this is a few roundings of the mean loss, while a
+ * token or a vocabulary chunk missing from either side moves it by more than 1e-4. */
+#define TOL_REAL_LOSS_F64_REL 3e-7
 /* LoRA training of the tiny Gemma 3 vs. PEFT (+ bitsandbytes NF4) on CPU, f32 both sides
  * (tests/unit/test_train.c, fixture tests/ref/lora_ref.h5 on tiny_gemma3_lora: loss 6.6 nats near
  * ln 512, no saturated target; and tiny_gemma3_v9k, 9,000 x 560 logits in 2 x 2 LM chunks).
