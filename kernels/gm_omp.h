@@ -59,9 +59,9 @@
  * Why: libgomp's default spins up to 300,000 iterations before sleeping. When another process
  * holds a core, the thread that finished its share spins on the CPU the unfinished one needs,
  * every parallel region waits for a descheduled thread, and a training step of the 270M went from
- * 4.1 s to 15.9 s beside one busy process (3.9x); with passive waits 7.6 s (1.9x; the fair share
- * of 2 cores among 3 busy threads is 1.5x), and the quiet machine is no slower (3.85-4.38 s vs
- * 4.08-4.60 s, interleaved runs; tests/bench/bench_busy.sh, docs/benchmarks.md).
+ * 4.75 s to 18.0 s beside one busy process (3.8x); with passive waits 3.99 s to 8.80 s (2.2x; the
+ * fair share of 2 cores among 3 busy threads is 1.5x), and the quiet machine is no slower
+ * (tests/bench/bench_busy.sh, one run, 2026-12-04; docs/benchmarks.md).
  * How: libgomp reads its environment once, in its constructor, before main() runs, and has no
  * call to change the policy later. Setting the variable from the executable's .preinit_array does
  * not work with glibc (libc's own start-up then resets environ to the original block), so the

@@ -163,10 +163,21 @@ size_t gm_k_attention_scratch_floats(int64_t B, int64_t T, int64_t H, int64_t D,
 void gm_dequant_row(gm_dtype type, const void *src, float *dst, int64_t n);
 /* Row r of any weight view (including NF4 and int8) into dst (w->cols floats), CPU memory. */
 void gm_dequant_wrow(const gm_wview *w, int64_t r, float *dst);
-/* *out = row r of w . x (w->cols floats), fused for the formats where it pays (Q8_0, Q5_0: no
- * dequantized row written and read back), bit-identical to gm_dequant_wrow followed by
- * matmul.c's 8-lane dot (test_kernels checks it). Returns false, *out untouched, for other types. */
+/* *out = row r of w . x (w->cols floats), fused for the formats of Gemma's Q4_K_M files (Q8_0, Q5_0,
+ * Q4_K, Q6_K: no dequantized row written and read back), bit-identical to gm_dequant_wrow followed
+ * by matmul.c's dot, summed in gm_lanes_sum32's order (test_kernels checks it). Returns false, *out
+ * untouched, for other types. */
 bool gm_dot_wrow(const gm_wview *w, int64_t r, const float *x, float *out);
+/* The summation order of every CPU dot product of the GEMV path (matmul.c's dot, gm_dot_wrow): element
+ * e goes to lane e mod 32 in increasing e, then the lanes are halved, s[k] += s[k + w] for w = 16, 8,
+ * 4, 2, 1. 32 lanes are four independent 8-wide AVX2 accumulators, so the adds do not wait on each
+ * other (one accumulator made decoding add-latency bound), and a block of 32 quantized weights is
+ * exactly one round. */
+static inline float gm_lanes_sum32(float s[32]) {
+    for (int w = 16; w >= 1; w /= 2)
+        for (int k = 0; k < w; k++) s[k] += s[k + w];
+    return s[0];
+}
 /* false: gm_dot_wrow runs its baseline x86-64 code even where the CPU has AVX2 (tests compare the
  * twins; nothing else sets it). Default true. */
 extern bool gm_cpu_simd;
@@ -185,8 +196,9 @@ void gm_kernels_set_threads(int n_threads);
  * with AVX2, and the dynamic loader picks the clone the CPU runs (function multi-versioning,
  * target_clones / ifunc). "avx2" does not include FMA, so no multiply-add is contracted and both
  * clones compute the same bits (test_dequant checks the dispatched clone against ggml's vectors).
- * Why: the build targets baseline x86-64 (SSE2) to run on any x86-64 CPU; the dequantizers were
- * 87% of decoding time in scalar SSE2 code (perf, docs/benchmarks.md). */
+ * Why: the build targets baseline x86-64 (SSE2) to run on any x86-64 CPU; the dequantizers and
+ * the dot were 89% of decoding time in that code (perf of bench_forward, 2026-12-04;
+ * docs/benchmarks.md). */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define GM_CPU_CLONES __attribute__((target_clones("avx2", "default")))
 #else

@@ -269,87 +269,183 @@ void gm_dequant_wrow(const gm_wview *w, int64_t r, float *dst) {
     }
 }
 
-/* The sum of dot() in matmul.c: 8 lanes, lane = element index mod 8, combined pairwise. A fused
- * dot below must use exactly this so that it returns the bits of dequantize-then-dot(). */
-static inline float lanes_sum(const float s[8]) {
-    return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-}
-
 /* Q8_0 row . x without the dequantized row in memory: w = d * q rounded as dq_q8_0 does, then
- * lane k accumulates x * w in element order, as dot(x, row) does (a block of 32 is 4 x 8 lanes).
- * The AVX2 twin does the same operations 8 lanes at a time: the same bits. */
+ * x * w summed in matmul.c's dot() order (gm_lanes_sum32: a block of 32 is one round of the 32
+ * lanes). The AVX2 twin does the same operations 8 lanes at a time: the same bits. */
 static float dot_q8_0(const uint8_t *row, const float *x, int64_t K) {
-    float s[8] = {0};
+    float s[32] = {0};
     for (int64_t b = 0; b < K / 32; b++) {
         const uint8_t *blk = row + 34 * b;
         float d = h2f(blk);
         const int8_t *q = (const int8_t *)(blk + 2);
-        const float *xb = x + 32 * b;
-        for (int i = 0; i < 32; i += 8)
-            for (int k = 0; k < 8; k++) s[k] += xb[i + k] * (d * (float)q[i + k]);
+        for (int e = 0; e < 32; e++) s[e] += x[32 * b + e] * (d * (float)q[e]);
     }
-    return lanes_sum(s);
+    return gm_lanes_sum32(s);
 }
 
 /* Q5_0 row . x, fused the same way (element layout: dq_q5_0). */
 static float dot_q5_0(const uint8_t *row, const float *x, int64_t K) {
-    float s[8] = {0};
+    float s[32] = {0};
     for (int64_t b = 0; b < K / 32; b++) {
         const uint8_t *blk = row + 22 * b;
         float d = h2f(blk);
         uint32_t qh = (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) | ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24);
         const uint8_t *qs = blk + 6;
-        const float *xb = x + 32 * b;
         for (int e = 0; e < 32; e++) {
             int l = e & 15;
-            int q = e < 16 ? (qs[l] & 0xF) | (int)(((qh >> e) & 1u) << 4) : (qs[l] >> 4) | (int)(((qh >> e) & 1u) << 4);
-            s[e & 7] += xb[e] * (d * (float)(q - 16));
+            int q = (e < 16 ? (qs[l] & 0xF) : (qs[l] >> 4)) | (int)(((qh >> e) & 1u) << 4);
+            s[e] += x[32 * b + e] * (d * (float)(q - 16));
         }
     }
-    return lanes_sum(s);
+    return gm_lanes_sum32(s);
+}
+
+/* Q4_K row . x (layout and formula: dq_q4_k; each sub-block of 32 is one round of the lanes). */
+static float dot_q4_k(const uint8_t *row, const float *x, int64_t K) {
+    float s[32] = {0};
+    for (int64_t b = 0; b < K / 256; b++) {
+        const uint8_t *blk = row + 144 * b, *sc = blk + 4, *qs = blk + 16;
+        float d = h2f(blk), dmin = h2f(blk + 2);
+        const float *xb = x + 256 * b;
+        for (int c = 0; c < 4; c++) {
+            int sc0, m0, sc1, m1;
+            scale_min_k4(2 * c, sc, &sc0, &m0);
+            scale_min_k4(2 * c + 1, sc, &sc1, &m1);
+            float d0 = d * (float)sc0, mm0 = dmin * (float)m0, d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+            for (int l = 0; l < 32; l++) s[l] += xb[64 * c + l] * (d0 * (float)(qs[32 * c + l] & 0xF) - mm0);
+            for (int l = 0; l < 32; l++) s[l] += xb[64 * c + 32 + l] * (d1 * (float)(qs[32 * c + l] >> 4) - mm1);
+        }
+    }
+    return gm_lanes_sum32(s);
+}
+
+/* Q6_K row . x (layout and formula: dq_q6_k; e = 128h + 32k + l, one round of the lanes per (h, k)). */
+static float dot_q6_k(const uint8_t *row, const float *x, int64_t K) {
+    float s[32] = {0};
+    for (int64_t b = 0; b < K / 256; b++) {
+        const uint8_t *blk = row + 210 * b, *ql = blk, *qh = blk + 128;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        float d = h2f(blk + 208);
+        const float *xb = x + 256 * b;
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 4; k++) {
+                int e0 = 128 * h + 32 * k;
+                float ds0 = d * (float)sc[e0 / 16], ds1 = d * (float)sc[e0 / 16 + 1];
+                for (int l = 0; l < 32; l++) {
+                    uint8_t byte = ql[64 * h + l + 32 * (k & 1)];
+                    int low4 = k < 2 ? (byte & 0xF) : (byte >> 4);
+                    int high2 = (qh[32 * h + l] >> (2 * k)) & 3;
+                    s[l] += xb[e0 + l] * ((l < 16 ? ds0 : ds1) * (float)((low4 | (high2 << 4)) - 32));
+                }
+            }
+    }
+    return gm_lanes_sum32(s);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define GM_HAVE_AVX2_DOTS 1
-__attribute__((target("avx2"))) static inline float lanes_sum_avx2(__m256 acc) {
-    float s[8];
-    _mm256_storeu_ps(s, acc);
-    return lanes_sum(s);
+#define AVX2_F16C __attribute__((target("avx2,f16c")))
+/* the 32 lanes as four 8-wide accumulators, reduced in gm_lanes_sum32's order */
+AVX2_F16C static inline float lanes_sum_avx2(const __m256 acc[4]) {
+    float s[32];
+    for (int j = 0; j < 4; j++) _mm256_storeu_ps(s + 8 * j, acc[j]);
+    return gm_lanes_sum32(s);
 }
 
-__attribute__((target("avx2"))) static float dot_q8_0_avx2(const uint8_t *row, const float *x, int64_t K) {
-    __m256 acc = _mm256_setzero_ps();
+/* f16 -> f32 in one instruction (F16C; every AVX2 CPU has it): exact, as gm_f16_to_f32 */
+AVX2_F16C static inline float h2f_f16c(const uint8_t *p) { return _cvtsh_ss((unsigned short)(p[0] | (p[1] << 8))); }
+
+AVX2_F16C static float dot_q8_0_avx2(const uint8_t *row, const float *x, int64_t K) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t b = 0; b < K / 32; b++) {
         const uint8_t *blk = row + 34 * b;
-        __m256 d = _mm256_set1_ps(h2f(blk));
-        for (int i = 0; i < 32; i += 8) {
-            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + i)));
+        __m256 d = _mm256_set1_ps(h2f_f16c(blk));
+        for (int j = 0; j < 4; j++) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + 8 * j)));
             __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + 32 * b + i), w));
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_loadu_ps(x + 32 * b + 8 * j), w));
         }
     }
     return lanes_sum_avx2(acc);
 }
 
-__attribute__((target("avx2"))) static float dot_q5_0_avx2(const uint8_t *row, const float *x, int64_t K) {
-    __m256 acc = _mm256_setzero_ps();
-    const __m256i lo_shift = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), mask4 = _mm256_set1_epi32(0xF);
+AVX2_F16C static float dot_q5_0_avx2(const uint8_t *row, const float *x, int64_t K) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), mask4 = _mm256_set1_epi32(0xF);
     const __m256i one = _mm256_set1_epi32(1), sixteen = _mm256_set1_epi32(16);
     for (int64_t b = 0; b < K / 32; b++) {
         const uint8_t *blk = row + 22 * b;
-        __m256 d = _mm256_set1_ps(h2f(blk));
+        __m256 d = _mm256_set1_ps(h2f_f16c(blk));
         uint32_t qh32 = (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) | ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24);
         __m256i qh = _mm256_set1_epi32((int)qh32);
-        for (int i = 0; i < 32; i += 8) { /* elements i..i+7 */
-            int l = i & 15;
+        for (int j = 0; j < 4; j++) { /* elements 8j .. 8j+7 */
+            int e0 = 8 * j, l = e0 & 15;
             __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 6 + l)));
-            __m256i nib = i < 16 ? _mm256_and_si256(bytes, mask4) : _mm256_srli_epi32(bytes, 4);
-            __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(qh, _mm256_add_epi32(lo_shift, _mm256_set1_epi32(i))), one);
+            __m256i nib = e0 < 16 ? _mm256_and_si256(bytes, mask4) : _mm256_srli_epi32(bytes, 4);
+            __m256i hb = _mm256_and_si256(_mm256_srlv_epi32(qh, _mm256_add_epi32(lane, _mm256_set1_epi32(e0))), one);
             __m256i q = _mm256_sub_epi32(_mm256_or_si256(nib, _mm256_slli_epi32(hb, 4)), sixteen);
             __m256 w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(q));
-            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(x + 32 * b + i), w));
+            acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_loadu_ps(x + 32 * b + e0), w));
         }
+    }
+    return lanes_sum_avx2(acc);
+}
+
+/* 8 bytes at p widened to 8 x int32 */
+AVX2_F16C static inline __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+
+AVX2_F16C static float dot_q4_k_avx2(const uint8_t *row, const float *x, int64_t K) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i mask4 = _mm256_set1_epi32(0xF);
+    for (int64_t b = 0; b < K / 256; b++) {
+        const uint8_t *blk = row + 144 * b, *sc = blk + 4, *qs = blk + 16;
+        float d = h2f_f16c(blk), dmin = h2f_f16c(blk + 2);
+        const float *xb = x + 256 * b;
+        for (int c = 0; c < 4; c++) {
+            int sc0, m0, sc1, m1;
+            scale_min_k4(2 * c, sc, &sc0, &m0);
+            scale_min_k4(2 * c + 1, sc, &sc1, &m1);
+            __m256 d0 = _mm256_set1_ps(d * (float)sc0), mm0 = _mm256_set1_ps(dmin * (float)m0);
+            __m256 d1 = _mm256_set1_ps(d * (float)sc1), mm1 = _mm256_set1_ps(dmin * (float)m1);
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_and_si256(u8x8(qs + 32 * c + 8 * j), mask4);
+                __m256 w = _mm256_sub_ps(_mm256_mul_ps(d0, _mm256_cvtepi32_ps(q)), mm0);
+                acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_loadu_ps(xb + 64 * c + 8 * j), w));
+            }
+            for (int j = 0; j < 4; j++) {
+                __m256i q = _mm256_srli_epi32(u8x8(qs + 32 * c + 8 * j), 4);
+                __m256 w = _mm256_sub_ps(_mm256_mul_ps(d1, _mm256_cvtepi32_ps(q)), mm1);
+                acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_loadu_ps(xb + 64 * c + 32 + 8 * j), w));
+            }
+        }
+    }
+    return lanes_sum_avx2(acc);
+}
+
+AVX2_F16C static float dot_q6_k_avx2(const uint8_t *row, const float *x, int64_t K) {
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i mask4 = _mm256_set1_epi32(0xF), three = _mm256_set1_epi32(3), k32 = _mm256_set1_epi32(32);
+    for (int64_t b = 0; b < K / 256; b++) {
+        const uint8_t *blk = row + 210 * b, *ql = blk, *qh = blk + 128;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        float d = h2f_f16c(blk + 208);
+        const float *xb = x + 256 * b;
+        for (int h = 0; h < 2; h++)
+            for (int k = 0; k < 4; k++) {
+                int e0 = 128 * h + 32 * k;
+                __m256 ds0 = _mm256_set1_ps(d * (float)sc[e0 / 16]), ds1 = _mm256_set1_ps(d * (float)sc[e0 / 16 + 1]);
+                __m128i shift = _mm_cvtsi32_si128(2 * k);
+                for (int j = 0; j < 4; j++) {
+                    int l = 8 * j;
+                    __m256i lo = u8x8(ql + 64 * h + l + 32 * (k & 1));
+                    lo = k < 2 ? _mm256_and_si256(lo, mask4) : _mm256_srli_epi32(lo, 4);
+                    __m256i hi = _mm256_and_si256(_mm256_srl_epi32(u8x8(qh + 32 * h + l), shift), three);
+                    __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), k32);
+                    __m256 w = _mm256_mul_ps(j < 2 ? ds0 : ds1, _mm256_cvtepi32_ps(q));
+                    acc[j] = _mm256_add_ps(acc[j], _mm256_mul_ps(_mm256_loadu_ps(xb + e0 + l), w));
+                }
+            }
     }
     return lanes_sum_avx2(acc);
 }
@@ -361,13 +457,17 @@ bool gm_dot_wrow(const gm_wview *w, int64_t r, const float *x, float *out) {
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
 #ifdef GM_HAVE_AVX2_DOTS
     /* __builtin_cpu_supports reads what libgcc's constructor found: a load, no cpuid */
-    bool avx2 = gm_cpu_simd && __builtin_cpu_supports("avx2");
+    bool avx2 = gm_cpu_simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
     if (avx2 && w->type == GM_Q8_0) return *out = dot_q8_0_avx2(row, x, w->cols), true;
     if (avx2 && w->type == GM_Q5_0) return *out = dot_q5_0_avx2(row, x, w->cols), true;
+    if (avx2 && w->type == GM_Q4_K) return *out = dot_q4_k_avx2(row, x, w->cols), true;
+    if (avx2 && w->type == GM_Q6_K) return *out = dot_q6_k_avx2(row, x, w->cols), true;
 #endif
     switch (w->type) {
     case GM_Q8_0: *out = dot_q8_0(row, x, w->cols); return true;
     case GM_Q5_0: *out = dot_q5_0(row, x, w->cols); return true;
+    case GM_Q4_K: *out = dot_q4_k(row, x, w->cols); return true;
+    case GM_Q6_K: *out = dot_q6_k(row, x, w->cols); return true;
     default: return false;
     }
 }

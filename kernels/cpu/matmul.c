@@ -49,16 +49,15 @@ void gm_kernels_set_threads(int n_threads) {
     }
 }
 
-/* Dot product with 8 independent partial sums so the compiler can vectorize without
- * reassociation flags; deterministic for a given n. */
+/* Dot product in 32 independent lanes (gm_lanes_sum32: why and the order), so the compiler
+ * vectorizes it without reassociation flags; deterministic for a given n. */
 GM_CPU_CLONES static float dot(const float *a, const float *b, int64_t n) {
-    float s[8] = {0};
+    float s[32] = {0};
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) s[k] += a[i + k] * b[i + k];
-    float r = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
-    for (; i < n; i++) r += a[i] * b[i];
-    return r;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 32; k++) s[k] += a[i + k] * b[i + k];
+    for (int k = 0; i < n; i++, k++) s[k] += a[i] * b[i];
+    return gm_lanes_sum32(s);
 }
 
 void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const gm_wview *w, int64_t M,

@@ -300,12 +300,13 @@ static void test_threads_deterministic(void) {
     gm_free(wf), gm_free(x), gm_free(w), gm_free(o1), gm_free(o2), gm_free(k.scratch);
 }
 
-/* Decoding (M = 1) takes the fused row dot (gm_dot_wrow) for Q8_0 and Q5_0: it must return the
- * bits of the dequantize-then-dot path that M = 2 takes, with the AVX2 twin and with the baseline
- * code, at block counts that are not a multiple of anything (K = 32 .. 672), with accumulation. */
+/* Decoding (M = 1) takes the fused row dot (gm_dot_wrow) for Q8_0, Q5_0, Q4_K and Q6_K: it must
+ * return the bits of the dequantize-then-dot path that M = 2 takes, with the AVX2 twin and with the
+ * baseline code, at block counts that are not a multiple of anything (K = 32 .. 768), with
+ * accumulation. */
 static void test_fused_gemv(void) {
-    gm_dtype types[] = {GM_Q8_0, GM_Q5_0, GM_Q6_K};
-    int64_t Ks[] = {32, 96, 256, 672}, N = 37;
+    gm_dtype types[] = {GM_Q8_0, GM_Q5_0, GM_Q4_K, GM_Q6_K, GM_Q5_K /* not fused: the same check holds */};
+    int64_t Ks[] = {32, 96, 256, 672, 768}, N = 37;
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
             int64_t K = Ks[ki];
