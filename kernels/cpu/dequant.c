@@ -118,6 +118,15 @@ static void scale_min_k4(int j, const uint8_t *s, int *sc, int *m) {
     }
 }
 
+/* The two sub-blocks of chunk c (elements 64c .. 64c+63) of a Q4_K / Q5_K block, whose 12 scale
+ * bytes start at s: f[0] = d * S_2c, f[1] = dmin * M_2c, f[2] = d * S_2c+1, f[3] = dmin * M_2c+1. */
+static inline void k4_chunk_scales(const uint8_t *s, int c, float d, float dmin, float f[4]) {
+    int sc0, m0, sc1, m1;
+    scale_min_k4(2 * c, s, &sc0, &m0);
+    scale_min_k4(2 * c + 1, s, &sc1, &m1);
+    f[0] = d * (float)sc0, f[1] = dmin * (float)m0, f[2] = d * (float)sc1, f[3] = dmin * (float)m1;
+}
+
 /* Q4_K (144 B / 256): d, dmin, scales[12], qs[128]. Chunk c of 64 uses qs[32c..32c+31]:
  * element 64c+l (l<32) = low nibble, 64c+32+l = high nibble. Sub-block j = e/32.
  * w = d * S_j * q - dmin * M_j */
@@ -125,11 +134,9 @@ GM_CPU_CLONES static void dq_q4_k(const uint8_t *b, float *y) {
     float d = h2f(b), dmin = h2f(b + 2);
     const uint8_t *s = b + 4, *qs = b + 16;
     for (int c = 0; c < 4; c++) {
-        int sc0, m0, sc1, m1;
-        scale_min_k4(2 * c, s, &sc0, &m0);
-        scale_min_k4(2 * c + 1, s, &sc1, &m1);
-        float d0 = d * (float)sc0, mm0 = dmin * (float)m0;
-        float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+        float f[4];
+        k4_chunk_scales(s, c, d, dmin, f);
+        float d0 = f[0], mm0 = f[1], d1 = f[2], mm1 = f[3];
         for (int l = 0; l < 32; l++) {
             y[64 * c + l] = d0 * (float)(qs[32 * c + l] & 0xF) - mm0;
             y[64 * c + 32 + l] = d1 * (float)(qs[32 * c + l] >> 4) - mm1;
@@ -143,11 +150,9 @@ GM_CPU_CLONES static void dq_q5_k(const uint8_t *b, float *y) {
     float d = h2f(b), dmin = h2f(b + 2);
     const uint8_t *s = b + 4, *qh = b + 16, *qs = b + 48;
     for (int c = 0; c < 4; c++) {
-        int sc0, m0, sc1, m1;
-        scale_min_k4(2 * c, s, &sc0, &m0);
-        scale_min_k4(2 * c + 1, s, &sc1, &m1);
-        float d0 = d * (float)sc0, mm0 = dmin * (float)m0;
-        float d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+        float f[4];
+        k4_chunk_scales(s, c, d, dmin, f);
+        float d0 = f[0], mm0 = f[1], d1 = f[2], mm1 = f[3];
         for (int l = 0; l < 32; l++) {
             int e0 = 64 * c + l, e1 = 64 * c + 32 + l;
             int q0 = (qs[32 * c + l] & 0xF) + 16 * ((qh[e0 % 32] >> (e0 / 32)) & 1);
@@ -308,10 +313,9 @@ static float dot_q4_k(const uint8_t *row, const float *x, int64_t K) {
         float d = h2f(blk), dmin = h2f(blk + 2);
         const float *xb = x + 256 * b;
         for (int c = 0; c < 4; c++) {
-            int sc0, m0, sc1, m1;
-            scale_min_k4(2 * c, sc, &sc0, &m0);
-            scale_min_k4(2 * c + 1, sc, &sc1, &m1);
-            float d0 = d * (float)sc0, mm0 = dmin * (float)m0, d1 = d * (float)sc1, mm1 = dmin * (float)m1;
+            float f[4];
+            k4_chunk_scales(sc, c, d, dmin, f);
+            float d0 = f[0], mm0 = f[1], d1 = f[2], mm1 = f[3];
             for (int l = 0; l < 32; l++) s[l] += xb[64 * c + l] * (d0 * (float)(qs[32 * c + l] & 0xF) - mm0);
             for (int l = 0; l < 32; l++) s[l] += xb[64 * c + 32 + l] * (d1 * (float)(qs[32 * c + l] >> 4) - mm1);
         }
@@ -403,11 +407,9 @@ AVX2_F16C static float dot_q4_k_avx2(const uint8_t *row, const float *x, int64_t
         float d = h2f_f16c(blk), dmin = h2f_f16c(blk + 2);
         const float *xb = x + 256 * b;
         for (int c = 0; c < 4; c++) {
-            int sc0, m0, sc1, m1;
-            scale_min_k4(2 * c, sc, &sc0, &m0);
-            scale_min_k4(2 * c + 1, sc, &sc1, &m1);
-            __m256 d0 = _mm256_set1_ps(d * (float)sc0), mm0 = _mm256_set1_ps(dmin * (float)m0);
-            __m256 d1 = _mm256_set1_ps(d * (float)sc1), mm1 = _mm256_set1_ps(dmin * (float)m1);
+            float f[4];
+            k4_chunk_scales(sc, c, d, dmin, f);
+            __m256 d0 = _mm256_set1_ps(f[0]), mm0 = _mm256_set1_ps(f[1]), d1 = _mm256_set1_ps(f[2]), mm1 = _mm256_set1_ps(f[3]);
             for (int j = 0; j < 4; j++) {
                 __m256i q = _mm256_and_si256(u8x8(qs + 32 * c + 8 * j), mask4);
                 __m256 w = _mm256_sub_ps(_mm256_mul_ps(d0, _mm256_cvtepi32_ps(q)), mm0);
