@@ -16,6 +16,9 @@
 #include <string.h>
 
 static inline float h2f(const uint8_t *p) { return gm_f16_to_f32((uint16_t)(p[0] | (p[1] << 8))); }
+static inline uint32_t le32(const uint8_t *p) {
+    return (uint32_t)p[0] | ((uint32_t)p[1] << 8) | ((uint32_t)p[2] << 16) | ((uint32_t)p[3] << 24);
+}
 
 /* Q8_0 (34 B / 32): d, qs[32] int8.  w = d * q */
 GM_CPU_CLONES static void dq_q8_0(const uint8_t *b, float *y) {
@@ -48,7 +51,7 @@ static void dq_q4_1(const uint8_t *b, float *y) {
 /* Q5_0 (22 B / 32): d, qh (u32 LE), qs[16]. q = nibble | (bit e of qh) << 4; w = d * (q - 16) */
 GM_CPU_CLONES static void dq_q5_0(const uint8_t *b, float *y) {
     float d = h2f(b);
-    uint32_t qh = (uint32_t)b[2] | ((uint32_t)b[3] << 8) | ((uint32_t)b[4] << 16) | ((uint32_t)b[5] << 24);
+    uint32_t qh = le32(b + 2);
     const uint8_t *qs = b + 6;
     for (int l = 0; l < 16; l++) {
         int lo = (qs[l] & 0xF) | (int)(((qh >> l) & 1u) << 4);
@@ -61,7 +64,7 @@ GM_CPU_CLONES static void dq_q5_0(const uint8_t *b, float *y) {
 /* Q5_1 (24 B / 32): d, m, qh, qs[16]. w = d * q + m */
 static void dq_q5_1(const uint8_t *b, float *y) {
     float d = h2f(b), m = h2f(b + 2);
-    uint32_t qh = (uint32_t)b[4] | ((uint32_t)b[5] << 8) | ((uint32_t)b[6] << 16) | ((uint32_t)b[7] << 24);
+    uint32_t qh = le32(b + 4);
     const uint8_t *qs = b + 8;
     for (int l = 0; l < 16; l++) {
         int lo = (qs[l] & 0xF) | (int)(((qh >> l) & 1u) << 4);
@@ -166,6 +169,14 @@ GM_CPU_CLONES static void dq_q5_k(const uint8_t *b, float *y) {
 /* Q6_K (210 B / 256): ql[128], qh[64], scales[16] int8, d. Element e: h = e/128, r = e%128,
  * k = r/32, l = r%32; low4 = nibble (k<2: low, else high) of ql[64h + l + 32(k&1)];
  * high2 = (qh[32h + l] >> 2k) & 3; q = (low4 | high2<<4) - 32; w = d * scales[e/16] * q */
+/* The 6-bit value, minus 32, of element 128h + 32k + l of a Q6_K block (layout above). */
+static inline int q6_k_q(const uint8_t *ql, const uint8_t *qh, int h, int k, int l) {
+    uint8_t byte = ql[64 * h + l + 32 * (k & 1)];
+    int low4 = k < 2 ? (byte & 0xF) : (byte >> 4);
+    int high2 = (qh[32 * h + l] >> (2 * k)) & 3;
+    return (low4 | (high2 << 4)) - 32;
+}
+
 GM_CPU_CLONES static void dq_q6_k(const uint8_t *b, float *y) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *sc = (const int8_t *)(b + 192);
@@ -176,13 +187,7 @@ GM_CPU_CLONES static void dq_q6_k(const uint8_t *b, float *y) {
             for (int half = 0; half < 2; half++) {
                 int e0 = 128 * h + 32 * k + 16 * half;
                 float ds = d * (float)sc[e0 / 16]; /* (d * scale) * q: the order of the formula */
-                for (int i = 0; i < 16; i++) {
-                    int l = 16 * half + i;
-                    uint8_t byte = ql[64 * h + l + 32 * (k & 1)];
-                    int low4 = k < 2 ? (byte & 0xF) : (byte >> 4);
-                    int high2 = (qh[32 * h + l] >> (2 * k)) & 3;
-                    y[e0 + i] = ds * (float)((low4 | (high2 << 4)) - 32);
-                }
+                for (int i = 0; i < 16; i++) y[e0 + i] = ds * (float)q6_k_q(ql, qh, h, k, 16 * half + i);
             }
 }
 
@@ -294,7 +299,7 @@ static float dot_q5_0(const uint8_t *row, const float *x, int64_t K) {
     for (int64_t b = 0; b < K / 32; b++) {
         const uint8_t *blk = row + 22 * b;
         float d = h2f(blk);
-        uint32_t qh = (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) | ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24);
+        uint32_t qh = le32(blk + 2);
         const uint8_t *qs = blk + 6;
         for (int e = 0; e < 32; e++) {
             int l = e & 15;
@@ -335,12 +340,7 @@ static float dot_q6_k(const uint8_t *row, const float *x, int64_t K) {
             for (int k = 0; k < 4; k++) {
                 int e0 = 128 * h + 32 * k;
                 float ds0 = d * (float)sc[e0 / 16], ds1 = d * (float)sc[e0 / 16 + 1];
-                for (int l = 0; l < 32; l++) {
-                    uint8_t byte = ql[64 * h + l + 32 * (k & 1)];
-                    int low4 = k < 2 ? (byte & 0xF) : (byte >> 4);
-                    int high2 = (qh[32 * h + l] >> (2 * k)) & 3;
-                    s[l] += xb[e0 + l] * ((l < 16 ? ds0 : ds1) * (float)((low4 | (high2 << 4)) - 32));
-                }
+                for (int l = 0; l < 32; l++) s[l] += xb[e0 + l] * ((l < 16 ? ds0 : ds1) * (float)q6_k_q(ql, qh, h, k, l));
             }
     }
     return gm_lanes_sum32(s);
@@ -381,7 +381,7 @@ AVX2_F16C static float dot_q5_0_avx2(const uint8_t *row, const float *x, int64_t
     for (int64_t b = 0; b < K / 32; b++) {
         const uint8_t *blk = row + 22 * b;
         __m256 d = _mm256_set1_ps(h2f_f16c(blk));
-        uint32_t qh32 = (uint32_t)blk[2] | ((uint32_t)blk[3] << 8) | ((uint32_t)blk[4] << 16) | ((uint32_t)blk[5] << 24);
+        uint32_t qh32 = le32(blk + 2);
         __m256i qh = _mm256_set1_epi32((int)qh32);
         for (int j = 0; j < 4; j++) { /* elements 8j .. 8j+7 */
             int e0 = 8 * j, l = e0 & 15;
