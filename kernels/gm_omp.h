@@ -65,7 +65,7 @@
  * How: libgomp reads its environment once, in its constructor, before main() runs, and has no
  * call to change the policy later. Setting the variable from the executable's .preinit_array does
  * not work with glibc (libc's own start-up then resets environ to the original block), so the
- * process sets it and re-executes itself (/proc/self/exe, same argv; ~25 ms). Children (sbatch,
+ * process sets it and re-executes itself (/proc/self/exe, same argv: one more exec at start-up). Children (sbatch,
  * MPI ranks) inherit it.
  */
 #include <stdlib.h>
