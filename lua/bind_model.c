@@ -7,7 +7,11 @@
  * core, releases what it acquired on failure and only then raises (style guide §4.8).
  *
  * Lua API (table `gm`):
- *   gm.load_model(path_or_name [, {threads = n}])      -> model
+ *   gm.load_model(path_or_name [, {threads = n, device = "cpu"}]) -> model; device "cuda" / "cuda:N"
+ *        opens the GPU at once (core/backend/gm_backend.h: gm_backend_open), so a machine without
+ *        one is an error here, before any work
+ *   gm.device_ok(name)                                 -> true | false, why: a device name gm_backend_open takes
+ *   gm.device_available(name)                          -> true | false, why: its GPU is there (nothing opened)
  *   gm.hub_id(name)                                    -> Hugging Face repository of a fetched model, or nil
  *   gm.with_vision_tower(text, {hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
  *        image_size, patch_size, mm_tokens_per_image, seed = 0, dtype = "f32"}) -> path, written: the
@@ -65,15 +69,45 @@ lmodel *gm_bind_check_model(lua_State *L, int idx) {
     return lm;
 }
 
+/* gm.device_ok(name) -> true, or false and the reason: "cpu", "cuda", "cuda:N"
+ * (gm_backend_parse_device; nothing is opened). */
+static int l_device_ok(lua_State *L) {
+    gm_error err = {0};
+    bool ok = gm_backend_parse_device(luaL_checkstring(L, 1), NULL, &err) == GM_OK;
+    lua_pushboolean(L, ok);
+    if (ok) return 1;
+    lua_pushstring(L, err.msg);
+    return 2;
+}
+
+/* gm.device_available(name) -> true, or false and why: gm_backend_probe (the CUDA module loaded,
+ * its GPUs counted; no context created). */
+static int l_device_available(lua_State *L) {
+    gm_error err = {0};
+    bool ok = gm_backend_probe(luaL_checkstring(L, 1), &err) == GM_OK;
+    lua_pushboolean(L, ok);
+    if (ok) return 1;
+    lua_pushstring(L, err.msg);
+    return 2;
+}
+
 static int l_load_model(lua_State *L) {
     const char *arg = luaL_checkstring(L, 1);
-    static const char *const allowed[] = {"threads", NULL};
+    static const char *const allowed[] = {"threads", "device", NULL};
     gm_bind_check_opts(L, 2, "load_model", allowed);
     lua_getglobal(L, "GM_THREADS");
     int def_threads = (int)luaL_optinteger(L, -1, 2);
     lua_pop(L, 1);
     int threads = (int)gm_bind_opt_int(L, 2, "threads", def_threads);
+    char device[16] = "cpu";
+    if (lua_istable(L, 2) && lua_getfield(L, 2, "device") != LUA_TNIL) {
+        const char *d = luaL_checkstring(L, -1);
+        if (strlen(d) >= sizeof device) return luaL_error(L, "load_model: unknown device \"%s\"", d);
+        snprintf(device, sizeof device, "%s", d);
+    }
+    if (lua_istable(L, 2)) lua_pop(L, 1);
     gm_error err = {0};
+    if (gm_backend_parse_device(device, NULL, &err) != GM_OK) return gm_bind_raise(L, &err);
     char path[1200];
     if (gm_resolve_model(arg, path, sizeof path, &err) != GM_OK) return gm_bind_raise(L, &err);
     lmodel *lm = lua_newuserdatauv(L, sizeof *lm, 0);
@@ -81,6 +115,10 @@ static int l_load_model(lua_State *L) {
     luaL_setmetatable(L, GM_MODEL_MT);
     if (gm_model_load(path, NULL, &lm->m, &err) != GM_OK) return gm_bind_raise(L, &err);
     lm->n_threads = threads > 0 ? threads : 2;
+    snprintf(lm->device, sizeof lm->device, "%s", device);
+    /* a GPU is opened now: its absence is an error before any trial starts */
+    if (strcmp(device, "cpu") != 0 && gm_backend_open(device, lm->n_threads, &lm->be, &err) != GM_OK)
+        return gm_bind_raise(L, &err);
     return 1;
 }
 
@@ -261,7 +299,7 @@ static const char *opt_trial(lua_State *L, int idx, const char *fn, const char *
 static gm_status use_adapter(lmodel *lm, const char *adapter, const char *trial, gm_error *err) {
     char key[sizeof lm->ad_key];
     snprintf(key, sizeof key, "%s|%s", adapter ? adapter : "", trial ? trial : "");
-    GM_TRY(lm->be ? GM_OK : gm_backend_cpu_new(lm->n_threads, &lm->be, err));
+    GM_TRY(lm->be ? GM_OK : gm_backend_open(lm->device, lm->n_threads, &lm->be, err));
     if (strcmp(key, lm->ad_key) == 0 && (lm->ad || !adapter)) return GM_OK;
     gm_infer_free(lm->st);
     lm->st = NULL;
@@ -711,7 +749,7 @@ void gm_lua_open_model(lua_State *L) {
     lua_pushcfunction(L, l_tostring);
     lua_setfield(L, -2, "__tostring");
     lua_pop(L, 1);
-    static const luaL_Reg fns[] = {{"load_model", l_load_model}, {"hub_id", l_hub_id}, {"with_vision_tower", l_with_vision_tower}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"load_model", l_load_model}, {"device_ok", l_device_ok}, {"device_available", l_device_available}, {"hub_id", l_hub_id}, {"with_vision_tower", l_with_vision_tower}, {NULL, NULL}};
     luaL_newlib(L, fns);
     lua_setglobal(L, "gm");
 }

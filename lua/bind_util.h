@@ -26,7 +26,9 @@ typedef struct lmodel {
     gm_infer *st;             /* generation state, planned for st_ctx positions and adapter ad */
     int64_t st_ctx;
     int n_threads;
-    struct gm_backend *be;    /* the CPU backend generation runs on (created with st) */
+    struct gm_backend *be;    /* the backend generation and training run on: CPU (created with st) or,
+                                 for device "cuda", the CUDA backend opened by load_model */
+    char device[16];          /* "cpu", "cuda", "cuda:N" (gm_backend_open) */
     struct gm_adapter *ad;    /* the adapter of the last generate{adapter = ...}, or NULL */
     char ad_key[1300];        /* its "path|trial" */
 } lmodel;

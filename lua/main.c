@@ -68,6 +68,7 @@ static void usage(FILE *f) {
             "  gemmarun [--dry-run] [--trial N] [--set key=value ...] [--threads N]\n"
             "                                     run the embedded default experiment (experiments/quickstart.lua)\n"
             "  gemmarun EXPERIMENT.lua [--dry-run] [--trial N|ID] [--set key=value ...] [--allow-os] [--threads N]\n"
+            "                    [--device cpu|cuda|cuda:N]   (--device D: the same as --set device=D)\n"
             "                    [--no-tables] [--verbose] [--max-trials N] [--max-lua-instructions N] [--max-lua-memory SIZE]\n"
             "                    (--trial: the trial's index in the sweep or its id; --no-tables: leave the\n"
             "                    tables to `gemmarun table`; limits on experiment code: 10000 trials, 250000000\n"
@@ -80,7 +81,8 @@ static void usage(FILE *f) {
             "  gemmarun inspect MODEL\n"
             "  gemmarun generate MODEL [--adapter RESULTS_OR_CHECKPOINT [--trial ID]] \"prompt\"\n"
             "                    [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
-            "                    [--image FILE ...] [--threads N]   (--adapter: results/EXP/, a trial file, a\n"
+            "                    [--image FILE ...] [--threads N] [--device cpu|cuda|cuda:N]\n"
+            "                    (--adapter: results/EXP/, a trial file, a\n"
             "                    merged results file, a checkpoint or a PEFT adapter folder; --trial: the trial's\n"
             "                    index or id; --image: a PNG / JPEG before the prompt, multimodal models;\n"
             "                    FILE#xywh=X,Y,W,H: a region of it, in pixels)\n"
@@ -242,7 +244,7 @@ static int cmd_generate(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    const char *model_arg = NULL, *prompt = NULL, *adapter = NULL, *trial = NULL;
+    const char *model_arg = NULL, *prompt = NULL, *adapter = NULL, *trial = NULL, *device = "cpu";
     long long max_tokens = 64, top_k = 0, seed = 0, threads = 2;
     double temperature = 0, top_p = 1;
     bool chat = false, options_done = false;
@@ -286,6 +288,7 @@ static int cmd_generate(int argc, char **argv) {
         else if (strcmp(a, "--top-p") == 0 && v) ok = parse_double(v, &top_p) && top_p > 0 && top_p <= 1, i += step;
         else if (strcmp(a, "--seed") == 0 && v) ok = parse_long(v, &seed), i += step;
         else if (strcmp(a, "--threads") == 0 && v) ok = parse_long(v, &threads) && threads > 0 && threads <= 256, i += step;
+        else if (strcmp(a, "--device") == 0 && v) ok = gm_backend_parse_device(v, NULL, NULL) == GM_OK, device = v, i += step;
         else if (strcmp(a, "--chat") == 0 && !inline_value) chat = true;
         else if (strcmp(a, "--adapter") == 0 && v) adapter = v, i += step;
         else if (strcmp(a, "--trial") == 0 && v) trial = v, i += step;
@@ -302,7 +305,8 @@ static int cmd_generate(int argc, char **argv) {
             return 2;
         }
         if (!ok) {
-            fprintf(stderr, "gemmarun generate: bad value for %s: %s\n", a, v);
+            fprintf(stderr, "gemmarun generate: bad value for %s: %s%s\n", a, v,
+                    strcmp(a, "--device") == 0 ? " (cpu, cuda or cuda:N)" : "");
             return 2;
         }
     }
@@ -336,10 +340,18 @@ static int cmd_generate(int argc, char **argv) {
         gm_model_free(m);
         return 2;
     }
+    /* the device first: a missing GPU is an error before any work (the image tower runs on it too) */
+    gm_backend *be = NULL;
+    s = gm_backend_open(device, (int)threads, &be, &err);
+    if (s != GM_OK) {
+        gm_model_free(m);
+        return fail(&err, 2);
+    }
     /* images go before the prompt, one "<start_of_image>" each, as Hugging Face's chat template
      * writes [{"type": "image"}, ..., {"type": "text"}] */
     char *user = gm_malloc(strlen(prompt) + 16 * (size_t)n_images + 1);
     if (!user) {
+        gm_backend_free(be);
         gm_model_free(m);
         return fail(&(gm_error){GM_ERR_NOMEM, "out of memory"}, 1);
     }
@@ -352,6 +364,7 @@ static int cmd_generate(int argc, char **argv) {
         s = gm_chat_render(&msg, 1, true, &text, NULL, &err);
         if (s != GM_OK) {
             gm_free(user);
+            gm_backend_free(be);
             gm_model_free(m);
             return fail(&err, 2);
         }
@@ -377,7 +390,7 @@ static int cmd_generate(int argc, char **argv) {
             gm_image_pixels_free(&px);
         }
         gm_vision *vis = NULL;
-        if (s == GM_OK) s = gm_vision_new(m, n_images, (int)threads, NULL, &vis, &err);
+        if (s == GM_OK) s = gm_vision_new(m, n_images, (int)threads, be, &vis, &err);
         soft = s == GM_OK ? gm_malloc((size_t)(n_images * vc->tokens * C) * sizeof(float)) : NULL;
         soft_rows = s == GM_OK ? gm_malloc((size_t)(n_images * vc->tokens) * sizeof(int64_t)) : NULL;
         if (s == GM_OK && (!soft || !soft_rows)) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
@@ -394,10 +407,8 @@ static int cmd_generate(int argc, char **argv) {
     int rc = 0;
     gm_infer *st = NULL;
     int32_t *out = NULL;
-    gm_backend *be = NULL;
     gm_adapter *ad = NULL;
     if (s == GM_OK) s = gm_generate_check(&m->cfg, n_prompt, max_tokens, &err);
-    if (s == GM_OK) s = gm_backend_cpu_new((int)threads, &be, &err);
     if (s == GM_OK && adapter) {
         s = gm_adapter_load(m, be, adapter, trial, &ad, &err);
         if (s == GM_OK)
@@ -880,6 +891,19 @@ static int run_lua(const char *file, int argc, char **argv, bool submit) {
             if (!*trial) {
                 fprintf(stderr, "%s: bad value for --trial: '' (give the trial's index or id)\n", who);
                 return 2;
+            }
+        } else if (strcmp(a, "--device") == 0 && i + 1 < argc) {
+            /* the same as --set device=D (recorded with the trial's overrides, forwarded by submit) */
+            static char dev_set[128][48];
+            const char *v = argv[++i];
+            if (gm_backend_parse_device(v, NULL, NULL) != GM_OK) {
+                fprintf(stderr, "%s: bad value for --device: %s (cpu, cuda or cuda:N)\n", who, v);
+                return 2;
+            }
+            if (nsets < 128) {
+                snprintf(dev_set[nsets], sizeof dev_set[nsets], "device=%s", v);
+                sets[nsets] = dev_set[nsets];
+                nsets++;
             }
         } else if ((strcmp(a, "--threads") == 0 || strcmp(a, "--set") == 0) && i + 1 < argc) {
             const char *v = argv[++i];

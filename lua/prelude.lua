@@ -89,7 +89,7 @@ for _, f in ipairs(gm.train_schema()) do TRAIN[f.name] = f end
 M.TRAIN = TRAIN
 
 local EXPERIMENT_KEYS = { "name", "model", "model_adapter", "task", "train", "sweep", "seeds", "memory_limit", "fit",
-  "report", "threads", "description", "results", "validation" }
+  "report", "threads", "device", "description", "results", "validation" }
 -- the adapter's shape: with model_adapter these come from the adapter (a run may restate them)
 local ADAPTER_SHAPE = { "rank", "alpha", "rslora", "targets", "layers" }
 M.ADAPTER_SHAPE = ADAPTER_SHAPE
@@ -371,7 +371,8 @@ function M.apply_overrides(e, sets)
     if (key == "fit" or (TRAIN[key] and TRAIN[key].kind == "boolean")) and words[v] ~= nil then val = words[v] end
     e._overrides = e._overrides or {}
     e._overrides[key] = "--set " .. kv
-    local top = ({ model = 1, model_adapter = 1, seeds = 1, name = 1, memory_limit = 1, threads = 1, fit = 1, description = 1 })[k]
+    local top = ({ model = 1, model_adapter = 1, seeds = 1, name = 1, memory_limit = 1, threads = 1, device = 1, fit = 1,
+      description = 1 })[k]
     if top then
       if k == "seeds" and type(val) ~= "table" then val = { val } end
       e[k] = val
@@ -381,8 +382,8 @@ function M.apply_overrides(e, sets)
       if e.sweep then e.sweep[key] = nil end
     else
       local allowed = sorted_keys(TRAIN)
-      for _, t in ipairs({ "model", "model_adapter", "seeds", "name", "memory_limit", "threads", "fit" }) do allowed[#allowed + 1] = t end
-      usage(nil, "--set %s: unknown key '%s'%s (allowed: model, model_adapter, seeds, name, memory_limit, threads, fit, or a training field: %s)",
+      for _, t in ipairs({ "model", "model_adapter", "seeds", "name", "memory_limit", "threads", "device", "fit" }) do allowed[#allowed + 1] = t end
+      usage(nil, "--set %s: unknown key '%s'%s (allowed: model, model_adapter, seeds, name, memory_limit, threads, device, fit, or a training field: %s)",
         kv, k, did_you_mean(key, allowed), list_str(sorted_keys(TRAIN)))
     end
   end
@@ -518,6 +519,12 @@ function M.validate(e)
     usage(from("fit"), "experiment.fit = true needs a memory_limit to fit into (e.g. memory_limit = \"8GiB\")")
   end
   if e.threads ~= nil and (math.type(e.threads) ~= "integer" or e.threads < 1 or e.threads > 256) then usage(from("threads"), "experiment.threads must be an integer in 1..256") end
+  -- where the trials run (core/backend/gm_backend.h: gm_backend_open); the GPU itself is opened
+  -- when the model loads, so a machine without one stops before any trial
+  if e.device ~= nil and (type(e.device) ~= "string" or not gm.device_ok(e.device)) then
+    usage(from("device"), "experiment.device = %s: must be \"cpu\", \"cuda\" or \"cuda:N\" (GPU N)",
+      type(e.device) == "string" and string.format("%q", e.device) or tostring(e.device))
+  end
   -- the runner writes only under results/ (lua/write_rule.c, gm_bind_check_runner_path)
   if e.results ~= nil and (type(e.results) ~= "string" or not (e.results == "results" or e.results:match("^results/"))
       or e.results:find("..", 1, true)) then

@@ -647,7 +647,7 @@ local function use_model(ctx, e, model)
   if ctx.model_name == model then return end
   if ctx.model then ctx.model:close() end
   ctx.model, ctx.model_name, ctx.data = nil, nil, {}
-  ctx.model = gm.load_model(model, { threads = e.threads or GM_THREADS })
+  ctx.model = gm.load_model(model, { threads = e.threads or GM_THREADS, device = e.device })
   ctx.model_name = model
   ctx.data = {}
 end
@@ -777,7 +777,7 @@ local function provenance(ctx, e, cfg, d)
     model_path = cfg.model, model_sha256 = ms.hex, model_files = ms.files,
     data_sha256 = d.sha.both, data_train_sha256 = d.sha.train, data_test_sha256 = d.sha.test,
     data_validation_sha256 = d.sha.val,
-    threads = tostring(e.threads or GM_THREADS), device = "cpu", compute_dtype = "f32",
+    threads = tostring(e.threads or GM_THREADS), device = e.device or "cpu", compute_dtype = "f32",
     -- data parallel: processes the trial ran on (all-reducing the gradients) and how
     world_size = tostring(DIST.world_size), dist_transport = DIST.transport,
     command_line = GM_COMMAND_LINE or "", set_overrides_json = gm.json_encode(ctx.cli_set or {}),
@@ -1096,6 +1096,11 @@ end
 
 local function preflight(e, selected, dry_run)
   local cfgs, targets_ok = {}, {}
+  -- the device: a dry run plans for a GPU it need not have; a run needs it before any trial
+  if e.device and e.device ~= "cpu" and not dry_run then
+    local ok, why = gm.device_available(e.device)
+    if not ok then P.usage(field_where(e, "device"), "experiment.device: %s", why) end
+  end
   for _, t in ipairs(selected) do
     local m = t.config.model
     if not cfgs[m] then

@@ -9,6 +9,10 @@
  * again). Model code that dereferences backend memory from the host - a memcpy into an
  * activation, a loop over the logits, a kernel writing a host double - faults at once, which
  * is how tests/unit/test_backend.c proves the model code goes through the backend.
+ *
+ * gm_backend_open picks a backend by device name; for "cuda" it loads the CUDA module
+ * (libgemmarun_cuda.so, kernels/cuda/module.cu) with dlopen, so the program itself never links
+ * the CUDA runtime.
  */
 #define _GNU_SOURCE
 #include "gm_backend.h"
@@ -16,10 +20,13 @@
 #include "gm_alloc.h"
 #include "gm_device.h"
 
+#include <dlfcn.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 /* ---- generic ------------------------------------------------------------------------------ */
 
@@ -233,4 +240,106 @@ gm_status gm_backend_strict_new(int n_threads, gm_backend **out, gm_error *err) 
                                    .synchronize = NULL, .destroy = NULL};
     *out = be;
     return GM_OK;
+}
+
+/* ---- opening a backend by device name; the CUDA module ------------------------------------- */
+
+gm_status gm_backend_parse_device(const char *device, int *index, gm_error *err) {
+    int idx = -1;
+    bool ok = false;
+    if (device && strcmp(device, "cpu") == 0) {
+        ok = true;
+    } else if (device && strcmp(device, "cuda") == 0) {
+        idx = 0, ok = true;
+    } else if (device && strncmp(device, "cuda:", 5) == 0 && device[5] >= '0' && device[5] <= '9') {
+        char *end = NULL;
+        long v = strtol(device + 5, &end, 10);
+        ok = *end == '\0' && v >= 0 && v < 1024;
+        idx = (int)v;
+    }
+    if (!ok)
+        return gm_error_set(err, GM_ERR_INVALID, "unknown device \"%s\"\n  hint: use \"cpu\", \"cuda\" or \"cuda:N\" (GPU N)",
+                            device ? device : "(none)");
+    if (index) *index = idx;
+    return GM_OK;
+}
+
+static const gm_cuda_module *cuda_module;
+
+const gm_cuda_module *gm_cuda_module_get(gm_error *err) {
+    if (cuda_module) return cuda_module;
+    char path[4096];
+    const char *env = getenv("GEMMARUN_CUDA_MODULE");
+    if (env && *env) {
+        snprintf(path, sizeof path, "%s", env);
+    } else {
+        /* beside the executable: build/gemmarun and build/libgemmarun_cuda.so */
+        ssize_t n = readlink("/proc/self/exe", path, sizeof path - 64);
+        if (n <= 0) return gm_error_set(err, GM_ERR_DEVICE, "cannot find this program's folder (/proc/self/exe)"), NULL;
+        path[n] = '\0';
+        char *slash = strrchr(path, '/');
+        snprintf(slash ? slash + 1 : path, 64, "libgemmarun_cuda.so");
+    }
+    if (access(path, F_OK) != 0) {
+#ifdef GM_CUDA_MODULE_BUILT
+        gm_error_set(err, GM_ERR_DEVICE,
+                     "device \"cuda\": the CUDA module %s is missing\n"
+                     "  hint: build the whole project (cmake --build build) so it lands beside gemmarun, or set "
+                     "GEMMARUN_CUDA_MODULE to its path",
+                     path);
+#else
+        gm_error_set(err, GM_ERR_UNSUPPORTED,
+                     "device \"cuda\": this gemmarun was built without CUDA (no nvcc when it was configured)\n"
+                     "  hint: install the CUDA toolkit and rebuild (cmake -S . -B build && cmake --build build), "
+                     "or use device = \"cpu\"");
+#endif
+        return NULL;
+    }
+    void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        gm_error_set(err, GM_ERR_DEVICE, "device \"cuda\": cannot load the CUDA module %s: %s\n"
+                     "  hint: the CUDA runtime and cuBLAS libraries must be on the library path (LD_LIBRARY_PATH), and the module "
+                     "must come from the same build as this gemmarun",
+                     path, dlerror());
+        return NULL;
+    }
+    const gm_cuda_module *(*entry)(void) = (const gm_cuda_module *(*)(void))dlsym(h, "gm_cuda_module_entry");
+    const gm_cuda_module *m = entry ? entry() : NULL;
+    if (!m || m->abi != GM_CUDA_MODULE_ABI) {
+        gm_error_set(err, GM_ERR_DEVICE, "device \"cuda\": %s is not a CUDA module of this build (%s)\n"
+                     "  hint: rebuild the project so gemmarun and the module come from the same sources",
+                     path, m ? "another interface version" : "no gm_cuda_module_entry");
+        dlclose(h);
+        return NULL;
+    }
+    cuda_module = m;
+    return m;
+}
+
+gm_status gm_backend_probe(const char *device, gm_error *err) {
+    int idx = -1;
+    GM_TRY(gm_backend_parse_device(device, &idx, err));
+    if (idx < 0) return GM_OK;
+    gm_error local = {0};
+    if (!err) err = &local;
+    const gm_cuda_module *m = gm_cuda_module_get(err);
+    if (!m) return err->code;
+    char why[256] = "";
+    int n = m->probe(why, sizeof why);
+    if (n == 0)
+        return gm_error_set(err, GM_ERR_DEVICE, "device \"%s\": no GPU found: %s\n  hint: run on a machine with an "
+                            "NVIDIA GPU and its driver, or use device = \"cpu\"", device, why);
+    if (idx >= n)
+        return gm_error_set(err, GM_ERR_DEVICE, "device \"%s\": this machine has %d GPU%s (cuda:0%s)\n"
+                            "  hint: pick one of them", device, n, n == 1 ? "" : "s", n == 1 ? "" : " .. cuda:N-1");
+    return GM_OK;
+}
+
+gm_status gm_backend_open(const char *device, int n_threads, gm_backend **out, gm_error *err) {
+    *out = NULL;
+    int idx = -1;
+    GM_TRY(gm_backend_parse_device(device, &idx, err));
+    if (idx < 0) return gm_backend_cpu_new(n_threads, out, err);
+    GM_TRY(gm_backend_probe(device, err));
+    return cuda_module->backend_new(idx, out, err);
 }

@@ -89,6 +89,42 @@ gm_status gm_backend_strict_new(int n_threads, gm_backend **out, gm_error *err);
 gm_status gm_backend_cuda_new(int device, gm_backend **out, gm_error *err);
 #endif
 
+/* The backend for a device by name: "cpu" (n_threads threads), "cuda" or "cuda:N" (GPU N; the
+ * CUDA module is loaded on first use, see gm_cuda_module). Errors (GM_ERR_INVALID for an unknown
+ * name; GM_ERR_UNSUPPORTED for a build without CUDA; GM_ERR_DEVICE when the module cannot be
+ * loaded or finds no GPU) name the device, the reason and what to do. */
+gm_status gm_backend_open(const char *device, int n_threads, gm_backend **out, gm_error *err);
+
+/* Whether gm_backend_open(device) would find its device, without creating a context: GM_OK for
+ * "cpu" and for a GPU that the CUDA module sees; gm_backend_open's errors otherwise. */
+gm_status gm_backend_probe(const char *device, gm_error *err);
+
+/* Checks a device name without opening it: GM_OK for "cpu", "cuda", "cuda:N" (N >= 0); *index
+ * (may be NULL) receives N (0 for "cuda", -1 for "cpu"). */
+gm_status gm_backend_parse_device(const char *device, int *index, gm_error *err);
+
+/* ---- the CUDA module ---------------------------------------------------------------------- */
+
+/* `gemmarun` does not link CUDA: kernels/cuda is also built as a module, libgemmarun_cuda.so
+ * beside the executable (or the file named by $GEMMARUN_CUDA_MODULE), loaded with dlopen the
+ * first time a run asks for device "cuda" (kernels/cuda/module.cu says why). Its one exported
+ * symbol, gm_cuda_module_entry, returns this table. */
+#define GM_CUDA_MODULE_ABI 1
+typedef struct gm_cuda_module {
+    int abi;                                    /* GM_CUDA_MODULE_ABI of the module's build */
+    int (*probe)(char *why, size_t cap);        /* devices; 0 with the runtime's reason in why */
+    const char *(*device_name)(int device);     /* "NVIDIA H200 (sm_90, 140 GiB)", static */
+    int (*mem_info)(int device, size_t *free_bytes, size_t *total_bytes); /* cudaMemGetInfo; 0 ok */
+    gm_status (*backend_new)(int device, gm_backend **out, gm_error *err);
+    size_t (*peak_bytes)(void);                 /* high-water mark of cudaMalloc'd bytes */
+} gm_cuda_module;
+
+/* The loaded CUDA module, loading it on first call (not thread-safe: call from the main thread).
+ * NULL with the reason in err: GM_ERR_UNSUPPORTED when the build has no module (built without
+ * the CUDA toolkit), GM_ERR_DEVICE when dlopen fails (the message has dlerror's text, e.g. a
+ * missing libcudart) or its ABI differs. The module stays loaded until the process exits. */
+const gm_cuda_module *gm_cuda_module_get(gm_error *err);
+
 /* For backend implementations: fills the common fields of a zeroed backend (name, device,
  * threads, the arena allocator that calls iface.alloc / iface.free, no error). */
 void gm_backend_init(gm_backend *be, const char *name, gm_device device, int n_threads);

@@ -82,4 +82,27 @@ expect_run "plan: a bad regex" 2 "targets '\(q_proj': not a valid regular expres
 expect_run "plan: an unknown module" 2 "unknown target module 'qproj' \(allowed: all-linear, q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj, or a regular expression\)" -- "$GM" plan gemma3-270m targets=qproj
 expect_run "options: an unknown argument" 2 "usage: gemmarun options \[--markdown\]" -- "$GM" options --html
 
+# Devices (core/backend/gm_backend.c: gm_backend_open). CUDA_VISIBLE_DEVICES= hides every GPU, so
+# the "no GPU" path is taken on any machine; in a CUDA build it proves the CUDA module loads (all
+# its references into the program resolve: dlopen RTLD_NOW) and reports the runtime's own reason.
+expect_run "generate: unknown device" 2 "bad value for --device: tpu \(cpu, cuda or cuda:N\)" -- "$GM" generate "$MODEL" "x" --device tpu
+if [ -f "$(dirname "$GM")/libgemmarun_cuda.so" ]; then
+  NO_GPU='device "cuda": no GPU found: .*hint: run on a machine with an NVIDIA GPU'
+else
+  NO_GPU='device "cuda": this gemmarun was built without CUDA'
+fi
+expect_run "generate: device cuda without a GPU" 2 "$NO_GPU" -- env CUDA_VISIBLE_DEVICES= "$GM" generate "$MODEL" "x" --device cuda
+expect_run "generate: a missing CUDA module" 2 'the CUDA module /no/such/module.so is missing|built without CUDA' -- env GEMMARUN_CUDA_MODULE=/no/such/module.so "$GM" generate "$MODEL" "x" --device cuda:1
+# an experiment stops before its first trial, its finished results kept
+GM_ABS=$(cd "$(dirname "$GM")" && pwd)/$(basename "$GM")
+mkdir -p "$TMP/dev/results/quickstart" && echo kept > "$TMP/dev/results/quickstart/finished.txt"
+expect_run "experiment: --device cuda without a GPU" 2 "experiment.device: $NO_GPU" -- env CUDA_VISIBLE_DEVICES= bash -c "cd '$TMP/dev' && '$GM_ABS' --device cuda"
+if [ "$(ls "$TMP/dev/results/quickstart")" = finished.txt ] && [ "$(cat "$TMP/dev/results/quickstart/finished.txt")" = kept ]; then
+  pass=$((pass + 1)); echo "ok    experiment: results kept after the device error"
+else
+  fail=$((fail + 1)); echo "FAIL  experiment: results changed after the device error: $(ls "$TMP/dev/results/quickstart")"
+fi
+expect_run "experiment: unknown device" 2 'experiment.device = "gpu": must be "cpu", "cuda" or "cuda:N"' -- bash -c "cd '$TMP/dev' && '$GM_ABS' --set device=gpu"
+expect_run "experiment: --device with a bad value" 2 "bad value for --device: cuda:x" -- bash -c "cd '$TMP/dev' && '$GM_ABS' --device cuda:x"
+
 finish
