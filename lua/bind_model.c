@@ -12,6 +12,7 @@
  *        one is an error here, before any work
  *   gm.device_ok(name)                                 -> true | false, why: a device name gm_backend_open takes
  *   gm.device_available(name)                          -> true | false, why: its GPU is there (nothing opened)
+ *   gm.device_memory(name)                             -> {peak, used, total}: a GPU's memory (bytes)
  *   gm.hub_id(name)                                    -> Hugging Face repository of a fetched model, or nil
  *   gm.with_vision_tower(text, {hidden_size, num_hidden_layers, num_attention_heads, intermediate_size,
  *        image_size, patch_size, mm_tokens_per_image, seed = 0, dtype = "f32"}) -> path, written: the
@@ -89,6 +90,21 @@ static int l_device_available(lua_State *L) {
     if (ok) return 1;
     lua_pushstring(L, err.msg);
     return 2;
+}
+
+/* gm.device_memory(name) -> {peak, used, total}: gm_backend_device_memory (bytes). */
+static int l_device_memory(lua_State *L) {
+    gm_error err = {0};
+    size_t peak, used, total;
+    if (gm_backend_device_memory(luaL_checkstring(L, 1), &peak, &used, &total, &err) != GM_OK) return gm_bind_raise(L, &err);
+    lua_createtable(L, 0, 3);
+    lua_pushinteger(L, (lua_Integer)peak);
+    lua_setfield(L, -2, "peak");
+    lua_pushinteger(L, (lua_Integer)used);
+    lua_setfield(L, -2, "used");
+    lua_pushinteger(L, (lua_Integer)total);
+    lua_setfield(L, -2, "total");
+    return 1;
 }
 
 static int l_load_model(lua_State *L) {
@@ -749,7 +765,7 @@ void gm_lua_open_model(lua_State *L) {
     lua_pushcfunction(L, l_tostring);
     lua_setfield(L, -2, "__tostring");
     lua_pop(L, 1);
-    static const luaL_Reg fns[] = {{"load_model", l_load_model}, {"device_ok", l_device_ok}, {"device_available", l_device_available}, {"hub_id", l_hub_id}, {"with_vision_tower", l_with_vision_tower}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"load_model", l_load_model}, {"device_ok", l_device_ok}, {"device_available", l_device_available}, {"device_memory", l_device_memory}, {"hub_id", l_hub_id}, {"with_vision_tower", l_with_vision_tower}, {NULL, NULL}};
     luaL_newlib(L, fns);
     lua_setglobal(L, "gm");
 }

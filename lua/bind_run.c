@@ -16,9 +16,10 @@
  *   gm.interrupted() -> bool                  true once Ctrl-C was pressed (main installs the handler)
  *   gm.model_config(path_or_name) -> table    the config only (GGUF header, config.json or preset;
  *                                             preset = true for a built-in size: no weights)
- *   gm.plan(path_or_name, train_opts [, {images = per example}]) -> {[kind] = bytes, ["vision tower"] = bytes (with
- *                                             images), total = bytes}; with images, max_length is checked
- *                                             against their soft tokens
+ *   gm.plan(path_or_name, train_opts [, {images = per example, device = "cpu"}]) -> {[kind] = bytes,
+ *                                             ["vision tower"] = bytes (with images), total = bytes, and for
+ *                                             device "cuda" gpu = {arenas, context, total, host}}; with
+ *                                             images, max_length is checked against their soft tokens
  *   gm.plan_fit(path_or_name, train_opts, limit) -> train_opts', total, chosen
  *   gm.make_results_dir(dir), gm.remove_checkpoint(path)   the runner's folders and checkpoints
  *   trainer:choose(dataset, {i, ...}, {tok, ...}) -> {k, ...}, {{logit, ...}, ...}
@@ -282,7 +283,7 @@ static int l_plan(lua_State *L) {
      * leaves room for text beside them (gm_plan_max_images), as `gemmarun plan images=N` does */
     if (!lua_isnoneornil(L, 3)) {
         luaL_checktype(L, 3, LUA_TTABLE);
-        static const char *const allowed[] = {"images", NULL};
+        static const char *const allowed[] = {"images", "device", NULL};
         gm_bind_check_opts(L, 3, "plan", allowed);
         lua_getfield(L, 3, "images");
         if (!lua_isnil(L, -1) && (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < 0))
@@ -290,8 +291,15 @@ static int l_plan(lua_State *L) {
         in.images = (int64_t)lua_tointeger(L, -1);
         lua_pop(L, 1);
     }
+    /* {device = "cuda"}: the plan placed on a GPU (gm_plan_on_device), its share as field gpu */
+    int device_index = -1;
+    if (!lua_isnoneornil(L, 3) && lua_getfield(L, 3, "device") != LUA_TNIL) {
+        if (gm_backend_parse_device(luaL_checkstring(L, -1), &device_index, &err) != GM_OK) return gm_bind_raise(L, &err);
+    }
+    if (!lua_isnoneornil(L, 3)) lua_pop(L, 1);
     gm_plan p;
     if (gm_plan_training(&cfg, &o, stored, stored_embed, &in, &p, &err) != GM_OK) return gm_bind_raise(L, &err);
+    gm_plan_on_device(&p, device_index >= 0 ? GM_DEVICE_CUDA : GM_DEVICE_CPU);
     lua_createtable(L, 0, GM_MEM_KIND_COUNT + 3);
     for (int k = 0; k < GM_MEM_KIND_COUNT; k++) {
         lua_pushinteger(L, (lua_Integer)p.by_kind[k]);
@@ -307,6 +315,18 @@ static int l_plan(lua_State *L) {
     lua_setfield(L, -2, "total");
     lua_pushboolean(L, p.exact);
     lua_setfield(L, -2, "exact");
+    if (p.device == GM_DEVICE_CUDA) {
+        lua_createtable(L, 0, 4);
+        lua_pushinteger(L, (lua_Integer)p.device_arenas);
+        lua_setfield(L, -2, "arenas");
+        lua_pushinteger(L, (lua_Integer)p.cuda_context);
+        lua_setfield(L, -2, "context");
+        lua_pushinteger(L, (lua_Integer)p.device_total);
+        lua_setfield(L, -2, "total");
+        lua_pushinteger(L, (lua_Integer)p.host_total);
+        lua_setfield(L, -2, "host");
+        lua_setfield(L, -2, "gpu");
+    }
     return 1;
 }
 

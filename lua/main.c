@@ -553,6 +553,7 @@ static int cmd_plan(int argc, char **argv) {
         fprintf(stderr, "  and, for the plan only:\n"
                         "  images=0 (0..65536)  audio_seconds=0 (0..86400)  threads=2 (1..256)\n"
                         "  memory_limit=none (e.g. 48GiB; at most 2^60 bytes = 1048576TiB)  fit=false (needs memory_limit)\n"
+                        "  device=cpu (cpu, cuda or cuda:N: the GPU's share, its arenas, cuBLAS workspace and context)\n"
                         "  on/off settings take on/off, true/false, yes/no or 1/0\n"
                         "MODEL: a .gguf file, a Hugging Face folder or config.json, or a size name (gemma3-270m, gemma3-1b,\n"
                         "gemma3-4b, gemma3-12b, gemma3-27b, gemma3n-e2b, gemma3n-e4b, gemma4-e2b, gemma4-e4b, gemma4-31b,\n"
@@ -564,6 +565,7 @@ static int cmd_plan(int argc, char **argv) {
     double limit = 0;
     bool fit = false;
     gm_error err = {0};
+    int device_index = -1; /* the device=... setting: -1 cpu, else a GPU */
     for (int i = 1; i < argc; i++) {
         char key[64];
         const char *eq = strchr(argv[i], '=');
@@ -597,6 +599,7 @@ static int cmd_plan(int argc, char **argv) {
             ok = parse_size(v, &limit) && limit >= 1 && limit <= PLAN_MAX_LIMIT,
             want = "a size from 1 byte to 2^60 bytes (1048576TiB), such as 48GiB or 512MB";
         else if (!strcmp(key, "fit")) ok = parse_bool(v, &b), fit = b, want = BOOL_VALUES;
+        else if (!strcmp(key, "device")) ok = gm_backend_parse_device(v, &device_index, NULL) == GM_OK, want = "cpu, cuda or cuda:N";
         else {
             int nk;
             const gm_opt_spec *all = gm_train_opt_specs(&nk), *near = gm_train_opt_closest(key);
@@ -604,7 +607,7 @@ static int cmd_plan(int argc, char **argv) {
             if (near) fprintf(stderr, " (did you mean '%s'?)", near->name);
             fprintf(stderr, " (allowed: ");
             for (int k = 0; k < nk; k++) fprintf(stderr, "%s, ", all[k].name);
-            fprintf(stderr, "threads, images, audio_seconds, memory_limit, fit)\n");
+            fprintf(stderr, "threads, images, audio_seconds, memory_limit, fit, device)\n");
             return 2;
         }
         if (!ok) {
@@ -617,6 +620,11 @@ static int cmd_plan(int argc, char **argv) {
     /* as an experiment file: fit has nothing to fit into without a limit (not silently ignored) */
     if (fit && limit <= 0) {
         fprintf(stderr, "gemmarun plan: fit requires memory_limit (e.g. memory_limit=8GiB) to fit into\n");
+        return 2;
+    }
+    if (fit && device_index >= 0) {
+        fprintf(stderr, "gemmarun plan: fit with device=cuda is not supported yet (fit shrinks the host plan); give "
+                        "memory_limit alone to compare the GPU's total with it\n");
         return 2;
     }
     gm_config cfg;
@@ -632,6 +640,7 @@ static int cmd_plan(int argc, char **argv) {
     gm_status s = (limit > 0 && fit) ? gm_plan_fit(&cfg, &o, stored, stored_embed, &in, (size_t)limit, &p, chosen, sizeof chosen, &err)
                                      : gm_plan_training(&cfg, &o, stored, stored_embed, &in, &p, &err);
     if (s != GM_OK) return fail(&err, s == GM_ERR_LIMIT ? 1 : 2);
+    gm_plan_on_device(&p, device_index >= 0 ? GM_DEVICE_CUDA : GM_DEVICE_CPU);
     printf("memory plan: %s (%s, %.2fB parameters)\n", argv[0], cfg.name, (double)p.n_params / 1e9);
     char trainable[32]; /* 3.8M, or the exact count below 100,000 */
     if (p.n_trainable >= 100000) snprintf(trainable, sizeof trainable, "%.1fM", (double)p.n_trainable / 1e6);
@@ -652,10 +661,17 @@ static int cmd_plan(int argc, char **argv) {
     if (chosen[0]) printf("fit: %s\n", chosen);
     if (limit > 0) {
         char lim[32];
-        printf("memory_limit %s: %s\n", fmt_size(limit, lim, sizeof lim), p.total <= (size_t)limit ? "fits" : "does NOT fit");
-        if (p.total > (size_t)limit) {
-            printf("  hint: add fit=true (checkpointing, smaller batch with more accumulation), or lower max_length / rank%s\n",
-                   o.quant == GM_QUANT_NF4 ? "" : ", or quant=nf4");
+        /* on a GPU the limit is the GPU's memory */
+        size_t need = p.device == GM_DEVICE_CUDA ? p.device_total : p.total;
+        printf("memory_limit %s%s: %s\n", fmt_size(limit, lim, sizeof lim), p.device == GM_DEVICE_CUDA ? " (the GPU's)" : "",
+               need <= (size_t)limit ? "fits" : "does NOT fit");
+        if (need > (size_t)limit) {
+            if (p.device == GM_DEVICE_CUDA)
+                printf("  hint: checkpointing=on, a smaller batch with more grad_accum, or lower max_length / rank%s\n",
+                       o.quant == GM_QUANT_NF4 ? "" : ", or quant=nf4");
+            else
+                printf("  hint: add fit=true (checkpointing, smaller batch with more accumulation), or lower max_length / rank%s\n",
+                       o.quant == GM_QUANT_NF4 ? "" : ", or quant=nf4");
             return 1;
         }
     }

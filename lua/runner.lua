@@ -584,11 +584,11 @@ local MPI_STATE_BYTES = 16 * 2 ^ 20
 
 --- A trial's plan: the trainer's (gm.plan) plus the runner's own state, as item "runner" (and
 --- MPI's, as item "mpi", in a data-parallel run).
-local function trial_plan(model, opts, items)
+local function trial_plan(model, opts, items, device)
   -- (with images the planner also checks that max_length leaves room for text beside them: what a
   -- built-in size's dry run, which tokenizes nothing, has to go on)
   local per_example = items and items.max_images or 0
-  local plan = gm.plan(model, opts, per_example > 0 and { images = per_example } or nil)
+  local plan = gm.plan(model, opts, { images = per_example > 0 and per_example or nil, device = device })
   plan.runner = math.tointeger(RUNNER_STATE_BYTES)
   plan.total = plan.total + plan.runner
   if DIST.world_size > 1 then
@@ -614,13 +614,20 @@ end
 --- a note of what fit chose, or raises with the plan and what would make it fit. The trial is
 --- refused here, before its weights are loaded.
 local function fit_memory(e, trial, opts, items)
-  local plan = trial_plan(trial.config.model, opts, items)
+  local plan = trial_plan(trial.config.model, opts, items, e.device)
   trial.plan = plan
+  -- on a GPU, memory_limit is the GPU's; fit does not shrink GPU plans yet
+  if plan.gpu then
+    if not e.memory_limit_bytes or plan.gpu.total <= e.memory_limit_bytes then return opts, nil end
+    error(string.format("the plan needs %s on %s (arenas %s, CUDA context %s), over memory_limit %s; lower max_length or "
+      .. "batch, use checkpointing = true%s, or raise memory_limit", fmt_bytes(plan.gpu.total), e.device, fmt_bytes(plan.gpu.arenas),
+      fmt_bytes(plan.gpu.context), fmt_bytes(e.memory_limit_bytes), trial.config.quant ~= "nf4" and " or quant = \"nf4\"" or ""), 0)
+  end
   if not e.memory_limit_bytes or plan.total <= e.memory_limit_bytes then return opts, nil end
   if e.fit then
     local fitted, _, chosen = gm.plan_fit(trial.config.model, opts,
       math.max(1, e.memory_limit_bytes - RUNNER_STATE_BYTES - (plan.images or 0)))
-    trial.plan = trial_plan(trial.config.model, fitted, items)
+    trial.plan = trial_plan(trial.config.model, fitted, items, e.device)
     return fitted, chosen
   end
   local ways = {}
@@ -647,7 +654,8 @@ local function use_model(ctx, e, model)
   if ctx.model_name == model then return end
   if ctx.model then ctx.model:close() end
   ctx.model, ctx.model_name, ctx.data = nil, nil, {}
-  ctx.model = gm.load_model(model, { threads = e.threads or GM_THREADS, device = e.device })
+  -- a dry run only tokenizes: it plans for a GPU without opening one
+  ctx.model = gm.load_model(model, { threads = e.threads or GM_THREADS, device = not ctx.dry_run and e.device or nil })
   ctx.model_name = model
   ctx.data = {}
 end
@@ -845,6 +853,7 @@ local function run_trial(ctx, e, trial, n_trials)
   for k, v in pairs(trial.plan) do
     if math.type(v) == "integer" then mem["planned_" .. k:gsub(" ", "_")] = v end
   end
+  for k, v in pairs(trial.plan.gpu or {}) do mem["planned_gpu_" .. k] = v end
   -- the trial's peak is its own: no weight pages a previous trial paged in (docs/memory.md)
   ctx.model:release_weight_pages()
   gm.reset_peak_rss()
@@ -1007,6 +1016,12 @@ local function run_trial(ctx, e, trial, n_trials)
   end
   if ROOT then say("  final %s", f.accuracy and string.format("accuracy %.1f%%", 100 * f.accuracy) or string.format("loss %.4f", f.loss)) end
   mem.measured_peak_rss = gm.peak_rss()
+  if trial.plan.gpu then
+    -- the allocator's high-water mark (the plan's arenas) and what the GPU has in use (arenas,
+    -- context and whatever else: the plan's total)
+    local dm = gm.device_memory(e.device)
+    mem.measured_gpu_peak_arenas, mem.measured_gpu_used = dm.peak, dm.used
+  end
   res:set_memory(mem)
   res:put_adapter(tr)
   res:set({ status = "completed", wall_seconds = gm.clock() - t_start })
@@ -1363,7 +1378,7 @@ function R.prepare(e, cli)
   -- tokenize every example up front for each (model, max_length) of the selected trials: a
   -- max_length that leaves no room for any response is an error in the file, before any trial
   -- (the dry run too: it maps the model for its vocabulary but reads no weights)
-  local ctx = { data = {}, baselines = {}, items = items, cfgs = cfgs }
+  local ctx = { data = {}, baselines = {}, items = items, cfgs = cfgs, dry_run = cli.dry_run }
   check_lengths(ctx, e, selected, items)
   resolve_model_adapter(ctx, e, trials)
   return ctx, trials, selected, swept
@@ -1389,9 +1404,17 @@ end
 --- chose, or nil), over (true: it would be refused), why (the fit's or the planner's error)}.
 function R.plan_trial(e, t, items, threads)
   local opts = trainer_opts(t.config, 1, threads, items.max_images)
-  local ok, plan = pcall(trial_plan, t.config.model, opts, items)
+  local ok, plan = pcall(trial_plan, t.config.model, opts, items, e.device)
   if not ok then return { why = clean_msg(plan) } end
   local r = { plan = plan, total = plan.total }
+  -- on a GPU, memory_limit is the GPU's (its arenas, cuBLAS workspace, the context)
+  if plan.gpu then
+    r.total = plan.gpu.total
+    if e.memory_limit_bytes and plan.gpu.total > e.memory_limit_bytes then
+      r.over, r.why = true, e.fit and "fit does not shrink GPU plans yet: lower batch / max_length, or checkpointing = true" or nil
+    end
+    return r
+  end
   if e.memory_limit_bytes and plan.total > e.memory_limit_bytes then
     local fok, total, chosen = false, nil, nil
     if e.fit then
@@ -1426,11 +1449,17 @@ local function run_all(e, cli)
       local line
       if r.plan then
         line = string.format("  trial %2d  %s  %s  plan %s (%s)", t.index, t.id, describe_point(t, swept), fmt_bytes(r.plan.total), R.plan_summary(r.plan))
+        if r.plan.gpu then
+          line = line .. string.format("; on %s: GPU %s (arenas %s, CUDA context %s, estimate), host %s", e.device,
+            fmt_bytes(r.plan.gpu.total), fmt_bytes(r.plan.gpu.arenas), fmt_bytes(r.plan.gpu.context), fmt_bytes(r.plan.gpu.host))
+        end
         if r.fit then
           line = line .. string.format("  over memory_limit; fit: %s (plan %s)", r.fit, fmt_bytes(r.total))
         elseif r.over then
           over = over + 1
-          line = line .. "  OVER memory_limit" .. (e.fit and (": cannot fit: " .. r.why) or " (the trial will be refused; fit = true may help)")
+          line = line .. "  OVER memory_limit" .. (e.fit and (": cannot fit: " .. r.why) or
+            (r.plan.gpu and " (the trial will be refused; lower batch / max_length, or checkpointing = true)"
+              or " (the trial will be refused; fit = true may help)"))
         end
       else
         line = string.format("  trial %2d  %s  %s  plan unavailable: %s", t.index, t.id, describe_point(t, swept), r.why)

@@ -335,6 +335,20 @@ gm_status gm_backend_probe(const char *device, gm_error *err) {
     return GM_OK;
 }
 
+gm_status gm_backend_device_memory(const char *device, size_t *peak, size_t *used, size_t *total, gm_error *err) {
+    int idx = -1;
+    *peak = *used = *total = 0;
+    GM_TRY(gm_backend_parse_device(device, &idx, err));
+    if (idx < 0) return gm_error_set(err, GM_ERR_INVALID, "device memory of \"cpu\": the process's resident memory is its own measure");
+    GM_TRY(gm_backend_probe(device, err));
+    size_t free_b = 0;
+    if (cuda_module->mem_info(idx, &free_b, total) != 0)
+        return gm_error_set(err, GM_ERR_DEVICE, "device \"%s\": cudaMemGetInfo failed", device);
+    *used = *total - free_b;
+    *peak = cuda_module->peak_bytes();
+    return GM_OK;
+}
+
 gm_status gm_backend_open(const char *device, int n_threads, gm_backend **out, gm_error *err) {
     *out = NULL;
     int idx = -1;

@@ -103,6 +103,12 @@ gm_status gm_backend_probe(const char *device, gm_error *err);
  * (may be NULL) receives N (0 for "cuda", -1 for "cpu"). */
 gm_status gm_backend_parse_device(const char *device, int *index, gm_error *err);
 
+/* Memory of the device `device` names: *peak the high-water mark of what gemmarun allocated there
+ * (gm_cuda_peak_bytes), *used its total less its free memory (cudaMemGetInfo: every process and
+ * context on it), *total its size. "cpu": GM_ERR_INVALID (use gm_process_peak_rss). Errors as
+ * gm_backend_probe's. */
+gm_status gm_backend_device_memory(const char *device, size_t *peak, size_t *used, size_t *total, gm_error *err);
+
 /* ---- the CUDA module ---------------------------------------------------------------------- */
 
 /* `gemmarun` does not link CUDA: kernels/cuda is also built as a module, libgemmarun_cuda.so
@@ -110,6 +116,11 @@ gm_status gm_backend_parse_device(const char *device, int *index, gm_error *err)
  * first time a run asks for device "cuda" (kernels/cuda/module.cu says why). Its one exported
  * symbol, gm_cuda_module_entry, returns this table. */
 #define GM_CUDA_MODULE_ABI 1
+
+/* The CUDA backend hands cuBLAS a workspace of its own (cublasSetWorkspace), so it is part of the
+ * allocator's high-water mark and of the plan: 32 MiB, the size the cuBLAS documentation
+ * recommends for Hopper (cublasSetWorkspace; 4 MiB for earlier GPUs - the larger one for all). */
+#define GM_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 typedef struct gm_cuda_module {
     int abi;                                    /* GM_CUDA_MODULE_ABI of the module's build */
     int (*probe)(char *why, size_t cap);        /* devices; 0 with the runtime's reason in why */

@@ -6,6 +6,8 @@
 
 #include "gm_plan_arch.h"
 
+#include "gm_backend.h" /* GM_CUBLAS_WORKSPACE_BYTES */
+
 #include "gm_fetch.h"
 #include "gm_gguf.h"
 #include "gm_lora.h"
@@ -193,10 +195,37 @@ gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtyp
         }
     }
     out->runtime = gm_plan_runtime_bytes(cfg);
+    out->host_only = out->runtime + tp.host_bytes + gm_plan_checkpoint_bytes(out->n_trainable) + out->vision.staging;
     out->total = out->runtime + out->vision.total;
     for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->total += out->by_kind[k];
     out->exact = true;
     return GM_OK;
+}
+
+/* The CUDA context's own device memory (module images, the driver's per-context state, local
+ * memory for the resident threads): not cudaMalloc'd, seen only by cudaMemGetInfo. An estimate
+ * (a CUDA 12/13 context with lazy module loading, CUDA_MODULE_LOADING=LAZY being the default since
+ * 12.2, is commonly reported at a few hundred MiB on Hopper) to be replaced by the value the GPU
+ * script measures (tests/device/run.sh: cudaMemGetInfo before and after the backend starts). */
+#define GM_PLAN_CUDA_CONTEXT_BYTES ((size_t)512 << 20)
+
+void gm_plan_on_device(gm_plan *p, gm_device device) {
+    p->device = device;
+    if (device != GM_DEVICE_CUDA) {
+        p->device_arenas = p->cuda_context = p->device_total = p->host_total = 0;
+        return;
+    }
+    size_t host = p->host_only ? p->host_only : p->runtime;
+    p->host_total = host;
+    p->device_arenas = p->total - host + GM_CUBLAS_WORKSPACE_BYTES;
+    p->cuda_context = GM_PLAN_CUDA_CONTEXT_BYTES;
+    p->device_total = p->device_arenas + p->cuda_context;
+    if (p->exact) {
+        p->exact = false;
+        snprintf(p->note, sizeof p->note, "on CUDA: the trainer's layout with the base weights uploaded, cuBLAS's workspace "
+                 "%zu MiB, the CUDA context estimated at %zu MiB; not yet compared with a GPU's allocator peak and "
+                 "cudaMemGetInfo (tests/device/run.sh does)", GM_CUBLAS_WORKSPACE_BYTES >> 20, GM_PLAN_CUDA_CONTEXT_BYTES >> 20);
+    }
 }
 
 void gm_plan_format(const gm_plan *p, char *buf, size_t cap) {
@@ -226,6 +255,15 @@ void gm_plan_format(const gm_plan *p, char *buf, size_t cap) {
     PUT("  %-18s %10.1f MiB   (code, libraries, tokenizer, BLAS buffers)\n", "runtime", (double)p->runtime / 1048576.0);
     PUT("  %-18s %10.1f MiB   (%.2f GiB)%s\n", "total", (double)p->total / 1048576.0, (double)p->total / 1073741824.0,
         p->exact ? "" : "   estimate");
+    if (p->device == GM_DEVICE_CUDA) {
+        PUT("on the GPU (device cuda):\n");
+        PUT("  %-18s %10.1f MiB   (the items above less host memory, base weights uploaded, cuBLAS workspace %.0f MiB)\n",
+            "arenas", (double)p->device_arenas / 1048576.0, (double)GM_CUBLAS_WORKSPACE_BYTES / 1048576.0);
+        PUT("  %-18s %10.1f MiB   (estimate)\n", "CUDA context", (double)p->cuda_context / 1048576.0);
+        PUT("  %-18s %10.1f MiB   (%.2f GiB)\n", "device total", (double)p->device_total / 1048576.0,
+            (double)p->device_total / 1073741824.0);
+        PUT("  %-18s %10.1f MiB   (runtime, host staging, checkpoint saves)\n", "host", (double)p->host_total / 1048576.0);
+    }
 #undef PUT
     if (n >= cap && cap) buf[cap - 1] = '\0';
 }

@@ -74,6 +74,15 @@ typedef struct gm_plan {
     int64_t n_trainable;     /* LoRA parameters */
     char base_detail[256];   /* how the base weights break down (linear / embeddings / towers) */
     char note[512];          /* what is estimated and why, when not exact */
+    size_t host_only;        /* of total, what is host memory on every device: the runtime, the
+                                host staging arenas, checkpoint saves, the tower's pixel staging */
+    /* where it runs (gm_plan_on_device; GM_DEVICE_CPU: everything above is host memory) */
+    gm_device device;
+    size_t device_arenas;    /* CUDA: the arenas on the GPU with the base weights uploaded into
+                                them, and cuBLAS's workspace: gm_cuda_peak_bytes should equal it */
+    size_t cuda_context;     /* CUDA: the context's own memory (an estimate: cudaMemGetInfo sees it) */
+    size_t device_total;     /* device_arenas + cuda_context */
+    size_t host_total;       /* CUDA: host_only */
 } gm_plan;
 
 /* Plans a training run. `stored` is the stored dtype of the linear weights (for quant "stored"
@@ -133,6 +142,14 @@ gm_status gm_plan_fit(const gm_config *cfg, gm_train_opts *o, gm_dtype stored, g
  * (core/store/gm_checkpoint.c builds the file in memory, then writes it), plus HDF5's own state
  * (5.5 MiB and 1.5 bytes per parameter, fitted: docs/memory.md). Part of "largest transient". */
 size_t gm_plan_checkpoint_bytes(int64_t n_trainable);
+
+/* Places a plan on a device: for GM_DEVICE_CUDA the items split into what lives on the GPU (the
+ * arenas, the base weights the CUDA backend uploads instead of reading them in place, the cuBLAS
+ * workspace GM_CUBLAS_WORKSPACE_BYTES) and on the host (host_only), plus the CUDA context
+ * (GM_PLAN_CUDA_CONTEXT_BYTES, an estimate) - and the plan is marked an estimate until the GPU
+ * script (tests/device/run.sh) has compared it with the allocator's peak and cudaMemGetInfo.
+ * GM_DEVICE_CPU leaves the plan as it is. */
+void gm_plan_on_device(gm_plan *p, gm_device device);
 
 /* Writes the itemized table (one item per line, then the total) into buf. */
 void gm_plan_format(const gm_plan *p, char *buf, size_t cap);

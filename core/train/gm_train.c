@@ -448,6 +448,7 @@ gm_status gm_train_plan(const gm_config *cfg, const gm_train_opts *o, gm_dtype s
     if (s == GM_OK) s = layout(tr, NULL, stored, stored_embed, err);
     if (s == GM_OK) {
         out->total = tr->arena.used + tr->host.used;
+        out->host_bytes = tr->host.used;
         for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->by_kind[k] = tr->arena.by_kind[k] + tr->host.by_kind[k];
         out->alias_bytes = tr->w.alias_bytes;
         memcpy(out->weight_bytes, tr->w.kind_bytes, sizeof out->weight_bytes);

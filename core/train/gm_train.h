@@ -279,6 +279,7 @@ double gm_train_lr_at(const gm_train_opts *o, int64_t step);
 typedef struct gm_train_plan_info {
     size_t by_kind[GM_MEM_KIND_COUNT]; /* the arenas (backend + host staging), by memory kind */
     size_t total;                      /* their sum */
+    size_t host_bytes;                 /* of total, the host staging arena's (host memory on any backend) */
     size_t alias_bytes;                /* base weights read in place from the file (memory-mapped,
                                           resident, not in an arena) */
     size_t weight_bytes[GM_W_KIND_COUNT]; /* resident base weights by gm_wkind: linear, norm,

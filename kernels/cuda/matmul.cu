@@ -11,18 +11,32 @@
 #include <stdio.h>
 
 extern "C" {
+#include "gm_backend.h" /* GM_CUBLAS_WORKSPACE_BYTES */
 #include "gm_log.h"
 }
 
 static cublasHandle_t handle;
+static cudaStream_t handle_stream;
+static void *workspace; /* cuBLAS's workspace, ours: counted in gm_cuda_peak_bytes, planned */
 
 cublasHandle_t gm_cuda_blas(cudaStream_t s) {
-    if (!handle && cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
-        gm_log(GM_LOG_ERROR, "cuBLAS initialisation failed");
-        gm_cuda_record_error("cuBLAS initialisation failed");
-        return NULL;
+    if (!handle) {
+        if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) {
+            handle = NULL;
+            gm_log(GM_LOG_ERROR, "cuBLAS initialisation failed");
+            gm_cuda_record_error("cuBLAS initialisation failed");
+            return NULL;
+        }
+        workspace = gm_cuda_malloc(GM_CUBLAS_WORKSPACE_BYTES);
+        handle_stream = (cudaStream_t)-1; /* set below */
     }
-    cublasSetStream(handle, s);
+    if (s != handle_stream) {
+        /* cublasSetStream resets the workspace to cuBLAS's own pool (cuBLAS documentation,
+         * cublasSetStream): ours is set again after it */
+        cublasSetStream(handle, s);
+        if (workspace) cublasSetWorkspace(handle, workspace, GM_CUBLAS_WORKSPACE_BYTES);
+        handle_stream = s;
+    }
     return handle;
 }
 
@@ -36,6 +50,8 @@ static void blas_failed(cublasStatus_t st) {
 void gm_cuda_blas_shutdown(void) {
     if (handle) cublasDestroy(handle);
     handle = NULL;
+    gm_cuda_free(workspace);
+    workspace = NULL;
 }
 
 static void sgemm(cudaStream_t s, float *out, const float *x, const float *w, int64_t M, int64_t N, int64_t K,

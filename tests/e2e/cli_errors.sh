@@ -93,6 +93,9 @@ else
 fi
 expect_run "generate: device cuda without a GPU" 2 "$NO_GPU" -- env CUDA_VISIBLE_DEVICES= "$GM" generate "$MODEL" "x" --device cuda
 expect_run "generate: a missing CUDA module" 2 'the CUDA module /no/such/module.so is missing|built without CUDA' -- env GEMMARUN_CUDA_MODULE=/no/such/module.so "$GM" generate "$MODEL" "x" --device cuda:1
+expect_run "plan: device=cuda splits the plan (no GPU needed)" 0 "on the GPU \(device cuda\):.*CUDA context +512\.0 MiB.*memory_limit 1\.00 GiB \(the GPU's\): fits" -- "$GM" plan gemma3-270m device=cuda memory_limit=1GiB max_length=128 batch=1
+expect_run "plan: device=cuda with fit" 2 "fit with device=cuda is not supported yet" -- "$GM" plan gemma3-270m device=cuda memory_limit=1GiB fit=true
+expect_run "plan: unknown device" 2 "bad value for device: tpu \(expected cpu, cuda or cuda:N\)" -- "$GM" plan gemma3-270m device=tpu
 # an experiment stops before its first trial, its finished results kept
 GM_ABS=$(cd "$(dirname "$GM")" && pwd)/$(basename "$GM")
 mkdir -p "$TMP/dev/results/quickstart" && echo kept > "$TMP/dev/results/quickstart/finished.txt"
@@ -102,6 +105,7 @@ if [ "$(ls "$TMP/dev/results/quickstart")" = finished.txt ] && [ "$(cat "$TMP/de
 else
   fail=$((fail + 1)); echo "FAIL  experiment: results changed after the device error: $(ls "$TMP/dev/results/quickstart")"
 fi
+expect_run "experiment: a dry run plans for a GPU without one" 0 "trial  1 .* on cuda: GPU [0-9.]+ GiB \(arenas [0-9.]+ MiB, CUDA context 512\.0 MiB, estimate\), host" -- env CUDA_VISIBLE_DEVICES= bash -c "cd '$TMP/dev' && '$GM_ABS' --dry-run --device cuda"
 expect_run "experiment: unknown device" 2 'experiment.device = "gpu": must be "cpu", "cuda" or "cuda:N"' -- bash -c "cd '$TMP/dev' && '$GM_ABS' --set device=gpu"
 expect_run "experiment: --device with a bad value" 2 "bad value for --device: cuda:x" -- bash -c "cd '$TMP/dev' && '$GM_ABS' --device cuda:x"
 

@@ -20,6 +20,7 @@
 #include "gm_backend.h"
 #include "gm_decoder.h"
 #include "gm_model.h"
+#include "gm_plan.h"
 #include "gm_train.h"
 #include "test_util.h"
 
@@ -235,6 +236,43 @@ static void test_generation_equals_training(const gm_model *m) {
     gm_backend_free(be[1]);
 }
 
+/* ---- the device plan == a trainer on memory the host cannot read ----------------------------- */
+
+/* gm_plan_on_device(CUDA) says the GPU holds the trainer's arenas with the base weights uploaded
+ * into them (the CUDA backend cannot read the file's pages in place) plus cuBLAS's workspace, and
+ * the host the rest. The strict backend is such a backend on the CPU: its trainer's arena is what
+ * the GPU would hold, byte for byte, and its host staging what the host would. */
+static void test_device_plan(const gm_model *m) {
+    gm_error err = {0};
+    gm_backend *be = NULL;
+    CHECK_OK(gm_backend_strict_new(1, &be, &err), &err);
+    for (int ck = 0; ck < 2; ck++) {
+        gm_train_opts o = opts(ck);
+        gm_trainer *tr = NULL;
+        CHECK_OK(gm_trainer_new_on(m, &o, be, &tr, &err), &err);
+        if (!tr) break;
+        size_t arena = gm_trainer_arena(tr)->used, host = gm_trainer_host_bytes(tr);
+        gm_dtype lin = GM_F32, emb = GM_F32;
+        CHECK_OK(gm_model_stored_dtypes(gm_test_path("tests/ref/tiny_gemma3"), &lin, &emb, &err), &err);
+        gm_plan p;
+        CHECK_OK(gm_plan_training(&m->cfg, &o, lin, emb, NULL, &p, &err), &err);
+        size_t cpu_total = p.total;
+        gm_plan_on_device(&p, GM_DEVICE_CUDA);
+        CHECK(p.device_arenas == arena + GM_CUBLAS_WORKSPACE_BYTES,
+              "checkpointing %d: planned GPU arenas %zu bytes = the strict trainer's arena %zu + cuBLAS workspace %zu", ck,
+              p.device_arenas, arena, GM_CUBLAS_WORKSPACE_BYTES);
+        CHECK(p.host_total == gm_plan_runtime_bytes(&m->cfg) + host + gm_plan_checkpoint_bytes(p.n_trainable),
+              "checkpointing %d: planned host %zu = runtime + the strict trainer's host staging %zu + a checkpoint save", ck,
+              p.host_total, host);
+        CHECK(p.device_total == p.device_arenas + p.cuda_context && p.device_arenas + p.host_total == cpu_total + GM_CUBLAS_WORKSPACE_BYTES,
+              "checkpointing %d: the device and host parts add up to the plan (+ workspace)", ck);
+        printf("device plan, checkpointing %s: GPU arenas %zu = strict trainer arena %zu + workspace; host %zu\n",
+               ck ? "on" : "off", p.device_arenas, arena, p.host_total);
+        gm_trainer_free(tr);
+    }
+    gm_backend_free(be);
+}
+
 /* ---- soft tokens ---------------------------------------------------------------------------- */
 
 static void test_soft_tokens(const gm_model *m) {
@@ -289,6 +327,7 @@ int main(void) {
     make_data(m->cfg.vocab_size);
     test_strict_training(m);
     test_generation_equals_training(m);
+    test_device_plan(m);
     test_soft_tokens(m);
     gm_model_free(m);
     return gm_test_finish();
