@@ -213,8 +213,76 @@ static void strict_memset(gm_backend *be, void *dst, int value, size_t bytes) {
     strict_close();
 }
 
+/* Every pointer a kernel gets on the strict backend must be memory of it (a live block): the
+ * host pointer that a CPU kernel would read anyway is a crash on a GPU. Each argument is checked
+ * by type (C11 _Generic): activations and indices, the scratch of the kernel context, and each
+ * buffer of a weight view; NULL passes (optional outputs, kv_end). */
+static bool strict_owns(const void *p) {
+    for (int i = 0; i < STRICT_MAX_BLOCKS; i++)
+        if (strict_blocks[i].p && (const char *)p >= (const char *)strict_blocks[i].p &&
+            (const char *)p < (const char *)strict_blocks[i].p + strict_blocks[i].bytes)
+            return true;
+    return false;
+}
+
+static void strict_ptr(const char *kernel, const char *arg, const void *p) {
+    if (p && !strict_owns(p)) {
+        fprintf(stderr, "strict backend: kernel %s got %s = %p, which is not memory of the backend (a host "
+                        "pointer would crash on a GPU)\n", kernel, arg, p);
+        GM_ASSERT(!"kernel argument outside the backend's memory");
+    }
+}
+
+static void strict_wview(const char *kernel, const char *arg, const gm_wview *w) {
+    strict_ptr(kernel, arg, w->data);
+    strict_ptr(kernel, "its absmax_code", w->absmax_code);
+    strict_ptr(kernel, "its absmax2", w->absmax2);
+    strict_ptr(kernel, "its row_scale", w->row_scale);
+}
+
+static void strict_kctx(const char *kernel, const char *arg, const gm_kctx *c) {
+    strict_ptr(kernel, "ctx->scratch", c->scratch);
+    (void)arg;
+}
+
+static void strict_skip(const char *kernel, const char *arg, ...) { (void)kernel, (void)arg; }
+
+#define STRICT_ARG(kernel, a)                                                                \
+    _Generic((a), float *: strict_ptr, const float *: strict_ptr, int32_t *: strict_ptr,     \
+             const int32_t *: strict_ptr, double *: strict_ptr, const gm_wview *: strict_wview, \
+             const gm_kctx *: strict_kctx, default: strict_skip)(kernel, #a, a);
+/* STRICT_ARG for each of up to 20 arguments (the longest kernel takes 19) */
+#define STRICT_N(_1, _2, _3, _4, _5, _6, _7, _8, _9, _10, _11, _12, _13, _14, _15, _16, _17, _18, _19, _20, N, ...) N
+#define STRICT_1(k, a) STRICT_ARG(k, a)
+#define STRICT_2(k, a, ...) STRICT_ARG(k, a) STRICT_1(k, __VA_ARGS__)
+#define STRICT_3(k, a, ...) STRICT_ARG(k, a) STRICT_2(k, __VA_ARGS__)
+#define STRICT_4(k, a, ...) STRICT_ARG(k, a) STRICT_3(k, __VA_ARGS__)
+#define STRICT_5(k, a, ...) STRICT_ARG(k, a) STRICT_4(k, __VA_ARGS__)
+#define STRICT_6(k, a, ...) STRICT_ARG(k, a) STRICT_5(k, __VA_ARGS__)
+#define STRICT_7(k, a, ...) STRICT_ARG(k, a) STRICT_6(k, __VA_ARGS__)
+#define STRICT_8(k, a, ...) STRICT_ARG(k, a) STRICT_7(k, __VA_ARGS__)
+#define STRICT_9(k, a, ...) STRICT_ARG(k, a) STRICT_8(k, __VA_ARGS__)
+#define STRICT_10(k, a, ...) STRICT_ARG(k, a) STRICT_9(k, __VA_ARGS__)
+#define STRICT_11(k, a, ...) STRICT_ARG(k, a) STRICT_10(k, __VA_ARGS__)
+#define STRICT_12(k, a, ...) STRICT_ARG(k, a) STRICT_11(k, __VA_ARGS__)
+#define STRICT_13(k, a, ...) STRICT_ARG(k, a) STRICT_12(k, __VA_ARGS__)
+#define STRICT_14(k, a, ...) STRICT_ARG(k, a) STRICT_13(k, __VA_ARGS__)
+#define STRICT_15(k, a, ...) STRICT_ARG(k, a) STRICT_14(k, __VA_ARGS__)
+#define STRICT_16(k, a, ...) STRICT_ARG(k, a) STRICT_15(k, __VA_ARGS__)
+#define STRICT_17(k, a, ...) STRICT_ARG(k, a) STRICT_16(k, __VA_ARGS__)
+#define STRICT_18(k, a, ...) STRICT_ARG(k, a) STRICT_17(k, __VA_ARGS__)
+#define STRICT_19(k, a, ...) STRICT_ARG(k, a) STRICT_18(k, __VA_ARGS__)
+#define STRICT_20(k, a, ...) STRICT_ARG(k, a) STRICT_19(k, __VA_ARGS__)
+#define STRICT_CAT(a, b) a##b
+#define STRICT_PICK(n) STRICT_CAT(STRICT_, n)
+#define STRICT_CHECK(k, ...)                                                                 \
+    STRICT_PICK(STRICT_N(__VA_ARGS__, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1))(k, __VA_ARGS__)
+#define STRICT_UNPAREN(...) __VA_ARGS__
+#define STRICT_APPLY(k, args) STRICT_CHECK(k, STRICT_UNPAREN args)
+
 #define GM_KERNEL(name, params, args)                                                        \
     static void strict_##name params {                                                       \
+        STRICT_APPLY(#name, args)                                                            \
         strict_open();                                                                       \
         gm_k_##name##_cpu args;                                                              \
         strict_close();                                                                      \
