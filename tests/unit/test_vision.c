@@ -369,6 +369,56 @@ static void check_lora_vision(const gm_model *m) {
 
 /* LoRA on the language model with images in the batch (tower and projector frozen): loss and
  * every adapter gradient against PEFT on the same adapters (/lora). */
+/* The image path on a backend whose memory the host cannot touch (the strict backend, as a GPU's):
+ * LoRA on the language model and the tower, the projector trained, with images - three steps
+ * equal the CPU backend's bit for bit (losses and every trained tensor), and no kernel gets a
+ * host pointer (the strict backend aborts on one): what a CUDA run of the same needs of the
+ * model code, checked without a GPU. */
+static void check_vision_strict(const gm_model *m) {
+    lora_batch lb;
+    if (!lora_batch_load("/lora_vt/loss", &lb)) {
+        lora_batch_free(&lb);
+        return;
+    }
+    gm_train_opts o = lora_batch_opts(&lb);
+    snprintf(o.lora.targets, sizeof o.lora.targets, "q_proj,v_proj,down_proj");
+    snprintf(o.vision_targets, sizeof o.vision_targets, "q_proj,k_proj,v_proj,out_proj,fc1,fc2");
+    o.train_projector = true;
+    gm_batch bt = {.B = lb.B, .T = lb.T, .ids = lb.ids, .targets = lb.tg, .pixels = lb.pix, .n_images = 3};
+    gm_error err = {0};
+    gm_backend *be[2] = {NULL, NULL};
+    gm_trainer *tr[2] = {NULL, NULL};
+    CHECK_OK(gm_backend_cpu_new(2, &be[0], &err), &err);
+    CHECK_OK(gm_backend_strict_new(2, &be[1], &err), &err);
+    double loss[2][3] = {{0}};
+    for (int k = 0; k < 2 && be[k]; k++) {
+        CHECK_OK(gm_trainer_new_on(m, &o, be[k], &tr[k], &err), &err);
+        for (int s = 0; s < 3 && tr[k]; s++) {
+            gm_step_stats st;
+            CHECK_OK(gm_trainer_step(tr[k], &bt, 1, &st, &err), &err);
+            loss[k][s] = st.loss;
+        }
+    }
+    if (tr[0] && tr[1]) {
+        CHECK(memcmp(loss[0], loss[1], sizeof loss[0]) == 0, "strict backend with images: losses %.9g %.9g %.9g vs the CPU's "
+              "%.9g %.9g %.9g", loss[1][0], loss[1][1], loss[1][2], loss[0][0], loss[0][1], loss[0][2]);
+        int n0 = 0, n1 = 0, differ = 0;
+        const gm_train_param *p0 = gm_trainer_params(tr[0], &n0), *p1 = gm_trainer_params(tr[1], &n1);
+        for (int i = 0; i < n0 && n0 == n1; i++) {
+            float *got = gm_malloc((size_t)p1[i].n * sizeof(float));
+            gm_backend_download(be[1], got, p1[i].p, (size_t)p1[i].n * sizeof(float));
+            differ += memcmp(got, p0[i].p, (size_t)p0[i].n * sizeof(float)) != 0;
+            gm_free(got);
+        }
+        CHECK(n0 == n1 && n0 > 0 && differ == 0, "strict backend with images: %d of %d trained tensors differ from the CPU's",
+              differ, n0);
+        printf("image path on the strict backend: 3 steps, losses and %d trained tensors equal the CPU's bit for bit\n", n0);
+    }
+    gm_trainer_free(tr[0]), gm_trainer_free(tr[1]);
+    gm_backend_free(be[0]), gm_backend_free(be[1]);
+    lora_batch_free(&lb);
+}
+
 static void check_lora(const gm_model *m) {
     size_t n = 0;
     lora_batch lb;
@@ -675,7 +725,7 @@ int main(void) {
                   "%s: image token ids %d %d %d", dirs[i], m->cfg.vision.image_token_id, m->cfg.vision.boi_id,
                   m->cfg.vision.eoi_id);
             check_tower(m, dirs[i]);
-            if (i == 0) check_mm(m), check_lora(m), check_lora_vision(m), check_generate(m);
+            if (i == 0) check_mm(m), check_lora(m), check_lora_vision(m), check_vision_strict(m), check_generate(m);
         }
         gm_model_free(m);
     }
