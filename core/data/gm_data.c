@@ -26,7 +26,7 @@ static void free_images(gm_example *e) {
 
 void gm_dataset_free(gm_dataset *ds) {
     if (!ds) return;
-    for (int64_t i = 0; i < ds->n; i++) gm_free(ds->ex[i].ids), free_images(&ds->ex[i]);
+    for (int64_t i = 0; i < ds->n; i++) gm_free(ds->ex[i].ids), gm_free(ds->ex[i].turns), free_images(&ds->ex[i]);
     gm_free(ds->ex);
     memset(ds, 0, sizeof *ds);
 }
@@ -189,7 +189,12 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
         ds->ex = ex;
         ds->cap = cap;
     }
-    gm_example e = {ids, n, start, label, NULL, NULL, 0};
+    gm_example e = {ids, n, start, label, NULL, NULL, 0, NULL, 0};
+    s = gm_chat_earlier_model_turns(tok, ids, n, &e.turns, &e.n_turns, err);
+    if (s != GM_OK) {
+        gm_free(ids);
+        return s;
+    }
     if (n_images > 0) {
         e.images = gm_calloc((size_t)n_images, sizeof *e.images);
         e.image_sha = gm_calloc((size_t)n_images, sizeof *e.image_sha);
@@ -202,7 +207,7 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
         }
         if (!ok) {
             free_images(&e);
-            gm_free(ids);
+            gm_free(ids), gm_free(e.turns);
             return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
         }
     }
@@ -401,6 +406,8 @@ gm_status gm_dataset_sha256(const gm_dataset *ds, char hex[65], gm_error *err) {
         EVP_DigestUpdate(ctx, &e->label, sizeof e->label);
         EVP_DigestUpdate(ctx, e->ids, (size_t)e->n * sizeof *e->ids);
         for (int64_t k = 0; k < e->n_images; k++) EVP_DigestUpdate(ctx, e->image_sha[k], strlen(e->image_sha[k]));
+        /* (only multi-turn examples have them: one-turn data sets hash as before) */
+        if (e->n_turns > 0) EVP_DigestUpdate(ctx, e->turns, (size_t)e->n_turns * sizeof *e->turns);
     }
     unsigned char md[EVP_MAX_MD_SIZE];
     unsigned int mdlen = 0;
@@ -419,8 +426,12 @@ int64_t gm_batch_collate(const gm_dataset *ds, const int64_t *idx, int64_t B, in
         const gm_example *e = &ds->ex[idx[b]];
         for (int64_t t = 0; t < T; t++) {
             ids[b * T + t] = t < e->n ? e->ids[t] : pad_id;
-            /* position t predicts ids[t+1]; supervised when that token is in the response */
-            targets[b * T + t] = (t + 1 < e->n && t + 1 >= e->response_start) ? e->ids[t + 1] : -1;
+            /* position t predicts ids[t+1]; supervised when that token is in a model turn: the last
+             * (the response) or an earlier one of a multi-turn chat */
+            bool sup = t + 1 < e->n && t + 1 >= e->response_start;
+            for (int64_t k = 0; !sup && t + 1 < e->n && k < e->n_turns; k++)
+                sup = t + 1 >= e->turns[k][0] && t + 1 < e->turns[k][1];
+            targets[b * T + t] = sup ? e->ids[t + 1] : -1;
         }
     }
     return T;

@@ -6,9 +6,11 @@
  * any training step: ids (n tokens, BOS first) and the index of the first response token, found
  * as the position after the LAST "<start_of_turn>model\n" (searching from the end, because image
  * or audio placeholders change the prompt length; core/text/gm_chat.h). Position t predicts
- * ids[t+1]; it is supervised when ids[t+1] belongs to the response. Examples longer than
- * max_length are truncated on the right; an example whose response would lose every token is
- * rejected with its reason, never silently kept.
+ * ids[t+1]; it is supervised when ids[t+1] belongs to a model turn: the last (the response, to
+ * the end) and, in a multi-turn chat, every earlier one (its text, <end_of_turn> and newline; as
+ * TRL's assistant-only loss). Examples longer than max_length are truncated on the right; an
+ * example whose last response would lose every token is rejected with its reason, never
+ * silently kept.
  *
  * Ownership: a gm_dataset owns its examples (ids arrays, texts, labels, image references).
  * gm_batch_collate and gm_batch_images write into caller buffers ((B, T); max_images x 3 x S x S).
@@ -39,6 +41,10 @@ typedef struct gm_example {
      * sha256 of each file (64 hex digits; part of the data set's identity), owned */
     char **images, **image_sha;
     int64_t n_images;
+    /* the model turns before the last (multi-turn chats; gm_chat_earlier_model_turns): [start,
+     * end) token spans, supervised as the last turn is; NULL and 0 for one model turn, owned */
+    int64_t (*turns)[2];
+    int64_t n_turns;
 } gm_example;
 
 /* How a multimodal model takes images into its prompt (gemma_architecture.md §2.4): each

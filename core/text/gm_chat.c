@@ -133,6 +133,31 @@ int64_t gm_chat_find_after_last(const int32_t *ids, int64_t n, const int32_t *pa
     return -1;
 }
 
+gm_status gm_chat_earlier_model_turns(const gm_tokenizer *tok, const int32_t *ids, int64_t n, int64_t (**spans)[2],
+                                      int64_t *n_spans, gm_error *err) {
+    *spans = NULL, *n_spans = 0;
+    int32_t pat[16], sot[4];
+    int64_t m = 0, ms = 0;
+    GM_TRY(gm_tokenizer_encode(tok, GEN, sizeof GEN - 1, false, true, pat, 16, &m, err));
+    GM_TRY(gm_tokenizer_encode(tok, "<start_of_turn>", 15, false, true, sot, 4, &ms, err));
+    int64_t last = gm_chat_find_after_last(ids, n, pat, m), count = 0;
+    for (int64_t i = 0; m > 0 && i + m < last; i++)
+        if (ids[i] == pat[0] && memcmp(ids + i, pat, (size_t)m * sizeof *pat) == 0) count++;
+    if (count == 0) return GM_OK;
+    int64_t (*out)[2] = gm_malloc((size_t)count * sizeof *out);
+    if (!out) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    int64_t k = 0;
+    for (int64_t i = 0; i + m < last && k < count; i++) {
+        if (ids[i] != pat[0] || memcmp(ids + i, pat, (size_t)m * sizeof *pat) != 0) continue;
+        int64_t start = i + m, end = start;
+        while (end < n && !(ms == 1 && ids[end] == sot[0])) end++;
+        out[k][0] = start, out[k][1] = end, k++;
+        i = end - 1;
+    }
+    *spans = out, *n_spans = k;
+    return GM_OK;
+}
+
 gm_status gm_chat_response_start(const gm_tokenizer *tok, const int32_t *ids, int64_t n,
                                  int64_t *start, gm_error *err) {
     *start = -1;

@@ -68,6 +68,15 @@ int64_t gm_chat_find_after_last(const int32_t *ids, int64_t n, const int32_t *pa
  * last "<start_of_turn>model\n" (its token sequence under `tok`, e.g. 105 4368 107 for Gemma 3).
  * The training loss covers ids[*start..n). GM_ERR_NOT_FOUND (and *start = -1) when the
  * sequence has no model turn. */
+/* The model turns of a chat token sequence BEFORE the last one (the last is gm_chat_response_
+ * start's, to the end): for each, [start, end) with start right after its "<start_of_turn>model\n"
+ * and end at the next "<start_of_turn>" (so its text, "<end_of_turn>" and the "\n" after it, as
+ * the last turn's run to the end). *spans is gm_malloc'd (NULL when *n_spans = 0). Every model
+ * turn is supervised in training (TRL's assistant-only loss), not only the last. Errors:
+ * GM_ERR_NOMEM, the tokenizer's. */
+gm_status gm_chat_earlier_model_turns(const gm_tokenizer *tok, const int32_t *ids, int64_t n, int64_t (**spans)[2],
+                                      int64_t *n_spans, gm_error *err);
+
 gm_status gm_chat_response_start(const gm_tokenizer *tok, const int32_t *ids, int64_t n,
                                  int64_t *start, gm_error *err);
 

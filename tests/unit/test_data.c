@@ -3,8 +3,11 @@
  * results provenance): equal for the same examples; different when one token id, a response
  * start, a label or the order of examples changes, even at the same lengths; the empty set hashes
  * as sha256 of nothing. (Tokenization and response starts themselves: test_tokenizer,
- * test_train_model; JSONL reading: fuzz_jsonl.)
+ * test_train_model; JSONL reading: fuzz_jsonl.) And what is supervised: every model turn of a
+ * multi-turn chat (its text, <end_of_turn> and newline), none of the user's; a one-turn data set
+ * hashes as before the earlier turns were recorded.
  */
+#include "gm_alloc.h"
 #include "gm_data.h"
 #include "gm_tokenizer.h"
 #include "test_util.h"
@@ -21,6 +24,68 @@ static void fill(gm_dataset *ds, const gm_tokenizer *tok, const int *order) {
     gm_dataset_init(ds);
     gm_error err = {0};
     for (int i = 0; i < 3; i++) CHECK_OK(gm_dataset_add_chat(ds, tok, CHATS[order[i]], 2, 64, order[i], &err), &err);
+}
+
+/* The supervised targets of example 0 of ds as text: each run of supervised positions decoded
+ * (special tokens rendered), runs joined with "|". */
+static void supervised_text(const gm_dataset *ds, const gm_tokenizer *tok, char *out, size_t cap) {
+    int64_t n = ds->ex[0].n, idx = 0;
+    int32_t *ids = gm_malloc((size_t)n * 4), *tg = gm_malloc((size_t)n * 4), *run = gm_malloc((size_t)n * 4);
+    int64_t T = gm_batch_collate(ds, &idx, 1, 0, ids, tg);
+    out[0] = '\0';
+    for (int64_t t = 0, k = 0; t <= T; t++) {
+        if (t < T && tg[t] >= 0) {
+            run[k++] = tg[t];
+            continue;
+        }
+        if (k == 0) continue;
+        char *txt = NULL;
+        gm_error err = {0};
+        CHECK_OK(gm_tokenizer_decode(tok, run, k, true, &txt, &err), &err);
+        size_t l = strlen(out);
+        snprintf(out + l, cap - l, "%s%s", l ? "|" : "", txt ? txt : "?");
+        gm_free(txt);
+        k = 0;
+    }
+    gm_free(ids), gm_free(tg), gm_free(run);
+}
+
+static void check_multi_turn(const gm_tokenizer *tok) {
+    static const gm_chat_msg chat[5] = {{"system", "Be brief."},       {"user", "Which fruit is red?"},
+                                        {"assistant", "The cherry."},  {"user", "And the apple?"},
+                                        {"assistant", "Green or red."}};
+    gm_dataset ds;
+    gm_dataset_init(&ds);
+    gm_error err = {0};
+    CHECK_OK(gm_dataset_add_chat(&ds, tok, chat, 5, 128, -1, &err), &err);
+    char got[512];
+    if (ds.n == 1) {
+        supervised_text(&ds, tok, got, sizeof got);
+        CHECK(strcmp(got, "The cherry.<end_of_turn>\n|Green or red.<end_of_turn>\n") == 0,
+              "two model turns: both supervised, their text, <end_of_turn> and newline; the user's not: '%s'", got);
+        CHECK(ds.ex[0].n_turns == 1, "one earlier model turn recorded (%lld)", (long long)ds.ex[0].n_turns);
+    }
+    /* truncated inside the last turn: the earlier turn whole, the last one's first tokens */
+    gm_dataset tr;
+    gm_dataset_init(&tr);
+    int64_t cut = ds.n == 1 ? ds.ex[0].response_start + 2 : 64;
+    CHECK_OK(gm_dataset_add_chat(&tr, tok, chat, 5, cut, -1, &err), &err);
+    if (tr.n == 1) {
+        supervised_text(&tr, tok, got, sizeof got);
+        CHECK(strncmp(got, "The cherry.<end_of_turn>\n|", 26) == 0 && strlen(got) > 26 && !strstr(got + 26, "<end_of_turn>"),
+              "truncated: the earlier turn whole, the last cut: '%s'", got);
+    }
+    /* one model turn: only the response, and no earlier turns to record */
+    gm_dataset one;
+    gm_dataset_init(&one);
+    CHECK_OK(gm_dataset_add_chat(&one, tok, chat + 3, 2, 128, -1, &err), &err);
+    if (one.n == 1) {
+        supervised_text(&one, tok, got, sizeof got);
+        CHECK(strcmp(got, "Green or red.<end_of_turn>\n") == 0 && one.ex[0].n_turns == 0 && one.ex[0].turns == NULL,
+              "one turn: the response alone: '%s'", got);
+    }
+    printf("multi-turn chat: supervised '%s' (one turn)\n", got);
+    gm_dataset_free(&ds), gm_dataset_free(&tr), gm_dataset_free(&one);
 }
 
 static void hash(const gm_dataset *ds, char hex[65]) {
@@ -75,6 +140,7 @@ int main(void) {
           "the empty set is sha256 of nothing: %s", hb);
     gm_dataset_free(&b);
     gm_dataset_free(&a);
+    check_multi_turn(tok);
     gm_tokenizer_free(tok);
     return gm_test_finish();
 }
