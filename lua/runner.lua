@@ -655,7 +655,7 @@ local function use_model(ctx, e, model)
   if ctx.model then ctx.model:close() end
   ctx.model, ctx.model_name, ctx.data = nil, nil, {}
   -- a dry run only tokenizes: it plans for a GPU without opening one
-  ctx.model = gm.load_model(model, { threads = e.threads or GM_THREADS, device = not ctx.dry_run and e.device or nil })
+  ctx.model = gm.load_model(model, { threads = e.threads or GM_THREADS, device = not ctx.no_device and e.device or nil })
   ctx.model_name = model
   ctx.data = {}
 end
@@ -1109,10 +1109,11 @@ local function check_images(items, splits)
   end
 end
 
-local function preflight(e, selected, dry_run)
+local function preflight(e, selected, dry_run, no_device)
   local cfgs, targets_ok = {}, {}
-  -- the device: a dry run plans for a GPU it need not have; a run needs it before any trial
-  if e.device and e.device ~= "cpu" and not dry_run then
+  -- the device: a dry run (and a Slurm submission) plans for a GPU it need not have; a run
+  -- needs it before any trial
+  if e.device and e.device ~= "cpu" and not dry_run and not no_device then
     local ok, why = gm.device_available(e.device)
     if not ok then P.usage(field_where(e, "device"), "experiment.device: %s", why) end
   end
@@ -1374,11 +1375,11 @@ function R.prepare(e, cli)
   end
   -- everything that can fail for the whole sweep is checked before the first trial (and by the
   -- dry run): models, max_length, data
-  local items, cfgs = preflight(e, selected, cli.dry_run)
+  local items, cfgs = preflight(e, selected, cli.dry_run, cli.no_device)
   -- tokenize every example up front for each (model, max_length) of the selected trials: a
   -- max_length that leaves no room for any response is an error in the file, before any trial
   -- (the dry run too: it maps the model for its vocabulary but reads no weights)
-  local ctx = { data = {}, baselines = {}, items = items, cfgs = cfgs, dry_run = cli.dry_run }
+  local ctx = { data = {}, baselines = {}, items = items, cfgs = cfgs, no_device = cli.dry_run or cli.no_device }
   check_lengths(ctx, e, selected, items)
   resolve_model_adapter(ctx, e, trials)
   return ctx, trials, selected, swept
@@ -1407,9 +1408,9 @@ function R.plan_trial(e, t, items, threads)
   local ok, plan = pcall(trial_plan, t.config.model, opts, items, e.device)
   if not ok then return { why = clean_msg(plan) } end
   local r = { plan = plan, total = plan.total }
-  -- on a GPU, memory_limit is the GPU's (its arenas, cuBLAS workspace, the context)
+  -- on a GPU, memory_limit is the GPU's (its arenas, cuBLAS workspace, the context); r.total
+  -- stays the host's (what a Slurm job asks --mem for)
   if plan.gpu then
-    r.total = plan.gpu.total
     if e.memory_limit_bytes and plan.gpu.total > e.memory_limit_bytes then
       r.over, r.why = true, e.fit and "fit does not shrink GPU plans yet: lower batch / max_length, or checkpointing = true" or nil
     end

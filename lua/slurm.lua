@@ -248,7 +248,8 @@ end
 function S.submit(e, cli)
   -- (--print checks as a dry run does: a built-in size without weights is a note, not an error -
   -- the script may be meant for a cluster that has them)
-  local ctx, trials, _, swept = R.prepare(e, { set = cli.set, max_trials = cli.max_trials, dry_run = cli.print })
+  -- (the submitting host need not have the trials' GPU: no_device)
+  local ctx, trials, _, swept = R.prepare(e, { set = cli.set, max_trials = cli.max_trials, dry_run = cli.print, no_device = true })
   local items = ctx.items
   R.close_prepared(ctx, items)
   S.check_sbatch_args(cli.sbatch_args or {})
@@ -323,7 +324,9 @@ function S.submit(e, cli)
   table.sort(classes, function(a, b) return a.mem < b.mem end)
   if cli.max_parallel then S.share_parallel(classes, cli.max_parallel) end
   local o = {
-    name = e.name, dir = dir, cwd = cli.cwd, exe = cli.exe, file = cli.file, cpus = cpus, gpus = cli.gpus_per_trial or 0,
+    -- a trial on a GPU (device = "cuda") asks for one unless --gpus-per-trial says otherwise
+    name = e.name, dir = dir, cwd = cli.cwd, exe = cli.exe, file = cli.file, cpus = cpus,
+    gpus = (cli.gpus_per_trial or 0) > 0 and cli.gpus_per_trial or ((e.device or "cpu") ~= "cpu" and 1 or 0),
     partition = cli.partition, sets = cli.set or {}, allow_os = cli.allow_os, max_parallel = cli.max_parallel,
     sbatch_args = cli.sbatch_args or {}, when = os.date("!%Y-%m-%d %H:%M UTC"), command = GM_COMMAND_LINE or "gemmarun submit",
     trials = {},

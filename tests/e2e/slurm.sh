@@ -146,6 +146,14 @@ ids=$(sed -n 's/^  [0-9]*) trial=\([0-9a-f]*\) ;;$/\1/p' results/tiny/slurm/tria
 want=$(ls ../straight/results/tiny/ | sed -n 's/^trial-\([0-9a-f]*\)\.h5$/\1/p' | sort | tr '\n' ' ')
 check "the script's trial ids are the local run's ($want)" [ "$ids" = "$want" ]
 check "nothing was submitted" [ -z "$(squeue -h -o %i)" ]
+# trials on a GPU: planned and submitted from a host without one, each asking Slurm for a GPU
+expect_run "--set device=cuda: submitted from a host without a GPU, one GPU per trial" 0 "4 of 4 trials pending" \
+  -- env CUDA_VISIBLE_DEVICES= "$GM" submit tiny.lua --slurm --cpus-per-trial 1 --print --set device=cuda
+check "the array script asks for one GPU per trial and passes the device on" \
+  bash -c "grep -q '^#SBATCH --gres=gpu:1$' results/tiny/slurm/trials.sbatch && grep -q 'device=cuda' results/tiny/slurm/trials.sbatch"
+expect_run "the same without --set device: no GPU asked for" 0 "4 of 4 trials pending" \
+  -- "$GM" submit tiny.lua --slurm --cpus-per-trial 1 --print
+check "the array script asks for no GPU" bash -c "! grep -q 'gres=gpu' results/tiny/slurm/trials.sbatch"
 # the file's sweep reordered after the script was written: index 1's id (lr 0.01, seed 1) is now
 # the sweep's trial 3 (seeds vary fastest), and --trial ID still finds it
 id1=$(sed -n 's/^  1) trial=\([0-9a-f]*\) ;;$/\1/p' results/tiny/slurm/trials.sbatch)
