@@ -1,16 +1,26 @@
 /*
  * test_kernels_cuda.c - every CUDA kernel against its CPU twin on identical random inputs
  * (style guide §4.7 rule 26). Skips (exit 77) in a CPU-only build or without a GPU, so the suite
- * passes on machines without one; on a GPU machine it is part of the device check script
- * (tests/cuda/device_check.sh). Also the CUDA backend (kernels/cuda/backend.cu): a tiny-model
+ * passes on machines without one; on a GPU machine it is part of the GPU script
+ * (tests/device/run.sh), which sets GM_REQUIRE_GPU=1: then no device (or no CUDA build) fails. Also the CUDA backend (kernels/cuda/backend.cu): a tiny-model
  * LoRA run and generation on it against the CPU backend - this is the program that links the
  * CUDA backend, so a kernel without its CUDA twin fails to link here. And NCCL (data-parallel
  * training's device all-reduce, kernels/cuda/dist_nccl.cu) on a world of one process.
  */
 #include "test_util.h"
 
+#include <stdlib.h>
+#include <string.h>
+
 #ifndef GM_HAVE_CUDA
-int main(void) { return gm_test_skip_unless_ci("built without CUDA (nvcc not found at configure time)"); }
+int main(void) {
+    const char *req = getenv("GM_REQUIRE_GPU");
+    if (req && strcmp(req, "1") == 0) { /* the GPU script must not pass on a CPU-only build */
+        CHECK(0, "built without CUDA, and GM_REQUIRE_GPU=1 asks for a GPU run");
+        return gm_test_finish();
+    }
+    return gm_test_skip_unless_ci("built without CUDA (nvcc not found at configure time)");
+}
 #else
 #include "gm_alloc.h"
 #include "gm_backend.h"
@@ -354,8 +364,19 @@ static void test_nccl(void) {
 #endif
 }
 
+/* GM_REQUIRE_GPU=1 (set by the GPU script, tests/device/run.sh): no device is a failure, not a
+ * skip, like gm_test_skip_unless_ci under CI, so a GPU run that found no GPU cannot pass. */
+static int skip_unless_gpu_required(const char *why) {
+    const char *req = getenv("GM_REQUIRE_GPU");
+    if (req && strcmp(req, "1") == 0) {
+        CHECK(0, "%s (GM_REQUIRE_GPU=1: a GPU run without a GPU is a failure)", why);
+        return gm_test_finish();
+    }
+    return gm_test_skip(why); /* CI has no GPU: the one test that may skip there */
+}
+
 int main(void) {
-    if (gm_cuda_device_count() <= 0) return gm_test_skip("no CUDA device");
+    if (gm_cuda_device_count() <= 0) return skip_unless_gpu_required("no CUDA device");
     printf("device: %s\n", gm_cuda_device_name());
     size_t scratch = gm_k_matmul_scratch_floats(GM_Q8_0, 4096, 4096, 1);
     gm_kctx hc = {.n_threads = 2, .scratch = gm_malloc(scratch * 4), .scratch_floats = scratch};
