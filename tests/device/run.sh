@@ -206,9 +206,10 @@ with open(f"{d}/bench_test.jsonl", "w") as f:
 EOF
 
 # The rows, most wanted first; the budget cuts from the end. SIZE:MAX_LEN:BATCH:QUANT (stored =
-# the bf16 weights as written; nf4 = QLoRA's base). 2048 x 8 on 4B is left out by default: the
-# peer without activation checkpointing needs ~100+ GiB for it and the row alone would take a
-# minute of the budget.
+# the bf16 weights as written; nf4 = QLoRA's base). 2048 x 8 on 4B is left out by default:
+# `gemmarun plan` (the CPU layout, f32 activations) puts it at 128 GiB of the card's 141, the peer
+# without activation checkpointing is likely near that too (not measured), and the row would take
+# a good part of the budget. GM_BENCH_ROWS replaces the list.
 ROWS=${GM_BENCH_ROWS:-"270m:512:1:stored 270m:2048:8:stored 1b:512:1:stored 1b:2048:8:stored 4b:512:1:stored 4b:2048:1:stored 270m:2048:1:stored 270m:512:8:stored 1b:2048:1:stored 1b:512:8:stored 4b:512:8:stored 4b:2048:1:nf4 1b:512:1:nf4"}
 STEPS=${GM_BENCH_STEPS:-4} # optimizer steps; the first is the warm-up
 : >"$B/rows.txt"
