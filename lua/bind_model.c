@@ -70,26 +70,26 @@ lmodel *gm_bind_check_model(lua_State *L, int idx) {
     return lm;
 }
 
+/* true, or false and err's message (the two device checks below) */
+static int push_ok_or_why(lua_State *L, gm_status s, const gm_error *err) {
+    lua_pushboolean(L, s == GM_OK);
+    if (s == GM_OK) return 1;
+    lua_pushstring(L, err->msg);
+    return 2;
+}
+
 /* gm.device_ok(name) -> true, or false and the reason: "cpu", "cuda", "cuda:N"
  * (gm_backend_parse_device; nothing is opened). */
 static int l_device_ok(lua_State *L) {
     gm_error err = {0};
-    bool ok = gm_backend_parse_device(luaL_checkstring(L, 1), NULL, &err) == GM_OK;
-    lua_pushboolean(L, ok);
-    if (ok) return 1;
-    lua_pushstring(L, err.msg);
-    return 2;
+    return push_ok_or_why(L, gm_backend_parse_device(luaL_checkstring(L, 1), NULL, &err), &err);
 }
 
 /* gm.device_available(name) -> true, or false and why: gm_backend_probe (the CUDA module loaded,
  * its GPUs counted; no context created). */
 static int l_device_available(lua_State *L) {
     gm_error err = {0};
-    bool ok = gm_backend_probe(luaL_checkstring(L, 1), &err) == GM_OK;
-    lua_pushboolean(L, ok);
-    if (ok) return 1;
-    lua_pushstring(L, err.msg);
-    return 2;
+    return push_ok_or_why(L, gm_backend_probe(luaL_checkstring(L, 1), &err), &err);
 }
 
 /* gm.device_memory(name) -> {peak, used, total}: gm_backend_device_memory (bytes). */

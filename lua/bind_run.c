@@ -316,15 +316,13 @@ static int l_plan(lua_State *L) {
     lua_pushboolean(L, p.exact);
     lua_setfield(L, -2, "exact");
     if (p.device == GM_DEVICE_CUDA) {
+        const char *keys[4] = {"arenas", "context", "total", "host"};
+        size_t vals[4] = {p.device_arenas, p.cuda_context, p.device_total, p.host_total};
         lua_createtable(L, 0, 4);
-        lua_pushinteger(L, (lua_Integer)p.device_arenas);
-        lua_setfield(L, -2, "arenas");
-        lua_pushinteger(L, (lua_Integer)p.cuda_context);
-        lua_setfield(L, -2, "context");
-        lua_pushinteger(L, (lua_Integer)p.device_total);
-        lua_setfield(L, -2, "total");
-        lua_pushinteger(L, (lua_Integer)p.host_total);
-        lua_setfield(L, -2, "host");
+        for (int i = 0; i < 4; i++) {
+            lua_pushinteger(L, (lua_Integer)vals[i]);
+            lua_setfield(L, -2, keys[i]);
+        }
         lua_setfield(L, -2, "gpu");
     }
     return 1;

@@ -418,14 +418,23 @@ static void parity_attention_bwd(dev *d) { attention_train(d, true); }
 
 #define EW_N 10007
 
-static void parity_geglu_fwd(dev *d) {
-    float *g = host_rand(EW_N, 4), *u = host_rand(EW_N, 2), *r = gm_malloc(EW_N * 4);
-    float *dg = up(d, g, EW_N * 4), *du = up(d, u, EW_N * 4), *o = dalloc(d, EW_N * 4);
-    cpu->geglu_fwd(&hc, r, g, u, EW_N);
-    d->be->k->geglu_fwd(&d->ctx, o, dg, du, EW_N);
-    cmp(d, "geglu_fwd", o, r, EW_N);
-    gm_free(g), gm_free(u), gm_free(r), dfree(d, dg), dfree(d, du), dfree(d, o);
+/* out = f(a, b) for the two-input kernels: geglu_fwd (gate, up), gelu_bwd (dy, x) */
+static void binary_case(dev *d, const char *name) {
+    bool geglu = strcmp(name, "geglu_fwd") == 0;
+    float *a = host_rand(EW_N, geglu ? 4 : 1), *b = host_rand(EW_N, geglu ? 2 : 4), *r = gm_malloc(EW_N * 4);
+    float *da = up(d, a, EW_N * 4), *db = up(d, b, EW_N * 4), *o = dalloc(d, EW_N * 4);
+    if (geglu) {
+        cpu->geglu_fwd(&hc, r, a, b, EW_N);
+        d->be->k->geglu_fwd(&d->ctx, o, da, db, EW_N);
+    } else {
+        cpu->gelu_bwd(&hc, r, a, b, EW_N);
+        d->be->k->gelu_bwd(&d->ctx, o, da, db, EW_N);
+    }
+    cmp(d, name, o, r, EW_N);
+    gm_free(a), gm_free(b), gm_free(r), dfree(d, da), dfree(d, db), dfree(d, o);
 }
+static void parity_geglu_fwd(dev *d) { binary_case(d, "geglu_fwd"); }
+static void parity_gelu_bwd(dev *d) { binary_case(d, "gelu_bwd"); }
 
 static void parity_geglu_bwd(dev *d) {
     float *g = host_rand(EW_N, 4), *u = host_rand(EW_N, 2), *dh = host_rand(EW_N, 1);
@@ -449,23 +458,27 @@ static void parity_add_fwd(dev *d) {
     gm_free(y), gm_free(x), dfree(d, dy), dfree(d, dx);
 }
 
-static void parity_softcap_fwd(dev *d) {
-    float *x = host_rand(EW_N, 80), *r = gm_malloc(EW_N * 4);
+/* out = f(x) for the one-input kernels: soft-cap (cap 30, inputs up to 80), scale (0.37), tanh GELU */
+static void unary_case(dev *d, const char *name) {
+    bool softcap = strcmp(name, "softcap_fwd") == 0, scale = strcmp(name, "scale_fwd") == 0;
+    float *x = host_rand(EW_N, softcap ? 80 : 4), *r = gm_malloc(EW_N * 4);
     float *dx = up(d, x, EW_N * 4), *o = dalloc(d, EW_N * 4);
-    cpu->softcap_fwd(&hc, r, x, EW_N, 30.0f);
-    d->be->k->softcap_fwd(&d->ctx, o, dx, EW_N, 30.0f);
-    cmp(d, "softcap_fwd", o, r, EW_N);
+    if (softcap) {
+        cpu->softcap_fwd(&hc, r, x, EW_N, 30.0f);
+        d->be->k->softcap_fwd(&d->ctx, o, dx, EW_N, 30.0f);
+    } else if (scale) {
+        cpu->scale_fwd(&hc, r, x, EW_N, 0.37f);
+        d->be->k->scale_fwd(&d->ctx, o, dx, EW_N, 0.37f);
+    } else {
+        cpu->gelu_fwd(&hc, r, x, EW_N);
+        d->be->k->gelu_fwd(&d->ctx, o, dx, EW_N);
+    }
+    cmp(d, name, o, r, EW_N);
     gm_free(x), gm_free(r), dfree(d, dx), dfree(d, o);
 }
-
-static void parity_scale_fwd(dev *d) {
-    float *x = host_rand(EW_N, 3), *r = gm_malloc(EW_N * 4);
-    float *dx = up(d, x, EW_N * 4), *o = dalloc(d, EW_N * 4);
-    cpu->scale_fwd(&hc, r, x, EW_N, 0.37f);
-    d->be->k->scale_fwd(&d->ctx, o, dx, EW_N, 0.37f);
-    cmp(d, "scale_fwd", o, r, EW_N);
-    gm_free(x), gm_free(r), dfree(d, dx), dfree(d, o);
-}
+static void parity_softcap_fwd(dev *d) { unary_case(d, "softcap_fwd"); }
+static void parity_scale_fwd(dev *d) { unary_case(d, "scale_fwd"); }
+static void parity_gelu_fwd(dev *d) { unary_case(d, "gelu_fwd"); }
 
 /* the mask is Philox of (key, index): the same on every device, so compared exactly */
 static void parity_dropout_fwd(dev *d) {
@@ -480,24 +493,6 @@ static void parity_dropout_fwd(dev *d) {
           "(%zu agree)", d->be->name, dropped, EW_N, same_mask);
     cmp(d, "dropout_fwd", o, r, EW_N);
     gm_free(x), gm_free(r), gm_free(got), dfree(d, dx), dfree(d, o);
-}
-
-static void parity_gelu_fwd(dev *d) {
-    float *x = host_rand(EW_N, 4), *r = gm_malloc(EW_N * 4);
-    float *dx = up(d, x, EW_N * 4), *o = dalloc(d, EW_N * 4);
-    cpu->gelu_fwd(&hc, r, x, EW_N);
-    d->be->k->gelu_fwd(&d->ctx, o, dx, EW_N);
-    cmp(d, "gelu_fwd", o, r, EW_N);
-    gm_free(x), gm_free(r), dfree(d, dx), dfree(d, o);
-}
-
-static void parity_gelu_bwd(dev *d) {
-    float *x = host_rand(EW_N, 4), *dy = host_rand(EW_N, 1), *r = gm_malloc(EW_N * 4);
-    float *dx = up(d, x, EW_N * 4), *ddy = up(d, dy, EW_N * 4), *o = dalloc(d, EW_N * 4);
-    cpu->gelu_bwd(&hc, r, dy, x, EW_N);
-    d->be->k->gelu_bwd(&d->ctx, o, ddy, dx, EW_N);
-    cmp(d, "gelu_bwd", o, r, EW_N);
-    gm_free(x), gm_free(dy), gm_free(r), dfree(d, dx), dfree(d, ddy), dfree(d, o);
 }
 
 /* ---- vision: LayerNorm, bias, pooling ------------------------------------------------------ */
