@@ -81,11 +81,12 @@ static void usage(FILE *f) {
             "  gemmarun inspect MODEL\n"
             "  gemmarun generate MODEL [--adapter RESULTS_OR_CHECKPOINT [--trial ID]] \"prompt\"\n"
             "                    [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
-            "                    [--image FILE ...] [--threads N] [--device cpu|cuda|cuda:N]\n"
+            "                    [--image FILE ...] [--threads N] [--device cpu|cuda|cuda:N] [--int8-dot]\n"
             "                    (--adapter: results/EXP/, a trial file, a\n"
             "                    merged results file, a checkpoint or a PEFT adapter folder; --trial: the trial's\n"
             "                    index or id; --image: a PNG / JPEG before the prompt, multimodal models;\n"
-            "                    FILE#xywh=X,Y,W,H: a region of it, in pixels)\n"
+            "                    FILE#xywh=X,Y,W,H: a region of it, in pixels; --int8-dot: decode with\n"
+            "                    llama.cpp-style int8 dots on Q8_0 / Q5_0 weights, faster and not the f32 numbers)\n"
             "  gemmarun plan MODEL [key=value ...] the memory plan of a training run (loads no weights)\n"
             "  gemmarun options [--markdown]       the training options: defaults, ranges, meaning\n"
             "  gemmarun fetch NAME                (known: gemma3-270m)\n"
@@ -247,7 +248,7 @@ static int cmd_generate(int argc, char **argv) {
     const char *model_arg = NULL, *prompt = NULL, *adapter = NULL, *trial = NULL, *device = "cpu";
     long long max_tokens = 64, top_k = 0, seed = 0, threads = 2;
     double temperature = 0, top_p = 1;
-    bool chat = false, options_done = false;
+    bool chat = false, options_done = false, int8_dot = false;
     const char *images[16];
     int n_images = 0;
     char opt_buf[64];
@@ -290,6 +291,7 @@ static int cmd_generate(int argc, char **argv) {
         else if (strcmp(a, "--threads") == 0 && v) ok = parse_long(v, &threads) && threads > 0 && threads <= 256, i += step;
         else if (strcmp(a, "--device") == 0 && v) ok = gm_backend_parse_device(v, NULL, NULL) == GM_OK, device = v, i += step;
         else if (strcmp(a, "--chat") == 0 && !inline_value) chat = true;
+        else if (strcmp(a, "--int8-dot") == 0 && !inline_value) int8_dot = true;
         else if (strcmp(a, "--adapter") == 0 && v) adapter = v, i += step;
         else if (strcmp(a, "--trial") == 0 && v) trial = v, i += step;
         else if (strcmp(a, "--image") == 0 && v && *v) {
@@ -420,7 +422,8 @@ static int cmd_generate(int argc, char **argv) {
         /* prefill in chunks of 256 tokens: Ctrl-C is honoured between chunks */
         gm_infer_opts io = {.batch = 1, .ctx = n_prompt + max_tokens,
                             .max_tokens = n_images > 0 || n_prompt < 256 ? n_prompt : 256, /* images: one call */
-                            .n_threads = (int)threads, .adapter = ad ? &ad->lora : NULL, .backend = be};
+                            .n_threads = (int)threads, .adapter = ad ? &ad->lora : NULL, .backend = be,
+                            .int8_dot = int8_dot};
         s = gm_infer_new(m, &io, &st, &err);
     }
     if (s == GM_OK) {

@@ -12,6 +12,7 @@
 #include "gm_status.h"
 #include "gm_omp.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
@@ -472,6 +473,141 @@ bool gm_dot_wrow(const gm_wview *w, int64_t r, const float *x, float *out) {
     case GM_Q6_K: *out = dot_q6_k(row, x, w->cols); return true;
     default: return false;
     }
+}
+
+/* ---- int8 dots for decoding (gm_kctx.int8_dot; kernels.h) ---------------------------------- */
+
+/* One block of the quantized x: its scale and 32 int8 values (llama.cpp's block_q8_0 with an f32
+ * scale, 36 bytes). */
+typedef struct xq8_block {
+    float d;
+    int8_t q[32];
+} xq8_block;
+
+void gm_quantize_x_q8(const float *x, int64_t K, void *out) {
+    xq8_block *xb = out;
+    for (int64_t b = 0; b < K / 32; b++) {
+        const float *v = x + 32 * b;
+        float amax = 0.0f;
+        for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(v[e]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        xb[b].d = d;
+        for (int e = 0; e < 32; e++) xb[b].q[e] = (int8_t)nearbyintf(v[e] * id);
+    }
+}
+
+/* the 32 weights of a block as integers: Q8_0 as stored, Q5_0 as dq_q5_0 reads them (q - 16) */
+static void block_ints(gm_dtype type, const uint8_t *blk, int32_t q[32]) {
+    if (type == GM_Q8_0) {
+        for (int e = 0; e < 32; e++) q[e] = ((const int8_t *)(blk + 2))[e];
+        return;
+    }
+    uint32_t qh = le32(blk + 2);
+    const uint8_t *qs = blk + 6;
+    for (int e = 0; e < 32; e++)
+        q[e] = ((e < 16 ? (qs[e & 15] & 0xF) : (qs[e & 15] >> 4)) | (int)(((qh >> e) & 1u) << 4)) - 16;
+}
+
+/* The arithmetic both twins share (kernels.h): lane j (0..7) of block b is the exact integer dot of
+ * elements 4j..4j+3; accumulator acc[b % 2][j] += fl(fl(d_w * d_x) * lane); at the end the two
+ * accumulators are added lane by lane and the 8 lanes halved (j + 4, j + 2, j + 1). Two
+ * accumulators and eight lanes keep the float adds independent (one chain made it latency
+ * bound: no faster than the f32 dots). */
+static float q8_lanes_sum(float acc[2][8]) {
+    float s[8];
+    for (int j = 0; j < 8; j++) s[j] = acc[0][j] + acc[1][j];
+    for (int w = 4; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) s[j] += s[j + w];
+    return s[0];
+}
+
+static float dot_q8_scalar(gm_dtype type, const uint8_t *row, const xq8_block *xb, int64_t K) {
+    size_t bytes = type == GM_Q8_0 ? 34 : 22;
+    float acc[2][8] = {{0}};
+    for (int64_t b = 0; b < K / 32; b++) {
+        const uint8_t *blk = row + bytes * (size_t)b;
+        int32_t q[32];
+        block_ints(type, blk, q);
+        float d = h2f(blk) * xb[b].d;
+        for (int j = 0; j < 8; j++) {
+            int32_t lane = 0;
+            for (int e = 4 * j; e < 4 * j + 4; e++) lane += q[e] * (int32_t)xb[b].q[e];
+            acc[b % 2][j] += d * (float)lane;
+        }
+    }
+    return q8_lanes_sum(acc);
+}
+
+#ifdef GM_HAVE_AVX2_DOTS
+/* a Q5_0 block's 32 weights as int8 (q - 16): low / high nibbles of qs for elements 0-15 / 16-31,
+ * bit e of qh as the fifth bit of element e (byte e/8 of qh spread over 8 lanes, each lane
+ * testing its own bit) */
+AVX2_F16C static inline __m256i q5_0_ints(const uint8_t *blk) {
+    __m128i qs = _mm_loadu_si128((const __m128i *)(blk + 6)), m4 = _mm_set1_epi8(0x0F);
+    __m256i nib = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qs, 4), m4), _mm_and_si128(qs, m4));
+    __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)le32(blk + 2)),
+                                         _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2,
+                                                          2, 3, 3, 3, 3, 3, 3, 3, 3));
+    __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+    __m256i q = _mm256_or_si256(nib, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
+    return _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+}
+
+/* lane j = the integer dot of elements 4j..4j+3 of w and x (int8 each), exact: |w| as unsigned
+ * times x with w's sign (llama.cpp's maddubs trick) pairs into int16 - at most 2 x 128 x 127 =
+ * 32512, no saturation, because x is within -127..127 (gm_quantize_x_q8) - then pairs of those
+ * into int32 */
+AVX2_F16C static inline __m256i lanes_i8x32(__m256i w, __m256i x) {
+    __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+/* block b's lanes scaled by fl(d_w * d_x), to be added to its accumulator */
+AVX2_F16C static inline __attribute__((always_inline)) __m256 q8_block_avx2(gm_dtype type, const uint8_t *blk, const xq8_block *x) {
+    __m256i qw = type == GM_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2)) : q5_0_ints(blk);
+    __m256i lane = lanes_i8x32(qw, _mm256_loadu_si256((const __m256i *)x->q));
+    return _mm256_mul_ps(_mm256_set1_ps(h2f_f16c(blk) * x->d), _mm256_cvtepi32_ps(lane));
+}
+
+AVX2_F16C static inline __attribute__((always_inline)) float dot_q8_avx2(gm_dtype type, const uint8_t *row,
+                                                                           const xq8_block *xb, int64_t K) {
+    size_t bytes = type == GM_Q8_0 ? 34 : 22;
+    int64_t nb = K / 32, b = 0;
+    /* even blocks into acc0, odd into acc1, in registers (an indexed pair lived on the stack) */
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    for (; b + 2 <= nb; b += 2) {
+        acc0 = _mm256_add_ps(acc0, q8_block_avx2(type, row + bytes * (size_t)b, xb + b));
+        acc1 = _mm256_add_ps(acc1, q8_block_avx2(type, row + bytes * (size_t)(b + 1), xb + b + 1));
+    }
+    if (b < nb) acc0 = _mm256_add_ps(acc0, q8_block_avx2(type, row + bytes * (size_t)b, xb + b));
+    float a[2][8];
+    _mm256_storeu_ps(a[0], acc0), _mm256_storeu_ps(a[1], acc1);
+    return q8_lanes_sum(a);
+}
+#endif
+
+#ifdef GM_HAVE_AVX2_DOTS
+/* one loop per weight type, the type a constant inside (a per-block branch cost a third) */
+AVX2_F16C static void rows_q8_0_avx2(const uint8_t *row, size_t rb, int64_t n, const xq8_block *xq, int64_t K, float *out) {
+    for (int64_t i = 0; i < n; i++, row += rb) out[i] = dot_q8_avx2(GM_Q8_0, row, xq, K);
+}
+AVX2_F16C static void rows_q5_0_avx2(const uint8_t *row, size_t rb, int64_t n, const xq8_block *xq, int64_t K, float *out) {
+    for (int64_t i = 0; i < n; i++, row += rb) out[i] = dot_q8_avx2(GM_Q5_0, row, xq, K);
+}
+#endif
+
+bool gm_dot_rows_q8(const gm_wview *w, int64_t r0, int64_t n, const void *xq, float *out) {
+    if ((w->type != GM_Q8_0 && w->type != GM_Q5_0) || w->cols % 32 != 0) return false;
+    const uint8_t *row = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+#ifdef GM_HAVE_AVX2_DOTS
+    if (gm_cpu_simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+        (w->type == GM_Q8_0 ? rows_q8_0_avx2 : rows_q5_0_avx2)(row, w->row_bytes, n, xq, w->cols, out);
+        return true;
+    }
+#endif
+    for (int64_t i = 0; i < n; i++, row += w->row_bytes) out[i] = dot_q8_scalar(w->type, row, xq, w->cols);
+    return true;
 }
 
 void gm_k_dequant_rows_cpu(const gm_kctx *ctx, float *out, const gm_wview *w, int64_t row0, int64_t rows) {

@@ -27,7 +27,8 @@ size_t gm_k_matmul_scratch_floats(gm_dtype w_type, int64_t N, int64_t K, int n_t
     if (w_type == GM_F32) return 0;
     int64_t panel = N < GM_MATMUL_PANEL_ROWS ? N : GM_MATMUL_PANEL_ROWS;
     size_t gemm = (size_t)(panel * K);
-    size_t gemv = (size_t)n_threads * (size_t)K;
+    /* GEMV: a K-float row per thread, then x quantized for the int8 dots (gm_kctx.int8_dot) */
+    size_t gemv = (size_t)n_threads * (size_t)K + (GM_XQ8_BYTES(K) + sizeof(float) - 1) / sizeof(float);
     return gemm > gemv ? gemm : gemv;
 }
 
@@ -73,19 +74,35 @@ void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const g
     }
     GM_ASSERT(ctx->scratch && ctx->scratch_floats >= gm_k_matmul_scratch_floats(w->type, N, K, ctx->n_threads));
     if (M <= GEMV_MAX_M) {
+        /* opt-in int8 dots (kernels.h): x quantized once, after the threads' rows */
+        void *xq = NULL;
+        if (M == 1 && ctx->int8_dot && (w->type == GM_Q8_0 || w->type == GM_Q5_0) && K % 32 == 0) {
+            xq = ctx->scratch + (size_t)ctx->n_threads * (size_t)K;
+            gm_quantize_x_q8(x, K, xq);
+        }
         GM_OMP_PARALLEL(ctx->n_threads, 1, {
             float *row = ctx->scratch + (size_t)omp_get_thread_num() * (size_t)K;
-        GM_PRAGMA(omp for schedule(static))
-            for (int64_t n = 0; n < N; n++) {
-                float v1;
-                if (M == 1 && gm_dot_wrow(w, n, x, &v1)) { /* decoding: fused, same bits */
-                    out[n] = beta != 0.0f ? out[n] + v1 : v1;
-                    continue;
+            if (xq) { /* rows in runs of 64, one call each */
+            GM_PRAGMA(omp for schedule(static))
+                for (int64_t n0 = 0; n0 < N; n0 += 64) {
+                    int64_t nr = N - n0 < 64 ? N - n0 : 64;
+                    float v[64];
+                    gm_dot_rows_q8(w, n0, nr, xq, v);
+                    for (int64_t i = 0; i < nr; i++) out[n0 + i] = beta != 0.0f ? out[n0 + i] + v[i] : v[i];
                 }
-                gm_dequant_wrow(w, n, row);
-                for (int64_t m = 0; m < M; m++) {
-                    float v = dot(x + m * K, row, K);
-                    out[m * N + n] = beta != 0.0f ? out[m * N + n] + v : v;
+            } else {
+            GM_PRAGMA(omp for schedule(static))
+                for (int64_t n = 0; n < N; n++) {
+                    float v1;
+                    if (M == 1 && gm_dot_wrow(w, n, x, &v1)) { /* decoding: fused, same bits */
+                        out[n] = beta != 0.0f ? out[n] + v1 : v1;
+                        continue;
+                    }
+                    gm_dequant_wrow(w, n, row);
+                    for (int64_t m = 0; m < M; m++) {
+                        float v = dot(x + m * K, row, K);
+                        out[m * N + n] = beta != 0.0f ? out[m * N + n] + v : v;
+                    }
                 }
             }
         });

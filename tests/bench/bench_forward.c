@@ -2,7 +2,8 @@
  * bench_forward.c - forward-pass speed of a model on CPU: prefill of a T-token prompt (logits of
  * the last position only, as in generation) and token-by-token decoding, with peak memory.
  *
- *   build/tests/bench/bench_forward MODEL [--tokens 128] [--threads 2] [--repeat 3] [--decode 32]
+ *   build/tests/bench/bench_forward MODEL [--tokens 128] [--threads 2] [--repeat 3] [--decode 32] [--int8-dot 1]
+ * (--int8-dot 1: decoding with the opt-in int8 dots, gm_infer_opts.int8_dot)
  *
  * The prompt is T token ids drawn deterministically from the vocabulary's ordinary range, so
  * the number does not depend on a tokenizer. Reports the best of --repeat runs (the first run
@@ -30,16 +31,17 @@ static double now_s(void) {
 int main(int argc, char **argv) {
     gm_omp_passive_wait_by_default(argv); /* as gemmarun itself (kernels/gm_omp.h) */
     if (argc < 2) {
-        fprintf(stderr, "usage: bench_forward MODEL [--tokens T] [--threads N] [--repeat R] [--decode D]\n");
+        fprintf(stderr, "usage: bench_forward MODEL [--tokens T] [--threads N] [--repeat R] [--decode D] [--int8-dot 0|1]\n");
         return 2;
     }
-    long T = 128, threads = 2, repeat = 3, decode = 32;
+    long T = 128, threads = 2, repeat = 3, decode = 32, int8_dot = 0;
     for (int i = 2; i + 1 < argc; i += 2) {
         long v = strtol(argv[i + 1], NULL, 10);
         if (strcmp(argv[i], "--tokens") == 0) T = v;
         else if (strcmp(argv[i], "--threads") == 0) threads = v;
         else if (strcmp(argv[i], "--repeat") == 0) repeat = v;
         else if (strcmp(argv[i], "--decode") == 0) decode = v;
+        else if (strcmp(argv[i], "--int8-dot") == 0) int8_dot = v;
         else {
             fprintf(stderr, "unknown option %s\n", argv[i]);
             return 2;
@@ -58,7 +60,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     gm_infer *st = NULL;
-    gm_infer_opts io = {.batch = 1, .ctx = T + decode, .max_tokens = T, .n_threads = (int)threads};
+    gm_infer_opts io = {.batch = 1, .ctx = T + decode, .max_tokens = T, .n_threads = (int)threads, .int8_dot = int8_dot != 0};
     if (gm_infer_new(m, &io, &st, &err) != GM_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
@@ -93,7 +95,8 @@ int main(int argc, char **argv) {
     }
     printf("gemmarun  prefill %ld tokens: %.3f s best of %ld (%.1f tokens/s; first run %.3f s)\n", T, best, repeat,
            (double)T / best, first);
-    if (decode > 0) printf("gemmarun  decode %ld tokens: %.1f tokens/s\n", decode, (double)decode / best_dec);
+    if (decode > 0)
+        printf("gemmarun  decode %ld tokens: %.1f tokens/s%s\n", decode, (double)decode / best_dec, int8_dot ? " (int8 dots)" : "");
     printf("gemmarun  threads %ld, peak RSS %.0f MiB (weights memory-mapped: %.0f MiB)\n", threads,
            (double)gm_process_peak_rss() / 1048576.0, (double)m->mapped_bytes / 1048576.0);
     free(ids);

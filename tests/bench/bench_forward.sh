@@ -12,6 +12,8 @@ MODEL=$(build/gemmarun fetch gemma3-270m 2>/dev/null)
 echo "# $(date -u +%F) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "# prompt $T tokens, $N threads, model $MODEL"
 build/tests/bench/bench_forward "$MODEL" --tokens "$T" --threads "$N" --repeat 3 --decode 32
+# the opt-in int8 dots of decoding (generate --int8-dot): llama.cpp's scheme, not the f32 numbers
+build/tests/bench/bench_forward "$MODEL" --tokens "$T" --threads "$N" --repeat 3 --decode 32 --int8-dot 1 | grep decode
 if [ -x "$PY" ]; then
   OMP_NUM_THREADS=$N "$PY" tests/bench/peer_forward.py "$MODEL" --tokens "$T" --threads "$N" --peer transformers
   "$PY" tests/bench/peer_forward.py "$MODEL" --tokens "$T" --threads "$N" --peer llamacpp

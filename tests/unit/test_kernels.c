@@ -339,6 +339,74 @@ static void test_fused_gemv(void) {
         }
 }
 
+/* The opt-in int8 dots of decoding (gm_kctx.int8_dot): for Q8_0 and Q5_0 weights the AVX2 and
+ * baseline twins give the same bits (with and without accumulation); against the f32 dot each row
+ * is within the quantization bound of kernels.h (TOL_INT8_DOT_STEPS), which the worst row nears
+ * (printed: the bound is not loose); other types, and K not a multiple of 32, fall back to the f32
+ * dots bit for bit; a block of zeros quantizes to zeros. */
+static void test_int8_gemv(void) {
+    gm_dtype types[] = {GM_Q8_0, GM_Q5_0, GM_Q4_K};
+    int64_t Ks[] = {32, 96, 256, 672, 2048}, N = 37;
+    double worst_ratio = 0;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++) {
+            int64_t K = Ks[ki];
+            if (K % gm_dtype_get(types[t])->block_size) continue;
+            float *wf = rnd(N * K, 0.5f), *x = rnd(K, 1.0f);
+            for (int e = 0; e < 32 && K >= 64; e++) x[32 + e] = 0.0f; /* a block of zeros */
+            size_t rb;
+            void *w = encode_weight(types[t], wf, N, K, &rb);
+            gm_kctx k = make_ctx(2, gm_k_matmul_scratch_floats(types[t], N, K, 2));
+            gm_wview wv = {types[t], w, rb, N, K, 0, 0, 0.0f, 0};
+            float *exact = gm_malloc((size_t)N * 4), *o[2], *acc = gm_malloc((size_t)N * 4);
+            gm_k_matmul_fwd_cpu(&k, exact, x, &wv, 1, 0.0f);
+            k.int8_dot = true;
+            for (int simd = 1; simd >= 0; simd--) {
+                gm_cpu_simd = simd != 0;
+                o[simd] = gm_malloc((size_t)N * 4);
+                gm_k_matmul_fwd_cpu(&k, o[simd], x, &wv, 1, 0.0f);
+                for (int64_t n = 0; n < N; n++) acc[n] = 0.25f;
+                gm_k_matmul_fwd_cpu(&k, acc, x, &wv, 1, 1.0f);
+                size_t bad_acc = 0;
+                for (int64_t n = 0; n < N; n++) {
+                    float want = 0.25f + o[simd][n];
+                    bad_acc += memcmp(&acc[n], &want, 4) != 0;
+                }
+                CHECK(bad_acc == 0, "int8 GEMV %s K=%lld (%s): %zu rows differ with accumulation", gm_dtype_name(types[t]),
+                      (long long)K, simd ? "dispatched" : "baseline", bad_acc);
+            }
+            gm_cpu_simd = true;
+            CHECK(memcmp(o[0], o[1], (size_t)N * 4) == 0, "int8 GEMV %s K=%lld: the AVX2 and baseline twins differ",
+                  gm_dtype_name(types[t]), (long long)K);
+            if (types[t] == GM_Q4_K) {
+                CHECK(memcmp(o[1], exact, (size_t)N * 4) == 0, "int8_dot on Q4_K K=%lld: the f32 dots, bit for bit", (long long)K);
+            } else {
+                float *row = gm_malloc((size_t)K * 4);
+                size_t over = 0;
+                for (int64_t n = 0; n < N; n++) {
+                    gm_dequant_wrow(&wv, n, row);
+                    double bound = 0, mag = 0;
+                    for (int64_t b = 0; b < K / 32; b++) {
+                        double amax = 0, wsum = 0;
+                        for (int e = 0; e < 32; e++) amax = fmax(amax, fabs(x[32 * b + e])), wsum += fabs(row[32 * b + e]);
+                        bound += TOL_INT8_DOT_STEPS * (amax / 127.0) * wsum;
+                    }
+                    for (int64_t i = 0; i < K; i++) mag += fabs((double)x[i] * row[i]);
+                    bound += TOL_KERNEL_F32_REL * mag;
+                    double d = fabs((double)o[1][n] - exact[n]);
+                    over += d > bound;
+                    worst_ratio = fmax(worst_ratio, d / bound);
+                }
+                CHECK(over == 0, "int8 GEMV %s K=%lld: %zu of %lld rows outside the quantization bound", gm_dtype_name(types[t]),
+                      (long long)K, over, (long long)N);
+                gm_free(row);
+            }
+            gm_free(wf), gm_free(x), gm_free(w), gm_free(exact), gm_free(o[0]), gm_free(o[1]), gm_free(acc), gm_free(k.scratch);
+        }
+    printf("int8 GEMV: worst row at %.2f of its quantization bound\n", worst_ratio);
+    CHECK(worst_ratio > 0.05, "the int8 dots differ from the f32 ones at all (worst row at %.3f of the bound)", worst_ratio);
+}
+
 /* fill, row gather / scatter, KV-cache store, log-sum-exp finish (kernels/cpu/movement.c), against
  * loops written from the contracts in kernels.h. */
 static void test_movement(void) {
@@ -387,5 +455,6 @@ int main(void) {
     test_embed();
     test_threads_deterministic();
     test_fused_gemv();
+    test_int8_gemv();
     return gm_test_finish();
 }

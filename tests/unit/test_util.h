@@ -160,6 +160,11 @@
  * roundings in 127/a = (1/a)*127 and s = a/127 add <= 4e-7 relative per step, times |q| <= 127:
  * bound (0.5 + 1e-4) * s. */
 #define TOL_QUANT_INT8_STEPS 0.5001
+/* The int8 dots of decoding (gm_kctx.int8_dot, kernels.h): each x is quantized to q * d with
+ * d = max|x| / 127 of its block, off by at most half a step (+ the f32 rounding of x * (1/d), 127 x
+ * 2^-24 of a step); the dot against the f32 one is then held to
+ * sum_b TOL_INT8_DOT_STEPS * d_b * sum_{i in b} |w_i| + TOL_KERNEL_F32_REL * sum |x_i| |w_i|. */
+#define TOL_INT8_DOT_STEPS 0.5001
 /* NF4, in units of the block absmax A: the nearest of 16 codes is within half the widest gap of
  * the code book ((1 - 0.6961928) / 2 = 0.1519; +1e-4 for the f32 rounding of x * (1/A)). */
 #define TOL_QUANT_NF4_CODE 0.1520
