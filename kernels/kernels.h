@@ -146,7 +146,7 @@ typedef struct gm_kctx {
     float *scratch;       /* workspace for dequantized weight panels etc. */
     size_t scratch_floats; /* its size in floats */
     void *blas;           /* cublasHandle_t bound to the stream on CUDA (NULL: the process's own) */
-    bool int8_dot;        /* CPU, matmul_fwd with M = 1 on Q8_0 / Q5_0 weights (decoding): x is
+    bool int8_dot;        /* CPU, matmul_fwd with M = 1 on Q8_0 / Q5_0 / Q4_K / Q6_K weights (decoding): x is
                              quantized to int8 blocks once and the dots are integer, as llama.cpp's
                              (gm_dot_rows_q8) - faster, and NOT the f32 result: opt-in
                              (gm_infer_opts.int8_dot, `generate --int8-dot`); false everywhere else */
@@ -190,16 +190,19 @@ extern bool gm_cpu_simd;
  * (ggml-quants.c quantize_row_q8_0, ggml_vec_dot_q8_0_q8_0 / q5_0_q8_0), with an arithmetic of our
  * own that the scalar and AVX2 twins share bit for bit:
  *   gm_quantize_x_q8: x (K, a multiple of 32) in blocks of 32: d = max|x| / 127, q = x * (1/d)
- *     rounded to nearest (ties to even), q = 0 when the block is 0; out: K/32 blocks of 36 bytes
- *     (f32 d, 32 int8), GM_XQ8_BYTES(K);
- *   gm_dot_rows_q8: out[i] = row r0 + i of w (i < n) . x: the weights' integers (Q8_0's q; Q5_0's q - 16) dotted with x's exactly, 4
- *     elements a lane (lane j of block b: elements 4j..4j+3); each lane scaled by fl(d_w,b * d_x,b)
- *     and summed in f32 into accumulator (b mod 2, j), the two accumulators added lane by lane and
- *     the 8 lanes halved. Returns false (*out untouched) for other weight types or K not a
- *     multiple of 32.
+ *     rounded to nearest (ties to even), q = 0 when the block is 0; out: K/32 blocks of 40 bytes
+ *     (f32 d, the int32 sum of its q, 32 int8), GM_XQ8_BYTES(K);
+ *   gm_dot_rows_q8: out[i] = row r0 + i of w (i < n) . x, for Q8_0, Q5_0, Q4_K and Q6_K weights
+ *     (gm_int8_dot_supports): each block of 32 weights' integers (Q8_0's q; Q5_0's q - 16; Q4_K's
+ *     q; Q6_K's q - 32) dotted with x's exactly, 4 elements a lane (lane j of block b: elements
+ *     4j..4j+3); each lane scaled by fl(weight scale of the lane * d_x,b) and summed in f32 into
+ *     accumulator (b mod 2, j); the two accumulators added lane by lane and the 8 lanes halved;
+ *     Q4_K's min terms fl(fl(dmin M) * d_x,b) * sum of x's q, summed apart in block order and
+ *     subtracted last. Returns false (*out untouched) for other weight types.
  * Error against the f32 dot: each x is off by at most d_x/2 (plus f32 rounding), so
  * |int8 - f32| <= sum_b d_x,b/2 * sum_i |w_i| (test_kernels asserts it with TOL_INT8_DOT_STEPS). */
-#define GM_XQ8_BYTES(K) ((size_t)(K) / 32 * 36)
+#define GM_XQ8_BYTES(K) ((size_t)(K) / 32 * 40)
+bool gm_int8_dot_supports(gm_dtype type);
 void gm_quantize_x_q8(const float *x, int64_t K, void *out);
 bool gm_dot_rows_q8(const gm_wview *w, int64_t r0, int64_t n, const void *xq, float *out);
 

@@ -86,7 +86,7 @@ static void usage(FILE *f) {
             "                    merged results file, a checkpoint or a PEFT adapter folder; --trial: the trial's\n"
             "                    index or id; --image: a PNG / JPEG before the prompt, multimodal models;\n"
             "                    FILE#xywh=X,Y,W,H: a region of it, in pixels; --int8-dot: decode with\n"
-            "                    llama.cpp-style int8 dots on Q8_0 / Q5_0 weights, faster and not the f32 numbers)\n"
+            "                    llama.cpp-style int8 dots on Q8_0 / Q5_0 / Q4_K / Q6_K weights: faster, not the f32 numbers)\n"
             "  gemmarun plan MODEL [key=value ...] the memory plan of a training run (loads no weights)\n"
             "  gemmarun options [--markdown]       the training options: defaults, ranges, meaning\n"
             "  gemmarun fetch NAME                (known: gemma3-270m)\n"

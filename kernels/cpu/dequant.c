@@ -477,10 +477,11 @@ bool gm_dot_wrow(const gm_wview *w, int64_t r, const float *x, float *out) {
 
 /* ---- int8 dots for decoding (gm_kctx.int8_dot; kernels.h) ---------------------------------- */
 
-/* One block of the quantized x: its scale and 32 int8 values (llama.cpp's block_q8_0 with an f32
- * scale, 36 bytes). */
+/* One block of the quantized x: its scale, the sum of its integers (for Q4_K's min term, as
+ * llama.cpp's block_q8_K keeps bsums) and 32 int8 values (40 bytes). */
 typedef struct xq8_block {
     float d;
+    int32_t sum;
     int8_t q[32];
 } xq8_block;
 
@@ -491,26 +492,59 @@ void gm_quantize_x_q8(const float *x, int64_t K, void *out) {
         float amax = 0.0f;
         for (int e = 0; e < 32; e++) amax = fmaxf(amax, fabsf(v[e]));
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
         xb[b].d = d;
-        for (int e = 0; e < 32; e++) xb[b].q[e] = (int8_t)nearbyintf(v[e] * id);
+        for (int e = 0; e < 32; e++) sum += xb[b].q[e] = (int8_t)nearbyintf(v[e] * id);
+        xb[b].sum = sum;
     }
 }
 
-/* the 32 weights of a block as integers: Q8_0 as stored, Q5_0 as dq_q5_0 reads them (q - 16) */
-static void block_ints(gm_dtype type, const uint8_t *blk, int32_t q[32]) {
-    if (type == GM_Q8_0) {
-        for (int e = 0; e < 32; e++) q[e] = ((const int8_t *)(blk + 2))[e];
+/* The weight side of one block of 32 (global block b of the row) for the shared arithmetic:
+ * q[32] its integers, ws[8] the weight scale of each lane (lane j: elements 4j..4j+3), wm the
+ * weight's min scale (Q4_K's dmin * m; 0 for the others):
+ *   Q8_0 q, d | Q5_0 q - 16, d (layouts: dq_q8_0, dq_q5_0)
+ *   Q4_K q (0..15), d * S_j, dmin * M_j of the block's sub-block j (dq_q4_k)
+ *   Q6_K q - 32 (q6_k_q), d * scale of elements 0-15 for lanes 0-3, of 16-31 for lanes 4-7 (dq_q6_k) */
+static void block_w(gm_dtype type, const uint8_t *row, int64_t b, int32_t q[32], float ws[8], float *wm) {
+    *wm = 0.0f;
+    if (type == GM_Q8_0 || type == GM_Q5_0) {
+        const uint8_t *blk = row + (type == GM_Q8_0 ? 34 : 22) * (size_t)b;
+        float d = h2f(blk);
+        for (int j = 0; j < 8; j++) ws[j] = d;
+        if (type == GM_Q8_0) {
+            for (int e = 0; e < 32; e++) q[e] = ((const int8_t *)(blk + 2))[e];
+            return;
+        }
+        uint32_t qh = le32(blk + 2);
+        const uint8_t *qs = blk + 6;
+        for (int e = 0; e < 32; e++)
+            q[e] = ((e < 16 ? (qs[e & 15] & 0xF) : (qs[e & 15] >> 4)) | (int)(((qh >> e) & 1u) << 4)) - 16;
         return;
     }
-    uint32_t qh = le32(blk + 2);
-    const uint8_t *qs = blk + 6;
-    for (int e = 0; e < 32; e++)
-        q[e] = ((e < 16 ? (qs[e & 15] & 0xF) : (qs[e & 15] >> 4)) | (int)(((qh >> e) & 1u) << 4)) - 16;
+    int64_t sb = b % 8; /* the sub-block of 32 within its super-block of 256 */
+    if (type == GM_Q4_K) {
+        const uint8_t *blk = row + 144 * (size_t)(b / 8), *qs = blk + 16;
+        float f[4];
+        k4_chunk_scales(blk + 4, (int)(sb / 2), h2f(blk), h2f(blk + 2), f);
+        int hi = (int)(sb % 2);
+        for (int j = 0; j < 8; j++) ws[j] = f[2 * hi];
+        *wm = f[2 * hi + 1];
+        for (int l = 0; l < 32; l++) q[l] = hi ? qs[32 * (sb / 2) + l] >> 4 : qs[32 * (sb / 2) + l] & 0xF;
+        return;
+    }
+    const uint8_t *blk = row + 210 * (size_t)(b / 8), *ql = blk, *qh = blk + 128;
+    const int8_t *sc = (const int8_t *)(blk + 192);
+    float d = h2f(blk + 208);
+    int h = (int)(sb / 4), k = (int)(sb % 4), e0 = 128 * h + 32 * k;
+    float ds0 = d * (float)sc[e0 / 16], ds1 = d * (float)sc[e0 / 16 + 1];
+    for (int j = 0; j < 8; j++) ws[j] = j < 4 ? ds0 : ds1;
+    for (int l = 0; l < 32; l++) q[l] = q6_k_q(ql, qh, h, k, l);
 }
 
 /* The arithmetic both twins share (kernels.h): lane j (0..7) of block b is the exact integer dot of
- * elements 4j..4j+3; accumulator acc[b % 2][j] += fl(fl(d_w * d_x) * lane); at the end the two
- * accumulators are added lane by lane and the 8 lanes halved (j + 4, j + 2, j + 1). Two
+ * elements 4j..4j+3; accumulator acc[b % 2][j] += fl(fl(ws_j * d_x) * lane); at the end the two
+ * accumulators are added lane by lane and the 8 lanes halved (j + 4, j + 2, j + 1); Q4_K's min
+ * terms, fl(fl(wm * d_x) * sum_x) in block order, are summed apart and subtracted last. Two
  * accumulators and eight lanes keep the float adds independent (one chain made it latency
  * bound: no faster than the f32 dots). */
 static float q8_lanes_sum(float acc[2][8]) {
@@ -522,20 +556,19 @@ static float q8_lanes_sum(float acc[2][8]) {
 }
 
 static float dot_q8_scalar(gm_dtype type, const uint8_t *row, const xq8_block *xb, int64_t K) {
-    size_t bytes = type == GM_Q8_0 ? 34 : 22;
-    float acc[2][8] = {{0}};
+    float acc[2][8] = {{0}}, macc = 0.0f;
     for (int64_t b = 0; b < K / 32; b++) {
-        const uint8_t *blk = row + bytes * (size_t)b;
         int32_t q[32];
-        block_ints(type, blk, q);
-        float d = h2f(blk) * xb[b].d;
+        float ws[8], wm;
+        block_w(type, row, b, q, ws, &wm);
         for (int j = 0; j < 8; j++) {
             int32_t lane = 0;
             for (int e = 4 * j; e < 4 * j + 4; e++) lane += q[e] * (int32_t)xb[b].q[e];
-            acc[b % 2][j] += d * (float)lane;
+            acc[b % 2][j] += (ws[j] * xb[b].d) * (float)lane;
         }
+        if (type == GM_Q4_K) macc += (wm * xb[b].d) * (float)xb[b].sum;
     }
-    return q8_lanes_sum(acc);
+    return q8_lanes_sum(acc) - macc;
 }
 
 #ifdef GM_HAVE_AVX2_DOTS
@@ -563,11 +596,18 @@ AVX2_F16C static inline __m256i lanes_i8x32(__m256i w, __m256i x) {
     return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
 }
 
-/* block b's lanes scaled by fl(d_w * d_x), to be added to its accumulator */
-AVX2_F16C static inline __attribute__((always_inline)) __m256 q8_block_avx2(gm_dtype type, const uint8_t *blk, const xq8_block *x) {
+/* the same for unsigned weights (Q4_K's 0..15): no sign trick needed */
+AVX2_F16C static inline __m256i lanes_u8x32(__m256i w, __m256i x) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1));
+}
+
+#define XQ(xb) _mm256_loadu_si256((const __m256i *)(xb)->q)
+
+/* block b's lanes scaled by fl(d_w * d_x), to be added to its accumulator (Q8_0, Q5_0) */
+AVX2_F16C static inline __attribute__((always_inline)) __m256 q8_block_avx2(gm_dtype type, const uint8_t *blk,
+                                                                            const xq8_block *x) {
     __m256i qw = type == GM_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2)) : q5_0_ints(blk);
-    __m256i lane = lanes_i8x32(qw, _mm256_loadu_si256((const __m256i *)x->q));
-    return _mm256_mul_ps(_mm256_set1_ps(h2f_f16c(blk) * x->d), _mm256_cvtepi32_ps(lane));
+    return _mm256_mul_ps(_mm256_set1_ps(h2f_f16c(blk) * x->d), _mm256_cvtepi32_ps(lanes_i8x32(qw, XQ(x))));
 }
 
 AVX2_F16C static inline __attribute__((always_inline)) float dot_q8_avx2(gm_dtype type, const uint8_t *row,
@@ -585,29 +625,90 @@ AVX2_F16C static inline __attribute__((always_inline)) float dot_q8_avx2(gm_dtyp
     _mm256_storeu_ps(a[0], acc0), _mm256_storeu_ps(a[1], acc1);
     return q8_lanes_sum(a);
 }
-#endif
 
-#ifdef GM_HAVE_AVX2_DOTS
-/* one loop per weight type, the type a constant inside (a per-block branch cost a third) */
-AVX2_F16C static void rows_q8_0_avx2(const uint8_t *row, size_t rb, int64_t n, const xq8_block *xq, int64_t K, float *out) {
-    for (int64_t i = 0; i < n; i++, row += rb) out[i] = dot_q8_avx2(GM_Q8_0, row, xq, K);
+/* Q4_K: per chunk c of a super-block, its 32 bytes are sub-block 2c (low nibbles, even: acc0) and
+ * 2c + 1 (high nibbles, odd: acc1); the min terms in block order */
+AVX2_F16C static float dot_q4_k_q8_avx2(const uint8_t *row, const xq8_block *xb, int64_t K) {
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    float macc = 0.0f;
+    for (int64_t s = 0; s < K / 256; s++) {
+        const uint8_t *blk = row + 144 * (size_t)s, *qs = blk + 16;
+        float d = h2f_f16c(blk), dmin = h2f_f16c(blk + 2);
+        for (int c = 0; c < 4; c++) {
+            const xq8_block *x0 = xb + 8 * s + 2 * c, *x1 = x0 + 1;
+            float f[4];
+            k4_chunk_scales(blk + 4, c, d, dmin, f);
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+            __m256i lo = _mm256_and_si256(v, m4), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), m4);
+            acc0 = _mm256_add_ps(acc0, _mm256_mul_ps(_mm256_set1_ps(f[0] * x0->d), _mm256_cvtepi32_ps(lanes_u8x32(lo, XQ(x0)))));
+            acc1 = _mm256_add_ps(acc1, _mm256_mul_ps(_mm256_set1_ps(f[2] * x1->d), _mm256_cvtepi32_ps(lanes_u8x32(hi, XQ(x1)))));
+            macc += (f[1] * x0->d) * (float)x0->sum;
+            macc += (f[3] * x1->d) * (float)x1->sum;
+        }
+    }
+    float a[2][8];
+    _mm256_storeu_ps(a[0], acc0), _mm256_storeu_ps(a[1], acc1);
+    return q8_lanes_sum(a) - macc;
 }
-AVX2_F16C static void rows_q5_0_avx2(const uint8_t *row, size_t rb, int64_t n, const xq8_block *xq, int64_t K, float *out) {
-    for (int64_t i = 0; i < n; i++, row += rb) out[i] = dot_q8_avx2(GM_Q5_0, row, xq, K);
+
+/* Q6_K: sub-block (h, k) of a super-block is global block 8s + 4h + k (parity k's); its 6-bit
+ * values from 32 bytes of ql (low or high nibbles) and 2 bits of 32 bytes of qh, minus 32; lanes
+ * 0-3 scaled by the first 16 elements' scale, 4-7 by the second's */
+AVX2_F16C static float dot_q6_k_q8_avx2(const uint8_t *row, const xq8_block *xb, int64_t K) {
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    const __m256i m4 = _mm256_set1_epi8(0x0F), m2 = _mm256_set1_epi8(0x03), k32 = _mm256_set1_epi8(32);
+    for (int64_t s = 0; s < K / 256; s++) {
+        const uint8_t *blk = row + 210 * (size_t)s, *ql = blk, *qh = blk + 128;
+        const int8_t *sc = (const int8_t *)(blk + 192);
+        float d = h2f_f16c(blk + 208);
+        for (int h = 0; h < 2; h++) {
+            __m256i hv = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+            for (int k = 0; k < 4; k++) {
+                const xq8_block *x = xb + 8 * s + 4 * h + k;
+                int e0 = 128 * h + 32 * k;
+                __m256i lv = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32 * (k & 1)));
+                __m256i lo = k < 2 ? _mm256_and_si256(lv, m4) : _mm256_and_si256(_mm256_srli_epi16(lv, 4), m4);
+                __m256i hi = _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(hv, _mm_cvtsi32_si128(2 * k)), m2), 4);
+                __m256i q = _mm256_sub_epi8(_mm256_or_si256(lo, hi), k32);
+                float a0 = (d * (float)sc[e0 / 16]) * x->d, a1 = (d * (float)sc[e0 / 16 + 1]) * x->d;
+                __m256 sv = _mm256_set_m128(_mm_set1_ps(a1), _mm_set1_ps(a0));
+                acc[k & 1] = _mm256_add_ps(acc[k & 1], _mm256_mul_ps(sv, _mm256_cvtepi32_ps(lanes_i8x32(q, XQ(x)))));
+            }
+        }
+    }
+    float a[2][8];
+    _mm256_storeu_ps(a[0], acc[0]), _mm256_storeu_ps(a[1], acc[1]);
+    return q8_lanes_sum(a);
+}
+
+/* one loop per weight type, the type a constant inside (a per-block branch cost a third) */
+AVX2_F16C static void rows_q8_avx2(gm_dtype type, const uint8_t *row, size_t rb, int64_t n, const xq8_block *xq, int64_t K,
+                                   float *out) {
+    switch (type) {
+    case GM_Q8_0: for (int64_t i = 0; i < n; i++, row += rb) out[i] = dot_q8_avx2(GM_Q8_0, row, xq, K); break;
+    case GM_Q5_0: for (int64_t i = 0; i < n; i++, row += rb) out[i] = dot_q8_avx2(GM_Q5_0, row, xq, K); break;
+    case GM_Q4_K: for (int64_t i = 0; i < n; i++, row += rb) out[i] = dot_q4_k_q8_avx2(row, xq, K); break;
+    default: for (int64_t i = 0; i < n; i++, row += rb) out[i] = dot_q6_k_q8_avx2(row, xq, K); break;
+    }
 }
 #endif
 
 bool gm_dot_rows_q8(const gm_wview *w, int64_t r0, int64_t n, const void *xq, float *out) {
-    if ((w->type != GM_Q8_0 && w->type != GM_Q5_0) || w->cols % 32 != 0) return false;
+    if (!gm_int8_dot_supports(w->type) || w->cols % gm_dtype_get(w->type)->block_size != 0) return false;
     const uint8_t *row = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
 #ifdef GM_HAVE_AVX2_DOTS
     if (gm_cpu_simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
-        (w->type == GM_Q8_0 ? rows_q8_0_avx2 : rows_q5_0_avx2)(row, w->row_bytes, n, xq, w->cols, out);
+        rows_q8_avx2(w->type, row, w->row_bytes, n, xq, w->cols, out);
         return true;
     }
 #endif
     for (int64_t i = 0; i < n; i++, row += w->row_bytes) out[i] = dot_q8_scalar(w->type, row, xq, w->cols);
     return true;
+}
+
+bool gm_int8_dot_supports(gm_dtype type) {
+    return type == GM_Q8_0 || type == GM_Q5_0 || type == GM_Q4_K || type == GM_Q6_K;
 }
 
 void gm_k_dequant_rows_cpu(const gm_kctx *ctx, float *out, const gm_wview *w, int64_t row0, int64_t rows) {

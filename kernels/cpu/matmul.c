@@ -76,7 +76,7 @@ void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const g
     if (M <= GEMV_MAX_M) {
         /* opt-in int8 dots (kernels.h): x quantized once, after the threads' rows */
         void *xq = NULL;
-        if (M == 1 && ctx->int8_dot && (w->type == GM_Q8_0 || w->type == GM_Q5_0) && K % 32 == 0) {
+        if (M == 1 && ctx->int8_dot && gm_int8_dot_supports(w->type) && K % gm_dtype_get(w->type)->block_size == 0) {
             xq = ctx->scratch + (size_t)ctx->n_threads * (size_t)K;
             gm_quantize_x_q8(x, K, xq);
         }

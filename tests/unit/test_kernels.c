@@ -339,13 +339,13 @@ static void test_fused_gemv(void) {
         }
 }
 
-/* The opt-in int8 dots of decoding (gm_kctx.int8_dot): for Q8_0 and Q5_0 weights the AVX2 and
+/* The opt-in int8 dots of decoding (gm_kctx.int8_dot): for Q8_0, Q5_0, Q4_K and Q6_K weights the AVX2 and
  * baseline twins give the same bits (with and without accumulation); against the f32 dot each row
  * is within the quantization bound of kernels.h (TOL_INT8_DOT_STEPS), which the worst row nears
  * (printed: the bound is not loose); other types, and K not a multiple of 32, fall back to the f32
  * dots bit for bit; a block of zeros quantizes to zeros. */
 static void test_int8_gemv(void) {
-    gm_dtype types[] = {GM_Q8_0, GM_Q5_0, GM_Q4_K};
+    gm_dtype types[] = {GM_Q8_0, GM_Q5_0, GM_Q4_K, GM_Q6_K, GM_Q5_K /* not int8: falls back */};
     int64_t Ks[] = {32, 96, 256, 672, 2048}, N = 37;
     double worst_ratio = 0;
     for (size_t t = 0; t < sizeof types / sizeof types[0]; t++)
@@ -378,8 +378,9 @@ static void test_int8_gemv(void) {
             gm_cpu_simd = true;
             CHECK(memcmp(o[0], o[1], (size_t)N * 4) == 0, "int8 GEMV %s K=%lld: the AVX2 and baseline twins differ",
                   gm_dtype_name(types[t]), (long long)K);
-            if (types[t] == GM_Q4_K) {
-                CHECK(memcmp(o[1], exact, (size_t)N * 4) == 0, "int8_dot on Q4_K K=%lld: the f32 dots, bit for bit", (long long)K);
+            if (!gm_int8_dot_supports(types[t])) {
+                CHECK(memcmp(o[1], exact, (size_t)N * 4) == 0, "int8_dot on %s K=%lld: the f32 dots, bit for bit",
+                      gm_dtype_name(types[t]), (long long)K);
             } else {
                 float *row = gm_malloc((size_t)K * 4);
                 size_t over = 0;
