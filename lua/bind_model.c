@@ -392,7 +392,8 @@ static int l_logits(lua_State *L) {
 }
 
 /* model:save_adapter(out, {adapter =, trial =, format = "peft", base_model =}) -> {modules =,
- * rank =, alpha =, rslora =, source =, trial_id =}: the adapter (as `adapter`/`trial` name it,
+ * vision_modules =, projector =, rank =, alpha =, rslora =, source =, trial_id =} (modules: the
+ * text decoder's; vision_modules: the tower's; projector: trained fully): the adapter (as `adapter`/`trial` name it,
  * gm_adapter.h) written as a PEFT adapter folder `out` (gm_adapter_save_peft; base_model goes into
  * adapter_config.json's base_model_name_or_path, default the model's path) or, with format = "gguf",
  * as a llama.cpp LoRA adapter file `out` (gm_adapter_save_gguf). */
@@ -417,9 +418,13 @@ static int l_save_adapter(lua_State *L) {
                              : gm_adapter_save_peft(lm->ad, lm->be, lm->m, dir, base, &err);
     if (s != GM_OK) return gm_bind_raise(L, &err);
     const gm_lora *lo = &lm->ad->lora;
-    lua_createtable(L, 0, 6);
+    lua_createtable(L, 0, 8);
     lua_pushinteger(L, lo->n);
     lua_setfield(L, -2, "modules");
+    lua_pushinteger(L, lm->ad->vision_lora.n);
+    lua_setfield(L, -2, "vision_modules");
+    lua_pushboolean(L, lm->ad->has_proj);
+    lua_setfield(L, -2, "projector");
     lua_pushinteger(L, lo->cfg.rank);
     lua_setfield(L, -2, "rank");
     lua_pushnumber(L, lo->cfg.alpha);
@@ -461,6 +466,10 @@ static int l_save_merged(lua_State *L) {
     gm_error err = {0};
     gm_status s = adapter ? use_adapter(lm, adapter, trial, &err) : GM_OK;
     gm_merged_info info;
+    if (s == GM_OK && adapter && (lm->ad->vision_lora.n > 0 || lm->ad->has_proj))
+        s = gm_error_set(&err, GM_ERR_UNSUPPORTED, "%s trained the image path (vision_targets / modules_to_save): merging the "
+                         "vision tower's adapters and the projector into the weights is not supported yet\n  hint: export it "
+                         "with --format peft (PEFT's merge_and_unload merges it)", lm->ad->source);
     if (s == GM_OK)
         s = gm_model_save_merged(lm->m, adapter ? &lm->ad->lora : NULL, lm->be, gguf ? GM_MERGED_GGUF : GM_MERGED_HF, dt, out, &info,
                                  &err);

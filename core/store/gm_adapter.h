@@ -43,13 +43,19 @@
 #include "gm_lora.h"
 #include "gm_model.h"
 #include "gm_status.h"
+#include "gm_vision.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct gm_adapter {
-    gm_lora lora;            /* the adapters (A, B on the backend) */
+    gm_lora lora;            /* the text decoder's adapters (A, B on the backend) */
+    gm_lora vision_lora;     /* the vision tower's (n = 0: none) */
+    bool has_proj;           /* the run trained the projector (modules_to_save) */
+    gm_vision_adapter vision; /* the image path's trained parts for gm_vision_new_adapted: tower =
+                                &vision_lora when it has adapters, else NULL; proj_w, proj_norm_w
+                                when has_proj, else NULL */
     gm_arena arena;          /* their buffers */
     char source[4096];       /* the file or PEFT folder the tensors came from */
     char trial_id[64];       /* the trial's id ("" for a checkpoint) */
