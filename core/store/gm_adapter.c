@@ -265,6 +265,13 @@ typedef struct mod_set {
     int n;
 } mod_set;
 
+/* What of the image path an adapter trained, for messages. */
+static const char *image_parts(int tower_modules, bool projector) {
+    return tower_modules > 0 && projector ? "LoRA on the vision tower and the projector"
+           : tower_modules > 0            ? "LoRA on the vision tower"
+                                          : "the projector";
+}
+
 /* The projector's trained tensors (PEFT's modules_to_save keys) in gm_adapter.vision's order. */
 static const char *const proj_names[2] = {GM_VISION_PROJECTOR_PREFIX "mm_input_projection_weight",
                                           GM_VISION_PROJECTOR_PREFIX "mm_soft_emb_norm.weight"};
@@ -275,6 +282,7 @@ static void adapter_layout(gm_adapter *a, const gm_model *m) {
     gm_lora_layout(&a->vision_lora, &a->arena, false);
     if (a->has_proj) {
         int64_t C = m->vision->cfg.hidden_size, Ct = m->vision->cfg.vision.out_hidden_size;
+        a->proj_C = C, a->proj_C_text = Ct;
         a->vision.proj_w = (float *)gm_arena_alloc(&a->arena, (size_t)(C * Ct) * sizeof(float), GM_MEM_ADAPTERS);
         a->vision.proj_norm_w = (float *)gm_arena_alloc(&a->arena, (size_t)C * sizeof(float), GM_MEM_ADAPTERS);
     }
@@ -421,9 +429,7 @@ static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, 
     if (s == GM_OK && (sets[1].n > 0 || a->has_proj) && !m->vision)
         s = gm_error_set(err, GM_ERR_INVALID, "%s: %s trained the image path (%s), which this model lacks: %s has no vision "
                          "tower\n  hint: use the multimodal checkpoint the adapter was trained on", path, group,
-                         sets[1].n > 0 && a->has_proj ? "LoRA on the vision tower and the projector"
-                         : sets[1].n > 0             ? "LoRA on the vision tower"
-                                                     : "the projector", m->path);
+                         image_parts(sets[1].n, a->has_proj), m->path);
     if (s == GM_OK && sets[0].n + sets[1].n == 0)
         s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: %s holds no LoRA tensors (*%s)", path, group, A_SUFFIX);
     if (s == GM_OK && m->vision) sets[1].arch = m->vision->arch, sets[1].cfg = &m->vision->cfg;
@@ -554,7 +560,10 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
     if (s == GM_OK) s = peft_expect_off(j, "fan_in_fan_out", NULL, "fan_in_fan_out (Conv1D layers) is not a Gemma layout", cfg_path, err);
     if (s == GM_OK) s = peft_expect_off(j, "rank_pattern", NULL, "per-module ranks are not supported (one r for every module)", cfg_path, err);
     if (s == GM_OK) s = peft_expect_off(j, "alpha_pattern", NULL, "per-module alphas are not supported (one lora_alpha)", cfg_path, err);
-    if (s == GM_OK) s = peft_expect_off(j, "modules_to_save", NULL, "fully trained modules are not supported for text models", cfg_path, err);
+    if (s == GM_OK)
+        s = peft_expect_off(j, "modules_to_save", NULL, "reading fully trained modules (such as a multimodal model's projector) "
+                            "from a PEFT folder is not supported yet; gemmarun reads a trained projector from its own results "
+                            "files and checkpoints", cfg_path, err);
     if (s == GM_OK) s = peft_expect_off(j, "layer_replication", NULL, "layer replication is not supported", cfg_path, err);
     /* PEFT's LoRA variants that change the forward (peft/tuners/lora/config.py, PEFT 0.21) */
     static const char *const variants[][2] = {
@@ -645,6 +654,12 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
         for (int k = 0; k < 3 && !tail; k++) {
             size_t n = strlen(layouts[k]);
             if (strncmp(mod, layouts[k], n) == 0 && strncmp(mod + n, "layers.", 7) == 0) tail = mod + n;
+        }
+        if (strstr(mod, "vision_tower.")) {
+            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is LoRA on the vision tower: reading the image path's "
+                             "adapters from a PEFT folder is not supported yet (gemmarun reads them from its own results files "
+                             "and checkpoints)", w_path, name);
+            break;
         }
         const char *d = tail ? tail + 7 : NULL;
         bool canon = d && isdigit((unsigned char)d[0]) && (d[0] != '0' || d[1] == '.');
@@ -1077,10 +1092,7 @@ gm_status gm_adapter_save_gguf(const gm_adapter *a, gm_backend *be, const gm_mod
     if (a->vision_lora.n > 0 || a->has_proj)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s trained the image path (%s): a llama.cpp LoRA adapter carries no "
                             "vision tower or projector, and without them it would be another model than the one trained\n"
-                            "  hint: export it with --format peft", a->source,
-                            a->vision_lora.n > 0 && a->has_proj ? "LoRA on the vision tower and the projector"
-                            : a->vision_lora.n > 0             ? "LoRA on the vision tower"
-                                                               : "the projector");
+                            "  hint: export it with --format peft", a->source, image_parts(a->vision_lora.n, a->has_proj));
     if (lo->n < 1) return gm_error_set(err, GM_ERR_INVALID, "the adapter has no modules");
     gm_gguf_writer *w = gm_gguf_writer_new();
     size_t total = 0;
@@ -1121,11 +1133,45 @@ gm_status gm_adapter_save_gguf(const gm_adapter *a, gm_backend *be, const gm_mod
     return s;
 }
 
+/* The buffer of a's image path under PEFT key `name` (*n floats), or NULL. */
+static const float *image_buffer(const gm_adapter *a, const char *name, int64_t *n) {
+    const gm_lora *vl = &a->vision_lora;
+    for (int i = 0; i < vl->n; i++) {
+        const gm_lora_adapter *ad = &vl->ad[i];
+        if (strcmp(name, ad->name_A) == 0) return *n = vl->cfg.rank * ad->in, ad->A;
+        if (strcmp(name, ad->name_B) == 0) return *n = ad->out * vl->cfg.rank, ad->B;
+    }
+    if (a->has_proj && strcmp(name, proj_names[0]) == 0) return *n = a->proj_C * a->proj_C_text, a->vision.proj_w;
+    if (a->has_proj && strcmp(name, proj_names[1]) == 0) return *n = a->proj_C, a->vision.proj_norm_w;
+    return NULL;
+}
+
+static bool image_key(const char *name) { return strstr(name, "vision_tower.") || strstr(name, "multi_modal_projector."); }
+
 gm_status gm_adapter_to_trainer(const gm_adapter *a, gm_backend *a_be, gm_trainer *tr, gm_error *err) {
     const gm_lora *src = &a->lora, *dst = gm_trainer_lora(tr);
-    if (a->vision_lora.n > 0 || a->has_proj)
-        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s trained the image path (vision_targets / modules_to_save): starting a "
-                            "run from such an adapter is not supported yet", a->source);
+    /* a trained image path: the run trains exactly its parts, tensor by tensor (an adapter
+     * without one leaves the run's image path as it starts) */
+    int np = 0, n_image = 0;
+    const gm_train_param *pp = gm_trainer_params(tr, &np);
+    int64_t image_max = 1;
+    bool has_image = a->vision_lora.n > 0 || a->has_proj;
+    for (int i = 0; i < np && has_image; i++) {
+        if (!image_key(pp[i].name)) continue;
+        int64_t n = 0;
+        if (!image_buffer(a, pp[i].name, &n))
+            return gm_error_set(err, GM_ERR_INVALID, "the run trains %s, which %s has not (vision_targets / modules_to_save "
+                                "select more than it trained)", pp[i].name, a->source);
+        if (n != pp[i].n)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: %s holds %lld values, the run's %lld", a->source, pp[i].name,
+                                (long long)n, (long long)pp[i].n);
+        image_max = n > image_max ? n : image_max;
+        n_image++;
+    }
+    if (has_image && n_image != 2 * a->vision_lora.n + (a->has_proj ? 2 : 0))
+        return gm_error_set(err, GM_ERR_INVALID, "%s trained the image path (%s), which the run does not train as it did: set "
+                            "vision_targets / modules_to_save as it was trained", a->source,
+                            image_parts(a->vision_lora.n, a->has_proj));
     if (src->cfg.rank != dst->cfg.rank)
         return gm_error_set(err, GM_ERR_INVALID, "%s has rank %d, the run %d: set train.rank = %d", a->source, src->cfg.rank,
                             dst->cfg.rank, src->cfg.rank);
@@ -1162,6 +1208,16 @@ gm_status gm_adapter_to_trainer(const gm_adapter *a, gm_backend *a_be, gm_traine
         gm_trainer_write_adapter(tr, i, 'B', bufB);
     }
     gm_free(buf), gm_free(bufB);
+    float *img = n_image ? gm_malloc((size_t)image_max * sizeof *img) : NULL;
+    if (n_image && !img) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < np && n_image; i++) {
+        int64_t n = 0;
+        const float *b = image_key(pp[i].name) ? image_buffer(a, pp[i].name, &n) : NULL;
+        if (!b) continue;
+        gm_backend_download(a_be, img, b, (size_t)n * sizeof *img);
+        gm_trainer_write_param(tr, i, img);
+    }
+    gm_free(img);
     return gm_backend_status(a_be, err);
 }
 

@@ -53,6 +53,7 @@ typedef struct gm_adapter {
     gm_lora lora;            /* the text decoder's adapters (A, B on the backend) */
     gm_lora vision_lora;     /* the vision tower's (n = 0: none) */
     bool has_proj;           /* the run trained the projector (modules_to_save) */
+    int64_t proj_C, proj_C_text; /* its sizes: the tower's width, the text width */
     gm_vision_adapter vision; /* the image path's trained parts for gm_vision_new_adapted: tower =
                                 &vision_lora when it has adapters, else NULL; proj_w, proj_norm_w
                                 when has_proj, else NULL */
@@ -79,10 +80,12 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
 
 struct gm_trainer;
 /* Starts trainer tr from adapter `a` (loaded on backend a_be for the trainer's model): each of the
- * trainer's adapters gets a's A and B of the same module (continuing training from a published or
+ * trainer's adapters gets a's A and B of the same module, and a trained image path's tensors (the
+ * tower's adapters, the projector) theirs by PEFT key (continuing training from a published or
  * earlier adapter; the optimizer state starts fresh). The two must be the same adapter shape:
- * GM_ERR_INVALID names what differs and what to set - a module one has and the other has not,
- * the rank (train.rank), the scaling (train.alpha, train.rslora). */
+ * GM_ERR_INVALID names what differs and what to set - a module one has and the other has not
+ * (train.targets / train.layers, vision_targets, modules_to_save), the rank (train.rank), the
+ * scaling (train.alpha, train.rslora). */
 gm_status gm_adapter_to_trainer(const gm_adapter *a, gm_backend *a_be, struct gm_trainer *tr, gm_error *err);
 
 /* Writes adapter `a` (loaded for model m on backend be) as a PEFT LoRA adapter folder `dir`

@@ -268,8 +268,11 @@ static double mm_loss(const float *logits, const int32_t *tg, int64_t BT, int64_
 /* A trained image path read back (gm_adapter_load of trainer tr's checkpoint): generation's
  * forward - the soft tokens of gm_vision_new_adapted through the decoder with the text adapters -
  * gives the trainer's loss on the batch within TOL_GEN_VS_TRAIN_ABS; the same without the
- * adapter's image path (the tower's LoRA, the projector) misses it by far more. */
-static void check_adapter_readback(const gm_model *m, gm_trainer *tr, const gm_batch *bt, const lora_batch *lb, const char *dir) {
+ * adapter's image path (the tower's LoRA, the projector) misses it by far more. A new trainer
+ * started from it (model_adapter) holds every trained tensor as tr does, bit for bit; one that
+ * does not train the image path refuses it. */
+static void check_adapter_readback(const gm_model *m, gm_trainer *tr, const gm_train_opts *o, const gm_batch *bt,
+                                   const lora_batch *lb, const char *dir) {
     gm_error err = {0};
     char path[600];
     snprintf(path, sizeof path, "%s/readback.h5", dir);
@@ -301,6 +304,30 @@ static void check_adapter_readback(const gm_model *m, gm_trainer *tr, const gm_b
                l0);
     }
     gm_free(got), gm_free(text_only);
+    gm_trainer *t3 = NULL;
+    CHECK_OK(gm_trainer_new(m, o, &t3, &err), &err);
+    if (t3) {
+        CHECK_OK(gm_adapter_to_trainer(a, be, t3, &err), &err);
+        int np = 0, n3 = 0, differ = 0;
+        const gm_train_param *pp = gm_trainer_params(tr, &np), *p3 = gm_trainer_params(t3, &n3);
+        for (int i = 0; i < np && n3 == np; i++) differ += memcmp(p3[i].p, pp[i].p, (size_t)pp[i].n * sizeof(float)) != 0;
+        CHECK(n3 == np && differ == 0, "a trainer started from the read-back adapter: %d of %d trained tensors differ", differ, np);
+        /* and its loss: the projector's norm scale follows its weight */
+        double l3 = 0;
+        gm_trainer_zero_grad(t3);
+        CHECK_OK(gm_trainer_forward_backward(t3, bt, (float)(1.0 / (double)lb->n_sup), &l3, &err), &err);
+        CHECK(l3 / (double)lb->n_sup == want, "its loss %.9g, the trainer's %.9g", l3 / (double)lb->n_sup, want);
+    }
+    gm_trainer_free(t3), t3 = NULL;
+    gm_train_opts text_opts = *o;
+    snprintf(text_opts.vision_targets, sizeof text_opts.vision_targets, "none");
+    text_opts.train_projector = false;
+    CHECK_OK(gm_trainer_new(m, &text_opts, &t3, &err), &err);
+    if (t3)
+        CHECK(gm_adapter_to_trainer(a, be, t3, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "trained the image path") &&
+                  gm_test_contains(err.msg, "vision_targets / modules_to_save"),
+              "a run without the image path from that adapter: %s", err.msg);
+    gm_trainer_free(t3);
     /* a text-only model has no image path for it */
     gm_model *text = NULL;
     gm_adapter *b = NULL;
@@ -420,7 +447,7 @@ static void check_lora_vision(const gm_model *m) {
                 CHECK(s1.loss == s2.loss, "the step after resuming: loss %.9g vs %.9g uninterrupted", s2.loss, s1.loss);
             }
             gm_trainer_free(t2);
-            check_adapter_readback(m, tr, &bt, &lb, dir);
+            check_adapter_readback(m, tr, &o, &bt, &lb, dir);
             gm_test_remove_tmpdir(dir);
         }
     }
