@@ -1817,7 +1817,8 @@ function R.export(opts)
     say("  with llama.cpp: llama-cli -m BASE.gguf --lora %s  (BASE: the GGUF of %s)", opts.out, base)
   else
     say("%s, as a PEFT adapter: %s/adapter_config.json, %s/adapter_model.safetensors", what, opts.out, opts.out)
-    say("  in Python: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"%s\"), \"%s\")", base, opts.out)
+    say("  in Python: PeftModel.from_pretrained(%s.from_pretrained(\"%s\"), \"%s\")",
+      (info.vision_modules > 0 or info.projector) and "Gemma3ForConditionalGeneration" or "AutoModelForCausalLM", base, opts.out)
   end
   return 0
 end

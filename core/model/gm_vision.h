@@ -5,7 +5,8 @@
  *
  * A gm_vision runs the tower's one definition in the graph's encoder mode (gm_graph.h: no KV
  * cache, every patch of an image sees every other) on up to max_images images per call, with the
- * tower's weights as stored. Memory: gm_vision_new plans every buffer for max_images images on
+ * tower's weights as stored and, for a trained image path read back (gm_vision_new_adapted), the
+ * adapter's LoRA on the tower and its projector. Memory: gm_vision_new plans every buffer for max_images images on
  * a measuring arena, then allocates once (the arena protocol of gm_arena.h); encoding allocates
  * nothing.
  *
