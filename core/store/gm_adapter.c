@@ -530,6 +530,70 @@ static gm_status module_list(const cJSON *j, const char *key, char out[GM_LORA_T
     return GM_OK;
 }
 
+/* What of a PEFT config selects modules, for check_selected. */
+typedef struct peft_sel {
+    const char *cfg_path, *w_path;
+    const gm_lora_config *lc;
+    const char *targets, *exclude;
+    const bool *layers;
+    bool init_zero_b;
+    bool multimodal;         /* the model has a vision tower: a name list may name either part's modules */
+} peft_sel;
+
+/* PEFT puts adapters on the modules its config selects and loads the tensors of those only: the
+ * file's modules[nm] (of one part of the model: arch, mc, module prefix `prefix`) must be
+ * selected, and a selected module without tensors keeps PEFT's initialization (harmless only
+ * when that sets B = 0). */
+static gm_status check_selected(const peft_sel *p, const gm_arch_def *arch, const gm_config *mc, const char *prefix,
+                                const char *const *modules, int nm, gm_error *err) {
+    const char *cfg_path = p->cfg_path, *w_path = p->w_path, *exclude = p->exclude;
+    bool init_zero_b = p->init_zero_b;
+    gm_lora_config sel = *p->lc;
+    snprintf(sel.targets, sizeof sel.targets, "%s", p->targets);
+    if (p->multimodal && gm_lora_targets_check(sel.targets, arch, prefix, NULL) != GM_OK) {
+        /* a name list over the whole multimodal model ("q_proj,fc1"): this part's names only, as
+         * PEFT matches each name wherever a module has it */
+        char all[GM_LORA_TARGETS_MAX];
+        snprintf(all, sizeof all, "%s", p->targets);
+        sel.targets[0] = '\0';
+        for (char *t = strtok(all, ","); t; t = strtok(NULL, ","))
+            if (gm_lora_targets_check(t, arch, prefix, NULL) == GM_OK)
+                snprintf(sel.targets + strlen(sel.targets), sizeof sel.targets - strlen(sel.targets), "%s%s",
+                         sel.targets[0] ? "," : "", t);
+    }
+    for (int i = 0; i < GM_MAX_LAYERS; i++) sel.layers[i] = p->layers[i];
+    gm_lora want;
+    memset(&want, 0, sizeof want);
+    gm_status s = sel.targets[0] ? gm_lora_describe(&want, &sel, arch, mc, prefix, err) : GM_OK; /* none: selects nothing */
+    if (s != GM_OK) gm_error_prefix(err, "%s: target_modules / layers_to_transform", cfg_path);
+    for (int i = 0; s == GM_OK && i < nm; i++) {
+        bool found = false;
+        for (int k = 0; k < want.n && !found; k++) found = strcmp(want.ad[k].module, modules[i]) == 0;
+        if (found && exclude[0] && gm_lora_target_matches(exclude, modules[i])) {
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, which adapter_config.json's "
+                             "exclude_modules leaves out (PEFT would ignore its tensors)", w_path, modules[i]);
+            break;
+        }
+        long layer = strtol(strstr(modules[i], "layers.") + 7, NULL, 10);
+        if (!found && layer >= mc->n_layers)
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, but this model has %lld layers (an adapter "
+                             "for another base model?)", w_path, modules[i], (long long)mc->n_layers);
+        else if (!found)
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, which adapter_config.json's target_modules "
+                             "/ layers_to_transform do not select (PEFT would ignore its tensors)", w_path, modules[i]);
+    }
+    for (int k = 0; s == GM_OK && !init_zero_b && k < want.n; k++) {
+        if (exclude[0] && gm_lora_target_matches(exclude, want.ad[k].module)) continue; /* PEFT leaves it alone */
+        bool found = false;
+        for (int i = 0; i < nm && !found; i++) found = strcmp(want.ad[k].module, modules[i]) == 0;
+        if (!found)
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: adapter_config.json selects %s but the file has no tensors for it, and "
+                             "with init_lora_weights false PEFT would give it a random B", cfg_path, want.ad[k].module);
+    }
+    gm_lora_free(&want);
+    return s;
+}
+
 static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, gm_adapter *a, gm_error *err) {
     char cfg_path[4096], w_path[4096];
     GM_TRY(join_path(cfg_path, sizeof cfg_path, dir, PEFT_CONFIG, err));
@@ -560,10 +624,13 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
     if (s == GM_OK) s = peft_expect_off(j, "fan_in_fan_out", NULL, "fan_in_fan_out (Conv1D layers) is not a Gemma layout", cfg_path, err);
     if (s == GM_OK) s = peft_expect_off(j, "rank_pattern", NULL, "per-module ranks are not supported (one r for every module)", cfg_path, err);
     if (s == GM_OK) s = peft_expect_off(j, "alpha_pattern", NULL, "per-module alphas are not supported (one lora_alpha)", cfg_path, err);
-    if (s == GM_OK)
-        s = peft_expect_off(j, "modules_to_save", NULL, "reading fully trained modules (such as a multimodal model's projector) "
-                            "from a PEFT folder is not supported yet; gemmarun reads a trained projector from its own results "
-                            "files and checkpoints", cfg_path, err);
+    /* modules_to_save: a multimodal model's projector only (PEFT saves it as "<module path>.<param>") */
+    const cJSON *mts = cJSON_GetObjectItemCaseSensitive(j, "modules_to_save");
+    bool save_proj = cJSON_IsArray(mts) && cJSON_GetArraySize(mts) == 1 && cJSON_IsString(cJSON_GetArrayItem(mts, 0)) &&
+                     strcmp(cJSON_GetArrayItem(mts, 0)->valuestring, "multi_modal_projector") == 0;
+    if (s == GM_OK && !save_proj)
+        s = peft_expect_off(j, "modules_to_save", NULL, "fully trained modules are supported for [\"multi_modal_projector\"] "
+                            "(a multimodal model's projector) only", cfg_path, err);
     if (s == GM_OK) s = peft_expect_off(j, "layer_replication", NULL, "layer replication is not supported", cfg_path, err);
     /* PEFT's LoRA variants that change the forward (peft/tuners/lora/config.py, PEFT 0.21) */
     static const char *const variants[][2] = {
@@ -629,10 +696,22 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
     const char **modules = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *modules) : NULL;
     char (*keys)[192] = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *keys) : NULL;
     if (s == GM_OK && (!modules || !keys)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    int nm = 0;
-    /* every tensor must be a LoRA A or B under PEFT's prefix, in pairs */
+    int nm = 0, nv = 0, proj_seen[2] = {0, 0};
+    /* the vision tower's modules apart (the same "layers.N.<module>" tails as the decoder's) */
+    const char **vmodules = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *vmodules) : NULL;
+    char (*vkeys)[192] = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *vkeys) : NULL;
+    if (s == GM_OK && (!vmodules || !vkeys)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    /* every tensor must be a LoRA A or B under PEFT's prefix, in pairs, or the projector's */
     for (int64_t i = 0; i < nt && s == GM_OK; i++) {
         const char *name = gm_safetensors_tensor_at(st, i)->name;
+        int pk = strcmp(name, proj_names[0]) == 0 ? 0 : strcmp(name, proj_names[1]) == 0 ? 1 : -1;
+        if (pk >= 0) {
+            if (!save_proj)
+                s = gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' is the projector trained fully, but adapter_config.json's "
+                                 "modules_to_save does not list multi_modal_projector (PEFT would ignore it)", w_path, name);
+            proj_seen[pk] = 1;
+            continue;
+        }
         bool is_a = ends_with(name, A_SUFFIX), is_b = ends_with(name, ".lora_B.weight");
         if (strncmp(name, PEFT_PREFIX, strlen(PEFT_PREFIX)) != 0 || !(is_a || is_b) || strlen(name) >= sizeof keys[0] + strlen(A_SUFFIX)) {
             s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is not a LoRA matrix (base_model.model.<module>.lora_A.weight "
@@ -655,10 +734,12 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
             size_t n = strlen(layouts[k]);
             if (strncmp(mod, layouts[k], n) == 0 && strncmp(mod + n, "layers.", 7) == 0) tail = mod + n;
         }
-        if (strstr(mod, "vision_tower.")) {
-            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is LoRA on the vision tower: reading the image path's "
-                             "adapters from a PEFT folder is not supported yet (gemmarun reads them from its own results files "
-                             "and checkpoints)", w_path, name);
+        bool tower = strncmp(mod, GM_VISION_TOWER_PREFIX, strlen(GM_VISION_TOWER_PREFIX)) == 0 &&
+                     strncmp(mod + strlen(GM_VISION_TOWER_PREFIX), "layers.", 7) == 0;
+        if (tower) tail = mod + strlen(GM_VISION_TOWER_PREFIX);
+        else if (strstr(mod, "vision_tower.")) {
+            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is LoRA on the vision tower in another module layout than "
+                             "transformers 5's (%slayers.<N>...)", w_path, name, GM_VISION_TOWER_PREFIX);
             break;
         }
         const char *d = tail ? tail + 7 : NULL;
@@ -669,6 +750,14 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
                              "base_model.model.model.layers.<N>.<module>...; also model.language_model. or language_model.model.)",
                              w_path, name);
             break;
+        }
+        if (tower) { /* the tower's (its model checked below) */
+            if (is_a) {
+                snprintf(vkeys[nv], sizeof vkeys[nv], "%.*s", (int)(strlen(name) - strlen(A_SUFFIX)), name);
+                vmodules[nv] = vkeys[nv] + strlen(PEFT_PREFIX);
+                nv++;
+            }
+            continue;
         }
         size_t plen = (size_t)(tail - mod);
         if (nm > 0 && !(plen == (size_t)(strstr(modules[0], "layers.") - modules[0]) && strncmp(mod, modules[0], plen) == 0)) {
@@ -681,50 +770,30 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
         modules[nm] = keys[nm] + strlen(PEFT_PREFIX);
         nm++;
     }
+    a->has_proj = save_proj;
+    if (s == GM_OK && (nv > 0 || save_proj) && !m->vision)
+        s = gm_error_set(err, GM_ERR_INVALID, "%s trained the image path (%s), which this model lacks: %s has no vision tower\n"
+                         "  hint: use the multimodal checkpoint the adapter was trained on", dir, image_parts(nv, save_proj), m->path);
+    if (s == GM_OK && save_proj && !(proj_seen[0] && proj_seen[1]))
+        s = gm_error_set(err, GM_ERR_INVALID, "%s: modules_to_save lists multi_modal_projector but the file has no '%s' (PEFT "
+                         "would fail to load it)", w_path, proj_names[proj_seen[0] ? 1 : 0]);
     /* PEFT puts adapters on the modules its config selects and loads the tensors of those only:
-     * the file's modules must be selected, and a selected module without tensors keeps PEFT's
-     * initialization (harmless only when that sets B = 0) */
+     * the file's modules must be selected, the decoder's and the tower's */
+    peft_sel ps = {cfg_path, w_path, &lc, targets, exclude, layers_sel, init_zero_b, m->vision != NULL};
     if (s == GM_OK && nm > 0 && targets[0]) {
         char prefix[64];
         snprintf(prefix, sizeof prefix, "%.*s", (int)(strstr(modules[0], "layers.") - modules[0]), modules[0]);
-        gm_lora_config sel = lc;
-        snprintf(sel.targets, sizeof sel.targets, "%s", targets);
-        for (int i = 0; i < GM_MAX_LAYERS; i++) sel.layers[i] = layers_sel[i];
-        gm_lora want;
-        memset(&want, 0, sizeof want);
-        s = gm_lora_describe(&want, &sel, m->arch, &m->cfg, prefix, err);
-        if (s != GM_OK) gm_error_prefix(err, "%s: target_modules / layers_to_transform", cfg_path);
-        for (int i = 0; s == GM_OK && i < nm; i++) {
-            bool found = false;
-            for (int k = 0; k < want.n && !found; k++) found = strcmp(want.ad[k].module, modules[i]) == 0;
-            if (found && exclude[0] && gm_lora_target_matches(exclude, modules[i])) {
-                s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, which adapter_config.json's "
-                                 "exclude_modules leaves out (PEFT would ignore its tensors)", w_path, modules[i]);
-                break;
-            }
-            long layer = strtol(strstr(modules[i], "layers.") + 7, NULL, 10);
-            if (!found && layer >= m->cfg.n_layers)
-                s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, but this model has %lld layers (an adapter "
-                                 "for another base model?)", w_path, modules[i], (long long)m->cfg.n_layers);
-            else if (!found)
-                s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, which adapter_config.json's target_modules "
-                                 "/ layers_to_transform do not select (PEFT would ignore its tensors)", w_path, modules[i]);
-        }
-        for (int k = 0; s == GM_OK && !init_zero_b && k < want.n; k++) {
-            if (exclude[0] && gm_lora_target_matches(exclude, want.ad[k].module)) continue; /* PEFT leaves it alone */
-            bool found = false;
-            for (int i = 0; i < nm && !found; i++) found = strcmp(want.ad[k].module, modules[i]) == 0;
-            if (!found)
-                s = gm_error_set(err, GM_ERR_INVALID, "%s: adapter_config.json selects %s but the file has no tensors for it, and "
-                                 "with init_lora_weights false PEFT would give it a random B", cfg_path, want.ad[k].module);
-        }
-        gm_lora_free(&want);
+        s = check_selected(&ps, m->arch, &m->cfg, prefix, modules, nm, err);
     }
-    if (s == GM_OK && nm == 0) s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no LoRA tensors in it", w_path);
+    if (s == GM_OK && nv > 0 && targets[0])
+        s = check_selected(&ps, m->vision->arch, &m->vision->cfg, GM_VISION_TOWER_PREFIX, vmodules, nv, err);
+    if (s == GM_OK && nm + nv == 0) s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no LoRA tensors in it", w_path);
     st_src src = {st, w_path};
-    mod_set set = {&a->lora, m->arch, &m->cfg, m->peft_prefix, modules, keys, nm};
-    if (s == GM_OK) s = load_modules(m, be, &lc, &set, 1, st_fetch, &src, a, err);
-    gm_free(modules), gm_free(keys);
+    mod_set sets[2] = {{&a->lora, m->arch, &m->cfg, m->peft_prefix, modules, keys, nm},
+                       {&a->vision_lora, m->vision ? m->vision->arch : NULL, m->vision ? &m->vision->cfg : NULL,
+                        GM_VISION_TOWER_PREFIX, vmodules, vkeys, nv}};
+    if (s == GM_OK) s = load_modules(m, be, &lc, sets, 2, st_fetch, &src, a, err);
+    gm_free(modules), gm_free(keys), gm_free(vmodules), gm_free(vkeys);
     gm_safetensors_free(st);
     return s;
 }

@@ -17,14 +17,16 @@
  *     save_pretrained writes it, or gm_adapter_save_peft): r, lora_alpha, use_rslora and
  *     lora_dropout from the config; F32, BF16 or F16 tensors. What would make the forward differ
  *     from ours is refused with the field's name (DoRA, trained biases, rank_pattern /
- *     alpha_pattern, modules_to_save, LoRA on embeddings), as are a tensor without its A/B
+ *     alpha_pattern, modules_to_save other than a multimodal model's projector, LoRA on
+ *     embeddings), as are a tensor without its A/B
  *     partner and a tensor whose shape does not fit the model (another base, another rank).
  * A run that trained the image path (vision_targets, modules_to_save) stores the tower's adapters
  * ("...vision_tower.encoder.layers.N...", the text adapters' rank and scaling) and the projector
  * ("...multi_modal_projector.mm_input_projection_weight" (C, C_text), "...mm_soft_emb_norm.weight"
  * (C)) beside them: read into vision_lora and the projector's buffers (a.vision for
- * gm_vision_new_adapted); a model without a vision tower refuses them (GM_ERR_INVALID), and a PEFT
- * folder holding them is refused (GM_ERR_UNSUPPORTED: not read from PEFT yet).
+ * gm_vision_new_adapted); a model without a vision tower refuses them (GM_ERR_INVALID). A PEFT
+ * folder may hold them too: LoRA on "model.vision_tower.encoder." modules, the projector with
+ * modules_to_save ["multi_modal_projector"] (any other modules_to_save is refused).
  * The tensors are named by PEFT keys ("base_model.model.<module>.lora_A.weight", formats.md §6);
  * the modules present say where the adapters go, their shapes give the rank, and the stored
  * configuration gives the scaling: the attributes lora_alpha / lora_rslora a trainer writes into its

@@ -151,6 +151,12 @@ awk 'BEGIN { srand(7); for (i = 0; i < 3 * 56 * 56; i++) printf "%.6f\n", rand()
 VT_IDS=2,15,27,509,511,511,511,511,510,100,31,7,300
 expect_run "m:logits with pixels through that adapter" 0 "wrote 6656 logits" -- \
   env MODEL="$VIS" IDS=$VT_IDS OUT=results/vt_logits.txt ADAPTER=results/pics_vt PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua"
+# the PEFT export read back by gemmarun: the same logits, bit for bit (f32 both ways)
+expect_run "the PEFT export read back (tower LoRA, modules_to_save): the trial's logits with the image, bit for bit" 0 "^same$" -- \
+  sh -c "env MODEL='$VIS' IDS=$VT_IDS OUT=results/vt_back.txt ADAPTER=vt_peft PIXELS=pix.txt '$GM' '$SRC/tests/peers/logits.lua' >/dev/null && cmp results/vt_logits.txt results/vt_back.txt && echo same"
+expect_run "that folder without modules_to_save in its config: refused, naming the projector's tensor" 2 \
+  "mm_input_projection_weight' is the projector trained fully, but adapter_config.json's modules_to_save does not list multi_modal_projector" -- \
+  sh -c "mkdir -p vt_nomts && cp vt_peft/adapter_model.safetensors vt_nomts/ && sed 's/\"multi_modal_projector\"//' vt_peft/adapter_config.json > vt_nomts/adapter_config.json && '$GM' generate '$VIS' --adapter vt_nomts hi --max-tokens 1"
 peers_python
 if [ -n "$PEERS" ]; then
   TOL=$(tol TOL_ADAPTER_PEER_TINY_ABS)
@@ -158,6 +164,16 @@ if [ -n "$PEERS" ]; then
     "ok +logits with images and the adapter.*ok +its image path \(tower LoRA, projector\) moves PEFT's logits" -- \
     "$PEERS" "$SRC/tests/peers/peft_check.py" vision --base "$VIS" --adapter vt_peft --ids $VT_IDS --pixels pix.txt \
     --ours results/vt_logits.txt --tol "$TOL"
+  # an adapter PEFT itself made on the multimodal base: q_proj of both parts, fc1 of the tower,
+  # the projector as modules_to_save; gemmarun reads its folder and gives PEFT's logits
+  expect_run "PEFT makes an image-path adapter (q_proj,fc1, modules_to_save)" 0 "PEFT made a LoRA adapter" -- \
+    "$PEERS" "$SRC/tests/peers/peft_check.py" make --base "$VIS" --out vt_made --r 4 --alpha 8 --targets q_proj,fc1 --projector --seed 3
+  expect_run "m:logits with pixels through PEFT's folder" 0 "wrote 6656 logits" -- \
+    env MODEL="$VIS" IDS=$VT_IDS OUT=results/vt_made.txt ADAPTER=vt_made PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua"
+  expect_run "that folder in gemmarun gives PEFT's logits with the image within $TOL" 0 \
+    "ok +logits with images and the adapter.*ok +its image path \(tower LoRA, projector\) moves PEFT's logits" -- \
+    "$PEERS" "$SRC/tests/peers/peft_check.py" vision --base "$VIS" --adapter vt_made --ids $VT_IDS --pixels pix.txt \
+    --ours results/vt_made.txt --tol "$TOL"
 else
   skip_unless_ci "the image-path adapter through real PEFT (the peers venv: tests/peers/setup.sh)"
 fi

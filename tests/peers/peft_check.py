@@ -8,10 +8,12 @@
       Passes when max |ours - PEFT| <= X and the adapter moves PEFT's own logits by more than
       EFFECT_FACTOR * X (so the comparison could fail: an adapter read as zero would be caught).
   peft_check.py make --base BASE --out DIR --r R --alpha A --targets q_proj,v_proj
-                [--layers 0,2] [--rslora] [--dtype bfloat16] [--seed S]
+                [--layers 0,2] [--rslora] [--dtype bfloat16] [--seed S] [--projector]
       PEFT itself makes a LoRA adapter with random A and B (init_lora_weights=False: B is not
       zero, so the adapter changes the output) and saves it with save_pretrained; --dtype stores
-      the tensors in another dtype, as a bf16 training run would.
+      the tensors in another dtype, as a bf16 training run would; --projector: on a multimodal
+      base (Gemma3ForConditionalGeneration), the projector as modules_to_save, moved by N(0, 0.05)
+      (the targets may name the vision tower's modules too: "q_proj,fc1" adapts both parts).
 
   peft_check.py merged --model DIR --ids 2,5,7 --ours FILE --ours-base FILE --tol X [--dtype bfloat16] [--last]
       A merged model folder (gemmarun export --format merged) loads in transformers
@@ -299,7 +301,11 @@ def cmd_tokenizer(a):
 
 def cmd_make(a):
     torch.manual_seed(a.seed)
-    base = load_base(a.base)
+    if a.projector:  # a multimodal base, its projector trained fully
+        from transformers import Gemma3ForConditionalGeneration
+        base = Gemma3ForConditionalGeneration.from_pretrained(a.base, dtype=torch.float32, attn_implementation="eager").eval()
+    else:
+        base = load_base(a.base)
     cfg = LoraConfig(
         r=a.r,
         lora_alpha=a.alpha,
@@ -309,8 +315,13 @@ def cmd_make(a):
         lora_dropout=0.0,
         init_lora_weights=False,
         task_type="CAUSAL_LM",
+        modules_to_save=["multi_modal_projector"] if a.projector else None,
     )
     model = get_peft_model(base, cfg)
+    with torch.no_grad():  # the projector's trained copy moved off the base's
+        for k, p in model.named_parameters():
+            if "modules_to_save" in k:
+                p.add_(torch.randn_like(p) * 0.05)
     if a.dtype != "float32":
         model = model.to(getattr(torch, a.dtype))
     model.save_pretrained(a.out)
@@ -339,6 +350,7 @@ def main():
     m.add_argument("--rslora", action="store_true")
     m.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--projector", action="store_true")
     g = sub.add_parser("merged")
     g.add_argument("--model", required=True)
     g.add_argument("--ids", required=True)
