@@ -736,6 +736,11 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
         }
         bool tower = strncmp(mod, GM_VISION_TOWER_PREFIX, strlen(GM_VISION_TOWER_PREFIX)) == 0 &&
                      strncmp(mod + strlen(GM_VISION_TOWER_PREFIX), "layers.", 7) == 0;
+        if (tower && !m->vision) {
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' is LoRA on a vision tower, which this model lacks (%s has no "
+                             "vision tower; it is not applied to the decoder's layer of that number)", w_path, name, m->path);
+            break;
+        }
         if (tower) tail = mod + strlen(GM_VISION_TOWER_PREFIX);
         else if (strstr(mod, "vision_tower.")) {
             s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is LoRA on the vision tower in another module layout than "
