@@ -268,7 +268,8 @@ static double mm_loss(const float *logits, const int32_t *tg, int64_t BT, int64_
 /* A trained image path read back (gm_adapter_load of trainer tr's checkpoint): generation's
  * forward - the soft tokens of gm_vision_new_adapted through the decoder with the text adapters -
  * gives the trainer's loss on the batch within TOL_GEN_VS_TRAIN_ABS; the same without the
- * adapter's image path (the tower's LoRA, the projector) misses it by far more. A new trainer
+ * adapter's image path (the tower's LoRA, the projector) misses it by far more; on the strict
+ * backend the same logits bit for bit. A new trainer
  * started from it (model_adapter) holds every trained tensor as tr does, bit for bit; one that
  * does not train the image path refuses it. */
 static void check_adapter_readback(const gm_model *m, gm_trainer *tr, const gm_train_opts *o, const gm_batch *bt,
@@ -303,6 +304,18 @@ static void check_adapter_readback(const gm_model *m, gm_trainer *tr, const gm_t
         printf("adapter read back with its image path: loss %.7f vs the trainer's %.7f (without the image path: %.7f)\n", l, want,
                l0);
     }
+    /* the same on the strict backend (memory the host cannot touch, as a GPU's): the adapter's
+     * buffers and the adapted image path reach the kernels only as device memory */
+    gm_backend *strict = NULL;
+    gm_adapter *as = NULL;
+    CHECK_OK(gm_backend_strict_new(2, &strict, &err), &err);
+    if (strict) CHECK_OK(gm_adapter_load(m, strict, path, NULL, &as, &err), &err);
+    float *got_strict = as ? mm_logits_with(m, true, &as->lora, &as->vision, strict) : NULL;
+    CHECK(got && got_strict && memcmp(got, got_strict, (size_t)(BT * V) * sizeof(float)) == 0,
+          "the read-back adapter's logits with images on the strict backend equal the CPU's bit for bit");
+    gm_free(got_strict);
+    gm_adapter_free(as);
+    gm_backend_free(strict);
     gm_free(got), gm_free(text_only);
     gm_trainer *t3 = NULL;
     CHECK_OK(gm_trainer_new(m, o, &t3, &err), &err);
