@@ -25,8 +25,9 @@
  *              chat (false: wrap the prompt in Gemma's chat template), stop_at_eos (true),
  *              adapter (a results folder, trial file, merged results file, checkpoint or PEFT folder:
  *              core/store/gm_adapter.h), trial (the trial's index or id within it)
- *   model:logits(ids_or_text [, {adapter =, trial =, all = false}]) -> floats: the logits after the
- *        last token (vocab_size), or after every token (all = true, T * vocab_size, position-major)
+ *   model:logits(ids_or_text [, {adapter =, trial =, all = false, pixels =}]) -> floats: the logits
+ *        after the last token (vocab_size), or after every token (all = true, T * vocab_size,
+ *        position-major); pixels: preprocessed images for the ids' runs of image tokens
  *   model:save_adapter(out, {adapter =, trial =, format = "peft", base_model =}) -> info: the
  *        adapter written as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)
  *        or, format = "gguf", a llama.cpp LoRA adapter file
@@ -55,6 +56,7 @@
 #include "gm_merged.h"
 #include "gm_model.h"
 #include "gm_tokenizer.h"
+#include "gm_vision.h"
 
 #include <lauxlib.h>
 #include <openssl/evp.h>
@@ -355,12 +357,16 @@ static int32_t *ids_arg(lua_State *L, lmodel *lm, int idx, const char *fn, int64
     return ids;
 }
 
-/* model:logits(ids_or_text [, {adapter =, trial =, all = false}]) -> table of floats: the logits
- * (vocab_size) after the last token, or with all = true those after every token, position-major
- * (T * vocab_size: entry t * V + v + 1). A fresh forward from position 0 (no cache reused). */
+/* model:logits(ids_or_text [, {adapter =, trial =, all = false, pixels =}]) -> table of floats: the
+ * logits (vocab_size) after the last token, or with all = true those after every token,
+ * position-major (T * vocab_size: entry t * V + v + 1). A fresh forward from position 0 (no cache
+ * reused). pixels: a multimodal model's images, preprocessed (n * 3 * S * S floats, image-major,
+ * as Gemma 3's image processor gives pixel_values), one per run of image tokens in the ids; they go
+ * through the image path (with the adapter's trained tower and projector, if it has them), their
+ * soft tokens replace the runs, and each run sees its whole image. */
 static int l_logits(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
-    static const char *const allowed[] = {"adapter", "trial", "all", NULL};
+    static const char *const allowed[] = {"adapter", "trial", "all", "pixels", NULL};
     gm_bind_check_opts(L, 3, "logits", allowed);
     const char *adapter = gm_bind_opt_str(L, 3, "adapter", NULL);
     char trial_buf[64];
@@ -368,20 +374,69 @@ static int l_logits(lua_State *L) {
     bool all = gm_bind_opt_bool(L, 3, "all", false);
     int64_t T = 0;
     int32_t *ids = ids_arg(L, lm, 2, "logits", &T);
+    const gm_config *c = &lm->m->cfg;
+    /* the images: counted from the ids, their pixels from the table */
+    float *pixels = NULL, *soft = NULL;
+    int64_t *rows = NULL, n_images = 0, n_soft = 0;
+    int32_t *kv_end = NULL;
+    if (!lua_isnoneornil(L, 3) && lua_getfield(L, 3, "pixels") != LUA_TNIL) {
+        if (!lm->m->vision) {
+            gm_free(ids);
+            return luaL_error(L, "logits: pixels given, but %s has no vision tower", lm->m->path);
+        }
+        int64_t S = c->vision.image_size, per = 3 * S * S;
+        kv_end = gm_malloc((size_t)T * sizeof *kv_end);
+        rows = gm_malloc((size_t)T * sizeof *rows);
+        if (!kv_end || !rows) {
+            gm_free(ids), gm_free(kv_end), gm_free(rows);
+            return luaL_error(L, "out of memory");
+        }
+        n_images = gm_mm_kv_end(ids, 1, T, c->vision.image_token_id, 0, kv_end);
+        for (int64_t t = 0; t < T; t++)
+            if (ids[t] == c->vision.image_token_id) rows[n_soft++] = t;
+        lua_Integer k = lua_istable(L, -1) ? luaL_len(L, -1) : -1;
+        const char *bad = n_images < 1 ? "the ids hold no image token" : n_soft != n_images * c->vision.tokens ? "an image's "
+                          "run of image tokens is not mm_tokens_per_image long" : k != n_images * per ? "pixels is not a table "
+                          "of images x 3 x image_size x image_size numbers" : NULL;
+        pixels = bad ? NULL : gm_malloc((size_t)(n_images * per) * sizeof *pixels);
+        for (lua_Integer i = 1; pixels && i <= k; i++) {
+            lua_geti(L, -1, i);
+            pixels[i - 1] = (float)lua_tonumber(L, -1);
+            lua_pop(L, 1);
+        }
+        if (!pixels) {
+            gm_free(ids), gm_free(kv_end), gm_free(rows);
+            if (bad)
+                return luaL_error(L, "logits: %s (%I images in the ids, %I numbers given, %I per image)", bad,
+                                  (lua_Integer)n_images, k, (lua_Integer)per);
+            return luaL_error(L, "out of memory");
+        }
+    }
+    if (!lua_isnoneornil(L, 3)) lua_pop(L, 1);
     gm_error err = {0};
     gm_infer *st = NULL;
-    gm_status s = gm_generate_check(&lm->m->cfg, T, 1, &err);
+    gm_vision *v = NULL;
+    gm_status s = gm_generate_check(c, T, 1, &err);
     if (s == GM_OK) s = use_adapter(lm, adapter, trial, &err);
+    if (s == GM_OK && pixels) {
+        soft = gm_malloc((size_t)(n_soft * c->hidden_size) * sizeof *soft);
+        s = soft ? gm_vision_new_adapted(lm->m, n_images, lm->n_threads, lm->be, lm->ad ? &lm->ad->vision : NULL, &v, &err)
+                 : gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
+        if (s == GM_OK) s = gm_vision_encode(v, pixels, n_images, soft, NULL, &err);
+        gm_vision_free(v);
+    }
     gm_infer_opts io = {.batch = 1, .ctx = T, .max_tokens = T, .logit_rows = all ? T : 1, .n_threads = lm->n_threads,
-                        .adapter = lm->ad ? &lm->ad->lora : NULL, .backend = lm->be};
+                        .adapter = lm->ad && lm->ad->lora.n > 0 ? &lm->ad->lora : NULL, .backend = lm->be};
     if (s == GM_OK) s = gm_infer_new(lm->m, &io, &st, &err);
-    if (s == GM_OK) s = gm_decoder_forward(st, ids, T, all, &err);
-    gm_free(ids);
+    gm_graph_input in = {.B = 1, .T = T, .ids = ids, .embeds = soft, .embed_rows = rows, .n_embeds = n_soft,
+                         .kv_end = pixels ? kv_end : NULL};
+    if (s == GM_OK) s = pixels ? gm_decoder_forward_input(st, &in, all, &err) : gm_decoder_forward(st, ids, T, all, &err);
+    gm_free(ids), gm_free(pixels), gm_free(soft), gm_free(rows), gm_free(kv_end);
     if (s != GM_OK) {
         gm_infer_free(st);
         return gm_bind_raise(L, &err);
     }
-    int64_t n = st->n_logit_rows * lm->m->cfg.vocab_size;
+    int64_t n = st->n_logit_rows * c->vocab_size;
     lua_createtable(L, (int)n, 0);
     for (int64_t i = 0; i < n; i++) {
         lua_pushnumber(L, st->logits[i]);
@@ -392,7 +447,8 @@ static int l_logits(lua_State *L) {
 }
 
 /* model:save_adapter(out, {adapter =, trial =, format = "peft", base_model =}) -> {modules =,
- * rank =, alpha =, rslora =, source =, trial_id =}: the adapter (as `adapter`/`trial` name it,
+ * vision_modules =, projector =, rank =, alpha =, rslora =, source =, trial_id =} (modules: the
+ * text decoder's; vision_modules: the tower's; projector: trained fully): the adapter (as `adapter`/`trial` name it,
  * gm_adapter.h) written as a PEFT adapter folder `out` (gm_adapter_save_peft; base_model goes into
  * adapter_config.json's base_model_name_or_path, default the model's path) or, with format = "gguf",
  * as a llama.cpp LoRA adapter file `out` (gm_adapter_save_gguf). */
@@ -417,9 +473,13 @@ static int l_save_adapter(lua_State *L) {
                              : gm_adapter_save_peft(lm->ad, lm->be, lm->m, dir, base, &err);
     if (s != GM_OK) return gm_bind_raise(L, &err);
     const gm_lora *lo = &lm->ad->lora;
-    lua_createtable(L, 0, 6);
+    lua_createtable(L, 0, 8);
     lua_pushinteger(L, lo->n);
     lua_setfield(L, -2, "modules");
+    lua_pushinteger(L, lm->ad->vision_lora.n);
+    lua_setfield(L, -2, "vision_modules");
+    lua_pushboolean(L, lm->ad->has_proj);
+    lua_setfield(L, -2, "projector");
     lua_pushinteger(L, lo->cfg.rank);
     lua_setfield(L, -2, "rank");
     lua_pushnumber(L, lo->cfg.alpha);
@@ -461,6 +521,10 @@ static int l_save_merged(lua_State *L) {
     gm_error err = {0};
     gm_status s = adapter ? use_adapter(lm, adapter, trial, &err) : GM_OK;
     gm_merged_info info;
+    if (s == GM_OK && adapter && (lm->ad->vision_lora.n > 0 || lm->ad->has_proj))
+        s = gm_error_set(&err, GM_ERR_UNSUPPORTED, "%s trained the image path (vision_targets / modules_to_save): merging the "
+                         "vision tower's adapters and the projector into the weights is not supported yet\n  hint: export it "
+                         "with --format peft (PEFT's merge_and_unload merges it)", lm->ad->source);
     if (s == GM_OK)
         s = gm_model_save_merged(lm->m, adapter ? &lm->ad->lora : NULL, lm->be, gguf ? GM_MERGED_GGUF : GM_MERGED_HF, dt, out, &info,
                                  &err);
@@ -605,7 +669,8 @@ static int l_generate(lua_State *L) {
         lm->st = NULL;
         gm_status s = GM_OK;
         gm_infer_opts io = {.batch = 1, .ctx = ctx, .max_tokens = n_prompt < 512 ? n_prompt : 512,
-                            .n_threads = lm->n_threads, .adapter = lm->ad ? &lm->ad->lora : NULL, .backend = lm->be};
+                            .n_threads = lm->n_threads, .adapter = lm->ad && lm->ad->lora.n > 0 ? &lm->ad->lora : NULL,
+                            .backend = lm->be};
         if (io.max_tokens < 1) io.max_tokens = 1;
         if (s == GM_OK) s = gm_infer_new(lm->m, &io, &lm->st, &err);
         if (s != GM_OK) {

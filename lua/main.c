@@ -377,7 +377,19 @@ static int cmd_generate(int argc, char **argv) {
     int64_t n_prompt = 0;
     float *soft = NULL;
     int64_t *soft_rows = NULL, n_soft = 0;
-    if (n_images > 0) { /* expanded as the processor does; the images through the tower */
+    gm_status s_ad = GM_OK;
+    gm_adapter *ad = NULL;
+    if (adapter) { /* first: a trained image path runs the images below */
+        s_ad = gm_adapter_load(m, be, adapter, trial, &ad, &err);
+        if (s_ad == GM_OK)
+            fprintf(stderr, "gemmarun: adapter %s%s%s: %d modules%s%s, rank %d, alpha %g%s\n", ad->source,
+                    ad->trial_id[0] ? ", trial " : "", ad->trial_id, ad->lora.n + ad->vision_lora.n,
+                    ad->vision_lora.n ? " (vision tower's included)" : "", ad->has_proj ? ", trained projector" : "",
+                    ad->lora.cfg.rank ? ad->lora.cfg.rank : ad->vision_lora.cfg.rank, (double)ad->lora.cfg.alpha,
+                    ad->lora.cfg.rslora ? " (rsLoRA)" : "");
+    }
+    s = s_ad;
+    if (s == GM_OK && n_images > 0) { /* expanded as the processor does; the images through the tower */
         const gm_vision_config *vc = &m->cfg.vision;
         gm_mm_spec mm = {vc->boi_id, vc->eoi_id, vc->image_token_id, vc->tokens};
         s = gm_mm_encode_text(m->tok, in, &mm, n_images, 0, &ids, &n_prompt, &err);
@@ -392,7 +404,7 @@ static int cmd_generate(int argc, char **argv) {
             gm_image_pixels_free(&px);
         }
         gm_vision *vis = NULL;
-        if (s == GM_OK) s = gm_vision_new(m, n_images, (int)threads, be, &vis, &err);
+        if (s == GM_OK) s = gm_vision_new_adapted(m, n_images, (int)threads, be, ad ? &ad->vision : NULL, &vis, &err);
         soft = s == GM_OK ? gm_malloc((size_t)(n_images * vc->tokens * C) * sizeof(float)) : NULL;
         soft_rows = s == GM_OK ? gm_malloc((size_t)(n_images * vc->tokens) * sizeof(int64_t)) : NULL;
         if (s == GM_OK && (!soft || !soft_rows)) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
@@ -401,7 +413,7 @@ static int cmd_generate(int argc, char **argv) {
             if (ids[t] == vc->image_token_id) soft_rows[n_soft++] = t;
         gm_vision_free(vis);
         gm_free(pixels);
-    } else {
+    } else if (s == GM_OK) {
         ids = gm_malloc((len + 8) * sizeof(int32_t));
         s = ids ? gm_tokenizer_encode(m->tok, in, len, true, chat, ids, (int64_t)len + 8, &n_prompt, &err)
                 : gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
@@ -409,20 +421,12 @@ static int cmd_generate(int argc, char **argv) {
     int rc = 0;
     gm_infer *st = NULL;
     int32_t *out = NULL;
-    gm_adapter *ad = NULL;
     if (s == GM_OK) s = gm_generate_check(&m->cfg, n_prompt, max_tokens, &err);
-    if (s == GM_OK && adapter) {
-        s = gm_adapter_load(m, be, adapter, trial, &ad, &err);
-        if (s == GM_OK)
-            fprintf(stderr, "gemmarun: adapter %s%s%s: %d modules, rank %d, alpha %g%s\n", ad->source,
-                    ad->trial_id[0] ? ", trial " : "", ad->trial_id, ad->lora.n, ad->lora.cfg.rank,
-                    (double)ad->lora.cfg.alpha, ad->lora.cfg.rslora ? " (rsLoRA)" : "");
-    }
     if (s == GM_OK) {
         /* prefill in chunks of 256 tokens: Ctrl-C is honoured between chunks */
         gm_infer_opts io = {.batch = 1, .ctx = n_prompt + max_tokens,
                             .max_tokens = n_images > 0 || n_prompt < 256 ? n_prompt : 256, /* images: one call */
-                            .n_threads = (int)threads, .adapter = ad ? &ad->lora : NULL, .backend = be,
+                            .n_threads = (int)threads, .adapter = ad && ad->lora.n > 0 ? &ad->lora : NULL, .backend = be,
                             .int8_dot = int8_dot};
         s = gm_infer_new(m, &io, &st, &err);
     }

@@ -1807,14 +1807,18 @@ function R.export(opts)
   local ok2, info = pcall(m.save_adapter, m, opts.out, { adapter = t.path, base_model = base, format = fmt })
   m:close()
   if not ok2 then P.usage(nil, "%s", clean_msg(info)) end
-  local what = string.format("exported trial %s (%s) of %s: %d LoRA modules, rank %d, alpha %g%s", tostring(t.trial_index),
-    tostring(t.trial_id), opts.results, info.modules, info.rank, info.alpha, info.rslora and " (rsLoRA)" or "")
+  local what = string.format("exported trial %s (%s) of %s: %d LoRA modules%s%s, rank %d, alpha %g%s", tostring(t.trial_index),
+    tostring(t.trial_id), opts.results, info.modules + info.vision_modules,
+    info.vision_modules > 0 and string.format(" (%d on the vision tower)", info.vision_modules) or "",
+    info.projector and " and the trained projector (modules_to_save)" or "", info.rank, info.alpha,
+    info.rslora and " (rsLoRA)" or "")
   if fmt == "gguf" then
     say("%s, as a llama.cpp LoRA adapter: %s", what, opts.out)
     say("  with llama.cpp: llama-cli -m BASE.gguf --lora %s  (BASE: the GGUF of %s)", opts.out, base)
   else
     say("%s, as a PEFT adapter: %s/adapter_config.json, %s/adapter_model.safetensors", what, opts.out, opts.out)
-    say("  in Python: PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(\"%s\"), \"%s\")", base, opts.out)
+    say("  in Python: PeftModel.from_pretrained(%s.from_pretrained(\"%s\"), \"%s\")",
+      (info.vision_modules > 0 or info.projector) and "Gemma3ForConditionalGeneration" or "AutoModelForCausalLM", base, opts.out)
   end
   return 0
 end

@@ -38,10 +38,12 @@ gm_status gm_vision_layout(gm_vision *v, gm_arena *a, gm_arena *host, gm_error *
             q->p = F32(a, q->n, GM_MEM_ADAPTERS), q->d = F32(a, q->n, GM_MEM_GRADS);
             q->m = F32(a, q->n, GM_MEM_OPTIMIZER), q->v = F32(a, q->n, GM_MEM_OPTIMIZER);
         }
-        v->norm_scale = F32(a, v->C, GM_MEM_ADAPTERS);
         v->head.proj = v->proj[0].p, v->head.dproj = v->proj[0].d;
-        v->head.norm_scale = v->norm_scale, v->head.dnorm = v->proj[1].d;
+        v->head.dnorm = v->proj[1].d;
+    } else if (v->ad.proj_w) { /* an adapter's projector: its weight as it is, the norm's scale here */
+        v->head.proj = v->ad.proj_w;
     }
+    if (v->train_proj || v->ad.proj_w) v->head.norm_scale = v->norm_scale = F32(a, v->C, GM_MEM_ADAPTERS);
 #undef F32
     return GM_OK;
 }
@@ -52,21 +54,39 @@ gm_status gm_vision_init(gm_vision *v, const gm_config *mm, const gm_model *towe
 }
 
 static gm_status init_train(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images,
-                            const gm_vision_train *t, bool checkpointing, int n_threads, gm_backend *be, gm_error *err);
+                            const gm_vision_train *t, const gm_vision_adapter *ad, bool checkpointing, int n_threads,
+                            gm_backend *be, gm_error *err);
 
-gm_status gm_vision_init_train(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images,
-                               const gm_vision_train *t, bool checkpointing, int n_threads, gm_backend *be, gm_error *err) {
+/* gm_vision_init_train, or with a trained image path `ad` for inference (t NULL then). */
+static gm_status init_any(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images,
+                          const gm_vision_train *t, const gm_vision_adapter *ad, bool checkpointing, int n_threads,
+                          gm_backend *be, gm_error *err) {
     memset(v, 0, sizeof *v);
-    gm_status s = init_train(v, mm, tower, max_images, t, checkpointing, n_threads, be, err);
+    gm_status s = init_train(v, mm, tower, max_images, t, ad, checkpointing, n_threads, be, err);
     if (s != GM_OK) gm_vision_release(v); /* what it described before failing */
     return s;
 }
 
+gm_status gm_vision_init_train(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images,
+                               const gm_vision_train *t, bool checkpointing, int n_threads, gm_backend *be, gm_error *err) {
+    return init_any(v, mm, tower, max_images, t, NULL, checkpointing, n_threads, be, err);
+}
+
 static gm_status init_train(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images,
-                            const gm_vision_train *t, bool checkpointing, int n_threads, gm_backend *be, gm_error *err) {
+                            const gm_vision_train *t, const gm_vision_adapter *ad, bool checkpointing, int n_threads,
+                            gm_backend *be, gm_error *err) {
     if (max_images < 1) return gm_error_set(err, GM_ERR_INVALID, "max_images must be at least 1");
     GM_TRY(gm_config_vision_tower(mm, &v->tcfg, err));
     const gm_config *tc = &v->tcfg;
+    if (ad) {
+        if (!ad->proj_w != !ad->proj_norm_w)
+            return gm_error_set(err, GM_ERR_INVALID, "an adapter's projector needs both its weight and its norm");
+        if (ad->tower && ad->tower->n > 0 && ad->tower->n_layers != tc->n_layers)
+            return gm_error_set(err, GM_ERR_INVALID, "the adapter's tower LoRA is for %lld layers; this tower has %lld",
+                                (long long)ad->tower->n_layers, (long long)tc->n_layers);
+        v->ad = *ad;
+        if (v->ad.tower && v->ad.tower->n == 0) v->ad.tower = NULL;
+    }
     v->tower = tower;
     v->be = be;
     v->max_images = max_images;
@@ -106,10 +126,12 @@ static gm_status init_train(gm_vision *v, const gm_config *mm, const gm_model *t
             q->decay = i == 0;
         }
     }
+    /* the tower's adapters: trained here, or an adapter's in inference (as the decoder's) */
+    const gm_lora *lo = v->train_tower ? &v->lora : v->ad.tower;
     gm_graph_opts go = {.mode = v->train_tower ? GM_GRAPH_TRAIN : GM_GRAPH_INFER, .batch = max_images,
                         .max_tokens = v->P, .ctx = v->P, .checkpointing = v->train_tower && checkpointing, .lm_rows = 1,
-                        .rank = v->train_tower ? v->lora.cfg.rank : 0, .n_threads = n_threads > 0 ? n_threads : 2};
-    return gm_graph_init(&v->g, tc, &v->w, v->train_tower ? &v->lora : NULL, be, &go, err);
+                        .rank = lo ? lo->cfg.rank : 0, .n_threads = n_threads > 0 ? n_threads : 2};
+    return gm_graph_init(&v->g, tc, &v->w, lo, be, &go, err);
 }
 
 void gm_vision_release(gm_vision *v) {
@@ -168,15 +190,26 @@ void gm_vision_backward(gm_vision *v) {
     }
 }
 
-void gm_vision_params_updated(gm_vision *v) {
-    if (!v->train_proj) return;
+/* norm_scale = 1 + w: what the projector's RMSNorm multiplies by. */
+static void set_norm_scale(gm_vision *v, const float *w) {
     v->g.k->fill(&v->g.kc, v->norm_scale, v->C, 1.0f);
-    v->g.k->add_fwd(&v->g.kc, v->norm_scale, v->proj[1].p, v->C);
+    v->g.k->add_fwd(&v->g.kc, v->norm_scale, w, v->C);
+}
+
+void gm_vision_params_updated(gm_vision *v) {
+    if (v->train_proj) set_norm_scale(v, v->proj[1].p);
 }
 
 gm_status gm_vision_new(const gm_model *m, int64_t max_images, int n_threads, gm_backend *be, gm_vision **out,
                         gm_error *err) {
+    return gm_vision_new_adapted(m, max_images, n_threads, be, NULL, out, err);
+}
+
+gm_status gm_vision_new_adapted(const gm_model *m, int64_t max_images, int n_threads, gm_backend *be,
+                                const gm_vision_adapter *ad, gm_vision **out, gm_error *err) {
     *out = NULL;
+    if (ad && (ad->tower || ad->proj_w) && !be)
+        return gm_error_set(err, GM_ERR_INVALID, "an adapted image path runs on the backend holding the adapter: give it");
     if (!m->vision)
         return gm_error_set(err, GM_ERR_INVALID, "%s: the model has no vision tower (a text-only checkpoint cannot read "
                             "images)\n  hint: use a multimodal checkpoint (Gemma3ForConditionalGeneration, e.g. gemma-3-4b)",
@@ -187,7 +220,7 @@ gm_status gm_vision_new(const gm_model *m, int64_t max_images, int n_threads, gm
     gm_status s = GM_OK;
     gm_backend *owned = NULL;
     if (!be) s = gm_backend_cpu_new(n_threads, &owned, err), be = owned;
-    if (s == GM_OK) s = gm_vision_init(v, &m->cfg, m->vision, max_images, n_threads, be, err);
+    if (s == GM_OK) s = init_any(v, &m->cfg, m->vision, max_images, NULL, ad, false, n_threads, be, err);
     v->owned_be = owned;
     if (s == GM_OK) {
         gm_backend_arena(v->be, &v->arena, "vision tower");
@@ -197,6 +230,7 @@ gm_status gm_vision_new(const gm_model *m, int64_t max_images, int n_threads, gm
     if (s == GM_OK) s = gm_arena_commit(&v->arena, err);
     if (s == GM_OK) s = gm_arena_commit(&v->host, err);
     if (s == GM_OK) s = gm_vision_layout(v, &v->arena, &v->host, err); /* pass 2: hand out, upload the weights */
+    if (s == GM_OK && v->ad.proj_norm_w) set_norm_scale(v, v->ad.proj_norm_w);
     if (s == GM_OK) s = gm_backend_status(v->be, err);
     if (s != GM_OK) {
         gm_vision_free(v);

@@ -5,7 +5,8 @@
  *
  * A gm_vision runs the tower's one definition in the graph's encoder mode (gm_graph.h: no KV
  * cache, every patch of an image sees every other) on up to max_images images per call, with the
- * tower's weights as stored. Memory: gm_vision_new plans every buffer for max_images images on
+ * tower's weights as stored and, for a trained image path read back (gm_vision_new_adapted), the
+ * adapter's LoRA on the tower and its projector. Memory: gm_vision_new plans every buffer for max_images images on
  * a measuring arena, then allocates once (the arena protocol of gm_arena.h); encoding allocates
  * nothing.
  *
@@ -61,6 +62,16 @@ typedef struct gm_vision_param {
 #define GM_VISION_PROJECTOR_PREFIX "base_model.model.model.multi_modal_projector."
 #define GM_VISION_TOWER_PREFIX "model.vision_tower.encoder."
 
+/* A trained image path read back (gm_adapter.vision), for inference: tower - LoRA on the tower's
+ * linears (modules under GM_VISION_TOWER_PREFIX), or NULL; proj_w (C, C_text) and proj_norm_w (C,
+ * PEFT's mm_soft_emb_norm.weight w: the RMSNorm scales by 1 + w) - the trained projector, or both
+ * NULL. All backend memory, on the backend the image path runs on; borrowed. */
+typedef struct gm_vision_adapter {
+    const gm_lora *tower;
+    const float *proj_w;
+    const float *proj_norm_w;
+} gm_vision_adapter;
+
 typedef struct gm_vision {
     const gm_model *tower;      /* the multimodal model's vision part (gm_model.vision); NULL: a plan */
     gm_config tcfg;             /* the tower's config (gm_config_vision_tower) */
@@ -80,9 +91,12 @@ typedef struct gm_vision {
     bool train_tower;           /* adapters on the tower: the graph keeps its records, backward runs */
     bool train_proj;            /* the projector is trained: proj, norm below */
     gm_lora lora;               /* the tower's adapters (n = 0 when none) */
+    gm_vision_adapter ad;       /* inference with a trained image path (gm_vision_new_adapted);
+                                   zero when none */
     gm_vision_param proj[GM_VISION_PROJ_PARAMS]; /* [0] mm_input_projection_weight (C, C_text),
                                                    [1] mm_soft_emb_norm.weight w (C) */
-    float *norm_scale;          /* (C): 1 + w, what the RMSNorm multiplies by */
+    float *norm_scale;          /* (C): 1 + w, what the RMSNorm multiplies by (a trained or an
+                                   adapter's projector) */
     float *dsoft;               /* (max_images * tokens, C_text): dL/d soft tokens, the caller's */
     int64_t n_encoded;          /* images run through the tower so far (a counter, for tests and
                                    reports) */
@@ -94,6 +108,11 @@ typedef struct gm_vision {
  * on backend be (NULL: a CPU backend of its own with n_threads threads). */
 gm_status gm_vision_new(const gm_model *m, int64_t max_images, int n_threads, gm_backend *be, gm_vision **out,
                         gm_error *err);
+/* The same with a trained image path `ad` (its buffers on be, which must then be given; ad NULL:
+ * gm_vision_new): the encoder runs the tower's adapters (inference, no dropout) and the head uses
+ * the adapter's projector. GM_ERR_INVALID for a tower adapter of another tower shape. */
+gm_status gm_vision_new_adapted(const gm_model *m, int64_t max_images, int n_threads, gm_backend *be,
+                                const gm_vision_adapter *ad, gm_vision **out, gm_error *err);
 void gm_vision_free(gm_vision *v);
 
 /* The same path inside another owner's arenas (the trainer's): describe it for multimodal config

@@ -240,56 +240,114 @@ static const char *file_key(const char *module, char (*keys)[192], int n) {
     return NULL;
 }
 
-/* Fetches one adapter tensor, `which` "lora_A" or "lora_B", of file key `key` (the PEFT key
- * without ".lora_A.weight"), of the given (rows, cols) shape, as f32 into dst. */
-typedef gm_status (*fetch_fn)(void *ctx, const char *key, const char *which, const int64_t shape[2], float *dst,
-                              gm_error *err);
+/* Fetches adapter tensor `name` (a PEFT key: "<module>.lora_A.weight", a projector's weight) of
+ * the given shape (ndim 1 or 2) as f32 into dst. */
+typedef gm_status (*fetch_fn)(void *ctx, const char *name, int ndim, const int64_t *shape, float *dst, gm_error *err);
 
 /* A NaN or infinity in an adapter tensor is the adapter's fault: say so before any forward. */
-static gm_status check_finite(const float *x, int64_t n, const char *source, const char *key, const char *which, gm_error *err) {
+static gm_status check_finite(const float *x, int64_t n, const char *source, const char *name, gm_error *err) {
     for (int64_t i = 0; i < n; i++)
         if (!isfinite(x[i]))
-            return gm_error_set(err, GM_ERR_FORMAT, "%s: tensor %s.%s.weight holds a non-finite value (%g at element %lld): the "
-                                "adapter is corrupt or its training diverged", source, key, which, (double)x[i], (long long)i);
+            return gm_error_set(err, GM_ERR_FORMAT, "%s: tensor %s holds a non-finite value (%g at element %lld): the "
+                                "adapter is corrupt or its training diverged", source, name, (double)x[i], (long long)i);
     return GM_OK;
 }
 
-/* Describes the adapters on modules[nm] (file keys keys[nm]) for model m with lc's rank and
- * scaling, lays out and commits their buffers on be, and fills them through fetch. */
-static gm_status load_modules(const gm_model *m, gm_backend *be, const gm_lora_config *lc, const char **modules,
-                              char (*keys)[192], int nm, fetch_fn fetch, void *ctx, gm_adapter *a, gm_error *err) {
-    gm_status s = gm_lora_describe_modules(&a->lora, lc, m->arch, &m->cfg, m->peft_prefix, modules, nm, err);
-    if (s == GM_OK && a->lora.n != nm)
-        s = gm_error_set(err, GM_ERR_FORMAT, "%s: %d adapter modules listed, %d distinct", a->source, nm, a->lora.n);
+/* The adapters of one part of the model (the text decoder's, or the vision tower's): modules[n]
+ * (file keys keys[n]) on the part's architecture and config, named under `prefix`. */
+typedef struct mod_set {
+    gm_lora *lo;
+    const gm_arch_def *arch;
+    const gm_config *cfg;
+    const char *prefix;
+    const char **modules;
+    char (*keys)[192];
+    int n;
+} mod_set;
+
+/* What of the image path an adapter trained, for messages. */
+static const char *image_parts(int tower_modules, bool projector) {
+    return tower_modules > 0 && projector ? "LoRA on the vision tower and the projector"
+           : tower_modules > 0            ? "LoRA on the vision tower"
+                                          : "the projector";
+}
+
+/* The projector's trained tensors (PEFT's modules_to_save keys) in gm_adapter.vision's order. */
+static const char *const proj_names[2] = {GM_VISION_PROJECTOR_PREFIX "mm_input_projection_weight",
+                                          GM_VISION_PROJECTOR_PREFIX "mm_soft_emb_norm.weight"};
+
+/* The buffers of a's adapters and projector (the arena protocol: measure, commit, hand out). */
+static void adapter_layout(gm_adapter *a, const gm_model *m) {
+    gm_lora_layout(&a->lora, &a->arena, false);
+    gm_lora_layout(&a->vision_lora, &a->arena, false);
+    if (a->has_proj) {
+        int64_t C = m->vision->cfg.hidden_size, Ct = m->vision->cfg.vision.out_hidden_size;
+        a->proj_C = C, a->proj_C_text = Ct;
+        a->vision.proj_w = (float *)gm_arena_alloc(&a->arena, (size_t)(C * Ct) * sizeof(float), GM_MEM_ADAPTERS);
+        a->vision.proj_norm_w = (float *)gm_arena_alloc(&a->arena, (size_t)C * sizeof(float), GM_MEM_ADAPTERS);
+    }
+}
+
+/* Fills one tensor of `shape` through host staging (`stage` holds it). */
+static gm_status fill_one(gm_backend *be, fetch_fn fetch, void *ctx, const char *source, const char *name, int ndim,
+                          const int64_t *shape, float *stage, float *dst, gm_error *err) {
+    int64_t n = shape[0] * (ndim > 1 ? shape[1] : 1);
+    GM_TRY(fetch(ctx, name, ndim, shape, stage, err));
+    GM_TRY(check_finite(stage, n, source, name, err));
+    gm_backend_upload(be, dst, stage, (size_t)n * sizeof(float));
+    return GM_OK;
+}
+
+/* Describes the adapters of sets[ns] with lc's rank and scaling (and a's projector when
+ * a->has_proj), lays out and commits their buffers on be, and fills them through fetch. */
+static gm_status load_modules(const gm_model *m, gm_backend *be, const gm_lora_config *lc, const mod_set *sets, int ns,
+                              fetch_fn fetch, void *ctx, gm_adapter *a, gm_error *err) {
+    gm_status s = GM_OK;
+    for (int k = 0; k < ns && s == GM_OK; k++) {
+        const mod_set *ms = &sets[k];
+        if (ms->n == 0) continue;
+        s = gm_lora_describe_modules(ms->lo, lc, ms->arch, ms->cfg, ms->prefix, ms->modules, ms->n, err);
+        if (s == GM_OK && ms->lo->n != ms->n)
+            s = gm_error_set(err, GM_ERR_FORMAT, "%s: %d adapter modules listed, %d distinct", a->source, ms->n, ms->lo->n);
+    }
     if (s == GM_OK) { /* buffers on the backend */
         gm_backend_arena(be, &a->arena, "adapter");
-        gm_lora_layout(&a->lora, &a->arena, false);
+        adapter_layout(a, m);
         s = gm_arena_commit(&a->arena, err);
     }
     int64_t io_max = 1, rank = lc->rank;
     if (s == GM_OK) {
-        gm_lora_layout(&a->lora, &a->arena, false);
-        for (int i = 0; i < a->lora.n; i++) {
-            io_max = a->lora.ad[i].in > io_max ? a->lora.ad[i].in : io_max;
-            io_max = a->lora.ad[i].out > io_max ? a->lora.ad[i].out : io_max;
-        }
+        adapter_layout(a, m);
+        for (int k = 0; k < ns; k++)
+            for (int i = 0; i < sets[k].lo->n; i++) {
+                io_max = sets[k].lo->ad[i].in > io_max ? sets[k].lo->ad[i].in : io_max;
+                io_max = sets[k].lo->ad[i].out > io_max ? sets[k].lo->ad[i].out : io_max;
+            }
     }
-    float *stage = s == GM_OK ? gm_malloc((size_t)(rank * io_max) * sizeof(float)) : NULL;
+    int64_t C = a->has_proj ? m->vision->cfg.hidden_size : 0, Ct = a->has_proj ? m->vision->cfg.vision.out_hidden_size : 0;
+    size_t cap = (size_t)(rank * io_max) > (size_t)(C * Ct) ? (size_t)(rank * io_max) : (size_t)(C * Ct);
+    float *stage = s == GM_OK ? gm_malloc(cap * sizeof(float)) : NULL;
     if (s == GM_OK && !stage) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     /* each tensor through host staging; the fetch checks the shapes this model needs */
-    for (int i = 0; i < a->lora.n && s == GM_OK; i++) {
-        gm_lora_adapter *ad = &a->lora.ad[i];
-        const char *key = file_key(ad->module, keys, nm);
-        int64_t shA[2] = {rank, ad->in}, shB[2] = {ad->out, rank};
-        s = fetch(ctx, key, "lora_A", shA, stage, err);
-        if (s == GM_OK) s = check_finite(stage, rank * ad->in, a->source, key, "lora_A", err);
-        if (s == GM_OK) gm_backend_upload(be, ad->A, stage, (size_t)(rank * ad->in) * sizeof(float));
-        if (s == GM_OK) s = fetch(ctx, key, "lora_B", shB, stage, err);
-        if (s == GM_OK) s = check_finite(stage, ad->out * rank, a->source, key, "lora_B", err);
-        if (s == GM_OK) gm_backend_upload(be, ad->B, stage, (size_t)(ad->out * rank) * sizeof(float));
-        if (s != GM_OK) gm_error_prefix(err, "adapter of %s", ad->module);
+    for (int k = 0; k < ns && s == GM_OK; k++)
+        for (int i = 0; i < sets[k].lo->n && s == GM_OK; i++) {
+            gm_lora_adapter *ad = &sets[k].lo->ad[i];
+            const char *key = file_key(ad->module, sets[k].keys, sets[k].n);
+            char name[400];
+            int64_t shA[2] = {rank, ad->in}, shB[2] = {ad->out, rank};
+            snprintf(name, sizeof name, "%s.lora_A.weight", key);
+            s = fill_one(be, fetch, ctx, a->source, name, 2, shA, stage, ad->A, err);
+            snprintf(name, sizeof name, "%s.lora_B.weight", key);
+            if (s == GM_OK) s = fill_one(be, fetch, ctx, a->source, name, 2, shB, stage, ad->B, err);
+            if (s != GM_OK) gm_error_prefix(err, "adapter of %s", ad->module);
+        }
+    if (s == GM_OK && a->has_proj) {
+        int64_t shP[2] = {C, Ct}, shN[1] = {C};
+        s = fill_one(be, fetch, ctx, a->source, proj_names[0], 2, shP, stage, (float *)a->vision.proj_w, err);
+        if (s == GM_OK) s = fill_one(be, fetch, ctx, a->source, proj_names[1], 1, shN, stage, (float *)a->vision.proj_norm_w, err);
     }
     gm_free(stage);
+    if (s == GM_OK && a->vision_lora.n > 0) a->vision.tower = &a->vision_lora;
     if (s == GM_OK) s = gm_backend_status(be, err);
     return s;
 }
@@ -299,47 +357,58 @@ typedef struct h5_src {
     const char *group;
 } h5_src;
 
-static gm_status h5_fetch(void *ctx, const char *key, const char *which, const int64_t shape[2], float *dst, gm_error *err) {
+static gm_status h5_fetch(void *ctx, const char *name, int ndim, const int64_t *shape, float *dst, gm_error *err) {
     const h5_src *h = ctx;
     char ds[400];
-    snprintf(ds, sizeof ds, "%s/%s.%s.weight", h->group, key, which);
+    snprintf(ds, sizeof ds, "%s/%s", h->group, name);
     gm_dtype dt;
     int nd = 0;
     int64_t sh[GM_H5_MAX_DIMS];
-    if (gm_h5_dataset_info(h->f, ds, &dt, &nd, sh, NULL) == GM_OK && nd == 2 && (sh[0] != shape[0] || sh[1] != shape[1]))
+    if (gm_h5_dataset_info(h->f, ds, &dt, &nd, sh, NULL) == GM_OK &&
+        (nd != ndim || sh[0] != shape[0] || (ndim > 1 && sh[1] != shape[1])))
         return gm_error_set(err, GM_ERR_INVALID, "%s: %s is %lld x %lld; this model needs %lld x %lld (an adapter for another base "
-                            "model?)", gm_h5_path(h->f), ds, (long long)sh[0], (long long)sh[1], (long long)shape[0], (long long)shape[1]);
-    return gm_h5_read(h->f, ds, GM_F32, 2, shape, dst, err);
+                            "model?)", gm_h5_path(h->f), ds, (long long)sh[0], (long long)(nd > 1 ? sh[1] : 1),
+                            (long long)shape[0], (long long)(ndim > 1 ? shape[1] : 1));
+    return gm_h5_read(h->f, ds, GM_F32, ndim, shape, dst, err);
 }
 
 /* Reads the adapter group `group` of open file f (config from attribute config_json of
- * `config_obj`) into a. */
+ * `config_obj`) into a: the text decoder's adapters and, when the run trained the image path, the
+ * tower's adapters ("...vision_tower..." keys, the text adapters' rank and scaling, as the trainer
+ * gives them) and the projector ("...multi_modal_projector..." keys). */
 static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, const char *group, const char *config_obj,
                               gm_adapter *a, gm_error *err) {
     const char *path = gm_h5_path(f);
     gm_h5_child *ch = NULL;
     int n = 0;
     GM_TRY(gm_h5_list(f, group, &ch, &n, err));
-    const char **modules = gm_calloc((size_t)(n > 0 ? n : 1), sizeof *modules);
-    char (*keys)[192] = gm_calloc((size_t)(n > 0 ? n : 1), sizeof *keys);
+    size_t cap = (size_t)(n > 0 ? n : 1);
+    const char **modules = gm_calloc(2 * cap, sizeof *modules);
+    char (*keys)[192] = gm_calloc(2 * cap, sizeof *keys);
     gm_status s = modules && keys ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    int nm = 0;
+    /* [0] the text decoder's modules, [1] the vision tower's (the same "layers.N.<module>" tails:
+     * kept apart) */
+    mod_set sets[2] = {{&a->lora, m->arch, &m->cfg, m->peft_prefix, modules, keys, 0},
+                       {&a->vision_lora, NULL, NULL, GM_VISION_TOWER_PREFIX, modules + cap, keys + cap, 0}};
+    int proj_seen[2] = {0, 0};
     int64_t rank = 0;
     /* the modules: every "<key>.lora_A.weight" (module = key without PEFT's "base_model.model.") */
     for (int i = 0; i < n && s == GM_OK; i++) {
         const char *name = ch[i].name;
-        if (ch[i].kind == GM_H5_DATASET && (strstr(name, "vision_tower.") || strstr(name, "multi_modal_projector."))) {
-            /* a run with vision_targets / modules_to_save: its language-model adapters alone
-             * would give another model than the one trained and evaluated */
-            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: %s also trains the image path (%s: vision_targets or "
-                             "modules_to_save); reading such an adapter back (generate, export, model_adapter) is not "
-                             "supported yet\n  hint: its results (accuracy, loss) are in the same file; train without "
-                             "vision_targets / modules_to_save for an adapter to reuse", path, group, name);
-            break;
+        if (ch[i].kind != GM_H5_DATASET) continue;
+        if (strstr(name, "multi_modal_projector.")) { /* the projector, trained fully */
+            int k = strcmp(name, proj_names[0]) == 0 ? 0 : strcmp(name, proj_names[1]) == 0 ? 1 : -1;
+            if (k < 0)
+                s = gm_error_set(err, GM_ERR_FORMAT, "%s: %s/%s is not one of the projector's trained tensors (%s, %s)", path,
+                                 group, name, proj_names[0], proj_names[1]);
+            else proj_seen[k] = 1;
+            continue;
         }
-        if (ch[i].kind != GM_H5_DATASET || !ends_with(name, A_SUFFIX)) continue;
-        snprintf(keys[nm], sizeof keys[nm], "%.*s", (int)(strlen(name) - strlen(A_SUFFIX)), name);
-        modules[nm] = strncmp(keys[nm], PEFT_PREFIX, strlen(PEFT_PREFIX)) == 0 ? keys[nm] + strlen(PEFT_PREFIX) : keys[nm];
+        if (!ends_with(name, A_SUFFIX)) continue;
+        mod_set *ms = &sets[strstr(name, "vision_tower.") ? 1 : 0];
+        snprintf(ms->keys[ms->n], sizeof ms->keys[0], "%.*s", (int)(strlen(name) - strlen(A_SUFFIX)), name);
+        const char *key = ms->keys[ms->n];
+        ms->modules[ms->n] = strncmp(key, PEFT_PREFIX, strlen(PEFT_PREFIX)) == 0 ? key + strlen(PEFT_PREFIX) : key;
         char ds[400];
         snprintf(ds, sizeof ds, "%s/%s", group, name);
         gm_dtype dt;
@@ -350,10 +419,20 @@ static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, 
             s = gm_error_set(err, GM_ERR_FORMAT, "%s: %s is not a (rank, in_features) matrix of the adapter's rank %lld", path, ds,
                              (long long)rank);
         if (s == GM_OK) rank = sh[0];
-        nm++;
+        ms->n++;
     }
     gm_h5_list_free(ch, n);
-    if (s == GM_OK && nm == 0) s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: %s holds no LoRA tensors (*%s)", path, group, A_SUFFIX);
+    a->has_proj = proj_seen[0] && proj_seen[1];
+    if (s == GM_OK && proj_seen[0] != proj_seen[1])
+        s = gm_error_set(err, GM_ERR_FORMAT, "%s: %s holds %s but not %s (the projector trains both)", path, group,
+                         proj_names[proj_seen[0] ? 0 : 1], proj_names[proj_seen[0] ? 1 : 0]);
+    if (s == GM_OK && (sets[1].n > 0 || a->has_proj) && !m->vision)
+        s = gm_error_set(err, GM_ERR_INVALID, "%s: %s trained the image path (%s), which this model lacks: %s has no vision "
+                         "tower\n  hint: use the multimodal checkpoint the adapter was trained on", path, group,
+                         image_parts(sets[1].n, a->has_proj), m->path);
+    if (s == GM_OK && sets[0].n + sets[1].n == 0)
+        s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: %s holds no LoRA tensors (*%s)", path, group, A_SUFFIX);
+    if (s == GM_OK && m->vision) sets[1].arch = m->vision->arch, sets[1].cfg = &m->vision->cfg;
     gm_lora_config lc = gm_lora_config_default();
     lc.rank = (int)rank;
     char *cfg = NULL;
@@ -361,7 +440,7 @@ static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, 
     if (s == GM_OK) s = scaling_of(f, config_obj, cfg, path, &lc, err);
     gm_free(cfg);
     h5_src src = {f, group};
-    if (s == GM_OK) s = load_modules(m, be, &lc, modules, keys, nm, h5_fetch, &src, a, err);
+    if (s == GM_OK) s = load_modules(m, be, &lc, sets, 2, h5_fetch, &src, a, err);
     gm_free(modules), gm_free(keys);
     return s;
 }
@@ -391,21 +470,19 @@ typedef struct st_src {
     const char *file;
 } st_src;
 
-static gm_status st_fetch(void *ctx, const char *key, const char *which, const int64_t shape[2], float *dst, gm_error *err) {
+static gm_status st_fetch(void *ctx, const char *name, int ndim, const int64_t *shape, float *dst, gm_error *err) {
     const st_src *h = ctx;
-    char name[400];
-    snprintf(name, sizeof name, "%s.%s.weight", key, which);
     const gm_st_tensor *t = gm_safetensors_find(h->st, name);
     if (!t) return gm_error_set(err, GM_ERR_INVALID, "%s: missing tensor '%s'", h->file, name);
-    if (t->ndim != 2)
-        return gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' is not a matrix (%d dimensions)", h->file, name, t->ndim);
-    if (t->shape[0] != shape[0] || t->shape[1] != shape[1])
-        return gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' is %s%lld x %lld; this model needs %lld x %lld%s", h->file, name,
-                            t->ndim == 2 ? "" : "not a matrix: ", (long long)t->shape[0],
-                            (long long)(t->ndim > 1 ? t->shape[1] : 1), (long long)shape[0], (long long)shape[1],
-                            strcmp(which, "lora_A") == 0 && t->shape[0] != shape[0] ? " (a rank other than the config's r)"
-                                                                                       : " (an adapter for another base model?)");
-    int64_t n = shape[0] * shape[1];
+    if (t->ndim != ndim)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' has %d dimensions, not %d", h->file, name, t->ndim, ndim);
+    if (t->shape[0] != shape[0] || (ndim > 1 && t->shape[1] != shape[1]))
+        return gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' is %lld x %lld; this model needs %lld x %lld%s", h->file, name,
+                            (long long)t->shape[0], (long long)(t->ndim > 1 ? t->shape[1] : 1), (long long)shape[0],
+                            (long long)(ndim > 1 ? shape[1] : 1),
+                            ends_with(name, A_SUFFIX) && t->shape[0] != shape[0] ? " (a rank other than the config's r)"
+                                                                                : " (an adapter for another base model?)");
+    int64_t n = shape[0] * (ndim > 1 ? shape[1] : 1);
     if (t->dtype == GM_F32) memcpy(dst, t->data, (size_t)n * sizeof(float));
     else if (t->dtype == GM_BF16)
         for (int64_t i = 0; i < n; i++) dst[i] = gm_bf16_to_f32(((const uint16_t *)t->data)[i]);
@@ -453,6 +530,70 @@ static gm_status module_list(const cJSON *j, const char *key, char out[GM_LORA_T
     return GM_OK;
 }
 
+/* What of a PEFT config selects modules, for check_selected. */
+typedef struct peft_sel {
+    const char *cfg_path, *w_path;
+    const gm_lora_config *lc;
+    const char *targets, *exclude;
+    const bool *layers;
+    bool init_zero_b;
+    bool multimodal;         /* the model has a vision tower: a name list may name either part's modules */
+} peft_sel;
+
+/* PEFT puts adapters on the modules its config selects and loads the tensors of those only: the
+ * file's modules[nm] (of one part of the model: arch, mc, module prefix `prefix`) must be
+ * selected, and a selected module without tensors keeps PEFT's initialization (harmless only
+ * when that sets B = 0). */
+static gm_status check_selected(const peft_sel *p, const gm_arch_def *arch, const gm_config *mc, const char *prefix,
+                                const char *const *modules, int nm, gm_error *err) {
+    const char *cfg_path = p->cfg_path, *w_path = p->w_path, *exclude = p->exclude;
+    bool init_zero_b = p->init_zero_b;
+    gm_lora_config sel = *p->lc;
+    snprintf(sel.targets, sizeof sel.targets, "%s", p->targets);
+    if (p->multimodal && gm_lora_targets_check(sel.targets, arch, prefix, NULL) != GM_OK) {
+        /* a name list over the whole multimodal model ("q_proj,fc1"): this part's names only, as
+         * PEFT matches each name wherever a module has it */
+        char all[GM_LORA_TARGETS_MAX];
+        snprintf(all, sizeof all, "%s", p->targets);
+        sel.targets[0] = '\0';
+        for (char *t = strtok(all, ","); t; t = strtok(NULL, ","))
+            if (gm_lora_targets_check(t, arch, prefix, NULL) == GM_OK)
+                snprintf(sel.targets + strlen(sel.targets), sizeof sel.targets - strlen(sel.targets), "%s%s",
+                         sel.targets[0] ? "," : "", t);
+    }
+    for (int i = 0; i < GM_MAX_LAYERS; i++) sel.layers[i] = p->layers[i];
+    gm_lora want;
+    memset(&want, 0, sizeof want);
+    gm_status s = sel.targets[0] ? gm_lora_describe(&want, &sel, arch, mc, prefix, err) : GM_OK; /* none: selects nothing */
+    if (s != GM_OK) gm_error_prefix(err, "%s: target_modules / layers_to_transform", cfg_path);
+    for (int i = 0; s == GM_OK && i < nm; i++) {
+        bool found = false;
+        for (int k = 0; k < want.n && !found; k++) found = strcmp(want.ad[k].module, modules[i]) == 0;
+        if (found && exclude[0] && gm_lora_target_matches(exclude, modules[i])) {
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, which adapter_config.json's "
+                             "exclude_modules leaves out (PEFT would ignore its tensors)", w_path, modules[i]);
+            break;
+        }
+        long layer = strtol(strstr(modules[i], "layers.") + 7, NULL, 10);
+        if (!found && layer >= mc->n_layers)
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, but this model has %lld layers (an adapter "
+                             "for another base model?)", w_path, modules[i], (long long)mc->n_layers);
+        else if (!found)
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, which adapter_config.json's target_modules "
+                             "/ layers_to_transform do not select (PEFT would ignore its tensors)", w_path, modules[i]);
+    }
+    for (int k = 0; s == GM_OK && !init_zero_b && k < want.n; k++) {
+        if (exclude[0] && gm_lora_target_matches(exclude, want.ad[k].module)) continue; /* PEFT leaves it alone */
+        bool found = false;
+        for (int i = 0; i < nm && !found; i++) found = strcmp(want.ad[k].module, modules[i]) == 0;
+        if (!found)
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: adapter_config.json selects %s but the file has no tensors for it, and "
+                             "with init_lora_weights false PEFT would give it a random B", cfg_path, want.ad[k].module);
+    }
+    gm_lora_free(&want);
+    return s;
+}
+
 static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, gm_adapter *a, gm_error *err) {
     char cfg_path[4096], w_path[4096];
     GM_TRY(join_path(cfg_path, sizeof cfg_path, dir, PEFT_CONFIG, err));
@@ -483,7 +624,13 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
     if (s == GM_OK) s = peft_expect_off(j, "fan_in_fan_out", NULL, "fan_in_fan_out (Conv1D layers) is not a Gemma layout", cfg_path, err);
     if (s == GM_OK) s = peft_expect_off(j, "rank_pattern", NULL, "per-module ranks are not supported (one r for every module)", cfg_path, err);
     if (s == GM_OK) s = peft_expect_off(j, "alpha_pattern", NULL, "per-module alphas are not supported (one lora_alpha)", cfg_path, err);
-    if (s == GM_OK) s = peft_expect_off(j, "modules_to_save", NULL, "fully trained modules are not supported for text models", cfg_path, err);
+    /* modules_to_save: a multimodal model's projector only (PEFT saves it as "<module path>.<param>") */
+    const cJSON *mts = cJSON_GetObjectItemCaseSensitive(j, "modules_to_save");
+    bool save_proj = cJSON_IsArray(mts) && cJSON_GetArraySize(mts) == 1 && cJSON_IsString(cJSON_GetArrayItem(mts, 0)) &&
+                     strcmp(cJSON_GetArrayItem(mts, 0)->valuestring, "multi_modal_projector") == 0;
+    if (s == GM_OK && !save_proj)
+        s = peft_expect_off(j, "modules_to_save", NULL, "fully trained modules are supported for [\"multi_modal_projector\"] "
+                            "(a multimodal model's projector) only", cfg_path, err);
     if (s == GM_OK) s = peft_expect_off(j, "layer_replication", NULL, "layer replication is not supported", cfg_path, err);
     /* PEFT's LoRA variants that change the forward (peft/tuners/lora/config.py, PEFT 0.21) */
     static const char *const variants[][2] = {
@@ -549,10 +696,22 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
     const char **modules = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *modules) : NULL;
     char (*keys)[192] = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *keys) : NULL;
     if (s == GM_OK && (!modules || !keys)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    int nm = 0;
-    /* every tensor must be a LoRA A or B under PEFT's prefix, in pairs */
+    int nm = 0, nv = 0, proj_seen[2] = {0, 0};
+    /* the vision tower's modules apart (the same "layers.N.<module>" tails as the decoder's) */
+    const char **vmodules = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *vmodules) : NULL;
+    char (*vkeys)[192] = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *vkeys) : NULL;
+    if (s == GM_OK && (!vmodules || !vkeys)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    /* every tensor must be a LoRA A or B under PEFT's prefix, in pairs, or the projector's */
     for (int64_t i = 0; i < nt && s == GM_OK; i++) {
         const char *name = gm_safetensors_tensor_at(st, i)->name;
+        int pk = strcmp(name, proj_names[0]) == 0 ? 0 : strcmp(name, proj_names[1]) == 0 ? 1 : -1;
+        if (pk >= 0) {
+            if (!save_proj)
+                s = gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' is the projector trained fully, but adapter_config.json's "
+                                 "modules_to_save does not list multi_modal_projector (PEFT would ignore it)", w_path, name);
+            proj_seen[pk] = 1;
+            continue;
+        }
         bool is_a = ends_with(name, A_SUFFIX), is_b = ends_with(name, ".lora_B.weight");
         if (strncmp(name, PEFT_PREFIX, strlen(PEFT_PREFIX)) != 0 || !(is_a || is_b) || strlen(name) >= sizeof keys[0] + strlen(A_SUFFIX)) {
             s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is not a LoRA matrix (base_model.model.<module>.lora_A.weight "
@@ -575,6 +734,19 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
             size_t n = strlen(layouts[k]);
             if (strncmp(mod, layouts[k], n) == 0 && strncmp(mod + n, "layers.", 7) == 0) tail = mod + n;
         }
+        bool tower = strncmp(mod, GM_VISION_TOWER_PREFIX, strlen(GM_VISION_TOWER_PREFIX)) == 0 &&
+                     strncmp(mod + strlen(GM_VISION_TOWER_PREFIX), "layers.", 7) == 0;
+        if (tower && !m->vision) {
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: tensor '%s' is LoRA on a vision tower, which this model lacks (%s has no "
+                             "vision tower; it is not applied to the decoder's layer of that number)", w_path, name, m->path);
+            break;
+        }
+        if (tower) tail = mod + strlen(GM_VISION_TOWER_PREFIX);
+        else if (strstr(mod, "vision_tower.")) {
+            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is LoRA on the vision tower in another module layout than "
+                             "transformers 5's (%slayers.<N>...)", w_path, name, GM_VISION_TOWER_PREFIX);
+            break;
+        }
         const char *d = tail ? tail + 7 : NULL;
         bool canon = d && isdigit((unsigned char)d[0]) && (d[0] != '0' || d[1] == '.');
         while (canon && isdigit((unsigned char)*d)) d++;
@@ -583,6 +755,14 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
                              "base_model.model.model.layers.<N>.<module>...; also model.language_model. or language_model.model.)",
                              w_path, name);
             break;
+        }
+        if (tower) { /* the tower's (its model checked below) */
+            if (is_a) {
+                snprintf(vkeys[nv], sizeof vkeys[nv], "%.*s", (int)(strlen(name) - strlen(A_SUFFIX)), name);
+                vmodules[nv] = vkeys[nv] + strlen(PEFT_PREFIX);
+                nv++;
+            }
+            continue;
         }
         size_t plen = (size_t)(tail - mod);
         if (nm > 0 && !(plen == (size_t)(strstr(modules[0], "layers.") - modules[0]) && strncmp(mod, modules[0], plen) == 0)) {
@@ -595,49 +775,30 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
         modules[nm] = keys[nm] + strlen(PEFT_PREFIX);
         nm++;
     }
+    a->has_proj = save_proj;
+    if (s == GM_OK && (nv > 0 || save_proj) && !m->vision)
+        s = gm_error_set(err, GM_ERR_INVALID, "%s trained the image path (%s), which this model lacks: %s has no vision tower\n"
+                         "  hint: use the multimodal checkpoint the adapter was trained on", dir, image_parts(nv, save_proj), m->path);
+    if (s == GM_OK && save_proj && !(proj_seen[0] && proj_seen[1]))
+        s = gm_error_set(err, GM_ERR_INVALID, "%s: modules_to_save lists multi_modal_projector but the file has no '%s' (PEFT "
+                         "would fail to load it)", w_path, proj_names[proj_seen[0] ? 1 : 0]);
     /* PEFT puts adapters on the modules its config selects and loads the tensors of those only:
-     * the file's modules must be selected, and a selected module without tensors keeps PEFT's
-     * initialization (harmless only when that sets B = 0) */
+     * the file's modules must be selected, the decoder's and the tower's */
+    peft_sel ps = {cfg_path, w_path, &lc, targets, exclude, layers_sel, init_zero_b, m->vision != NULL};
     if (s == GM_OK && nm > 0 && targets[0]) {
         char prefix[64];
         snprintf(prefix, sizeof prefix, "%.*s", (int)(strstr(modules[0], "layers.") - modules[0]), modules[0]);
-        gm_lora_config sel = lc;
-        snprintf(sel.targets, sizeof sel.targets, "%s", targets);
-        for (int i = 0; i < GM_MAX_LAYERS; i++) sel.layers[i] = layers_sel[i];
-        gm_lora want;
-        memset(&want, 0, sizeof want);
-        s = gm_lora_describe(&want, &sel, m->arch, &m->cfg, prefix, err);
-        if (s != GM_OK) gm_error_prefix(err, "%s: target_modules / layers_to_transform", cfg_path);
-        for (int i = 0; s == GM_OK && i < nm; i++) {
-            bool found = false;
-            for (int k = 0; k < want.n && !found; k++) found = strcmp(want.ad[k].module, modules[i]) == 0;
-            if (found && exclude[0] && gm_lora_target_matches(exclude, modules[i])) {
-                s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, which adapter_config.json's "
-                                 "exclude_modules leaves out (PEFT would ignore its tensors)", w_path, modules[i]);
-                break;
-            }
-            long layer = strtol(strstr(modules[i], "layers.") + 7, NULL, 10);
-            if (!found && layer >= m->cfg.n_layers)
-                s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, but this model has %lld layers (an adapter "
-                                 "for another base model?)", w_path, modules[i], (long long)m->cfg.n_layers);
-            else if (!found)
-                s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, which adapter_config.json's target_modules "
-                                 "/ layers_to_transform do not select (PEFT would ignore its tensors)", w_path, modules[i]);
-        }
-        for (int k = 0; s == GM_OK && !init_zero_b && k < want.n; k++) {
-            if (exclude[0] && gm_lora_target_matches(exclude, want.ad[k].module)) continue; /* PEFT leaves it alone */
-            bool found = false;
-            for (int i = 0; i < nm && !found; i++) found = strcmp(want.ad[k].module, modules[i]) == 0;
-            if (!found)
-                s = gm_error_set(err, GM_ERR_INVALID, "%s: adapter_config.json selects %s but the file has no tensors for it, and "
-                                 "with init_lora_weights false PEFT would give it a random B", cfg_path, want.ad[k].module);
-        }
-        gm_lora_free(&want);
+        s = check_selected(&ps, m->arch, &m->cfg, prefix, modules, nm, err);
     }
-    if (s == GM_OK && nm == 0) s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no LoRA tensors in it", w_path);
+    if (s == GM_OK && nv > 0 && targets[0])
+        s = check_selected(&ps, m->vision->arch, &m->vision->cfg, GM_VISION_TOWER_PREFIX, vmodules, nv, err);
+    if (s == GM_OK && nm + nv == 0) s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no LoRA tensors in it", w_path);
     st_src src = {st, w_path};
-    if (s == GM_OK) s = load_modules(m, be, &lc, modules, keys, nm, st_fetch, &src, a, err);
-    gm_free(modules), gm_free(keys);
+    mod_set sets[2] = {{&a->lora, m->arch, &m->cfg, m->peft_prefix, modules, keys, nm},
+                       {&a->vision_lora, m->vision ? m->vision->arch : NULL, m->vision ? &m->vision->cfg : NULL,
+                        GM_VISION_TOWER_PREFIX, vmodules, vkeys, nv}};
+    if (s == GM_OK) s = load_modules(m, be, &lc, sets, 2, st_fetch, &src, a, err);
+    gm_free(modules), gm_free(keys), gm_free(vmodules), gm_free(vkeys);
     gm_safetensors_free(st);
     return s;
 }
@@ -790,8 +951,10 @@ static void rx_append(char *buf, size_t cap, const char *s) {
     buf[k] = '\0';
 }
 
-gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, char **out, bool layers[GM_MAX_LAYERS],
-                             int *n_layers, gm_error *err) {
+/* gm_adapter_targets for the adapters lo on a part of a model (architecture arch, n_model_layers
+ * layers, PEFT module prefix `prefix`); allow_list false: a regular expression always. */
+static gm_status targets_of(const gm_lora *lo, const gm_arch_def *arch, int64_t n_model_layers, const char *prefix,
+                            bool allow_list, bool *list, char **out, bool layers[GM_MAX_LAYERS], int *n_layers, gm_error *err) {
     *out = NULL;
     /* which layers and which modules; is the set of adapters every module on every layer? */
     int n_layers_used = 0, n_slots_used = 0;
@@ -800,9 +963,9 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
         if (!layers[lo->ad[i].layer]) layers[lo->ad[i].layer] = true, n_layers_used++;
     for (int sl = 0; sl < GM_MAX_LAYER_WEIGHTS; sl++) n_slots_used += lo->slot_used[sl];
     bool product = lo->n == n_layers_used * n_slots_used;
-    *list = product && strcmp(m->peft_prefix, "model.") == 0;
+    *list = allow_list && product && strcmp(prefix, "model.") == 0;
     *n_layers = n_layers_used;
-    size_t cap = 64 + 2 * strlen(m->peft_prefix) + 8 * (size_t)m->cfg.n_layers; /* escaped: 2 bytes a char at most */
+    size_t cap = 64 + 2 * strlen(prefix) + 8 * (size_t)n_model_layers; /* escaped: 2 bytes a char at most */
     for (int i = 0; i < lo->n; i++) cap += 2 * strlen(lo->ad[i].module) + 2;
     char *rx = gm_calloc(cap, 1);
     if (!rx) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
@@ -810,15 +973,15 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
         /* names, as PEFT lists them: each matches "<name>" or "*.<name>" */
         for (int i = 0; i < lo->n && lo->ad[i].layer == lo->ad[0].layer; i++) {
             if (i) strcat(rx, ",");
-            strcat(rx, target_name(m->arch, &lo->ad[i]));
+            strcat(rx, target_name(arch, &lo->ad[i]));
         }
     } else if (product) {
         /* a regular expression full-matched against module names: exactly these modules (a list
          * would also match e.g. a vision tower's q_proj in a multimodal checkpoint) */
-        rx_append(rx, cap, m->peft_prefix);
+        rx_append(rx, cap, prefix);
         strcat(rx, "layers\\.(?:");
         bool first = true;
-        for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int l = 0; l < n_model_layers; l++)
             if (layers[l]) snprintf(rx + strlen(rx), cap - strlen(rx), "%s%d", first ? "" : "|", l), first = false;
         strcat(rx, ")\\.(?:");
         for (int i = 0; i < lo->n && lo->ad[i].layer == lo->ad[0].layer; i++) {
@@ -835,7 +998,7 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
             const gm_lora_adapter *any = NULL;
             if (!first_slot) strcat(rx, "|");
             first_slot = false;
-            rx_append(rx, cap, m->peft_prefix);
+            rx_append(rx, cap, prefix);
             strcat(rx, "layers\\.(?:");
             bool first = true;
             for (int i = 0; i < lo->n; i++) {
@@ -851,10 +1014,17 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
     return GM_OK;
 }
 
+gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, char **out, bool layers[GM_MAX_LAYERS],
+                             int *n_layers, gm_error *err) {
+    return targets_of(lo, m->arch, m->cfg.n_layers, m->peft_prefix, true, list, out, layers, n_layers, err);
+}
+
 gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_model *m, const char *dir, const char *base_model,
                                gm_error *err) {
-    const gm_lora *lo = &a->lora;
-    if (lo->n < 1) return gm_error_set(err, GM_ERR_INVALID, "the adapter has no modules");
+    const gm_lora *lo = &a->lora, *vl = &a->vision_lora;
+    if (lo->n + vl->n < 1) return gm_error_set(err, GM_ERR_INVALID, "the adapter has no modules");
+    const gm_lora_config *lcfg = lo->n ? &lo->cfg : &vl->cfg; /* one rank and scaling for both */
+    bool image_path = vl->n > 0 || a->has_proj;
     struct stat sb;
     if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
         return gm_error_set(err, GM_ERR_INVALID, "%s exists and is not a folder: give a folder to write the PEFT adapter into", dir);
@@ -868,12 +1038,33 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
                             "empty folder (what is there is kept)", dir, other);
     if (stat(dir, &sb) != 0 && mkdir(dir, 0755) != 0)
         return gm_error_set(err, GM_ERR_IO, "%s: cannot create the folder: %s", dir, strerror(errno));
-    bool layer_used[GM_MAX_LAYERS], list;
-    int n_layers_used;
-    char *targets = NULL;
-    GM_TRY(gm_adapter_targets(lo, m, &list, &targets, layer_used, &n_layers_used, err));
+    bool layer_used[GM_MAX_LAYERS], list = false;
+    int n_layers_used = 0;
+    char *targets = NULL, *tower = NULL;
+    gm_status s = GM_OK;
+    /* with the image path: one regular expression, the decoder's modules or the tower's (PEFT's
+     * target_modules; the projector is its modules_to_save) */
+    if (lo->n > 0) s = targets_of(lo, m->arch, m->cfg.n_layers, m->peft_prefix, !image_path, &list, &targets, layer_used,
+                                  &n_layers_used, err);
+    if (s == GM_OK && vl->n > 0) {
+        bool tl, tused[GM_MAX_LAYERS];
+        int tn;
+        s = targets_of(vl, m->vision->arch, m->vision->cfg.n_layers, GM_VISION_TOWER_PREFIX, false, &tl, &tower, tused, &tn, err);
+    }
+    if (s == GM_OK && tower) {
+        size_t k = targets ? strlen(targets) : 0;
+        char *both = gm_malloc(k + strlen(tower) + 2);
+        if (!both) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        else snprintf(both, k + strlen(tower) + 2, "%s%s%s", targets ? targets : "", targets ? "|" : "", tower);
+        gm_free(targets), gm_free(tower);
+        targets = both, tower = NULL;
+    }
+    if (s != GM_OK) {
+        gm_free(targets);
+        return s;
+    }
     cJSON *c = cJSON_CreateObject();
-    gm_status s = c ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    if (!c) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     if (s == GM_OK) {
         /* the fields PEFT's LoraConfig writes, in its order (peft/tuners/lora/config.py) */
         cJSON_AddItemToObject(c, "alpha_pattern", cJSON_CreateObject());
@@ -892,12 +1083,17 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         } else {
             cJSON_AddItemToObject(c, "layers_to_transform", cJSON_CreateNull());
         }
-        cJSON_AddNumberToObject(c, "lora_alpha", gm_f32_shortest(lo->cfg.alpha));
+        cJSON_AddNumberToObject(c, "lora_alpha", gm_f32_shortest(lcfg->alpha));
         cJSON_AddBoolToObject(c, "lora_bias", false);
-        cJSON_AddNumberToObject(c, "lora_dropout", gm_f32_shortest(lo->cfg.dropout));
-        cJSON_AddItemToObject(c, "modules_to_save", cJSON_CreateNull());
+        cJSON_AddNumberToObject(c, "lora_dropout", gm_f32_shortest(lcfg->dropout));
+        if (a->has_proj) { /* trained fully: saved as "<module path>.<parameter>" */
+            cJSON *ms = cJSON_AddArrayToObject(c, "modules_to_save");
+            if (ms) cJSON_AddItemToArray(ms, cJSON_CreateString("multi_modal_projector"));
+        } else {
+            cJSON_AddItemToObject(c, "modules_to_save", cJSON_CreateNull());
+        }
         cJSON_AddStringToObject(c, "peft_type", "LORA");
-        cJSON_AddNumberToObject(c, "r", lo->cfg.rank);
+        cJSON_AddNumberToObject(c, "r", lcfg->rank);
         cJSON_AddItemToObject(c, "rank_pattern", cJSON_CreateObject());
         cJSON_AddItemToObject(c, "revision", cJSON_CreateNull());
         if (list) {
@@ -912,24 +1108,38 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         }
         cJSON_AddStringToObject(c, "task_type", "CAUSAL_LM");
         cJSON_AddBoolToObject(c, "use_dora", false);
-        cJSON_AddBoolToObject(c, "use_rslora", lo->cfg.rslora);
+        cJSON_AddBoolToObject(c, "use_rslora", lcfg->rslora);
     }
-    /* the tensors, on the host */
-    gm_st_write_tensor *wt = s == GM_OK ? gm_calloc((size_t)(2 * lo->n), sizeof *wt) : NULL;
+    /* the tensors, on the host: the decoder's adapters, the tower's, the projector */
+    const gm_lora *parts[2] = {lo, vl};
+    int n_wt = 2 * (lo->n + vl->n) + (a->has_proj ? 2 : 0);
+    gm_st_write_tensor *wt = s == GM_OK ? gm_calloc((size_t)n_wt, sizeof *wt) : NULL;
     size_t total = 0;
-    for (int i = 0; i < lo->n; i++) total += (size_t)(lo->cfg.rank * (lo->ad[i].in + lo->ad[i].out));
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < parts[k]->n; i++) total += (size_t)(lcfg->rank * (parts[k]->ad[i].in + parts[k]->ad[i].out));
+    int64_t C = a->has_proj ? m->vision->cfg.hidden_size : 0, Ct = a->has_proj ? m->vision->cfg.vision.out_hidden_size : 0;
+    total += (size_t)(C * Ct + C);
     float *host = s == GM_OK ? gm_malloc(total * sizeof(float)) : NULL;
     if (s == GM_OK && (!wt || !host)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     float *p = host;
-    for (int i = 0; s == GM_OK && i < lo->n; i++) {
-        const gm_lora_adapter *ad = &lo->ad[i];
-        int64_t r = lo->cfg.rank;
-        gm_backend_download(be, p, ad->A, (size_t)(r * ad->in) * sizeof(float));
-        wt[2 * i] = (gm_st_write_tensor){ad->name_A, GM_F32, 2, {r, ad->in}, p};
-        p += r * ad->in;
-        gm_backend_download(be, p, ad->B, (size_t)(ad->out * r) * sizeof(float));
-        wt[2 * i + 1] = (gm_st_write_tensor){ad->name_B, GM_F32, 2, {ad->out, r}, p};
-        p += ad->out * r;
+    int w = 0;
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; s == GM_OK && i < parts[k]->n; i++) {
+            const gm_lora_adapter *ad = &parts[k]->ad[i];
+            int64_t r = lcfg->rank;
+            gm_backend_download(be, p, ad->A, (size_t)(r * ad->in) * sizeof(float));
+            wt[w++] = (gm_st_write_tensor){ad->name_A, GM_F32, 2, {r, ad->in}, p};
+            p += r * ad->in;
+            gm_backend_download(be, p, ad->B, (size_t)(ad->out * r) * sizeof(float));
+            wt[w++] = (gm_st_write_tensor){ad->name_B, GM_F32, 2, {ad->out, r}, p};
+            p += ad->out * r;
+        }
+    if (s == GM_OK && a->has_proj) {
+        gm_backend_download(be, p, a->vision.proj_w, (size_t)(C * Ct) * sizeof(float));
+        wt[w++] = (gm_st_write_tensor){proj_names[0], GM_F32, 2, {C, Ct}, p};
+        p += C * Ct;
+        gm_backend_download(be, p, a->vision.proj_norm_w, (size_t)C * sizeof(float));
+        wt[w++] = (gm_st_write_tensor){proj_names[1], GM_F32, 1, {C}, p};
     }
     if (s == GM_OK) s = gm_backend_status(be, err);
     char wpath[4096], cpath[4096];
@@ -937,7 +1147,7 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
     if (s == GM_OK) s = join_path(cpath, sizeof cpath, dir, PEFT_CONFIG, err);
     if (s == GM_OK) {
         static const char *const meta[] = {"format", "pt"};
-        s = gm_safetensors_write(wpath, wt, 2 * lo->n, meta, 1, err);
+        s = gm_safetensors_write(wpath, wt, n_wt, meta, 1, err);
     }
     if (s == GM_OK) {
         char *json = cJSON_Print(c);
@@ -953,6 +1163,10 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
 
 gm_status gm_adapter_save_gguf(const gm_adapter *a, gm_backend *be, const gm_model *m, const char *path, gm_error *err) {
     const gm_lora *lo = &a->lora;
+    if (a->vision_lora.n > 0 || a->has_proj)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s trained the image path (%s): a llama.cpp LoRA adapter carries no "
+                            "vision tower or projector, and without them it would be another model than the one trained\n"
+                            "  hint: export it with --format peft", a->source, image_parts(a->vision_lora.n, a->has_proj));
     if (lo->n < 1) return gm_error_set(err, GM_ERR_INVALID, "the adapter has no modules");
     gm_gguf_writer *w = gm_gguf_writer_new();
     size_t total = 0;
@@ -993,8 +1207,45 @@ gm_status gm_adapter_save_gguf(const gm_adapter *a, gm_backend *be, const gm_mod
     return s;
 }
 
+/* The buffer of a's image path under PEFT key `name` (*n floats), or NULL. */
+static const float *image_buffer(const gm_adapter *a, const char *name, int64_t *n) {
+    const gm_lora *vl = &a->vision_lora;
+    for (int i = 0; i < vl->n; i++) {
+        const gm_lora_adapter *ad = &vl->ad[i];
+        if (strcmp(name, ad->name_A) == 0) return *n = vl->cfg.rank * ad->in, ad->A;
+        if (strcmp(name, ad->name_B) == 0) return *n = ad->out * vl->cfg.rank, ad->B;
+    }
+    if (a->has_proj && strcmp(name, proj_names[0]) == 0) return *n = a->proj_C * a->proj_C_text, a->vision.proj_w;
+    if (a->has_proj && strcmp(name, proj_names[1]) == 0) return *n = a->proj_C, a->vision.proj_norm_w;
+    return NULL;
+}
+
+static bool image_key(const char *name) { return strstr(name, "vision_tower.") || strstr(name, "multi_modal_projector."); }
+
 gm_status gm_adapter_to_trainer(const gm_adapter *a, gm_backend *a_be, gm_trainer *tr, gm_error *err) {
     const gm_lora *src = &a->lora, *dst = gm_trainer_lora(tr);
+    /* a trained image path: the run trains exactly its parts, tensor by tensor (an adapter
+     * without one leaves the run's image path as it starts) */
+    int np = 0, n_image = 0;
+    const gm_train_param *pp = gm_trainer_params(tr, &np);
+    int64_t image_max = 1;
+    bool has_image = a->vision_lora.n > 0 || a->has_proj;
+    for (int i = 0; i < np && has_image; i++) {
+        if (!image_key(pp[i].name)) continue;
+        int64_t n = 0;
+        if (!image_buffer(a, pp[i].name, &n))
+            return gm_error_set(err, GM_ERR_INVALID, "the run trains %s, which %s has not (vision_targets / modules_to_save "
+                                "select more than it trained)", pp[i].name, a->source);
+        if (n != pp[i].n)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: %s holds %lld values, the run's %lld", a->source, pp[i].name,
+                                (long long)n, (long long)pp[i].n);
+        image_max = n > image_max ? n : image_max;
+        n_image++;
+    }
+    if (has_image && n_image != 2 * a->vision_lora.n + (a->has_proj ? 2 : 0))
+        return gm_error_set(err, GM_ERR_INVALID, "%s trained the image path (%s), which the run does not train as it did: set "
+                            "vision_targets / modules_to_save as it was trained", a->source,
+                            image_parts(a->vision_lora.n, a->has_proj));
     if (src->cfg.rank != dst->cfg.rank)
         return gm_error_set(err, GM_ERR_INVALID, "%s has rank %d, the run %d: set train.rank = %d", a->source, src->cfg.rank,
                             dst->cfg.rank, src->cfg.rank);
@@ -1031,6 +1282,16 @@ gm_status gm_adapter_to_trainer(const gm_adapter *a, gm_backend *a_be, gm_traine
         gm_trainer_write_adapter(tr, i, 'B', bufB);
     }
     gm_free(buf), gm_free(bufB);
+    float *img = n_image ? gm_malloc((size_t)image_max * sizeof *img) : NULL;
+    if (n_image && !img) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < np && n_image; i++) {
+        int64_t n = 0;
+        const float *b = image_key(pp[i].name) ? image_buffer(a, pp[i].name, &n) : NULL;
+        if (!b) continue;
+        gm_backend_download(a_be, img, b, (size_t)n * sizeof *img);
+        gm_trainer_write_param(tr, i, img);
+    }
+    gm_free(img);
     return gm_backend_status(a_be, err);
 }
 
@@ -1038,5 +1299,6 @@ void gm_adapter_free(gm_adapter *a) {
     if (!a) return;
     gm_arena_free(&a->arena);
     gm_lora_free(&a->lora);
+    gm_lora_free(&a->vision_lora);
     gm_free(a);
 }

@@ -17,8 +17,16 @@
  *     save_pretrained writes it, or gm_adapter_save_peft): r, lora_alpha, use_rslora and
  *     lora_dropout from the config; F32, BF16 or F16 tensors. What would make the forward differ
  *     from ours is refused with the field's name (DoRA, trained biases, rank_pattern /
- *     alpha_pattern, modules_to_save, LoRA on embeddings), as are a tensor without its A/B
+ *     alpha_pattern, modules_to_save other than a multimodal model's projector, LoRA on
+ *     embeddings), as are a tensor without its A/B
  *     partner and a tensor whose shape does not fit the model (another base, another rank).
+ * A run that trained the image path (vision_targets, modules_to_save) stores the tower's adapters
+ * ("...vision_tower.encoder.layers.N...", the text adapters' rank and scaling) and the projector
+ * ("...multi_modal_projector.mm_input_projection_weight" (C, C_text), "...mm_soft_emb_norm.weight"
+ * (C)) beside them: read into vision_lora and the projector's buffers (a.vision for
+ * gm_vision_new_adapted); a model without a vision tower refuses them (GM_ERR_INVALID). A PEFT
+ * folder may hold them too: LoRA on "model.vision_tower.encoder." modules, the projector with
+ * modules_to_save ["multi_modal_projector"] (any other modules_to_save is refused).
  * The tensors are named by PEFT keys ("base_model.model.<module>.lora_A.weight", formats.md §6);
  * the modules present say where the adapters go, their shapes give the rank, and the stored
  * configuration gives the scaling: the attributes lora_alpha / lora_rslora a trainer writes into its
@@ -28,7 +36,8 @@
  *
  * Ownership: gm_adapter_load returns an owned adapter (gm_adapter_free) whose buffers live on the
  * given backend; it borrows nothing after returning. Attach `&a->lora` to a generation state on
- * that backend (gm_infer_opts.adapter).
+ * that backend (gm_infer_opts.adapter; NULL when a->lora.n is 0) and `&a->vision` to its image
+ * path (gm_vision_new_adapted).
  * Errors: GM_ERR_IO / GM_ERR_FORMAT (unreadable or not one of the formats above, naming the
  * path), GM_ERR_NOT_FOUND (no adapter in the file; a trial that does not exist, is ambiguous or
  * has no adapter - the messages list the trials there are; several trials and no `trial`; a
@@ -43,13 +52,20 @@
 #include "gm_lora.h"
 #include "gm_model.h"
 #include "gm_status.h"
+#include "gm_vision.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 typedef struct gm_adapter {
-    gm_lora lora;            /* the adapters (A, B on the backend) */
+    gm_lora lora;            /* the text decoder's adapters (A, B on the backend) */
+    gm_lora vision_lora;     /* the vision tower's (n = 0: none) */
+    bool has_proj;           /* the run trained the projector (modules_to_save) */
+    int64_t proj_C, proj_C_text; /* its sizes: the tower's width, the text width */
+    gm_vision_adapter vision; /* the image path's trained parts for gm_vision_new_adapted: tower =
+                                &vision_lora when it has adapters, else NULL; proj_w, proj_norm_w
+                                when has_proj, else NULL */
     gm_arena arena;          /* their buffers */
     char source[4096];       /* the file or PEFT folder the tensors came from */
     char trial_id[64];       /* the trial's id ("" for a checkpoint) */
@@ -73,17 +89,21 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
 
 struct gm_trainer;
 /* Starts trainer tr from adapter `a` (loaded on backend a_be for the trainer's model): each of the
- * trainer's adapters gets a's A and B of the same module (continuing training from a published or
+ * trainer's adapters gets a's A and B of the same module, and a trained image path's tensors (the
+ * tower's adapters, the projector) theirs by PEFT key (continuing training from a published or
  * earlier adapter; the optimizer state starts fresh). The two must be the same adapter shape:
- * GM_ERR_INVALID names what differs and what to set - a module one has and the other has not,
- * the rank (train.rank), the scaling (train.alpha, train.rslora). */
+ * GM_ERR_INVALID names what differs and what to set - a module one has and the other has not
+ * (train.targets / train.layers, vision_targets, modules_to_save), the rank (train.rank), the
+ * scaling (train.alpha, train.rslora). */
 gm_status gm_adapter_to_trainer(const gm_adapter *a, gm_backend *a_be, struct gm_trainer *tr, gm_error *err);
 
 /* Writes adapter `a` (loaded for model m on backend be) as a PEFT LoRA adapter folder `dir`
  * (created if missing; its two files replaced atomically):
  *   adapter_model.safetensors  F32 tensors under PEFT's keys for m's layout
  *                              ("base_model.model." + module + ".lora_A.weight" / ".lora_B.weight",
- *                              A: (r, in), B: (out, r)), metadata {"format": "pt"};
+ *                              A: (r, in), B: (out, r)), the tower's likewise and a trained
+ *                              projector as PEFT saves modules_to_save ("<module path>.<param>"),
+ *                              metadata {"format": "pt"};
  *   adapter_config.json        LoraConfig's fields as PEFT's save_pretrained writes them
  *                              (peft/tuners/lora/config.py): peft_type LORA, task_type CAUSAL_LM,
  *                              r, lora_alpha, lora_dropout, use_rslora, bias "none",
@@ -92,7 +112,8 @@ gm_status gm_adapter_to_trainer(const gm_adapter *a, gm_backend *a_be, struct gm
  *                              adapters are those modules on those layers of a "model." checkpoint;
  *                              otherwise a regular expression PEFT full-matches that selects exactly
  *                              the adapted modules (a multimodal checkpoint's vision tower has
- *                              q_proj too).
+ *                              q_proj too), the tower's adapted modules included; modules_to_save
+ *                              ["multi_modal_projector"] for a trained projector.
  * PeftModel.from_pretrained(base, dir) then computes what gemmarun computes with `a` (tested by
  * tests/e2e/adapters_peft.sh). Errors: GM_ERR_INVALID (dir is a file), GM_ERR_IO naming the
  * path, GM_ERR_NOMEM. */
@@ -104,7 +125,9 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
  * general.architecture (m's architecture, "gemma3"), general.type "adapter", adapter.type "lora",
  * adapter.lora.alpha; per adapter "blk.N.<GGUF weight name>.lora_a" (A, ne = [in, r]) and
  * ".lora_b" (B, ne = [r, out]), F32. llama.cpp scales by alpha / r and knows no rsLoRA, so an
- * rsLoRA adapter carries alpha * sqrt(r). Errors: GM_ERR_NOMEM, GM_ERR_IO naming the path. */
+ * rsLoRA adapter carries alpha * sqrt(r). Errors: GM_ERR_UNSUPPORTED for an adapter that trained
+ * the image path (llama.cpp adapters carry no vision tower), GM_ERR_NOMEM, GM_ERR_IO naming the
+ * path. */
 gm_status gm_adapter_save_gguf(const gm_adapter *a, gm_backend *be, const gm_model *m, const char *path, gm_error *err);
 
 #ifdef __cplusplus

@@ -559,6 +559,11 @@ void gm_trainer_write_adapter(gm_trainer *tr, int i, char which, const float *sr
     else gm_backend_upload(tr->be, ad->B, src, (size_t)(ad->out * r) * sizeof(float));
 }
 
+void gm_trainer_write_param(gm_trainer *tr, int i, const float *src) {
+    gm_backend_upload(tr->be, tr->params[i].p, src, (size_t)tr->params[i].n * sizeof(float));
+    if (tr->vis_trains) gm_vision_params_updated(&tr->vis);
+}
+
 void gm_trainer_zero_grad(gm_trainer *tr) {
     for (int i = 0; i < tr->n_params; i++)
         gm_backend_memset(tr->be, tr->params[i].d, 0, (size_t)tr->params[i].n * sizeof(float));

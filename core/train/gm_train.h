@@ -262,6 +262,9 @@ gm_backend *gm_trainer_backend(const gm_trainer *tr);
  * dst, or writes it from src. */
 void gm_trainer_read_adapter(gm_trainer *tr, int i, char which, float *dst);
 void gm_trainer_write_adapter(gm_trainer *tr, int i, char which, const float *src);
+/* Writes trained tensor i of gm_trainer_params (n floats from host memory src) and what follows
+ * from it (a trained projector's norm scale). */
+void gm_trainer_write_param(gm_trainer *tr, int i, const float *src);
 const gm_train_opts *gm_trainer_opts(const gm_trainer *tr);
 int64_t gm_trainer_step_count(const gm_trainer *tr);
 /* Sets the step counter (restoring a checkpoint). */

@@ -310,7 +310,7 @@ Q0=base_model.model.model.layers.0.self_attn.q_proj
 bad vision; V0=base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj
 python3 edit_st.py vision rename $Q0.lora_A.weight $V0.lora_A.weight; python3 edit_st.py vision rename $Q0.lora_B.weight $V0.lora_B.weight
 expect_run "a tensor off the text decoder (a vision tower's layers.0) is named, not applied to layer 0" 2 \
-  "tensor 'base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj.lora_A.weight' is not on a layer of the text decoder" \
+  "tensor 'base_model.model.model.vision_tower.encoder.layers.0.self_attn.q_proj.lora_A.weight' is LoRA on a vision tower, which this model lacks" \
   -- "$GM" generate "$BASE" --adapter vision "hi" --max-tokens 1
 bad nan; python3 edit_st.py nan nan $Q0.lora_B.weight
 expect_run "a NaN in an adapter tensor is named" 2 "tensor model.layers.0.self_attn.q_proj.lora_B.weight holds a non-finite value|tensor $Q0.lora_B.weight holds a non-finite value" \

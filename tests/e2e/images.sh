@@ -19,8 +19,11 @@
 #   - image references with a region ("file#xywh=X,Y,W,H") in `generate --image`, and one outside
 #     its file refused with the file's size;
 #   - vision_targets and modules_to_save: the tower's adapters and the projector train, land in
-#     the trial file under PEFT's keys; reading that adapter back is refused, saying why; a text
-#     module as a tower target is refused with the tower's module names.
+#     the trial file under PEFT's keys; that adapter reads back: `generate --adapter --image` runs
+#     the image through them, a text-only model refuses it, GGUF and merged exports refuse it by
+#     name, and the PEFT export loads in real PEFT on the multimodal base with gemmarun's logits
+#     for the same ids and pixel values (tests/peers/peft_check.py vision); a text module as a
+#     tower target is refused with the tower's module names.
 source "$(dirname "$0")/lib.bash"
 SRC=$(pwd)
 cd "$TMP"
@@ -126,8 +129,54 @@ print('ok', r, p)"
 else
   skip_unless_ci "the trial file's tower and projector tensors (h5py: run ./setup.sh)"
 fi
-expect_run "generate --adapter of that run: refused, saying the image path was trained" 2 "also trains the image path" -- \
+# that adapter read back: generation runs the image through its tower adapters and projector
+expect_run "generate --adapter of that run with --image: the tower's adapters and the projector read back" 0 \
+  "adapter .*pics_vt.*46 modules \(vision tower's included\), trained projector" -- \
   "$GM" generate "$VIS" --adapter results/pics_vt --chat --image "$IMG/small.jpg" "What is it?" --max-tokens 2
+expect_run "the same adapter on a text-only model: refused, saying it trained an image path the model lacks" 2 \
+  "pics_vt.*trained the image path \(LoRA on the vision tower and the projector\), which this model lacks: .*tiny_gemma3_chat has no vision tower" -- \
+  "$GM" generate "$SRC/tests/ref/tiny_gemma3_chat" --adapter results/pics_vt "Hi" --max-tokens 2
+expect_run "export --format gguf of it: refused (llama.cpp adapters carry no vision tower)" 2 \
+  "trained the image path.*llama.cpp LoRA adapter carries no vision tower or projector" -- \
+  "$GM" export results/pics_vt vt.gguf --format gguf
+expect_run "export --format merged of it: refused, naming what is not supported" 2 \
+  "trained the image path.*merging the vision tower's adapters and the projector into the weights is not supported" -- \
+  "$GM" export results/pics_vt vt_merged --format merged
+expect_run "export --format peft of it: the tower's modules and the projector (modules_to_save)" 0 \
+  "46 LoRA modules \(4 on the vision tower\) and the trained projector" -- "$GM" export results/pics_vt vt_peft --format peft
+# gemmarun's logits with an image (random pixel values, the same file for PEFT) through that
+# adapter, and PEFT's on the exported folder: equal within the adapters' peer tolerance, and the
+# image path (tower LoRA, projector) moves PEFT's logits by more than 10x that
+awk 'BEGIN { srand(7); for (i = 0; i < 3 * 56 * 56; i++) printf "%.6f\n", rand() * 2 - 1 }' > pix.txt
+VT_IDS=2,15,27,509,511,511,511,511,510,100,31,7,300
+expect_run "m:logits with pixels through that adapter" 0 "wrote 6656 logits" -- \
+  env MODEL="$VIS" IDS=$VT_IDS OUT=results/vt_logits.txt ADAPTER=results/pics_vt PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua"
+# the PEFT export read back by gemmarun: the same logits, bit for bit (f32 both ways)
+expect_run "the PEFT export read back (tower LoRA, modules_to_save): the trial's logits with the image, bit for bit" 0 "^same$" -- \
+  sh -c "env MODEL='$VIS' IDS=$VT_IDS OUT=results/vt_back.txt ADAPTER=vt_peft PIXELS=pix.txt '$GM' '$SRC/tests/peers/logits.lua' >/dev/null && cmp results/vt_logits.txt results/vt_back.txt && echo same"
+expect_run "that folder without modules_to_save in its config: refused, naming the projector's tensor" 2 \
+  "mm_input_projection_weight' is the projector trained fully, but adapter_config.json's modules_to_save does not list multi_modal_projector" -- \
+  sh -c "mkdir -p vt_nomts && cp vt_peft/adapter_model.safetensors vt_nomts/ && sed 's/\"multi_modal_projector\"//' vt_peft/adapter_config.json > vt_nomts/adapter_config.json && '$GM' generate '$VIS' --adapter vt_nomts hi --max-tokens 1"
+peers_python
+if [ -n "$PEERS" ]; then
+  TOL=$(tol TOL_ADAPTER_PEER_TINY_ABS)
+  expect_run "PEFT loads the exported folder on the multimodal base (no missing key) and gives gemmarun's logits with the image within $TOL" 0 \
+    "ok +logits with images and the adapter.*ok +its image path \(tower LoRA, projector\) moves PEFT's logits" -- \
+    "$PEERS" "$SRC/tests/peers/peft_check.py" vision --base "$VIS" --adapter vt_peft --ids $VT_IDS --pixels pix.txt \
+    --ours results/vt_logits.txt --tol "$TOL"
+  # an adapter PEFT itself made on the multimodal base: q_proj of both parts, fc1 of the tower,
+  # the projector as modules_to_save; gemmarun reads its folder and gives PEFT's logits
+  expect_run "PEFT makes an image-path adapter (q_proj,fc1, modules_to_save)" 0 "PEFT made a LoRA adapter" -- \
+    "$PEERS" "$SRC/tests/peers/peft_check.py" make --base "$VIS" --out vt_made --r 4 --alpha 8 --targets q_proj,fc1 --projector --seed 3
+  expect_run "m:logits with pixels through PEFT's folder" 0 "wrote 6656 logits" -- \
+    env MODEL="$VIS" IDS=$VT_IDS OUT=results/vt_made.txt ADAPTER=vt_made PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua"
+  expect_run "that folder in gemmarun gives PEFT's logits with the image within $TOL" 0 \
+    "ok +logits with images and the adapter.*ok +its image path \(tower LoRA, projector\) moves PEFT's logits" -- \
+    "$PEERS" "$SRC/tests/peers/peft_check.py" vision --base "$VIS" --adapter vt_made --ids $VT_IDS --pixels pix.txt \
+    --ours results/vt_made.txt --tol "$TOL"
+else
+  skip_unless_ci "the image-path adapter through real PEFT (the peers venv: tests/peers/setup.sh)"
+fi
 sed -e 's/"q_proj", "fc1"/"gate_proj"/' -e 's/name = "pics_vt"/name = "pics_vt_bad"/' pics_vt.lua > pics_vt_bad.lua
 expect_run "vision_targets naming a text module: refused with the tower's module names" 2 "vision_targets.*gate_proj.*fc1" -- "$GM" pics_vt_bad.lua
 # generation with images (greedy, a few tokens), and its errors

@@ -3,7 +3,9 @@
 -- Environment: MODEL, IDS ("2,5,7") or TEXT (tokenized with BOS and special tokens; the ids go
 -- to OUT.ids, comma-separated), OUT, and optionally ADAPTER (anything gm_adapter_load reads),
 -- TRIAL, LAST=1 (only the logits after the last token), GREEDY=N (also OUT.greedy: the N token ids
--- a greedy continuation of IDS takes, one per line, each the argmax of a full forward).
+-- a greedy continuation of IDS takes, one per line, each the argmax of a full forward), PIXELS (a
+-- file of preprocessed pixel values, one number per line, for the image-token runs of IDS: a
+-- multimodal model's images, m:logits' pixels).
 local m <close> = gm.load_model((assert(os.getenv("MODEL"), "set MODEL")))
 local ids = {}
 local text = os.getenv("TEXT")
@@ -18,7 +20,13 @@ if adapter == "" then adapter = nil end
 local trial = os.getenv("TRIAL")
 if trial == "" then trial = nil end
 local out = (assert(os.getenv("OUT"), "set OUT"))
-local l = m:logits(ids, { adapter = adapter, trial = trial, all = os.getenv("LAST") ~= "1" })
+local pixels
+local pix_file = os.getenv("PIXELS")
+if pix_file and pix_file ~= "" then
+  pixels = {}
+  for x in gm.read_text(pix_file):gmatch("%S+") do pixels[#pixels + 1] = tonumber(x) end
+end
+local l = m:logits(ids, { adapter = adapter, trial = trial, all = os.getenv("LAST") ~= "1", pixels = pixels })
 local lines = {}
 for i = 1, #l do lines[i] = string.format("%.9g", l[i]) end
 gm.write_text(out, table.concat(lines, "\n") .. "\n")

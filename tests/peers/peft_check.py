@@ -8,10 +8,12 @@
       Passes when max |ours - PEFT| <= X and the adapter moves PEFT's own logits by more than
       EFFECT_FACTOR * X (so the comparison could fail: an adapter read as zero would be caught).
   peft_check.py make --base BASE --out DIR --r R --alpha A --targets q_proj,v_proj
-                [--layers 0,2] [--rslora] [--dtype bfloat16] [--seed S]
+                [--layers 0,2] [--rslora] [--dtype bfloat16] [--seed S] [--projector]
       PEFT itself makes a LoRA adapter with random A and B (init_lora_weights=False: B is not
       zero, so the adapter changes the output) and saves it with save_pretrained; --dtype stores
-      the tensors in another dtype, as a bf16 training run would.
+      the tensors in another dtype, as a bf16 training run would; --projector: on a multimodal
+      base (Gemma3ForConditionalGeneration), the projector as modules_to_save, moved by N(0, 0.05)
+      (the targets may name the vision tower's modules too: "q_proj,fc1" adapts both parts).
 
   peft_check.py merged --model DIR --ids 2,5,7 --ours FILE --ours-base FILE --tol X [--dtype bfloat16] [--last]
       A merged model folder (gemmarun export --format merged) loads in transformers
@@ -27,6 +29,15 @@
       and RMSNorm w; unit LayerNorm weights: each drawn tensor's mean and std within 5 standard
       errors of 0 and 0.02, the others exactly their constant); text-only, its logits equal FILE
       (ours) within X.
+  peft_check.py vision --base BASE --adapter DIR --ids 2,509,511,511,511,511,510,7 --pixels FILE --ours FILE
+                --tol X
+      An adapter that trained the image path (LoRA on the vision tower, the projector as
+      modules_to_save) on a multimodal base (Gemma3ForConditionalGeneration): PeftModel.from_pretrained
+      loads it with no missing or unexpected key, the projector's saved weights in place; with the
+      pixel values of FILE (one number per line: images x 3 x S x S) for the ids' image-token runs
+      (token_type_ids marking them: each image seen whole) its logits equal --ours within X, and
+      the adapter moves PEFT's own logits, and those of its image path alone (the same ids with
+      the text adapters only), by more than EFFECT_FACTOR * X.
   peft_check.py tokenizer --model DIR --cases FILE [--gguf FILE] [--chat TEXT --chat-ids FILE]
       AutoTokenizer.from_pretrained(DIR) encodes every text of FILE (tests/peers/tokens.lua: a
       JSON list of {text, ids}) to gemmarun's ids and decodes them back to the text; with --gguf
@@ -109,6 +120,68 @@ def cmd_compare(a):
         return 1
     fails = check_logits("logits with the adapter: max |gemmarun - PEFT|", ours, theirs, theirs - plain, "PEFT's logits", a.tol,
                          base.config.vocab_size)
+    return 1 if fails else 0
+
+
+def cmd_vision(a):
+    import warnings
+    from safetensors.torch import load_file
+    from transformers import Gemma3ForConditionalGeneration
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    fails = 0
+    ids = torch.tensor([[int(x) for x in a.ids.split(",")]], dtype=torch.long)
+
+    def base():
+        return Gemma3ForConditionalGeneration.from_pretrained(a.base, dtype=torch.float32, attn_implementation="eager").eval()
+
+    cfg = base().config
+    S = cfg.vision_config.image_size
+    pix = torch.tensor(np.loadtxt(a.pixels, dtype=np.float32).reshape(-1, 3, S, S))
+    tt = (ids == cfg.image_token_id).long()
+
+    def run(model):
+        with torch.no_grad():
+            return model(input_ids=ids, pixel_values=pix, token_type_ids=tt).logits[0].float().numpy().reshape(-1)
+
+    plain = run(base())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = PeftModel.from_pretrained(base(), a.adapter).eval()
+    bad = [str(w.message) for w in caught if "missing" in str(w.message).lower() or "unexpected" in str(w.message).lower()]
+    fails += report(not bad, "PeftModel.from_pretrained: no missing or unexpected key" + ("" if not bad else ": " + bad[0][:300]))
+    saved = load_file(os.path.join(a.adapter, "adapter_model.safetensors"))
+    sd = model.state_dict()
+    proj = [k for k in saved if "multi_modal_projector." in k]
+    tower = [k for k in saved if "vision_tower." in k]
+    placed = 0
+    for k in proj:  # PEFT's live copy of a modules_to_save module: "<path>.modules_to_save.default.<param>"
+        mod, _, param = k.rpartition(".")
+        if mod.endswith("mm_soft_emb_norm"):
+            mod, param = mod[: -len(".mm_soft_emb_norm")], "mm_soft_emb_norm." + param
+        live = f"{mod}.modules_to_save.default.{param}"
+        placed += live in sd and torch.equal(sd[live], saved[k])
+    fails += report(len(proj) == 2 and placed == 2 and len(tower) > 0,
+                    f"{len(tower)} tower LoRA tensors; the projector's {len(proj)} tensors loaded as modules_to_save ({placed} in place)")
+    theirs = run(model)
+    # the image path's share: PEFT with the adapter's text modules only
+    text_only = get_peft_model(base(), LoraConfig(r=model.peft_config["default"].r,
+                                                    lora_alpha=model.peft_config["default"].lora_alpha,
+                                                    use_rslora=model.peft_config["default"].use_rslora,
+                                                    target_modules=r"model\.language_model\.layers\.\d+\.(?:self_attn|mlp)\.\w+_proj"))
+    text_sd = {k: v for k, v in saved.items() if "language_model." in k}
+    from peft import set_peft_model_state_dict
+    set_peft_model_state_dict(text_only, text_sd)
+    image_effect = float(np.max(np.abs(theirs - run(text_only.eval()))))
+    ours = np.loadtxt(a.ours, dtype=np.float64).reshape(-1)
+    if ours.shape != theirs.shape:
+        print(f"FAIL  {a.ours}: {ours.size} logits, PEFT gives {theirs.size}")
+        return 1
+    fails += check_logits("logits with images and the adapter: max |gemmarun - PEFT|", ours, theirs.astype(np.float64),
+                          theirs - plain, "PEFT's logits", a.tol, cfg.text_config.vocab_size)
+    moves = image_effect > EFFECT_FACTOR * a.tol
+    fails += report(moves, f"its image path (tower LoRA, projector) moves PEFT's logits by up to {image_effect:.3g} "
+                    f"({'>' if moves else 'not >'} {EFFECT_FACTOR:g} x the tolerance)")
     return 1 if fails else 0
 
 
@@ -228,7 +301,11 @@ def cmd_tokenizer(a):
 
 def cmd_make(a):
     torch.manual_seed(a.seed)
-    base = load_base(a.base)
+    if a.projector:  # a multimodal base, its projector trained fully
+        from transformers import Gemma3ForConditionalGeneration
+        base = Gemma3ForConditionalGeneration.from_pretrained(a.base, dtype=torch.float32, attn_implementation="eager").eval()
+    else:
+        base = load_base(a.base)
     cfg = LoraConfig(
         r=a.r,
         lora_alpha=a.alpha,
@@ -238,8 +315,13 @@ def cmd_make(a):
         lora_dropout=0.0,
         init_lora_weights=False,
         task_type="CAUSAL_LM",
+        modules_to_save=["multi_modal_projector"] if a.projector else None,
     )
     model = get_peft_model(base, cfg)
+    with torch.no_grad():  # the projector's trained copy moved off the base's
+        for k, p in model.named_parameters():
+            if "modules_to_save" in k:
+                p.add_(torch.randn_like(p) * 0.05)
     if a.dtype != "float32":
         model = model.to(getattr(torch, a.dtype))
     model.save_pretrained(a.out)
@@ -268,6 +350,7 @@ def main():
     m.add_argument("--rslora", action="store_true")
     m.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     m.add_argument("--seed", type=int, default=0)
+    m.add_argument("--projector", action="store_true")
     g = sub.add_parser("merged")
     g.add_argument("--model", required=True)
     g.add_argument("--ids", required=True)
@@ -281,6 +364,13 @@ def main():
     w.add_argument("--ids", required=True)
     w.add_argument("--ours", required=True)
     w.add_argument("--tol", type=float, required=True)
+    v = sub.add_parser("vision")
+    v.add_argument("--base", required=True)
+    v.add_argument("--adapter", required=True)
+    v.add_argument("--ids", required=True)
+    v.add_argument("--pixels", required=True)
+    v.add_argument("--ours", required=True)
+    v.add_argument("--tol", type=float, required=True)
     t = sub.add_parser("tokenizer")
     t.add_argument("--model", required=True)
     t.add_argument("--cases", required=True)
@@ -288,7 +378,8 @@ def main():
     t.add_argument("--chat", default=None)
     t.add_argument("--chat-ids", default="")
     a = p.parse_args()
-    return {"compare": cmd_compare, "make": cmd_make, "merged": cmd_merged, "tower": cmd_tower, "tokenizer": cmd_tokenizer}[a.cmd](a)
+    return {"compare": cmd_compare, "make": cmd_make, "merged": cmd_merged, "tower": cmd_tower, "tokenizer": cmd_tokenizer,
+            "vision": cmd_vision}[a.cmd](a)
 
 
 if __name__ == "__main__":

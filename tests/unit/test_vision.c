@@ -8,6 +8,7 @@
  */
 #include "test_util.h"
 
+#include "gm_adapter.h"
 #include "gm_alloc.h"
 #include "gm_data.h"
 #include "gm_decoder.h"
@@ -57,7 +58,14 @@ static void check_tower(const gm_model *m, const char *label) {
 /* The three reference sequences through the decoder, one at a time (B = 1), with the soft tokens
  * of their images; bidirectional: kv_end from gm_mm_kv_end, else causal. Returns the logits
  * (3, T, V) (gm_malloc'd). */
-static float *mm_logits(const gm_model *m, bool bidirectional) {
+static float *mm_logits_with(const gm_model *m, bool bidirectional, const gm_lora *lo, const gm_vision_adapter *va,
+                             gm_backend *be);
+static float *mm_logits(const gm_model *m, bool bidirectional) { return mm_logits_with(m, bidirectional, NULL, NULL, NULL); }
+
+/* The same with language-model adapters lo and a trained image path va (either may be NULL), on
+ * backend be (the adapters' one; NULL: a CPU backend of the model's own). */
+static float *mm_logits_with(const gm_model *m, bool bidirectional, const gm_lora *lo, const gm_vision_adapter *va,
+                             gm_backend *be) {
     size_t n = 0;
     int64_t dims[4];
     int nd = 0;
@@ -68,8 +76,8 @@ static float *mm_logits(const gm_model *m, bool bidirectional) {
     gm_error err = {0};
     gm_vision *v = NULL;
     gm_infer *st = NULL;
-    gm_infer_opts io = {.batch = 1, .max_tokens = T, .ctx = T, .logit_rows = T, .n_threads = 2};
-    CHECK(gm_vision_new(m, 3, 2, NULL, &v, &err) == GM_OK, "gm_vision_new: %s", err.msg);
+    gm_infer_opts io = {.batch = 1, .max_tokens = T, .ctx = T, .logit_rows = T, .n_threads = 2, .adapter = lo, .backend = be};
+    CHECK(gm_vision_new_adapted(m, 3, 2, be, va, &v, &err) == GM_OK, "gm_vision_new: %s", err.msg);
     CHECK(gm_infer_new(m, &io, &st, &err) == GM_OK, "gm_infer_new: %s", err.msg);
     float *out = gm_malloc((size_t)(B * T * V) * 4), *soft = gm_malloc(3 * 4 * 64 * 4);
     if (!v || !st) goto done;
@@ -241,6 +249,110 @@ static const char *vt_key(const char *peft_name, char *buf, size_t cap) {
     return buf;
 }
 
+/* Mean cross-entropy of logits (B*T, V) at the targets tg (B*T, -1: none). */
+static double mm_loss(const float *logits, const int32_t *tg, int64_t BT, int64_t V) {
+    double sum = 0;
+    int64_t n = 0;
+    for (int64_t r = 0; r < BT; r++) {
+        if (tg[r] < 0) continue;
+        const float *x = logits + r * V;
+        double mx = x[0], z = 0;
+        for (int64_t k = 1; k < V; k++) mx = fmax(mx, x[k]);
+        for (int64_t k = 0; k < V; k++) z += exp((double)x[k] - mx);
+        sum += mx + log(z) - x[tg[r]];
+        n++;
+    }
+    return n ? sum / (double)n : 0;
+}
+
+/* A trained image path read back (gm_adapter_load of trainer tr's checkpoint): generation's
+ * forward - the soft tokens of gm_vision_new_adapted through the decoder with the text adapters -
+ * gives the trainer's loss on the batch within TOL_GEN_VS_TRAIN_ABS; the same without the
+ * adapter's image path (the tower's LoRA, the projector) misses it by far more; on the strict
+ * backend the same logits bit for bit. A new trainer
+ * started from it (model_adapter) holds every trained tensor as tr does, bit for bit; one that
+ * does not train the image path refuses it. */
+static void check_adapter_readback(const gm_model *m, gm_trainer *tr, const gm_train_opts *o, const gm_batch *bt,
+                                   const lora_batch *lb, const char *dir) {
+    gm_error err = {0};
+    char path[600];
+    snprintf(path, sizeof path, "%s/readback.h5", dir);
+    CHECK_OK(gm_trainer_save(tr, path, 0, 0, 0, "{}", &err), &err);
+    double loss_sum = 0;
+    gm_trainer_zero_grad(tr);
+    CHECK_OK(gm_trainer_forward_backward(tr, bt, (float)(1.0 / (double)lb->n_sup), &loss_sum, &err), &err);
+    double want = loss_sum / (double)lb->n_sup;
+    gm_backend *be = gm_trainer_backend(tr);
+    gm_adapter *a = NULL;
+    CHECK(gm_adapter_load(m, be, path, NULL, &a, &err) == GM_OK, "gm_adapter_load of a checkpoint with the image path: %s",
+          err.msg);
+    if (!a) return;
+    CHECK(a->vision_lora.n == 2 * 6 && a->has_proj && a->vision.tower == &a->vision_lora && a->vision.proj_w &&
+              a->vision.proj_norm_w && a->lora.n == 6 * 3,
+          "read back: %d text modules, %d tower modules, projector %d", a->lora.n, a->vision_lora.n, a->has_proj);
+    CHECK(a->vision_lora.cfg.rank == 4 && a->vision_lora.scaling == a->lora.scaling,
+          "the tower's rank %d and scaling %g are the text adapters' (%g)", a->vision_lora.cfg.rank,
+          (double)a->vision_lora.scaling, (double)a->lora.scaling);
+    int64_t BT = lb->B * lb->T, V = m->cfg.vocab_size;
+    float *got = mm_logits_with(m, true, &a->lora, &a->vision, be);
+    float *text_only = mm_logits_with(m, true, &a->lora, NULL, be);
+    if (got && text_only) {
+        double l = mm_loss(got, lb->tg, BT, V), l0 = mm_loss(text_only, lb->tg, BT, V);
+        CHECK(fabs(l - want) <= TOL_GEN_VS_TRAIN_ABS, "loss through the read-back adapter %.9g vs the trainer's %.9g", l, want);
+        CHECK(fabs(l0 - want) > 100 * TOL_GEN_VS_TRAIN_ABS, "without its image path the loss %.9g is far from the trainer's %.9g",
+              l0, want);
+        printf("adapter read back with its image path: loss %.7f vs the trainer's %.7f (without the image path: %.7f)\n", l, want,
+               l0);
+    }
+    /* the same on the strict backend (memory the host cannot touch, as a GPU's): the adapter's
+     * buffers and the adapted image path reach the kernels only as device memory */
+    gm_backend *strict = NULL;
+    gm_adapter *as = NULL;
+    CHECK_OK(gm_backend_strict_new(2, &strict, &err), &err);
+    if (strict) CHECK_OK(gm_adapter_load(m, strict, path, NULL, &as, &err), &err);
+    float *got_strict = as ? mm_logits_with(m, true, &as->lora, &as->vision, strict) : NULL;
+    CHECK(got && got_strict && memcmp(got, got_strict, (size_t)(BT * V) * sizeof(float)) == 0,
+          "the read-back adapter's logits with images on the strict backend equal the CPU's bit for bit");
+    gm_free(got_strict);
+    gm_adapter_free(as);
+    gm_backend_free(strict);
+    gm_free(got), gm_free(text_only);
+    gm_trainer *t3 = NULL;
+    CHECK_OK(gm_trainer_new(m, o, &t3, &err), &err);
+    if (t3) {
+        CHECK_OK(gm_adapter_to_trainer(a, be, t3, &err), &err);
+        int np = 0, n3 = 0, differ = 0;
+        const gm_train_param *pp = gm_trainer_params(tr, &np), *p3 = gm_trainer_params(t3, &n3);
+        for (int i = 0; i < np && n3 == np; i++) differ += memcmp(p3[i].p, pp[i].p, (size_t)pp[i].n * sizeof(float)) != 0;
+        CHECK(n3 == np && differ == 0, "a trainer started from the read-back adapter: %d of %d trained tensors differ", differ, np);
+        /* and its loss: the projector's norm scale follows its weight */
+        double l3 = 0;
+        gm_trainer_zero_grad(t3);
+        CHECK_OK(gm_trainer_forward_backward(t3, bt, (float)(1.0 / (double)lb->n_sup), &l3, &err), &err);
+        CHECK(l3 / (double)lb->n_sup == want, "its loss %.9g, the trainer's %.9g", l3 / (double)lb->n_sup, want);
+    }
+    gm_trainer_free(t3), t3 = NULL;
+    gm_train_opts text_opts = *o;
+    snprintf(text_opts.vision_targets, sizeof text_opts.vision_targets, "none");
+    text_opts.train_projector = false;
+    CHECK_OK(gm_trainer_new(m, &text_opts, &t3, &err), &err);
+    if (t3)
+        CHECK(gm_adapter_to_trainer(a, be, t3, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "trained the image path") &&
+                  gm_test_contains(err.msg, "vision_targets / modules_to_save"),
+              "a run without the image path from that adapter: %s", err.msg);
+    gm_trainer_free(t3);
+    /* a text-only model has no image path for it */
+    gm_model *text = NULL;
+    gm_adapter *b = NULL;
+    if (gm_model_load(gm_test_path("tests/ref/tiny_gemma3"), NULL, &text, &err) == GM_OK)
+        CHECK(gm_adapter_load(text, be, path, NULL, &b, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "image path") &&
+                  gm_test_contains(err.msg, "no vision tower") && gm_test_contains(err.msg, "readback.h5"),
+              "an image-path adapter on a text-only model: %s", err.msg);
+    gm_adapter_free(b);
+    gm_model_free(text);
+    gm_adapter_free(a);
+}
+
 /* LoRA on the language model and on the vision tower's linears, the projector trained fully
  * (modules_to_save), with images: the loss, every gradient and the PEFT key of every trained
  * tensor against PEFT (/lora_vt); then a few steps train, and a checkpoint carries the tower's
@@ -348,6 +460,7 @@ static void check_lora_vision(const gm_model *m) {
                 CHECK(s1.loss == s2.loss, "the step after resuming: loss %.9g vs %.9g uninterrupted", s2.loss, s1.loss);
             }
             gm_trainer_free(t2);
+            check_adapter_readback(m, tr, &o, &bt, &lb, dir);
             gm_test_remove_tmpdir(dir);
         }
     }
