@@ -571,7 +571,7 @@ static int l_trainer(lua_State *L) {
     gm_error err = {0};
     /* on the model's GPU when it was loaded for one (the trainer borrows the backend; the model,
      * held as this trainer's user value, outlives it) */
-    gm_status s = lm->be && strcmp(lm->be->name, "cuda") == 0 ? gm_trainer_new_on(lm->m, &o, lm->be, &t->tr, &err)
+    gm_status s = lm->be && lm->be->device == GM_DEVICE_CUDA ? gm_trainer_new_on(lm->m, &o, lm->be, &t->tr, &err)
                                                                : gm_trainer_new(lm->m, &o, &t->tr, &err);
     if (s != GM_OK) return gm_bind_raise(L, &err);
     if (gm_trainer_set_dist(t->tr, gm_lua_dist(), &err) != GM_OK) return gm_bind_raise(L, &err);

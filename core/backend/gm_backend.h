@@ -124,7 +124,6 @@ gm_status gm_backend_device_memory(const char *device, size_t *peak, size_t *use
 typedef struct gm_cuda_module {
     int abi;                                    /* GM_CUDA_MODULE_ABI of the module's build */
     int (*probe)(char *why, size_t cap);        /* devices; 0 with the runtime's reason in why */
-    const char *(*device_name)(int device);     /* "NVIDIA H200 (sm_90, 140 GiB)", static */
     int (*mem_info)(int device, size_t *free_bytes, size_t *total_bytes); /* cudaMemGetInfo; 0 ok */
     gm_status (*backend_new)(int device, gm_backend **out, gm_error *err);
     size_t (*peak_bytes)(void);                 /* high-water mark of cudaMalloc'd bytes */

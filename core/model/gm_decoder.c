@@ -101,7 +101,7 @@ gm_status gm_infer_new(const gm_model *m, const gm_infer_opts *opts, gm_infer **
     if (s == GM_OK) s = gm_arena_commit(&st->arena, err);
     if (s == GM_OK) s = gm_arena_commit(&st->host, err);
     if (s == GM_OK) s = layout(st, m, GM_F32, err); /* pass 2: hand out, upload the weights */
-    if (s == GM_OK) st->g.kc.int8_dot = o.int8_dot && strcmp(st->be->name, "cpu") == 0;
+    st->g.kc.int8_dot = o.int8_dot; /* a CUDA backend's kernels ignore it */
     if (s == GM_OK) s = gm_backend_status(st->be, err);
     if (s != GM_OK) {
         gm_infer_free(st);

@@ -53,7 +53,7 @@ typedef struct gm_infer_opts {
     gm_backend *backend;  /* where to run (NULL: a CPU backend of the infer's own) */
     bool int8_dot;        /* one-token steps on Q8_0 / Q5_0 / Q4_K / Q6_K weights with llama.cpp-style int8 dots
                              (gm_kctx.int8_dot, kernels.h): faster decoding, but not the f32
-                             numbers (within the bound kernels.h states). CPU backend; off by default */
+                             numbers (within the bound kernels.h states). CPU kernels; off by default */
 } gm_infer_opts;
 
 typedef struct gm_infer {

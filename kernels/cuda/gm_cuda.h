@@ -19,6 +19,8 @@ extern "C" {
 #endif
 
 int gm_cuda_device_count(void);
+/* The devices there are; 0 with the CUDA runtime's reason in why (why may be NULL). */
+int gm_cuda_probe(char *why, size_t cap);
 void *gm_cuda_malloc(size_t bytes);
 void gm_cuda_free(void *p);
 /* dst_dev / src_dev: nonzero when that pointer is device memory. */

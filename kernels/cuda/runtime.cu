@@ -39,14 +39,19 @@ void gm_cuda_check(cudaError_t e, const char *what, const char *file, int line) 
     gm_cuda_record_error(msg);
 }
 
-extern "C" int gm_cuda_device_count(void) {
+extern "C" int gm_cuda_probe(char *why, size_t cap) {
     int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        if (why) snprintf(why, cap, "%s (%s)", cudaGetErrorString(e), cudaGetErrorName(e));
         cudaGetLastError(); /* clear the "no device" error */
         return 0;
     }
+    if (n == 0 && why) snprintf(why, cap, "the CUDA runtime reports no device");
     return n;
 }
+
+extern "C" int gm_cuda_device_count(void) { return gm_cuda_probe(NULL, 0); }
 
 extern "C" const char *gm_cuda_device_name(void) {
     static char name[320];
