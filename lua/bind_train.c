@@ -46,6 +46,7 @@
 #include "gm_alloc.h"
 #include "gm_data.h"
 #include "gm_dist.h"
+#include "gm_image.h"
 #include "gm_train.h"
 
 #include <lauxlib.h>
@@ -110,11 +111,13 @@ static int l_dataset(lua_State *L) {
 static int l_ds_add_chat(lua_State *L) {
     ldataset *d = check_ds(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
-    static const char *const allowed[] = {"max_length", "label", "images", "image_sha", NULL};
+    static const char *const allowed[] = {"max_length", "label", "images", "image_sha", "crops", NULL};
     gm_bind_check_opts(L, 3, "add_chat", allowed);
     lua_Integer max_length = gm_bind_opt_int(L, 3, "max_length", 256);
     lua_Integer label = gm_bind_opt_int(L, 3, "label", -1);
     const char *images[GM_MAX_IMAGES_PER_EXAMPLE], *shas[GM_MAX_IMAGES_PER_EXAMPLE];
+    int64_t crops[GM_MAX_IMAGES_PER_EXAMPLE];
+    bool pan_and_scan = false;
     lua_Integer n_images = 0;
     if (lua_istable(L, 3)) {
         lua_getfield(L, 3, "images");
@@ -138,6 +141,22 @@ static int l_ds_add_chat(lua_State *L) {
             }
         }
         lua_pop(L, 2); /* the lists stay referenced by the options table */
+        /* crops: per image its pan & scan crop count (gm.image_check's fourth result) */
+        lua_getfield(L, 3, "crops");
+        if (!lua_isnil(L, -1)) {
+            luaL_checktype(L, -1, LUA_TTABLE);
+            if (luaL_len(L, -1) != n_images)
+                return luaL_error(L, "add_chat: crops lists %d counts for %d images", (int)luaL_len(L, -1), (int)n_images);
+            for (lua_Integer i = 1; i <= n_images; i++) {
+                lua_rawgeti(L, -1, i);
+                int isnum = 0;
+                crops[i - 1] = (int64_t)lua_tointegerx(L, -1, &isnum);
+                lua_pop(L, 1);
+                if (!isnum) return luaL_error(L, "add_chat: crops[%d] must be an integer", (int)i);
+            }
+            pan_and_scan = true;
+        }
+        lua_pop(L, 1);
     }
     if (n_images > 0 && !d->m->vision) {
         lua_pushboolean(L, 0);
@@ -164,7 +183,8 @@ static int l_ds_add_chat(lua_State *L) {
     const gm_vision_config *v = &d->m->cfg.vision;
     gm_mm_spec mm = {v->boi_id, v->eoi_id, v->image_token_id, v->tokens};
     gm_status s = gm_dataset_add_chat_images(&d->ds, d->tok, msgs, n, max_length, (int32_t)label,
-                                             d->m->vision ? &mm : NULL, images, shas, n_images, &err);
+                                             d->m->vision ? &mm : NULL, images, shas, n_images,
+                                             pan_and_scan ? crops : NULL, &err);
     if (s == GM_OK) {
         lua_pushboolean(L, 1);
         return 1;
@@ -180,19 +200,27 @@ static int l_ds_max_images(lua_State *L) {
     return 1;
 }
 
-/* gm_image_check's results, or raise naming the reference. */
+/* gm_image_check's results and the reference's pan & scan crop count (Gemma 3's processor's
+ * parameters, on the region's size for a region), or raise naming the reference. */
 static int image_check(lua_State *L, gm_image_check_cache *cache, const char *ref) {
-    char sha[65];
+    char sha[65], path[GM_IMAGE_PATH_MAX];
     int64_t w = 0, h = 0;
     gm_error err = {0};
     if (gm_image_check(cache, ref, sha, &w, &h, &err) != GM_OK) return gm_bind_raise(L, &err);
+    gm_image_rect r;
+    bool has_rect = false;
+    if (gm_image_ref_parse(ref, path, sizeof path, &r, &has_rect, &err) != GM_OK) return gm_bind_raise(L, &err);
+    gm_image_opts o = gm_image_opts_gemma3(GM_IMAGE_GEMMA3_SIZE);
+    gm_image_rect crops[GM_IMAGE_MAX_CROPS];
     lua_pushstring(L, sha);
     lua_pushinteger(L, w);
     lua_pushinteger(L, h);
-    return 3;
+    lua_pushinteger(L, gm_image_pan_and_scan_crops(has_rect ? r.w : w, has_rect ? r.h : h, &o, crops, GM_IMAGE_MAX_CROPS));
+    return 4;
 }
 
-/* gm.image_check(ref) -> sha256 hex, width, height; raises naming the file. */
+/* gm.image_check(ref) -> sha256 hex, the file's width, height, and the pan & scan crops Gemma 3's
+ * processor would cut from the referenced image; raises naming the file. */
 static int l_image_check(lua_State *L) { return image_check(L, NULL, luaL_checkstring(L, 1)); }
 
 typedef struct lchecker {

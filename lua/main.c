@@ -81,11 +81,12 @@ static void usage(FILE *f) {
             "  gemmarun inspect MODEL\n"
             "  gemmarun generate MODEL [--adapter RESULTS_OR_CHECKPOINT [--trial ID]] \"prompt\"\n"
             "                    [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
-            "                    [--image FILE ...] [--threads N] [--device cpu|cuda|cuda:N] [--int8-dot]\n"
+            "                    [--image FILE ...] [--pan-and-scan] [--threads N] [--device cpu|cuda|cuda:N] [--int8-dot]\n"
             "                    (--adapter: results/EXP/, a trial file, a\n"
             "                    merged results file, a checkpoint or a PEFT adapter folder; --trial: the trial's\n"
             "                    index or id; --image: a PNG / JPEG before the prompt, multimodal models;\n"
-            "                    FILE#xywh=X,Y,W,H: a region of it, in pixels; --int8-dot: decode with\n"
+            "                    FILE#xywh=X,Y,W,H: a region of it, in pixels; --pan-and-scan: each image also\n"
+            "                    as its crops, as Gemma 3's processor's do_pan_and_scan; --int8-dot: decode with\n"
             "                    llama.cpp-style int8 dots on Q8_0 / Q5_0 / Q4_K / Q6_K weights: faster, not the f32 numbers)\n"
             "  gemmarun plan MODEL [key=value ...] the memory plan of a training run (loads no weights)\n"
             "  gemmarun options [--markdown]       the training options: defaults, ranges, meaning\n"
@@ -248,7 +249,7 @@ static int cmd_generate(int argc, char **argv) {
     const char *model_arg = NULL, *prompt = NULL, *adapter = NULL, *trial = NULL, *device = "cpu";
     long long max_tokens = 64, top_k = 0, seed = 0, threads = 2;
     double temperature = 0, top_p = 1;
-    bool chat = false, options_done = false, int8_dot = false;
+    bool chat = false, options_done = false, int8_dot = false, pan_and_scan = false;
     const char *images[16];
     int n_images = 0;
     char opt_buf[64];
@@ -292,6 +293,7 @@ static int cmd_generate(int argc, char **argv) {
         else if (strcmp(a, "--device") == 0 && v) ok = gm_backend_parse_device(v, NULL, NULL) == GM_OK, device = v, i += step;
         else if (strcmp(a, "--chat") == 0 && !inline_value) chat = true;
         else if (strcmp(a, "--int8-dot") == 0 && !inline_value) int8_dot = true;
+        else if (strcmp(a, "--pan-and-scan") == 0 && !inline_value) pan_and_scan = true;
         else if (strcmp(a, "--adapter") == 0 && v) adapter = v, i += step;
         else if (strcmp(a, "--trial") == 0 && v) trial = v, i += step;
         else if (strcmp(a, "--image") == 0 && v && *v) {
@@ -319,6 +321,10 @@ static int cmd_generate(int argc, char **argv) {
     }
     if (trial && !adapter) {
         fprintf(stderr, "gemmarun generate: --trial picks a trial of --adapter RESULTS; give --adapter too\n");
+        return 2;
+    }
+    if (pan_and_scan && n_images == 0) {
+        fprintf(stderr, "gemmarun generate: --pan-and-scan crops the --image files; there is none\n");
         return 2;
     }
     if (temperature == 0 && (top_k > 0 || top_p < 1))
@@ -392,23 +398,30 @@ static int cmd_generate(int argc, char **argv) {
     if (s == GM_OK && n_images > 0) { /* expanded as the processor does; the images through the tower */
         const gm_vision_config *vc = &m->cfg.vision;
         gm_mm_spec mm = {vc->boi_id, vc->eoi_id, vc->image_token_id, vc->tokens};
-        s = gm_mm_encode_text(m->tok, in, &mm, n_images, 0, &ids, &n_prompt, &err);
         int64_t S = vc->image_size, C = m->cfg.hidden_size;
-        float *pixels = s == GM_OK ? gm_malloc((size_t)(n_images * 3 * S * S) * sizeof(float)) : NULL;
-        if (s == GM_OK && !pixels) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory for %d images", n_images);
+        /* the images first (with pan & scan their crop counts shape the prompt), each followed by
+         * its crops: (views, 3, S, S) */
         gm_image_opts io = gm_image_opts_gemma3(S);
+        io.pan_and_scan = pan_and_scan;
+        int64_t crops[16] = {0}, views = 0;
+        float *pixels = gm_malloc((size_t)(n_images * (1 + GM_IMAGE_MAX_CROPS) * 3 * S * S) * sizeof(float));
+        if (!pixels) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory for %d images", n_images);
         for (int i = 0; s == GM_OK && i < n_images; i++) {
             gm_image_pixels px = {0};
             s = gm_image_preprocess_file(images[i], NULL, &io, &px, &err);
-            if (s == GM_OK) memcpy(pixels + (size_t)i * 3 * S * S, px.data, (size_t)(3 * S * S) * sizeof(float));
+            if (s == GM_OK) {
+                memcpy(pixels + (size_t)views * 3 * S * S, px.data, (size_t)(px.n * 3 * S * S) * sizeof(float));
+                crops[i] = px.n_crops, views += px.n;
+            }
             gm_image_pixels_free(&px);
         }
+        if (s == GM_OK) s = gm_mm_encode_text(m->tok, in, &mm, n_images, pan_and_scan ? crops : NULL, 0, &ids, &n_prompt, &err);
         gm_vision *vis = NULL;
-        if (s == GM_OK) s = gm_vision_new_adapted(m, n_images, (int)threads, be, ad ? &ad->vision : NULL, &vis, &err);
-        soft = s == GM_OK ? gm_malloc((size_t)(n_images * vc->tokens * C) * sizeof(float)) : NULL;
-        soft_rows = s == GM_OK ? gm_malloc((size_t)(n_images * vc->tokens) * sizeof(int64_t)) : NULL;
+        if (s == GM_OK) s = gm_vision_new_adapted(m, views, (int)threads, be, ad ? &ad->vision : NULL, &vis, &err);
+        soft = s == GM_OK ? gm_malloc((size_t)(views * vc->tokens * C) * sizeof(float)) : NULL;
+        soft_rows = s == GM_OK ? gm_malloc((size_t)(views * vc->tokens) * sizeof(int64_t)) : NULL;
         if (s == GM_OK && (!soft || !soft_rows)) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
-        if (s == GM_OK) s = gm_vision_encode(vis, pixels, n_images, soft, NULL, &err);
+        if (s == GM_OK) s = gm_vision_encode(vis, pixels, views, soft, NULL, &err);
         for (int64_t t = 0; s == GM_OK && t < n_prompt; t++)
             if (ids[t] == vc->image_token_id) soft_rows[n_soft++] = t;
         gm_vision_free(vis);

@@ -399,8 +399,8 @@ local function validation_items(e, items)
   if #items.train == 0 then P.usage(e._where, "validation.split leaves no training example") end
 end
 
---- Tokenizes the items into data sets for one model and max_length (all up front).
-local function build_datasets(model, task, items, max_length)
+--- Tokenizes the items into data sets for one model, max_length and pan & scan (all up front).
+local function build_datasets(model, task, items, max_length, pan_and_scan)
   local train, test = gm.dataset(model), gm.dataset(model)
   local val = items.val and gm.dataset(model) or nil
   local rejected = {}
@@ -408,13 +408,16 @@ local function build_datasets(model, task, items, max_length)
   local shortest_rejected = { [train] = math.huge, [test] = math.huge }
   if val then shortest_rejected[val] = math.huge end
   local function add(ds, msgs, label, where, images)
-    local sha = nil
+    local sha, crops = nil, nil
     if images then
-      sha = {}
-      for i, p in ipairs(images) do sha[i] = items.image_sha[p] end
+      sha, crops = {}, pan_and_scan and {} or nil
+      for i, p in ipairs(images) do
+        sha[i] = items.image_sha[p]
+        if crops then crops[i] = items.image_crops[p] end
+      end
     end
     local okc, ok, why = pcall(ds.add_chat, ds, msgs, { max_length = max_length, label = label and (label - 1) or nil,
-      images = images, image_sha = sha })
+      images = images, image_sha = sha, crops = crops })
     if not okc then ok, why = false, clean_msg(ok):gsub("\n.*", "") end
     if not ok then
       local n = tonumber(why:match("the prompt takes (%d+) tokens"))
@@ -446,11 +449,12 @@ local function build_datasets(model, task, items, max_length)
   return train, test, rejected, shortest_rejected[train], shortest_rejected[test], val
 end
 
---- The tokenized data sets of a (model, max_length), built once and cached in ctx.data.
+--- The tokenized data sets of a (model, max_length, pan & scan), built once and cached in ctx.data.
 function R.datasets(ctx, e, cfg)
-  local key = cfg.model .. "|" .. cfg.max_length
+  local key = cfg.model .. "|" .. cfg.max_length .. (cfg.pan_and_scan and "|pan_and_scan" or "")
   if not ctx.data[key] then
-    local train, test, rejected, shortest_train, shortest_test, val = build_datasets(ctx.model, e.task, ctx.items, cfg.max_length)
+    local train, test, rejected, shortest_train, shortest_test, val = build_datasets(ctx.model, e.task, ctx.items, cfg.max_length,
+      cfg.pan_and_scan)
     ctx.data[key] = { train = train, test = test, rejected = rejected, shortest_train = shortest_train,
       shortest_test = shortest_test, val = val }
   end
@@ -540,11 +544,18 @@ end
 --------------------------------------------------------------------------------------------------
 -- one trial
 
+--- The most images one example puts through the tower: its images, and with pan & scan their
+--- crops (check_images counts both).
+local function images_per_example(items, cfg)
+  if not items then return 0 end
+  return (cfg.pan_and_scan and items.max_views or items.max_images) or 0
+end
+
 --- Training options of a trial for the trainer / planner.
-local function trainer_opts(cfg, total_steps, threads, images_per_example)
+local function trainer_opts(cfg, total_steps, threads, items)
   local warmup = cfg.warmup < 1 and math.floor(cfg.warmup * total_steps + 0.5) or math.tointeger(cfg.warmup)
   return {
-    max_images = (images_per_example or 0) * cfg.batch,
+    max_images = images_per_example(items, cfg) * cfg.batch, pan_and_scan = cfg.pan_and_scan,
     rank = cfg.rank, alpha = cfg.alpha, dropout = cfg.dropout, rslora = cfg.rslora, targets = cfg.targets,
     layers = cfg.layers, seed = cfg.seed, quant = cfg.quant, batch = cfg.batch, max_length = cfg.max_length,
     grad_accum = cfg.grad_accum, lr = cfg.lr, weight_decay = cfg.weight_decay, beta1 = cfg.beta1, beta2 = cfg.beta2,
@@ -587,7 +598,7 @@ local MPI_STATE_BYTES = 16 * 2 ^ 20
 local function trial_plan(model, opts, items, device)
   -- (with images the planner also checks that max_length leaves room for text beside them: what a
   -- built-in size's dry run, which tokenizes nothing, has to go on)
-  local per_example = items and items.max_images or 0
+  local per_example = images_per_example(items, opts)
   local plan = gm.plan(model, opts, { images = per_example > 0 and per_example or nil, device = device })
   plan.runner = math.tointeger(RUNNER_STATE_BYTES)
   plan.total = plan.total + plan.runner
@@ -598,12 +609,16 @@ local function trial_plan(model, opts, items, device)
   -- images: a batch's preprocessed pixels (grad_accum x max_images x 3 x S x S f32, what the
   -- trainer's binding collates into), and decoding the largest file: its RGB (w h 3 bytes), a copy
   -- for an EXIF rotation, the resize's intermediate (longest side x S x 3) and its S x S output in
-  -- u8 and f32 (core/image; interlaced 16-bit PNGs need up to 8 bytes per pixel more)
+  -- u8 and f32 (core/image; interlaced 16-bit PNGs need up to 8 bytes per pixel more); with pan &
+  -- scan also a crop's copy (at most the image) and each crop's S x S f32
   if (opts.max_images or 0) > 0 and items and items.max_image_pixels then
     local ok, c = pcall(gm.model_config, model)
     local S = ok and c.vision and c.vision.image_size or 896
     local batch = (opts.grad_accum or 1) * opts.max_images * 3 * S * S * 4
     local decode = 6 * items.max_image_pixels + 3 * items.max_image_side * S + 3 * S * S + 12 * S * S
+    if opts.pan_and_scan and (items.max_crops or 0) > 0 then
+      decode = decode + 3 * items.max_image_pixels + 12 * S * S * items.max_crops
+    end
     plan.images = math.tointeger(batch + decode)
     plan.total = plan.total + plan.images
   end
@@ -847,7 +862,7 @@ local function run_trial(ctx, e, trial, n_trials)
   local steps_per_epoch = math.max(1, (st_tr.n + per_step - 1) // per_step)
   local total = steps_per_epoch * cfg.epochs
   if cfg.max_steps then total = math.min(total, cfg.max_steps) end
-  local opts, fit_note = fit_memory(e, trial, trainer_opts(cfg, total, threads, ctx.items.max_images), ctx.items)
+  local opts, fit_note = fit_memory(e, trial, trainer_opts(cfg, total, threads, ctx.items), ctx.items)
   if fit_note then say("  fit: %s (plan %s)", fit_note, fmt_bytes(trial.plan.total)) end
   local mem = {}
   for k, v in pairs(trial.plan) do
@@ -1077,7 +1092,9 @@ end
 --- once for all its cells (5,000 cells of OpenCV's digits.png: docs/experiments.md, "Images").
 local function check_images(items, splits)
   items.image_sha = items.image_sha or {}
+  items.image_crops = items.image_crops or {}
   items.max_images = items.max_images or 0
+  items.max_views, items.max_crops = items.max_views or 0, items.max_crops or 0
   local bad = items.rejected_read or {}
   items.rejected_read = bad
   local checker <close> = gm.image_checker()
@@ -1090,9 +1107,10 @@ local function check_images(items, splits)
       end
       for _, p in ipairs(why and {} or it.images or {}) do
         if not items.image_sha[p] then
-          local ok, sha, w, h = pcall(checker.check, checker, p)
+          local ok, sha, w, h, crops = pcall(checker.check, checker, p)
           if not ok then why = clean_msg(sha); break end
-          items.image_sha[p] = sha
+          items.image_sha[p], items.image_crops[p] = sha, crops
+          items.max_crops = math.max(items.max_crops, crops)
           items.max_image_pixels = math.max(items.max_image_pixels or 0, w * h)
           items.max_image_side = math.max(items.max_image_side or 0, w, h)
         end
@@ -1103,6 +1121,10 @@ local function check_images(items, splits)
       else
         kept[#kept + 1] = it
         if it.images and #it.images > items.max_images then items.max_images = #it.images end
+        -- with pan & scan each image's crops go through the tower too
+        local views = 0
+        for _, p in ipairs(it.images or {}) do views = views + 1 + items.image_crops[p] end
+        if views > items.max_views then items.max_views = views end
       end
     end
     items[name] = kept
@@ -1242,17 +1264,20 @@ local function check_lengths(ctx, e, selected, items)
   local seen = {}
   for _, t in ipairs(selected) do
     local m, ml = t.config.model, t.config.max_length
-    if not seen[m .. "|" .. ml] and ctx.cfgs[m] and ctx.cfgs[m].preset and (items.max_images or 0) > 0 then
+    local per = images_per_example(items, t.config)
+    local key = m .. "|" .. ml .. (t.config.pan_and_scan and "|pan_and_scan" or "")
+    if not seen[key] and ctx.cfgs[m] and ctx.cfgs[m].preset and per > 0 then
       -- a built-in size has no tokenizer to count the prompts with, but its images' soft tokens
-      -- alone must leave room for text: the planner's check (gm_plan_max_images)
-      seen[m .. "|" .. ml] = true
-      local ok, err = pcall(gm.plan, m, { max_length = ml }, { images = items.max_images })
+      -- (with pan & scan, its crops' too) alone must leave room for text: the planner's check
+      -- (gm_plan_max_images)
+      seen[key] = true
+      local ok, err = pcall(gm.plan, m, { max_length = ml }, { images = per })
       if not ok and clean_msg(err):find("leaves no room for text", 1, true) then
         P.usage((e.sweep and e.sweep.max_length) and e.sweep._where or P.where_of("max_length"), "train.%s", clean_msg(err))
       end
     end
-    if not seen[m .. "|" .. ml] and not (ctx.cfgs[m] and ctx.cfgs[m].preset) then
-      seen[m .. "|" .. ml] = true
+    if not seen[key] and not (ctx.cfgs[m] and ctx.cfgs[m].preset) then
+      seen[key] = true
       use_model(ctx, e, m)
       if (items.max_images or 0) > 0 and not ctx.model:config().vision then
         local first
@@ -1392,7 +1417,7 @@ function R.close_prepared(ctx, items)
   for key, ds in pairs(ctx.data) do
     local n = ds.train:stats().rejected + ds.test:stats().rejected
     if n > 0 then
-      say("note: max_length %s rejects %d example%s while tokenizing (first: %s: %s)", key:match("|(%d+)$") or "?", n,
+      say("note: max_length %s rejects %d example%s while tokenizing (first: %s: %s)", (key:match("|(%d+)$") or key:match("|(%d+)|pan_and_scan$") or "?") .. (key:find("|pan_and_scan", 1, true) and " (pan & scan)" or ""), n,
         n == 1 and "" or "s", ds.rejected[1].example, (ds.rejected[1].reason:gsub("\n.*", "")))
     end
     ds.train:close(); ds.test:close(); if ds.val then ds.val:close() end
@@ -1404,7 +1429,7 @@ end
 --- A trial's memory as the runner will meet it: {total (bytes, after fit), plan, fit (what fit
 --- chose, or nil), over (true: it would be refused), why (the fit's or the planner's error)}.
 function R.plan_trial(e, t, items, threads)
-  local opts = trainer_opts(t.config, 1, threads, items.max_images)
+  local opts = trainer_opts(t.config, 1, threads, items)
   local ok, plan = pcall(trial_plan, t.config.model, opts, items, e.device)
   if not ok then return { why = clean_msg(plan) } end
   local r = { plan = plan, total = plan.total }

@@ -22,6 +22,13 @@ static void free_images(gm_example *e) {
     }
     gm_free(e->images);
     gm_free(e->image_sha);
+    gm_free(e->crops);
+}
+
+int64_t gm_example_views(const gm_example *e) {
+    int64_t n = e->n_images;
+    for (int64_t i = 0; e->crops && i < e->n_images; i++) n += e->crops[i];
+    return n;
 }
 
 void gm_dataset_free(gm_dataset *ds) {
@@ -35,29 +42,47 @@ void gm_dataset_free(gm_dataset *ds) {
 
 /* The conversation's ids with each image expanded (see gm_dataset_add_chat_images). */
 gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_mm_spec *mm, int64_t n_images,
-                            int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err) {
+                            const int64_t *crops, int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err) {
     size_t len = strlen(text);
     /* "<start_of_image>" -> "\n\n<start_of_image><end_of_image>\n\n"; the soft tokens are put
      * between the two as ids below (special tokens split the text, so the tokens around them are
-     * what Hugging Face's processor gets from its expanded string) */
+     * what Hugging Face's processor gets from its expanded string). An image with pan & scan
+     * crops: Gemma3Processor.replace_image_token's sentence around its block and its crops'. */
     static const char rep[] = "\n\n<start_of_image><end_of_image>\n\n";
-    int64_t k = 0;
+    static const char pas_head[] = "Here is the original image ";
+    static const char pas_mid[] = " and here are some crops to help you see better ";
+    int64_t k = 0, views = n_images;
     for (const char *p = strstr(text, BOI_TEXT); p; p = strstr(p + 1, BOI_TEXT)) k++;
     if (k != n_images)
         return gm_error_set(err, GM_ERR_INVALID, "example %lld: %lld image placeholders (<start_of_image>) but %lld images",
                             (long long)ex_index, (long long)k, (long long)n_images);
-    size_t cap = len + (size_t)k * sizeof rep + 1;
+    for (int64_t i = 0; crops && i < n_images; i++) {
+        if (crops[i] < 0 || crops[i] > GM_IMAGE_MAX_CROPS)
+            return gm_error_set(err, GM_ERR_INVALID, "example %lld: image %lld has %lld pan & scan crops (0..%d)",
+                                (long long)ex_index, (long long)(i + 1), (long long)crops[i], GM_IMAGE_MAX_CROPS);
+        views += crops[i];
+    }
+    size_t cap = len + (size_t)k * (sizeof rep + sizeof pas_head + sizeof pas_mid) + (size_t)(views - k) * sizeof rep + 1;
     char *x = gm_malloc(cap);
     if (!x) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     size_t o = 0;
-    for (const char *p = text;;) {
-        const char *q = strstr(p, BOI_TEXT);
-        size_t l = q ? (size_t)(q - p) : strlen(p);
-        memcpy(x + o, p, l), o += l;
+#define PUT(str) (memcpy(x + o, (str), sizeof(str) - 1), o += sizeof(str) - 1)
+    for (int64_t i = 0;; i++) {
+        const char *q = strstr(text, BOI_TEXT);
+        size_t l = q ? (size_t)(q - text) : strlen(text);
+        memcpy(x + o, text, l), o += l;
         if (!q) break;
-        memcpy(x + o, rep, sizeof rep - 1), o += sizeof rep - 1;
-        p = q + strlen(BOI_TEXT);
+        int64_t c = crops ? crops[i] : 0;
+        if (c > 0) PUT(pas_head);
+        PUT(rep);
+        if (c > 0) PUT(pas_mid);
+        for (int64_t j = 0; j < c; j++) {
+            if (j > 0) x[o++] = ' ';
+            PUT(rep);
+        }
+        text = q + strlen(BOI_TEXT);
     }
+#undef PUT
     x[o] = '\0';
     int32_t *ids = NULL;
     int64_t n = 0;
@@ -72,14 +97,14 @@ gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_
                             "only images may fill\n  hint: remove them from the text; an image is an {\"type\": \"image\"} part",
                             (long long)ex_index, (long long)ni, mm->image_token_id);
     }
-    if (nb != n_images || ne != n_images) {
+    if (nb != views || ne != views) {
         gm_free(ids);
         return gm_error_set(err, GM_ERR_INVALID,
                             "example %lld: the tokenizer does not turn <start_of_image> / <end_of_image> into the model's ids %d / "
                             "%d (found %lld / %lld of %lld)\n  hint: the tokenizer and config.json belong to different models",
-                            (long long)ex_index, mm->boi_id, mm->eoi_id, (long long)nb, (long long)ne, (long long)n_images);
+                            (long long)ex_index, mm->boi_id, mm->eoi_id, (long long)nb, (long long)ne, (long long)views);
     }
-    int32_t *out = gm_malloc((size_t)(n + n_images * mm->tokens) * sizeof *out);
+    int32_t *out = gm_malloc((size_t)(n + views * mm->tokens) * sizeof *out);
     if (!out) {
         gm_free(ids);
         return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
@@ -97,10 +122,11 @@ gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_
 }
 
 static gm_status encode_mm(const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs, const gm_mm_spec *mm,
-                           int64_t n_images, int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err) {
+                           int64_t n_images, const int64_t *crops, int64_t ex_index, int32_t **ids_out, int64_t *n_out,
+                           gm_error *err) {
     char *text = NULL;
     GM_TRY(gm_chat_render(msgs, n_msgs, false, &text, NULL, err));
-    gm_status s = gm_mm_encode_text(tok, text, mm, n_images, ex_index, ids_out, n_out, err);
+    gm_status s = gm_mm_encode_text(tok, text, mm, n_images, crops, ex_index, ids_out, n_out, err);
     gm_free(text);
     return s;
 }
@@ -108,20 +134,21 @@ static gm_status encode_mm(const gm_tokenizer *tok, const gm_chat_msg *msgs, int
 /* Adds an example (ids owned from here on); images / image_sha copied. */
 static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t max_length, int32_t label,
                              const gm_tokenizer *tok, const gm_mm_spec *mm, const char *const *images,
-                             const char *const *image_sha, int64_t n_images, gm_error *err);
+                             const char *const *image_sha, int64_t n_images, const int64_t *crops, gm_error *err);
 
 gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                      int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *images,
-                                     const char *const *image_sha, int64_t n_images, gm_error *err) {
+                                     const char *const *image_sha, int64_t n_images, const int64_t *crops,
+                                     gm_error *err) {
     if (!mm) return gm_dataset_add_chat(ds, tok, msgs, n_msgs, max_length, label, err);
     int32_t *ids = NULL;
     int64_t n = 0;
-    gm_status s = encode_mm(tok, msgs, n_msgs, mm, n_images, ds->n + ds->n_rejected, &ids, &n, err);
+    gm_status s = encode_mm(tok, msgs, n_msgs, mm, n_images, crops, ds->n + ds->n_rejected, &ids, &n, err);
     if (s != GM_OK) {
         ds->n_rejected++;
         return s;
     }
-    return add_example(ds, ids, n, max_length, label, tok, mm, images, image_sha, n_images, err);
+    return add_example(ds, ids, n, max_length, label, tok, mm, images, image_sha, n_images, crops, err);
 }
 
 gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
@@ -133,12 +160,22 @@ gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_
         ds->n_rejected++;
         return s;
     }
-    return add_example(ds, ids, n, max_length, label, tok, NULL, NULL, NULL, 0, err);
+    return add_example(ds, ids, n, max_length, label, tok, NULL, NULL, NULL, 0, NULL, err);
+}
+
+/* The image (0-based) whose image or crop is soft-token run `view` (0-based) of an example. */
+static int64_t image_of_view(int64_t view, const int64_t *crops, int64_t n_images) {
+    for (int64_t i = 0; i < n_images; i++) {
+        int64_t runs = 1 + (crops ? crops[i] : 0);
+        if (view < runs) return i;
+        view -= runs;
+    }
+    return n_images - 1;
 }
 
 static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t max_length, int32_t label,
                              const gm_tokenizer *tok, const gm_mm_spec *mm, const char *const *images,
-                             const char *const *image_sha, int64_t n_images, gm_error *err) {
+                             const char *const *image_sha, int64_t n_images, const int64_t *crops, gm_error *err) {
     gm_status s;
     int64_t start = 0;
     s = gm_chat_response_start(tok, ids, n, &start, err);
@@ -161,11 +198,13 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
         if (i < max_length && end >= max_length) {
             gm_free(ids);
             ds->n_rejected++;
+            int64_t img = image_of_view(k - 1, crops, n_images);
             return gm_error_set(err, GM_ERR_INVALID,
-                                "example %lld: max_length = %lld cuts into image %lld (%s), whose tokens span positions "
+                                "example %lld: max_length = %lld cuts into image %lld (%s%s), whose tokens span positions "
                                 "%lld..%lld (its prompt: %lld tokens)\n  hint: raise max_length to at least %lld, or shorten the text",
-                                (long long)(ds->n + ds->n_rejected - 1), (long long)max_length, (long long)k, images[k - 1],
-                                (long long)i, (long long)end, (long long)start, (long long)(end + 2));
+                                (long long)(ds->n + ds->n_rejected - 1), (long long)max_length, (long long)(img + 1), images[img],
+                                crops && crops[img] > 0 ? ", with its pan & scan crops" : "", (long long)i, (long long)end,
+                                (long long)start, (long long)(end + 2));
         }
     }
     if (start >= max_length) {
@@ -189,7 +228,7 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
         ds->ex = ex;
         ds->cap = cap;
     }
-    gm_example e = {ids, n, start, label, NULL, NULL, 0, NULL, 0};
+    gm_example e = {.ids = ids, .n = n, .response_start = start, .label = label};
     s = gm_chat_earlier_model_turns(tok, ids, n, &e.turns, &e.n_turns, err);
     if (s != GM_OK) {
         gm_free(ids);
@@ -198,8 +237,10 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
     if (n_images > 0) {
         e.images = gm_calloc((size_t)n_images, sizeof *e.images);
         e.image_sha = gm_calloc((size_t)n_images, sizeof *e.image_sha);
-        bool ok = e.images && e.image_sha;
+        e.crops = crops ? gm_malloc((size_t)n_images * sizeof *e.crops) : NULL;
+        bool ok = e.images && e.image_sha && (!crops || e.crops);
         e.n_images = ok ? n_images : 0;
+        if (ok && crops) memcpy(e.crops, crops, (size_t)n_images * sizeof *e.crops);
         for (int64_t i = 0; ok && i < n_images; i++) {
             e.images[i] = gm_strdup(images[i]);
             e.image_sha[i] = gm_strdup(image_sha && image_sha[i] ? image_sha[i] : "");
@@ -217,14 +258,15 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
 
 int64_t gm_dataset_max_images(const gm_dataset *ds) {
     int64_t m = 0;
-    for (int64_t i = 0; i < ds->n; i++) m = ds->ex[i].n_images > m ? ds->ex[i].n_images : m;
+    for (int64_t i = 0; i < ds->n; i++) m = gm_example_views(&ds->ex[i]) > m ? gm_example_views(&ds->ex[i]) : m;
     return m;
 }
 
 gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, int64_t S, int64_t max_images,
                           float *pixels, int64_t *n_images, gm_error *err) {
     *n_images = 0;
-    gm_image_opts o = gm_image_opts_gemma3(S);
+    gm_image_opts o = gm_image_opts_gemma3(S), o_pas = o;
+    o_pas.pan_and_scan = true;
     /* the last decoded file: the cells of one sheet in a batch decode it once (measured on
      * OpenCV's 2000 x 1000 digits.png: docs/experiments.md, "Images") */
     char held[GM_IMAGE_PATH_MAX] = "", path[GM_IMAGE_PATH_MAX];
@@ -233,22 +275,26 @@ gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, i
     for (int64_t b = 0; b < B && s == GM_OK; b++) {
         const gm_example *e = &ds->ex[idx[b]];
         for (int64_t i = 0; i < e->n_images && s == GM_OK; i++) {
-            if (*n_images >= max_images) {
+            int64_t crops = e->crops ? e->crops[i] : 0, views = 1 + crops;
+            if (*n_images + views > max_images) {
                 s = gm_error_set(err, GM_ERR_INVALID, "a batch holds more than %lld images (the plan's limit)", (long long)max_images);
                 break;
             }
             float *dst = pixels + *n_images * 3 * S * S;
             /* a reference already preprocessed for this batch (label scoring repeats one example's
-             * images once per candidate): copied, not decoded again */
+             * images once per candidate): copied with its crops, not decoded again */
             int64_t same = -1, k = 0;
             for (int64_t b2 = 0; b2 <= b && same < 0; b2++) {
                 const gm_example *e2 = &ds->ex[idx[b2]];
-                for (int64_t i2 = 0; i2 < e2->n_images && same < 0 && !(b2 == b && i2 == i); i2++, k++)
-                    if (strcmp(e2->images[i2], e->images[i]) == 0) same = k;
+                for (int64_t i2 = 0; i2 < e2->n_images && same < 0 && !(b2 == b && i2 == i); i2++) {
+                    int64_t c2 = e2->crops ? e2->crops[i2] : 0;
+                    if (c2 == crops && strcmp(e2->images[i2], e->images[i]) == 0) same = k;
+                    k += 1 + c2;
+                }
             }
             if (same >= 0) {
-                memcpy(dst, pixels + same * 3 * S * S, (size_t)(3 * S * S) * sizeof(float));
-                (*n_images)++;
+                memcpy(dst, pixels + same * 3 * S * S, (size_t)(views * 3 * S * S) * sizeof(float));
+                *n_images += views;
                 continue;
             }
             const char *ref = e->images[i];
@@ -266,12 +312,15 @@ gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, i
             if (s == GM_OK && has_rect) s = gm_image_crop(&file, r, &cell, err);
             gm_image_pixels px = {0};
             if (s == GM_OK) {
-                s = gm_image_preprocess(has_rect ? &cell : &file, &o, &px, err);
+                s = gm_image_preprocess(has_rect ? &cell : &file, crops > 0 ? &o_pas : &o, &px, err);
                 if (s != GM_OK) gm_error_prefix(err, "%s", ref);
             }
+            if (s == GM_OK && px.n_crops != crops) /* its tokens were made for another crop count */
+                s = gm_error_set(err, GM_ERR_INVALID, "%s: pan & scan now gives %lld crops, its tokens were made for %lld "
+                                 "(the file changed since the data set was built?)", ref, (long long)px.n_crops, (long long)crops);
             if (s == GM_OK) {
-                memcpy(dst, px.data, (size_t)(3 * S * S) * sizeof(float));
-                (*n_images)++;
+                memcpy(dst, px.data, (size_t)(views * 3 * S * S) * sizeof(float));
+                *n_images += views;
             }
             gm_image_pixels_free(&px);
             gm_image_free(&cell);

@@ -41,6 +41,10 @@ typedef struct gm_example {
      * sha256 of each file (64 hex digits; part of the data set's identity), owned */
     char **images, **image_sha;
     int64_t n_images;
+    /* pan & scan (gm_image_opts.pan_and_scan): per image the number of its crops, each crop one
+     * more soft-token run in ids right after its image's (transformers' Gemma3Processor); NULL:
+     * pan & scan off, each image one run. Owned. */
+    int64_t *crops;
     /* the model turns before the last (multi-turn chats; gm_chat_earlier_model_turns): [start,
      * end) token spans, supervised as the last turn is; NULL and 0 for one model turn, owned */
     int64_t (*turns)[2];
@@ -49,7 +53,9 @@ typedef struct gm_example {
 
 /* How a multimodal model takes images into its prompt (gemma_architecture.md §2.4): each
  * "<start_of_image>" the chat template writes becomes "\n\n" boi + tokens x image_token + eoi
- * "\n\n" (transformers' Gemma3Processor). */
+ * "\n\n" (transformers' Gemma3Processor); with pan & scan an image with crops becomes "Here is
+ * the original image " + its block + " and here are some crops to help you see better " + one
+ * block per crop, joined by " " (Gemma3Processor.replace_image_token). */
 typedef struct gm_mm_spec {
     int32_t boi_id, eoi_id, image_token_id;
     int64_t tokens;        /* soft tokens per image */
@@ -78,34 +84,42 @@ gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_
 /* The same for a model with a vision tower (mm: its image tokens; NULL: as gm_dataset_add_chat),
  * the conversation with or without images: msgs' text holds one "<start_of_image>" per image
  * (what Gemma's chat template writes for an image item), images[i] / image_sha[i] the i-th image's
- * file and its sha256 (checked by the caller: gm_image_check). The placeholders are expanded as
- * mm says. GM_ERR_INVALID (not added) when the placeholders and the images differ in number, when
+ * file and its sha256 (checked by the caller: gm_image_check), crops[i] (crops NULL: pan & scan
+ * off) its pan & scan crop count (gm_image_pan_and_scan_crops of the referenced image's size,
+ * found by the caller). The placeholders are expanded as mm says. GM_ERR_INVALID (not added) when the placeholders and the images differ in number, when
  * the text itself holds <image_soft_token> (only images fill those), when
  * the tokenizer's <start_of_image> / <end_of_image> are not the config's ids, or when max_length
  * would cut into an image (naming the image, its tokens' span and max_length): truncation never
  * splits an image. */
 gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                      int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *images,
-                                     const char *const *image_sha, int64_t n_images, gm_error *err);
+                                     const char *const *image_sha, int64_t n_images, const int64_t *crops,
+                                     gm_error *err);
 
 /* Text (a rendered chat, or a raw prompt) with one "<start_of_image>" per image into ids, BOS
  * first, each image expanded as mm says (see gm_dataset_add_chat_images, whose checks it makes;
  * ex_index names the example in messages). *ids_out is gm_malloc'd. */
 gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_mm_spec *mm, int64_t n_images,
-                            int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err);
+                            const int64_t *crops, int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err);
 
-/* The most images one example of ds has (for planning a micro-batch's image path). */
+/* The images the vision tower sees for example e: its images and their pan & scan crops. */
+int64_t gm_example_views(const gm_example *e);
+
+/* The most images one example of ds has, pan & scan crops counted (gm_example_views: what
+ * the tower encodes, for planning a micro-batch's image path). */
 int64_t gm_dataset_max_images(const gm_dataset *ds);
 
 /* The images of examples idx[0..B) in batch order, each decoded and preprocessed (core/image:
- * Gemma 3's processor, S x S) into pixels (room for max_images x 3 x S x S floats); *n_images
- * receives their count. Each image is a reference (gm_image_ref_parse: a file, or a region of
+ * Gemma 3's processor, S x S) into pixels (room for max_images x 3 x S x S floats), an image with
+ * pan & scan crops (gm_example.crops) followed by its crops in the processor's order; *n_images
+ * receives their count (gm_example_views summed). Each image is a reference (gm_image_ref_parse: a file, or a region of
  * one). A reference repeated in the batch (label scoring: one example's images once per
  * candidate) is preprocessed once and copied; consecutive references to one file (the cells of a
  * sprite sheet) decode it once: the last decoded file is kept until another file is needed, so at
  * most one decoded file is held at a time. Errors name the reference (the file may have changed
  * since the data set was built): GM_ERR_INVALID when more than max_images or a region outside its
- * file, the decoder's errors otherwise. */
+ * file, or an image whose crop count is no longer the one its tokens were made for; the decoder's
+ * errors otherwise. */
 gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, int64_t S, int64_t max_images,
                           float *pixels, int64_t *n_images, gm_error *err);
 

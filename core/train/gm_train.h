@@ -85,6 +85,8 @@ typedef struct gm_train_opts {
                                 only); the caller derives it from the data, like the seed */
     char vision_targets[GM_LORA_TARGETS_MAX]; /* LoRA targets in the vision tower ("none": frozen) */
     bool train_projector;    /* modules_to_save = "multi_modal_projector": the projector learns */
+    bool pan_and_scan;       /* the data's images are seen with their pan & scan crops (the
+                                runner's data sets; the trainer sees only max_images) */
     int n_threads;
 } gm_train_opts;
 

@@ -182,6 +182,14 @@ expect_run "vision_targets naming a text module: refused with the tower's module
 # generation with images (greedy, a few tokens), and its errors
 expect_run "generate --image (two photos) on the multimodal model" 0 "prompt tokens at .* new tokens" -- \
   "$GM" generate "$VIS" --chat --image "$IMG/small.jpg" --image "$IMG/palette.png" "Compare them." --max-tokens 4
+# pan & scan: wide.jpg (1000 x 300) with its 3 crops, each a block of soft tokens, and the processor's
+# sentence around them (ids checked against transformers in test_vision): 94 prompt tokens, 27 without
+expect_run "generate --image --pan-and-scan: the image and its 3 crops in the prompt" 0 "^gemmarun: 94 prompt tokens" -- \
+  "$GM" generate "$VIS" --chat --image "$SRC/tests/ref/images/wide.jpg" --pan-and-scan "What is it?" --max-tokens 2
+expect_run "generate --image without --pan-and-scan: the image alone" 0 "^gemmarun: 27 prompt tokens" -- \
+  "$GM" generate "$VIS" --chat --image "$SRC/tests/ref/images/wide.jpg" "What is it?" --max-tokens 2
+expect_run "generate --pan-and-scan without --image: refused" 2 "--pan-and-scan crops the --image files; there is none" -- \
+  "$GM" generate "$VIS" --pan-and-scan "What is it?"
 expect_run "generate --image on a text-only model: refused, naming both" 2 "tiny_gemma3_chat has no vision tower: a text-only model cannot read --image .*small.jpg" -- \
   "$GM" generate "$SRC/tests/ref/tiny_gemma3_chat" --chat --image "$IMG/small.jpg" "What is it?"
 expect_run "generate --image with a truncated file: named, with the reason" 2 "truncated.jpg: .*(truncated|Premature)" -- \

@@ -82,6 +82,29 @@ print('ok', int(ev['confusion'][:].sum()))"
 else
   skip_unless_ci "the results file's contents (h5py: run ./setup.sh)"
 fi
+# pan & scan (Gemma 3's processor's do_pan_and_scan): wide.jpg (1000 x 300) is seen with its 3
+# crops, tall.jpg with 2, each crop 4 more soft tokens and the processor's sentence around them
+# (the ids are checked against transformers in test_vision): max_length 96 no longer holds the
+# wide image's example; at 128 a second trial trains on the longer data
+expect_run "pan_and_scan = true --dry-run: the crops' tokens counted (an example of 100 tokens at max_length 96)" 0 \
+  "max_length 96 \(pan & scan\) rejects [0-9]+ examples? while tokenizing \(first: pets/annotations/trainval.txt:[0-9]+: the prompt takes 100 tokens" -- \
+  "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}" --set pan_and_scan=true --dry-run
+expect_run "pan_and_scan = true: a second trial trains and evaluates" 0 "trial 1/1  [0-9a-f]+ .*final accuracy" -- \
+  "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}" --set pan_and_scan=true --set max_length=128
+if [ -n "$PY" ]; then
+  expect_run "its trial file: pan_and_scan recorded, other training data, the image path planned for the crops too" 0 "^ok$" -- "$PY" -c "
+import glob, h5py
+fs = [h5py.File(p, 'r') for p in glob.glob('results/pets_sweep/trial-*.h5')]
+pas = [f for f in fs if f['config'].attrs['pan_and_scan'] == 1]
+plain = [f for f in fs if f['config'].attrs['pan_and_scan'] == 0]
+assert len(pas) == 1 and len(plain) == 1, (len(pas), len(plain))
+a, b = pas[0], plain[0]
+assert a['provenance'].attrs['data_train_sha256'] != b['provenance'].attrs['data_train_sha256'], 'same data with and without'
+# a micro-batch of 4 examples: up to 4 x (1 + 3 crops) = 16 images through the tower, 4 without
+for k in ('planned_vision_tower', 'planned_images'):
+    assert a['memory'].attrs[k] > b['memory'].attrs[k], (k, a['memory'].attrs[k], b['memory'].attrs[k])
+print('ok')"
+fi
 sum_before=$(sha256sum results/pets_sweep.h5 | cut -d' ' -f1)
 # the data set's errors, each before any work
 cp pets/annotations/test.txt test.keep

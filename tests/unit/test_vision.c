@@ -14,11 +14,13 @@
 #include "gm_decoder.h"
 #include "gm_mmap.h"
 #include "gm_generate.h"
+#include "gm_image.h"
 #include "gm_merged.h"
 #include "gm_model.h"
 #include "gm_train.h"
 #include "gm_vision.h"
 
+#include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -643,7 +645,7 @@ static void check_data(void) {
     const char *imgs[2] = {"a.jpg", "b.jpg"}, *sha[2] = {"00", "11"};
     gm_dataset ds;
     gm_dataset_init(&ds);
-    CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 64, -1, &mm, imgs, sha, 1, &err) == GM_OK, "add: %s", err.msg);
+    CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 64, -1, &mm, imgs, sha, 1, NULL, &err) == GM_OK, "add: %s", err.msg);
     if (ds.n == 1) {
         const gm_example *e = &ds.ex[0];
         /* transformers' processor: the template's text with "<start_of_image>" replaced by
@@ -666,7 +668,7 @@ static void check_data(void) {
         CHECK(e->n_images == 1 && strcmp(e->images[0], "a.jpg") == 0 && gm_dataset_max_images(&ds) == 1, "the example's images");
         /* a max_length that cuts between boi and eoi: refused, naming the image and the span */
         int64_t cut = b + 3; /* between the image's boi and eoi */
-        CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, cut, -1, &mm, imgs, sha, 1, &err) == GM_ERR_INVALID &&
+        CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, cut, -1, &mm, imgs, sha, 1, NULL, &err) == GM_ERR_INVALID &&
                   gm_test_contains(err.msg, "cuts into image 1 (a.jpg)"),
               "max_length inside the image: %s", err.msg);
         /* at the image's end exactly (eoi is the last kept token): also a cut (no response left
@@ -675,13 +677,122 @@ static void check_data(void) {
     }
     /* a typed <image_soft_token> (no image to fill it): refused */
     gm_chat_msg typed[2] = {{"user", "plain <image_soft_token> text"}, {"assistant", "ok"}};
-    CHECK(gm_dataset_add_chat_images(&ds, m->tok, typed, 2, 64, -1, &mm, NULL, NULL, 0, &err) == GM_ERR_INVALID &&
+    CHECK(gm_dataset_add_chat_images(&ds, m->tok, typed, 2, 64, -1, &mm, NULL, NULL, 0, NULL, &err) == GM_ERR_INVALID &&
               gm_test_contains(err.msg, "<image_soft_token> tokens (id 511), which only images may fill"),
           "a typed soft token: %s", err.msg);
-    CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 64, -1, &mm, imgs, sha, 2, &err) == GM_ERR_INVALID &&
+    CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 64, -1, &mm, imgs, sha, 2, NULL, &err) == GM_ERR_INVALID &&
               gm_test_contains(err.msg, "1 image placeholders (<start_of_image>) but 2 images"),
           "placeholders vs images: %s", err.msg);
     gm_dataset_free(&ds);
+    gm_model_free(m);
+}
+
+/* Pan & scan in the prompt and the pixels (tests/ref/pas_ref.json, tests/ref/make_pas_ref.py:
+ * transformers' Gemma3Processor with do_pan_and_scan): per case, the crop counts gm_image_check's
+ * size gives, the example's ids equal the processor's input_ids, and gm_batch_images gives each
+ * image followed by its crops, bit for bit what gm_image_preprocess_file with pan & scan gives
+ * (whose pixels test_image checks against the processor's). */
+static void check_pan_and_scan(void) {
+    gm_error err = {0};
+    gm_model *m = NULL;
+    char *buf = NULL;
+    size_t len = 0;
+    if (gm_model_load(gm_test_path("tests/ref/tiny_gemma3_vision_chat"), NULL, &m, &err) != GM_OK ||
+        gm_read_file(gm_test_path("tests/ref/pas_ref.json"), &buf, &len, &err) != GM_OK) {
+        CHECK(false, "pan & scan fixture: %s", err.msg);
+        gm_model_free(m);
+        return;
+    }
+    cJSON *j = cJSON_ParseWithLength(buf, len);
+    gm_free(buf);
+    const gm_vision_config *v = &m->cfg.vision;
+    gm_mm_spec mm = {v->boi_id, v->eoi_id, v->image_token_id, v->tokens};
+    const int64_t S = v->image_size;
+    const cJSON *cases = cJSON_GetObjectItem(j, "cases"), *c;
+    int n_cases = 0, with_crops = 0;
+    cJSON_ArrayForEach(c, cases) {
+        const cJSON *jimgs = cJSON_GetObjectItem(c, "images"), *jids = cJSON_GetObjectItem(c, "input_ids");
+        const cJSON *jcrops = cJSON_GetObjectItem(c, "num_crops");
+        int64_t n_img = cJSON_GetArraySize(jimgs), views = 0;
+        char paths[4][512];
+        const char *imgs[4], *sha[4];
+        char shas[4][65];
+        int64_t crops[4];
+        for (int64_t i = 0; i < n_img && i < 4; i++) {
+            snprintf(paths[i], sizeof paths[i], "%s", gm_test_path("tests/ref/images"));
+            snprintf(paths[i] + strlen(paths[i]), sizeof paths[i] - strlen(paths[i]), "/%s",
+                     cJSON_GetArrayItem(jimgs, (int)i)->valuestring);
+            imgs[i] = paths[i], sha[i] = shas[i];
+            int64_t w = 0, h = 0;
+            CHECK_OK(gm_image_check(NULL, paths[i], shas[i], &w, &h, &err), &err);
+            gm_image_opts o = gm_image_opts_gemma3(S);
+            gm_image_rect r[GM_IMAGE_MAX_CROPS];
+            crops[i] = gm_image_pan_and_scan_crops(w, h, &o, r, GM_IMAGE_MAX_CROPS);
+            CHECK(crops[i] == cJSON_GetArrayItem(jcrops, (int)i)->valueint, "%s: %lld crops, the processor %d", paths[i],
+                  (long long)crops[i], cJSON_GetArrayItem(jcrops, (int)i)->valueint);
+            views += 1 + crops[i], with_crops += crops[i] > 0;
+        }
+        /* the processor's text is the chat template's: user turn, then model turn */
+        const char *text = cJSON_GetObjectItem(c, "text")->valuestring;
+        const char *u0 = strstr(text, "user\n") + 5, *u1 = strstr(u0, "<end_of_turn>");
+        const char *a0 = strstr(u1, "model\n") + 6, *a1 = strstr(a0, "<end_of_turn>");
+        char user[256], model[256];
+        snprintf(user, sizeof user, "%.*s", (int)(u1 - u0), u0);
+        snprintf(model, sizeof model, "%.*s", (int)(a1 - a0), a0);
+        gm_chat_msg msgs[2] = {{"user", user}, {"assistant", model}};
+        gm_dataset ds;
+        gm_dataset_init(&ds);
+        CHECK_OK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 512, -1, &mm, imgs, sha, n_img, crops, &err), &err);
+        if (ds.n != 1) {
+            gm_dataset_free(&ds);
+            continue;
+        }
+        const gm_example *e = &ds.ex[0];
+        int64_t nw = cJSON_GetArraySize(jids), first_diff = -1;
+        for (int64_t t = 0; t < nw && t < e->n && first_diff < 0; t++)
+            if (e->ids[t] != cJSON_GetArrayItem(jids, (int)t)->valueint) first_diff = t;
+        CHECK(e->n == nw && first_diff < 0, "%s...: %lld ids, the processor %lld; first difference at %lld", imgs[0], (long long)e->n,
+              (long long)nw, (long long)first_diff);
+        CHECK(gm_example_views(e) == views && views == cJSON_GetObjectItem(c, "n_pixel_values")->valueint &&
+                  gm_dataset_max_images(&ds) == views,
+              "%lld views, the processor's pixel_values %d", (long long)gm_example_views(e),
+              cJSON_GetObjectItem(c, "n_pixel_values")->valueint);
+        /* the pixels: images and crops in the processor's order */
+        float *px = gm_malloc((size_t)(views * 3 * S * S) * sizeof(float));
+        int64_t idx0 = 0, got = 0;
+        CHECK_OK(gm_batch_images(&ds, &idx0, 1, S, views, px, &got, &err), &err);
+        gm_image_opts o = gm_image_opts_gemma3(S);
+        o.pan_and_scan = true;
+        int64_t at = 0, bad = 0;
+        for (int64_t i = 0; px && got == views && i < n_img; i++) {
+            gm_image_pixels want = {0};
+            CHECK_OK(gm_image_preprocess_file(imgs[i], NULL, &o, &want, &err), &err);
+            bad += want.n != 1 + crops[i] || memcmp(px + at * 3 * S * S, want.data, (size_t)(want.n * 3 * S * S) * sizeof(float)) != 0;
+            at += want.n;
+            gm_image_pixels_free(&want);
+        }
+        CHECK(got == views && bad == 0, "gm_batch_images: %lld images (want %lld), %lld differ from the preprocessed crops",
+              (long long)got, (long long)views, (long long)bad);
+        /* one slot short: refused, not overrun */
+        CHECK(views < 2 || gm_batch_images(&ds, &idx0, 1, S, views - 1, px, &got, &err) == GM_ERR_INVALID,
+              "fewer slots than images and crops");
+        /* max_length inside the last crop's tokens: refused, naming the image and its crops */
+        if (crops[n_img - 1] > 0) {
+            int64_t last_boi = -1;
+            for (int64_t t = 0; t < e->n; t++)
+                if (e->ids[t] == v->boi_id) last_boi = t;
+            CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, last_boi + 2, -1, &mm, imgs, sha, n_img, crops, &err) ==
+                          GM_ERR_INVALID &&
+                      gm_test_contains(err.msg, "with its pan & scan crops"),
+                  "max_length inside a crop: %s", err.msg);
+        }
+        gm_free(px);
+        gm_dataset_free(&ds);
+        n_cases++;
+    }
+    CHECK(n_cases == 2 && with_crops == 2, "pan & scan fixture: %d cases, %d images with crops", n_cases, with_crops);
+    printf("pan & scan: %d cases from transformers' processor, ids and pixels equal\n", n_cases);
+    cJSON_Delete(j);
     gm_model_free(m);
 }
 
@@ -843,6 +954,7 @@ int main(void) {
         gm_model_free(m);
     }
     check_data();
+    check_pan_and_scan();
     check_with_tower();
     /* a text-only checkpoint has no image path: a clear error */
     gm_error err = {0};
