@@ -54,7 +54,9 @@
  *                  masked scores (saved for the backward); q (B, T, H, D), k/v (B, T, KVH, D);
  *                  causal, sliding if window > 0 (j > t - window); kv_end as in attention_fwd
  *                  (positions 0..T; all T: bidirectional, a vision encoder). Scratch: gm_k_attention_
- *                  scratch_floats. Softmax in f32 (scores materialized per head, T x T).
+ *                  scratch_floats. Softmax in f32 (the CPU twin materializes each head's T x T
+ *                  scores; the CUDA twin is fused, online softmax, no T x T buffer:
+ *                  kernels/cuda/attention_train.cu).
  *   attention_bwd  dq (B, T, H, D), dk/dv (B, T, KVH, D) (all assigned) from dout and the
  *                  forward's q, k, v, out, lse. With P = exp(S - lse): dV = P^T dO,
  *                  dS = P * (dO V^T - rowsum(dO * O)), dQ = scale dS K, dK = scale dS^T Q;
@@ -150,6 +152,12 @@ typedef struct gm_kctx {
                              quantized to int8 blocks once and the dots are integer, as llama.cpp's
                              (gm_dot_rows_q8) - faster, and NOT the f32 result: opt-in
                              (gm_infer_opts.int8_dot, `generate --int8-dot`); false everywhere else */
+    bool bf16_gemm;       /* CUDA, matmul_fwd / matmul_bwd_input on a non-f32 weight (a bf16, NF4, int8 or GGUF
+                             base): the weight (its panels dequantized) and x / dy in bf16, products
+                             accumulated in f32 into f32 outputs (cublasGemmEx, CUBLAS_COMPUTE_32F) - the
+                             mixed precision of PEFT + bitsandbytes on a GPU, rounding x to 8 significant
+                             bits: NOT the f32 result. From gm_backend.bf16_gemm (the CUDA backend's
+                             default: on); f32 weights (adapters, an f32 base) and the CPU: always f32 */
 } gm_kctx;
 
 /* Workspace (floats) that matmul_fwd / matmul_bwd_input need for a weight of N rows by K

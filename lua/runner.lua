@@ -555,7 +555,7 @@ end
 local function trainer_opts(cfg, total_steps, threads, items)
   local warmup = cfg.warmup < 1 and math.floor(cfg.warmup * total_steps + 0.5) or math.tointeger(cfg.warmup)
   return {
-    max_images = images_per_example(items, cfg) * cfg.batch, pan_and_scan = cfg.pan_and_scan,
+    max_images = images_per_example(items, cfg) * cfg.batch, pan_and_scan = cfg.pan_and_scan, matmul_dtype = cfg.matmul_dtype,
     rank = cfg.rank, alpha = cfg.alpha, dropout = cfg.dropout, rslora = cfg.rslora, targets = cfg.targets,
     layers = cfg.layers, seed = cfg.seed, quant = cfg.quant, batch = cfg.batch, max_length = cfg.max_length,
     grad_accum = cfg.grad_accum, lr = cfg.lr, weight_decay = cfg.weight_decay, beta1 = cfg.beta1, beta2 = cfg.beta2,

@@ -69,7 +69,7 @@ void gm_backend_memset(gm_backend *be, void *dst, int value, size_t bytes) {
 
 gm_kctx gm_backend_kctx(const gm_backend *be, float *scratch, size_t scratch_floats) {
     gm_kctx c = {.n_threads = be->n_threads, .stream = be->stream, .scratch = scratch,
-                 .scratch_floats = scratch_floats, .blas = be->blas};
+                 .scratch_floats = scratch_floats, .blas = be->blas, .bf16_gemm = be->bf16_gemm};
     return c;
 }
 

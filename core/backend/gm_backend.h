@@ -67,6 +67,9 @@ struct gm_backend {
     int n_threads;                /* CPU threads for kernels and BLAS */
     void *stream;                 /* cudaStream_t (CUDA), NULL otherwise */
     void *blas;                   /* cublasHandle_t bound to the stream (CUDA), NULL otherwise */
+    bool bf16_gemm;               /* kernels' GEMMs on non-f32 weights in bf16 (gm_kctx.bf16_gemm; CUDA
+                                     only: its default is on, the training option matmul_dtype = "f32"
+                                     and parity tests turn it off) */
     gm_backend_iface iface;
     gm_arena_mem mem;             /* the allocator gm_backend_arena gives arenas */
     gm_status error;              /* sticky: GM_OK until something failed */
@@ -121,6 +124,12 @@ gm_status gm_backend_device_memory(const char *device, size_t *peak, size_t *use
  * allocator's high-water mark and of the plan: 32 MiB, the size the cuBLAS documentation
  * recommends for Hopper (cublasSetWorkspace; 4 MiB for earlier GPUs - the larger one for all). */
 #define GM_CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+/* ... and converts f32 activations to bf16 for its bf16 GEMMs (gm_kctx.bf16_gemm) in a staging
+ * buffer of its own, allocated with the cuBLAS handle and planned like the workspace: 32 MiB
+ * (16 Mi elements: a 16384 x 1024 activation at once, larger ones in row chunks). */
+#define GM_CUDA_BF16_STAGING_BYTES ((size_t)32 << 20)
+/* What the CUDA backend's libraries hold beside the arenas: both of the above. */
+#define GM_CUDA_LIBRARY_BYTES (GM_CUBLAS_WORKSPACE_BYTES + GM_CUDA_BF16_STAGING_BYTES)
 typedef struct gm_cuda_module {
     int abi;                                    /* GM_CUDA_MODULE_ABI of the module's build */
     int (*probe)(char *why, size_t cap);        /* devices; 0 with the runtime's reason in why */

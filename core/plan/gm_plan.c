@@ -217,14 +217,15 @@ void gm_plan_on_device(gm_plan *p, gm_device device) {
     }
     size_t host = p->host_only ? p->host_only : p->runtime;
     p->host_total = host;
-    p->device_arenas = p->total - host + GM_CUBLAS_WORKSPACE_BYTES;
+    p->device_arenas = p->total - host + GM_CUDA_LIBRARY_BYTES;
     p->cuda_context = GM_PLAN_CUDA_CONTEXT_BYTES;
     p->device_total = p->device_arenas + p->cuda_context;
     if (p->exact) {
         p->exact = false;
         snprintf(p->note, sizeof p->note, "on CUDA: the trainer's layout with the base weights uploaded, cuBLAS's workspace "
-                 "%zu MiB, the CUDA context estimated at %zu MiB; not yet compared with a GPU's allocator peak and "
-                 "cudaMemGetInfo (tests/device/run.sh does)", GM_CUBLAS_WORKSPACE_BYTES >> 20, GM_PLAN_CUDA_CONTEXT_BYTES >> 20);
+                 "%zu MiB and the bf16 staging buffer %zu MiB, the CUDA context estimated at %zu MiB; not yet compared with a "
+                 "GPU's allocator peak and cudaMemGetInfo (tests/device/run.sh does)", GM_CUBLAS_WORKSPACE_BYTES >> 20,
+                 GM_CUDA_BF16_STAGING_BYTES >> 20, GM_PLAN_CUDA_CONTEXT_BYTES >> 20);
     }
 }
 
@@ -257,8 +258,9 @@ void gm_plan_format(const gm_plan *p, char *buf, size_t cap) {
         p->exact ? "" : "   estimate");
     if (p->device == GM_DEVICE_CUDA) {
         PUT("on the GPU (device cuda):\n");
-        PUT("  %-18s %10.1f MiB   (the items above less host memory, base weights uploaded, cuBLAS workspace %.0f MiB)\n",
-            "arenas", (double)p->device_arenas / 1048576.0, (double)GM_CUBLAS_WORKSPACE_BYTES / 1048576.0);
+        PUT("  %-18s %10.1f MiB   (the items above less host memory, base weights uploaded, cuBLAS workspace %.0f MiB, "
+            "bf16 staging %.0f MiB)\n", "arenas", (double)p->device_arenas / 1048576.0,
+            (double)GM_CUBLAS_WORKSPACE_BYTES / 1048576.0, (double)GM_CUDA_BF16_STAGING_BYTES / 1048576.0);
         PUT("  %-18s %10.1f MiB   (estimate)\n", "CUDA context", (double)p->cuda_context / 1048576.0);
         PUT("  %-18s %10.1f MiB   (%.2f GiB)\n", "device total", (double)p->device_total / 1048576.0,
             (double)p->device_total / 1073741824.0);

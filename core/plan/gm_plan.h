@@ -145,7 +145,7 @@ size_t gm_plan_checkpoint_bytes(int64_t n_trainable);
 
 /* Places a plan on a device: for GM_DEVICE_CUDA the items split into what lives on the GPU (the
  * arenas, the base weights the CUDA backend uploads instead of reading them in place, the cuBLAS
- * workspace GM_CUBLAS_WORKSPACE_BYTES) and on the host (host_only), plus the CUDA context
+ * workspace and the bf16 staging buffer: GM_CUDA_LIBRARY_BYTES) and on the host (host_only), plus the CUDA context
  * (GM_PLAN_CUDA_CONTEXT_BYTES, an estimate) - and the plan is marked an estimate until the GPU
  * script (tests/device/run.sh) has compared it with the allocator's peak and cudaMemGetInfo.
  * GM_DEVICE_CPU leaves the plan as it is. */

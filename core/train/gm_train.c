@@ -367,8 +367,10 @@ static gm_status layout(gm_trainer *tr, const gm_model *m, gm_dtype stored, gm_d
     GM_TRY(gm_weights_layout(&tr->w, m, stored, stored_embed, tr->be, a, tr->o.n_threads, err));
     gm_lora_layout(&tr->lora, a, true);
     gm_graph_layout(&tr->g, a, h);
+    tr->g.kc.bf16_gemm = tr->g.kc.bf16_gemm && !tr->o.matmul_f32; /* matmul_dtype (a CUDA backend's default: bf16) */
     if (tr->has_vis) {
         GM_TRY(gm_vision_layout(&tr->vis, a, h, err));
+        tr->vis.g.kc.bf16_gemm = tr->vis.g.kc.bf16_gemm && !tr->o.matmul_f32;
         tr->img_rows = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
         tr->h_img_rows = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
         tr->h_ids = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);

@@ -87,6 +87,8 @@ typedef struct gm_train_opts {
     bool train_projector;    /* modules_to_save = "multi_modal_projector": the projector learns */
     bool pan_and_scan;       /* the data's images are seen with their pan & scan crops (the
                                 runner's data sets; the trainer sees only max_images) */
+    bool matmul_f32;         /* matmul_dtype = "f32": GEMMs on the base weights in f32 on a CUDA
+                                backend too (gm_kctx.bf16_gemm off); the CPU always computes in f32 */
     int n_threads;
 } gm_train_opts;
 

@@ -158,4 +158,18 @@ static __device__ __forceinline__ float gm_block_sum(float v) {
     return t;
 }
 
+/* The block's maximum of v, returned to every thread (as gm_block_sum). */
+static __device__ __forceinline__ float gm_block_max(float v) {
+    __shared__ float warp_max[32];
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x % 32, w = threadIdx.x / 32;
+    __syncthreads(); /* warp_max may still be read by a previous call */
+    if (lane == 0) warp_max[w] = v;
+    __syncthreads();
+    int nw = (int)(blockDim.x / 32);
+    float t = lane < nw ? warp_max[lane] : -INFINITY;
+    for (int o = 16; o > 0; o >>= 1) t = fmaxf(t, __shfl_xor_sync(0xffffffffu, t, o));
+    return t;
+}
+
 #endif /* GM_CUDA_COMMON_CUH */

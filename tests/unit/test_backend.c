@@ -258,13 +258,13 @@ static void test_device_plan(const gm_model *m) {
         CHECK_OK(gm_plan_training(&m->cfg, &o, lin, emb, NULL, &p, &err), &err);
         size_t cpu_total = p.total;
         gm_plan_on_device(&p, GM_DEVICE_CUDA);
-        CHECK(p.device_arenas == arena + GM_CUBLAS_WORKSPACE_BYTES,
-              "checkpointing %d: planned GPU arenas %zu bytes = the strict trainer's arena %zu + cuBLAS workspace %zu", ck,
-              p.device_arenas, arena, GM_CUBLAS_WORKSPACE_BYTES);
+        CHECK(p.device_arenas == arena + GM_CUDA_LIBRARY_BYTES,
+              "checkpointing %d: planned GPU arenas %zu bytes = the strict trainer's arena %zu + cuBLAS workspace and bf16 "
+              "staging %zu", ck, p.device_arenas, arena, GM_CUDA_LIBRARY_BYTES);
         CHECK(p.host_total == gm_plan_runtime_bytes(&m->cfg) + host + gm_plan_checkpoint_bytes(p.n_trainable),
               "checkpointing %d: planned host %zu = runtime + the strict trainer's host staging %zu + a checkpoint save", ck,
               p.host_total, host);
-        CHECK(p.device_total == p.device_arenas + p.cuda_context && p.device_arenas + p.host_total == cpu_total + GM_CUBLAS_WORKSPACE_BYTES,
+        CHECK(p.device_total == p.device_arenas + p.cuda_context && p.device_arenas + p.host_total == cpu_total + GM_CUDA_LIBRARY_BYTES,
               "checkpointing %d: the device and host parts add up to the plan (+ workspace)", ck);
         printf("device plan, checkpointing %s: GPU arenas %zu = strict trainer arena %zu + workspace; host %zu\n",
                ck ? "on" : "off", p.device_arenas, arena, p.host_total);

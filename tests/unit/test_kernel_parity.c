@@ -87,6 +87,24 @@ static void cmp_tol(dev *d, const char *what, const float *got_dev, const float 
     gm_free(got);
 }
 
+/* A bf16 GEMM's result (gm_kctx.bf16_gemm) against the CPU's f32 one: within
+ * TOL_CUDA_BF16_GEMM_REL_MAX of the largest |want| (bit for bit on the strict backend, whose CPU
+ * kernels compute in f32 whatever the flag says). */
+static void cmp_bf16(dev *d, const char *what, const float *got_dev, const float *want, size_t n) {
+    double amax = 0;
+    for (size_t i = 0; i < n; i++) amax = fmax(amax, fabs(want[i]));
+    if (d->exact) {
+        cmp_tol(d, what, got_dev, want, n, 0.0);
+        return;
+    }
+    float *got = gm_malloc((n ? n : 1) * sizeof(float));
+    down(d, got, got_dev, n * sizeof(float));
+    char label[200];
+    snprintf(label, sizeof label, "%s: %s (bf16 GEMM)", d->be->name, what);
+    gm_check_close(label, got, want, n, TOL_CUDA_BF16_GEMM_REL_MAX * amax, 0.0);
+    gm_free(got);
+}
+
 static void cmp(dev *d, const char *what, const float *got_dev, const float *want, size_t n) {
     cmp_tol(d, what, got_dev, want, n, TOL_CUDA_VS_CPU_ABS);
 }
@@ -212,45 +230,56 @@ static void parity_dequant_rows(dev *d) {
 }
 
 /* M = 1 and 3 take the CPU's GEMV path (fused row dots for Q8_0 / Q5_0 / Q4_K / Q6_K at M = 1),
- * M = 9 its GEMM path; beta = 1 accumulates onto what out held. */
+ * M = 9 its GEMM path; beta = 1 accumulates onto what out held. Each case twice: f32 GEMMs
+ * (gm_kctx.bf16_gemm off: the CPU's numbers) and bf16 ones (on; TOL_CUDA_BF16_GEMM_REL_MAX). N =
+ * 700 spans two of the bf16 path's weight panels (GM_MATMUL_PANEL_ROWS). */
 static void parity_matmul_fwd(dev *d) {
-    int64_t N = 300, K = 512, Ms[3] = {1, 3, 9};
+    int64_t N = 700, K = 512, Ms[3] = {1, 3, 9};
     for (size_t t = 0; t < N_WEIGHT_TYPES; t++)
         for (size_t pad = 0; pad <= 32; pad += 32) {
             if (pad && (WEIGHT_TYPES[t] == GM_NF4 || WEIGHT_TYPES[t] == GM_I8)) continue;
             weight w;
             weight_make(d, &w, WEIGHT_TYPES[t], N, K, pad);
             for (int mi = 0; mi < 3; mi++)
-                for (int beta = 0; beta <= 1; beta++) {
-                    int64_t M = Ms[mi];
-                    float *x = host_rand((size_t)(M * K), 1), *r = host_rand((size_t)(M * N), 1);
-                    float *dx = up(d, x, (size_t)(M * K) * 4), *o = up(d, r, (size_t)(M * N) * 4);
-                    cpu->matmul_fwd(&hc, r, x, &w.host, M, (float)beta);
-                    d->be->k->matmul_fwd(&d->ctx, o, dx, &w.dev, M, (float)beta);
-                    char what[96];
-                    snprintf(what, sizeof what, "matmul_fwd %s M=%lld beta=%d", wname(&w, pad), (long long)M, beta);
-                    cmp_tol(d, what, o, r, (size_t)(M * N), TOL_CUDA_VS_CPU_GEMM_ABS);
-                    gm_free(x), gm_free(r), dfree(d, dx), dfree(d, o);
-                }
+                for (int beta = 0; beta <= 1; beta++)
+                    for (int bf = 0; bf <= 1; bf++) {
+                        int64_t M = Ms[mi];
+                        float *x = host_rand((size_t)(M * K), 1), *r = host_rand((size_t)(M * N), 1);
+                        float *dx = up(d, x, (size_t)(M * K) * 4), *o = up(d, r, (size_t)(M * N) * 4);
+                        cpu->matmul_fwd(&hc, r, x, &w.host, M, (float)beta);
+                        d->ctx.bf16_gemm = bf;
+                        d->be->k->matmul_fwd(&d->ctx, o, dx, &w.dev, M, (float)beta);
+                        d->ctx.bf16_gemm = false;
+                        char what[96];
+                        snprintf(what, sizeof what, "matmul_fwd %s M=%lld beta=%d", wname(&w, pad), (long long)M, beta);
+                        if (bf) cmp_bf16(d, what, o, r, (size_t)(M * N));
+                        else cmp_tol(d, what, o, r, (size_t)(M * N), TOL_CUDA_VS_CPU_GEMM_ABS);
+                        gm_free(x), gm_free(r), dfree(d, dx), dfree(d, o);
+                    }
             weight_free(d, &w);
         }
 }
 
+/* f32 and bf16 GEMMs as parity_matmul_fwd; N = 700: two panels, the second's dy columns strided. */
 static void parity_matmul_bwd_input(dev *d) {
-    int64_t N = 300, K = 256, M = 6;
+    int64_t N = 700, K = 256, M = 6;
     for (size_t t = 0; t < N_WEIGHT_TYPES; t++) {
         weight w;
         weight_make(d, &w, WEIGHT_TYPES[t], N, K, 0);
-        for (int beta = 0; beta <= 1; beta++) {
-            float *dy = host_rand((size_t)(M * N), 1), *r = host_rand((size_t)(M * K), 1);
-            float *ddy = up(d, dy, (size_t)(M * N) * 4), *o = up(d, r, (size_t)(M * K) * 4);
-            cpu->matmul_bwd_input(&hc, r, dy, &w.host, M, (float)beta);
-            d->be->k->matmul_bwd_input(&d->ctx, o, ddy, &w.dev, M, (float)beta);
-            char what[96];
-            snprintf(what, sizeof what, "matmul_bwd_input %s beta=%d", wname(&w, 0), beta);
-            cmp_tol(d, what, o, r, (size_t)(M * K), TOL_CUDA_VS_CPU_GEMM_ABS);
-            gm_free(dy), gm_free(r), dfree(d, ddy), dfree(d, o);
-        }
+        for (int beta = 0; beta <= 1; beta++)
+            for (int bf = 0; bf <= 1; bf++) {
+                float *dy = host_rand((size_t)(M * N), 1), *r = host_rand((size_t)(M * K), 1);
+                float *ddy = up(d, dy, (size_t)(M * N) * 4), *o = up(d, r, (size_t)(M * K) * 4);
+                cpu->matmul_bwd_input(&hc, r, dy, &w.host, M, (float)beta);
+                d->ctx.bf16_gemm = bf;
+                d->be->k->matmul_bwd_input(&d->ctx, o, ddy, &w.dev, M, (float)beta);
+                d->ctx.bf16_gemm = false;
+                char what[96];
+                snprintf(what, sizeof what, "matmul_bwd_input %s beta=%d", wname(&w, 0), beta);
+                if (bf) cmp_bf16(d, what, o, r, (size_t)(M * K));
+                else cmp_tol(d, what, o, r, (size_t)(M * K), TOL_CUDA_VS_CPU_GEMM_ABS);
+                gm_free(dy), gm_free(r), dfree(d, ddy), dfree(d, o);
+            }
         weight_free(d, &w);
     }
 }
@@ -711,6 +740,7 @@ static void run_all(gm_backend *be, bool exact) {
     dev d = {be, {0}, exact};
     float *scratch = dalloc(&d, SCRATCH_FLOATS * sizeof(float));
     d.ctx = gm_backend_kctx(be, scratch, SCRATCH_FLOATS);
+    d.ctx.bf16_gemm = false; /* f32 parity; the GEMM cases turn bf16 on for their second run */
     for (size_t i = 0; i < sizeof CASES / sizeof CASES[0]; i++) {
         int before = gm_test_failed;
         CASES[i].run(&d);
@@ -723,7 +753,7 @@ static void run_all(gm_backend *be, bool exact) {
 
 int main(int argc, char **argv) {
     const char *which = argc > 1 ? argv[1] : "strict";
-    size_t need = gm_k_matmul_scratch_floats(GM_Q8_0, 512, 512, 2);
+    size_t need = gm_k_matmul_scratch_floats(GM_Q8_0, 700, 512, 2);
     size_t attn = gm_k_attention_scratch_floats(2, 24, 4, 64, 2);
     GM_ASSERT(need <= SCRATCH_FLOATS && attn <= SCRATCH_FLOATS);
     hc = (gm_kctx){.n_threads = 2, .scratch = gm_malloc(SCRATCH_FLOATS * sizeof(float)), .scratch_floats = SCRATCH_FLOATS};

@@ -72,6 +72,7 @@ static void test_training(const char *path) {
         gm_model_free(m);
         return;
     }
+    be[1]->bf16_gemm = false; /* f32 GEMMs: the CPU's numbers (bf16 ones: test_training_bf16) */
     int64_t V = m->cfg.vocab_size;
     int32_t ids[32], tg[32];
     uint64_t st = 5;
@@ -136,6 +137,49 @@ static void test_training(const char *path) {
     gm_model_free(m);
 }
 
+/* The CUDA backend's default bf16 GEMMs (gm_kctx.bf16_gemm) in training: 3 LoRA steps on a bf16
+ * base (quant = bf16, so the base GEMMs take the bf16 path) with matmul_dtype bf16 and f32, the
+ * losses within TOL_CUDA_BF16_LOSS_REL of each other and not identical (the bf16 path ran). */
+static void test_training_bf16(const char *path) {
+    gm_error err = {0};
+    gm_model *m = NULL;
+    CHECK_OK(gm_model_load(path, NULL, &m, &err), &err);
+    gm_backend *be = NULL;
+    if (m) CHECK_OK(gm_backend_cuda_new(0, &be, &err), &err);
+    if (!be) {
+        gm_model_free(m);
+        return;
+    }
+    int64_t V = m->cfg.vocab_size;
+    int32_t ids[32], tg[32];
+    uint64_t st = 9;
+    for (int i = 0; i < 32; i++) ids[i] = 4 + (int32_t)((gm_test_rand(&st) + 1.0f) * 0.45f * (float)(V - 8));
+    for (int i = 0; i < 32; i++) tg[i] = i % 16 >= 6 && i % 16 < 15 ? ids[i + 1] : -1;
+    double loss[2][3] = {{0}};
+    for (int f32 = 0; f32 <= 1; f32++) {
+        gm_train_opts o = gm_train_opts_default();
+        o.lora.rank = 8, o.lora.alpha = 16, o.batch = 2, o.max_length = 16, o.lr = 1e-2f;
+        o.quant = GM_QUANT_BF16, o.matmul_f32 = f32;
+        gm_trainer *tr = NULL;
+        CHECK_OK(gm_trainer_new_on(m, &o, be, &tr, &err), &err);
+        gm_batch b = {.B = 2, .T = 16, .ids = ids, .targets = tg, .example_index = NULL};
+        for (int s = 0; tr && s < 3; s++) {
+            gm_step_stats ss;
+            CHECK_OK(gm_trainer_step(tr, &b, 1, &ss, &err), &err);
+            loss[f32][s] = ss.loss;
+        }
+        gm_trainer_free(tr);
+    }
+    for (int s = 0; s < 3; s++)
+        CHECK(fabs(loss[0][s] - loss[1][s]) <= TOL_CUDA_BF16_LOSS_REL * fabs(loss[1][s]) && loss[0][s] != loss[1][s],
+              "%s: step %d loss with bf16 GEMMs %.9g, with f32 ones %.9g (want close, not equal)", path, s + 1, loss[0][s],
+              loss[1][s]);
+    printf("%s: bf16 base, 3 LoRA steps on CUDA: losses with bf16 GEMMs %.6f %.6f %.6f, f32 GEMMs %.6f %.6f %.6f\n", path,
+           loss[0][0], loss[0][1], loss[0][2], loss[1][0], loss[1][1], loss[1][2]);
+    gm_backend_free(be);
+    gm_model_free(m);
+}
+
 /* NCCL on a world of one process (no launcher in the environment): a communicator bound to the
  * CUDA backend's stream; the sum all-reduce of one rank, of one buffer and of a group of two,
  * gives back the same floats (the data path of gm_dist_allreduce_many on a device). */
@@ -182,6 +226,7 @@ int main(void) {
     if (gm_cuda_device_count() <= 0) return skip_unless_gpu_required("no CUDA device");
     printf("device: %s\n", gm_cuda_device_name());
     test_training(gm_test_path("tests/ref/tiny_gemma3"));
+    test_training_bf16(gm_test_path("tests/ref/tiny_gemma3"));
     const char *big = getenv("GM_PARITY_MODEL"); /* e.g. the 270M shapes, random weights */
     if (big && *big) test_training(big);
     test_nccl();

@@ -531,7 +531,7 @@ static void test_layout_tiny(void) {
                     for (int64_t i = 0; i < M * K; i++) x[i] = gm_test_rand(&st);
                     size_t sf = gm_k_matmul_scratch_floats(dst->type, N, K, 2);
                     float *scratch = gm_malloc((sf ? sf : 1) * 4);
-                    gm_kctx ctx = {2, NULL, scratch, sf, NULL, false};
+                    gm_kctx ctx = {.n_threads = 2, .scratch = scratch, .scratch_floats = sf};
                     gm_k_matmul_fwd_cpu(&ctx, y, x, dst, M, 0.0f);
                     for (int64_t mi = 0; mi < M; mi++)
                         for (int64_t n = 0; n < N; n++) {

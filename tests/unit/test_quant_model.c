@@ -166,7 +166,7 @@ int main(void) {
                 for (int64_t i = 0; i < M * K; i++) x[i] = gm_test_rand(&st);
                 size_t sf = gm_k_matmul_scratch_floats(enc->type, N, K, THREADS);
                 float *scratch = gm_malloc(sf * 4);
-                gm_kctx ctx = {THREADS, NULL, scratch, sf, NULL, false};
+                gm_kctx ctx = {.n_threads = THREADS, .scratch = scratch, .scratch_floats = sf};
                 gm_k_matmul_fwd_cpu(&ctx, y, x, enc, M, 0.0f);
                 double worst_mm = 0;
                 for (int64_t mi = 0; mi < M; mi++)

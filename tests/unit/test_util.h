@@ -149,6 +149,15 @@
  * gradients summed over rows): the absolute part for results of that size (the relative part
  * stays TOL_CUDA_VS_CPU_REL). */
 #define TOL_CUDA_VS_CPU_GEMM_ABS 1e-3
+/* A CUDA bf16 GEMM (gm_kctx.bf16_gemm: x and the weight rounded to bf16, 8 significant bits, f32
+ * accumulation) against the CPU's f32 one, as a fraction of the output's largest magnitude: with
+ * |x|, |w| ~ U(-1, 1) and K = 256-512 the rounding error of a sum is ~sqrt(K) 2^-8 |x w| (about
+ * 0.2% of the largest output), bounded at 1% - a GEMM that skipped the weight's dequantization
+ * or read the wrong panel is off by the output's size. */
+#define TOL_CUDA_BF16_GEMM_REL_MAX 1e-2
+/* The losses of 3 LoRA steps with bf16 GEMMs on a bf16 base against the same with f32 GEMMs
+ * (relative). */
+#define TOL_CUDA_BF16_LOSS_REL 1e-2
 /* Base-weight re-encoding (core/quant, test_quant*.c). NF4 itself is compared with bitsandbytes
  * *exactly* (bytes, f32 statistics, dequantized values); these rows bound the error of each format
  * against the original f32 weight, per element, and a matmul through the encoded view is held to
