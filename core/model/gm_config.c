@@ -34,6 +34,26 @@ void gm_config_gemma3_layers(gm_config *cfg, int sliding_pattern, float theta_lo
     }
 }
 
+gm_status gm_config_kv_sharing(gm_config *cfg, int64_t n_shared, const char *label, gm_error *err) {
+    if (n_shared < 0 || n_shared >= cfg->n_layers)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: num_kv_shared_layers = %lld must be in 0..%lld (fewer than the layers)",
+                            label, (long long)n_shared, (long long)(cfg->n_layers - 1));
+    int64_t first_shared = cfg->n_layers - n_shared;
+    for (int64_t i = 0; i < cfg->n_layers; i++) {
+        cfg->kv_source[i] = (int32_t)i;
+        if (i < first_shared) continue;
+        int64_t src = -1; /* the last non-shared layer of the same type (§3.5, §4.4) */
+        for (int64_t j = first_shared - 1; j >= 0 && src < 0; j--)
+            if (cfg->layer_type[j] == cfg->layer_type[i]) src = j;
+        if (src < 0)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: layer %lld shares keys and values (num_kv_shared_layers = %lld) but no "
+                                "earlier layer is %s attention", label, (long long)i, (long long)n_shared,
+                                cfg->layer_type[i] == GM_LAYER_FULL ? "full" : "sliding");
+        cfg->kv_source[i] = (int32_t)src;
+    }
+    return GM_OK;
+}
+
 gm_status gm_config_validate(const gm_config *c, const char *src, gm_error *err) {
 #define NEED(cond, ...)                                                                      \
     if (!(cond)) return gm_error_set(err, GM_ERR_INVALID, __VA_ARGS__)
@@ -323,20 +343,91 @@ gm_status gm_config_vision_tower(const gm_config *mm, gm_config *t, gm_error *er
     return GM_OK;
 }
 
+/* Gemma 3n's text fields beyond Gemma 3's (gemma_architecture.md §3; transformers'
+ * Gemma3nTextConfig): per-layer embeddings, AltUp, LAuReL, activation sparsity, KV sharing
+ * (after layer_types: it follows them). */
+static gm_status gemma3n_text_json(const cJSON *root, const char *label, gm_config *cfg, gm_error *err) {
+    cfg->ple_dim = 256, cfg->ple_vocab = 262144, cfg->altup_inputs = 4, cfg->laurel_rank = 64;
+    GM_TRY(jint(root, "hidden_size_per_layer_input", &cfg->ple_dim, false, label, err));
+    GM_TRY(jint(root, "vocab_size_per_layer_input", &cfg->ple_vocab, false, label, err));
+    GM_TRY(jint(root, "altup_num_inputs", &cfg->altup_inputs, false, label, err));
+    GM_TRY(jint(root, "laurel_rank", &cfg->laurel_rank, false, label, err));
+    int64_t active = 0;
+    GM_TRY(jint(root, "altup_active_idx", &active, false, label, err));
+    const cJSON *cs = jget(root, "altup_correct_scale"), *act = jget(root, "hidden_activation");
+    if (active != 0 || (cs && !cJSON_IsTrue(cs)) || (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "gelu_pytorch_tanh") != 0)))
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: %s differs from every published Gemma 3n (altup_active_idx 0, "
+                            "altup_correct_scale true, hidden_activation gelu_pytorch_tanh): not supported", label,
+                            active != 0 ? "altup_active_idx" : (cs && !cJSON_IsTrue(cs)) ? "altup_correct_scale" : "hidden_activation");
+    if (cfg->ple_dim < 1 || cfg->ple_vocab < 1 || cfg->altup_inputs < 2 || cfg->altup_inputs > 8 || cfg->laurel_rank < 1)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: hidden_size_per_layer_input %lld, vocab_size_per_layer_input %lld, "
+                            "altup_num_inputs %lld (2..8), laurel_rank %lld: each must be positive", label, (long long)cfg->ple_dim,
+                            (long long)cfg->ple_vocab, (long long)cfg->altup_inputs, (long long)cfg->laurel_rank);
+    /* activation_sparsity_pattern: one value per layer; absent: 0.95 on the first 10 layers of a
+     * model of more than 10 (Gemma3nTextConfig.__post_init__) */
+    const cJSON *sp = jget(root, "activation_sparsity_pattern");
+    if (sp && (!cJSON_IsArray(sp) || cJSON_GetArraySize(sp) != cfg->n_layers))
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: 'activation_sparsity_pattern' must be a list of %lld numbers, one per layer",
+                            label, (long long)cfg->n_layers);
+    for (int64_t i = 0; i < cfg->n_layers; i++) {
+        const cJSON *e = sp ? cJSON_GetArrayItem(sp, (int)i) : NULL;
+        double v = e ? (cJSON_IsNumber(e) ? e->valuedouble : -1.0) : (cfg->n_layers > 10 && i < 10 ? 0.95 : 0.0);
+        if (!(v >= 0.0 && v < 1.0))
+            return gm_error_set(err, GM_ERR_INVALID, "%s: activation_sparsity_pattern[%lld] must be a number in [0, 1)", label,
+                                (long long)i);
+        cfg->act_sparsity[i] = (float)v;
+    }
+    int64_t shared = 15;
+    GM_TRY(jint(root, "num_kv_shared_layers", &shared, false, label, err));
+    return gm_config_kv_sharing(cfg, shared, label, err);
+}
+
+/* intermediate_size: one width for all layers, or (Gemma 3n) a list with one per layer; F is then
+ * the widest. */
+static gm_status ffn_widths(const cJSON *root, const char *label, gm_config *cfg, gm_error *err) {
+    const cJSON *is = jget(root, "intermediate_size");
+    if (!is || !cJSON_IsArray(is)) {
+        GM_TRY(jint(root, "intermediate_size", &cfg->intermediate_size, true, label, err));
+        for (int64_t i = 0; i < cfg->n_layers; i++) cfg->ffn_dim[i] = cfg->intermediate_size;
+        return GM_OK;
+    }
+    if (cJSON_GetArraySize(is) != cfg->n_layers)
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: 'intermediate_size' lists %d widths for %lld layers", label,
+                            cJSON_GetArraySize(is), (long long)cfg->n_layers);
+    cfg->intermediate_size = 0;
+    for (int64_t i = 0; i < cfg->n_layers; i++) {
+        const cJSON *e = cJSON_GetArrayItem(is, (int)i);
+        if (!cJSON_IsNumber(e) || e->valuedouble < 1 || e->valuedouble != floor(e->valuedouble) || e->valuedouble > 1e9)
+            return gm_error_set(err, GM_ERR_FORMAT, "%s: intermediate_size[%lld] must be a positive integer", label, (long long)i);
+        cfg->ffn_dim[i] = (int64_t)e->valuedouble;
+        if (cfg->ffn_dim[i] > cfg->intermediate_size) cfg->intermediate_size = cfg->ffn_dim[i];
+    }
+    return GM_OK;
+}
+
+static void gemma3n_towers_json(const cJSON *root, gm_config *cfg);
+
 static gm_status config_from_text_json(const cJSON *root, const char *label, gm_config *cfg,
                                        gm_error *err) {
     defaults_gemma3(cfg);
     const cJSON *mt = jget(root, "model_type");
+    bool g3n = false;
     if (mt && cJSON_IsString(mt)) {
         const char *m = mt->valuestring;
-        if (strcmp(m, "gemma3_text") != 0 && strcmp(m, "gemma3") != 0)
+        g3n = strcmp(m, "gemma3n_text") == 0 || strcmp(m, "gemma3n") == 0;
+        if (strcmp(m, "gemma3_text") != 0 && strcmp(m, "gemma3") != 0 && !g3n)
             return gm_error_set(err, GM_ERR_UNSUPPORTED,
-                                "%s: model_type '%s' is not supported (gemmarun runs Gemma 3 text decoders: "
-                                "model_type gemma3_text, or gemma3 with a text_config)",
+                                "%s: model_type '%s' is not supported (gemmarun reads Gemma 3 and Gemma 3n text decoders: "
+                                "model_type gemma3_text / gemma3n_text, or gemma3 / gemma3n with a text_config)",
                                 label, m);
         snprintf(cfg->name, sizeof cfg->name, "%s", m);
     } else {
         snprintf(cfg->name, sizeof cfg->name, "gemma3_text");
+    }
+    if (g3n) { /* §3.2: weights used directly as norm scales, attention scaling 1, logits capped at 30 */
+        cfg->arch = GM_ARCH_GEMMA3N;
+        cfg->query_pre_attn_scalar = 1.0f;
+        cfg->final_logit_softcap = 30.0f;
     }
     GM_TRY(jint(root, "vocab_size", &cfg->vocab_size, true, label, err));
     GM_TRY(jint(root, "hidden_size", &cfg->hidden_size, true, label, err));
@@ -344,11 +435,14 @@ static gm_status config_from_text_json(const cJSON *root, const char *label, gm_
     GM_TRY(jint(root, "num_attention_heads", &cfg->n_heads, true, label, err));
     GM_TRY(jint(root, "num_key_value_heads", &cfg->n_kv_heads, true, label, err));
     GM_TRY(jint(root, "head_dim", &cfg->head_dim, true, label, err));
-    GM_TRY(jint(root, "intermediate_size", &cfg->intermediate_size, true, label, err));
+    if (cfg->n_layers <= 0 || cfg->n_layers > GM_MAX_LAYERS)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: num_hidden_layers = %lld is outside 1..%d",
+                            label, (long long)cfg->n_layers, GM_MAX_LAYERS);
+    GM_TRY(ffn_widths(root, label, cfg, err));
     GM_TRY(jint(root, "sliding_window", &cfg->sliding_window, false, label, err));
     GM_TRY(jint(root, "max_position_embeddings", &cfg->max_position_embeddings, false, label, err));
     GM_TRY(jfloat(root, "rms_norm_eps", &cfg->rms_norm_eps, label, err));
-    GM_TRY(jfloat(root, "query_pre_attn_scalar", &cfg->query_pre_attn_scalar, label, err));
+    if (!g3n) GM_TRY(jfloat(root, "query_pre_attn_scalar", &cfg->query_pre_attn_scalar, label, err));
     GM_TRY(jfloat(root, "final_logit_softcapping", &cfg->final_logit_softcap, label, err));
     GM_TRY(jfloat(root, "attn_logit_softcapping", &cfg->attn_logit_softcap, label, err));
     const cJSON *tie = jget(root, "tie_word_embeddings");
@@ -363,10 +457,7 @@ static gm_status config_from_text_json(const cJSON *root, const char *label, gm_
     const cJSON *eos = jget(root, "eos_token_id");
     if (eos && cJSON_IsArray(eos) && cJSON_GetArraySize(eos) > 0) eos = cJSON_GetArrayItem(eos, 0);
     if (eos && cJSON_IsNumber(eos)) cfg->eos_id = (int32_t)eos->valueint;
-    cfg->norm_convention = GM_NORM_ONE_PLUS_W;
-    if (cfg->n_layers <= 0 || cfg->n_layers > GM_MAX_LAYERS)
-        return gm_error_set(err, GM_ERR_INVALID, "%s: num_hidden_layers = %lld is outside 1..%d",
-                            label, (long long)cfg->n_layers, GM_MAX_LAYERS);
+    cfg->norm_convention = g3n ? GM_NORM_DIRECT : GM_NORM_ONE_PLUS_W;
 
     /* Old field names: rope_theta (global), rope_local_base_freq, rope_scaling (global only),
      * sliding_window_pattern. New: layer_types + rope_parameters per layer type. Both are read;
@@ -385,9 +476,12 @@ static gm_status config_from_text_json(const cJSON *root, const char *label, gm_
             GM_TRY(parse_rope(rp, &theta_global, &scale_global, label, "rope_parameters", err));
         }
     }
-    int64_t pattern = 6;
+    int64_t pattern = g3n ? 5 : 6; /* Gemma 3n: full iff (i + 1) % 5 == 0 (Gemma3nTextConfig) */
     GM_TRY(jint(root, "sliding_window_pattern", &pattern, false, label, err));
+    int64_t ffn[GM_MAX_LAYERS];
+    memcpy(ffn, cfg->ffn_dim, sizeof ffn); /* gm_config_gemma3_layers sets one width for all */
     gm_config_gemma3_layers(cfg, (int)pattern, theta_local, theta_global, scale_global);
+    memcpy(cfg->ffn_dim, ffn, sizeof ffn);
     const cJSON *lt = jget(root, "layer_types");
     if (lt) {
         if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != cfg->n_layers)
@@ -411,6 +505,7 @@ static gm_status config_from_text_json(const cJSON *root, const char *label, gm_
         cfg->rope_theta[i] = full ? theta_global : theta_local;
         cfg->rope_pos_scale[i] = full ? scale_global : scale_local;
     }
+    if (g3n) GM_TRY(gemma3n_text_json(root, label, cfg, err));
     return gm_config_validate(cfg, label, err);
 }
 
@@ -427,10 +522,14 @@ gm_status gm_config_from_json(const char *json, const char *label, gm_config *cf
     } else {
         const cJSON *text = jget(root, "text_config");
         s = config_from_text_json(text ? text : root, label, cfg, err);
-        if (s == GM_OK && text) s = vision_from_json(root, label, &cfg->vision, err);
+        if (s == GM_OK && text && cfg->arch == GM_ARCH_GEMMA3N) {
+            gemma3n_towers_json(root, cfg);
+        } else if (s == GM_OK && text) {
+            s = vision_from_json(root, label, &cfg->vision, err);
         if (s == GM_OK) cfg->vision.out_hidden_size = cfg->vision.hidden_size > 0 ? cfg->hidden_size : 0;
-        /* the tower and projector are in the checkpoint: its parameter count includes them */
-        if (s == GM_OK && cfg->vision.hidden_size > 0) cfg->vision.params = siglip_params(&cfg->vision, cfg->hidden_size);
+            /* the tower and projector are in the checkpoint: its parameter count includes them */
+            if (s == GM_OK && cfg->vision.hidden_size > 0) cfg->vision.params = siglip_params(&cfg->vision, cfg->hidden_size);
+        }
     }
     cJSON_Delete(root);
     return s;
@@ -586,6 +685,24 @@ static void set_towers(gm_config *c, int tower) {
     }
 }
 
+/* A Gemma3nForConditionalGeneration config.json's towers, for planning: the published sizes
+ * (set_towers), the audio conformer's width and depth from audio_config when it states them; a
+ * tower whose config is absent is left out. */
+static void gemma3n_towers_json(const cJSON *root, gm_config *cfg) {
+    set_towers(cfg, TOWERS_3N);
+    const cJSON *ac = jget(root, "audio_config");
+    if (!ac) {
+        memset(&cfg->audio, 0, sizeof cfg->audio);
+    } else {
+        const cJSON *h = jget(ac, "hidden_size"), *n = jget(ac, "conf_num_hidden_layers");
+        if (h && cJSON_IsNumber(h) && h->valuedouble >= 1 && h->valuedouble <= 65536) cfg->audio.hidden_size = (int64_t)h->valuedouble;
+        if (n && cJSON_IsNumber(n) && n->valuedouble >= 1 && n->valuedouble <= 1024) cfg->audio.n_layers = (int64_t)n->valuedouble;
+        int64_t da = cfg->audio.hidden_size, D = cfg->hidden_size;
+        cfg->audio.params = conformer_params(da, cfg->audio.n_layers, 192) + 128 * da + 2 * da + da * D;
+    }
+    if (!jget(root, "vision_config")) memset(&cfg->vision, 0, sizeof cfg->vision);
+}
+
 static void preset_ext_fill(const preset_ext *p, gm_config *c) {
     defaults_gemma3(c);
     c->arch = p->arch;
@@ -621,14 +738,11 @@ static void preset_ext_fill(const preset_ext *p, gm_config *c) {
         c->rope_theta[i] = full ? 1e6f : 1e4f;
         c->rope_pos_scale[i] = 1.0f;
         c->ffn_dim[i] = (i >= first_shared && p->wide_shared_ffn) ? p->wide_shared_ffn : p->F;
-        c->kv_source[i] = (int32_t)i;
-        if (i >= first_shared) /* the last non-shared layer of the same type (§3.5, §4.4) */
-            for (int64_t j = first_shared - 1; j >= 0; j--)
-                if ((((j + 1) % p->pattern) == 0) == full) {
-                    c->kv_source[i] = (int32_t)j;
-                    break;
-                }
+        /* Gemma 3n: gaussian top-k at 0.95 on the first 10 layers (§3.1) */
+        c->act_sparsity[i] = p->arch == GM_ARCH_GEMMA3N && i < 10 ? 0.95f : 0.0f;
     }
+    gm_error ignored = {0}; /* the table's sharing is valid by construction (test_config) */
+    (void)gm_config_kv_sharing(c, p->kv_shared, p->name, &ignored);
     set_towers(c, p->tower);
 }
 

@@ -114,7 +114,16 @@ typedef struct gm_config {
     int64_t ffn_dim[GM_MAX_LAYERS];       /* F per layer (Gemma 3: all = intermediate_size) */
     int32_t kv_source[GM_MAX_LAYERS];     /* layer whose K/V this layer uses (itself for Gemma 3;
                                              Gemma 3n/4 KV sharing points later layers back) */
+    float act_sparsity[GM_MAX_LAYERS];    /* Gemma 3n's gaussian top-k target sparsity of the FFN
+                                             gate (activation_sparsity_pattern: 0.95 on the first
+                                             layers, §3.4 step 6); 0 = dense (Gemma 3 / 4) */
 } gm_config;
+
+/* Gemma 3n / 4 KV sharing (gemma_architecture.md §3.5, §4.4; transformers' kv_sharing_modes): the
+ * last n_shared layers read the keys and values of the last earlier layer of their own type
+ * (sliding / full); the others their own. Uses cfg->layer_type; GM_ERR_INVALID (naming `label`)
+ * when a shared layer's type has no earlier layer or n_shared is outside 0..n_layers - 1. */
+gm_status gm_config_kv_sharing(gm_config *cfg, int64_t n_shared, const char *label, gm_error *err);
 
 /* Fills the per-layer arrays from the scalar fields for a Gemma 3 model: layer i is full iff
  * (i+1) % pattern == 0 (pattern 6 for Gemma 3), RoPE bases, kv_source[i] = i. */
@@ -136,7 +145,12 @@ struct gm_gguf;
 gm_status gm_config_from_gguf(const struct gm_gguf *g, gm_config *cfg, gm_error *err);
 
 /* From a Hugging Face config.json file (Gemma3ForCausalLM, or a multimodal config with
- * "text_config"). */
+ * "text_config"; Gemma3nForCausalLM (model_type gemma3n_text) or Gemma3nForConditionalGeneration
+ * (gemma3n, its text_config; the audio / vision towers' sizes for planning): per-layer FFN widths,
+ * KV sharing, activation sparsity, per-layer embeddings, AltUp, LAuReL, weights used directly as
+ * norm scales). Gemma 3n's variations gemmarun does not implement (altup_active_idx != 0,
+ * altup_correct_scale false, hidden_activation other than gelu_pytorch_tanh) are
+ * GM_ERR_UNSUPPORTED naming the key. */
 gm_status gm_config_from_json_file(const char *path, gm_config *cfg, gm_error *err);
 /* Same, from JSON text in memory; `label` names it in messages. */
 gm_status gm_config_from_json(const char *json, const char *label, gm_config *cfg, gm_error *err);

@@ -523,6 +523,62 @@ static void test_config_json(void) {
     CHECK(gm_config_to_json(&n, "bfloat16", &json, &err) == GM_ERR_UNSUPPORTED && !json, "Gemma 4 config.json refused");
 }
 
+/* Gemma 3n config.json files (transformers 5.24, tests/ref/make_gemma3n_ref.py): the tiny
+ * Gemma3nForCausalLM - every per-layer array as Gemma3nTextConfig derives it - and the defaults of
+ * Gemma3nForConditionalGeneration (E4B with its audio and vision configs) against the gemma3n-e4b
+ * preset; the variations gemmarun refuses. */
+static void test_gemma3n_config_json(void) {
+    gm_config c, p;
+    gm_error err = {0};
+    CHECK_OK(gm_config_from_json_file(gm_test_path("tests/ref/tiny_gemma3n/config.json"), &c, &err), &err);
+    static const int32_t src[6] = {0, 1, 2, 3, 3, 2}; /* the last 2 share: layer 3 (sliding), 2 (full) */
+    int bad = 0;
+    for (int l = 0; l < 6; l++)
+        bad += c.kv_source[l] != src[l] || c.act_sparsity[l] != (l < 2 ? 0.95f : 0.0f) || c.ffn_dim[l] != 128 ||
+               c.rope_theta[l] != (l == 2 || l == 5 ? 1e6f : 1e4f);
+    CHECK(c.arch == GM_ARCH_GEMMA3N && bad == 0 && c.ple_dim == 16 && c.ple_vocab == 400 && c.altup_inputs == 4 &&
+              c.laurel_rank == 8 && c.norm_convention == GM_NORM_DIRECT && c.final_logit_softcap == 30.0f &&
+              c.query_pre_attn_scalar == 1.0f && c.sliding_window == 4 && c.vision.params == 0 && c.audio.params == 0,
+          "tiny Gemma 3n config.json: arch %d, %d layers differ, ple %lld x %lld, altup %lld, laurel %lld", (int)c.arch, bad,
+          (long long)c.ple_vocab, (long long)c.ple_dim, (long long)c.altup_inputs, (long long)c.laurel_rank);
+    CHECK_OK(gm_config_from_json_file(gm_test_path("tests/ref/gemma3n_e4b_config.json"), &c, &err), &err);
+    CHECK_OK(gm_config_preset("gemma3n-e4b", &p, &err), &err);
+    bad = 0;
+    for (int l = 0; l < p.n_layers; l++)
+        bad += c.kv_source[l] != p.kv_source[l] || c.act_sparsity[l] != p.act_sparsity[l] || c.ffn_dim[l] != p.ffn_dim[l] ||
+               c.layer_type[l] != p.layer_type[l] || c.rope_theta[l] != p.rope_theta[l];
+    CHECK(c.arch == p.arch && c.n_layers == p.n_layers && c.hidden_size == p.hidden_size && c.vocab_size == p.vocab_size &&
+              c.ple_vocab == p.ple_vocab && c.ple_dim == p.ple_dim && bad == 0 &&
+              gm_config_n_params(&c) == gm_config_n_params(&p) && c.audio.params == p.audio.params &&
+              c.vision.params == p.vision.params,
+          "transformers' Gemma3nConfig() (E4B) reads as the gemma3n-e4b preset: %d layers differ, %lld vs %lld parameters", bad,
+          (long long)gm_config_n_params(&c), (long long)gm_config_n_params(&p));
+    printf("Gemma3nConfig() defaults read as gemma3n-e4b: %lld parameters, audio tower %lld\n", (long long)gm_config_n_params(&c),
+           (long long)c.audio.params);
+    /* refused variations, each naming its key */
+    static const struct {
+        const char *json, *want;
+    } bad_cases[] = {
+        {"{\"model_type\": \"gemma3n_text\", \"vocab_size\": 512, \"hidden_size\": 64, \"num_hidden_layers\": 6, "
+         "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 128, "
+         "\"altup_active_idx\": 1}", "altup_active_idx"},
+        {"{\"model_type\": \"gemma3n_text\", \"vocab_size\": 512, \"hidden_size\": 64, \"num_hidden_layers\": 6, "
+         "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": [128, 128]}",
+         "lists 2 widths for 6 layers"},
+        {"{\"model_type\": \"gemma3n_text\", \"vocab_size\": 512, \"hidden_size\": 64, \"num_hidden_layers\": 6, "
+         "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 128, "
+         "\"layer_types\": [\"sliding_attention\", \"sliding_attention\", \"sliding_attention\", \"sliding_attention\", "
+         "\"full_attention\", \"full_attention\"], \"num_kv_shared_layers\": 2}", "no earlier layer is full attention"},
+        {"{\"model_type\": \"gemma3n_text\", \"vocab_size\": 512, \"hidden_size\": 64, \"num_hidden_layers\": 6, "
+         "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 128, "
+         "\"num_kv_shared_layers\": 2, \"activation_sparsity_pattern\": [0.95, 1.5, 0, 0, 0, 0]}",
+         "activation_sparsity_pattern[1]"},
+    };
+    for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++)
+        CHECK(gm_config_from_json(bad_cases[i].json, "case", &c, &err) != GM_OK && strstr(err.msg, bad_cases[i].want),
+              "bad Gemma 3n config %zu: %s (want '%s')", i, err.msg, bad_cases[i].want);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--table") == 0) {
         print_table();
@@ -541,5 +597,6 @@ int main(int argc, char **argv) {
     test_overflow_refused();
     test_lora_counts();
     test_config_json();
+    test_gemma3n_config_json();
     return gm_test_finish();
 }
