@@ -172,11 +172,10 @@ gm_status gm_audio_features_compute(const gm_audio_fe *fe, const float *const *c
         if (lens[b] < 0 || (lens[b] > 0 && !clips[b]))
             return gm_error_set(err, GM_ERR_INVALID, "audio features: clip %lld has %lld samples%s", (long long)b, (long long)lens[b],
                                 lens[b] < 0 ? "" : " and no data");
-        int64_t n = lens[b] < GM_AUDIO_MAX_SAMPLES ? lens[b] : GM_AUDIO_MAX_SAMPLES; /* _truncate */
-        if (n > longest) longest = n;
+        if (lens[b] > longest) longest = lens[b];
     }
     int64_t L, T;
-    gm_audio_frames(longest, &L, &T); /* padding "longest", pad_to_multiple_of 128 */
+    gm_audio_frames(longest, &L, &T); /* _truncate to 480,000, padding "longest" to a multiple of 128 */
     gm_audio_features f = {.B = B, .T = T, .n_mels = GM_AUDIO_MELS, .padded_len = L};
     double *buf = NULL;
     float *x = NULL;
@@ -194,6 +193,7 @@ gm_status gm_audio_features_compute(const gm_audio_fe *fe, const float *const *c
         }
     }
     for (int64_t b = 0; b < B; b++) {
+        /* the clip as _truncate left it (T's frames all end before sample 480,000 anyway) */
         int64_t n = lens[b] < GM_AUDIO_MAX_SAMPLES ? lens[b] : GM_AUDIO_MAX_SAMPLES;
         for (int64_t t = 0; t < T; t++) {
             int64_t start = t * GM_AUDIO_HOP;

@@ -44,8 +44,9 @@ Layout of audio_ref.h5 (datasets over 64 elements gzip-compressed; no timestamps
       single_<i>/features f32 (T, 128) when T <= 16, and mask u8 (T), for every i
       long_head f32 (8, 128), long_tail f32 (4, 128)     the first and last frames of the
                                                           481,000-sample clip (truncated to 480,000)
-      batch_lens i64 (2); batch_T; batch_mask u8 (2, T); batch_head f32 (2, 8, 128): the
-                                                          481,000- and 1,000-sample clips as a batch
+      batch_lens i64 (3); batch_T; batch_mask u8 (3, T); batch_head f32 (3, 8, 128): the
+                                                          481,000-, 1,000- and 960-sample clips
+                                                          (the last with seed 2000) as a batch
 """
 import hashlib
 import os
@@ -256,8 +257,10 @@ def main():
         h5_dset(g, "T", Ts, np.int64)
         log(f"synth: lengths {SYNTH_LENS} -> T {Ts}")
         short = lcg_clip(1000, seeds[SYNTH_LENS.index(1000)])
-        feats, mask = extract(fe, [long_clip, short])
-        h5_dset(g, "batch_lens", [long_clip.size, short.size], np.int64)
+        # 960 = 6 x 160: frame 6 starts exactly where the clip ends (the mask's boundary)
+        edge = lcg_clip(960, 2000)
+        feats, mask = extract(fe, [long_clip, short, edge])
+        h5_dset(g, "batch_lens", [long_clip.size, short.size, edge.size], np.int64)
         g.attrs["batch_T"] = np.int64(feats.shape[1])
         h5_dset(g, "batch_mask", mask, np.uint8)
         h5_dset(g, "batch_head", feats[:, :8], np.float32)

@@ -535,28 +535,33 @@ static void test_features_synth(gm_audio_fe *fe) {
         gm_free(x);
     }
     printf("generated clips (%zu lengths, 1 .. 481,000 samples): T and masks as transformers', features max |diff| %.3g\n", nl, worst);
-    /* the batch: 481,000 samples (cut to 480,000) and 1,000 */
+    /* the batch: 481,000 samples (cut to 480,000), 1,000, and 960 = 6 x 160 (its frame 6 starts
+     * exactly at its end: not valid) */
+    float *edge_clip = lcg_clip(960, 2000);
     if (long_clip && short_clip) {
-        const float *clips[2] = {long_clip, short_clip};
-        int64_t len[2] = {481000, 1000};
+        const float *clips[3] = {long_clip, short_clip, edge_clip};
+        int64_t len[3] = {481000, 1000, 960};
         gm_audio_features f = {0};
         gm_error err = {0};
-        CHECK_OK(gm_audio_features_compute(fe, clips, len, 2, &f, &err), &err);
+        CHECK_OK(gm_audio_features_compute(fe, clips, len, 3, &f, &err), &err);
         int64_t T = attr_i("/synth", "batch_T");
         size_t nm = 0, nh = 0;
         int32_t *m = gm_test_h5_read(REF, "/synth/batch_mask", 1, &nm, NULL, NULL);
         float *head = gm_test_h5_read(REF, "/synth/batch_head", 0, &nh, NULL, NULL);
         CHECK(f.T == T && f.padded_len == GM_AUDIO_MAX_SAMPLES && T == 2997, "batch: %lld frames, padded to %lld; transformers %lld",
               (long long)f.T, (long long)f.padded_len, (long long)T);
-        bool ok = m && (int64_t)nm == 2 * f.T;
-        size_t valid = 0;
-        for (int64_t t = 0; ok && t < 2 * f.T; t++) ok = f.mask[t] == m[t], valid += t >= f.T && f.mask[t];
-        CHECK(ok && valid == 7, "batch mask differs (short clip: %zu valid frames, 1000 samples start frames 0..6)", valid);
-        if (head && nh == 2 * 8 * 128 && f.T >= 8) {
-            for (int b = 0; b < 2; b++) {
+        bool ok = m && (int64_t)nm == 3 * f.T;
+        size_t valid[3] = {0, 0, 0};
+        for (int64_t t = 0; ok && t < 3 * f.T; t++) ok = f.mask[t] == m[t], valid[t / f.T] += f.mask[t];
+        CHECK(ok, "batch mask differs from input_features_mask");
+        CHECK(valid[0] == 2997 && valid[1] == 7 && valid[2] == 6, "valid frames %zu, %zu, %zu: 480,000 samples start 2997 frames, "
+              "1,000 samples frames 0..6, 960 samples frames 0..5", valid[0], valid[1], valid[2]);
+        static const char *what[3] = {"batch: 481,000-sample clip, first 8 frames", "batch: 1,000-sample clip, first 8 frames",
+                                      "batch: 960-sample clip, first 8 frames"};
+        if (head && nh == 3 * 8 * 128 && f.T >= 8) {
+            for (int b = 0; b < 3; b++) {
                 worst = fmax(worst, max_diff(f.data + b * f.T * 128, head + b * 8 * 128, 8 * 128, NULL));
-                gm_check_close(b ? "batch: 1,000-sample clip, first 8 frames" : "batch: 481,000-sample clip, first 8 frames",
-                               f.data + b * f.T * 128, head + b * 8 * 128, 8 * 128, TOL_AUDIO_LOGMEL_ABS, 0);
+                gm_check_close(what[b], f.data + b * f.T * 128, head + b * 8 * 128, 8 * 128, TOL_AUDIO_LOGMEL_ABS, 0);
             }
         } else {
             CHECK(0, "/synth/batch_head missing");
@@ -564,7 +569,7 @@ static void test_features_synth(gm_audio_fe *fe) {
         gm_free(m), gm_free(head);
         gm_audio_features_free(&f);
     }
-    gm_free(long_clip), gm_free(short_clip), gm_free(lens), gm_free(seeds), gm_free(Ts);
+    gm_free(long_clip), gm_free(short_clip), gm_free(edge_clip), gm_free(lens), gm_free(seeds), gm_free(Ts);
 }
 
 /* The whole path on the real clip: file -> 16 kHz -> features, equal to the fixture's features
