@@ -104,7 +104,7 @@ static void wav_header(uint8_t h[44], int ch, int rate, int bits, uint32_t riff,
     s = 1, memcpy(h + 20, &s, 2);
     s = (uint16_t)ch, memcpy(h + 22, &s, 2);
     v = (uint32_t)rate, memcpy(h + 24, &v, 4);
-    v = (uint32_t)(rate * ch * bits / 8), memcpy(h + 28, &v, 4);
+    v = (uint32_t)((uint64_t)rate * (uint64_t)(ch * bits / 8)), memcpy(h + 28, &v, 4); /* bytes/s: wraps for absurd rates */
     s = (uint16_t)(ch * bits / 8), memcpy(h + 32, &s, 2);
     s = (uint16_t)bits, memcpy(h + 34, &s, 2);
     memcpy(h + 36, "data", 4), memcpy(h + 40, &data, 4);
