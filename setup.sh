@@ -27,6 +27,7 @@ packages=(
   chromium                                       # the HTML report checked in a headless browser
   fortunes
   opencv-doc                                     # experiments/digits_vision.lua: OpenCV's 5,000 real handwritten digits
+  asterisk-core-sounds-en-wav                    # test_audio: real 8 kHz speech recordings (/usr/share/asterisk/sounds/en_US_f_Allison)
   slurm-wlm munge                                # tests/e2e/slurm.sh: a one-node Slurm for `gemmarun submit --slurm`
 )
 missing=()

@@ -229,6 +229,27 @@
  * 2/255 = 0.00784 after (x - 0.5) / 0.5, plus <= 6e-8 from its fused (x - 127.5) / 127.5. Bound:
  * one level and a float's rounding; a wrong filter or size moves values by many levels. */
 #define TOL_IMAGE_TORCHVISION_ABS (2.0 / 255 + 1e-6)
+/* Audio in (core/audio, test_audio.c; references from tests/ref/make_audio_ref.py).
+ * Decoded, averaged and converted 16 kHz samples vs soundfile + numpy's mean + samplerate.resample
+ * (libsndfile 1.2.2 and libsamplerate 0.2.2 in the wheels, Debian's 1.2.0 and 0.2.2 here): measured
+ * 0 (bit-identical) on the real 8 kHz clips and the 44.1 kHz stereo WAV and FLAC; 4.5e-8 on the Ogg
+ * Vorbis (Debian's libvorbis and the wheel's round the synthesis differently). Bound 1e-6, a few
+ * ulps of samples near 1: the next-best converter (SRC_SINC_MEDIUM_QUALITY) moves samples by up to
+ * 0.013 (speech) and 0.21 (the chirp), summing the channels instead of averaging them by 0.46. */
+#define TOL_AUDIO_DECODE_ABS 1e-6
+/* The extractor's periodic Hann window (f32) vs numpy's with its baseline loops, which call libm's
+ * cosf as we do: measured 0. One f32 ulp of values in [0.5, 1) (2^-24): numpy's AVX2/FMA cos
+ * differs from it by that in 35 of the 512 values; a symmetric window (2 pi n / 511) by 6e-3. */
+#define TOL_AUDIO_WINDOW_ABS 0x1p-24
+/* Log-mel features vs Gemma3nAudioFeatureExtractor (numpy's baseline loops) on the same 16 kHz
+ * samples: both FFTs are f64 rounded to complex64 (FFTW here, pocketfft there), the mel sums f64 in
+ * other orders, the log f64, then f32. Measured 9.5e-7 (one f32 ulp of |values| in [8, 16): the
+ * floor is log(1e-5) = -11.5) on the real clips and 4.8e-7 on generated noise. Bound 4e-6. Not a
+ * bound against transformers on any CPU: with numpy's AVX2/FMA loops (the default where the CPU
+ * has them) the window's last bits change and the log-mels of bins ~60 dB under their frame's peak
+ * move by up to 4.1e-3 (the fixture's /batch max_abs_diff_default_dispatch); an f32 FFT would be
+ * 0.05 away. */
+#define TOL_AUDIO_LOGMEL_ABS 4e-6
 /* Tokenizer, chat template, parsers: exact. */
 
 /* ---- checks ---- */
