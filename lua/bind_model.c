@@ -11,6 +11,7 @@
  *        opens the GPU at once (core/backend/gm_backend.h: gm_backend_open), so a machine without
  *        one is an error here, before any work
  *   gm.device_ok(name)                                 -> true | false, why: a device name gm_backend_open takes
+ *   gm.compute_dtype(compute, device)                  -> "bf16" | "f32": what the base GEMMs run in
  *   gm.device_available(name)                          -> true | false, why: its GPU is there (nothing opened)
  *   gm.device_memory(name)                             -> {peak, used, total}: a GPU's memory (bytes)
  *   gm.hub_id(name)                                    -> Hugging Face repository of a fetched model, or nil
@@ -53,6 +54,7 @@
 #include "gm_decoder.h"
 #include "gm_fetch.h"
 #include "gm_generate.h"
+#include "gm_train.h"
 #include "gm_merged.h"
 #include "gm_model.h"
 #include "gm_tokenizer.h"
@@ -85,6 +87,16 @@ static int push_ok_or_why(lua_State *L, gm_status s, const gm_error *err) {
 static int l_device_ok(lua_State *L) {
     gm_error err = {0};
     return push_ok_or_why(L, gm_backend_parse_device(luaL_checkstring(L, 1), NULL, &err), &err);
+}
+
+/* gm.compute_dtype(compute, device) -> "bf16" | "f32" (gm_compute_effective): what the base
+ * weights' GEMMs of a trial with option `compute` run in on `device`. */
+static int l_compute_dtype(lua_State *L) {
+    gm_compute c = GM_COMPUTE_AUTO;
+    const char *name = luaL_checkstring(L, 1);
+    if (!gm_compute_from_name(name, &c)) return luaL_error(L, "compute_dtype: unknown compute '%s' (auto, bf16, f32)", name);
+    lua_pushstring(L, gm_compute_effective(c, luaL_optstring(L, 2, "cpu")));
+    return 1;
 }
 
 /* gm.device_available(name) -> true, or false and why: gm_backend_probe (the CUDA module loaded,
@@ -830,7 +842,7 @@ void gm_lua_open_model(lua_State *L) {
     lua_pushcfunction(L, l_tostring);
     lua_setfield(L, -2, "__tostring");
     lua_pop(L, 1);
-    static const luaL_Reg fns[] = {{"load_model", l_load_model}, {"device_ok", l_device_ok}, {"device_available", l_device_available}, {"device_memory", l_device_memory}, {"hub_id", l_hub_id}, {"with_vision_tower", l_with_vision_tower}, {NULL, NULL}};
+    static const luaL_Reg fns[] = {{"load_model", l_load_model}, {"device_ok", l_device_ok}, {"compute_dtype", l_compute_dtype}, {"device_available", l_device_available}, {"device_memory", l_device_memory}, {"hub_id", l_hub_id}, {"with_vision_tower", l_with_vision_tower}, {NULL, NULL}};
     luaL_newlib(L, fns);
     lua_setglobal(L, "gm");
 }

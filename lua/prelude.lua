@@ -743,7 +743,7 @@ end
 
 --- Training options added after trial ids were first given, with their defaults (issue 10: what of
 --- the image path trains, pan & scan, the GPU's GEMM precision).
-local LATER_OPTIONS = { vision_targets = "none", modules_to_save = "none", pan_and_scan = false, matmul_dtype = "bf16" }
+local LATER_OPTIONS = { vision_targets = "none", modules_to_save = "none", pan_and_scan = false, compute = "auto" }
 
 function M.expand(e, max_trials)
   max_trials = max_trials or M.MAX_TRIALS

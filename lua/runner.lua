@@ -555,7 +555,7 @@ end
 local function trainer_opts(cfg, total_steps, threads, items)
   local warmup = cfg.warmup < 1 and math.floor(cfg.warmup * total_steps + 0.5) or math.tointeger(cfg.warmup)
   return {
-    max_images = images_per_example(items, cfg) * cfg.batch, pan_and_scan = cfg.pan_and_scan, matmul_dtype = cfg.matmul_dtype,
+    max_images = images_per_example(items, cfg) * cfg.batch, pan_and_scan = cfg.pan_and_scan, compute = cfg.compute,
     rank = cfg.rank, alpha = cfg.alpha, dropout = cfg.dropout, rslora = cfg.rslora, targets = cfg.targets,
     layers = cfg.layers, seed = cfg.seed, quant = cfg.quant, batch = cfg.batch, max_length = cfg.max_length,
     grad_accum = cfg.grad_accum, lr = cfg.lr, weight_decay = cfg.weight_decay, beta1 = cfg.beta1, beta2 = cfg.beta2,
@@ -800,7 +800,8 @@ local function provenance(ctx, e, cfg, d)
     model_path = cfg.model, model_sha256 = ms.hex, model_files = ms.files,
     data_sha256 = d.sha.both, data_train_sha256 = d.sha.train, data_test_sha256 = d.sha.test,
     data_validation_sha256 = d.sha.val,
-    threads = tostring(e.threads or GM_THREADS), device = e.device or "cpu", compute_dtype = "f32",
+    threads = tostring(e.threads or GM_THREADS), device = e.device or "cpu",
+    compute_dtype = gm.compute_dtype(cfg.compute or "auto", e.device or "cpu"),
     -- data parallel: processes the trial ran on (all-reducing the gradients) and how
     world_size = tostring(DIST.world_size), dist_transport = DIST.transport,
     command_line = GM_COMMAND_LINE or "", set_overrides_json = gm.json_encode(ctx.cli_set or {}),
@@ -1138,6 +1139,14 @@ local function preflight(e, selected, dry_run, no_device)
   if e.device and e.device ~= "cpu" and not dry_run and not no_device then
     local ok, why = gm.device_available(e.device)
     if not ok then P.usage(field_where(e, "device"), "experiment.device: %s", why) end
+  end
+  -- compute = "bf16" where the device has no bf16 GEMMs: refused before any trial
+  for _, t in ipairs(selected) do
+    if t.config.compute == "bf16" and gm.compute_dtype("bf16", e.device or "cpu") ~= "bf16" then
+      P.usage((e.sweep and e.sweep.compute) and e.sweep._where or P.where_of("compute"),
+        "train.compute = \"bf16\": device %s computes in f32 only (bf16 GEMMs run on a GPU: device = \"cuda\")\n" ..
+        "  hint: use compute = \"auto\" (bf16 where native) or \"f32\"", e.device or "cpu")
+    end
   end
   for _, t in ipairs(selected) do
     local m = t.config.model

@@ -68,7 +68,7 @@ struct gm_backend {
     void *stream;                 /* cudaStream_t (CUDA), NULL otherwise */
     void *blas;                   /* cublasHandle_t bound to the stream (CUDA), NULL otherwise */
     bool bf16_gemm;               /* kernels' GEMMs on non-f32 weights in bf16 (gm_kctx.bf16_gemm; CUDA
-                                     only: its default is on, the training option matmul_dtype = "f32"
+                                     only: its default is on, the training option compute = "f32"
                                      and parity tests turn it off) */
     gm_backend_iface iface;
     gm_arena_mem mem;             /* the allocator gm_backend_arena gives arenas */

@@ -82,6 +82,23 @@ bool gm_schedule_from_name(const char *name, gm_schedule *out) {
     return false;
 }
 
+bool gm_compute_from_name(const char *name, gm_compute *out) {
+    static const char *const names[] = {"auto", "bf16", "f32"};
+    for (int c = 0; c < 3; c++)
+        if (strcmp(name, names[c]) == 0) {
+            *out = (gm_compute)c;
+            return true;
+        }
+    return false;
+}
+
+const char *gm_compute_effective(gm_compute c, const char *device) {
+    int index = -1;
+    gm_error err = {0};
+    bool gpu = device && gm_backend_parse_device(device, &index, &err) == GM_OK && index >= 0;
+    return c != GM_COMPUTE_F32 && gpu ? "bf16" : "f32";
+}
+
 /* ---- the options' schema (gm_train_opts.def) ------------------------------------------------ */
 
 static const gm_opt_spec opt_specs[] = {
@@ -367,10 +384,10 @@ static gm_status layout(gm_trainer *tr, const gm_model *m, gm_dtype stored, gm_d
     GM_TRY(gm_weights_layout(&tr->w, m, stored, stored_embed, tr->be, a, tr->o.n_threads, err));
     gm_lora_layout(&tr->lora, a, true);
     gm_graph_layout(&tr->g, a, h);
-    tr->g.kc.bf16_gemm = tr->g.kc.bf16_gemm && !tr->o.matmul_f32; /* matmul_dtype (a CUDA backend's default: bf16) */
+    tr->g.kc.bf16_gemm = tr->g.kc.bf16_gemm && tr->o.compute != GM_COMPUTE_F32; /* compute (CUDA: bf16 unless f32) */
     if (tr->has_vis) {
         GM_TRY(gm_vision_layout(&tr->vis, a, h, err));
-        tr->vis.g.kc.bf16_gemm = tr->vis.g.kc.bf16_gemm && !tr->o.matmul_f32;
+        tr->vis.g.kc.bf16_gemm = tr->vis.g.kc.bf16_gemm && tr->o.compute != GM_COMPUTE_F32;
         tr->img_rows = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
         tr->h_img_rows = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
         tr->h_ids = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
@@ -495,6 +512,9 @@ gm_status gm_trainer_new_on(const gm_model *m, const gm_train_opts *o, gm_backen
     gm_status s = GM_OK;
     if (be) tr->be = be;
     else s = gm_backend_cpu_new(o->n_threads, &tr->owned_be, err), tr->be = tr->owned_be;
+    if (s == GM_OK && o->compute == GM_COMPUTE_BF16 && !tr->be->bf16_gemm)
+        s = gm_error_set(err, GM_ERR_UNSUPPORTED, "compute = \"bf16\": the %s backend computes in f32 only (bf16 GEMMs run on "
+                         "a GPU)\n  hint: use compute = \"auto\" (bf16 where native) or \"f32\"", tr->be->name);
     if (s == GM_OK) s = setup(tr, c, m->peft_prefix, err);
     /* pass 1: measure; pass 2: allocate, re-encode / upload the base weights, hand out buffers
      * (the re-encoding releases each source tensor's mapped pages as it goes: the file's own

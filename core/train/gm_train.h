@@ -60,6 +60,17 @@ typedef enum gm_schedule { GM_SCHED_CONSTANT = 0, GM_SCHED_LINEAR, GM_SCHED_COSI
 const char *gm_schedule_name(gm_schedule s);
 bool gm_schedule_from_name(const char *name, gm_schedule *out);
 
+/* Precision of the base weights' GEMMs (the `compute` option). AUTO: bf16 where the backend
+ * multiplies bf16 natively (CUDA: gm_backend.bf16_gemm), f32 elsewhere; BF16: bf16 inputs with f32
+ * accumulation, refused by gm_trainer_new_on on a backend without it (this release's CPU kernels
+ * compute in f32 only); F32: f32 everywhere (the CPU's numbers on a GPU too). */
+typedef enum gm_compute { GM_COMPUTE_AUTO = 0, GM_COMPUTE_BF16, GM_COMPUTE_F32 } gm_compute;
+bool gm_compute_from_name(const char *name, gm_compute *out);
+/* "bf16" or "f32": what a trainer with option c computes its base GEMMs in on a device named
+ * `device` ("cpu", "cuda", "cuda:N"; gm_backend_parse_device): bf16 where native - a CUDA
+ * device, whose backend's bf16_gemm is on - unless c is F32. Recorded with each trial. */
+const char *gm_compute_effective(gm_compute c, const char *device);
+
 /* The options of a training run. The user-facing ones are listed, with their defaults and
  * ranges, in gm_train_opts.def (the schema); warmup_steps, total_steps, the seed and the thread
  * count are set by the caller (the runner derives them). */
@@ -87,8 +98,7 @@ typedef struct gm_train_opts {
     bool train_projector;    /* modules_to_save = "multi_modal_projector": the projector learns */
     bool pan_and_scan;       /* the data's images are seen with their pan & scan crops (the
                                 runner's data sets; the trainer sees only max_images) */
-    bool matmul_f32;         /* matmul_dtype = "f32": GEMMs on the base weights in f32 on a CUDA
-                                backend too (gm_kctx.bf16_gemm off); the CPU always computes in f32 */
+    gm_compute compute;      /* precision of the base weights' GEMMs (gm_compute) */
     int n_threads;
 } gm_train_opts;
 

@@ -88,7 +88,7 @@ extern "C" gm_status gm_backend_cuda_new(int device, gm_backend **out, gm_error 
     be->k = &gm_kernels_cuda;
     be->stream = s;
     be->blas = gm_cuda_blas(s);
-    be->bf16_gemm = true; /* as PEFT on a GPU; matmul_dtype = "f32" turns it off */
+    be->bf16_gemm = true; /* as PEFT on a GPU; compute = "f32" turns it off */
     be->iface.alloc = cuda_alloc;
     be->iface.free = cuda_free;
     be->iface.upload = cuda_upload;

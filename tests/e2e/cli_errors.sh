@@ -108,5 +108,12 @@ fi
 expect_run "experiment: a dry run plans for a GPU without one" 0 "trial  1 .* on cuda: GPU [0-9.]+ GiB \(arenas [0-9.]+ MiB, CUDA context 512\.0 MiB, estimate\), host" -- env CUDA_VISIBLE_DEVICES= bash -c "cd '$TMP/dev' && '$GM_ABS' --dry-run --device cuda"
 expect_run "experiment: unknown device" 2 'experiment.device = "gpu": must be "cpu", "cuda" or "cuda:N"' -- bash -c "cd '$TMP/dev' && '$GM_ABS' --set device=gpu"
 expect_run "experiment: --device with a bad value" 2 "bad value for --device: cuda:x" -- bash -c "cd '$TMP/dev' && '$GM_ABS' --device cuda:x"
+# compute = "bf16" needs bf16 GEMMs (a GPU): on the CPU refused before any trial, in the dry run
+# too; on cuda the dry run plans it (the GPU is not opened)
+expect_run "experiment: compute = bf16 on the CPU: refused, naming the field" 2 \
+  'set compute=bf16: train.compute = "bf16": device cpu computes in f32 only.*hint: use compute = "auto"' -- bash -c "cd '$TMP/dev' && '$GM_ABS' --set compute=bf16 --dry-run"
+expect_run "experiment: compute = bf16 on cuda: planned" 0 "trial  1 .* on cuda: GPU" -- \
+  env CUDA_VISIBLE_DEVICES= bash -c "cd '$TMP/dev' && '$GM_ABS' --set compute=bf16 --dry-run --device cuda"
+expect_run "experiment: compute = fp8: not a value" 2 'compute.*auto, bf16, f32' -- bash -c "cd '$TMP/dev' && '$GM_ABS' --set compute=fp8 --dry-run"
 
 finish

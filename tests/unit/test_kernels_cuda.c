@@ -138,7 +138,7 @@ static void test_training(const char *path) {
 }
 
 /* The CUDA backend's default bf16 GEMMs (gm_kctx.bf16_gemm) in training: 3 LoRA steps on a bf16
- * base (quant = bf16, so the base GEMMs take the bf16 path) with matmul_dtype bf16 and f32, the
+ * base (quant = bf16, so the base GEMMs take the bf16 path) with compute auto (bf16) and f32, the
  * losses within TOL_CUDA_BF16_LOSS_REL of each other and not identical (the bf16 path ran). */
 static void test_training_bf16(const char *path) {
     gm_error err = {0};
@@ -159,7 +159,7 @@ static void test_training_bf16(const char *path) {
     for (int f32 = 0; f32 <= 1; f32++) {
         gm_train_opts o = gm_train_opts_default();
         o.lora.rank = 8, o.lora.alpha = 16, o.batch = 2, o.max_length = 16, o.lr = 1e-2f;
-        o.quant = GM_QUANT_BF16, o.matmul_f32 = f32;
+        o.quant = GM_QUANT_BF16, o.compute = f32 ? GM_COMPUTE_F32 : GM_COMPUTE_AUTO;
         gm_trainer *tr = NULL;
         CHECK_OK(gm_trainer_new_on(m, &o, be, &tr, &err), &err);
         gm_batch b = {.B = 2, .T = 16, .ids = ids, .targets = tg, .example_index = NULL};
