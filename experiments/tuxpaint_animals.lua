@@ -17,7 +17,7 @@
 -- new, untrained SigLIP-shaped tower (with_vision_tower; the same spec, so the same folder in the
 -- cache): 2 encoder layers of width 128 over the image resized to 32 x 32 and taken as one patch,
 -- one soft token per photo; LoRA on the tower's linears and the decoder's, the projector trained
--- fully. With 80 training photos an epoch is 10 steps of 8: 10 epochs, two learning rates, three
+-- fully. With 81 training photos an epoch is 11 steps of 8: 10 epochs, two learning rates, three
 -- seeds (the split is fixed; the seed draws the adapters and the order of the examples).
 -- TUXPAINT_ROOT names another folder of the same layout (tests/e2e/vision_tuxpaint.sh gives it a
 -- few photos per class). README.md and docs/experiments.md give the measured accuracy.
