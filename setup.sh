@@ -30,14 +30,31 @@ packages=(
   asterisk-core-sounds-en-wav                    # test_audio: real 8 kHz speech recordings (/usr/share/asterisk/sounds/en_US_f_Allison)
   slurm-wlm munge                                # tests/e2e/slurm.sh: a one-node Slurm for `gemmarun submit --slurm`
 )
+# Installed without their Recommends: the stamps recommend tuxpaint itself (the program, its data,
+# SDL), which nothing here runs; alone the package has no dependencies. It is a 160 MB download
+# (218 MB installed) of which animals/ is 32 MB, but extracting that from an `apt-get download`ed
+# .deb would download as much and need its own cache and checks: an install is simpler.
+packages_no_recommends=(
+  tuxpaint-stamps-default                        # experiments/tuxpaint_animals.lua: Tux Paint's animal photos
+)
 missing=()
+missing_no_recommends=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "setup: installing ${missing[*]}"
+for p in "${packages_no_recommends[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing_no_recommends+=("$p")
+done
+if [ $((${#missing[@]} + ${#missing_no_recommends[@]})) -gt 0 ]; then
+  all_missing=("${missing[@]}" "${missing_no_recommends[@]}")
+  echo "setup: installing ${all_missing[*]}"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  if [ ${#missing[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+  fi
+  if [ ${#missing_no_recommends[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing_no_recommends[@]}" >/dev/null
+  fi
 fi
 
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null

@@ -6,6 +6,8 @@
  *   gm.read_text(path) -> string             gm.list_dir(path) -> {name, ...} (sorted; files and folders)
  *   gm.lora_count(model, opts)               -> adapters, trainable parameters (targets checked on the model)
  *   gm.is_dir(path), gm.file_exists(path)    gm.sha256(text) -> hex
+ *   gm.real_path(path) -> path               realpath(3): links and ./.. resolved (a folder walk
+ *                                             meets a folder it has read before as the same path)
  *   gm.base64(bytes) -> text                  RFC 4648 base64 (OpenSSL's EVP_EncodeBlock): plots
  *                                             inlined in the HTML report (lua/report.lua)
  *   gm.remove_reproduction(path)              a `gemmarun reproduce` scratch trial and its checkpoint
@@ -50,6 +52,7 @@
 #include <dirent.h>
 #include <gnu/libc-version.h>
 #include <lauxlib.h>
+#include <limits.h>
 #include <openssl/evp.h>
 #include <signal.h>
 #include <stdio.h>
@@ -115,6 +118,14 @@ static int l_list_dir(lua_State *L) {
 static int l_is_dir(lua_State *L) {
     struct stat st;
     lua_pushboolean(L, stat(luaL_checkstring(L, 1), &st) == 0 && S_ISDIR(st.st_mode));
+    return 1;
+}
+
+static int l_real_path(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+    char real[PATH_MAX]; /* on the stack: nothing to free if pushing the string raises */
+    if (!realpath(path, real)) return luaL_error(L, "%s: cannot resolve the path (missing, or a broken link)", path);
+    lua_pushstring(L, real);
     return 1;
 }
 
@@ -433,7 +444,7 @@ static int l_plan_fit(lua_State *L) {
 
 void gm_lua_open_run(lua_State *L) {
     static const luaL_Reg fns[] = {{"read_text", l_read_text}, {"list_dir", l_list_dir}, {"is_dir", l_is_dir},
-                                   {"file_exists", l_file_exists}, {"sha256", l_sha256}, {"isatty", l_isatty},
+                                   {"real_path", l_real_path}, {"file_exists", l_file_exists}, {"sha256", l_sha256}, {"isatty", l_isatty},
                                    {"build_info", l_build_info},
                                    {"progress", l_progress}, {"interrupted", l_interrupted},
                                    {"model_config", l_model_config}, {"lora_count", l_lora_count}, {"plan", l_plan}, {"plan_fit", l_plan_fit},

@@ -274,20 +274,27 @@ function data.fortunes(spec)
   return t
 end
 
---- data.folder{ root = "path" }: root/<label>/<file>.txt; the folder name is the label;
---- root/train/<label>/... and root/test/<label>/... when those exist, else a split of `test` per label.
+--- data.folder{ root = "path", test = 5, labels = {...}, exclude = {...} }: root/<label>/**/<file>.txt;
+--- the folder name is the label, and a file anywhere below it counts for it; root/train/<label>/...
+--- and root/test/<label>/... when those exist, else every `test`-th file of each label is a test
+--- example; `labels` and `exclude` as data.image_folder's.
 function data.folder(spec)
   local t = tagged("folder", spec)
-  check_keys(t, { "root", "test", "max_chars" }, "data.folder")
+  check_keys(t, { "root", "test", "max_chars", "labels", "exclude" }, "data.folder")
   return t
 end
 
---- data.image_folder{ root = "path" }: root/<label>/<image>.png|.jpg, the folder name is the
---- label; root/train/<label>/... and root/test/<label>/... when those exist, else every `test`-th
---- image of each label (default 5: 20%) is a test image. Needs a model with a vision tower.
+--- data.image_folder{ root = "path", test = 5, labels = {...}, exclude = {...} }:
+--- root/<label>/**/<image>.png|.jpg, the folder directly below the root is the label and an image
+--- anywhere below it counts for it (root/mammals/dogs/dog.png is a "mammals" image), as
+--- torchvision's ImageFolder reads; root/train/<label>/... and root/test/<label>/... when those
+--- exist, else every `test`-th image of each label (default 5: 20%), in path order, is a test
+--- image. `labels` keeps only those label folders, in that order (the others are left out, named);
+--- `exclude` names folders below a label that are not read (e.g. { "cartoon" }). Needs a model
+--- with a vision tower.
 function data.image_folder(spec)
   local t = tagged("image_folder", spec)
-  check_keys(t, { "root", "test" }, "data.image_folder")
+  check_keys(t, { "root", "test", "labels", "exclude" }, "data.image_folder")
   return t
 end
 
@@ -428,6 +435,27 @@ local function validate_data(d, where)
     if type(d.root) ~= "string" then usage(d._where, "data.%s: root must be a folder path", d._kind) end
     if d.test ~= nil and (math.type(d.test) ~= "integer" or d.test < 2) then
       usage(d._where, "data.%s: test must be an integer >= 2 (every test-th example of a label is a test example)", d._kind)
+    end
+    -- labels and exclude are folder names: one path component each
+    for _, key in ipairs({ "labels", "exclude" }) do
+      local v = d[key]
+      if v ~= nil then
+        local what = key == "labels" and "the label folders directly below the root to read, e.g. { \"birds\", \"fish\" }"
+          or "the names of folders below a label folder not to read, e.g. { \"cartoon\" }"
+        if not is_list(v) or #v < 1 then usage(d._where, "data.%s: %s must be a non-empty list of folder names (%s)", d._kind, key, what) end
+        local seen = {}
+        for i, n in ipairs(v) do
+          if type(n) ~= "string" or n == "" or n == "." or n == ".." or n:find("/", 1, true) then
+            usage(d._where, "data.%s: %s[%d] = %s: must be a folder name (no '/'; %s)", d._kind, key, i,
+              type(n) == "string" and string.format("%q", n) or tostring(n), what)
+          end
+          if seen[n] then usage(d._where, "data.%s: %s lists '%s' twice (%s[%d] and %s[%d])", d._kind, key, n, key, seen[n], key, i) end
+          seen[n] = i
+        end
+      end
+    end
+    if d.labels and #d.labels < 2 then
+      usage(d._where, "data.%s: labels lists one folder; a classifier needs at least 2 labels", d._kind)
     end
   elseif d._kind == "image_grid" then
     if type(d.path) ~= "string" or d.path == "" then usage(d._where, "data.image_grid: path must be an image file (PNG or JPEG)") end

@@ -54,40 +54,89 @@ end
 --------------------------------------------------------------------------------------------------
 -- data
 
---- The examples of a labelled folder (data.folder, data.image_folder) into items: root/<label>/<file>
---- (or root/train/<label> and root/test/<label>), the folder name is the label; item(path) makes a
---- file's example (nil: not one). Without train/ and test/, every `test`-th example of each label
---- (default 5: 20%) is a test example. A label folder without an example is an error (`what` it
---- needs): a label the model could never see.
+--- The examples of a labelled folder (data.folder, data.image_folder) into items: root/<label>/...
+--- (or root/train/<label> and root/test/<label>), the folder directly below the root is the label
+--- and an example anywhere below it counts for it (root/mammals/dogs/dog.png is a 'mammals'
+--- example), as torchvision's ImageFolder reads; item(path) makes a file's example (nil: not one).
+--- d.labels keeps only those label folders, in its order; folders named in d.exclude are not read
+--- at any depth below a label. Files and folders are read in name order, so without train/ and
+--- test/, every `test`-th example of each label (default 5: 20%) in path order is a test example:
+--- a fixed split, stratified by label. A label folder without an example is an error (`what` it
+--- needs): a label the model could never see. A folder met again through a symbolic link (a loop,
+--- or a folder linked from two places) is read once, the link listed.
 local function labelled_folder(d, items, what, item)
   local count, folder_of, index = {}, {}, {} -- examples per label, a folder of it (for the message)
   local in_train = {} -- labels with a training example (split layout)
+  local wanted, excluded = {}, {}
+  for _, n in ipairs(d.labels or {}) do wanted[n] = true end
+  for _, n in ipairs(d.exclude or {}) do excluded[n] = true end
+  local left_out, n_excluded, excluded_seen = {}, 0, {} -- label folders not in d.labels; folders d.exclude left out
+  local read = {} -- real path of every folder read -> its path as met
   items.skipped = items.skipped or {}
+  local function label_index(lab, dir)
+    local li = index[lab]
+    if not li then
+      items.labels[#items.labels + 1] = lab
+      li = #items.labels
+      index[lab] = li
+      count[li], folder_of[li] = 0, dir
+    end
+    return li
+  end
+  -- every example below dir, depth first in name order, into `into` as label li
+  local function walk(dir, li, into, seen)
+    for _, f in ipairs(gm.list_dir(dir)) do
+      local path = dir .. "/" .. f
+      if gm.is_dir(path) then
+        local real = gm.real_path(path)
+        if excluded[f] then
+          n_excluded = n_excluded + 1
+          excluded_seen[f] = true
+        elseif read[real] then
+          items.skipped[#items.skipped + 1] = { path = path, reason = "a link to a folder already read (" .. read[real] .. ")" }
+        else
+          read[real] = path
+          walk(path, li, into, seen)
+        end
+      else
+        -- what is not an example is listed, never silently dropped
+        local it = item(path)
+        if it then
+          it.label = li
+          into[#into + 1] = it
+          count[li] = count[li] + 1
+          if seen then seen[li] = true end
+        else
+          items.skipped[#items.skipped + 1] = { path = path, reason = "not a " .. what }
+        end
+      end
+    end
+  end
   local function read_split(root, into, seen)
+    if d.labels then
+      -- the listed labels in their order; a missing folder is an error below (no examples)
+      for _, lab in ipairs(d.labels) do
+        local dir = root .. "/" .. lab
+        local li = label_index(lab, dir)
+        if gm.is_dir(dir) and not read[gm.real_path(dir)] then
+          read[gm.real_path(dir)] = dir
+          walk(dir, li, into, seen)
+        end
+      end
+    end
     for _, lab in ipairs(gm.list_dir(root)) do
       local dir = root .. "/" .. lab
       if gm.is_dir(dir) then
-        local li = index[lab]
-        if not li then
-          items.labels[#items.labels + 1] = lab
-          li = #items.labels
-          index[lab] = li
-          count[li], folder_of[li] = 0, dir
-        end
-        for _, f in ipairs(gm.list_dir(dir)) do
-          local path = dir .. "/" .. f
-          -- one folder per label: what is not an example is listed, never silently dropped
-          local it = not gm.is_dir(path) and item(path) or nil
-          if it then
-            it.label = li
-            into[#into + 1] = it
-            count[li] = count[li] + 1
-            if seen then seen[li] = true end
+        if not d.labels then
+          local real = gm.real_path(dir)
+          if read[real] then
+            items.skipped[#items.skipped + 1] = { path = dir, reason = "a link to a folder already read (" .. read[real] .. ")" }
           else
-            items.skipped[#items.skipped + 1] = { path = path, reason = gm.is_dir(path)
-              and "a folder inside a label folder (not read: the labels are the folders directly below the root)"
-              or ("not a " .. what) }
+            read[real] = dir
+            walk(dir, label_index(lab, dir), into, seen)
           end
+        elseif not wanted[lab] and not left_out[lab] then
+          left_out[#left_out + 1], left_out[lab] = lab, true
         end
       end
     end
@@ -98,6 +147,7 @@ local function labelled_folder(d, items, what, item)
     P.usage(d._where, "data.%s: %s has %s/ but no %s/: give both splits as folders, or neither (labels directly below the root)",
       d._kind, d.root, has_train and "train" or "test", has_train and "test" or "train")
   end
+  local every = d.test or 5
   if has_train and has_test then
     read_split(d.root .. "/train", items.train, in_train)
     read_split(d.root .. "/test", items.test)
@@ -110,7 +160,7 @@ local function labelled_folder(d, items, what, item)
   else
     local all = {}
     read_split(d.root, all)
-    local every, seen = d.test or 5, {}
+    local seen = {}
     for _, it in ipairs(all) do
       seen[it.label] = (seen[it.label] or 0) + 1
       if seen[it.label] % every == 0 then items.test[#items.test + 1] = it else items.train[#items.train + 1] = it end
@@ -118,9 +168,44 @@ local function labelled_folder(d, items, what, item)
   end
   for li, lab in ipairs(items.labels) do
     if count[li] == 0 then
-      P.usage(d._where, "data.%s: %s (label '%s') has no %s; add examples or remove the folder", d._kind, folder_of[li], lab, what)
+      if not gm.is_dir(folder_of[li]) then
+        local parent, there = folder_of[li]:match("^(.*)/[^/]*$"), {}
+        for _, n in ipairs(gm.list_dir(parent)) do
+          if gm.is_dir(parent .. "/" .. n) then there[#there + 1] = n end
+        end
+        P.usage(d._where, "data.%s: labels lists '%s', but %s is not a folder (the folders there: %s)", d._kind, lab,
+          folder_of[li], #there > 0 and table.concat(there, ", ") or "none")
+      end
+      P.usage(d._where, "data.%s: %s (label '%s') has no %s%s; add examples or remove the folder", d._kind, folder_of[li], lab,
+        what, n_excluded > 0 and " outside the excluded folders" or "")
     end
   end
+  -- how the folder was read: each label's train/test examples, the most frequent label's share of
+  -- the test examples (what always answering it scores), and what was left out
+  local n_train, n_test = {}, {}
+  for li = 1, #items.labels do n_train[li], n_test[li] = 0, 0 end
+  for _, it in ipairs(items.train) do n_train[it.label] = n_train[it.label] + 1 end
+  for _, it in ipairs(items.test) do n_test[it.label] = n_test[it.label] + 1 end
+  local per, top = {}, 1
+  for li, lab in ipairs(items.labels) do
+    per[li] = string.format("%s %d/%d", lab, n_train[li], n_test[li])
+    if n_test[li] > n_test[top] then top = li end
+  end
+  local notes = {}
+  if #left_out > 0 then notes[#notes + 1] = "label folders not in labels: " .. table.concat(left_out, ", ") end
+  if n_excluded > 0 then
+    local names = {}
+    for _, n in ipairs(d.exclude) do if excluded_seen[n] then names[#names + 1] = n end end
+    notes[#notes + 1] = string.format("%d folder%s named %s (exclude)", n_excluded, n_excluded == 1 and "" or "s",
+      table.concat(names, " or "))
+  end
+  local nth = (every % 100 // 10 ~= 1 and ({ "st", "nd", "rd" })[every % 10]) or "th"
+  say("data.%s: %s: examples per label (train/test, %s): %s%s%s", d._kind, d.root,
+    has_train and "from train/ and test/" or string.format("every %d%s of a label's is a test example", every, nth),
+    table.concat(per, ", "),
+    #items.test > 0 and string.format("; the most frequent, %s, is %d of the %d test examples (%.1f%%)", items.labels[top],
+      n_test[top], #items.test, 100 * n_test[top] / #items.test) or "",
+    #notes > 0 and ("; left out: " .. table.concat(notes, "; ")) or "")
 end
 
 --- Raw items of a classification data set: {train = {{text, label}...}, test = ..., labels = {...}}.
@@ -1250,7 +1335,18 @@ local function preflight(e, selected, dry_run, no_device)
     local n = #items.skipped
     say("warning: %d entr%s of the label folders not read:", n, n == 1 and "y" or "ies")
     for i = 1, math.min(n, 5) do say("  %s: %s", items.skipped[i].path, items.skipped[i].reason) end
-    if n > 5 then say("  ... and %d more", n - 5) end
+    if n > 5 then
+      -- the rest by kind (a stamp collection's sounds and texts: "1426 .ogg, 154 .txt, ...")
+      local by, kinds = {}, {}
+      for i = 6, n do
+        local k = items.skipped[i].path:match("(%.[%w_]+)$") or "without an extension"
+        if not by[k] then by[k], kinds[#kinds + 1] = 0, k end
+        by[k] = by[k] + 1
+      end
+      table.sort(kinds, function(a, b) return by[a] > by[b] or (by[a] == by[b] and a < b) end)
+      for i, k in ipairs(kinds) do kinds[i] = by[k] .. " " .. k end
+      say("  ... and %d more (%s)", n - 5, table.concat(kinds, ", "))
+    end
   end
   if e.task._kind == "classify" and #items.labels < 2 then
     P.usage(d._where or e.task._where, "classify{} needs at least 2 labels; the data set has %d (%s)", #items.labels,

@@ -2,6 +2,7 @@
 # The experiment runner end to end on the tiny random Gemma 3 with a tokenizer
 # (tests/ref/tiny_gemma3_chat) and a small labelled folder of text files:
 #   - validation: a table of bad experiment files, each with the error it must give (exit 2);
+#   - data.folder: files below a label's subfolders count for it; `labels` picks and orders labels;
 #   - sweep expansion (--dry-run), --set overrides, --trial;
 #   - a full sweep, the rerun that keeps finished trials, `gemmarun table` from the stored files;
 #   - a trial that fails (NaN) while the others complete (exit 1);
@@ -55,6 +56,14 @@ bad "a seed listed twice" "experiment.seeds: 1 is listed twice" 's/seeds = {1, 2
 bad "infinite lr" "train.lr = inf: must be a finite number" 's/lr = 1e-2, rank/lr = math.huge, rank/'
 mkdir -p withempty/a withempty/b withempty/empty && for lab in a b; do for i in 1 2 3 4 5; do echo "note $i $lab" > withempty/$lab/$i.txt; done; done
 bad "an empty label folder" "data.folder: withempty/empty \(label 'empty'\) has no text file" 's/root = "data"/root = "withempty"/'
+# a file anywhere below a label folder counts for it; labels keeps and orders label folders
+cp -r data nested && mkdir -p nested/apple/more/older && echo "an older note about the apple" > nested/apple/more/older/11.txt
+sed 's/root = "data"/root = "nested"/; s/name = "tiny"/name = "nested"/' tiny.lua > nested.lua
+expect_run "data.folder: a file in a folder below a label counts for it (apple 9 + 2 test)" 0 \
+  "data.folder: nested: examples per label \(train/test, every 5th of a label's is a test example\): apple 9/2, berry 8/2, cherry 8/2" -- "$GM" nested.lua --dry-run
+sed 's/root = "nested"/root = "nested", labels = { "cherry", "apple" }/' nested.lua > nested2.lua
+expect_run "data.folder: labels keeps those folders, in that order; the other named" 0 \
+  "cherry 8/2, apple 9/2;.*left out: label folders not in labels: berry.*data: 17 training and 4 test examples, labels cherry, apple" -- "$GM" nested2.lua --dry-run
 expect_run "invalid: a list for one value" 2 "--set lr=1e-4,2e-4: train.lr = \{0.0001, 0.0002\}: must be a number >= 0 \(one value; to try several, sweep it" -- "$GM" tiny.lua --set lr=1e-4,2e-4 --dry-run
 expect_run "a built-in size plans in the dry run, with a note" 0 "note: model gemma3-1b is a built-in size .*trial  1 .* plan [0-9.]+ GiB" -- "$GM" tiny.lua --set model=gemma3-1b --dry-run
 expect_run "invalid: a built-in size cannot train" 2 "--set model=gemma3-1b: model gemma3-1b is a built-in size .* training needs its weights" -- "$GM" tiny.lua --set model=gemma3-1b --trial 1

@@ -5,9 +5,12 @@
 #   - sft{} on a chat JSONL whose user turns hold {"type": "image", "path": ...} parts (paths
 #     relative to the JSONL file, one or two images per conversation): trains, evaluates, writes
 #     its results file and the table;
-#   - classify{} on data.image_folder{}: the same, with labels from the folder names; what in a
-#     label folder is not an example (a nested folder, another file) is listed; a label with test
-#     examples only is refused;
+#   - classify{} on data.image_folder{}: the same, with labels from the folder names and images
+#     anywhere below them; what in a label folder is not an example (another file, a link back to
+#     a folder read) is listed; `labels` keeps and orders label folders, `exclude` leaves folders
+#     below them out (both named in the run's summary, each label's train/test counts); a label
+#     with test examples only, or only in excluded folders, a label folder that is not there, and
+#     malformed labels / exclude are refused;
 #   - an unusable image (corrupt, truncated, not an image) is named with its example and reason,
 #     the run goes on without it; a file that does not exist likewise;
 #   - the same data on a text-only model stops before any work, naming the image and the model;
@@ -86,11 +89,32 @@ cp "$IMG"/small.jpg "$IMG"/wide.jpg "$IMG"/tall.jpg "$IMG"/palette.png "$IMG"/rg
 cp "$IMG"/gray.jpg "$IMG"/gray.png "$IMG"/gray16.png "$IMG"/gray_alpha.png "$IMG"/gray4.png "$IMG"/gray1.png folder/gray/
 mk pics "$VIS" 'classify { data = data.image_folder { root = "folder", test = 3 }, prompt = "Is this photo in color?" }'
 expect_run "classify on data.image_folder: baseline, training, accuracy" 0 "accuracy" -- "$GM" pics.lua
-# what in a label folder is not an example is listed; a label with test examples only is refused
-mkdir -p folder/color/nested && cp "$IMG"/small.jpg folder/color/nested/ && echo notes > folder/gray/notes.txt
-expect_run "a nested folder and a non-image file in the label folders: listed, not silently dropped" 0 \
-  "2 entries of the label folders not read:.*folder/color/nested: a folder inside a label folder.*folder/gray/notes.txt: not a .png or .jpg image" -- "$GM" pics.lua --dry-run
-rm -r folder/color/nested folder/gray/notes.txt
+# an image anywhere below a label folder counts for it; what is not an example is listed; a
+# folder met again through a link is read once; labels keeps and orders label folders, exclude
+# leaves folders below them out; a label with test examples only is refused
+mkdir -p folder/color/nested/deeper folder/other && cp "$IMG"/small.jpg folder/color/nested/deeper/ && echo notes > folder/gray/notes.txt
+ln -s .. folder/color/nested/loop && cp "$IMG"/gray.jpg folder/other/
+expect_run "an image in a folder below a label counts for it (color 5 + 2 test, gray 4 + 2, other 1 + 0); a link back is read once; a non-image listed" 0 \
+  "data.image_folder: folder: examples per label \(train/test, every 3rd of a label's is a test example\): color 5/2, gray 4/2, other 1/0.*2 entries of the label folders not read:.*folder/color/nested/loop: a link to a folder already read \(folder/color\).*folder/gray/notes.txt: not a .png or .jpg image" \
+  -- "$GM" pics.lua --dry-run
+mk sel "$VIS" 'classify { data = data.image_folder { root = "folder", test = 3, labels = { "gray", "color" }, exclude = { "deeper" } }, prompt = "?" }'
+expect_run "labels: those folders in that order, the others named; exclude: a folder below a label left out, named" 0 \
+  "gray 4/2, color 4/2; the most frequent, gray, is 2 of the 4 test examples \(50.0%\); left out: label folders not in labels: other; 1 folder named deeper \(exclude\).*data: 8 training and 4 test examples, labels gray, color" \
+  -- "$GM" sel.lua --dry-run
+mkdir -p only_nested/a/sub only_nested/b && cp "$IMG"/small.jpg only_nested/a/sub/ && cp "$IMG"/gray.jpg "$IMG"/gray.png only_nested/b/
+mk excl "$VIS" 'classify { data = data.image_folder { root = "only_nested", exclude = { "sub" } }, prompt = "?" }'
+expect_run "a label whose images are all in excluded folders: exit 2, named" 2 \
+  "data.image_folder: only_nested/a \(label 'a'\) has no .png or .jpg image outside the excluded folders" -- "$GM" excl.lua --dry-run
+mk miss "$VIS" 'classify { data = data.image_folder { root = "folder", labels = { "color", "sepia" } }, prompt = "?" }'
+expect_run "labels naming a folder that is not there: exit 2, with the folders there" 2 \
+  "data.image_folder: labels lists 'sepia', but folder/sepia is not a folder \(the folders there: color, gray, other\)" -- "$GM" miss.lua --dry-run
+mk slash "$VIS" 'classify { data = data.image_folder { root = "folder", labels = { "color", "gray/x" } }, prompt = "?" }'
+expect_run "labels: a path instead of a folder name: exit 2" 2 'data.image_folder: labels\[2\] = "gray/x": must be a folder name' -- "$GM" slash.lua --dry-run
+mk twice "$VIS" 'classify { data = data.image_folder { root = "folder", labels = { "color", "gray", "color" } }, prompt = "?" }'
+expect_run "labels: a folder listed twice: exit 2" 2 "data.image_folder: labels lists 'color' twice \(labels\[1\] and labels\[3\]\)" -- "$GM" twice.lua --dry-run
+mk exstr "$VIS" 'classify { data = data.image_folder { root = "folder", exclude = "cartoon" }, prompt = "?" }'
+expect_run "exclude: not a list: exit 2" 2 "data.image_folder: exclude must be a non-empty list of folder names" -- "$GM" exstr.lua --dry-run
+rm -r folder/color/nested folder/other folder/gray/notes.txt
 mkdir -p split/train/a split/train/b split/test/a split/test/b split/test/c
 for l in a b; do cp "$IMG"/small.jpg "$IMG"/gray.jpg split/train/$l/; cp "$IMG"/wide.jpg split/test/$l/; done
 cp "$IMG"/tall.jpg split/test/c/
