@@ -32,7 +32,8 @@
  *        adapter written as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)
  *        or, format = "gguf", a llama.cpp LoRA adapter file
  *   model:save_merged(out, {adapter =, trial =, format = "hf", dtype =}) -> info: the model with the
- *        adapter merged in, as a Hugging Face folder (dtype bf16 default, or f32) or, format = "gguf", a GGUF
+ *        adapter merged in, as a Hugging Face folder (dtype bf16 default, or f32; a multimodal base
+ *        whole, its tower's adapters and trained projector included) or, format = "gguf", a GGUF
  *        file (dtype f16 default, or f32, bf16, q8_0)
  *   model:adapter_info(path, {trial =}) -> {rank, alpha, rslora, dropout, modules, targets, layers,
  *        module_names, source, trial_id}: an adapter's LoRA shape, with targets / layers as train.*
@@ -495,10 +496,13 @@ static int l_save_adapter(lua_State *L) {
 
 
 /* model:save_merged(out, {adapter =, trial =, format = "hf", dtype =}) -> {tensors =, merged =,
- * bytes =, tokenizer =, dtype =}: the model with the adapter (as `adapter`/`trial` name it; none:
- * the base alone, converted) merged into its weights, written as a Hugging Face folder `out`
- * (format "hf", dtype bf16 (default) / f32) or, format "gguf", a GGUF file `out` (dtype f32 /
- * f16 (default) / bf16 / q8_0; from a GGUF base). gm_model_save_merged (core/store/gm_merged.h). */
+ * tower_merged =, multimodal =, projector =, bytes =, tokenizer =, dtype =}: the model with the
+ * adapter (as `adapter`/`trial` name it; none: the base alone, converted) merged into its weights,
+ * a trained image path included (tower_merged: the tower's linears merged; projector: the trained
+ * projector written), as a Hugging Face folder `out` (format "hf", dtype bf16 (default) / f32;
+ * multimodal: a multimodal base's tower and projector are in it) or, format "gguf", a GGUF file
+ * `out` (dtype f32 / f16 (default) / bf16 / q8_0; from a GGUF base; the text decoder only, so an
+ * image-path adapter is refused). gm_model_save_merged (core/store/gm_merged.h). */
 static int l_save_merged(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     const char *out = luaL_checkstring(L, 2);
@@ -521,19 +525,25 @@ static int l_save_merged(lua_State *L) {
     gm_error err = {0};
     gm_status s = adapter ? use_adapter(lm, adapter, trial, &err) : GM_OK;
     gm_merged_info info;
-    if (s == GM_OK && adapter && (lm->ad->vision_lora.n > 0 || lm->ad->has_proj))
-        s = gm_error_set(&err, GM_ERR_UNSUPPORTED, "%s trained the image path (vision_targets / modules_to_save): merging the "
-                         "vision tower's adapters and the projector into the weights is not supported yet\n  hint: export it "
-                         "with --format peft (PEFT's merge_and_unload merges it)", lm->ad->source);
-    if (s == GM_OK)
-        s = gm_model_save_merged(lm->m, adapter ? &lm->ad->lora : NULL, lm->be, gguf ? GM_MERGED_GGUF : GM_MERGED_HF, dt, out, &info,
-                                 &err);
+    if (s == GM_OK) {
+        s = gm_model_save_merged(lm->m, adapter ? &lm->ad->lora : NULL, adapter ? &lm->ad->vision : NULL, lm->be,
+                                 gguf ? GM_MERGED_GGUF : GM_MERGED_HF, dt, out, &info, &err);
+        /* (the core's refusal of an image path in a GGUF names no file: this one) */
+        if (s == GM_ERR_UNSUPPORTED && adapter && (lm->ad->vision_lora.n > 0 || lm->ad->has_proj))
+            gm_error_prefix(&err, "%s", lm->ad->source);
+    }
     if (s != GM_OK) return gm_bind_raise(L, &err);
-    lua_createtable(L, 0, 5);
+    lua_createtable(L, 0, 8);
     lua_pushinteger(L, info.n_tensors);
     lua_setfield(L, -2, "tensors");
     lua_pushinteger(L, info.n_merged);
     lua_setfield(L, -2, "merged");
+    lua_pushinteger(L, info.n_tower_merged);
+    lua_setfield(L, -2, "tower_merged");
+    lua_pushboolean(L, info.multimodal);
+    lua_setfield(L, -2, "multimodal");
+    lua_pushboolean(L, info.projector);
+    lua_setfield(L, -2, "projector");
     lua_pushinteger(L, (lua_Integer)info.bytes);
     lua_setfield(L, -2, "bytes");
     lua_pushstring(L, info.tokenizer);

@@ -1792,15 +1792,17 @@ function R.export(opts)
     local ok2, info = pcall(m.save_merged, m, opts.out, { adapter = t.path, format = gguf_out and "gguf" or "hf", dtype = opts.dtype })
     m:close()
     if not ok2 then P.usage(nil, "%s", clean_msg(info)) end
-    say("merged trial %s (%s) of %s with its base %s (kept as it is): %d of %d weights carry the adapter; %s, %s in %s",
-      tostring(t.trial_index), tostring(t.trial_id), opts.results, model, info.merged, info.tensors, info.dtype, fmt_bytes(info.bytes),
-      fmt_time(gm.clock() - t0))
+    say("merged trial %s (%s) of %s with its base %s (kept as it is): %d of %d weights carry the adapter%s%s; %s, %s in %s",
+      tostring(t.trial_index), tostring(t.trial_id), opts.results, model, info.merged, info.tensors,
+      info.tower_merged > 0 and string.format(" (%d of the vision tower's)", info.tower_merged) or "",
+      info.projector and ", the projector is the trained one" or "", info.dtype, fmt_bytes(info.bytes), fmt_time(gm.clock() - t0))
     if gguf_out then
       say("  written: %s (metadata and tokenizer from the base)", opts.out)
       say("  with llama.cpp: llama-cli -m %s", opts.out)
     else
       say("  written: %s/model.safetensors, config.json, generation_config.json; tokenizer: %s", opts.out, info.tokenizer)
-      say("  in Python: AutoModelForCausalLM.from_pretrained(\"%s\")", opts.out)
+      say("  in Python: %s.from_pretrained(\"%s\")%s", info.multimodal and "Gemma3ForConditionalGeneration" or "AutoModelForCausalLM",
+        opts.out, info.multimodal and " (the whole multimodal model: the vision tower and projector are in it)" or "")
     end
     return 0
   end

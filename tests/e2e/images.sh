@@ -20,10 +20,15 @@
 #     its file refused with the file's size;
 #   - vision_targets and modules_to_save: the tower's adapters and the projector train, land in
 #     the trial file under PEFT's keys; that adapter reads back: `generate --adapter --image` runs
-#     the image through them, a text-only model refuses it, GGUF and merged exports refuse it by
-#     name, and the PEFT export loads in real PEFT on the multimodal base with gemmarun's logits
-#     for the same ids and pixel values (tests/peers/peft_check.py vision); a text module as a
-#     tower target is refused with the tower's module names.
+#     the image through them, a text-only model refuses it, the GGUF exports (adapter and merged)
+#     refuse it by name, and the PEFT export loads in real PEFT on the multimodal base with
+#     gemmarun's logits for the same ids and pixel values (tests/peers/peft_check.py vision); a
+#     text module as a tower target is refused with the tower's module names;
+#   - the merged export (--format merged) of that adapter is the whole multimodal model (tower
+#     LoRA merged, the trained projector): gemmarun and transformers (Gemma3ForConditionalGeneration,
+#     no missing or unexpected key) give the adapter's logits with the image within
+#     TOL_MERGED_PEER_TINY_ABS, and its merged image path moves them (peft_check.py merged
+#     --pixels); a text-only adapter's merged folder keeps the base's tower.
 source "$(dirname "$0")/lib.bash"
 SRC=$(pwd)
 cd "$TMP"
@@ -139,9 +144,9 @@ expect_run "the same adapter on a text-only model: refused, saying it trained an
 expect_run "export --format gguf of it: refused (llama.cpp adapters carry no vision tower)" 2 \
   "trained the image path.*llama.cpp LoRA adapter carries no vision tower or projector" -- \
   "$GM" export results/pics_vt vt.gguf --format gguf
-expect_run "export --format merged of it: refused, naming what is not supported" 2 \
-  "trained the image path.*merging the vision tower's adapters and the projector into the weights is not supported" -- \
-  "$GM" export results/pics_vt vt_merged --format merged
+expect_run "export --format merged of it as a GGUF: refused (llama.cpp keeps the tower in an mmproj file), naming the ways out" 2 \
+  "pics_vt/trial-[0-9a-f]+\.h5: the adapter trained the image path .*a merged GGUF holds the text decoder only, and llama.cpp keeps the tower and projector in a separate mmproj file.*hint: export --format merged into a folder .*or --format peft" -- \
+  "$GM" export results/pics_vt vt_merged.gguf --format merged
 expect_run "export --format peft of it: the tower's modules and the projector (modules_to_save)" 0 \
   "46 LoRA modules \(4 on the vision tower\) and the trained projector" -- "$GM" export results/pics_vt vt_peft --format peft
 # gemmarun's logits with an image (random pixel values, the same file for PEFT) through that
@@ -151,6 +156,36 @@ awk 'BEGIN { srand(7); for (i = 0; i < 3 * 56 * 56; i++) printf "%.6f\n", rand()
 VT_IDS=2,15,27,509,511,511,511,511,510,100,31,7,300
 expect_run "m:logits with pixels through that adapter" 0 "wrote 6656 logits" -- \
   env MODEL="$VIS" IDS=$VT_IDS OUT=results/vt_logits.txt ADAPTER=results/pics_vt PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua"
+# the same adapter merged into the multimodal base (export --format merged, f32): the whole
+# Gemma3ForConditionalGeneration - the decoder and the tower with their LoRA merged, the trained
+# projector - read back by gemmarun gives the adapter's logits with the image within
+# TOL_MERGED_PEER_TINY_ABS (the merge moves only the order of f32 additions), and transformers
+# likewise (below, with the peers)
+TOLM=$(tol TOL_MERGED_PEER_TINY_ABS)
+expect_run "m:logits with pixels on the base alone" 0 "wrote 6656 logits" -- \
+  env MODEL="$VIS" IDS=$VT_IDS OUT=results/vt_base.txt PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua"
+expect_run "export --format merged of it: the multimodal model with the tower's adapters merged and the trained projector" 0 \
+  "merged trial 1 .* 46 of 119 weights carry the adapter \(4 of the vision tower's\), the projector is the trained one; f32.*in Python: Gemma3ForConditionalGeneration.from_pretrained\(\"vt_merged\"\)" -- \
+  "$GM" export results/pics_vt vt_merged --format merged --dtype f32
+# close_logits OURS MERGED BASE: "ok" when the merged folder's logits (MERGED) are within TOLM of the
+# adapter's (OURS) over all 6656, and the adapter moves them (OURS - BASE) by more than 10 x TOLM
+close_logits() {
+  awk -v tol="$TOLM" 'FILENAME == ARGV[1] { a[FNR] = $1; next }
+    FILENAME == ARGV[2] { d = $1 - a[FNR]; if (d < 0) d = -d; if (d > md) md = d; n++; next }
+    { e = $1 - a[FNR]; if (e < 0) e = -e; if (e > me) me = e }
+    END { printf "%s %.3g over %d logits; the adapter moves them by %.3g\n", (n == 6656 && md <= tol && me > 10 * tol) ? "ok" : "FAIL", md, n, me }' "$@"
+}
+env MODEL=vt_merged IDS=$VT_IDS OUT=results/vt_merged.txt PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua" >/dev/null 2>&1
+expect_run "gemmarun reads the merged folder: with the image, the adapter's logits within $TOLM" 0 "^ok " -- \
+  close_logits results/vt_logits.txt results/vt_merged.txt results/vt_base.txt
+# a text-only adapter (the chat run: LoRA on the decoder) on the multimodal base keeps the tower
+expect_run "export --format merged of a text-only adapter on the multimodal base: the tower and projector kept" 0 \
+  "of results/chat .*: 42 of 119 weights carry the adapter; f32.*Gemma3ForConditionalGeneration" -- \
+  "$GM" export results/chat chat_merged --format merged --dtype f32
+env MODEL="$VIS" IDS=$VT_IDS OUT=results/chat_logits.txt ADAPTER=results/chat PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua" >/dev/null 2>&1
+env MODEL=chat_merged IDS=$VT_IDS OUT=results/chat_merged.txt PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua" >/dev/null 2>&1
+expect_run "... read back by gemmarun: with the image, that adapter's logits within $TOLM" 0 "^ok " -- \
+  close_logits results/chat_logits.txt results/chat_merged.txt results/vt_base.txt
 # the PEFT export read back by gemmarun: the same logits, bit for bit (f32 both ways)
 expect_run "the PEFT export read back (tower LoRA, modules_to_save): the trial's logits with the image, bit for bit" 0 "^same$" -- \
   sh -c "env MODEL='$VIS' IDS=$VT_IDS OUT=results/vt_back.txt ADAPTER=vt_peft PIXELS=pix.txt '$GM' '$SRC/tests/peers/logits.lua' >/dev/null && cmp results/vt_logits.txt results/vt_back.txt && echo same"
@@ -164,6 +199,14 @@ if [ -n "$PEERS" ]; then
     "ok +logits with images and the adapter.*ok +its image path \(tower LoRA, projector\) moves PEFT's logits" -- \
     "$PEERS" "$SRC/tests/peers/peft_check.py" vision --base "$VIS" --adapter vt_peft --ids $VT_IDS --pixels pix.txt \
     --ours results/vt_logits.txt --tol "$TOL"
+  expect_run "transformers loads the merged multimodal folder (no missing or unexpected key) and gives gemmarun's logits with the adapter within $TOLM" 0 \
+    "ok +config.json says float32 and all 119 tensors are F32.*ok +Gemma3ForConditionalGeneration loads every weight of the folder \(39 of the tower and projector\).*ok +merged multimodal model in transformers, with the image.*ok +the adapter moves the logits.*ok +same next token.*ok +its merged image path \(tower LoRA, trained projector\) moves transformers' logits" -- \
+    "$PEERS" "$SRC/tests/peers/peft_check.py" merged --model vt_merged --ids $VT_IDS --pixels pix.txt --base "$VIS" \
+    --ours results/vt_logits.txt --ours-base results/vt_base.txt --tol "$TOLM"
+  expect_run "... and the text-only adapter's merged folder, the tower as the base's" 0 \
+    "ok +Gemma3ForConditionalGeneration loads every weight.*ok +merged multimodal model in transformers, with the image.*ok +the adapter moves the logits" -- \
+    "$PEERS" "$SRC/tests/peers/peft_check.py" merged --model chat_merged --ids $VT_IDS --pixels pix.txt \
+    --ours results/chat_logits.txt --ours-base results/vt_base.txt --tol "$TOLM"
   # an adapter PEFT itself made on the multimodal base: q_proj of both parts, fc1 of the tower,
   # the projector as modules_to_save; gemmarun reads its folder and gives PEFT's logits
   expect_run "PEFT makes an image-path adapter (q_proj,fc1, modules_to_save)" 0 "PEFT made a LoRA adapter" -- \
