@@ -28,7 +28,9 @@
 #     LoRA merged, the trained projector): gemmarun and transformers (Gemma3ForConditionalGeneration,
 #     no missing or unexpected key) give the adapter's logits with the image within
 #     TOL_MERGED_PEER_TINY_ABS, and its merged image path moves them (peft_check.py merged
-#     --pixels); a text-only adapter's merged folder keeps the base's tower.
+#     --pixels); a text-only adapter's merged folder keeps the base's tower;
+#   - model_adapter = that trial: the run takes vision_targets and modules_to_save from the
+#     adapter; stating others is refused, naming the adapter's.
 source "$(dirname "$0")/lib.bash"
 SRC=$(pwd)
 cd "$TMP"
@@ -220,6 +222,37 @@ if [ -n "$PEERS" ]; then
 else
   skip_unless_ci "the image-path adapter through real PEFT (the peers venv: tests/peers/setup.sh)"
 fi
+# model_adapter = that adapter (its PEFT export): the run takes the image path it trained
+# (vision_targets, modules_to_save) with its LoRA shape, its baseline is pics_vt's final evaluation
+# and its first loss (same seed, same first batch) is below pics_vt's first
+sed -e 's/name = "pics_vt"/name = "vt_cont", model_adapter = env("ADAPTER", "vt_peft")/' -e 's/rank = 4, alpha = 8, //' -e 's/epochs = 2/epochs = 1/' \
+    -e '/vision_targets = /d' -e 's/schedule = "constant", warmup = 0,/schedule = "constant", warmup = 0 },/' pics_vt.lua > vt_cont.lua
+expect_run "model_adapter with a trained image path, vision_targets / modules_to_save left out: trains from it" 0 \
+  "starting from the adapter vt_peft.*final accuracy" -- "$GM" vt_cont.lua
+expect_run "... taking the adapter's shape and image path, pics_vt's final evaluation as its baseline, a lower first loss" 0 \
+  "shape rank=4 alpha=8 .*image path vision_targets=q_proj,fc1 modules_to_save=multi_modal_projector.*baseline = trial 1's final.*first loss lower.*provenance model_adapter=vt_peft" \
+  -- env SRC=results/pics_vt SRC_INDEX=1 CONT=results/vt_cont CONT_INDEX=1 "$GM" "$SRC/tests/e2e/start_check.lua"
+sed 's/max_length = 64,/max_length = 64, vision_targets = { "fc1", "q_proj" }, modules_to_save = "multi_modal_projector",/' vt_cont.lua > vt_same.lua
+expect_run "... stating the adapter's own image path is accepted" 0 "trial +1 .*vision tower" -- "$GM" vt_same.lua --dry-run
+sed 's/max_length = 64,/max_length = 64, vision_targets = "q_proj",/' vt_cont.lua > vt_less.lua
+expect_run "stated vision_targets that miss some of its tower adapters: refused by the dry run, naming one and the adapter's" 2 \
+  "vt_less.lua:[0-9]+: model_adapter results/pics_vt has an adapter on model.vision_tower.encoder.layers.0.mlp.fc1, which train.vision_targets = q_proj does not select: remove train.vision_targets \(the adapter decides it\) or set q_proj,fc1" \
+  -- env ADAPTER=results/pics_vt "$GM" vt_less.lua --dry-run
+sed 's/max_length = 64,/max_length = 64, vision_targets = "q_proj,fc1,k_proj",/' vt_cont.lua > vt_more.lua
+expect_run "... and ones that select more" 2 \
+  "train.vision_targets = q_proj,fc1,k_proj selects model.vision_tower.encoder.layers.0.self_attn.k_proj, which model_adapter vt_peft has no adapter for" \
+  -- "$GM" vt_more.lua --dry-run
+sed 's/max_length = 64,/max_length = 64, modules_to_save = "none",/' vt_cont.lua > vt_noproj.lua
+expect_run "a stated modules_to_save other than the adapter's: refused, naming both" 2 \
+  "train.modules_to_save = none, but model_adapter vt_peft has modules_to_save = multi_modal_projector: remove train.modules_to_save \(the adapter decides it\) or set multi_modal_projector" \
+  -- "$GM" vt_noproj.lua --dry-run
+sed 's/seeds = /sweep = grid { modules_to_save = { "none", "multi_modal_projector" } }, seeds = /' vt_cont.lua > vt_sweep.lua
+expect_run "... and sweeping it" 2 "grid.modules_to_save: the adapter's modules_to_save is fixed by model_adapter \(vt_peft\)" -- "$GM" vt_sweep.lua --dry-run
+sed -e 's/name = "vt_cont"/name = "vt_text"/' -e 's|task = classify.*|task = sft { data = data.jsonl { train = "data/text.jsonl", test_fraction = 0.34 } },|' vt_cont.lua > vt_text.lua
+for i in 1 2 3 4 5 6; do echo "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi $i\"}, {\"role\": \"assistant\", \"content\": \"Hello $i\"}]}"; done > data/text.jsonl
+expect_run "that adapter on data without images: refused, saying why" 2 \
+  "model_adapter vt_peft trained the image path \(vision_targets = q_proj,fc1, modules_to_save = multi_modal_projector\), which continues training only on data with images" \
+  -- "$GM" vt_text.lua --dry-run
 sed -e 's/"q_proj", "fc1"/"gate_proj"/' -e 's/name = "pics_vt"/name = "pics_vt_bad"/' pics_vt.lua > pics_vt_bad.lua
 expect_run "vision_targets naming a text module: refused with the tower's module names" 2 "vision_targets.*gate_proj.*fc1" -- "$GM" pics_vt_bad.lua
 # generation with images (greedy, a few tokens), and its errors
