@@ -33,12 +33,15 @@
  *        adapter written as a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)
  *        or, format = "gguf", a llama.cpp LoRA adapter file
  *   model:save_merged(out, {adapter =, trial =, format = "hf", dtype =}) -> info: the model with the
- *        adapter merged in, as a Hugging Face folder (dtype bf16 default, or f32) or, format = "gguf", a GGUF
+ *        adapter merged in, as a Hugging Face folder (dtype bf16 default, or f32; a multimodal base
+ *        whole, its tower's adapters and trained projector included) or, format = "gguf", a GGUF
  *        file (dtype f16 default, or f32, bf16, q8_0)
  *   model:adapter_info(path, {trial =}) -> {rank, alpha, rslora, dropout, modules, targets, layers,
- *        module_names, source, trial_id}: an adapter's LoRA shape, with targets / layers as train.*
- *        selects it
- *   model:lora_modules(targets [, layers]) -> the module names train.targets / train.layers select
+ *        module_names, vision_targets, modules_to_save, vision_module_names, source, trial_id}: an
+ *        adapter's LoRA shape, with targets / layers (and its image path: vision_targets,
+ *        modules_to_save) as train.* selects it
+ *   model:lora_modules(targets [, layers [, {vision = true}]]) -> the module names train.targets /
+ *        train.layers (vision: train.vision_targets, on the tower) select
  *   model:config()                                     -> table of the config fields
  *   model:sha256()                                     -> hex, "file=<12 hex> ..." (gm_model_sha256)
  *   model:close()
@@ -507,10 +510,13 @@ static int l_save_adapter(lua_State *L) {
 
 
 /* model:save_merged(out, {adapter =, trial =, format = "hf", dtype =}) -> {tensors =, merged =,
- * bytes =, tokenizer =, dtype =}: the model with the adapter (as `adapter`/`trial` name it; none:
- * the base alone, converted) merged into its weights, written as a Hugging Face folder `out`
- * (format "hf", dtype bf16 (default) / f32) or, format "gguf", a GGUF file `out` (dtype f32 /
- * f16 (default) / bf16 / q8_0; from a GGUF base). gm_model_save_merged (core/store/gm_merged.h). */
+ * tower_merged =, multimodal =, projector =, bytes =, tokenizer =, dtype =}: the model with the
+ * adapter (as `adapter`/`trial` name it; none: the base alone, converted) merged into its weights,
+ * a trained image path included (tower_merged: the tower's linears merged; projector: the trained
+ * projector written), as a Hugging Face folder `out` (format "hf", dtype bf16 (default) / f32;
+ * multimodal: a multimodal base's tower and projector are in it) or, format "gguf", a GGUF file
+ * `out` (dtype f32 / f16 (default) / bf16 / q8_0; from a GGUF base; the text decoder only, so an
+ * image-path adapter is refused). gm_model_save_merged (core/store/gm_merged.h). */
 static int l_save_merged(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     const char *out = luaL_checkstring(L, 2);
@@ -533,19 +539,25 @@ static int l_save_merged(lua_State *L) {
     gm_error err = {0};
     gm_status s = adapter ? use_adapter(lm, adapter, trial, &err) : GM_OK;
     gm_merged_info info;
-    if (s == GM_OK && adapter && (lm->ad->vision_lora.n > 0 || lm->ad->has_proj))
-        s = gm_error_set(&err, GM_ERR_UNSUPPORTED, "%s trained the image path (vision_targets / modules_to_save): merging the "
-                         "vision tower's adapters and the projector into the weights is not supported yet\n  hint: export it "
-                         "with --format peft (PEFT's merge_and_unload merges it)", lm->ad->source);
-    if (s == GM_OK)
-        s = gm_model_save_merged(lm->m, adapter ? &lm->ad->lora : NULL, lm->be, gguf ? GM_MERGED_GGUF : GM_MERGED_HF, dt, out, &info,
-                                 &err);
+    if (s == GM_OK) {
+        s = gm_model_save_merged(lm->m, adapter ? &lm->ad->lora : NULL, adapter ? &lm->ad->vision : NULL, lm->be,
+                                 gguf ? GM_MERGED_GGUF : GM_MERGED_HF, dt, out, &info, &err);
+        /* (the core's refusal of an image path in a GGUF names no file: this one) */
+        if (s == GM_ERR_UNSUPPORTED && adapter && (lm->ad->vision_lora.n > 0 || lm->ad->has_proj))
+            gm_error_prefix(&err, "%s", lm->ad->source);
+    }
     if (s != GM_OK) return gm_bind_raise(L, &err);
-    lua_createtable(L, 0, 5);
+    lua_createtable(L, 0, 8);
     lua_pushinteger(L, info.n_tensors);
     lua_setfield(L, -2, "tensors");
     lua_pushinteger(L, info.n_merged);
     lua_setfield(L, -2, "merged");
+    lua_pushinteger(L, info.n_tower_merged);
+    lua_setfield(L, -2, "tower_merged");
+    lua_pushboolean(L, info.multimodal);
+    lua_setfield(L, -2, "multimodal");
+    lua_pushboolean(L, info.projector);
+    lua_setfield(L, -2, "projector");
     lua_pushinteger(L, (lua_Integer)info.bytes);
     lua_setfield(L, -2, "bytes");
     lua_pushstring(L, info.tokenizer);
@@ -556,9 +568,12 @@ static int l_save_merged(lua_State *L) {
 }
 
 /* model:adapter_info(path, {trial =}) -> {rank =, alpha =, rslora =, dropout =, modules = n,
- * targets =, layers = {...} or nil, source =, trial_id =}: the LoRA shape of an adapter (anything
+ * targets =, layers = {...} or nil, module_names =, vision_targets =, modules_to_save =,
+ * vision_module_names =, source =, trial_id =}: the LoRA shape of an adapter (anything
  * gm_adapter_load reads) on this model, with `targets` / `layers` as train.targets / train.layers
- * write them to select exactly its modules (gm_adapter_targets; layers nil: every layer). */
+ * write them to select exactly its modules (gm_adapter_targets; layers nil: every layer), and the
+ * image path it trained as train.vision_targets (gm_adapter_vision_targets; "none": no tower
+ * adapters) and train.modules_to_save ("multi_modal_projector" or "none") select it. */
 static int l_adapter_info(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     const char *path = luaL_checkstring(L, 2);
@@ -574,7 +589,7 @@ static int l_adapter_info(lua_State *L) {
     if (s == GM_OK) s = gm_adapter_targets(&lm->ad->lora, lm->m, &list, &targets, layers, &n_layers, &err);
     if (s != GM_OK) return gm_bind_raise(L, &err);
     const gm_lora *lo = &lm->ad->lora;
-    lua_createtable(L, 0, 9);
+    lua_createtable(L, 0, 12);
     lua_pushinteger(L, lo->cfg.rank);
     lua_setfield(L, -2, "rank");
     lua_pushnumber(L, gm_f32_shortest(lo->cfg.alpha));
@@ -598,6 +613,21 @@ static int l_adapter_info(lua_State *L) {
     lua_createtable(L, lo->n, 0);
     for (int i = 0; i < lo->n; i++) lua_pushstring(L, lo->ad[i].module), lua_rawseti(L, -2, i + 1);
     lua_setfield(L, -2, "module_names");
+    /* the image path it trained, as train.vision_targets / modules_to_save select it */
+    char *vt = NULL;
+    if (gm_adapter_vision_targets(lm->ad, lm->m, &vt, &err) != GM_OK) {
+        lua_pop(L, 1);
+        return gm_bind_raise(L, &err);
+    }
+    lua_pushstring(L, vt);
+    gm_free(vt);
+    lua_setfield(L, -2, "vision_targets");
+    lua_pushstring(L, lm->ad->has_proj ? "multi_modal_projector" : "none");
+    lua_setfield(L, -2, "modules_to_save");
+    const gm_lora *vl = &lm->ad->vision_lora;
+    lua_createtable(L, vl->n, 0);
+    for (int i = 0; i < vl->n; i++) lua_pushstring(L, vl->ad[i].module), lua_rawseti(L, -2, i + 1);
+    lua_setfield(L, -2, "vision_module_names");
     lua_pushstring(L, lm->ad->source);
     lua_setfield(L, -2, "source");
     lua_pushstring(L, lm->ad->trial_id);
@@ -605,12 +635,19 @@ static int l_adapter_info(lua_State *L) {
     return 1;
 }
 
-/* model:lora_modules(targets [, layers]) -> {"model.layers.0.self_attn.q_proj", ...}: the modules
- * train.targets / train.layers select on this model (gm_lora_describe; layers: a list of layer
- * indices, nil for all). Raises naming a target that matches nothing or a bad expression. */
+/* model:lora_modules(targets [, layers [, {vision = true}]]) -> {"model.layers.0.self_attn.q_proj",
+ * ...}: the modules train.targets / train.layers select on this model (gm_lora_describe; layers: a
+ * list of layer indices, nil for all); with vision = true those train.vision_targets selects on its
+ * tower ("model.vision_tower.encoder.layers.0.self_attn.q_proj", ...; every layer, as the trainer's
+ * tower adapters). Raises naming a target that matches nothing or a bad expression, or a model
+ * without a tower for vision. */
 static int l_lora_modules(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     const char *targets = luaL_checkstring(L, 2);
+    static const char *const allowed[] = {"vision", NULL};
+    gm_bind_check_opts(L, 4, "lora_modules", allowed);
+    const bool vision = gm_bind_opt_bool(L, 4, "vision", false);
+    if (vision && !lm->m->vision) return luaL_error(L, "lora_modules: %s has no vision tower", lm->m->path);
     gm_lora_config lc = gm_lora_config_default();
     if (strlen(targets) >= sizeof lc.targets) return luaL_error(L, "lora_modules: targets longer than %d characters", (int)sizeof lc.targets - 1);
     snprintf(lc.targets, sizeof lc.targets, "%s", targets);
@@ -626,7 +663,9 @@ static int l_lora_modules(lua_State *L) {
     gm_lora lo;
     memset(&lo, 0, sizeof lo);
     gm_error err = {0};
-    if (gm_lora_describe(&lo, &lc, lm->m->arch, &lm->m->cfg, lm->m->peft_prefix, &err) != GM_OK) {
+    if (vision) for (int i = 0; i < GM_MAX_LAYERS; i++) lc.layers[i] = true;
+    const gm_model *part = vision ? lm->m->vision : lm->m;
+    if (gm_lora_describe(&lo, &lc, part->arch, &part->cfg, vision ? GM_VISION_TOWER_PREFIX : lm->m->peft_prefix, &err) != GM_OK) {
         gm_lora_free(&lo);
         return gm_bind_raise(L, &err);
     }

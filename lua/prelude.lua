@@ -90,8 +90,9 @@ M.TRAIN = TRAIN
 
 local EXPERIMENT_KEYS = { "name", "model", "model_adapter", "task", "train", "sweep", "seeds", "memory_limit", "fit",
   "report", "threads", "device", "description", "results", "validation" }
--- the adapter's shape: with model_adapter these come from the adapter (a run may restate them)
-local ADAPTER_SHAPE = { "rank", "alpha", "rslora", "targets", "layers" }
+-- the adapter's shape: with model_adapter these come from the adapter (a run may restate them);
+-- the last two are the image path it trained (the tower's adapters, the projector)
+local ADAPTER_SHAPE = { "rank", "alpha", "rslora", "targets", "layers", "vision_targets", "modules_to_save" }
 M.ADAPTER_SHAPE = ADAPTER_SHAPE
 
 local function sorted_keys(t)

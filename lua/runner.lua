@@ -773,10 +773,12 @@ local function model_sha(ctx, model)
 end
 
 --- experiment.model_adapter: every trial starts from that adapter (a PEFT folder, a trial, a
---- checkpoint). Its LoRA shape - rank, alpha, rslora, targets, layers - becomes the trials' where
---- the file does not state it; a stated rank / alpha / rslora must be the adapter's (a usage error
---- names both and the fix); stated targets / layers are checked against its modules when the
---- trainer starts from it (gm_adapter_to_trainer). The model is loaded (mapped) to read it.
+--- checkpoint). Its LoRA shape - rank, alpha, rslora, targets, layers, and the image path it
+--- trained: vision_targets, modules_to_save - becomes the trials' where the file does not state
+--- it; a stated rank / alpha / rslora / modules_to_save must be the adapter's (a usage error names
+--- both and the fix); stated targets / layers / vision_targets must select exactly its modules
+--- (checked here, and again when the trainer starts from it: gm_adapter_to_trainer). An adapter
+--- that trained the image path needs data with images. The model is loaded (mapped) to read it.
 local function resolve_model_adapter(ctx, e, trials)
   if not e.model_adapter then return end
   use_model(ctx, e, e.model)
@@ -814,7 +816,8 @@ local function resolve_model_adapter(ctx, e, trials)
       end
     end
   end
-  local want = { rank = info.rank, alpha = info.alpha, rslora = info.rslora, targets = info.targets, layers = info.layers }
+  local want = { rank = info.rank, alpha = info.alpha, rslora = info.rslora, targets = info.targets, layers = info.layers,
+    vision_targets = info.vision_targets, modules_to_save = info.modules_to_save }
   -- stated targets / layers must select exactly its modules (checked here, so the dry run says so
   -- and nothing is created)
   local st = e._stated or {}
@@ -840,17 +843,50 @@ local function resolve_model_adapter(ctx, e, trials)
       end
     end
   end
+  -- stated vision_targets must select exactly its tower adapters ("none": that it has none)
+  if st.vision_targets then
+    local vt = e.train.vision_targets
+    local mods = {}
+    if vt ~= "none" then
+      local okm, got = pcall(ctx.model.lora_modules, ctx.model, vt, nil, { vision = true })
+      if not okm then P.usage(P.where_of("vision_targets"), "train.vision_targets: %s", clean_msg(got)) end
+      mods = got
+    end
+    local have, sel = {}, {}
+    for _, n in ipairs(info.vision_module_names) do have[n] = true end
+    for _, n in ipairs(mods) do sel[n] = true end
+    local fix = string.format(": remove train.vision_targets (the adapter decides it) or set %s", info.vision_targets)
+    for _, n in ipairs(info.vision_module_names) do
+      if not sel[n] then
+        P.usage(P.where_of("vision_targets"), "model_adapter %s has an adapter on %s, which train.vision_targets = %s does not "
+          .. "select%s", e.model_adapter, n, vt, fix)
+      end
+    end
+    for _, n in ipairs(mods) do
+      if not have[n] then
+        P.usage(P.where_of("vision_targets"), "train.vision_targets = %s selects %s, which model_adapter %s has no adapter "
+          .. "for%s", vt, n, e.model_adapter, fix)
+      end
+    end
+  end
   for _, k in ipairs(P.ADAPTER_SHAPE) do
     local stated = e._stated and e._stated[k]
     for _, t in ipairs(trials) do
       if not stated then
         t.config[k] = want[k]
-      elseif (k == "rank" or k == "alpha" or k == "rslora") and t.config[k] ~= want[k] then
+      elseif (k == "rank" or k == "alpha" or k == "rslora" or k == "modules_to_save") and t.config[k] ~= want[k] then
         local function show(v) return math.type(v) == "float" and string.format("%.9g", v) or tostring(v) end
         P.usage(P.where_of(k), "train.%s = %s, but model_adapter %s has %s = %s: remove train.%s (the adapter decides it) or set %s",
           k, show(t.config[k]), e.model_adapter, k, show(want[k]), k, show(want[k]))
       end
     end
+  end
+  -- the image path it trained trains on (preflight checked the stated options; these came from
+  -- the adapter)
+  if (info.vision_targets ~= "none" or info.modules_to_save ~= "none") and ((ctx.items or {}).max_images or 0) == 0 then
+    P.usage(P.where_of("model_adapter"), "model_adapter %s trained the image path (vision_targets = %s, modules_to_save = %s), "
+      .. "which continues training only on data with images; this data has none", e.model_adapter, info.vision_targets,
+      info.modules_to_save)
   end
 end
 
@@ -1922,15 +1958,17 @@ function R.export(opts)
     local ok2, info = pcall(m.save_merged, m, opts.out, { adapter = t.path, format = gguf_out and "gguf" or "hf", dtype = opts.dtype })
     m:close()
     if not ok2 then P.usage(nil, "%s", clean_msg(info)) end
-    say("merged trial %s (%s) of %s with its base %s (kept as it is): %d of %d weights carry the adapter; %s, %s in %s",
-      tostring(t.trial_index), tostring(t.trial_id), opts.results, model, info.merged, info.tensors, info.dtype, fmt_bytes(info.bytes),
-      fmt_time(gm.clock() - t0))
+    say("merged trial %s (%s) of %s with its base %s (kept as it is): %d of %d weights carry the adapter%s%s; %s, %s in %s",
+      tostring(t.trial_index), tostring(t.trial_id), opts.results, model, info.merged, info.tensors,
+      info.tower_merged > 0 and string.format(" (%d of the vision tower's)", info.tower_merged) or "",
+      info.projector and ", the projector is the trained one" or "", info.dtype, fmt_bytes(info.bytes), fmt_time(gm.clock() - t0))
     if gguf_out then
       say("  written: %s (metadata and tokenizer from the base)", opts.out)
       say("  with llama.cpp: llama-cli -m %s", opts.out)
     else
       say("  written: %s/model.safetensors, config.json, generation_config.json; tokenizer: %s", opts.out, info.tokenizer)
-      say("  in Python: AutoModelForCausalLM.from_pretrained(\"%s\")", opts.out)
+      say("  in Python: %s.from_pretrained(\"%s\")%s", info.multimodal and "Gemma3ForConditionalGeneration" or "AutoModelForCausalLM",
+        opts.out, info.multimodal and " (the whole multimodal model: the vision tower and projector are in it)" or "")
     end
     return 0
   end

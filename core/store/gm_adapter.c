@@ -1019,6 +1019,40 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
     return targets_of(lo, m->arch, m->cfg.n_layers, m->peft_prefix, true, list, out, layers, n_layers, err);
 }
 
+gm_status gm_adapter_vision_targets(const gm_adapter *a, const gm_model *m, char **out, gm_error *err) {
+    const gm_lora *vl = &a->vision_lora;
+    *out = NULL;
+    if (vl->n == 0 || !m->vision) {
+        *out = gm_malloc(5);
+        if (!*out) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        memcpy(*out, "none", 5);
+        return GM_OK;
+    }
+    const gm_model *t = m->vision;
+    bool list, layers[GM_MAX_LAYERS];
+    int n_layers = 0, n_slots = 0;
+    GM_TRY(targets_of(vl, t->arch, t->cfg.n_layers, GM_VISION_TOWER_PREFIX, false, &list, out, layers, &n_layers, err));
+    for (int sl = 0; sl < GM_MAX_LAYER_WEIGHTS; sl++) n_slots += vl->slot_used[sl];
+    if (n_layers == t->cfg.n_layers && vl->n == n_layers * n_slots) {
+        /* the same modules on every layer (vision_targets selects no layers): their names, which
+         * a regex-free list matches on the tower's module names only */
+        size_t cap = 1;
+        for (int i = 0; i < vl->n; i++) cap += strlen(vl->ad[i].module) + 1;
+        char *names = gm_calloc(cap, 1);
+        if (!names) {
+            gm_free(*out), *out = NULL;
+            return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        }
+        for (int i = 0; i < vl->n && vl->ad[i].layer == vl->ad[0].layer; i++) {
+            if (i) strcat(names, ",");
+            strcat(names, target_name(t->arch, &vl->ad[i]));
+        }
+        gm_free(*out);
+        *out = names;
+    }
+    return GM_OK;
+}
+
 gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_model *m, const char *dir, const char *base_model,
                                gm_error *err) {
     const gm_lora *lo = &a->lora, *vl = &a->vision_lora;

@@ -87,6 +87,13 @@ void gm_adapter_free(gm_adapter *a);
 gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, char **out, bool layers[GM_MAX_LAYERS],
                              int *n_layers, gm_error *err);
 
+/* The vision_targets that select exactly a's tower adapters on multimodal model m, as train.
+ * vision_targets reads them (matched on the tower's module names, every tower layer): "none" when
+ * a has none; the module names ("q_proj,fc1") when they are the same modules on every layer; else
+ * a regular expression full-matched against "model.vision_tower.encoder.layers.N.<module>" that
+ * selects exactly them. *out is gm_malloc'd. Errors: GM_ERR_NOMEM. */
+gm_status gm_adapter_vision_targets(const gm_adapter *a, const gm_model *m, char **out, gm_error *err);
+
 struct gm_trainer;
 /* Starts trainer tr from adapter `a` (loaded on backend a_be for the trainer's model): each of the
  * trainer's adapters gets a's A and B of the same module, and a trained image path's tensors (the

@@ -96,7 +96,6 @@ static void *encode(const float *x, int64_t rows, int64_t cols, gm_dtype dt, siz
     return b;
 }
 
-/* Reads, merges and encodes one weight of the spec (layer < 0: model-level) into the list. */
 /* Where a Hugging Face folder's weights are named: the decoder's module prefix ("model." for
  * Gemma3ForCausalLM, "language_model.model." in a multimodal checkpoint) and the root of its
  * top-level weights ("" and "language_model."). */
@@ -104,6 +103,9 @@ typedef struct hf_names {
     const char *prefix, *root;
 } hf_names;
 static const hf_names TEXT_NAMES = {"model.", ""};
+/* a multimodal folder: the hub's layout (gm_model_save_with_tower's; the tower's beside it,
+ * add_tower), which transformers reads as Gemma3ForConditionalGeneration */
+static const hf_names MM_NAMES = {"language_model.model.", "language_model."};
 
 static void *encode(const float *x, int64_t rows, int64_t cols, gm_dtype dt, size_t *bytes);
 
@@ -130,6 +132,25 @@ static gm_status out_add(out_list *o, const char *name, gm_dtype dt, int ndim, c
     return GM_OK;
 }
 
+/* W (rows, cols) += lo's scaling * B A of adapter ad (its A, B downloaded from backend be). */
+static gm_status merge_adapter(const gm_lora *lo, const gm_lora_adapter *ad, gm_backend *be, float *W, int64_t rows, int64_t cols,
+                               gm_error *err) {
+    const int64_t r = lo->cfg.rank;
+    float *A = gm_malloc((size_t)(r * ad->in) * sizeof *A), *B = gm_malloc((size_t)(ad->out * r) * sizeof *B),
+          *row = gm_malloc((size_t)ad->in * sizeof *row);
+    gm_status s = GM_OK;
+    if (!A || !B || !row) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory merging %s", ad->module);
+    if (s == GM_OK) {
+        gm_backend_download(be, A, ad->A, (size_t)(r * ad->in) * sizeof *A);
+        gm_backend_download(be, B, ad->B, (size_t)(ad->out * r) * sizeof *B);
+        s = gm_backend_status(be, err);
+    }
+    if (s == GM_OK) merge_lora(W, rows, cols, A, B, r, lo->scaling, row);
+    gm_free(A), gm_free(B), gm_free(row);
+    return s;
+}
+
+/* Reads, merges and encodes one weight of the spec (layer < 0: model-level) into the list. */
 static gm_status add_weight(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format fmt, gm_dtype dtype,
                             const hf_names *hn, const gm_weight_spec *w, int64_t layer, int slot, out_list *o, int *n_merged,
                             gm_error *err) {
@@ -142,20 +163,11 @@ static gm_status add_weight(const gm_model *m, const gm_lora *lo, gm_backend *be
     int ai = s == GM_OK && lo && layer >= 0 && w->kind == GM_W_LINEAR ? lo->index[layer * lo->n_slots + slot] : -1;
     if (ai >= 0) {
         const gm_lora_adapter *ad = &lo->ad[ai];
-        const int64_t r = lo->cfg.rank;
-        float *A = gm_malloc((size_t)(r * ad->in) * sizeof *A), *B = gm_malloc((size_t)(ad->out * r) * sizeof *B),
-              *row = gm_malloc((size_t)ad->in * sizeof *row);
-        if (!A || !B || !row) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory merging %s", ad->module);
-        if (s == GM_OK && (ad->out != rows || ad->in != cols))
+        if (ad->out != rows || ad->in != cols)
             s = gm_error_set(err, GM_ERR_INVALID, "%s: the adapter is (%lld, %lld), the weight (%lld, %lld)", ad->module,
                              (long long)ad->out, (long long)ad->in, (long long)rows, (long long)cols);
-        if (s == GM_OK) {
-            gm_backend_download(be, A, ad->A, (size_t)(r * ad->in) * sizeof *A);
-            gm_backend_download(be, B, ad->B, (size_t)(ad->out * r) * sizeof *B);
-            s = gm_backend_status(be, err);
-        }
-        if (s == GM_OK) merge_lora(x, rows, cols, A, B, r, lo->scaling, row), (*n_merged)++;
-        gm_free(A), gm_free(B), gm_free(row);
+        if (s == GM_OK) s = merge_adapter(lo, ad, be, x, rows, cols, err);
+        if (s == GM_OK) (*n_merged)++;
     }
     /* GGUF keeps 1-D weights in f32 and falls back to f16 where a row is not whole Q8_0 blocks */
     gm_dtype dt = dtype;
@@ -428,43 +440,7 @@ static gm_status finish_hf_out(gm_status s, const char *out, const char *part, g
     return GM_OK;
 }
 
-gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, gm_backend *be, gm_merged_format format, gm_dtype dtype,
-                               const char *out, gm_merged_info *info, gm_error *err) {
-    gm_merged_info dummy;
-    if (!info) info = &dummy;
-    memset(info, 0, sizeof *info);
-    struct stat sb;
-    if (format == GM_MERGED_HF) {
-        GM_TRY(check_hf_out(m, dtype, out, err));
-    } else {
-        if (dtype != GM_F32 && dtype != GM_BF16 && dtype != GM_F16 && dtype != GM_Q8_0)
-            return gm_error_set(err, GM_ERR_INVALID, "a merged GGUF takes dtype f32, f16, bf16 or q8_0, not %s", gm_dtype_name(dtype));
-        if (stat(out, &sb) == 0 && S_ISDIR(sb.st_mode))
-            return gm_error_set(err, GM_ERR_INVALID, "%s is a folder: give a .gguf file name for the merged model", out);
-        if (same_file(out, m->path))
-            return gm_error_set(err, GM_ERR_INVALID, "%s is the base model: give another file name (the base is kept)", out);
-        if (m->format != GM_FORMAT_GGUF || !m->gguf)
-            return gm_error_set(err, GM_ERR_UNSUPPORTED,
-                                "%s: a merged GGUF is written from a GGUF base (its tokenizer and metadata are copied); this "
-                                "base is a Hugging Face checkpoint\n  hint: export --format merged into a folder, then convert "
-                                "that folder with llama.cpp's convert_hf_to_gguf.py",
-                                m->path);
-    }
-    if (m->cfg.arch != GM_ARCH_GEMMA3)
-        return gm_error_set(err, GM_ERR_UNSUPPORTED, "merging into %s models is not implemented yet", gm_arch_name(m->cfg.arch));
-    char part[4200];
-    if (format == GM_MERGED_HF) GM_TRY(start_hf_out(out, part, sizeof part, err));
-    out_list o = {0};
-    gm_status s = collect(m, lo, be, format, dtype, &TEXT_NAMES, &o, &info->n_merged, err);
-    if (s == GM_OK) s = format == GM_MERGED_HF ? save_hf(m, &m->cfg, &o, dtype, part, info, err) : save_gguf(m, &o, dtype, out, info, err);
-    info->n_tensors = o.n;
-    info->bytes = o.bytes;
-    out_free(&o);
-    if (format == GM_MERGED_HF) s = finish_hf_out(s, out, part, err);
-    return s;
-}
-
-/* ---- a text model with a new vision tower -------------------------------------------------- */
+/* ---- the vision tower: a base's with its adapter merged, or drawn new ------------------------ */
 
 /* A standard normal draw (Box-Muller on two uniforms; 1 - u keeps the log finite). */
 static float normal_draw(gm_rng *r) {
@@ -480,7 +456,17 @@ static uint64_t name_stream(const char *s) {
     return h;
 }
 
-/* One weight of the new tower, initialized as transformers initializes a
+/* Where a tower's weights come from: drawn (gm_model_save_with_tower: tower NULL, from `seed`),
+ * or read from a multimodal base's tower as stored with an adapter's trained image path merged in
+ * (gm_model_save_merged: ad may be NULL or hold neither part; its buffers on backend be). */
+typedef struct tower_src {
+    const gm_model *tower;
+    uint64_t seed;
+    const gm_vision_adapter *ad;
+    gm_backend *be;
+} tower_src;
+
+/* One weight of a new tower, initialized as transformers initializes a
  * Gemma3ForConditionalGeneration made from its config (PreTrainedModel._init_weights with
  * initializer_range 0.02, then Gemma3PreTrainedModel._init_weights): linears, the patch
  * convolution and the position embedding N(0, 0.02^2); biases 0; LayerNorm weights 1; the
@@ -490,13 +476,8 @@ static uint64_t name_stream(const char *s) {
  * the first step's gradient norm was 4e7 (digits_vision.lua with 16 tokens per image), such a
  * step stays in AdamW's second moment for hundreds of steps, and the projector hardly moved: with
  * 50 digits per class, 126 steps, test accuracy stayed at chance (10.0%) where the drawn projector
- * gives 29% (README, "Images: real handwritten digits"). */
-static gm_status add_tower_weight(const gm_config *tc, const gm_weight_spec *w, int64_t layer, bool is_patch,
-                                  uint64_t seed, gm_dtype dtype, const char *name, out_list *o, gm_error *err) {
-    int64_t rows = gm_dim_value(tc, layer, w->rows, 0), cols = w->cols == GM_DIM_NONE ? 0 : gm_dim_value(tc, layer, w->cols, 0);
-    const int64_t n = cols ? rows * cols : rows;
-    float *x = gm_malloc((size_t)n * sizeof *x);
-    if (!x) return gm_error_set(err, GM_ERR_NOMEM, "out of memory for %s", name);
+ * gives 29% (README, "Images: real handwritten digits"). x: n floats. */
+static void draw_tower_weight(const gm_weight_spec *w, uint64_t seed, const char *name, float *x, int64_t n) {
     size_t len = strlen(w->hf);
     bool bias = len >= 5 && strcmp(w->hf + len - 5, ".bias") == 0;
     if (w->kind == GM_W_LINEAR || w->kind == GM_W_EMBED) {
@@ -506,14 +487,143 @@ static gm_status add_tower_weight(const gm_config *tc, const gm_weight_spec *w, 
         const float v = w->kind == GM_W_VEC && !bias ? 1.0f : 0.0f; /* LayerNorm weight 1; biases, RMSNorm w, projector 0 */
         for (int64_t i = 0; i < n; i++) x[i] = v;
     }
+}
+
+/* One weight of a base's tower, x (n floats) as Hugging Face stores it (norms as w), with the
+ * adapter's part of it: the projector's weight (C, C_text, the checkpoint's layout) and its norm's
+ * w replaced by the trained ones (PEFT's modules_to_save: the module's copy replaces it), a linear
+ * of layer `layer` in `slot` with LoRA merged as add_weight merges the decoder's. *merged, *proj
+ * count what the adapter changed. */
+static gm_status read_tower_weight(const tower_src *src, const gm_config *tc, const gm_weight_spec *w, int64_t layer, int slot,
+                                   float *x, int64_t n, int *merged, bool *proj, gm_error *err) {
+    const gm_vision_adapter *ad = src->ad;
+    const float *trained = NULL;
+    if (ad && layer < 0 && slot == GM_SIGLIP_MM_PROJ) trained = ad->proj_w;
+    if (ad && layer < 0 && slot == GM_SIGLIP_MM_NORM) trained = ad->proj_norm_w;
+    if (trained) {
+        gm_backend_download(src->be, x, trained, (size_t)n * sizeof *x);
+        *proj = true;
+        return gm_backend_status(src->be, err);
+    }
+    GM_TRY(gm_model_weight_f32(src->tower, w, layer, GM_NORM_ONE_PLUS_W, x, err));
+    const gm_lora *vl = ad ? ad->tower : NULL;
+    const gm_lora_adapter *a = layer >= 0 && w->kind == GM_W_LINEAR ? gm_lora_at(vl, layer, slot) : NULL;
+    if (!a) return GM_OK;
+    const int64_t rows = gm_dim_value(tc, layer, w->rows, 0), cols = gm_dim_value(tc, layer, w->cols, 0);
+    if (a->out != rows || a->in != cols)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: the adapter is (%lld, %lld), the weight (%lld, %lld)", a->module,
+                            (long long)a->out, (long long)a->in, (long long)rows, (long long)cols);
+    gm_status s = merge_adapter(vl, a, src->be, x, rows, cols, err);
+    if (s == GM_OK) (*merged)++;
+    return s;
+}
+
+/* One weight of the tower (slot: its index in the spec's globals when layer < 0, else in the
+ * layer's), from src, encoded as dtype under `name`; the patch convolution as Conv2d's
+ * (C, 3, p, p), the projector as stored (C, C_text). */
+static gm_status add_tower_weight(const gm_config *tc, const gm_weight_spec *w, int64_t layer, int slot, const tower_src *src,
+                                  gm_dtype dtype, const char *name, out_list *o, int *merged, bool *proj, gm_error *err) {
+    int64_t rows = gm_dim_value(tc, layer, w->rows, 0), cols = w->cols == GM_DIM_NONE ? 0 : gm_dim_value(tc, layer, w->cols, 0);
+    const int64_t n = cols ? rows * cols : rows;
+    float *x = gm_malloc((size_t)n * sizeof *x);
+    if (!x) return gm_error_set(err, GM_ERR_NOMEM, "out of memory for %s", name);
+    gm_status s = GM_OK;
+    if (src->tower) s = read_tower_weight(src, tc, w, layer, slot, x, n, merged, proj, err);
+    else draw_tower_weight(w, src->seed, name, x, n);
+    const bool is_patch = layer < 0 && slot == GM_SIGLIP_PATCH;
     const int64_t p = tc->vision.patch_size;
     const int64_t conv[4] = {rows, 3, p, p}, trans[2] = {cols, rows}, plain[2] = {rows, cols};
-    gm_status s = is_patch       ? out_add(o, name, dtype, 4, conv, x, rows, cols, err)  /* Conv2d's (C, 3, p, p) */
-                  : w->transposed ? out_add(o, name, dtype, 2, trans, x, rows, cols, err) /* the projector, (C, C_text) */
-                                  : out_add(o, name, dtype, cols ? 2 : 1, plain, x, rows, cols, err);
+    if (s == GM_OK)
+        s = is_patch       ? out_add(o, name, dtype, 4, conv, x, rows, cols, err)  /* Conv2d's (C, 3, p, p) */
+            : w->transposed ? out_add(o, name, dtype, 2, trans, x, rows, cols, err) /* the projector, (C, C_text) */
+                            : out_add(o, name, dtype, cols ? 2 : 1, plain, x, rows, cols, err);
     gm_free(x);
     return s;
 }
+
+/* Every weight of the tower of config tc (gm_config_vision_tower) and the projector, from src, in
+ * the hub's layout: "vision_tower.vision_model." + the tower's names, the projector's at the root
+ * ("multi_modal_projector."). *merged: the tower's linears that carry an adapter; *proj: whether
+ * the projector was replaced by a trained one. */
+static gm_status add_tower(const gm_config *tc, const tower_src *src, gm_dtype dtype, out_list *o, int *merged, bool *proj,
+                           gm_error *err) {
+    static const char TOWER[] = "vision_tower.vision_model.";
+    const gm_arch_def *ar = gm_arch_get(GM_ARCH_SIGLIP);
+    char name[256];
+    for (int gi = 0; gi < ar->n_globals; gi++) {
+        const gm_weight_spec *w = &ar->globals[gi];
+        if (gi == GM_GLOBAL_LM_HEAD || !gm_weight_present(w, tc, -1)) continue; /* the tied slot: the position embedding */
+        snprintf(name, sizeof name, "%s%s", w->top_level ? "" : TOWER, w->hf);
+        GM_TRY(add_tower_weight(tc, w, -1, gi, src, dtype, name, o, merged, proj, err));
+    }
+    for (int64_t l = 0; l < tc->n_layers; l++)
+        for (int sl = 0; sl < ar->n_layer; sl++) {
+            snprintf(name, sizeof name, "%s%s%lld.%s", TOWER, ar->layers_prefix, (long long)l, ar->layer[sl].hf);
+            GM_TRY(add_tower_weight(tc, &ar->layer[sl], l, sl, src, dtype, name, o, merged, proj, err));
+        }
+    return GM_OK;
+}
+
+gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, const gm_vision_adapter *vision, gm_backend *be,
+                               gm_merged_format format, gm_dtype dtype, const char *out, gm_merged_info *info, gm_error *err) {
+    gm_merged_info dummy;
+    if (!info) info = &dummy;
+    memset(info, 0, sizeof *info);
+    struct stat sb;
+    const bool image_path = vision && (vision->tower || vision->proj_w);
+    if (image_path && !m->vision)
+        return gm_error_set(err, GM_ERR_INVALID, "%s has no vision tower: an adapter that trained the image path does not fit it",
+                            m->path);
+    if (format == GM_MERGED_HF) {
+        GM_TRY(check_hf_out(m, dtype, out, err));
+    } else {
+        if (image_path)
+            return gm_error_set(err, GM_ERR_UNSUPPORTED,
+                                "the adapter trained the image path (LoRA on the vision tower, the projector): a merged GGUF "
+                                "holds the text decoder only, and llama.cpp keeps the tower and projector in a separate mmproj "
+                                "file, which gemmarun does not write\n  hint: export --format merged into a folder (a Hugging "
+                                "Face Gemma3ForConditionalGeneration, the tower's adapters merged and the trained projector in "
+                                "it), or --format peft");
+        if (dtype != GM_F32 && dtype != GM_BF16 && dtype != GM_F16 && dtype != GM_Q8_0)
+            return gm_error_set(err, GM_ERR_INVALID, "a merged GGUF takes dtype f32, f16, bf16 or q8_0, not %s", gm_dtype_name(dtype));
+        if (stat(out, &sb) == 0 && S_ISDIR(sb.st_mode))
+            return gm_error_set(err, GM_ERR_INVALID, "%s is a folder: give a .gguf file name for the merged model", out);
+        if (same_file(out, m->path))
+            return gm_error_set(err, GM_ERR_INVALID, "%s is the base model: give another file name (the base is kept)", out);
+        if (m->format != GM_FORMAT_GGUF || !m->gguf)
+            return gm_error_set(err, GM_ERR_UNSUPPORTED,
+                                "%s: a merged GGUF is written from a GGUF base (its tokenizer and metadata are copied); this "
+                                "base is a Hugging Face checkpoint\n  hint: export --format merged into a folder, then convert "
+                                "that folder with llama.cpp's convert_hf_to_gguf.py",
+                                m->path);
+    }
+    if (m->cfg.arch != GM_ARCH_GEMMA3)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "merging into %s models is not implemented yet", gm_arch_name(m->cfg.arch));
+    /* a multimodal base keeps its tower (the whole Gemma3ForConditionalGeneration); one whose
+     * files hold no tower (stripped: gm_model_load reads it as a text model) is written as the
+     * text model it is, its config without the vision_config */
+    const bool mm = format == GM_MERGED_HF && m->vision;
+    gm_config cfg = m->cfg;
+    if (!mm) memset(&cfg.vision, 0, sizeof cfg.vision);
+    char part[4200];
+    if (format == GM_MERGED_HF) GM_TRY(start_hf_out(out, part, sizeof part, err));
+    out_list o = {0};
+    gm_status s = collect(m, lo, be, format, dtype, mm ? &MM_NAMES : &TEXT_NAMES, &o, &info->n_merged, err);
+    if (s == GM_OK && mm) {
+        const tower_src src = {.tower = m->vision, .ad = vision, .be = be};
+        s = add_tower(&m->vision->cfg, &src, dtype, &o, &info->n_tower_merged, &info->projector, err);
+        info->n_merged += info->n_tower_merged;
+        info->multimodal = true;
+    }
+    if (s == GM_OK) s = format == GM_MERGED_HF ? save_hf(m, &cfg, &o, dtype, part, info, err) : save_gguf(m, &o, dtype, out, info, err);
+    info->n_tensors = o.n;
+    info->bytes = o.bytes;
+    out_free(&o);
+    if (format == GM_MERGED_HF) s = finish_hf_out(s, out, part, err);
+    return s;
+}
+
+/* ---- a text model with a new vision tower -------------------------------------------------- */
 
 /* The id of special token `text` in m's vocabulary, else `fallback`. */
 static int32_t special_id(const gm_model *m, const char *text, int32_t fallback) {
@@ -553,24 +663,11 @@ gm_status gm_model_save_with_tower(const gm_model *m, const gm_vision_config *vi
     v->params = 0; /* a planning figure, counted again when the folder is read */
     char part[4200];
     GM_TRY(start_hf_out(out, part, sizeof part, err));
-    /* the hub's layout (what transformers' save_pretrained writes for Gemma3ForConditionalGeneration) */
-    static const hf_names MM_NAMES = {"language_model.model.", "language_model."};
-    static const char TOWER[] = "vision_tower.vision_model.";
     out_list o = {0};
     gm_status s = collect(m, NULL, NULL, GM_MERGED_HF, dtype, &MM_NAMES, &o, &info->n_merged, err);
-    const gm_arch_def *ar = gm_arch_get(GM_ARCH_SIGLIP);
-    char name[256];
-    for (int gi = 0; s == GM_OK && gi < ar->n_globals; gi++) {
-        const gm_weight_spec *w = &ar->globals[gi];
-        if (gi == GM_GLOBAL_LM_HEAD || !gm_weight_present(w, &tc, -1)) continue; /* the tied slot: the position embedding */
-        snprintf(name, sizeof name, "%s%s", w->top_level ? "" : TOWER, w->hf);
-        s = add_tower_weight(&tc, w, -1, gi == GM_SIGLIP_PATCH, seed, dtype, name, &o, err);
-    }
-    for (int64_t l = 0; s == GM_OK && l < tc.n_layers; l++)
-        for (int sl = 0; s == GM_OK && sl < ar->n_layer; sl++) {
-            snprintf(name, sizeof name, "%s%s%lld.%s", TOWER, ar->layers_prefix, (long long)l, ar->layer[sl].hf);
-            s = add_tower_weight(&tc, &ar->layer[sl], l, false, seed, dtype, name, &o, err);
-        }
+    const tower_src src = {.seed = seed};
+    bool proj = false;
+    if (s == GM_OK) s = add_tower(&tc, &src, dtype, &o, &info->n_merged, &proj, err);
     if (s == GM_OK) s = save_hf(m, &mm, &o, dtype, part, info, err);
     info->n_tensors = o.n;
     info->bytes = o.bytes;

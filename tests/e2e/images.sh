@@ -23,10 +23,17 @@
 #     its file refused with the file's size;
 #   - vision_targets and modules_to_save: the tower's adapters and the projector train, land in
 #     the trial file under PEFT's keys; that adapter reads back: `generate --adapter --image` runs
-#     the image through them, a text-only model refuses it, GGUF and merged exports refuse it by
-#     name, and the PEFT export loads in real PEFT on the multimodal base with gemmarun's logits
-#     for the same ids and pixel values (tests/peers/peft_check.py vision); a text module as a
-#     tower target is refused with the tower's module names.
+#     the image through them, a text-only model refuses it, the GGUF exports (adapter and merged)
+#     refuse it by name, and the PEFT export loads in real PEFT on the multimodal base with
+#     gemmarun's logits for the same ids and pixel values (tests/peers/peft_check.py vision); a
+#     text module as a tower target is refused with the tower's module names;
+#   - the merged export (--format merged) of that adapter is the whole multimodal model (tower
+#     LoRA merged, the trained projector): gemmarun and transformers (Gemma3ForConditionalGeneration,
+#     no missing or unexpected key) give the adapter's logits with the image within
+#     TOL_MERGED_PEER_TINY_ABS, and its merged image path moves them (peft_check.py merged
+#     --pixels); a text-only adapter's merged folder keeps the base's tower;
+#   - model_adapter = that trial: the run takes vision_targets and modules_to_save from the
+#     adapter; stating others is refused, naming the adapter's.
 source "$(dirname "$0")/lib.bash"
 SRC=$(pwd)
 cd "$TMP"
@@ -163,9 +170,9 @@ expect_run "the same adapter on a text-only model: refused, saying it trained an
 expect_run "export --format gguf of it: refused (llama.cpp adapters carry no vision tower)" 2 \
   "trained the image path.*llama.cpp LoRA adapter carries no vision tower or projector" -- \
   "$GM" export results/pics_vt vt.gguf --format gguf
-expect_run "export --format merged of it: refused, naming what is not supported" 2 \
-  "trained the image path.*merging the vision tower's adapters and the projector into the weights is not supported" -- \
-  "$GM" export results/pics_vt vt_merged --format merged
+expect_run "export --format merged of it as a GGUF: refused (llama.cpp keeps the tower in an mmproj file), naming the ways out" 2 \
+  "pics_vt/trial-[0-9a-f]+\.h5: the adapter trained the image path .*a merged GGUF holds the text decoder only, and llama.cpp keeps the tower and projector in a separate mmproj file.*hint: export --format merged into a folder .*or --format peft" -- \
+  "$GM" export results/pics_vt vt_merged.gguf --format merged
 expect_run "export --format peft of it: the tower's modules and the projector (modules_to_save)" 0 \
   "46 LoRA modules \(4 on the vision tower\) and the trained projector" -- "$GM" export results/pics_vt vt_peft --format peft
 # gemmarun's logits with an image (random pixel values, the same file for PEFT) through that
@@ -175,6 +182,36 @@ awk 'BEGIN { srand(7); for (i = 0; i < 3 * 56 * 56; i++) printf "%.6f\n", rand()
 VT_IDS=2,15,27,509,511,511,511,511,510,100,31,7,300
 expect_run "m:logits with pixels through that adapter" 0 "wrote 6656 logits" -- \
   env MODEL="$VIS" IDS=$VT_IDS OUT=results/vt_logits.txt ADAPTER=results/pics_vt PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua"
+# the same adapter merged into the multimodal base (export --format merged, f32): the whole
+# Gemma3ForConditionalGeneration - the decoder and the tower with their LoRA merged, the trained
+# projector - read back by gemmarun gives the adapter's logits with the image within
+# TOL_MERGED_PEER_TINY_ABS (the merge moves only the order of f32 additions), and transformers
+# likewise (below, with the peers)
+TOLM=$(tol TOL_MERGED_PEER_TINY_ABS)
+expect_run "m:logits with pixels on the base alone" 0 "wrote 6656 logits" -- \
+  env MODEL="$VIS" IDS=$VT_IDS OUT=results/vt_base.txt PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua"
+expect_run "export --format merged of it: the multimodal model with the tower's adapters merged and the trained projector" 0 \
+  "merged trial 1 .* 46 of 119 weights carry the adapter \(4 of the vision tower's\), the projector is the trained one; f32.*in Python: Gemma3ForConditionalGeneration.from_pretrained\(\"vt_merged\"\)" -- \
+  "$GM" export results/pics_vt vt_merged --format merged --dtype f32
+# close_logits OURS MERGED BASE: "ok" when the merged folder's logits (MERGED) are within TOLM of the
+# adapter's (OURS) over all 6656, and the adapter moves them (OURS - BASE) by more than 10 x TOLM
+close_logits() {
+  awk -v tol="$TOLM" 'FILENAME == ARGV[1] { a[FNR] = $1; next }
+    FILENAME == ARGV[2] { d = $1 - a[FNR]; if (d < 0) d = -d; if (d > md) md = d; n++; next }
+    { e = $1 - a[FNR]; if (e < 0) e = -e; if (e > me) me = e }
+    END { printf "%s %.3g over %d logits; the adapter moves them by %.3g\n", (n == 6656 && md <= tol && me > 10 * tol) ? "ok" : "FAIL", md, n, me }' "$@"
+}
+env MODEL=vt_merged IDS=$VT_IDS OUT=results/vt_merged.txt PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua" >/dev/null 2>&1
+expect_run "gemmarun reads the merged folder: with the image, the adapter's logits within $TOLM" 0 "^ok " -- \
+  close_logits results/vt_logits.txt results/vt_merged.txt results/vt_base.txt
+# a text-only adapter (the chat run: LoRA on the decoder) on the multimodal base keeps the tower
+expect_run "export --format merged of a text-only adapter on the multimodal base: the tower and projector kept" 0 \
+  "of results/chat .*: 42 of 119 weights carry the adapter; f32.*Gemma3ForConditionalGeneration" -- \
+  "$GM" export results/chat chat_merged --format merged --dtype f32
+env MODEL="$VIS" IDS=$VT_IDS OUT=results/chat_logits.txt ADAPTER=results/chat PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua" >/dev/null 2>&1
+env MODEL=chat_merged IDS=$VT_IDS OUT=results/chat_merged.txt PIXELS=pix.txt "$GM" "$SRC/tests/peers/logits.lua" >/dev/null 2>&1
+expect_run "... read back by gemmarun: with the image, that adapter's logits within $TOLM" 0 "^ok " -- \
+  close_logits results/chat_logits.txt results/chat_merged.txt results/vt_base.txt
 # the PEFT export read back by gemmarun: the same logits, bit for bit (f32 both ways)
 expect_run "the PEFT export read back (tower LoRA, modules_to_save): the trial's logits with the image, bit for bit" 0 "^same$" -- \
   sh -c "env MODEL='$VIS' IDS=$VT_IDS OUT=results/vt_back.txt ADAPTER=vt_peft PIXELS=pix.txt '$GM' '$SRC/tests/peers/logits.lua' >/dev/null && cmp results/vt_logits.txt results/vt_back.txt && echo same"
@@ -188,6 +225,14 @@ if [ -n "$PEERS" ]; then
     "ok +logits with images and the adapter.*ok +its image path \(tower LoRA, projector\) moves PEFT's logits" -- \
     "$PEERS" "$SRC/tests/peers/peft_check.py" vision --base "$VIS" --adapter vt_peft --ids $VT_IDS --pixels pix.txt \
     --ours results/vt_logits.txt --tol "$TOL"
+  expect_run "transformers loads the merged multimodal folder (no missing or unexpected key) and gives gemmarun's logits with the adapter within $TOLM" 0 \
+    "ok +config.json says float32 and all 119 tensors are F32.*ok +Gemma3ForConditionalGeneration loads every weight of the folder \(39 of the tower and projector\).*ok +merged multimodal model in transformers, with the image.*ok +the adapter moves the logits.*ok +same next token.*ok +its merged image path \(tower LoRA, trained projector\) moves transformers' logits" -- \
+    "$PEERS" "$SRC/tests/peers/peft_check.py" merged --model vt_merged --ids $VT_IDS --pixels pix.txt --base "$VIS" \
+    --ours results/vt_logits.txt --ours-base results/vt_base.txt --tol "$TOLM"
+  expect_run "... and the text-only adapter's merged folder, the tower as the base's" 0 \
+    "ok +Gemma3ForConditionalGeneration loads every weight.*ok +merged multimodal model in transformers, with the image.*ok +the adapter moves the logits" -- \
+    "$PEERS" "$SRC/tests/peers/peft_check.py" merged --model chat_merged --ids $VT_IDS --pixels pix.txt \
+    --ours results/chat_logits.txt --ours-base results/vt_base.txt --tol "$TOLM"
   # an adapter PEFT itself made on the multimodal base: q_proj of both parts, fc1 of the tower,
   # the projector as modules_to_save; gemmarun reads its folder and gives PEFT's logits
   expect_run "PEFT makes an image-path adapter (q_proj,fc1, modules_to_save)" 0 "PEFT made a LoRA adapter" -- \
@@ -201,6 +246,37 @@ if [ -n "$PEERS" ]; then
 else
   skip_unless_ci "the image-path adapter through real PEFT (the peers venv: tests/peers/setup.sh)"
 fi
+# model_adapter = that adapter (its PEFT export): the run takes the image path it trained
+# (vision_targets, modules_to_save) with its LoRA shape, its baseline is pics_vt's final evaluation
+# and its first loss (same seed, same first batch) is below pics_vt's first
+sed -e 's/name = "pics_vt"/name = "vt_cont", model_adapter = env("ADAPTER", "vt_peft")/' -e 's/rank = 4, alpha = 8, //' -e 's/epochs = 2/epochs = 1/' \
+    -e '/vision_targets = /d' -e 's/schedule = "constant", warmup = 0,/schedule = "constant", warmup = 0 },/' pics_vt.lua > vt_cont.lua
+expect_run "model_adapter with a trained image path, vision_targets / modules_to_save left out: trains from it" 0 \
+  "starting from the adapter vt_peft.*final accuracy" -- "$GM" vt_cont.lua
+expect_run "... taking the adapter's shape and image path, pics_vt's final evaluation as its baseline, a lower first loss" 0 \
+  "shape rank=4 alpha=8 .*image path vision_targets=q_proj,fc1 modules_to_save=multi_modal_projector.*baseline = trial 1's final.*first loss lower.*provenance model_adapter=vt_peft" \
+  -- env SRC=results/pics_vt SRC_INDEX=1 CONT=results/vt_cont CONT_INDEX=1 "$GM" "$SRC/tests/e2e/start_check.lua"
+sed 's/max_length = 64,/max_length = 64, vision_targets = { "fc1", "q_proj" }, modules_to_save = "multi_modal_projector",/' vt_cont.lua > vt_same.lua
+expect_run "... stating the adapter's own image path is accepted" 0 "trial +1 .*vision tower" -- "$GM" vt_same.lua --dry-run
+sed 's/max_length = 64,/max_length = 64, vision_targets = "q_proj",/' vt_cont.lua > vt_less.lua
+expect_run "stated vision_targets that miss some of its tower adapters: refused by the dry run, naming one and the adapter's" 2 \
+  "vt_less.lua:[0-9]+: model_adapter results/pics_vt has an adapter on model.vision_tower.encoder.layers.0.mlp.fc1, which train.vision_targets = q_proj does not select: remove train.vision_targets \(the adapter decides it\) or set q_proj,fc1" \
+  -- env ADAPTER=results/pics_vt "$GM" vt_less.lua --dry-run
+sed 's/max_length = 64,/max_length = 64, vision_targets = "q_proj,fc1,k_proj",/' vt_cont.lua > vt_more.lua
+expect_run "... and ones that select more" 2 \
+  "train.vision_targets = q_proj,fc1,k_proj selects model.vision_tower.encoder.layers.0.self_attn.k_proj, which model_adapter vt_peft has no adapter for" \
+  -- "$GM" vt_more.lua --dry-run
+sed 's/max_length = 64,/max_length = 64, modules_to_save = "none",/' vt_cont.lua > vt_noproj.lua
+expect_run "a stated modules_to_save other than the adapter's: refused, naming both" 2 \
+  "train.modules_to_save = none, but model_adapter vt_peft has modules_to_save = multi_modal_projector: remove train.modules_to_save \(the adapter decides it\) or set multi_modal_projector" \
+  -- "$GM" vt_noproj.lua --dry-run
+sed 's/seeds = /sweep = grid { modules_to_save = { "none", "multi_modal_projector" } }, seeds = /' vt_cont.lua > vt_sweep.lua
+expect_run "... and sweeping it" 2 "grid.modules_to_save: the adapter's modules_to_save is fixed by model_adapter \(vt_peft\)" -- "$GM" vt_sweep.lua --dry-run
+sed -e 's/name = "vt_cont"/name = "vt_text"/' -e 's|task = classify.*|task = sft { data = data.jsonl { train = "data/text.jsonl", test_fraction = 0.34 } },|' vt_cont.lua > vt_text.lua
+for i in 1 2 3 4 5 6; do echo "{\"messages\": [{\"role\": \"user\", \"content\": \"Hi $i\"}, {\"role\": \"assistant\", \"content\": \"Hello $i\"}]}"; done > data/text.jsonl
+expect_run "that adapter on data without images: refused, saying why" 2 \
+  "model_adapter vt_peft trained the image path \(vision_targets = q_proj,fc1, modules_to_save = multi_modal_projector\), which continues training only on data with images" \
+  -- "$GM" vt_text.lua --dry-run
 sed -e 's/"q_proj", "fc1"/"gate_proj"/' -e 's/name = "pics_vt"/name = "pics_vt_bad"/' pics_vt.lua > pics_vt_bad.lua
 expect_run "vision_targets naming a text module: refused with the tower's module names" 2 "vision_targets.*gate_proj.*fc1" -- "$GM" pics_vt_bad.lua
 # generation with images (greedy, a few tokens), and its errors

@@ -1,5 +1,6 @@
 -- A trial that started from an adapter (experiment.model_adapter) against the trial that adapter
--- came from (tests/e2e/adapters_peft.sh, generate_real.sh): its LoRA shape, whether its baseline
+-- came from (tests/e2e/adapters_peft.sh, generate_real.sh, images.sh): its LoRA shape (the image
+-- path's too: vision_targets, modules_to_save), whether its baseline
 -- evaluation is the source trial's final one prediction for prediction (and whether that differs
 -- from the base model's, so the comparison could fail), whether its first loss is below the
 -- source's first (same seed: the same first batch), and its provenance.
@@ -20,6 +21,7 @@ for i, p in ipairs(src.eval.final.predictions) do
 end
 local c = cont.config
 print(string.format("shape rank=%d alpha=%g rslora=%s targets=%s", c.rank, c.alpha, tostring(c.rslora), c.targets))
+print(string.format("image path vision_targets=%s modules_to_save=%s", tostring(c.vision_targets), tostring(c.modules_to_save)))
 print(string.format("baseline %s trial %d's final on %d examples (%s from the base model's); accuracy %.4f vs %.4f",
   same and "=" or "~=", src.trial_index, #src.eval.final.predictions, moved and "which differs" or "NOT different",
   cont.eval.baseline.accuracy, src.eval.final.accuracy))

@@ -21,6 +21,11 @@
       equal FILE (ours: the base with the adapter attached) within X, and the adapter moves ours
       by more than EFFECT_FACTOR * X against --ours-base (the base alone), so a merge that lost
       the adapter would fail.
+      With --pixels FILE (as for vision): a multimodal merged folder, loaded as
+      Gemma3ForConditionalGeneration with no missing, unexpected or mismatched weight and run on
+      the ids with those images; with --base BASE (the multimodal base) also: the base's tower and
+      projector put back move its logits by more than EFFECT_FACTOR * X (the merged image path
+      counts: a tower adapter left unmerged or the base's projector kept would fail the comparison).
   peft_check.py tower --model DIR --ids 2,5,7 --ours FILE --tol X
       A text model with a new vision tower (gm.with_vision_tower: a Gemma3ForConditionalGeneration
       folder) loads in transformers with no missing or unexpected weight; the tower is drawn as
@@ -200,6 +205,8 @@ def cmd_merged(a):
                     f"config.json dtype {cfg.get('dtype')}, tensors {dtypes}: expected {a.dtype} / {st}")
     torch.manual_seed(0)
     torch.set_num_threads(2)
+    if a.pixels:
+        return 1 if fails + merged_vision(a, ids) else 0
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32, attn_implementation="eager").eval()
     theirs = logits_of(model, ids)
     if a.last:
@@ -213,6 +220,53 @@ def cmd_merged(a):
     fails += check_logits("merged model in transformers: max |gemmarun with the adapter - transformers|", ours, theirs, ours - base,
                           "the logits", a.tol, model.config.vocab_size)
     return 1 if fails else 0
+
+
+def merged_vision(a, ids):
+    """cmd_merged for a multimodal merged folder (--pixels): Gemma3ForConditionalGeneration loads it
+    with no missing, unexpected or mismatched weight; with the images its logits equal --ours; with
+    --base, putting the base's tower and projector back moves them by more than EFFECT_FACTOR x the
+    tolerance (the merged image path - tower LoRA, trained projector - is in the folder and counts)."""
+    from transformers import Gemma3ForConditionalGeneration
+
+    def load(path, info=False):
+        return Gemma3ForConditionalGeneration.from_pretrained(path, dtype=torch.float32, attn_implementation="eager",
+                                                              output_loading_info=info)
+
+    fails = 0
+    model, info = load(a.model, True)
+    model.eval()
+    bad = {k: v for k, v in info.items() if v}
+    n_tower = sum(1 for k in model.state_dict() if ".vision_tower." in k or ".multi_modal_projector." in k)
+    fails += report(not bad and n_tower > 0, f"Gemma3ForConditionalGeneration loads every weight of the folder ({n_tower} of the "
+                    "tower and projector), none missing or unexpected" if not bad else f"transformers' loading info: {bad}")
+    cfg = model.config
+    S = cfg.vision_config.image_size
+    pix = torch.tensor(np.loadtxt(a.pixels, dtype=np.float32).reshape(-1, 3, S, S))
+    t_ids = torch.tensor([ids], dtype=torch.long)
+    tt = (t_ids == cfg.image_token_id).long()
+
+    def run(m):
+        with torch.no_grad():
+            return m(input_ids=t_ids, pixel_values=pix, token_type_ids=tt).logits[0].float().numpy().reshape(-1)
+
+    theirs = run(model).astype(np.float64)
+    ours = np.loadtxt(a.ours, dtype=np.float64).reshape(-1)
+    base = np.loadtxt(a.ours_base, dtype=np.float64).reshape(-1)
+    if ours.shape != theirs.shape or base.shape != ours.shape:
+        print(f"FAIL  {a.ours}: {ours.size} logits, {a.ours_base}: {base.size}, transformers gives {theirs.size}")
+        return 1
+    fails += check_logits("merged multimodal model in transformers, with the image: max |gemmarun with the adapter - "
+                          "transformers|", ours, theirs, ours - base, "the logits", a.tol, cfg.text_config.vocab_size)
+    if a.base:
+        b = load(a.base).eval()
+        model.model.vision_tower.load_state_dict(b.model.vision_tower.state_dict())
+        model.model.multi_modal_projector.load_state_dict(b.model.multi_modal_projector.state_dict())
+        effect = float(np.max(np.abs(theirs - run(model))))
+        moves = effect > EFFECT_FACTOR * a.tol
+        fails += report(moves, f"its merged image path (tower LoRA, trained projector) moves transformers' logits by up to "
+                        f"{effect:.3g} ({'>' if moves else 'not >'} {EFFECT_FACTOR:g} x the tolerance)")
+    return fails
 
 
 def cmd_tower(a):
@@ -359,6 +413,8 @@ def main():
     g.add_argument("--tol", type=float, required=True)
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     g.add_argument("--last", action="store_true")
+    g.add_argument("--pixels", default="")
+    g.add_argument("--base", default="")
     w = sub.add_parser("tower")
     w.add_argument("--model", required=True)
     w.add_argument("--ids", required=True)
