@@ -110,11 +110,11 @@ for m in lua5.4 hdf5-serial openblas libcjson libzip libcrypto plplot libpng lib
 done
 
 # ---- 2. configure and build --------------------------------------------------------------------
-step "configure (CUDA on, sm_90, MPI off, fuzzers as gcc-built replays)"
+step "configure (CUDA on, sm_90, MPI and audio off, fuzzers as gcc-built replays)"
 command -v ninja >/dev/null && GEN=(-G Ninja) || GEN=()
 rm -rf build-device
 cmake "${GEN[@]}" -S . -B build-device -DCMAKE_BUILD_TYPE=Release -DGM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 \
-  -DGM_MPI=OFF -DGM_FUZZ=OFF \
+  -DGM_MPI=OFF -DGM_FUZZ=OFF -DGM_AUDIO=OFF \
   -DOPENBLAS_OMP_LIB="$P/usr/lib/x86_64-linux-gnu/openblas-openmp/libopenblas.so" \
   -DHDF5_HL_LIB="$P/usr/lib/x86_64-linux-gnu/libhdf5_serial_hl.so" >"$W/configure.log" 2>&1 ||
   { tail -40 "$W/configure.log"; echo "configure failed (whole log: configure.log in logs.tgz)"; exit 1; }
