@@ -38,7 +38,9 @@ three_cases() {
 }
 three_cases ref "-- nothing replaced"
 expect_run "reference: the valid file's dry run" 0 "4 trials \(sweep over lr x 2 seeds\).*trial  4 .* plan [0-9.]+ MiB.*exit 0" -- cat ref/g_ok.lua.out
-printf '%s\n' "gemmarun: error: g_typo.lua:6: train.rnak: unknown key (did you mean 'rank'?) (allowed: alpha, batch, beta1, beta2, checkpoint_every, checkpointing, dropout, epochs, eps, grad_accum, layers, lr, max_grad_norm, max_length, max_steps, modules_to_save, quant, rank, rslora, schedule, targets, vision_targets, warmup, weight_decay)" "exit 2" > want_typo.out
+# the allowed keys are the training options' schema (gemmarun options), sorted
+allowed=$("$GM" options | awk '/^  [a-z_0-9]+ /{print $1}' | LC_ALL=C sort | paste -sd, - | sed 's/,/, /g')
+printf '%s\n' "gemmarun: error: g_typo.lua:6: train.rnak: unknown key (did you mean 'rank'?) (allowed: $allowed)" "exit 2" > want_typo.out
 printf '%s\n' "gemmarun: error: g_type.lua:6: train.lr = \"fast\" (a string): must be a number >= 0" "exit 2" > want_type.out
 expect_run "reference: a key typo's message" 0 "^same$" -- same want_typo.out ref/g_typo.lua.out
 expect_run "reference: a wrong type's message" 0 "^same$" -- same want_type.out ref/g_type.lua.out
