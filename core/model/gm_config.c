@@ -438,7 +438,6 @@ static gm_status config_from_text_json(const cJSON *root, const char *label, gm_
     if (cfg->n_layers <= 0 || cfg->n_layers > GM_MAX_LAYERS)
         return gm_error_set(err, GM_ERR_INVALID, "%s: num_hidden_layers = %lld is outside 1..%d",
                             label, (long long)cfg->n_layers, GM_MAX_LAYERS);
-    GM_TRY(ffn_widths(root, label, cfg, err));
     GM_TRY(jint(root, "sliding_window", &cfg->sliding_window, false, label, err));
     GM_TRY(jint(root, "max_position_embeddings", &cfg->max_position_embeddings, false, label, err));
     GM_TRY(jfloat(root, "rms_norm_eps", &cfg->rms_norm_eps, label, err));
@@ -478,10 +477,8 @@ static gm_status config_from_text_json(const cJSON *root, const char *label, gm_
     }
     int64_t pattern = g3n ? 5 : 6; /* Gemma 3n: full iff (i + 1) % 5 == 0 (Gemma3nTextConfig) */
     GM_TRY(jint(root, "sliding_window_pattern", &pattern, false, label, err));
-    int64_t ffn[GM_MAX_LAYERS];
-    memcpy(ffn, cfg->ffn_dim, sizeof ffn); /* gm_config_gemma3_layers sets one width for all */
     gm_config_gemma3_layers(cfg, (int)pattern, theta_local, theta_global, scale_global);
-    memcpy(cfg->ffn_dim, ffn, sizeof ffn);
+    GM_TRY(ffn_widths(root, label, cfg, err)); /* after: it sets every layer's width */
     const cJSON *lt = jget(root, "layer_types");
     if (lt) {
         if (!cJSON_IsArray(lt) || cJSON_GetArraySize(lt) != cfg->n_layers)
