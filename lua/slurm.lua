@@ -28,9 +28,9 @@ local S = {}
 local function say(fmt, ...) print(string.format(fmt, ...)) end
 
 -- The memory a task asks for: its plan (runner.plan_trial: the trainer's plan, the runner's state,
--- images) plus 10% - the largest gap measured between a plan and a run's peak is the image path's
--- 7.3% (docs/memory.md) - rounded up to 64 MiB, so that trials with nearly equal plans share one
--- array.
+-- images) plus 10% - twice the 5% the tests allow between a plan and a run's peak
+-- (TOL_PLAN_PEAK_REL, docs/memory.md) - rounded up to 64 MiB, so that trials with nearly equal
+-- plans share one array.
 S.MEM_HEADROOM = 1.10
 S.MEM_QUANTUM = 64 * 2 ^ 20
 -- `gemmarun table` on a results folder: the merged tables and plots (a peak of 33 MiB measured for
