@@ -17,7 +17,8 @@
  *                  Quantized W is dequantized panel by panel (never whole).
  *   embed_fwd      out (N, C) = table[ids[n]] * scale; table (V, C) a weight view.
  *   rmsnorm_fwd    out (N, C) = x / sqrt(mean(x^2) + eps) * w; w is the *effective* scale
- *                  (Gemma's 1 + weight, already added at load). rstd (N) saved if not NULL.
+ *                  (Gemma's 1 + weight, already added at load); w NULL: a weightless norm
+ *                  (Gemma 3n's v_norm, scale 1). rstd (N) saved if not NULL.
  *                  Statistics in f32 (gemma_architecture.md §1.4). out may alias x.
  *   rope_fwd       out (N, NH, D) = rotate_half RoPE of x at positions pos[n] * pos_scale with
  *                  inv_freq[i] = theta^(-2i/D) (NeoX half-split layout, §1.5). out may alias x.
@@ -35,6 +36,20 @@
  *   geglu_fwd      out (n) = gelu_tanh(gate) * up  (§1.6).
  *   add_fwd        y (n) += x (n)   (residual stream).
  *   softcap_fwd    out (n) = cap * tanh(x / cap).
+ * Gemma 3n (gemma_architecture.md §3; transformers' Gemma3nTextAltUp, Gemma3nTextModel,
+ * Gemma3nTextMLP), S AltUp streams stored stream-major: x (S, N, C), stream j at x + j N C:
+ *   altup_predict_fwd  out[j] = x[j] + sum_i coef[n, j S + i] x[i], coef (N, S*S) the
+ *                  prediction_coefs output per token as Hugging Face reshapes it (row j, column i);
+ *                  out must not alias x.
+ *   altup_correct_fwd  out[j] = pred[j] + (coef[n, j] + 1) (act - pred[0]), act (N, C), coef
+ *                  (N, S); out may alias pred.
+ *   rms_match_fwd  out (N, C) = x * rms(target) / sqrt(max(mean(x^2), eps)), rms(t) =
+ *                  sqrt(mean(t^2)) per row, no eps (the AltUp stream projections' magnitude
+ *                  matching); out may alias x, not target.
+ *   gaussian_topk_fwd  out (N, F) = max(0, x - (mean + std_mult * std)), mean and std (population)
+ *                  per row: the FFN gate's activation sparsity; out may alias x.
+ *   mul_cols_fwd   out (N, C) = x * s[c] (a per-channel scale: AltUp's correct_output_scale);
+ *                  out may alias x.
  *   layernorm_fwd  out (N, C) = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), biased
  *                  variance, statistics in double (torch.nn.LayerNorm; SigLIP, gemma_
  *                  architecture.md §2.1); mean, rstd (N) saved when not NULL. out may alias x.

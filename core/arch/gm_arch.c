@@ -24,6 +24,13 @@ int64_t gm_dim_value(const gm_config *c, int64_t layer, gm_dim d, int64_t rank) 
     case GM_DIM_R: return rank;
     case GM_DIM_PATCH: return 3 * c->vision.patch_size * c->vision.patch_size;
     case GM_DIM_OUT: return c->vision.out_hidden_size;
+    case GM_DIM_P: return c->ple_dim;
+    case GM_DIM_LP: return c->n_layers * c->ple_dim;
+    case GM_DIM_PV: return c->ple_vocab;
+    case GM_DIM_LR: return c->laurel_rank;
+    case GM_DIM_S: return c->altup_inputs;
+    case GM_DIM_SS: return c->altup_inputs * c->altup_inputs;
+    case GM_DIM_SC: return c->altup_inputs * c->hidden_size;
     default: return 0;
     }
 }
@@ -34,6 +41,7 @@ bool gm_weight_present(const gm_weight_spec *w, const gm_config *c, int64_t laye
     case GM_WHEN_OWN_V:
         return layer >= 0 && c->kv_source[layer] == layer && !(c->k_eq_v_full && c->layer_type[layer] == GM_LAYER_FULL);
     case GM_WHEN_UNTIED: return !c->tie_word_embeddings;
+    case GM_WHEN_SPARSE: return layer >= 0 && c->act_sparsity[layer] > 0.0f;
     default: return true;
     }
 }
@@ -47,7 +55,12 @@ int gm_arch_slot(const gm_arch_def *a, const char *hf) {
 const gm_arch_def *gm_arch_get(gm_arch a) {
     switch (a) {
     case GM_ARCH_GEMMA3: return &gm_arch_gemma3;
+    case GM_ARCH_GEMMA3N: return &gm_arch_gemma3n;
     case GM_ARCH_SIGLIP: return &gm_arch_siglip;
-    default: return NULL; /* Gemma 3n, Gemma 4: presets and memory estimates only, so far */
+    default: return NULL; /* Gemma 4: presets and memory estimates only, so far */
     }
+}
+
+int64_t gm_arch_residual_width(const gm_arch_def *a, const gm_config *c) {
+    return a->altup && c->altup_inputs > 1 ? c->altup_inputs * c->hidden_size : c->hidden_size;
 }

@@ -50,6 +50,13 @@ typedef enum gm_dim {
     GM_DIM_R,        /* LoRA rank */
     GM_DIM_PATCH,    /* values per image patch of a vision tower: channels x patch x patch */
     GM_DIM_OUT,      /* width a tower projects into (the text decoder's hidden_size) */
+    GM_DIM_P,        /* per-layer-input width (Gemma 3n: hidden_size_per_layer_input) */
+    GM_DIM_LP,       /* per-layer inputs of all layers: n_layers x P */
+    GM_DIM_PV,       /* rows of the per-layer embedding table (vocab_size_per_layer_input) */
+    GM_DIM_LR,       /* LAuReL rank */
+    GM_DIM_S,        /* AltUp streams (altup_num_inputs) */
+    GM_DIM_SS,       /* S x S (AltUp's prediction coefficients per token) */
+    GM_DIM_SC,       /* S x C (all AltUp streams of a token) */
     GM_DIM_COUNT
 } gm_dim;
 
@@ -72,6 +79,7 @@ typedef enum gm_wcond {
     GM_WHEN_OWN_KV,  /* the layer computes its own keys and values (kv_source[l] == l) */
     GM_WHEN_OWN_V,   /* ... and its own values (not a k_eq_v full layer of Gemma 4: V = K) */
     GM_WHEN_UNTIED,  /* the LM head is not the embedding */
+    GM_WHEN_SPARSE,  /* the layer's FFN gate has activation sparsity (Gemma 3n's first layers) */
 } gm_wcond;
 
 typedef struct gm_weight_spec {
@@ -107,7 +115,7 @@ typedef struct gm_act_spec {
  * vision tower: its position embedding, post-layernorm weight, and the embedding again as a
  * tied "head" that is never read). */
 enum { GM_GLOBAL_EMBED = 0, GM_GLOBAL_FINAL_NORM = 1, GM_GLOBAL_LM_HEAD = 2 };
-#define GM_MAX_GLOBALS 8 /* SigLIP has 8 */
+#define GM_MAX_GLOBALS 16 /* SigLIP has 8, Gemma 3n 12 */
 #define GM_MAX_LAYER_WEIGHTS 32
 
 struct gm_graph;
@@ -130,9 +138,23 @@ typedef struct gm_arch_def {
     /* multiplier of the token embedding rows (Gemma: sqrt(hidden_size), in f32); NULL for an
      * encoder */
     float (*embed_scale)(const gm_config *c);
+    /* Gemma 3n: the residual stream is S = altup_inputs streams of C (X[l] is (S, N, C), stream
+     * 0 first); false: one stream (N, C) */
+    bool altup;
+    /* model-level activations of one call (per token; the graph's `mrec`, one set whatever the
+     * mode): Gemma 3n's per-layer inputs. NULL / 0: none */
+    const gm_act_spec *model_acts;
+    int n_model_acts;
+    /* after the token embeddings (and soft tokens) are in X[0]'s stream 0: the rest of X[0] and
+     * the model activations (Gemma 3n: the other AltUp streams, the per-layer inputs). NULL: none */
+    void (*front)(struct gm_graph *g);
+    /* the hidden state (N, C) the final norm reads, from X[L], into out (Gemma 3n: the streams
+     * unembedded, magnitude-matched and averaged). NULL: X[L] is it */
+    void (*head)(struct gm_graph *g, float *out);
     /* layer l: g->X[l] -> g->X[l+1] (gm_graph.h) */
     void (*layer_fwd)(struct gm_graph *g, int64_t l);
-    /* layer l: g->g holds dL/dX[l+1] on entry and dL/dX[l] on exit; adapter gradients += */
+    /* layer l: g->g holds dL/dX[l+1] on entry and dL/dX[l] on exit; adapter gradients +=.
+     * NULL: no backward yet (the architecture generates and evaluates, training refuses it) */
     void (*layer_bwd)(struct gm_graph *g, int64_t l);
 } gm_arch_def;
 
@@ -148,7 +170,11 @@ bool gm_weight_present(const gm_weight_spec *w, const gm_config *c, int64_t laye
 int gm_arch_slot(const gm_arch_def *a, const char *hf);
 
 extern const gm_arch_def gm_arch_gemma3;
+extern const gm_arch_def gm_arch_gemma3n;
 extern const gm_arch_def gm_arch_siglip;
+
+/* The width of the residual stream X[l] per token: C, or S x C for an AltUp architecture. */
+int64_t gm_arch_residual_width(const gm_arch_def *a, const gm_config *c);
 
 /* ---- SigLIP (core/arch/siglip.c): the vision tower's extra model-level weights, front, head -- */
 

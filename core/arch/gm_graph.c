@@ -59,7 +59,8 @@ gm_status gm_graph_init(gm_graph *g, const gm_config *cfg, const gm_weights *w, 
     g->rec = gm_calloc((size_t)(g->n_rec * g->arch->n_acts), sizeof *g->rec);
     g->lora_u = gm_calloc((size_t)(g->n_rec * g->arch->n_layer), sizeof *g->lora_u);
     g->grad = gm_calloc((size_t)(g->arch->n_grads > 0 ? g->arch->n_grads : 1), sizeof *g->grad);
-    if (!g->rec || !g->lora_u || !g->grad) {
+    g->mrec = gm_calloc((size_t)(g->arch->n_model_acts > 0 ? g->arch->n_model_acts : 1), sizeof *g->mrec);
+    if (!g->rec || !g->lora_u || !g->grad || !g->mrec) {
         gm_graph_free(g);
         return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     }
@@ -71,7 +72,8 @@ void gm_graph_free(gm_graph *g) {
     gm_free(g->rec);
     gm_free(g->lora_u);
     gm_free(g->grad);
-    g->rec = g->lora_u = g->grad = NULL;
+    gm_free(g->mrec);
+    g->rec = g->lora_u = g->grad = g->mrec = NULL;
 }
 
 /* ---- layout ------------------------------------------------------------------------------- */
@@ -81,6 +83,7 @@ void gm_graph_free(gm_graph *g) {
 static int64_t record_width(const gm_graph *g, const gm_act_spec *s, int64_t l0, int64_t l1) {
     if (s->use == GM_ACT_TRAIN && g->o.mode != GM_GRAPH_TRAIN) return 0;
     int64_t w = 0;
+    if (l0 < 0) return gm_dim_value(g->cfg, -1, s->width, g->o.rank); /* a model-level activation */
     for (int64_t l = l0; l < l1; l++) {
         gm_weight_spec cond = {.when = s->when};
         if (!gm_weight_present(&cond, g->cfg, l)) continue;
@@ -95,14 +98,24 @@ void gm_graph_layout(gm_graph *g, gm_arena *a, gm_arena *host) {
     const gm_arch_def *ar = g->arch;
     bool train = g->o.mode == GM_GRAPH_TRAIN;
     int64_t L = c->n_layers, N = g->o.batch * g->o.max_tokens, C = c->hidden_size, r = g->o.rank;
+    int64_t RW = GM_GRAPH_RW(g);
 #define F32(n, kind) (float *)gm_arena_alloc(a, (size_t)(n) * sizeof(float), kind)
     /* the residual stream: every block input kept for the backward, or one buffer in place */
     if (train) {
-        for (int64_t l = 0; l <= L; l++) g->X[l] = F32(N * C, GM_MEM_ACTIVATIONS);
+        for (int64_t l = 0; l <= L; l++) g->X[l] = F32(N * RW, GM_MEM_ACTIVATIONS);
     } else {
-        float *x = F32(N * C, GM_MEM_ACTIVATIONS);
+        float *x = F32(N * RW, GM_MEM_ACTIVATIONS);
         for (int64_t l = 0; l <= L; l++) g->X[l] = x;
     }
+    /* the model-level activations and the head's output (one set: both modes) */
+    for (int s = 0; s < ar->n_model_acts; s++) {
+        int64_t w = record_width(g, &ar->model_acts[s], -1, 0);
+        g->mrec[s] = w > 0 ? F32(N * w, GM_MEM_ACTIVATIONS) : NULL;
+    }
+    g->head_out = ar->head ? F32(N * C, GM_MEM_ACTIVATIONS) : NULL;
+    bool ple = ar->front && c->ple_dim > 0;
+    g->ple_ids = ple ? (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_ACTIVATIONS) : NULL;
+    g->ple_sel = ple ? (int32_t *)gm_arena_alloc(a, (size_t)(N * L) * sizeof(int32_t), GM_MEM_ACTIVATIONS) : NULL;
     /* the records */
     for (int64_t i = 0; i < g->n_rec; i++) {
         int64_t l0 = g->n_rec == 1 ? 0 : i, l1 = g->n_rec == 1 ? L : i + 1;
@@ -119,7 +132,7 @@ void gm_graph_layout(gm_graph *g, gm_arena *a, gm_arena *host) {
     g->kv_end = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_ACTIVATIONS);
     /* the backward's workspace, one layer at a time */
     if (train) {
-        g->g = F32(N * C, GM_MEM_WORKSPACE);
+        g->g = F32(N * RW, GM_MEM_WORKSPACE);
         for (int s = 0; s < ar->n_grads; s++) {
             int64_t w = record_width(g, &ar->grads[s], 0, L);
             g->grad[s] = w > 0 ? F32(N * w, GM_MEM_WORKSPACE) : NULL;
@@ -149,6 +162,8 @@ void gm_graph_layout(gm_graph *g, gm_arena *a, gm_arena *host) {
     g->host_ids = (int32_t *)gm_arena_alloc(host, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
     g->host_pos = (int32_t *)gm_arena_alloc(host, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
     g->host_kv_end = (int32_t *)gm_arena_alloc(host, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
+    g->host_ple_ids = ple ? (int32_t *)gm_arena_alloc(host, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE) : NULL;
+    g->host_ple_sel = ple ? (int32_t *)gm_arena_alloc(host, (size_t)(N * L) * sizeof(int32_t), GM_MEM_WORKSPACE) : NULL;
     if (g->be) g->kc = gm_backend_kctx(g->be, g->scratch, g->scratch_floats);
 }
 
@@ -199,10 +214,19 @@ gm_status gm_graph_begin(gm_graph *g, const gm_graph_input *in, gm_error *err) {
         memcpy(g->host_kv_end, in->kv_end, (size_t)N * sizeof(int32_t));
         gm_backend_upload(g->be, g->kv_end, g->host_kv_end, (size_t)N * sizeof(int32_t));
     }
+    if (g->ple_ids) {
+        for (int64_t i = 0; i < N; i++) g->host_ple_ids[i] = g->host_ids[i] < c->ple_vocab ? g->host_ids[i] : 0;
+        gm_backend_upload(g->be, g->ple_ids, g->host_ple_ids, (size_t)N * sizeof(int32_t));
+        int64_t L = c->n_layers;
+        for (int64_t l = 0; l < L; l++)
+            for (int64_t n = 0; n < N; n++) g->host_ple_sel[l * N + n] = (int32_t)(n * L + l);
+        gm_backend_upload(g->be, g->ple_sel, g->host_ple_sel, (size_t)(N * L) * sizeof(int32_t));
+    }
     g->k->embed_fwd(&g->kc, g->X[0], g->ids, &g->w->global[GM_GLOBAL_EMBED], N, g->arch->embed_scale(c));
     int64_t C = c->hidden_size;
     for (int64_t i = 0; i < in->n_embeds; i++)
         gm_backend_upload(g->be, g->X[0] + in->embed_rows[i] * C, in->embeds + i * C, (size_t)C * sizeof(float));
+    if (g->arch->front) g->arch->front(g);
     return GM_OK;
 }
 
@@ -224,6 +248,15 @@ gm_status gm_graph_begin_encoder(gm_graph *g, int64_t B, int64_t T, gm_error *er
 
 void gm_graph_forward(gm_graph *g) {
     for (int64_t l = 0; l < g->cfg->n_layers; l++) g->arch->layer_fwd(g, l);
+}
+
+void gm_graph_hidden_rows(gm_graph *g, float *out, const int32_t *rows, int64_t R) {
+    const float *x = g->X[g->cfg->n_layers];
+    if (g->arch->head) {
+        g->arch->head(g, g->head_out);
+        x = g->head_out;
+    }
+    g->k->gather_rows(&g->kc, out, x, rows, R, g->cfg->hidden_size);
 }
 
 /* ---- linear with adapter ------------------------------------------------------------------ */

@@ -89,8 +89,15 @@ typedef struct gm_graph {
     bool dropout;               /* LoRA dropout on (training forward and its backward) */
     uint64_t dropout_step, dropout_micro; /* RNG stream of the masks (same in a recompute) */
     /* buffers, backend memory */
-    float *X[GM_MAX_LAYERS + 1]; /* (N, C): input of layer l; X[L] the final residual. Inference:
-                                    all the same buffer (updated in place) */
+    float *X[GM_MAX_LAYERS + 1]; /* (N, RW): input of layer l; X[L] the final residual. Inference:
+                                    all the same buffer (updated in place). RW = C, or S x C
+                                    stream-major (S, N, C) for AltUp (gm_arch_residual_width) */
+    float **mrec;               /* [arch->n_model_acts]: (N, width) model-level activations */
+    float *head_out;            /* (N, C): arch->head's output (NULL without a head) */
+    int32_t *ple_ids;           /* (N): ids into the per-layer embedding table (Gemma 3n: ids past
+                                   it read row 0, as transformers' get_per_layer_inputs) */
+    int32_t *ple_sel;           /* (L, N): row n L + l of a token-major (N, L, P) buffer for row
+                                   l N + n of its layer-major copy (gather_rows) */
     float **rec;                /* [n_rec * arch->n_acts]: (N, width) per activation, or NULL */
     float **lora_u;             /* [n_rec * arch->n_layer]: (N, r) adapter intermediates */
     float **grad;               /* [arch->n_grads]: backward workspace (training) */
@@ -105,7 +112,8 @@ typedef struct gm_graph {
     float *scratch;             /* kernel workspace */
     size_t scratch_floats;
     /* host staging */
-    int32_t *host_ids, *host_pos, *host_kv_end; /* (N) */
+    int32_t *host_ids, *host_pos, *host_kv_end, *host_ple_ids; /* (N) */
+    int32_t *host_ple_sel;      /* (L, N) */
 } gm_graph;
 
 /* ---- create / layout / destroy ------------------------------------------------------------ */
@@ -136,6 +144,11 @@ gm_status gm_graph_begin_encoder(gm_graph *g, int64_t B, int64_t T, gm_error *er
 /* Runs layers [0, L): X[0] -> X[L]. */
 void gm_graph_forward(gm_graph *g);
 
+/* The final hidden rows (R, C) before the final norm: rows[r] of X[L] (device indices), or of
+ * the architecture's head when it has one (Gemma 3n: its AltUp streams unembedded and averaged,
+ * computed for all N rows). */
+void gm_graph_hidden_rows(gm_graph *g, float *out, const int32_t *rows, int64_t R);
+
 /* Layer l's record: the arch's activations by index (entries NULL where the layer has none). */
 float **gm_graph_record(const gm_graph *g, int64_t l);
 
@@ -160,6 +173,8 @@ void gm_graph_attention(gm_graph *g, int64_t l, float *out, float *lse, const fl
                         const float *v, float scale);
 
 /* ---- the model's head --------------------------------------------------------------------- */
+/* Every call's residual width (C, or S x C for AltUp). */
+#define GM_GRAPH_RW(g) gm_arch_residual_width((g)->arch, (g)->cfg)
 
 /* out (R, C) = final RMSNorm of x (R, C); rstd (R) saved when not NULL. */
 void gm_graph_final_norm(gm_graph *g, float *out, float *rstd, const float *x, int64_t R);

@@ -152,7 +152,7 @@ gm_status gm_decoder_forward_input(gm_infer *st, const gm_graph_input *in_arg, b
     int64_t rows = all_logits ? N : B;
     for (int64_t r = 0; r < rows; r++) st->host_sel[r] = (int32_t)(all_logits ? r : r * T + (T - 1));
     gm_backend_upload(st->be, st->logit_sel, st->host_sel, (size_t)rows * sizeof(int32_t));
-    g->k->gather_rows(&g->kc, st->logit_in, g->X[L], st->logit_sel, rows, C);
+    gm_graph_hidden_rows(g, st->logit_in, st->logit_sel, rows);
     gm_graph_final_norm(g, st->logit_in, NULL, st->logit_in, rows);
     gm_graph_lm_head(g, st->logits_dev, st->logit_in, rows, 0, V);
     if (c->final_logit_softcap > 0) g->k->softcap_fwd(&g->kc, st->logits_dev, st->logits_dev, rows * V, c->final_logit_softcap);

@@ -211,6 +211,9 @@ static gm_status setup_arch(gm_model *m, gm_error *err) {
     if (!m->arch)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: %s models cannot be loaded by gemmarun yet (it can plan them: "
                             "`gemmarun plan`)", m->path, gm_arch_name(m->cfg.arch));
+    if (m->arch->altup && m->cfg.altup_inputs != 4)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: altup_num_inputs = %lld: gemmarun reads the 4 AltUp streams of every "
+                            "published Gemma 3n", m->path, (long long)m->cfg.altup_inputs);
     m->layer = gm_calloc((size_t)(m->cfg.n_layers * m->arch->n_layer), sizeof *m->layer);
     if (!m->layer) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     return GM_OK;

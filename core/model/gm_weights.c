@@ -189,6 +189,12 @@ size_t gm_weights_scratch_floats(const gm_weights *w, int64_t lm_rows, int n_thr
     const gm_wview *E = &w->global[GM_GLOBAL_LM_HEAD];
     int64_t rows = lm_rows < c->vocab_size ? lm_rows : c->vocab_size;
     size_t s = gm_k_matmul_scratch_floats(E->type, rows, c->hidden_size, n_threads), t;
+    for (int gi = 0; gi < w->arch->n_globals; gi++) { /* model-level linears (Gemma 3n's projections) */
+        const gm_wview *v = &w->global[gi];
+        if (gi == GM_GLOBAL_LM_HEAD || w->arch->globals[gi].kind != GM_W_LINEAR || v->rows == 0) continue;
+        t = gm_k_matmul_scratch_floats(v->type, v->rows, v->cols, n_threads);
+        if (t > s) s = t;
+    }
     for (int64_t l = 0; l < w->n_layers; l++)
         for (int k = 0; k < w->n_slots; k++) {
             const gm_wview *v = gm_weights_at(w, l, k);

@@ -505,6 +505,13 @@ gm_status gm_trainer_new_on(const gm_model *m, const gm_train_opts *o, gm_backen
     *out = NULL;
     const gm_config *c = &m->cfg;
     GM_TRY(validate_opts(c, o, err));
+    /* under checkpointing one record serves every layer: a KV-shared layer would read keys and
+     * values a later layer overwrote */
+    for (int64_t l = 0; o->checkpointing && l < c->n_layers; l++)
+        if (c->kv_source[l] != l)
+            return gm_error_set(err, GM_ERR_UNSUPPORTED, "activation checkpointing with KV sharing (%s: layer %lld reads layer "
+                                "%d's keys and values) is not written yet\n  hint: checkpointing = false",
+                                gm_arch_name(c->arch), (long long)l, c->kv_source[l]);
     gm_trainer *tr = gm_calloc(1, sizeof *tr);
     if (!tr) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     tr->m = m;
@@ -604,7 +611,7 @@ static double lm_loss(gm_trainer *tr, int64_t N, int64_t n_sup, bool want_grad, 
     const gm_kctx *kc = &g->kc;
     int64_t C = c->hidden_size, V = c->vocab_size;
     float cap = c->final_logit_softcap;
-    k->gather_rows(kc, tr->xs, g->X[c->n_layers], tr->sup_rows, n_sup, C);
+    gm_graph_hidden_rows(g, tr->xs, tr->sup_rows, n_sup);
     gm_graph_final_norm(g, tr->hs, tr->rstd_s, tr->xs, n_sup);
     double total = 0;
     for (int64_t r0 = 0; r0 < n_sup; r0 += GM_LM_ROWS) {
@@ -743,8 +750,11 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
 gm_status gm_trainer_forward_backward(gm_trainer *tr, const gm_batch *b, float grad_scale, double *loss_sum,
                                       gm_error *err) {
     int64_t n_sup;
-    GM_TRY(check_batch(tr, b, &n_sup, err));
     gm_graph *g = &tr->g;
+    if (!g->arch->layer_bwd)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "training a %s model: its backward is not written yet (its forward "
+                            "runs: generation, evaluation, label scoring)", gm_arch_name(tr->cfg->arch));
+    GM_TRY(check_batch(tr, b, &n_sup, err));
     int64_t N = b->B * b->T;
     GM_TRY(forward_all(tr, b, true, &n_sup, err));
     *loss_sum = lm_loss(tr, N, n_sup, true, grad_scale, NULL);
@@ -785,7 +795,7 @@ gm_status gm_trainer_logits(gm_trainer *tr, const gm_batch *b, const int64_t *ro
                             gm_error *err) {
     const gm_config *c = tr->cfg;
     gm_graph *g = &tr->g;
-    int64_t C = c->hidden_size, V = c->vocab_size, N = b->B * b->T;
+    int64_t V = c->vocab_size, N = b->B * b->T;
     if (b->B < 1 || b->B > tr->o.batch || b->T < 1 || b->T > tr->o.max_length)
         return gm_error_set(err, GM_ERR_INVALID, "batch of %lld x %lld tokens does not fit the plan (batch %lld, max_length %lld)",
                             (long long)b->B, (long long)b->T, (long long)tr->o.batch, (long long)tr->o.max_length);
@@ -799,7 +809,7 @@ gm_status gm_trainer_logits(gm_trainer *tr, const gm_batch *b, const int64_t *ro
     GM_TRY(forward_all(tr, b, false, &n_sup, err));
     for (int64_t i = 0; i < n_rows; i++) tr->h_rows[i] = (int32_t)rows[i];
     gm_backend_upload(tr->be, tr->sup_rows, tr->h_rows, (size_t)n_rows * sizeof(int32_t));
-    g->k->gather_rows(&g->kc, tr->xs, g->X[c->n_layers], tr->sup_rows, n_rows, C);
+    gm_graph_hidden_rows(g, tr->xs, tr->sup_rows, n_rows);
     gm_graph_final_norm(g, tr->hs, tr->rstd_s, tr->xs, n_rows);
     for (int64_t v0 = 0; v0 < V; v0 += GM_LM_VOCAB) { /* chunk by chunk through the loss's logits block */
         int64_t vc = V - v0 < GM_LM_VOCAB ? V - v0 : GM_LM_VOCAB;
@@ -833,7 +843,7 @@ gm_status gm_trainer_choice_logits(gm_trainer *tr, const gm_batch *b, const int6
     /* the hidden state at pos[b] of each sequence, final-normed */
     for (int64_t s = 0; s < b->B; s++) tr->h_rows[s] = (int32_t)(s * b->T + pos[s]);
     gm_backend_upload(tr->be, tr->sup_rows, tr->h_rows, (size_t)b->B * sizeof(int32_t));
-    g->k->gather_rows(&g->kc, tr->xs, g->X[c->n_layers], tr->sup_rows, b->B, C);
+    gm_graph_hidden_rows(g, tr->xs, tr->sup_rows, b->B);
     gm_graph_final_norm(g, tr->hs, tr->rstd_s, tr->xs, b->B);
     /* the K candidate rows of the LM head, gathered (dequantized) like an embedding lookup */
     for (int64_t k = 0; k < K; k++) tr->h_tgt[k] = cand[k];

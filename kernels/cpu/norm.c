@@ -21,7 +21,10 @@ void gm_k_rmsnorm_fwd_cpu(const gm_kctx *ctx, float *out, float *rstd, const flo
         float r = (float)(1.0 / sqrt(ss / (double)C + (double)eps));
         if (rstd) rstd[n] = r;
         float *o = out + n * C;
-        for (int64_t c = 0; c < C; c++) o[c] = (xr[c] * r) * w[c];
+        if (w)
+            for (int64_t c = 0; c < C; c++) o[c] = (xr[c] * r) * w[c];
+        else
+            for (int64_t c = 0; c < C; c++) o[c] = xr[c] * r;
     });
 }
 

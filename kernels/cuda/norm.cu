@@ -13,7 +13,7 @@ __global__ static void rmsnorm_k(float *out, float *rstd, const float *x, const 
     ss = gm_block_sum(ss);
     float r = rsqrtf(ss / (float)C + eps);
     if (rstd && threadIdx.x == 0) rstd[n] = r;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[n * C + c] = (xr[c] * r) * w[c];
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) out[n * C + c] = w ? (xr[c] * r) * w[c] : xr[c] * r;
 }
 
 extern "C" void gm_k_rmsnorm_fwd_cuda(const gm_kctx *ctx, float *out, float *rstd, const float *x, const float *w,

@@ -136,7 +136,61 @@ static void test_bad_inputs(void) {
     CHECK(s == GM_ERR_IO && strstr(err.msg, "no_such_model"), "missing path: %s", err.msg);
 }
 
+/* Gemma 3n (tests/ref/make_gemma3n_ref.py: every part of the architecture at toy sizes, ids past
+ * the per-layer table, two KV-shared layers): the logits of a whole-sequence forward, then of a
+ * 7-token prompt and one token at a time through the KV caches (the shared layers reading their
+ * source layers' caches), against transformers' uncached and cached logits. */
+static void test_gemma3n(void) {
+    const char *ref = gm_test_path("tests/ref/tiny_gemma3n_ref.h5");
+    gm_error err = {0};
+    gm_model *m = NULL;
+    size_t n;
+    int32_t *ids = gm_test_h5_read(ref, "/ids", 1, &n, NULL, NULL);
+    float *want = gm_test_h5_read(ref, "/logits", 0, &n, NULL, NULL);
+    float *want_cached = gm_test_h5_read(ref, "/logits_cached", 0, &n, NULL, NULL);
+    CHECK_OK(gm_model_load(gm_test_path("tests/ref/tiny_gemma3n"), NULL, &m, &err), &err);
+    if (!m || !ids || !want || !want_cached) goto done;
+    int64_t B = 2, T = 20, V = m->cfg.vocab_size, PROMPT = 7;
+    gm_infer *st = NULL;
+    gm_infer_opts io = {.batch = B, .ctx = T, .max_tokens = T, .logit_rows = B * T, .n_threads = 2};
+    CHECK_OK(gm_infer_new(m, &io, &st, &err), &err);
+    if (!st) goto done;
+    CHECK_OK(gm_decoder_forward(st, ids, T, true, &err), &err);
+    gm_check_close("gemma3n: logits of 2 x 20 positions in one call", st->logits, want, (size_t)(B * T * V),
+                   TOL_TINY_LOGITS_ABS, 0);
+    gm_infer_free(st);
+    st = NULL;
+    io = (gm_infer_opts){.batch = B, .ctx = T, .max_tokens = PROMPT, .logit_rows = B * PROMPT, .n_threads = 2};
+    CHECK_OK(gm_infer_new(m, &io, &st, &err), &err);
+    if (!st) goto done;
+    int32_t chunk[2 * 7];
+    double worst = 0, worst_c = 0;
+    for (int64_t p = 0; p < T;) {
+        int64_t tn = p == 0 ? PROMPT : 1;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < tn; t++) chunk[b * tn + t] = ids[b * T + p + t];
+        CHECK_OK(gm_decoder_forward(st, chunk, tn, true, &err), &err);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < tn; t++)
+                for (int64_t v = 0; v < V; v++) {
+                    size_t at = (size_t)((b * T + p + t) * V + v);
+                    double got = st->logits[(b * tn + t) * V + v];
+                    if (fabs(got - want[at]) > worst) worst = fabs(got - want[at]);
+                    if (fabs(got - want_cached[at]) > worst_c) worst_c = fabs(got - want_cached[at]);
+                }
+        p += tn;
+    }
+    CHECK(worst <= TOL_TINY_LOGITS_ABS && worst_c <= TOL_TINY_LOGITS_ABS,
+          "gemma3n: a 7-token prompt then single tokens through the KV caches: %g from transformers' uncached logits, "
+          "%g from its cached ones (bound %g)", worst, worst_c, TOL_TINY_LOGITS_ABS);
+    gm_infer_free(st);
+done:
+    gm_free(ids), gm_free(want), gm_free(want_cached);
+    gm_model_free(m);
+}
+
 int main(void) {
+    test_gemma3n();
     check_variant("tests/ref/tiny_gemma3", "tiny");
     check_variant("tests/ref/tiny_gemma3_legacy", "tiny_legacy");
     test_bad_inputs();

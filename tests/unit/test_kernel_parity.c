@@ -524,6 +524,65 @@ static void parity_dropout_fwd(dev *d) {
     gm_free(x), gm_free(r), gm_free(got), dfree(d, dx), dfree(d, o);
 }
 
+/* ---- Gemma 3n: AltUp, magnitude matching, gaussian top-k, per-channel scale --------------- */
+
+static void parity_altup_predict_fwd(dev *d) {
+    int64_t S = 4, N = 13, C = 200;
+    float *x = host_rand((size_t)(S * N * C), 2), *cf = host_rand((size_t)(N * S * S), 1), *r = gm_malloc((size_t)(S * N * C) * 4);
+    float *dx = up(d, x, (size_t)(S * N * C) * 4), *dcf = up(d, cf, (size_t)(N * S * S) * 4), *o = dalloc(d, (size_t)(S * N * C) * 4);
+    cpu->altup_predict_fwd(&hc, r, x, cf, S, N, C);
+    d->be->k->altup_predict_fwd(&d->ctx, o, dx, dcf, S, N, C);
+    cmp(d, "altup_predict_fwd", o, r, (size_t)(S * N * C));
+    gm_free(x), gm_free(cf), gm_free(r), dfree(d, dx), dfree(d, dcf), dfree(d, o);
+}
+
+static void parity_altup_correct_fwd(dev *d) {
+    int64_t S = 4, N = 13, C = 200;
+    float *p = host_rand((size_t)(S * N * C), 2), *act = host_rand((size_t)(N * C), 2), *cf = host_rand((size_t)(N * S), 1);
+    float *r = gm_malloc((size_t)(S * N * C) * 4);
+    float *dp = up(d, p, (size_t)(S * N * C) * 4), *da = up(d, act, (size_t)(N * C) * 4), *dcf = up(d, cf, (size_t)(N * S) * 4);
+    cpu->altup_correct_fwd(&hc, r, p, act, cf, S, N, C);
+    d->be->k->altup_correct_fwd(&d->ctx, dp, dp, da, dcf, S, N, C); /* in place, as the layer runs it at inference */
+    cmp(d, "altup_correct_fwd (in place)", dp, r, (size_t)(S * N * C));
+    gm_free(p), gm_free(act), gm_free(cf), gm_free(r), dfree(d, dp), dfree(d, da), dfree(d, dcf);
+}
+
+static void parity_rms_match_fwd(dev *d) {
+    int64_t N = 13, C = 640;
+    float *x = host_rand((size_t)(N * C), 3), *t = host_rand((size_t)(N * C), 7), *r = gm_malloc((size_t)(N * C) * 4);
+    for (int64_t c = 0; c < C; c++) x[c] *= 1e-4f; /* row 0 below the magnitude floor */
+    float *dx = up(d, x, (size_t)(N * C) * 4), *dt = up(d, t, (size_t)(N * C) * 4);
+    cpu->rms_match_fwd(&hc, r, x, t, N, C, 1e-5f);
+    d->be->k->rms_match_fwd(&d->ctx, dx, dx, dt, N, C, 1e-5f);
+    cmp(d, "rms_match_fwd (in place, one row at the floor)", dx, r, (size_t)(N * C));
+    gm_free(x), gm_free(t), gm_free(r), dfree(d, dx), dfree(d, dt);
+}
+
+static void parity_gaussian_topk_fwd(dev *d) {
+    int64_t N = 13, F = 2048;
+    float *x = host_rand((size_t)(N * F), 2), *r = gm_malloc((size_t)(N * F) * 4);
+    float *dx = up(d, x, (size_t)(N * F) * 4), *o = dalloc(d, (size_t)(N * F) * 4);
+    cpu->gaussian_topk_fwd(&hc, r, x, N, F, 1.6448536f);
+    d->be->k->gaussian_topk_fwd(&d->ctx, o, dx, N, F, 1.6448536f);
+    cmp(d, "gaussian_topk_fwd", o, r, (size_t)(N * F));
+    gm_free(x), gm_free(r), dfree(d, dx), dfree(d, o);
+}
+
+static void parity_mul_cols_fwd(dev *d) {
+    int64_t N = 13, C = 640;
+    float *x = host_rand((size_t)(N * C), 3), *sc = host_rand((size_t)C, 2), *r = gm_malloc((size_t)(N * C) * 4);
+    float *dx = up(d, x, (size_t)(N * C) * 4), *ds = up(d, sc, (size_t)C * 4);
+    cpu->mul_cols_fwd(&hc, r, x, sc, N, C);
+    d->be->k->mul_cols_fwd(&d->ctx, dx, dx, ds, N, C);
+    cmp(d, "mul_cols_fwd (in place)", dx, r, (size_t)(N * C));
+    /* the weightless RMSNorm (Gemma 3n's v_norm) rides here: rmsnorm_fwd with w NULL */
+    float *r2 = gm_malloc((size_t)(N * C) * 4), *o2 = dalloc(d, (size_t)(N * C) * 4), *dx2 = up(d, x, (size_t)(N * C) * 4);
+    cpu->rmsnorm_fwd(&hc, r2, NULL, x, NULL, N, C, 1e-6f);
+    d->be->k->rmsnorm_fwd(&d->ctx, o2, NULL, dx2, NULL, N, C, 1e-6f);
+    cmp(d, "rmsnorm_fwd without weight", o2, r2, (size_t)(N * C));
+    gm_free(x), gm_free(sc), gm_free(r), gm_free(r2), dfree(d, dx), dfree(d, ds), dfree(d, o2), dfree(d, dx2);
+}
+
 /* ---- vision: LayerNorm, bias, pooling ------------------------------------------------------ */
 
 static void parity_layernorm_fwd(dev *d) {

@@ -446,7 +446,77 @@ static void test_movement(void) {
     gm_free(x), gm_free(out), gm_free(ref), gm_free(kv), gm_free(cache), gm_free(cref);
 }
 
+/* Gemma 3n's kernels against loops written from transformers' formulas (kernels.h): AltUp's
+ * predict and correct on 4 streams, magnitude matching (one row under the 1e-5 floor), the
+ * gaussian top-k at 95% sparsity (z = 1.6448536), the per-channel scale, the weightless RMSNorm. */
+static void test_gemma3n_kernels(void) {
+    int64_t S = 4, N = 5, C = 96, F = 512;
+    gm_kctx k = make_ctx(2, 0);
+    float *x = rnd(S * N * C, 2.0f), *cf = rnd(N * S * S, 0.3f), *out = gm_malloc((size_t)(S * N * C) * 4);
+    float *ref = gm_malloc((size_t)(S * N * C) * 4), *act = rnd(N * C, 2.0f), *cc = rnd(N * S, 0.3f);
+    gm_k_altup_predict_fwd_cpu(&k, out, x, cf, S, N, C);
+    for (int64_t j = 0; j < S; j++)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++) {
+                double v = x[(j * N + n) * C + c];
+                for (int64_t i = 0; i < S; i++) v += (double)cf[n * S * S + j * S + i] * x[(i * N + n) * C + c];
+                ref[(j * N + n) * C + c] = (float)v;
+            }
+    gm_check_close("altup_predict_fwd", out, ref, (size_t)(S * N * C), TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
+    for (int64_t j = 0; j < S; j++)
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t c = 0; c < C; c++) {
+                int64_t e = (j * N + n) * C + c;
+                ref[e] = (float)(x[e] + ((double)cc[n * S + j] + 1.0) * ((double)act[n * C + c] - x[n * C + c]));
+            }
+    gm_k_altup_correct_fwd_cpu(&k, x, x, act, cc, S, N, C); /* in place */
+    gm_check_close("altup_correct_fwd in place", x, ref, (size_t)(S * N * C), TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
+    /* magnitude matching: row 0 of x tiny (its mean square under the floor) */
+    float *t = rnd(N * C, 3.0f);
+    for (int64_t c = 0; c < C; c++) x[c] *= 1e-4f;
+    for (int64_t n = 0; n < N; n++) {
+        double sx = 0, st = 0;
+        for (int64_t c = 0; c < C; c++) sx += (double)x[n * C + c] * x[n * C + c], st += (double)t[n * C + c] * t[n * C + c];
+        double f = sqrt(st / (double)C) / sqrt(fmax(sx / (double)C, 1e-5));
+        for (int64_t c = 0; c < C; c++) ref[n * C + c] = (float)(x[n * C + c] * f);
+    }
+    gm_k_rms_match_fwd_cpu(&k, out, x, t, N, C, 1e-5f);
+    gm_check_close("rms_match_fwd", out, ref, (size_t)(N * C), TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
+    /* gaussian top-k: mean + z std (population), then relu */
+    float *g = rnd(N * F, 2.0f), *go = gm_malloc((size_t)(N * F) * 4), *gr = gm_malloc((size_t)(N * F) * 4);
+    int64_t kept = 0;
+    for (int64_t n = 0; n < N; n++) {
+        double m = 0, v = 0;
+        for (int64_t f = 0; f < F; f++) m += g[n * F + f];
+        m /= (double)F;
+        for (int64_t f = 0; f < F; f++) v += (g[n * F + f] - m) * (g[n * F + f] - m);
+        double cut = m + 1.6448536 * sqrt(v / (double)F);
+        for (int64_t f = 0; f < F; f++) gr[n * F + f] = (float)fmax(g[n * F + f] - cut, 0.0), kept += gr[n * F + f] > 0;
+    }
+    gm_k_gaussian_topk_fwd_cpu(&k, go, g, N, F, 1.6448536f);
+    gm_check_close("gaussian_topk_fwd", go, gr, (size_t)(N * F), TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
+    /* a uniform draw keeps the values above mean + 1.645 sd: none of the top 5% of a normal, all
+     * of uniform's top ~2% (sd 1/sqrt(3) of the range): some, and far from all */
+    CHECK(kept > 0 && kept < N * F / 10, "gaussian top-k keeps %lld of %lld gate values", (long long)kept, (long long)(N * F));
+    /* per-channel scale, and RMSNorm without a weight */
+    float *sc = rnd(C, 2.0f);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) ref[n * C + c] = t[n * C + c] * sc[c];
+    gm_k_mul_cols_fwd_cpu(&k, out, t, sc, N, C);
+    gm_check_close("mul_cols_fwd", out, ref, (size_t)(N * C), 0, 0);
+    for (int64_t n = 0; n < N; n++) {
+        double ss = 0;
+        for (int64_t c = 0; c < C; c++) ss += (double)t[n * C + c] * t[n * C + c];
+        for (int64_t c = 0; c < C; c++) ref[n * C + c] = (float)(t[n * C + c] / sqrt(ss / (double)C + 1e-6));
+    }
+    gm_k_rmsnorm_fwd_cpu(&k, out, NULL, t, NULL, N, C, 1e-6f);
+    gm_check_close("rmsnorm_fwd without weight", out, ref, (size_t)(N * C), TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
+    gm_free(x), gm_free(cf), gm_free(out), gm_free(ref), gm_free(act), gm_free(cc), gm_free(t), gm_free(g), gm_free(go);
+    gm_free(gr), gm_free(sc);
+}
+
 int main(void) {
+    test_gemma3n_kernels();
     test_movement();
     test_rmsnorm();
     test_rope();

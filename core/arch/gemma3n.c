@@ -1,0 +1,338 @@
+/*
+ * gemma3n.c - Gemma 3n text decoder (Gemma3nForCausalLM, and the text part of
+ * Gemma3nForConditionalGeneration): its spec, its front and head, its layer (forward; the
+ * backward comes next, training refuses the architecture until then).
+ *
+ * Sources: transformers' modeling_gemma3n.py (Gemma3nTextModel, Gemma3nTextDecoderLayer,
+ * Gemma3nTextAltUp, Gemma3nTextLaurelBlock, Gemma3nTextMLP, Gemma3nTextAttention) and
+ * gemma_architecture.md §3. The residual stream is S = altup_inputs (4) streams of width C,
+ * stored stream-major: X[l] is (S, N, C), stream j at X[l] + j N C. RMSNorm multiplies by the
+ * stored weight (no 1 + w); v_norm has no weight.
+ *
+ * Front (after the token embeddings, scaled by sqrt(C), are in stream 0):
+ *   stream i = rms_match(x0 Wproj_i^T, x0) for i = 1..S-1 (altup_projections);
+ *   per-layer inputs ple (L, N, P), layer-major:
+ *     ((RMSNorm_P(x0 Wple^T * C^-1/2)) + E_ple[id] * sqrt(P)) * 2^-1/2,
+ *   ids past the per-layer table reading its row 0 (get_per_layer_inputs).
+ * Layer l, on streams x:
+ *   router(v) = tanh((RMSNorm_router(v) / C) Wrouter^T)                          (N, S)
+ *   pred = x + mix(x; router(x_0) Wpred^T)        (altup_predict_fwd, coefficients (N, S, S))
+ *   xn1 = RMSNorm_in(pred_0); laurel = xn1 + RMSNorm_laurel((xn1 Wl^T) Wr^T)
+ *   attention as Gemma 3's, scale 1, v RMS-normed without weight, keys / values of
+ *   kv_source[l] on the KV-shared last layers;
+ *   xl = (pred_0 + RMSNorm_post_attn(o) + laurel) / sqrt(2)
+ *   gate = xn2 Wgate^T, gaussian top-k on the sparse layers (max(0, gate - mean - z std), z the
+ *   standard normal's quantile of the layer's sparsity); act = xl + RMSNorm_post_ffw(
+ *   (gelu(gate) * up) Wdown^T)
+ *   y = pred + (router(act) Wcorr^T + 1) (act - pred_0)                      (altup_correct_fwd)
+ *   y_j += RMSNorm_ppl(((gelu((y_0 * correct_output_scale) Wgate_pl^T)) * ple_l) Wproj_pl^T)
+ *   for j = 1..S-1
+ * Head: (x_0 + sum_i rms_match(x_i Wunembed_i^T, x_0)) / S, then the final norm and the soft-
+ * capped LM head as every Gemma.
+ *
+ * What gemmarun leaves out: altup_coef_clip (transformers clamps the coefficient weights to
+ * +-120 in training mode only; published weights lie far inside it), LoRA on the AltUp / LAuReL
+ * / per-layer linears (the targets are the attention and MLP linears, as on Gemma 3).
+ */
+#include "gm_arch.h"
+#include "gm_graph.h"
+
+#include <math.h>
+
+/* ---- spec --------------------------------------------------------------------------------- */
+
+enum {
+    W_ATTN_NORM, W_Q, W_K, W_V, W_O, W_Q_NORM, W_K_NORM, W_POST_ATTN_NORM,
+    W_FFN_NORM, W_GATE, W_UP, W_DOWN, W_POST_FFW_NORM,
+    W_CORR_SCALE, W_CORR, W_ROUTER, W_PRED, W_ROUTER_NORM,
+    W_LAUREL_L, W_LAUREL_R, W_LAUREL_NORM,
+    W_PL_GATE, W_PL_PROJ, W_PL_NORM, W_COUNT
+};
+
+/* lora_id 0..6: the same stable ids as Gemma 3's linears (gemma3.c). No GGUF names: llama.cpp's
+ * Gemma 3n files stack the AltUp projections into 3-D tensors; gemmarun reads Gemma 3n from
+ * Hugging Face folders. */
+#define N3(hf, kind, r, c, when, id) {hf, NULL, kind, r, c, when, id, false}
+static const gm_weight_spec layer_weights[W_COUNT] = {
+    [W_ATTN_NORM] = {"input_layernorm.weight", "attn_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false},
+    [W_Q] = {"self_attn.q_proj.weight", "attn_q.weight", GM_W_LINEAR, GM_DIM_QW, GM_DIM_C, GM_WHEN_ALWAYS, 0, false},
+    [W_K] = {"self_attn.k_proj.weight", "attn_k.weight", GM_W_LINEAR, GM_DIM_KW, GM_DIM_C, GM_WHEN_OWN_KV, 1, false},
+    [W_V] = {"self_attn.v_proj.weight", "attn_v.weight", GM_W_LINEAR, GM_DIM_KW, GM_DIM_C, GM_WHEN_OWN_KV, 2, false},
+    [W_O] = {"self_attn.o_proj.weight", "attn_output.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_QW, GM_WHEN_ALWAYS, 3, false},
+    [W_Q_NORM] = {"self_attn.q_norm.weight", "attn_q_norm.weight", GM_W_NORM, GM_DIM_D, GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false},
+    [W_K_NORM] = {"self_attn.k_norm.weight", "attn_k_norm.weight", GM_W_NORM, GM_DIM_D, GM_DIM_NONE, GM_WHEN_OWN_KV, -1, false},
+    [W_POST_ATTN_NORM] = {"post_attention_layernorm.weight", "post_attention_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE,
+                          GM_WHEN_ALWAYS, -1, false},
+    [W_FFN_NORM] = {"pre_feedforward_layernorm.weight", "ffn_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS,
+                    -1, false},
+    [W_GATE] = {"mlp.gate_proj.weight", "ffn_gate.weight", GM_W_LINEAR, GM_DIM_F, GM_DIM_C, GM_WHEN_ALWAYS, 4, false},
+    [W_UP] = {"mlp.up_proj.weight", "ffn_up.weight", GM_W_LINEAR, GM_DIM_F, GM_DIM_C, GM_WHEN_ALWAYS, 5, false},
+    [W_DOWN] = {"mlp.down_proj.weight", "ffn_down.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_F, GM_WHEN_ALWAYS, 6, false},
+    [W_POST_FFW_NORM] = {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE,
+                         GM_WHEN_ALWAYS, -1, false},
+    [W_CORR_SCALE] = N3("altup.correct_output_scale", GM_W_VEC, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1),
+    [W_CORR] = N3("altup.correction_coefs.weight", GM_W_LINEAR, GM_DIM_S, GM_DIM_S, GM_WHEN_ALWAYS, -1),
+    [W_ROUTER] = N3("altup.modality_router.weight", GM_W_LINEAR, GM_DIM_S, GM_DIM_C, GM_WHEN_ALWAYS, -1),
+    [W_PRED] = N3("altup.prediction_coefs.weight", GM_W_LINEAR, GM_DIM_SS, GM_DIM_S, GM_WHEN_ALWAYS, -1),
+    [W_ROUTER_NORM] = N3("altup.router_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1),
+    [W_LAUREL_L] = N3("laurel.linear_left.weight", GM_W_LINEAR, GM_DIM_LR, GM_DIM_C, GM_WHEN_ALWAYS, -1),
+    [W_LAUREL_R] = N3("laurel.linear_right.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_LR, GM_WHEN_ALWAYS, -1),
+    [W_LAUREL_NORM] = N3("laurel.post_laurel_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1),
+    [W_PL_GATE] = N3("per_layer_input_gate.weight", GM_W_LINEAR, GM_DIM_P, GM_DIM_C, GM_WHEN_ALWAYS, -1),
+    [W_PL_PROJ] = N3("per_layer_projection.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_P, GM_WHEN_ALWAYS, -1),
+    [W_PL_NORM] = N3("post_per_layer_input_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1),
+};
+
+/* Model-level weights: GM_GLOBAL_* first, then the per-layer-input table, its projection and
+ * norm, the AltUp stream projections in and out (S = 4 in every published Gemma 3n; the config
+ * reader refuses other counts for loading). */
+enum { G_PLE_EMBED = 3, G_PLE_PROJ, G_PLE_NORM, G_ALTUP_IN, G_ALTUP_OUT = G_ALTUP_IN + 3, G_COUNT = G_ALTUP_OUT + 3 };
+#define GG(hf, kind, r, c) {hf, NULL, kind, r, c, GM_WHEN_ALWAYS, -1, false}
+static const gm_weight_spec global_weights[G_COUNT] = {
+    [GM_GLOBAL_EMBED] = {"embed_tokens.weight", "token_embd.weight", GM_W_EMBED, GM_DIM_V, GM_DIM_C, GM_WHEN_ALWAYS, -1, false},
+    [GM_GLOBAL_FINAL_NORM] = {"norm.weight", "output_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false},
+    [GM_GLOBAL_LM_HEAD] = {"lm_head.weight", "output.weight", GM_W_EMBED, GM_DIM_V, GM_DIM_C, GM_WHEN_UNTIED, -1, true},
+    [G_PLE_EMBED] = GG("embed_tokens_per_layer.weight", GM_W_EMBED, GM_DIM_PV, GM_DIM_LP),
+    [G_PLE_PROJ] = GG("per_layer_model_projection.weight", GM_W_LINEAR, GM_DIM_LP, GM_DIM_C),
+    [G_PLE_NORM] = GG("per_layer_projection_norm.weight", GM_W_NORM, GM_DIM_P, GM_DIM_NONE),
+    [G_ALTUP_IN + 0] = GG("altup_projections.0.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_C),
+    [G_ALTUP_IN + 1] = GG("altup_projections.1.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_C),
+    [G_ALTUP_IN + 2] = GG("altup_projections.2.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_C),
+    [G_ALTUP_OUT + 0] = GG("altup_unembed_projections.0.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_C),
+    [G_ALTUP_OUT + 1] = GG("altup_unembed_projections.1.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_C),
+    [G_ALTUP_OUT + 2] = GG("altup_unembed_projections.2.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_C),
+};
+
+/* One layer's record (widths per token). */
+enum {
+    A_RN, A_RSTDR, A_MOD, A_PCOEF, A_PRED,                 /* predict */
+    A_XN1, A_RSTD1, A_LL, A_LRT, A_RSTDL, A_LAUREL,        /* input norm, LAuReL */
+    A_QPRE, A_RSTDQ, A_KPRE, A_RSTDK, A_Q, A_K, A_VPRE, A_RSTDV, A_V, A_ATT, A_LSE, A_OPRE, A_RSTDPA, A_XL,
+    A_XN2, A_RSTD2, A_GATE, A_GSP, A_UP, A_H, A_DPRE, A_RSTDPF, A_ACT,   /* MLP */
+    A_RC, A_RSTDC, A_MODC, A_CCOEF,                        /* correct */
+    A_FP, A_PG, A_PH, A_PP, A_RSTDPP, A_PN,                /* per-layer input */
+    A_COUNT
+};
+
+static const gm_act_spec acts[A_COUNT] = {
+    [A_RN] = {"router_in", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},      /* RMSNorm_router(x_0) / C */
+    [A_RSTDR] = {"rstd_router", GM_DIM_1, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_MOD] = {"modalities", GM_DIM_S, GM_WHEN_ALWAYS, GM_ACT_BOTH},    /* tanh(router) */
+    [A_PCOEF] = {"pred_coefs", GM_DIM_SS, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_PRED] = {"predictions", GM_DIM_SC, GM_WHEN_ALWAYS, GM_ACT_BOTH}, /* (S, N, C) */
+    [A_XN1] = {"xn1", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTD1] = {"rstd1", GM_DIM_1, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_LL] = {"laurel_left", GM_DIM_LR, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_LRT] = {"laurel_right", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTDL] = {"rstd_laurel", GM_DIM_1, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_LAUREL] = {"laurel", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},     /* xn1 + its normed branch */
+    [A_QPRE] = {"q_pre", GM_DIM_QW, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTDQ] = {"rstd_q", GM_DIM_H, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_KPRE] = {"k_pre", GM_DIM_KW, GM_WHEN_OWN_KV, GM_ACT_BOTH},
+    [A_RSTDK] = {"rstd_k", GM_DIM_KVH, GM_WHEN_OWN_KV, GM_ACT_TRAIN},
+    [A_Q] = {"q", GM_DIM_QW, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_K] = {"k", GM_DIM_KW, GM_WHEN_OWN_KV, GM_ACT_BOTH},
+    [A_VPRE] = {"v_pre", GM_DIM_KW, GM_WHEN_OWN_KV, GM_ACT_BOTH},
+    [A_RSTDV] = {"rstd_v", GM_DIM_KVH, GM_WHEN_OWN_KV, GM_ACT_TRAIN},
+    [A_V] = {"v", GM_DIM_KW, GM_WHEN_OWN_KV, GM_ACT_BOTH},
+    [A_ATT] = {"att", GM_DIM_QW, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_LSE] = {"lse", GM_DIM_H, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_OPRE] = {"o_pre", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTDPA] = {"rstd_pa", GM_DIM_1, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_XL] = {"attn_laurel", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_XN2] = {"xn2", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTD2] = {"rstd2", GM_DIM_1, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_GATE] = {"gate", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_GSP] = {"gate_sparse", GM_DIM_F, GM_WHEN_SPARSE, GM_ACT_BOTH},  /* after the gaussian top-k */
+    [A_UP] = {"up", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_H] = {"h", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_DPRE] = {"d_pre", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTDPF] = {"rstd_pf", GM_DIM_1, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_ACT] = {"activated", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},   /* the layer's output on stream 0 */
+    [A_RC] = {"router_in_c", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTDC] = {"rstd_router_c", GM_DIM_1, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_MODC] = {"modalities_c", GM_DIM_S, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_CCOEF] = {"corr_coefs", GM_DIM_S, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_FP] = {"first_scaled", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},   /* y_0 * correct_output_scale */
+    [A_PG] = {"pl_gate", GM_DIM_P, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_PH] = {"pl_h", GM_DIM_P, GM_WHEN_ALWAYS, GM_ACT_BOTH},           /* gelu(pl_gate) * ple_l */
+    [A_PP] = {"pl_proj", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTDPP] = {"rstd_pl", GM_DIM_1, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_PN] = {"pl_out", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+};
+
+/* Model-level activations: the per-layer inputs, token-major work buffer then layer-major. */
+enum { M_PLE_WORK, M_PLE, M_HEAD_TMP, M_COUNT };
+static const gm_act_spec model_acts[M_COUNT] = {
+    [M_PLE_WORK] = {"ple_work", GM_DIM_LP, GM_WHEN_ALWAYS, GM_ACT_BOTH}, /* (N, L, P) */
+    [M_PLE] = {"ple", GM_DIM_LP, GM_WHEN_ALWAYS, GM_ACT_BOTH},           /* (L, N, P) */
+    [M_HEAD_TMP] = {"head_tmp", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},  /* one unembedded stream */
+};
+
+/* transformers' Gemma3nTextScaledWordEmbedding: rows times sqrt(hidden_size) in f32. */
+static float embed_scale(const gm_config *c) { return sqrtf((float)c->hidden_size); }
+
+/* ---- front and head ----------------------------------------------------------------------- */
+
+/* Floor of a magnitude the stream projections are matched from (transformers: clamp(min=1e-5)). */
+#define MAG_EPS 1e-5f
+
+static void front(gm_graph *g) {
+    const gm_config *c = g->cfg;
+    const gm_kernel_table *k = g->k;
+    const gm_kctx *kc = &g->kc;
+    const gm_weights *w = g->w;
+    int64_t N = g->N, C = c->hidden_size, S = c->altup_inputs, L = c->n_layers, P = c->ple_dim;
+    float *x0 = g->X[0];
+    /* per-layer inputs: projection of x0, scaled and normed per layer, plus the table's rows */
+    float *work = g->mrec[M_PLE_WORK], *ple = g->mrec[M_PLE];
+    k->matmul_fwd(kc, work, x0, &w->global[G_PLE_PROJ], N, 0.0f);
+    k->scale_fwd(kc, work, work, N * L * P, 1.0f / sqrtf((float)C));
+    k->rmsnorm_fwd(kc, work, NULL, work, (const float *)w->global[G_PLE_NORM].data, N * L, P, c->rms_norm_eps);
+    k->embed_fwd(kc, ple, g->ple_ids, &w->global[G_PLE_EMBED], N, sqrtf((float)P));
+    k->add_fwd(kc, work, ple, N * L * P);
+    k->scale_fwd(kc, work, work, N * L * P, 1.0f / sqrtf(2.0f));
+    k->gather_rows(kc, ple, work, g->ple_sel, L * N, P); /* (N, L, P) -> (L, N, P) */
+    /* the other AltUp streams: projections of x0 at x0's magnitude */
+    for (int64_t i = 1; i < S; i++) {
+        float *xi = x0 + i * N * C;
+        k->matmul_fwd(kc, xi, x0, &w->global[G_ALTUP_IN + i - 1], N, 0.0f);
+        k->rms_match_fwd(kc, xi, xi, x0, N, C, MAG_EPS);
+    }
+}
+
+static void head(gm_graph *g, float *out) {
+    const gm_config *c = g->cfg;
+    const gm_kernel_table *k = g->k;
+    const gm_kctx *kc = &g->kc;
+    int64_t N = g->N, C = c->hidden_size, S = c->altup_inputs;
+    const float *x = g->X[c->n_layers];
+    float *t = g->mrec[M_HEAD_TMP];
+    k->scale_fwd(kc, out, x, N * C, 1.0f); /* stream 0 as it is */
+    for (int64_t i = 1; i < S; i++) {
+        k->matmul_fwd(kc, t, x + i * N * C, &g->w->global[G_ALTUP_OUT + i - 1], N, 0.0f);
+        k->rms_match_fwd(kc, t, t, x, N, C, MAG_EPS);
+        k->add_fwd(kc, out, t, N * C);
+    }
+    k->scale_fwd(kc, out, out, N * C, 1.0f / (float)S);
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+/* The standard normal's quantile at p (transformers: Normal(0, 1).icdf(sparsity) in f32), by
+ * Newton's method on the CDF from a point where it converges for 0 < p < 1. */
+static float normal_quantile(float p) {
+    double x = 0.0, target = (double)p;
+    for (int i = 0; i < 60; i++) {
+        double cdf = 0.5 * erfc(-x / sqrt(2.0)), pdf = exp(-0.5 * x * x) * 0.3989422804014327; /* 1/sqrt(2 pi) */
+        double step = (cdf - target) / pdf;
+        if (step > 2.0) step = 2.0;
+        if (step < -2.0) step = -2.0;
+        x -= step;
+        if (fabs(step) < 1e-15) break;
+    }
+    return (float)x;
+}
+
+/* AltUp's router: mod (N, S) = tanh((RMSNorm_router(v) / C) Wrouter^T); rn (N, C) and rstd
+ * its intermediates. */
+static void router(gm_graph *g, int64_t l, float *rn, float *rstd, float *mod, const float *v) {
+    const gm_config *c = g->cfg;
+    int64_t N = g->N, C = c->hidden_size, S = c->altup_inputs;
+    g->k->rmsnorm_fwd(&g->kc, rn, rstd, v, gm_graph_norm(g, l, W_ROUTER_NORM), N, C, c->rms_norm_eps);
+    g->k->scale_fwd(&g->kc, rn, rn, N * C, 1.0f / (float)C);
+    gm_graph_linear(g, l, W_ROUTER, mod, rn);
+    g->k->softcap_fwd(&g->kc, mod, mod, N * S, 1.0f); /* tanh */
+}
+
+static void layer_fwd(gm_graph *g, int64_t l) {
+    const gm_config *c = g->cfg;
+    const gm_kernel_table *k = g->k;
+    const gm_kctx *kc = &g->kc;
+    float **a = gm_graph_record(g, l);
+    int64_t N = g->N, C = c->hidden_size, H = c->n_heads, S = c->altup_inputs, P = c->ple_dim;
+    int64_t KVH = gm_dim_value(c, l, GM_DIM_KVH, 0), D = gm_dim_value(c, l, GM_DIM_D, 0), F = gm_dim_value(c, l, GM_DIM_F, 0);
+    float eps = c->rms_norm_eps, theta = c->rope_theta[l], pscale = c->rope_pos_scale[l];
+    const float *x = g->X[l];
+    float *y = g->X[l + 1]; /* at inference the same buffer as x, read no more after the prediction */
+    /* predict */
+    router(g, l, a[A_RN], a[A_RSTDR], a[A_MOD], x);
+    gm_graph_linear(g, l, W_PRED, a[A_PCOEF], a[A_MOD]);
+    k->altup_predict_fwd(kc, a[A_PRED], x, a[A_PCOEF], S, N, C);
+    const float *p0 = a[A_PRED];
+    /* input norm and LAuReL */
+    k->rmsnorm_fwd(kc, a[A_XN1], a[A_RSTD1], p0, gm_graph_norm(g, l, W_ATTN_NORM), N, C, eps);
+    gm_graph_linear(g, l, W_LAUREL_L, a[A_LL], a[A_XN1]);
+    gm_graph_linear(g, l, W_LAUREL_R, a[A_LRT], a[A_LL]);
+    k->rmsnorm_fwd(kc, a[A_LAUREL], a[A_RSTDL], a[A_LRT], gm_graph_norm(g, l, W_LAUREL_NORM), N, C, eps);
+    k->add_fwd(kc, a[A_LAUREL], a[A_XN1], N * C);
+    /* attention: scale 1, v normed without weight */
+    gm_graph_linear(g, l, W_Q, a[A_QPRE], a[A_XN1]);
+    k->rmsnorm_fwd(kc, a[A_Q], a[A_RSTDQ], a[A_QPRE], gm_graph_norm(g, l, W_Q_NORM), N * H, D, eps);
+    k->rope_fwd(kc, a[A_Q], a[A_Q], g->pos, N, H, D, theta, pscale);
+    const float *kk = NULL, *vv = NULL;
+    if (c->kv_source[l] == l) {
+        gm_graph_linear(g, l, W_K, a[A_KPRE], a[A_XN1]);
+        gm_graph_linear(g, l, W_V, a[A_VPRE], a[A_XN1]);
+        k->rmsnorm_fwd(kc, a[A_K], a[A_RSTDK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), N * KVH, D, eps);
+        k->rope_fwd(kc, a[A_K], a[A_K], g->pos, N, KVH, D, theta, pscale);
+        k->rmsnorm_fwd(kc, a[A_V], a[A_RSTDV], a[A_VPRE], NULL, N * KVH, D, eps);
+        kk = a[A_K], vv = a[A_V];
+    } else if (g->o.mode == GM_GRAPH_TRAIN) {
+        float **src = gm_graph_record(g, c->kv_source[l]);
+        kk = src[A_K], vv = src[A_V];
+    }
+    gm_graph_attention(g, l, a[A_ATT], a[A_LSE], a[A_Q], kk, vv, 1.0f);
+    gm_graph_linear(g, l, W_O, a[A_OPRE], a[A_ATT]);
+    k->rmsnorm_fwd(kc, a[A_XL], a[A_RSTDPA], a[A_OPRE], gm_graph_norm(g, l, W_POST_ATTN_NORM), N, C, eps);
+    k->add_fwd(kc, a[A_XL], p0, N * C);
+    k->add_fwd(kc, a[A_XL], a[A_LAUREL], N * C);
+    k->scale_fwd(kc, a[A_XL], a[A_XL], N * C, 1.0f / sqrtf(2.0f));
+    /* MLP, with the gaussian top-k on the sparse layers */
+    k->rmsnorm_fwd(kc, a[A_XN2], a[A_RSTD2], a[A_XL], gm_graph_norm(g, l, W_FFN_NORM), N, C, eps);
+    gm_graph_linear(g, l, W_GATE, a[A_GATE], a[A_XN2]);
+    const float *gate = a[A_GATE];
+    if (c->act_sparsity[l] > 0.0f) {
+        k->gaussian_topk_fwd(kc, a[A_GSP], a[A_GATE], N, F, normal_quantile(c->act_sparsity[l]));
+        gate = a[A_GSP];
+    }
+    gm_graph_linear(g, l, W_UP, a[A_UP], a[A_XN2]);
+    k->geglu_fwd(kc, a[A_H], gate, a[A_UP], N * F);
+    gm_graph_linear(g, l, W_DOWN, a[A_DPRE], a[A_H]);
+    k->rmsnorm_fwd(kc, a[A_ACT], a[A_RSTDPF], a[A_DPRE], gm_graph_norm(g, l, W_POST_FFW_NORM), N, C, eps);
+    k->add_fwd(kc, a[A_ACT], a[A_XL], N * C);
+    /* correct: all streams from the predictions and the activated stream 0 */
+    router(g, l, a[A_RC], a[A_RSTDC], a[A_MODC], a[A_ACT]);
+    gm_graph_linear(g, l, W_CORR, a[A_CCOEF], a[A_MODC]);
+    k->altup_correct_fwd(kc, y, a[A_PRED], a[A_ACT], a[A_CCOEF], S, N, C);
+    /* the per-layer input, into streams 1..S-1 */
+    const float *ple = g->mrec[M_PLE] + l * N * P;
+    k->mul_cols_fwd(kc, a[A_FP], y, (const float *)gm_graph_weight(g, l, W_CORR_SCALE)->data, N, C);
+    gm_graph_linear(g, l, W_PL_GATE, a[A_PG], a[A_FP]);
+    k->geglu_fwd(kc, a[A_PH], a[A_PG], ple, N * P);
+    gm_graph_linear(g, l, W_PL_PROJ, a[A_PP], a[A_PH]);
+    k->rmsnorm_fwd(kc, a[A_PN], a[A_RSTDPP], a[A_PP], gm_graph_norm(g, l, W_PL_NORM), N, C, eps);
+    for (int64_t j = 1; j < S; j++) k->add_fwd(kc, y + j * N * C, a[A_PN], N * C);
+}
+
+const gm_arch_def gm_arch_gemma3n = {
+    .id = GM_ARCH_GEMMA3N,
+    .name = "gemma3n",
+    .layers_prefix = "layers.",
+    .globals = global_weights,
+    .n_globals = G_COUNT,
+    .layer = layer_weights,
+    .n_layer = W_COUNT,
+    .acts = acts,
+    .n_acts = A_COUNT,
+    .grads = NULL,
+    .n_grads = 0,
+    .embed_scale = embed_scale,
+    .altup = true,
+    .model_acts = model_acts,
+    .n_model_acts = M_COUNT,
+    .front = front,
+    .head = head,
+    .layer_fwd = layer_fwd,
+    .layer_bwd = NULL,
+};
