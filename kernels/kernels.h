@@ -50,6 +50,17 @@
  *                  per row: the FFN gate's activation sparsity; out may alias x.
  *   mul_cols_fwd   out (N, C) = x * s[c] (a per-channel scale: AltUp's correct_output_scale);
  *                  out may alias x.
+ *   Their backward (assigning their outputs, except dtarget):
+ *   altup_predict_bwd  dx[i] = dpred[i] + sum_j coef[n, j S + i] dpred[j]; dcoef[n, j S + i] =
+ *                  sum_c dpred[j] x[i].
+ *   altup_correct_bwd  from dy = dL/dout: dact = sum_j dy[j] (coef[n, j] + 1); dpred[j] = dy[j]
+ *                  (j > 0), dpred[0] = dy[0] - dact; dcoef[n, j] = sum_c dy[j] (act - pred[0]).
+ *   rms_match_bwd  with f = rms(t) / r, r = sqrt(max(mean(x^2), eps)), s = sum_c dy x:
+ *                  dx = f dy - [mean(x^2) > eps] f s x / (C r^2); dtarget += s t / (C r rms(t))
+ *                  (0 where rms(t) = 0).
+ *   gaussian_topk_bwd  with the mask m = [x > cut] and G = sum_f m dy: dx = m dy - G (1/F +
+ *                  std_mult (x - mean) / (F std)) (the cut's dependence on the row; 0 when std = 0).
+ *   tanh_bwd       dx = dy (1 - y^2), y = tanh of the input; dx may alias dy.
  *   layernorm_fwd  out (N, C) = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), biased
  *                  variance, statistics in double (torch.nn.LayerNorm; SigLIP, gemma_
  *                  architecture.md §2.1); mean, rstd (N) saved when not NULL. out may alias x.
@@ -80,7 +91,8 @@
  *                  base or a LoRA matrix); quantized W dequantized panel by panel.
  *   matmul_bwd_weight dw (N, K) = beta*dw + dy^T (N x M) . x (M, K), all f32 (LoRA gradients).
  *   rmsnorm_bwd    with r = rstd, xh = x r, u = dy * w: dx = beta*dx + r (u - xh mean(u xh))
- *                  (gemma_architecture.md §1.4); dw += sum_rows dy * xh when dw is not NULL.
+ *                  (gemma_architecture.md §1.4); dw += sum_rows dy * xh when dw is not NULL;
+ *                  w NULL: the weightless norm (u = dy).
  *   rope_bwd       dx = rotation of dy by -angle (the transpose of rope_fwd). dx may alias dy.
  *   geglu_bwd      dgate = dh * up * gelu'(gate), dup = dh * gelu(gate) (§1.6).
  *   scale_fwd      out = s * x.

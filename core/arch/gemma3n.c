@@ -1,7 +1,9 @@
 /*
  * gemma3n.c - Gemma 3n text decoder (Gemma3nForCausalLM, and the text part of
- * Gemma3nForConditionalGeneration): its spec, its front and head, its layer (forward; the
- * backward comes next, training refuses the architecture until then).
+ * Gemma3nForConditionalGeneration): its spec, its front and head, its layer, forward and
+ * backward (the backward: the chain rule through the same steps in reverse, with the kernels'
+ * formulas, kernels.h; the KV-shared layers' key / value gradients are held until their source
+ * layer's backward adds them to its own).
  *
  * Sources: transformers' modeling_gemma3n.py (Gemma3nTextModel, Gemma3nTextDecoderLayer,
  * Gemma3nTextAltUp, Gemma3nTextLaurelBlock, Gemma3nTextMLP, Gemma3nTextAttention) and
@@ -86,9 +88,9 @@ static const gm_weight_spec layer_weights[W_COUNT] = {
 /* Model-level weights: GM_GLOBAL_* first, then the per-layer-input table, its projection and
  * norm, the AltUp stream projections in and out (S = 4 in every published Gemma 3n; the config
  * reader refuses other counts for loading). */
-enum { G_PLE_EMBED = 3, G_PLE_PROJ, G_PLE_NORM, G_ALTUP_IN, G_ALTUP_OUT = G_ALTUP_IN + 3, G_COUNT = G_ALTUP_OUT + 3 };
+enum { G_PLE_EMBED = 3, G_PLE_PROJ, G_PLE_NORM, G_ALTUP_IN, G_ALTUP_OUT = G_ALTUP_IN + 3, N_GLOBALS = G_ALTUP_OUT + 3 };
 #define GG(hf, kind, r, c) {hf, NULL, kind, r, c, GM_WHEN_ALWAYS, -1, false}
-static const gm_weight_spec global_weights[G_COUNT] = {
+static const gm_weight_spec global_weights[N_GLOBALS] = {
     [GM_GLOBAL_EMBED] = {"embed_tokens.weight", "token_embd.weight", GM_W_EMBED, GM_DIM_V, GM_DIM_C, GM_WHEN_ALWAYS, -1, false},
     [GM_GLOBAL_FINAL_NORM] = {"norm.weight", "output_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false},
     [GM_GLOBAL_LM_HEAD] = {"lm_head.weight", "output.weight", GM_W_EMBED, GM_DIM_V, GM_DIM_C, GM_WHEN_UNTIED, -1, true},
@@ -169,6 +171,40 @@ static const gm_act_spec model_acts[M_COUNT] = {
     [M_HEAD_TMP] = {"head_tmp", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},  /* one unembedded stream */
 };
 
+/* The backward's workspace (one layer at a time), and the KV-shared layers' key / value gradients
+ * waiting for their source layer (one pair per layer type: every Gemma 3n shares from one layer
+ * of each type). */
+enum {
+    G_DPRED, G_DACT, G_DXL, G_DXN, G_DC1, G_DC2, G_DS, G_DPC, G_DP1, G_DP2, G_DP3, G_DLL,
+    G_DQ, G_DATT, G_DK, G_DV, G_DGATE, G_DUP, G_DH, G_DKS, G_DVS, G_DKF, G_DVF, G_COUNT
+};
+
+static const gm_act_spec grads[G_COUNT] = {
+    [G_DPRED] = {"dpred", GM_DIM_SC, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DACT] = {"dact", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DXL] = {"dxl", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DXN] = {"dxn", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DC1] = {"dtmp", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DC2] = {"dtmp2", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DS] = {"dmod", GM_DIM_S, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DPC] = {"dcoef", GM_DIM_SS, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DP1] = {"dpl", GM_DIM_P, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DP2] = {"dpl2", GM_DIM_P, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DP3] = {"dple", GM_DIM_P, GM_WHEN_ALWAYS, GM_ACT_TRAIN}, /* the per-layer input's: unused (frozen) */
+    [G_DLL] = {"dlaurel_left", GM_DIM_LR, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DQ] = {"dq", GM_DIM_QW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DATT] = {"datt", GM_DIM_QW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DK] = {"dk", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DV] = {"dv", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DGATE] = {"dgate", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DUP] = {"dup", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DH] = {"dh", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DKS] = {"dk_shared_sliding", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DVS] = {"dv_shared_sliding", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DKF] = {"dk_shared_full", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [G_DVF] = {"dv_shared_full", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+};
+
 /* transformers' Gemma3nTextScaledWordEmbedding: rows times sqrt(hidden_size) in f32. */
 static float embed_scale(const gm_config *c) { return sqrtf((float)c->hidden_size); }
 
@@ -215,6 +251,25 @@ static void head(gm_graph *g, float *out) {
         k->add_fwd(kc, out, t, N * C);
     }
     k->scale_fwd(kc, out, out, N * C, 1.0f / (float)S);
+}
+
+/* Backward of head: dout (N, C) = dL/d(head's output) in, dL/dX[L] (S, N, C) into g->g
+ * (assigned); each stream's unembedding is recomputed. */
+static void head_bwd(gm_graph *g, const float *dout) {
+    const gm_config *c = g->cfg;
+    const gm_kernel_table *k = g->k;
+    const gm_kctx *kc = &g->kc;
+    int64_t N = g->N, C = c->hidden_size, S = c->altup_inputs;
+    const float *x = g->X[c->n_layers];
+    float *gx = g->g, *u = g->mrec[M_HEAD_TMP], *dm = g->grad[G_DC1], *du = g->grad[G_DC2];
+    k->scale_fwd(kc, dm, dout, N * C, 1.0f / (float)S); /* the mean's share of every stream */
+    k->scale_fwd(kc, gx, dm, N * C, 1.0f);                /* stream 0 directly */
+    for (int64_t i = 1; i < S; i++) {
+        const gm_wview *W = &g->w->global[G_ALTUP_OUT + i - 1];
+        k->matmul_fwd(kc, u, x + i * N * C, W, N, 0.0f);
+        k->rms_match_bwd(kc, du, gx, dm, u, x, N, C, MAG_EPS); /* and stream 0 as the target */
+        k->matmul_bwd_input(kc, gx + i * N * C, du, W, N, 0.0f);
+    }
 }
 
 /* ---- forward ------------------------------------------------------------------------------ */
@@ -315,24 +370,132 @@ static void layer_fwd(gm_graph *g, int64_t l) {
     for (int64_t j = 1; j < S; j++) k->add_fwd(kc, y + j * N * C, a[A_PN], N * C);
 }
 
+/* ---- backward ----------------------------------------------------------------------------- */
+
+/* Backward of router() into dv (accumulated): dmod (N, S) in, overwritten. */
+static void router_bwd(gm_graph *g, int64_t l, float *dv, float *dmod, const float *rn, const float *rstd, const float *mod,
+                       const float *v) {
+    const gm_config *c = g->cfg;
+    int64_t N = g->N, C = c->hidden_size, S = c->altup_inputs;
+    float *drn = g->grad[G_DC1];
+    g->k->tanh_bwd(&g->kc, dmod, dmod, mod, N * S);
+    gm_graph_linear_bwd(g, l, W_ROUTER, drn, dmod, rn, 0.0f);
+    g->k->scale_fwd(&g->kc, drn, drn, N * C, 1.0f / (float)C);
+    g->k->rmsnorm_bwd(&g->kc, dv, NULL, drn, v, gm_graph_norm(g, l, W_ROUTER_NORM), rstd, N, C, 1.0f);
+}
+
+/* Whether a layer after l reads the keys and values l reads (its own, or its source's). */
+static bool shared_later(const gm_config *c, int64_t l) {
+    int32_t src = c->kv_source[l];
+    for (int64_t m = l + 1; m < c->n_layers; m++)
+        if (c->kv_source[m] == src && m != src) return true;
+    return false;
+}
+
+static void layer_bwd(gm_graph *g, int64_t l) {
+    const gm_config *c = g->cfg;
+    const gm_kernel_table *k = g->k;
+    const gm_kctx *kc = &g->kc;
+    float **a = gm_graph_record(g, l), **d = g->grad;
+    int64_t B = g->B, T = g->T, N = g->N, C = c->hidden_size, H = c->n_heads, S = c->altup_inputs, P = c->ple_dim;
+    int64_t KVH = gm_dim_value(c, l, GM_DIM_KVH, 0), D = gm_dim_value(c, l, GM_DIM_D, 0), F = gm_dim_value(c, l, GM_DIM_F, 0);
+    float theta = c->rope_theta[l], pscale = c->rope_pos_scale[l];
+    float *gy = g->g; /* dL/dX[l+1] (S, N, C); dL/dX[l] on exit */
+    const float *x = g->X[l];
+    /* the per-layer input went into streams 1..S-1 */
+    k->scale_fwd(kc, d[G_DC2], gy + N * C, N * C, 1.0f);
+    for (int64_t j = 2; j < S; j++) k->add_fwd(kc, d[G_DC2], gy + j * N * C, N * C);
+    k->rmsnorm_bwd(kc, d[G_DC1], NULL, d[G_DC2], a[A_PP], gm_graph_norm(g, l, W_PL_NORM), a[A_RSTDPP], N, C, 0.0f);
+    gm_graph_linear_bwd(g, l, W_PL_PROJ, d[G_DP1], d[G_DC1], a[A_PH], 0.0f);
+    k->geglu_bwd(kc, d[G_DP2], d[G_DP3], d[G_DP1], a[A_PG], g->mrec[M_PLE] + l * N * P, N * P);
+    gm_graph_linear_bwd(g, l, W_PL_GATE, d[G_DC2], d[G_DP2], a[A_FP], 0.0f);
+    k->mul_cols_fwd(kc, d[G_DC2], d[G_DC2], (const float *)gm_graph_weight(g, l, W_CORR_SCALE)->data, N, C);
+    k->add_fwd(kc, gy, d[G_DC2], N * C); /* gy: now dL/d(corrected streams) */
+    /* correct, and its router on the activated stream */
+    k->altup_correct_bwd(kc, d[G_DPRED], d[G_DACT], d[G_DS], gy, a[A_PRED], a[A_ACT], a[A_CCOEF], S, N, C);
+    gm_graph_linear_bwd(g, l, W_CORR, d[G_DC2], d[G_DS], a[A_MODC], 0.0f); /* (N, S) */
+    router_bwd(g, l, d[G_DACT], d[G_DC2], a[A_RC], a[A_RSTDC], a[A_MODC], a[A_ACT]);
+    /* act = xl + RMSNorm_post_ffw(d_pre) */
+    k->scale_fwd(kc, d[G_DXL], d[G_DACT], N * C, 1.0f);
+    k->rmsnorm_bwd(kc, d[G_DC1], NULL, d[G_DACT], a[A_DPRE], gm_graph_norm(g, l, W_POST_FFW_NORM), a[A_RSTDPF], N, C, 0.0f);
+    gm_graph_linear_bwd(g, l, W_DOWN, d[G_DH], d[G_DC1], a[A_H], 0.0f);
+    bool sparse = c->act_sparsity[l] > 0.0f;
+    k->geglu_bwd(kc, d[G_DGATE], d[G_DUP], d[G_DH], sparse ? a[A_GSP] : a[A_GATE], a[A_UP], N * F);
+    const float *dgate = d[G_DGATE];
+    if (sparse) {
+        k->gaussian_topk_bwd(kc, d[G_DH], d[G_DGATE], a[A_GATE], N, F, normal_quantile(c->act_sparsity[l]));
+        dgate = d[G_DH];
+    }
+    gm_graph_linear_bwd(g, l, W_GATE, d[G_DXN], dgate, a[A_XN2], 0.0f);
+    gm_graph_linear_bwd(g, l, W_UP, d[G_DXN], d[G_DUP], a[A_XN2], 1.0f);
+    k->rmsnorm_bwd(kc, d[G_DXL], NULL, d[G_DXN], a[A_XL], gm_graph_norm(g, l, W_FFN_NORM), a[A_RSTD2], N, C, 1.0f);
+    /* xl = (pred_0 + RMSNorm_post_attn(o_pre) + laurel) / sqrt(2): each part's gradient */
+    k->scale_fwd(kc, d[G_DXL], d[G_DXL], N * C, 1.0f / sqrtf(2.0f));
+    k->add_fwd(kc, d[G_DPRED], d[G_DXL], N * C);
+    /* laurel = xn1 + RMSNorm_laurel((xn1 Wl^T) Wr^T) */
+    k->rmsnorm_bwd(kc, d[G_DC1], NULL, d[G_DXL], a[A_LRT], gm_graph_norm(g, l, W_LAUREL_NORM), a[A_RSTDL], N, C, 0.0f);
+    gm_graph_linear_bwd(g, l, W_LAUREL_R, d[G_DLL], d[G_DC1], a[A_LL], 0.0f);
+    k->scale_fwd(kc, d[G_DXN], d[G_DXL], N * C, 1.0f);
+    gm_graph_linear_bwd(g, l, W_LAUREL_L, d[G_DXN], d[G_DLL], a[A_XN1], 1.0f);
+    /* attention */
+    k->rmsnorm_bwd(kc, d[G_DC1], NULL, d[G_DXL], a[A_OPRE], gm_graph_norm(g, l, W_POST_ATTN_NORM), a[A_RSTDPA], N, C, 0.0f);
+    gm_graph_linear_bwd(g, l, W_O, d[G_DATT], d[G_DC1], a[A_ATT], 0.0f);
+    bool own = c->kv_source[l] == l, full = c->layer_type[l] == GM_LAYER_FULL;
+    float **src = gm_graph_record(g, c->kv_source[l]);
+    int64_t window = full ? 0 : c->sliding_window, KW = KVH * D;
+    k->attention_bwd(kc, d[G_DQ], d[G_DK], d[G_DV], d[G_DATT], a[A_Q], src[A_K], src[A_V], a[A_ATT], a[A_LSE],
+                     g->has_kv_end ? g->kv_end : NULL, B, T, H, KVH, D, window, 1.0f);
+    float *dks = d[full ? G_DKF : G_DKS], *dvs = d[full ? G_DVF : G_DVS];
+    if (!own) {
+        /* keys and values belong to the source layer: its backward (later in this pass) takes them */
+        if (shared_later(c, l)) {
+            k->add_fwd(kc, dks, d[G_DK], N * KW);
+            k->add_fwd(kc, dvs, d[G_DV], N * KW);
+        } else {
+            k->scale_fwd(kc, dks, d[G_DK], N * KW, 1.0f);
+            k->scale_fwd(kc, dvs, d[G_DV], N * KW, 1.0f);
+        }
+    } else {
+        if (shared_later(c, l)) {
+            k->add_fwd(kc, d[G_DK], dks, N * KW);
+            k->add_fwd(kc, d[G_DV], dvs, N * KW);
+        }
+        k->rope_bwd(kc, d[G_DK], d[G_DK], g->pos, N, KVH, D, theta, pscale);
+        k->rmsnorm_bwd(kc, d[G_DK], NULL, d[G_DK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), a[A_RSTDK], N * KVH, D, 0.0f);
+        k->rmsnorm_bwd(kc, d[G_DV], NULL, d[G_DV], a[A_VPRE], NULL, a[A_RSTDV], N * KVH, D, 0.0f);
+        gm_graph_linear_bwd(g, l, W_K, d[G_DXN], d[G_DK], a[A_XN1], 1.0f);
+        gm_graph_linear_bwd(g, l, W_V, d[G_DXN], d[G_DV], a[A_XN1], 1.0f);
+    }
+    k->rope_bwd(kc, d[G_DQ], d[G_DQ], g->pos, N, H, D, theta, pscale);
+    k->rmsnorm_bwd(kc, d[G_DQ], NULL, d[G_DQ], a[A_QPRE], gm_graph_norm(g, l, W_Q_NORM), a[A_RSTDQ], N * H, D, 0.0f);
+    gm_graph_linear_bwd(g, l, W_Q, d[G_DXN], d[G_DQ], a[A_XN1], 1.0f);
+    k->rmsnorm_bwd(kc, d[G_DPRED], NULL, d[G_DXN], a[A_PRED], gm_graph_norm(g, l, W_ATTN_NORM), a[A_RSTD1], N, C, 1.0f);
+    /* predict, and its router on stream 0 */
+    k->altup_predict_bwd(kc, gy, d[G_DPC], d[G_DPRED], x, a[A_PCOEF], S, N, C);
+    gm_graph_linear_bwd(g, l, W_PRED, d[G_DC2], d[G_DPC], a[A_MOD], 0.0f); /* (N, S) */
+    router_bwd(g, l, gy, d[G_DC2], a[A_RN], a[A_RSTDR], a[A_MOD], x);
+}
+
 const gm_arch_def gm_arch_gemma3n = {
     .id = GM_ARCH_GEMMA3N,
     .name = "gemma3n",
     .layers_prefix = "layers.",
     .globals = global_weights,
-    .n_globals = G_COUNT,
+    .n_globals = N_GLOBALS,
     .layer = layer_weights,
     .n_layer = W_COUNT,
     .acts = acts,
     .n_acts = A_COUNT,
-    .grads = NULL,
-    .n_grads = 0,
+    .grads = grads,
+    .n_grads = G_COUNT,
     .embed_scale = embed_scale,
     .altup = true,
     .model_acts = model_acts,
     .n_model_acts = M_COUNT,
     .front = front,
     .head = head,
+    .head_bwd = head_bwd,
     .layer_fwd = layer_fwd,
-    .layer_bwd = NULL,
+    .layer_bwd = layer_bwd,
+    .kv_sharing_bwd = true,
 };

@@ -151,11 +151,16 @@ typedef struct gm_arch_def {
     /* the hidden state (N, C) the final norm reads, from X[L], into out (Gemma 3n: the streams
      * unembedded, magnitude-matched and averaged). NULL: X[L] is it */
     void (*head)(struct gm_graph *g, float *out);
+    /* backward of head: dout (N, C) in, dL/dX[L] into g->g (assigned); NULL with head NULL */
+    void (*head_bwd)(struct gm_graph *g, const float *dout);
     /* layer l: g->X[l] -> g->X[l+1] (gm_graph.h) */
     void (*layer_fwd)(struct gm_graph *g, int64_t l);
     /* layer l: g->g holds dL/dX[l+1] on entry and dL/dX[l] on exit; adapter gradients +=.
      * NULL: no backward yet (the architecture generates and evaluates, training refuses it) */
     void (*layer_bwd)(struct gm_graph *g, int64_t l);
+    /* layer_bwd sends a KV-shared layer's key / value gradients to its source layer (Gemma 3n);
+     * false: training refuses configs with KV sharing */
+    bool kv_sharing_bwd;
 } gm_arch_def;
 
 /* The definition of an architecture, or NULL when gemmarun has its presets and memory estimates

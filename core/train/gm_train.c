@@ -433,12 +433,20 @@ static gm_status validate_opts(const gm_config *c, const gm_train_opts *o, gm_er
     NEED(o->warmup_steps >= 0 && o->total_steps >= 1, "warmup must be >= 0 steps and total steps >= 1");
     NEED(o->n_threads >= 1, "threads must be >= 1");
 #undef NEED
-    /* the forward reads shared keys and values in training too; the backward does not yet send
-     * their gradients back to the source layer */
-    for (int64_t l = 0; l < c->n_layers; l++)
-        if (c->kv_source[l] != l)
-            return gm_error_set(err, GM_ERR_UNSUPPORTED, "training models with KV sharing between layers (layer %lld) is not supported yet",
-                                (long long)l);
+    /* the forward reads shared keys and values in training too; an architecture's backward must
+     * send their gradients back to the source layer (Gemma 3n's does), and under checkpointing
+     * one record serves every layer, so a shared layer would read keys a later layer overwrote */
+    const gm_arch_def *ar = gm_arch_get(c->arch);
+    for (int64_t l = 0; l < c->n_layers; l++) {
+        if (c->kv_source[l] == l) continue;
+        if (!ar || !ar->kv_sharing_bwd)
+            return gm_error_set(err, GM_ERR_UNSUPPORTED, "training models with KV sharing between layers (layer %lld) is not "
+                                "supported yet for %s", (long long)l, gm_arch_name(c->arch));
+        if (o->checkpointing)
+            return gm_error_set(err, GM_ERR_UNSUPPORTED, "activation checkpointing with KV sharing (%s: layer %lld reads layer "
+                                "%d's keys and values) is not written yet\n  hint: checkpointing = false",
+                                gm_arch_name(c->arch), (long long)l, c->kv_source[l]);
+    }
     return GM_OK;
 }
 
@@ -505,13 +513,6 @@ gm_status gm_trainer_new_on(const gm_model *m, const gm_train_opts *o, gm_backen
     *out = NULL;
     const gm_config *c = &m->cfg;
     GM_TRY(validate_opts(c, o, err));
-    /* under checkpointing one record serves every layer: a KV-shared layer would read keys and
-     * values a later layer overwrote */
-    for (int64_t l = 0; o->checkpointing && l < c->n_layers; l++)
-        if (c->kv_source[l] != l)
-            return gm_error_set(err, GM_ERR_UNSUPPORTED, "activation checkpointing with KV sharing (%s: layer %lld reads layer "
-                                "%d's keys and values) is not written yet\n  hint: checkpointing = false",
-                                gm_arch_name(c->arch), (long long)l, c->kv_source[l]);
     gm_trainer *tr = gm_calloc(1, sizeof *tr);
     if (!tr) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     tr->m = m;
@@ -644,8 +645,12 @@ static double lm_loss(gm_trainer *tr, int64_t N, int64_t n_sup, bool want_grad, 
         /* final norm backward on the gathered rows (in place), scattered into g (zero elsewhere) */
         k->rmsnorm_bwd(kc, tr->dhs, NULL, tr->dhs, tr->xs, (const float *)tr->w.global[GM_GLOBAL_FINAL_NORM].data,
                        tr->rstd_s, n_sup, C, 0.0f);
-        k->fill(kc, g->g, N * C, 0.0f);
-        k->scatter_rows(kc, g->g, tr->dhs, tr->sup_rows, n_sup, C);
+        /* an architecture with a head (Gemma 3n's AltUp streams) takes the (N, C) gradient back to
+         * its residual stream; its head output buffer holds that gradient meanwhile */
+        float *dst = g->arch->head_bwd ? g->head_out : g->g;
+        k->fill(kc, dst, N * C, 0.0f);
+        k->scatter_rows(kc, dst, tr->dhs, tr->sup_rows, n_sup, C);
+        if (g->arch->head_bwd) g->arch->head_bwd(g, dst);
     }
     return total;
 }

@@ -35,11 +35,11 @@ void gm_k_rmsnorm_bwd_cpu(const gm_kctx *ctx, float *dx, float *dw, const float 
         const float *xr = x + n * C, *dyr = dy + n * C;
         float r = rstd[n];
         double dot = 0.0; /* mean(u * xh), u = dy * w, xh = x * r */
-        for (int64_t c = 0; c < C; c++) dot += (double)(dyr[c] * w[c]) * (double)(xr[c] * r);
+        for (int64_t c = 0; c < C; c++) dot += (double)(dyr[c] * (w ? w[c] : 1.0f)) * (double)(xr[c] * r);
         float mean = (float)(dot / (double)C);
         float *dxr = dx + n * C;
         for (int64_t c = 0; c < C; c++) {
-            float g = r * (dyr[c] * w[c] - xr[c] * r * mean);
+            float g = r * (dyr[c] * (w ? w[c] : 1.0f) - xr[c] * r * mean);
             dxr[c] = beta != 0.0f ? dxr[c] + g : g;
         }
     });

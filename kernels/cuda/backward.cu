@@ -15,10 +15,10 @@ __global__ static void rmsnorm_bwd_k(float *dx, const float *dy, const float *x,
     float r = rstd[n];
     const float *xr = x + n * C, *dyr = dy + n * C;
     float dot = 0.0f;
-    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += (dyr[c] * w[c]) * (xr[c] * r);
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) dot += (dyr[c] * (w ? w[c] : 1.0f)) * (xr[c] * r);
     float mean = gm_block_sum(dot) / (float)C;
     for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-        float g = r * (dyr[c] * w[c] - xr[c] * r * mean);
+        float g = r * (dyr[c] * (w ? w[c] : 1.0f) - xr[c] * r * mean);
         dx[n * C + c] = beta != 0.0f ? dx[n * C + c] + g : g;
     }
 }

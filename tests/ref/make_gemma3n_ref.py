@@ -14,6 +14,10 @@ top-k sparsity 0.95 on layers 0-1, the last 2 layers sharing the K/V of layers 3
   /logits_cached  (2, 20, 512) f32: the same sequences fed as a prompt of 7 tokens then one token
               at a time through transformers' cache (KV sharing from the cache: the story's
               "identical with and without a cache")
+  /lora/{labels, loss, weights/*, grads/*}: PEFT LoRA (rank 4, alpha 8, q/k/v/o/gate/up/down;
+              none on the KV-shared layers' absent k/v) at drawn A and B: the loss of the two
+              sequences with their first 5 labels -100, and every adapter's gradient; loss64 and
+              grads64/*: the same computed in float64 (the exact values the f32 ones round)
   attrs       max_abs_diff_cached (the two above), max_abs_diff_no_sparsity (how far the logits move
               with activation_sparsity_pattern all 0: the top-k is visible), max_abs_diff_no_ple
               (per-layer inputs zeroed), max_prob (no saturation)
@@ -96,6 +100,32 @@ def logits_cached(model, ids):
     return torch.cat(rows, dim=0).float()
 
 
+def lora_grads(model, ids):
+    """PEFT LoRA (rank 4, alpha 8, the attention and MLP linears) at drawn A and B on a copy of the
+    model: the loss of the two sequences (labels -100 on each one's first 5 tokens) and every
+    adapter's gradient, under PEFT's saved names."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    pm = get_peft_model(copy.deepcopy(model), LoraConfig(
+        r=4, lora_alpha=8, lora_dropout=0.0,
+        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
+    pm.eval()  # no dropout, no coefficient clamp (published weights lie far inside it anyway)
+    g = torch.Generator().manual_seed(SEED + 2)
+    weights = {}
+    with torch.no_grad():
+        for name, p in pm.named_parameters():
+            if "lora_" in name:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+                weights[name.replace(".default", "")] = p.detach().clone()
+    labels = ids.clone()
+    labels[:, :5] = -100
+    out = pm(input_ids=ids, labels=labels, use_cache=False)
+    out.loss.backward()
+    grads = {name.replace(".default", ""): p.grad.detach().clone() for name, p in pm.named_parameters() if "lora_" in name}
+    return float(out.loss), labels, weights, grads
+
+
 def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -135,6 +165,25 @@ def main():
         f.attrs["max_abs_diff_no_sparsity"] = diff_sparse
         f.attrs["max_abs_diff_no_ple"] = diff_ple
         f.attrs["max_prob"] = max_prob
+        loss, labels, weights, grads = lora_grads(model, ids)
+        f.create_dataset("lora/labels", data=labels.numpy().astype(np.int32))
+        f.create_dataset("lora/loss", data=np.array([loss], dtype=np.float32))
+        for k in sorted(weights):
+            f.create_dataset("lora/weights/" + k, data=weights[k].numpy().astype(np.float32))
+            f.create_dataset("lora/grads/" + k, data=grads[k].numpy().astype(np.float32))
+        # the same in float64 (model, adapters and loss): the exact gradients the f32 ones round
+        m64 = Gemma3nForCausalLM(config()).eval()
+        randomize(m64)
+        loss64, _, _, grads64 = lora_grads(m64.double(), ids)
+        f.create_dataset("lora/loss64", data=np.array([loss64], dtype=np.float64))
+        worst = 0.0
+        for k in sorted(grads64):
+            g64 = grads64[k].numpy().astype(np.float64)
+            f.create_dataset("lora/grads64/" + k, data=g64)
+            worst = max(worst, float(np.abs(grads[k].numpy().astype(np.float64) - g64).max() / np.abs(g64).max()))
+        f.attrs["peft_f32_grad_rel_err_vs_f64"] = worst
+        print(f"LoRA: loss {loss:.6f} (f64 {loss64:.9f}), {len(grads)} adapter tensors; PEFT's f32 gradients lie "
+              f"{worst:.3g} (relative to each tensor's largest) from the f64 ones")
     print(f"cache vs no cache: max |diff| {diff_cache:.3g}; without sparsity the logits move {diff_sparse:.3g}, "
           f"without per-layer inputs {diff_ple:.3g}; max probability {max_prob:.3f}")
     for fn in sorted(os.listdir(OUT)) + [REF, os.path.join(HERE, "gemma3n_e4b_config.json")]:

@@ -480,7 +480,91 @@ static void test_dropout(void) {
     gm_free(x), gm_free(y), gm_free(y2);
 }
 
+/* ---- Gemma 3n: AltUp predict / correct, magnitude matching, gaussian top-k, tanh ------------ */
+typedef struct { int64_t S, N, C; double *x, *cf, *act, *t, *dy; float z; int which; } g3n_case;
+
+static double g3n_loss(void *u) {
+    g3n_case *c = u;
+    int64_t S = c->S, N = c->N, C = c->C;
+    double L = 0;
+    if (c->which == 0) { /* predict */
+        for (int64_t j = 0; j < S; j++)
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t k = 0; k < C; k++) {
+                    double v = c->x[(j * N + n) * C + k];
+                    for (int64_t i = 0; i < S; i++) v += c->cf[n * S * S + j * S + i] * c->x[(i * N + n) * C + k];
+                    L += c->dy[(j * N + n) * C + k] * v;
+                }
+    } else if (c->which == 1) { /* correct: x holds pred */
+        for (int64_t j = 0; j < S; j++)
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t k = 0; k < C; k++) {
+                    int64_t e = (j * N + n) * C + k;
+                    L += c->dy[e] * (c->x[e] + (c->cf[n * S + j] + 1.0) * (c->act[n * C + k] - c->x[n * C + k]));
+                }
+    } else if (c->which == 2) { /* rms_match of x to t */
+        for (int64_t n = 0; n < N; n++) {
+            double sx = 0, st = 0;
+            for (int64_t k = 0; k < C; k++) sx += c->x[n * C + k] * c->x[n * C + k], st += c->t[n * C + k] * c->t[n * C + k];
+            double f = sqrt(st / (double)C) / sqrt(fmax(sx / (double)C, 1e-5));
+            for (int64_t k = 0; k < C; k++) L += c->dy[n * C + k] * c->x[n * C + k] * f;
+        }
+    } else if (c->which == 3) { /* gaussian top-k, rows of C */
+        for (int64_t n = 0; n < N; n++) {
+            double m = 0, v = 0;
+            for (int64_t k = 0; k < C; k++) m += c->x[n * C + k];
+            m /= (double)C;
+            for (int64_t k = 0; k < C; k++) v += (c->x[n * C + k] - m) * (c->x[n * C + k] - m);
+            double cut = m + (double)c->z * sqrt(v / (double)C);
+            for (int64_t k = 0; k < C; k++) L += c->dy[n * C + k] * fmax(c->x[n * C + k] - cut, 0.0);
+        }
+    } else { /* tanh */
+        for (int64_t i = 0; i < N * C; i++) L += c->dy[i] * tanh(c->x[i]);
+    }
+    return L;
+}
+
+static void test_gemma3n_grads(void) {
+    gm_kctx k = ctx_with(0);
+    int64_t S = 4, N = 3, C = 24;
+    g3n_case c = {S, N, C, NULL, NULL, NULL, NULL, NULL, 1.6448536f, 0};
+    float *x = rnd2(S * N * C, 1.0f, &c.x), *cf = rnd2(N * S * S, 0.5f, &c.cf), *dy = rnd2(S * N * C, 1.0f, &c.dy);
+    float *dx = gm_malloc((size_t)(S * N * C) * 4), *dcf = gm_malloc((size_t)(N * S * S) * 4);
+    gm_k_altup_predict_bwd_cpu(&k, dx, dcf, dy, x, cf, S, N, C);
+    fd_check("altup_predict dx", c.x, S * N * C, dx, g3n_loss, &c);
+    fd_check("altup_predict dcoef", c.cf, N * S * S, dcf, g3n_loss, &c);
+    c.which = 1;
+    float *act = rnd2(N * C, 1.0f, &c.act), *cc = rnd(N * S, 0.5f), *da = gm_malloc((size_t)(N * C) * 4);
+    for (int64_t i = 0; i < N * S; i++) c.cf[i] = cc[i];
+    gm_k_altup_correct_bwd_cpu(&k, dx, da, dcf, dy, x, act, cc, S, N, C);
+    fd_check("altup_correct dpred", c.x, S * N * C, dx, g3n_loss, &c);
+    fd_check("altup_correct dact", c.act, N * C, da, g3n_loss, &c);
+    fd_check("altup_correct dcoef", c.cf, N * S, dcf, g3n_loss, &c);
+    /* magnitude matching: rows of x at ordinary size (the floor's branch has no x gradient term) */
+    c.which = 2;
+    float *t = rnd2(N * C, 2.0f, &c.t), *dt = gm_malloc((size_t)(N * C) * 4);
+    memset(dt, 0, (size_t)(N * C) * 4);
+    gm_k_rms_match_bwd_cpu(&k, dx, dt, dy, x, t, N, C, 1e-5f);
+    fd_check("rms_match dx", c.x, N * C, dx, g3n_loss, &c);
+    fd_check("rms_match dtarget", c.t, N * C, dt, g3n_loss, &c);
+    /* gaussian top-k on rows of 24 at z = 1 (several values kept per row); a value within the
+     * finite-difference step of the cut would show as a failure, not pass unseen */
+    c.which = 3;
+    gm_k_gaussian_topk_bwd_cpu(&k, dx, dy, x, N, C, 1.0f);
+    c.z = 1.0f; /* a lower cut: several kept values per row of 24 */
+    fd_check("gaussian_topk dx (z = 1)", c.x, N * C, dx, g3n_loss, &c);
+    c.which = 4;
+    float *y = gm_malloc((size_t)(N * C) * 4);
+    for (int64_t i = 0; i < N * C; i++) y[i] = tanhf(x[i]);
+    gm_k_tanh_bwd_cpu(&k, dx, dy, y, N * C);
+    fd_check("tanh", c.x, N * C, dx, g3n_loss, &c);
+    gm_free(x), gm_free(cf), gm_free(dy), gm_free(dx), gm_free(dcf), gm_free(act), gm_free(cc), gm_free(da);
+    gm_free(t), gm_free(dt), gm_free(y);
+    gm_free(c.x), gm_free(c.cf), gm_free(c.dy), gm_free(c.act), gm_free(c.t);
+}
+
 int main(void) {
+    test_gemma3n_grads();
     test_rmsnorm(1.0f);
     test_rmsnorm(100.0f);
     test_rope();

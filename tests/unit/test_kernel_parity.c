@@ -583,6 +583,72 @@ static void parity_mul_cols_fwd(dev *d) {
     gm_free(x), gm_free(sc), gm_free(r), gm_free(r2), dfree(d, dx), dfree(d, ds), dfree(d, o2), dfree(d, dx2);
 }
 
+static void parity_altup_predict_bwd(dev *d) {
+    int64_t S = 4, N = 13, C = 200;
+    size_t nx = (size_t)(S * N * C), nc = (size_t)(N * S * S);
+    float *x = host_rand(nx, 2), *dp = host_rand(nx, 1), *cf = host_rand(nc, 1);
+    float *rx = gm_malloc(nx * 4), *rc = gm_malloc(nc * 4);
+    float *dx = up(d, x, nx * 4), *ddp = up(d, dp, nx * 4), *dcf = up(d, cf, nc * 4), *ox = dalloc(d, nx * 4), *oc = dalloc(d, nc * 4);
+    cpu->altup_predict_bwd(&hc, rx, rc, dp, x, cf, S, N, C);
+    d->be->k->altup_predict_bwd(&d->ctx, ox, oc, ddp, dx, dcf, S, N, C);
+    cmp(d, "altup_predict_bwd dx", ox, rx, nx);
+    cmp_tol(d, "altup_predict_bwd dcoef", oc, rc, nc, TOL_CUDA_VS_CPU_GEMM_ABS);
+    gm_free(x), gm_free(dp), gm_free(cf), gm_free(rx), gm_free(rc);
+    dfree(d, dx), dfree(d, ddp), dfree(d, dcf), dfree(d, ox), dfree(d, oc);
+}
+
+static void parity_altup_correct_bwd(dev *d) {
+    int64_t S = 4, N = 13, C = 200;
+    size_t nx = (size_t)(S * N * C), nc = (size_t)(N * C), ns = (size_t)(N * S);
+    float *p = host_rand(nx, 2), *dy = host_rand(nx, 1), *act = host_rand(nc, 2), *cf = host_rand(ns, 1);
+    float *rp = gm_malloc(nx * 4), *ra = gm_malloc(nc * 4), *rc = gm_malloc(ns * 4);
+    float *dp = up(d, p, nx * 4), *ddy = up(d, dy, nx * 4), *da = up(d, act, nc * 4), *dcf = up(d, cf, ns * 4);
+    float *op = dalloc(d, nx * 4), *oa = dalloc(d, nc * 4), *oc = dalloc(d, ns * 4);
+    cpu->altup_correct_bwd(&hc, rp, ra, rc, dy, p, act, cf, S, N, C);
+    d->be->k->altup_correct_bwd(&d->ctx, op, oa, oc, ddy, dp, da, dcf, S, N, C);
+    cmp(d, "altup_correct_bwd dpred", op, rp, nx);
+    cmp(d, "altup_correct_bwd dact", oa, ra, nc);
+    cmp_tol(d, "altup_correct_bwd dcoef", oc, rc, ns, TOL_CUDA_VS_CPU_GEMM_ABS);
+    gm_free(p), gm_free(dy), gm_free(act), gm_free(cf), gm_free(rp), gm_free(ra), gm_free(rc);
+    dfree(d, dp), dfree(d, ddy), dfree(d, da), dfree(d, dcf), dfree(d, op), dfree(d, oa), dfree(d, oc);
+}
+
+static void parity_rms_match_bwd(dev *d) {
+    int64_t N = 13, C = 640;
+    size_t n = (size_t)(N * C);
+    float *x = host_rand(n, 3), *t = host_rand(n, 7), *dy = host_rand(n, 1), *dt0 = host_rand(n, 1);
+    for (int64_t c = 0; c < C; c++) x[c] *= 1e-4f; /* row 0 at the floor */
+    float *rx = gm_malloc(n * 4), *rt = gm_malloc(n * 4);
+    memcpy(rt, dt0, n * 4);
+    float *dx = up(d, x, n * 4), *dt = up(d, t, n * 4), *ddy = up(d, dy, n * 4), *ot = up(d, dt0, n * 4), *ox = dalloc(d, n * 4);
+    cpu->rms_match_bwd(&hc, rx, rt, dy, x, t, N, C, 1e-5f);
+    d->be->k->rms_match_bwd(&d->ctx, ox, ot, ddy, dx, dt, N, C, 1e-5f);
+    cmp(d, "rms_match_bwd dx", ox, rx, n);
+    cmp(d, "rms_match_bwd dtarget (+=)", ot, rt, n);
+    gm_free(x), gm_free(t), gm_free(dy), gm_free(dt0), gm_free(rx), gm_free(rt);
+    dfree(d, dx), dfree(d, dt), dfree(d, ddy), dfree(d, ot), dfree(d, ox);
+}
+
+static void parity_gaussian_topk_bwd(dev *d) {
+    int64_t N = 13, F = 2048;
+    size_t n = (size_t)(N * F);
+    float *x = host_rand(n, 2), *dy = host_rand(n, 1), *r = gm_malloc(n * 4);
+    float *dx = up(d, x, n * 4), *ddy = up(d, dy, n * 4), *o = dalloc(d, n * 4);
+    cpu->gaussian_topk_bwd(&hc, r, dy, x, N, F, 1.6448536f);
+    d->be->k->gaussian_topk_bwd(&d->ctx, o, ddy, dx, N, F, 1.6448536f);
+    cmp(d, "gaussian_topk_bwd", o, r, n);
+    gm_free(x), gm_free(dy), gm_free(r), dfree(d, dx), dfree(d, ddy), dfree(d, o);
+}
+
+static void parity_tanh_bwd(dev *d) {
+    float *y = host_rand(EW_N, 1), *dy = host_rand(EW_N, 1), *r = gm_malloc(EW_N * 4);
+    float *dyy = up(d, y, EW_N * 4), *ddy = up(d, dy, EW_N * 4);
+    cpu->tanh_bwd(&hc, r, dy, y, EW_N);
+    d->be->k->tanh_bwd(&d->ctx, ddy, ddy, dyy, EW_N); /* in place */
+    cmp(d, "tanh_bwd (in place)", ddy, r, EW_N);
+    gm_free(y), gm_free(dy), gm_free(r), dfree(d, dyy), dfree(d, ddy);
+}
+
 /* ---- vision: LayerNorm, bias, pooling ------------------------------------------------------ */
 
 static void parity_layernorm_fwd(dev *d) {

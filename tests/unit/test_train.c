@@ -26,7 +26,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#define REF "tests/ref/lora_ref.h5"
+/* the fixture file the helpers read (test_gemma3n switches it) */
+static const char *REF = "tests/ref/lora_ref.h5";
 #define B_ 4
 #define T_ 16
 
@@ -375,7 +376,56 @@ static void test_properties(gm_model *m) {
     CHECK(s == GM_ERR_INVALID && strstr(err.msg, "rank = 0"), "rank 0: %s", err.msg);
 }
 
+/* Gemma 3n (tests/ref/make_gemma3n_ref.py, /lora): the loss of two 20-token sequences and all 76
+ * LoRA gradients (38 modules: the KV-shared layers have no k / v) at PEFT's drawn A and B, f32
+ * base: the backward through AltUp, LAuReL, the per-layer inputs, the gaussian top-k, the
+ * soft-capped head and the KV-shared layers' keys and values into their source layers. */
+static void test_gemma3n(void) {
+    REF = "tests/ref/tiny_gemma3n_ref.h5";
+    gm_error err = {0};
+    gm_model *m = NULL;
+    gm_trainer *tr = NULL;
+    CHECK_OK(gm_model_load(gm_test_path("tests/ref/tiny_gemma3n"), NULL, &m, &err), &err);
+    size_t n;
+    int32_t *in = gm_test_h5_read(gm_test_path(REF), "/ids", 1, &n, NULL, NULL);
+    int32_t *lab = gm_test_h5_read(gm_test_path(REF), "/lora/labels", 1, &n, NULL, NULL);
+    int32_t gids[2 * 20], gtg[2 * 20];
+    int64_t n_sup = 0;
+    for (int i = 0; in && lab && i < 2 * 20; i++) {
+        gids[i] = in[i];
+        int32_t l = i % 20 + 1 < 20 ? lab[i + 1] : -100;
+        gtg[i] = l == -100 ? -1 : l;
+        n_sup += gtg[i] >= 0;
+    }
+    if (!m || !in || !lab) goto done;
+    gm_train_opts o = ref_opts(GM_QUANT_STORED, 2);
+    o.max_length = 20;
+    CHECK_OK(gm_trainer_new(m, &o, &tr, &err), &err);
+    if (!tr) goto done;
+    int n_ad;
+    gm_trainer_adapters(tr, &n_ad);
+    CHECK(n_ad == 38, "gemma3n: %d adapters, expected 38 (6 layers x 7 linears, none on the 2 shared layers' k / v)", n_ad);
+    set_adapters(tr, "/lora/weights");
+    gm_trainer_zero_grad(tr);
+    gm_batch b = {.B = 2, .T = 20, .ids = gids, .targets = gtg, .example_index = NULL};
+    double loss_sum = 0;
+    CHECK_OK(gm_trainer_forward_backward(tr, &b, (float)(1.0 / (double)n_sup), &loss_sum, &err), &err);
+    double want = h5_scalar("/lora/loss"), got = loss_sum / (double)n_sup;
+    CHECK(fabs(got - want) <= TOL_LOSS_REL * fabs(want), "gemma3n loss %.9g vs PEFT %.9g", got, want);
+    printf("gemma3n loss %.9g, PEFT %.9g\n", got, want);
+    double want64 = h5_scalar("/lora/loss64");
+    CHECK(fabs(got - want64) <= TOL_LOSS_REL * fabs(want64), "gemma3n loss %.9g vs PEFT in float64 %.9g", got, want64);
+    compare_adapters(tr, "/lora/grads", true, TOL_GEMMA3N_GRAD_REL, "gemma3n: all 76 LoRA gradients vs PEFT");
+    compare_adapters(tr, "/lora/grads64", true, TOL_GEMMA3N_GRAD_REL, "gemma3n: ... vs PEFT in float64");
+done:
+    gm_trainer_free(tr);
+    gm_model_free(m);
+    gm_free(in), gm_free(lab);
+    REF = "tests/ref/lora_ref.h5";
+}
+
 int main(void) {
+    test_gemma3n();
     gm_model *m = load_tiny();
     if (!m) return gm_test_finish();
     load_batch();
