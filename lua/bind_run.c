@@ -247,6 +247,18 @@ static void plan_args(lua_State *L, gm_train_opts *o, gm_config *cfg, gm_dtype *
  * module, unknown names, layers beyond the model; a model without a SigLIP tower for
  * vision_targets). Gemma 3n / 4 configs count on the Gemma 3 part of their layers, as the planner
  * does. */
+/* gm.train_check(model, opts): raises with gm_train_opts_check's message when a trainer of that
+ * model (a file or folder; its config alone is read) would refuse the options. */
+static int l_train_check(lua_State *L) {
+    gm_train_opts o;
+    gm_config cfg;
+    gm_dtype stored, stored_embed;
+    plan_args(L, &o, &cfg, &stored, &stored_embed);
+    gm_error err = {0};
+    if (gm_train_opts_check(&cfg, &o, &err) != GM_OK) return gm_bind_raise(L, &err);
+    return 0;
+}
+
 static int l_lora_count(lua_State *L) {
     gm_train_opts o;
     gm_config cfg;
@@ -447,7 +459,7 @@ void gm_lua_open_run(lua_State *L) {
                                    {"real_path", l_real_path}, {"file_exists", l_file_exists}, {"sha256", l_sha256}, {"isatty", l_isatty},
                                    {"build_info", l_build_info},
                                    {"progress", l_progress}, {"interrupted", l_interrupted},
-                                   {"model_config", l_model_config}, {"lora_count", l_lora_count}, {"plan", l_plan}, {"plan_fit", l_plan_fit},
+                                   {"model_config", l_model_config}, {"lora_count", l_lora_count}, {"train_check", l_train_check}, {"plan", l_plan}, {"plan_fit", l_plan_fit},
                                    {"make_results_dir", l_make_results_dir}, {"remove_checkpoint", l_remove_checkpoint},
                                    {"remove_reproduction", l_remove_reproduction}, {"base64", l_base64},
                                    {"reset_peak_rss", l_reset_peak_rss}, {NULL, NULL}};

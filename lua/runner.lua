@@ -1300,6 +1300,12 @@ local function preflight(e, selected, dry_run, no_device)
       P.usage(P.where_of("max_length"), "train.max_length = %d: %s (%s) has %d positions; use at most %d",
         t.config.max_length, m, c.name or "model", c.max_position_embeddings, c.max_position_embeddings)
     end
+    -- what the trainer would refuse on this model, before any trial runs (after the checks
+    -- above, whose messages are the runner's own): KV sharing with checkpointing, ...
+    if not c.preset then
+      local ok, msg = pcall(gm.train_check, m, trainer_opts(t.config, 1, 1, {}))
+      if not ok then P.usage(P.where_of("checkpointing"), "train: %s", clean_msg(msg)) end
+    end
   end
   local d = e.task.data
   local ok, items = pcall(e.task._kind == "classify" and load_classify_items or load_chat_items, d)

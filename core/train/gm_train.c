@@ -416,7 +416,7 @@ static gm_status layout(gm_trainer *tr, const gm_model *m, gm_dtype stored, gm_d
     return GM_OK;
 }
 
-static gm_status validate_opts(const gm_config *c, const gm_train_opts *o, gm_error *err) {
+gm_status gm_train_opts_check(const gm_config *c, const gm_train_opts *o, gm_error *err) {
     GM_TRY(gm_lora_config_validate(&o->lora, c, err));
 #define NEED(cond, ...)                                                                      \
     if (!(cond)) return gm_error_set(err, GM_ERR_INVALID, __VA_ARGS__)
@@ -512,7 +512,7 @@ static gm_status init_adapters(gm_trainer *tr, gm_error *err) {
 gm_status gm_trainer_new_on(const gm_model *m, const gm_train_opts *o, gm_backend *be, gm_trainer **out, gm_error *err) {
     *out = NULL;
     const gm_config *c = &m->cfg;
-    GM_TRY(validate_opts(c, o, err));
+    GM_TRY(gm_train_opts_check(c, o, err));
     gm_trainer *tr = gm_calloc(1, sizeof *tr);
     if (!tr) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     tr->m = m;

@@ -306,6 +306,13 @@ typedef struct gm_train_plan_info {
     size_t scratch_floats;             /* the kernels' workspace (part of the transient item) */
 } gm_train_plan_info;
 
+/* Whether a trainer of config c could run with options o: sizes, rates, the LoRA config, and what
+ * the architecture's training supports (KV sharing needs its backward to return shared keys'
+ * gradients; activation checkpointing with KV sharing is refused). The check gm_trainer_new runs
+ * first; the runner's preflight runs it on every trial of a loadable model before any trains.
+ * Errors: GM_ERR_INVALID / GM_ERR_UNSUPPORTED naming the option and what to use instead. */
+gm_status gm_train_opts_check(const gm_config *c, const gm_train_opts *o, gm_error *err);
+
 /* Plans a run. `stored` / `stored_embed`: the stored dtypes of the linear weights and the
  * embedding. Errors as gm_trainer_new's for the options (GM_ERR_INVALID naming the field),
  * GM_ERR_UNSUPPORTED for an architecture without a definition. */

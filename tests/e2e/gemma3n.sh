@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# End-to-end: Gemma 3n through gemmarun, on the tiny random Gemma 3n of make_gemma3n_ref.py
+# (every part of the architecture: AltUp, LAuReL, per-layer inputs, gaussian top-k, KV sharing)
+# with the tiny test tokenizer (tests/ref/tiny_gemma3n_chat: links to both):
+#   - generate: a prompt and new tokens through the KV caches;
+#   - an experiment (2 learning rates) trains LoRA on it, evaluates, writes its table; the trial's
+#     measured peak memory within TOL_PLAN_PEAK_REL of its plan;
+#   - activation checkpointing with KV sharing: refused in the dry run, naming the layers;
+#   - the trained adapter exported as a PEFT folder, loaded by PEFT on transformers'
+#     Gemma3nForCausalLM: the same logits within TOL_ADAPTER_PEER_TINY_ABS.
+set -u
+source "$(dirname "$0")/lib.bash"
+SRC=$(pwd)
+cd "$TMP"
+BASE=$SRC/tests/ref/tiny_gemma3n_chat
+TOL=$(tol TOL_ADAPTER_PEER_TINY_ABS)
+IDS=2,15,27,100,31,7,300,450
+
+expect_run "generate on Gemma 3n: a prompt, then 6 tokens through the KV caches" 0 "2 prompt tokens .* 6 new tokens" \
+  -- "$GM" generate "$BASE" "hello world" --max-tokens 6
+
+for lab in apple berry cherry; do
+  mkdir -p data/$lab
+  for i in 1 2 3 4 5 6 7 8 9 10; do echo "a short note $i about the $lab" > data/$lab/$i.txt; done
+done
+cat > g3n.lua <<EOF
+return experiment {
+  name = "g3n",
+  model = "$BASE",
+  task = classify { data = data.folder { root = "data" }, prompt = "Which fruit?" },
+  train = { epochs = 2, batch = 2, lr = 1e-2, rank = 4, alpha = 8, max_length = 64 },
+  sweep = grid { lr = {1e-2, 3e-3} },
+  seeds = {1},
+  report = table { rows = {"lr"}, metric = "accuracy" },
+}
+EOF
+expect_run "checkpointing with KV sharing: refused before any trial, naming the layers" 2 \
+  "activation checkpointing with KV sharing \(gemma3n: layer 4 reads layer 3's keys and values\) is not written yet.*hint: checkpointing = false" \
+  -- "$GM" g3n.lua --dry-run --set checkpointing=true
+expect_run "an experiment on Gemma 3n trains LoRA (2 trials), evaluates and writes its table" 0 \
+  "trial 2/2  24 steps, final loss.*final accuracy.*written: results/g3n.md" -- "$GM" g3n.lua
+# the loss falls: the last step's below the first's in each trial file
+PY=""
+find_python h5py
+if [ -n "$PY" ]; then
+  expect_run "each trial's loss falls (last step below the first) and its peak memory is within $(tol TOL_PLAN_PEAK_REL) of its plan" 0 "^ok 2$" -- "$PY" -c "
+import glob, h5py, os
+n = 0
+for p in glob.glob('results/g3n/trial-*.h5'):
+    if p.endswith('.ckpt.h5'): continue
+    f = h5py.File(p, 'r')
+    loss = f['metrics/loss'][:]
+    assert loss[-1] < loss[0], (p, loss[0], loss[-1])
+    m = f['memory'].attrs
+    pl, r = float(m['planned_total']), float(m['measured_peak_rss'])
+    assert os.environ.get('GM_SANITIZE') or abs(r - pl) <= $(tol TOL_PLAN_PEAK_REL) * pl, (p, r, pl)
+    n += 1
+print('ok', n)"
+else
+  skip_unless_ci "the trial files' loss and memory (h5py: run ./setup.sh)"
+fi
+
+# the adapter through PEFT
+expect_run "export --trial 2 as a PEFT folder: 38 modules (no k / v on the 2 KV-shared layers)" 0 \
+  "38 LoRA modules, rank 4, alpha 8, as a PEFT adapter" -- "$GM" export results/g3n --trial 2 out2
+MODEL=$BASE IDS=$IDS OUT=results/ours.txt ADAPTER=results/g3n TRIAL=2 "$GM" "$SRC/tests/peers/logits.lua" > /dev/null 2>&1
+peers_python
+if [ -z "$PEERS" ]; then
+  skip_unless_ci "PEFT round trip: no Python with torch, transformers and peft (tests/peers/setup.sh installs them)"
+else
+  expect_run "PEFT loads it on transformers' Gemma3nForCausalLM: the same logits within $TOL" 0 \
+    "ok +logits with the adapter.*ok +the adapter moves.*ok +same next token" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$BASE" --adapter out2 --ids $IDS --ours results/ours.txt --tol "$TOL"
+fi
+finish
