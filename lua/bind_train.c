@@ -158,10 +158,9 @@ static int l_ds_add_chat(lua_State *L) {
         }
         lua_pop(L, 1);
     }
-    if (n_images > 0 && !d->m->vision) {
+    if (n_images > 0 && gm_model_no_images(d->m)) {
         lua_pushboolean(L, 0);
-        lua_pushfstring(L, "it has an image (%s), but %s has no vision tower (a text-only model cannot read images)",
-                        images[0], d->m->path);
+        lua_pushfstring(L, "it has an image (%s), but %s: %s", images[0], d->m->path, gm_model_no_images(d->m));
         return 2;
     }
     if (max_length < 2) return luaL_error(L, "add_chat: max_length must be >= 2 (got %d)", (int)max_length);

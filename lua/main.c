@@ -341,10 +341,10 @@ static int cmd_generate(int argc, char **argv) {
         gm_model_free(m);
         return 2;
     }
-    if (n_images > 0 && !m->vision) {
-        fprintf(stderr, "gemmarun: error: %s has no vision tower: a text-only model cannot read --image %s\n"
-                        "  hint: use a multimodal checkpoint (Gemma3ForConditionalGeneration, e.g. gemma-3-4b)\n",
-                path, images[0]);
+    if (n_images > 0 && gm_model_no_images(m)) {
+        fprintf(stderr, "gemmarun: error: --image %s: %s: %s\n"
+                        "  hint: use a multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration, e.g. gemma-3-4b)\n",
+                images[0], path, gm_model_no_images(m));
         gm_model_free(m);
         return 2;
     }

@@ -374,7 +374,9 @@ static gm_status load_hf(gm_model *m, const char *path, const gm_model_opts *o, 
     GM_TRY(bind_all(m, prefix, err));
     GM_TRY(gm_arena_commit(&m->arena, err));
     GM_TRY(bind_all(m, prefix, err));
-    if (m->cfg.vision.hidden_size > 0) GM_TRY(load_vision(m, prefix, err));
+    /* Gemma 3's SigLIP tower; Gemma 3n's (MobileNet-V5) is not in gemmarun: its text decoder
+     * loads alone, and images on it are refused where they are planned (gm_plan_max_images) */
+    if (m->cfg.vision.hidden_size > 0 && m->cfg.arch == GM_ARCH_GEMMA3) GM_TRY(load_vision(m, prefix, err));
     if (o->load_tokenizer) {
         char tj[1100], tc[1100];
         snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
@@ -490,6 +492,13 @@ gm_status gm_model_load(const char *path, const gm_model_opts *opts, gm_model **
     }
     *out = m;
     return GM_OK;
+}
+
+const char *gm_model_no_images(const gm_model *m) {
+    if (m->vision) return NULL;
+    if (m->cfg.arch == GM_ARCH_GEMMA3N)
+        return "Gemma 3n's vision encoder (MobileNet-V5) is not in gemmarun yet: its text decoder runs, its images are not read";
+    return "it has no vision tower (a text-only model cannot read images)";
 }
 
 void gm_model_free(gm_model *m) {

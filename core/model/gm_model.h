@@ -91,6 +91,11 @@ gm_status gm_model_load(const char *path, const gm_model_opts *opts, gm_model **
 
 void gm_model_free(gm_model *m);
 
+/* Why model m cannot read images, as a clause for messages ("it has no vision tower", or Gemma 3n's
+ * vision encoder not being in gemmarun), or NULL when it can (a loaded SigLIP tower). Static
+ * storage. */
+const char *gm_model_no_images(const gm_model *m);
+
 /* The PEFT module prefix (gm_model.peft_prefix) of the checkpoint at `path` without loading it:
  * "model." for GGUF files, from the safetensors header's names for Hugging Face checkpoints (no
  * weight is read).

@@ -290,7 +290,7 @@ expect_run "generate --image without --pan-and-scan: the image alone" 0 "^gemmar
   "$GM" generate "$VIS" --chat --image "$SRC/tests/ref/images/wide.jpg" "What is it?" --max-tokens 2
 expect_run "generate --pan-and-scan without --image: refused" 2 "--pan-and-scan crops the --image files; there is none" -- \
   "$GM" generate "$VIS" --pan-and-scan "What is it?"
-expect_run "generate --image on a text-only model: refused, naming both" 2 "tiny_gemma3_chat has no vision tower: a text-only model cannot read --image .*small.jpg" -- \
+expect_run "generate --image on a text-only model: refused, naming both" 2 "--image .*small.jpg: .*tiny_gemma3_chat: it has no vision tower \(a text-only model cannot read images\)" -- \
   "$GM" generate "$SRC/tests/ref/tiny_gemma3_chat" --chat --image "$IMG/small.jpg" "What is it?"
 expect_run "generate --image with a truncated file: named, with the reason" 2 "truncated.jpg: .*(truncated|Premature)" -- \
   "$GM" generate "$VIS" --chat --image data/pics/truncated.jpg "What is it?"

@@ -22,6 +22,7 @@ top-k sparsity 0.95 on layers 0-1, the last 2 layers sharing the K/V of layers 3
               with activation_sparsity_pattern all 0: the top-k is visible), max_abs_diff_no_ple
               (per-layer inputs zeroed), max_prob (no saturation)
 
+tests/ref/tiny_gemma3n_mm/ (the same decoder in Gemma3nForConditionalGeneration's layout, write_multimodal),
 and tests/ref/gemma3n_e4b_config.json: the config.json transformers writes for
 Gemma3nForConditionalGeneration with every default (Gemma3nConfig(): the E4B text decoder, its
 audio and vision configs) - what gemmarun's reader meets in a real checkpoint folder, compared in
@@ -126,6 +127,29 @@ def lora_grads(model, ids):
     return float(out.loss), labels, weights, grads
 
 
+def write_multimodal(model, out):
+    """The same text decoder in Gemma3nForConditionalGeneration's layout, as the published E2B / E4B
+    checkpoints store it: config.json of model_type gemma3n (text_config the tiny one, audio and
+    vision configs transformers' defaults), the decoder's tensors below model.language_model., and
+    a few stand-in tower tensors (the audio tower, the vision tower, their embedders) that a
+    text-only load must leave alone. Not loadable by transformers (the towers are stand-ins); the
+    check is that gemmarun gives the causal LM's logits from it."""
+    from safetensors.torch import save_file
+    os.makedirs(out, exist_ok=True)
+    cfg = Gemma3nConfig(text_config=model.config.to_dict())
+    with open(os.path.join(out, "config.json"), "w") as fh:
+        fh.write(cfg.to_json_string())
+    g = torch.Generator().manual_seed(SEED + 3)
+    tensors = {k.replace("model.", "model.language_model.", 1): v.detach().clone().contiguous()
+               for k, v in model.state_dict().items() if k.startswith("model.")}
+    for name, shape in [("model.audio_tower.subsample_conv_projection.conv_0.conv.weight", (8, 1, 3, 3)),
+                        ("model.vision_tower.timm_model.conv_stem.conv.weight", (8, 3, 3, 3)),
+                        ("model.embed_audio.embedding.weight", (16, 64)),
+                        ("model.embed_vision.embedding.weight", (16, 64))]:
+        tensors[name] = 0.1 * torch.randn(shape, generator=g)
+    save_file(tensors, os.path.join(out, "model.safetensors"), metadata={"format": "pt"})
+
+
 def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -155,6 +179,7 @@ def main():
     diff_ple = float((full - no_ple).abs().max())
     max_prob = float(torch.softmax(full, -1).max())
     model.save_pretrained(OUT, safe_serialization=True)
+    write_multimodal(model, os.path.join(HERE, "tiny_gemma3n_mm"))
     with open(os.path.join(HERE, "gemma3n_e4b_config.json"), "w") as f:
         f.write(Gemma3nConfig().to_json_string())
     with h5py.File(REF, "w", track_order=True) as f:
@@ -186,7 +211,9 @@ def main():
               f"{worst:.3g} (relative to each tensor's largest) from the f64 ones")
     print(f"cache vs no cache: max |diff| {diff_cache:.3g}; without sparsity the logits move {diff_sparse:.3g}, "
           f"without per-layer inputs {diff_ple:.3g}; max probability {max_prob:.3f}")
-    for fn in sorted(os.listdir(OUT)) + [REF, os.path.join(HERE, "gemma3n_e4b_config.json")]:
+    mm = os.path.join(HERE, "tiny_gemma3n_mm")
+    for fn in sorted(os.listdir(OUT)) + [os.path.join(mm, f) for f in sorted(os.listdir(mm))] + [
+            REF, os.path.join(HERE, "gemma3n_e4b_config.json")]:
         p = fn if os.path.isabs(fn) else os.path.join(OUT, fn)
         with open(p, "rb") as fh:
             print(f"{hashlib.sha256(fh.read()).hexdigest()}  {os.path.relpath(p, HERE)}")

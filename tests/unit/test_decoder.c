@@ -159,6 +159,27 @@ static void test_gemma3n(void) {
     gm_check_close("gemma3n: logits of 2 x 20 positions in one call", st->logits, want, (size_t)(B * T * V),
                    TOL_TINY_LOGITS_ABS, 0);
     gm_infer_free(st);
+    /* the same decoder in Gemma3nForConditionalGeneration's layout (model.language_model., stand-in
+     * towers beside it): the text decoder loads alone, the same logits, PEFT's multimodal names */
+    {
+        gm_model *mm = NULL;
+        CHECK_OK(gm_model_load(gm_test_path("tests/ref/tiny_gemma3n_mm"), NULL, &mm, &err), &err);
+        if (mm) {
+            CHECK(mm->vision == NULL && gm_model_no_images(mm) && strstr(gm_model_no_images(mm), "MobileNet-V5"),
+                  "gemma3n multimodal: no tower loaded, images refused naming the vision encoder");
+            CHECK(strcmp(mm->prefix, "model.language_model.") == 0, "gemma3n multimodal: text prefix %s", mm->prefix);
+            st = NULL;
+            io = (gm_infer_opts){.batch = B, .ctx = T, .max_tokens = T, .logit_rows = B * T, .n_threads = 2};
+            CHECK_OK(gm_infer_new(mm, &io, &st, &err), &err);
+            if (st) {
+                CHECK_OK(gm_decoder_forward(st, ids, T, true, &err), &err);
+                gm_check_close("gemma3n in Gemma3nForConditionalGeneration's layout: logits", st->logits, want,
+                               (size_t)(B * T * V), TOL_TINY_LOGITS_ABS, 0);
+                gm_infer_free(st);
+            }
+            gm_model_free(mm);
+        }
+    }
     st = NULL;
     io = (gm_infer_opts){.batch = B, .ctx = T, .max_tokens = PROMPT, .logit_rows = B * PROMPT, .n_threads = 2};
     CHECK_OK(gm_infer_new(m, &io, &st, &err), &err);
