@@ -164,11 +164,17 @@ static const gm_act_spec acts[A_COUNT] = {
 };
 
 /* Model-level activations: the per-layer inputs, token-major work buffer then layer-major. */
-enum { M_PLE_WORK, M_PLE, M_HEAD_TMP, M_COUNT };
+enum { M_PLE_WORK, M_PLE, M_HEAD_TMP, M_KS, M_VS, M_KF, M_VF, M_COUNT };
 static const gm_act_spec model_acts[M_COUNT] = {
     [M_PLE_WORK] = {"ple_work", GM_DIM_LP, GM_WHEN_ALWAYS, GM_ACT_BOTH}, /* (N, L, P) */
     [M_PLE] = {"ple", GM_DIM_LP, GM_WHEN_ALWAYS, GM_ACT_BOTH},           /* (L, N, P) */
     [M_HEAD_TMP] = {"head_tmp", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},  /* one unembedded stream */
+    /* training under activation checkpointing, where one record serves every layer: the keys and
+     * values the KV-shared layers read, kept from their source layer (sliding, full) */
+    [M_KS] = {"k_shared_sliding", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [M_VS] = {"v_shared_sliding", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [M_KF] = {"k_shared_full", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [M_VF] = {"v_shared_full", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
 };
 
 /* The backward's workspace (one layer at a time), and the KV-shared layers' key / value gradients
@@ -289,6 +295,28 @@ static float normal_quantile(float p) {
     return (float)x;
 }
 
+/* Whether a layer after l reads the keys and values l reads (its own, or its source's). */
+static bool shared_later(const gm_config *c, int64_t l) {
+    int32_t src = c->kv_source[l];
+    for (int64_t m = l + 1; m < c->n_layers; m++)
+        if (c->kv_source[m] == src && m != src) return true;
+    return false;
+}
+
+/* The keys and values layer l attends to in training: its own record's, its source layer's
+ * record's, or - under checkpointing, where one record serves every layer - the copies its source
+ * layer kept (model activations M_KS .. M_VF). */
+static void train_kv(gm_graph *g, int64_t l, float **k, float **v) {
+    const gm_config *c = g->cfg;
+    bool full = c->layer_type[l] == GM_LAYER_FULL;
+    if (g->n_rec == 1 && (c->kv_source[l] != l || shared_later(c, l))) {
+        *k = g->mrec[full ? M_KF : M_KS], *v = g->mrec[full ? M_VF : M_VS];
+        return;
+    }
+    float **src = gm_graph_record(g, c->kv_source[l]);
+    *k = src[A_K], *v = src[A_V];
+}
+
 /* AltUp's router: mod (N, S) = tanh((RMSNorm_router(v) / C) Wrouter^T); rn (N, C) and rstd
  * its intermediates. */
 static void router(gm_graph *g, int64_t l, float *rn, float *rstd, float *mod, const float *v) {
@@ -333,9 +361,16 @@ static void layer_fwd(gm_graph *g, int64_t l) {
         k->rope_fwd(kc, a[A_K], a[A_K], g->pos, N, KVH, D, theta, pscale);
         k->rmsnorm_fwd(kc, a[A_V], a[A_RSTDV], a[A_VPRE], NULL, N * KVH, D, eps);
         kk = a[A_K], vv = a[A_V];
+        if (g->o.mode == GM_GRAPH_TRAIN && g->n_rec == 1 && shared_later(c, l)) { /* kept for the shared layers */
+            float *ks, *vs;
+            train_kv(g, l, &ks, &vs);
+            k->scale_fwd(kc, ks, kk, N * KVH * D, 1.0f);
+            k->scale_fwd(kc, vs, vv, N * KVH * D, 1.0f);
+        }
     } else if (g->o.mode == GM_GRAPH_TRAIN) {
-        float **src = gm_graph_record(g, c->kv_source[l]);
-        kk = src[A_K], vv = src[A_V];
+        float *ks, *vs;
+        train_kv(g, l, &ks, &vs);
+        kk = ks, vv = vs;
     }
     gm_graph_attention(g, l, a[A_ATT], a[A_LSE], a[A_Q], kk, vv, 1.0f);
     gm_graph_linear(g, l, W_O, a[A_OPRE], a[A_ATT]);
@@ -382,14 +417,6 @@ static void router_bwd(gm_graph *g, int64_t l, float *dv, float *dmod, const flo
     gm_graph_linear_bwd(g, l, W_ROUTER, drn, dmod, rn, 0.0f);
     g->k->scale_fwd(&g->kc, drn, drn, N * C, 1.0f / (float)C);
     g->k->rmsnorm_bwd(&g->kc, dv, NULL, drn, v, gm_graph_norm(g, l, W_ROUTER_NORM), rstd, N, C, 1.0f);
-}
-
-/* Whether a layer after l reads the keys and values l reads (its own, or its source's). */
-static bool shared_later(const gm_config *c, int64_t l) {
-    int32_t src = c->kv_source[l];
-    for (int64_t m = l + 1; m < c->n_layers; m++)
-        if (c->kv_source[m] == src && m != src) return true;
-    return false;
 }
 
 static void layer_bwd(gm_graph *g, int64_t l) {
@@ -441,9 +468,10 @@ static void layer_bwd(gm_graph *g, int64_t l) {
     k->rmsnorm_bwd(kc, d[G_DC1], NULL, d[G_DXL], a[A_OPRE], gm_graph_norm(g, l, W_POST_ATTN_NORM), a[A_RSTDPA], N, C, 0.0f);
     gm_graph_linear_bwd(g, l, W_O, d[G_DATT], d[G_DC1], a[A_ATT], 0.0f);
     bool own = c->kv_source[l] == l, full = c->layer_type[l] == GM_LAYER_FULL;
-    float **src = gm_graph_record(g, c->kv_source[l]);
+    float *kk, *vv;
+    train_kv(g, l, &kk, &vv);
     int64_t window = full ? 0 : c->sliding_window, KW = KVH * D;
-    k->attention_bwd(kc, d[G_DQ], d[G_DK], d[G_DV], d[G_DATT], a[A_Q], src[A_K], src[A_V], a[A_ATT], a[A_LSE],
+    k->attention_bwd(kc, d[G_DQ], d[G_DK], d[G_DV], d[G_DATT], a[A_Q], kk, vv, a[A_ATT], a[A_LSE],
                      g->has_kv_end ? g->kv_end : NULL, B, T, H, KVH, D, window, 1.0f);
     float *dks = d[full ? G_DKF : G_DKS], *dvs = d[full ? G_DVF : G_DVS];
     if (!own) {

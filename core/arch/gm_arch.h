@@ -158,8 +158,9 @@ typedef struct gm_arch_def {
     /* layer l: g->g holds dL/dX[l+1] on entry and dL/dX[l] on exit; adapter gradients +=.
      * NULL: no backward yet (the architecture generates and evaluates, training refuses it) */
     void (*layer_bwd)(struct gm_graph *g, int64_t l);
-    /* layer_bwd sends a KV-shared layer's key / value gradients to its source layer (Gemma 3n);
-     * false: training refuses configs with KV sharing */
+    /* layer_bwd sends a KV-shared layer's key / value gradients to its source layer, and the
+     * training forward keeps the source's keys and values apart under activation checkpointing
+     * (Gemma 3n); false: training refuses configs with KV sharing */
     bool kv_sharing_bwd;
 } gm_arch_def;
 

@@ -434,18 +434,14 @@ gm_status gm_train_opts_check(const gm_config *c, const gm_train_opts *o, gm_err
     NEED(o->n_threads >= 1, "threads must be >= 1");
 #undef NEED
     /* the forward reads shared keys and values in training too; an architecture's backward must
-     * send their gradients back to the source layer (Gemma 3n's does), and under checkpointing
-     * one record serves every layer, so a shared layer would read keys a later layer overwrote */
+     * send their gradients back to the source layer (Gemma 3n's does, and keeps them apart under
+     * activation checkpointing, where one record serves every layer) */
     const gm_arch_def *ar = gm_arch_get(c->arch);
     for (int64_t l = 0; l < c->n_layers; l++) {
         if (c->kv_source[l] == l) continue;
         if (!ar || !ar->kv_sharing_bwd)
             return gm_error_set(err, GM_ERR_UNSUPPORTED, "training models with KV sharing between layers (layer %lld) is not "
                                 "supported yet for %s", (long long)l, gm_arch_name(c->arch));
-        if (o->checkpointing)
-            return gm_error_set(err, GM_ERR_UNSUPPORTED, "activation checkpointing with KV sharing (%s: layer %lld reads layer "
-                                "%d's keys and values) is not written yet\n  hint: checkpointing = false",
-                                gm_arch_name(c->arch), (long long)l, c->kv_source[l]);
     }
     return GM_OK;
 }

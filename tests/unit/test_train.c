@@ -417,6 +417,42 @@ static void test_gemma3n(void) {
     CHECK(fabs(got - want64) <= TOL_LOSS_REL * fabs(want64), "gemma3n loss %.9g vs PEFT in float64 %.9g", got, want64);
     compare_adapters(tr, "/lora/grads", true, TOL_GEMMA3N_GRAD_REL, "gemma3n: all 76 LoRA gradients vs PEFT");
     compare_adapters(tr, "/lora/grads64", true, TOL_GEMMA3N_GRAD_REL, "gemma3n: ... vs PEFT in float64");
+    /* activation checkpointing: the KV-shared layers read their source's keys and values from the
+     * copies it keeps; the same loss and gradients, bit for bit */
+    {
+        int n0;
+        gm_lora_adapter *ad0 = gm_trainer_adapters(tr, &n0);
+        size_t tot = 0;
+        for (int i = 0; i < n0; i++) tot += (size_t)(4 * ad0[i].in + ad0[i].out * 4);
+        float *keep = gm_malloc(tot * sizeof(float)), *p = keep;
+        for (int i = 0; i < n0; i++) {
+            memcpy(p, ad0[i].dA, (size_t)(4 * ad0[i].in) * 4), p += 4 * ad0[i].in;
+            memcpy(p, ad0[i].dB, (size_t)(ad0[i].out * 4) * 4), p += ad0[i].out * 4;
+        }
+        gm_trainer *tc = NULL;
+        gm_train_opts oc = o;
+        oc.checkpointing = true;
+        CHECK_OK(gm_trainer_new(m, &oc, &tc, &err), &err);
+        if (tc && keep) {
+            set_adapters(tc, "/lora/weights");
+            gm_trainer_zero_grad(tc);
+            double ls = 0;
+            CHECK_OK(gm_trainer_forward_backward(tc, &b, (float)(1.0 / (double)n_sup), &ls, &err), &err);
+            int n1;
+            gm_lora_adapter *ad1 = gm_trainer_adapters(tc, &n1);
+            bool same = n1 == n0 && ls == loss_sum;
+            p = keep;
+            for (int i = 0; same && i < n1; i++) {
+                same = memcmp(p, ad1[i].dA, (size_t)(4 * ad1[i].in) * 4) == 0;
+                p += 4 * ad1[i].in;
+                same = same && memcmp(p, ad1[i].dB, (size_t)(ad1[i].out * 4) * 4) == 0;
+                p += ad1[i].out * 4;
+            }
+            CHECK(same, "gemma3n: checkpointing on gives another loss (%.9g vs %.9g) or other gradients", ls, loss_sum);
+        }
+        gm_trainer_free(tc);
+        gm_free(keep);
+    }
 done:
     gm_trainer_free(tr);
     gm_model_free(m);
