@@ -159,7 +159,11 @@ gm_status gm_plan_vision(const gm_config *cfg, const gm_train_opts *o, int64_t m
 gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
                            const gm_plan_inputs *inputs, gm_plan *out, gm_error *err) {
     memset(out, 0, sizeof *out);
-    if (cfg->arch != GM_ARCH_GEMMA3) return gm_plan_estimate(cfg, o, stored, stored_embed, inputs, out, err);
+    /* exact where gemmarun trains the model: Gemma 3, and Gemma 3n's text decoder (its towers are
+     * not in gemmarun: with images or audio the plan is the estimate) */
+    bool media = (inputs && (inputs->images > 0 || inputs->audio_seconds > 0)) || o->max_images > 0;
+    if (cfg->arch != GM_ARCH_GEMMA3 && !(cfg->arch == GM_ARCH_GEMMA3N && !media))
+        return gm_plan_estimate(cfg, o, stored, stored_embed, inputs, out, err);
     if (inputs && inputs->audio_seconds > 0)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s%s takes no audio inputs (Gemma 3 has no audio tower)",
                             names_gemma(cfg->name) ? "" : "Gemma 3 model ", cfg->name);

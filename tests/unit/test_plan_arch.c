@@ -366,12 +366,18 @@ static void test_inputs_and_errors(void) {
           "over the context: %s", err.msg);
     o = opts(16, 512, 0, false, GM_QUANT_NF4);
     CHECK(gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, NULL, &p, &err) == GM_ERR_INVALID, "batch 0");
-    /* gm_plan_training dispatches to the estimator for Gemma 3n / 4 */
+    /* gm_plan_training: Gemma 3n's text decoder exactly (the trainer's own layout: gemmarun trains
+     * it), the estimator where its towers would run (audio; images) and for Gemma 4 */
     o = opts(16, 512, 1, false, GM_QUANT_NF4);
     gm_plan q;
     CHECK_OK(gm_plan_training(&c, &o, GM_BF16, GM_BF16, NULL, &q, &err), &err);
-    CHECK_OK(gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, NULL, &p, &err), &err);
-    CHECK(q.total == p.total && !q.exact, "gm_plan_training -> estimate");
+    CHECK(q.exact, "gm_plan_training: Gemma 3n text -> the trainer's layout");
+    CHECK_OK(gm_plan_training(&c, &o, GM_BF16, GM_BF16, &au, &q, &err), &err);
+    CHECK_OK(gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, &au, &p, &err), &err);
+    CHECK(q.total == p.total && !q.exact, "gm_plan_training: Gemma 3n with audio -> estimate");
+    CHECK_OK(gm_plan_training(&g4, &o, GM_BF16, GM_BF16, NULL, &q, &err), &err);
+    CHECK_OK(gm_plan_estimate(&g4, &o, GM_BF16, GM_BF16, NULL, &p, &err), &err);
+    CHECK(q.total == p.total && !q.exact, "gm_plan_training: Gemma 4 -> estimate");
 }
 
 /* Options too large to count in size_t are refused (GM_ERR_INVALID), never wrapped into a small
