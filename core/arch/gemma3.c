@@ -18,6 +18,7 @@
  * What the graph (gm_graph.h) makes of these calls: a KV cache at inference, saved records in
  * training, adapters on every linear they target.
  */
+#include "gemma_decoder.h"
 #include "gm_arch.h"
 #include "gm_graph.h"
 
@@ -25,39 +26,13 @@
 
 /* ---- spec --------------------------------------------------------------------------------- */
 
-/* Per-layer weights; the order of the linears (q, k, v, o, gate, up, down) is also the order of
- * adapters in checkpoints and results. lora_id 0..6 are stable RNG stream ids. */
-enum {
-    W_ATTN_NORM, W_Q, W_K, W_V, W_O, W_Q_NORM, W_K_NORM, W_POST_ATTN_NORM,
-    W_FFN_NORM, W_GATE, W_UP, W_DOWN, W_POST_FFW_NORM, W_COUNT
-};
+/* Per-layer weights (gemma_decoder.h: the attention and MLP weights, lora_id 0..6). */
+enum { GM_GEMMA_DECODER_SLOTS, W_COUNT };
 
-static const gm_weight_spec layer_weights[W_COUNT] = {
-    [W_ATTN_NORM] = {"input_layernorm.weight", "attn_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false},
-    [W_Q] = {"self_attn.q_proj.weight", "attn_q.weight", GM_W_LINEAR, GM_DIM_QW, GM_DIM_C, GM_WHEN_ALWAYS, 0, false},
-    [W_K] = {"self_attn.k_proj.weight", "attn_k.weight", GM_W_LINEAR, GM_DIM_KW, GM_DIM_C, GM_WHEN_OWN_KV, 1, false},
-    [W_V] = {"self_attn.v_proj.weight", "attn_v.weight", GM_W_LINEAR, GM_DIM_KW, GM_DIM_C, GM_WHEN_OWN_V, 2, false},
-    [W_O] = {"self_attn.o_proj.weight", "attn_output.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_QW, GM_WHEN_ALWAYS, 3, false},
-    [W_Q_NORM] = {"self_attn.q_norm.weight", "attn_q_norm.weight", GM_W_NORM, GM_DIM_D, GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false},
-    [W_K_NORM] = {"self_attn.k_norm.weight", "attn_k_norm.weight", GM_W_NORM, GM_DIM_D, GM_DIM_NONE, GM_WHEN_OWN_KV, -1, false},
-    [W_POST_ATTN_NORM] = {"post_attention_layernorm.weight", "post_attention_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE,
-                          GM_WHEN_ALWAYS, -1, false},
-    [W_FFN_NORM] = {"pre_feedforward_layernorm.weight", "ffn_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS,
-                    -1, false},
-    [W_GATE] = {"mlp.gate_proj.weight", "ffn_gate.weight", GM_W_LINEAR, GM_DIM_F, GM_DIM_C, GM_WHEN_ALWAYS, 4, false},
-    [W_UP] = {"mlp.up_proj.weight", "ffn_up.weight", GM_W_LINEAR, GM_DIM_F, GM_DIM_C, GM_WHEN_ALWAYS, 5, false},
-    [W_DOWN] = {"mlp.down_proj.weight", "ffn_down.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_F, GM_WHEN_ALWAYS, 6, false},
-    [W_POST_FFW_NORM] = {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE,
-                         GM_WHEN_ALWAYS, -1, false},
-};
+static const gm_weight_spec layer_weights[W_COUNT] = {GM_GEMMA_DECODER_WEIGHTS};
 
-/* Model-level weights (GM_GLOBAL_* order). The LM head is the embedding in every Gemma 3
- * checkpoint (tie_word_embeddings); an untied head is read from lm_head.weight / output.weight. */
-static const gm_weight_spec global_weights[3] = {
-    [GM_GLOBAL_EMBED] = {"embed_tokens.weight", "token_embd.weight", GM_W_EMBED, GM_DIM_V, GM_DIM_C, GM_WHEN_ALWAYS, -1, false},
-    [GM_GLOBAL_FINAL_NORM] = {"norm.weight", "output_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false},
-    [GM_GLOBAL_LM_HEAD] = {"lm_head.weight", "output.weight", GM_W_EMBED, GM_DIM_V, GM_DIM_C, GM_WHEN_UNTIED, -1, true},
-};
+/* Model-level weights (GM_GLOBAL_* order). */
+static const gm_weight_spec global_weights[3] = {GM_GEMMA_DECODER_GLOBALS};
 
 /* What one layer keeps (its record): saved for the backward in training; at inference the
  * GM_ACT_BOTH entries are the layer's scratch. Widths per token. */

@@ -36,6 +36,7 @@
  * +-120 in training mode only; published weights lie far inside it), LoRA on the AltUp / LAuReL
  * / per-layer linears (the targets are the attention and MLP linears, as on Gemma 3).
  */
+#include "gemma_decoder.h"
 #include "gm_arch.h"
 #include "gm_graph.h"
 
@@ -44,34 +45,18 @@
 /* ---- spec --------------------------------------------------------------------------------- */
 
 enum {
-    W_ATTN_NORM, W_Q, W_K, W_V, W_O, W_Q_NORM, W_K_NORM, W_POST_ATTN_NORM,
-    W_FFN_NORM, W_GATE, W_UP, W_DOWN, W_POST_FFW_NORM,
+    GM_GEMMA_DECODER_SLOTS,
     W_CORR_SCALE, W_CORR, W_ROUTER, W_PRED, W_ROUTER_NORM,
     W_LAUREL_L, W_LAUREL_R, W_LAUREL_NORM,
     W_PL_GATE, W_PL_PROJ, W_PL_NORM, W_COUNT
 };
 
-/* lora_id 0..6: the same stable ids as Gemma 3's linears (gemma3.c). No GGUF names: llama.cpp's
- * Gemma 3n files stack the AltUp projections into 3-D tensors; gemmarun reads Gemma 3n from
- * Hugging Face folders. */
+/* The attention and MLP weights as Gemma 3's (gemma_decoder.h; v is "own V" = "own K,V" here: no
+ * Gemma 3n layer shares K as V). No GGUF names for the rest: llama.cpp's Gemma 3n files stack the
+ * AltUp projections into 3-D tensors; gemmarun reads Gemma 3n from Hugging Face folders. */
 #define N3(hf, kind, r, c, when, id) {hf, NULL, kind, r, c, when, id, false}
 static const gm_weight_spec layer_weights[W_COUNT] = {
-    [W_ATTN_NORM] = {"input_layernorm.weight", "attn_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false},
-    [W_Q] = {"self_attn.q_proj.weight", "attn_q.weight", GM_W_LINEAR, GM_DIM_QW, GM_DIM_C, GM_WHEN_ALWAYS, 0, false},
-    [W_K] = {"self_attn.k_proj.weight", "attn_k.weight", GM_W_LINEAR, GM_DIM_KW, GM_DIM_C, GM_WHEN_OWN_KV, 1, false},
-    [W_V] = {"self_attn.v_proj.weight", "attn_v.weight", GM_W_LINEAR, GM_DIM_KW, GM_DIM_C, GM_WHEN_OWN_KV, 2, false},
-    [W_O] = {"self_attn.o_proj.weight", "attn_output.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_QW, GM_WHEN_ALWAYS, 3, false},
-    [W_Q_NORM] = {"self_attn.q_norm.weight", "attn_q_norm.weight", GM_W_NORM, GM_DIM_D, GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false},
-    [W_K_NORM] = {"self_attn.k_norm.weight", "attn_k_norm.weight", GM_W_NORM, GM_DIM_D, GM_DIM_NONE, GM_WHEN_OWN_KV, -1, false},
-    [W_POST_ATTN_NORM] = {"post_attention_layernorm.weight", "post_attention_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE,
-                          GM_WHEN_ALWAYS, -1, false},
-    [W_FFN_NORM] = {"pre_feedforward_layernorm.weight", "ffn_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS,
-                    -1, false},
-    [W_GATE] = {"mlp.gate_proj.weight", "ffn_gate.weight", GM_W_LINEAR, GM_DIM_F, GM_DIM_C, GM_WHEN_ALWAYS, 4, false},
-    [W_UP] = {"mlp.up_proj.weight", "ffn_up.weight", GM_W_LINEAR, GM_DIM_F, GM_DIM_C, GM_WHEN_ALWAYS, 5, false},
-    [W_DOWN] = {"mlp.down_proj.weight", "ffn_down.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_F, GM_WHEN_ALWAYS, 6, false},
-    [W_POST_FFW_NORM] = {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE,
-                         GM_WHEN_ALWAYS, -1, false},
+    GM_GEMMA_DECODER_WEIGHTS,
     [W_CORR_SCALE] = N3("altup.correct_output_scale", GM_W_VEC, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1),
     [W_CORR] = N3("altup.correction_coefs.weight", GM_W_LINEAR, GM_DIM_S, GM_DIM_S, GM_WHEN_ALWAYS, -1),
     [W_ROUTER] = N3("altup.modality_router.weight", GM_W_LINEAR, GM_DIM_S, GM_DIM_C, GM_WHEN_ALWAYS, -1),
@@ -91,9 +76,7 @@ static const gm_weight_spec layer_weights[W_COUNT] = {
 enum { G_PLE_EMBED = 3, G_PLE_PROJ, G_PLE_NORM, G_ALTUP_IN, G_ALTUP_OUT = G_ALTUP_IN + 3, N_GLOBALS = G_ALTUP_OUT + 3 };
 #define GG(hf, kind, r, c) {hf, NULL, kind, r, c, GM_WHEN_ALWAYS, -1, false}
 static const gm_weight_spec global_weights[N_GLOBALS] = {
-    [GM_GLOBAL_EMBED] = {"embed_tokens.weight", "token_embd.weight", GM_W_EMBED, GM_DIM_V, GM_DIM_C, GM_WHEN_ALWAYS, -1, false},
-    [GM_GLOBAL_FINAL_NORM] = {"norm.weight", "output_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false},
-    [GM_GLOBAL_LM_HEAD] = {"lm_head.weight", "output.weight", GM_W_EMBED, GM_DIM_V, GM_DIM_C, GM_WHEN_UNTIED, -1, true},
+    GM_GEMMA_DECODER_GLOBALS,
     [G_PLE_EMBED] = GG("embed_tokens_per_layer.weight", GM_W_EMBED, GM_DIM_PV, GM_DIM_LP),
     [G_PLE_PROJ] = GG("per_layer_model_projection.weight", GM_W_LINEAR, GM_DIM_LP, GM_DIM_C),
     [G_PLE_NORM] = GG("per_layer_projection_norm.weight", GM_W_NORM, GM_DIM_P, GM_DIM_NONE),

@@ -20,21 +20,11 @@ IDS=2,15,27,100,31,7,300,450
 expect_run "generate on Gemma 3n: a prompt, then 6 tokens through the KV caches" 0 "2 prompt tokens .* 6 new tokens" \
   -- "$GM" generate "$BASE" "hello world" --max-tokens 6
 
-for lab in apple berry cherry; do
-  mkdir -p data/$lab
-  for i in 1 2 3 4 5 6 7 8 9 10; do echo "a short note $i about the $lab" > data/$lab/$i.txt; done
-done
-cat > g3n.lua <<EOF
-return experiment {
-  name = "g3n",
-  model = "$BASE",
-  task = classify { data = data.folder { root = "data" }, prompt = "Which fruit?" },
-  train = { epochs = 2, batch = 2, lr = 1e-2, rank = 4, alpha = 8, max_length = 64 },
-  sweep = grid { lr = {1e-2, 3e-3} },
-  seeds = {1},
-  report = table { rows = {"lr"}, metric = "accuracy" },
-}
-EOF
+# the runner tests' labelled fruit notes and experiment (lib.bash), on the tiny Gemma 3n: 2 epochs,
+# 2 learning rates, one seed
+tiny_fixture "$SRC" 2
+sed -e 's/name = "tiny"/name = "g3n"/' -e "s|tests/ref/tiny_gemma3_chat|tests/ref/tiny_gemma3n_chat|" \
+    -e 's/seeds = {1, 2},/seeds = {1},/' -e 's/, checkpoint_every = 5//' tiny.lua > g3n.lua
 expect_run "an experiment on Gemma 3n trains LoRA (2 trials), evaluates and writes its table" 0 \
   "trial 2/2  24 steps, final loss.*final accuracy.*written: results/g3n.md" -- "$GM" g3n.lua
 # the loss falls: the last step's below the first's in each trial file

@@ -1,0 +1,52 @@
+/*
+ * gemma_decoder.h - the weights every Gemma decoder layer has, written once for the architecture
+ * files that share them (gemma3.c, gemma3n.c). Private to core/arch.
+ *
+ * An including file starts its layer-slot enum with GM_GEMMA_DECODER_SLOTS (the attention and MLP
+ * weights, in this order: also the order of adapters in checkpoints and results) and its tables
+ * with GM_GEMMA_DECODER_WEIGHTS and GM_GEMMA_DECODER_GLOBALS (designated initializers on those
+ * slots and on GM_GLOBAL_*). lora_id 0..6 are stable RNG stream ids of the seven linears: never
+ * renumber them. Names: Hugging Face's below "layers.N." / the model prefix, and llama.cpp's GGUF
+ * names. Ownership / errors: static tables only.
+ */
+#ifndef GM_GEMMA_DECODER_H
+#define GM_GEMMA_DECODER_H
+
+#include "gm_arch.h"
+
+#define GM_GEMMA_DECODER_SLOTS                                                                                          \
+    W_ATTN_NORM, W_Q, W_K, W_V, W_O, W_Q_NORM, W_K_NORM, W_POST_ATTN_NORM, W_FFN_NORM, W_GATE, W_UP, W_DOWN,          \
+        W_POST_FFW_NORM
+
+#define GM_GEMMA_DECODER_WEIGHTS                                                                                        \
+    [W_ATTN_NORM] = {"input_layernorm.weight", "attn_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS,  \
+                     -1, false},                                                                                        \
+    [W_Q] = {"self_attn.q_proj.weight", "attn_q.weight", GM_W_LINEAR, GM_DIM_QW, GM_DIM_C, GM_WHEN_ALWAYS, 0, false},   \
+    [W_K] = {"self_attn.k_proj.weight", "attn_k.weight", GM_W_LINEAR, GM_DIM_KW, GM_DIM_C, GM_WHEN_OWN_KV, 1, false},   \
+    [W_V] = {"self_attn.v_proj.weight", "attn_v.weight", GM_W_LINEAR, GM_DIM_KW, GM_DIM_C, GM_WHEN_OWN_V, 2, false},    \
+    [W_O] = {"self_attn.o_proj.weight", "attn_output.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_QW, GM_WHEN_ALWAYS, 3,      \
+             false},                                                                                                    \
+    [W_Q_NORM] = {"self_attn.q_norm.weight", "attn_q_norm.weight", GM_W_NORM, GM_DIM_D, GM_DIM_NONE, GM_WHEN_ALWAYS,   \
+                  -1, false},                                                                                           \
+    [W_K_NORM] = {"self_attn.k_norm.weight", "attn_k_norm.weight", GM_W_NORM, GM_DIM_D, GM_DIM_NONE, GM_WHEN_OWN_KV,   \
+                  -1, false},                                                                                           \
+    [W_POST_ATTN_NORM] = {"post_attention_layernorm.weight", "post_attention_norm.weight", GM_W_NORM, GM_DIM_C,       \
+                          GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false},                                                      \
+    [W_FFN_NORM] = {"pre_feedforward_layernorm.weight", "ffn_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE,          \
+                    GM_WHEN_ALWAYS, -1, false},                                                                         \
+    [W_GATE] = {"mlp.gate_proj.weight", "ffn_gate.weight", GM_W_LINEAR, GM_DIM_F, GM_DIM_C, GM_WHEN_ALWAYS, 4, false},  \
+    [W_UP] = {"mlp.up_proj.weight", "ffn_up.weight", GM_W_LINEAR, GM_DIM_F, GM_DIM_C, GM_WHEN_ALWAYS, 5, false},        \
+    [W_DOWN] = {"mlp.down_proj.weight", "ffn_down.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_F, GM_WHEN_ALWAYS, 6, false},  \
+    [W_POST_FFW_NORM] = {"post_feedforward_layernorm.weight", "post_ffw_norm.weight", GM_W_NORM, GM_DIM_C,            \
+                         GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false}
+
+/* The LM head is the embedding in every published Gemma checkpoint (tie_word_embeddings); an
+ * untied head is read from lm_head.weight / output.weight. */
+#define GM_GEMMA_DECODER_GLOBALS                                                                                        \
+    [GM_GLOBAL_EMBED] = {"embed_tokens.weight", "token_embd.weight", GM_W_EMBED, GM_DIM_V, GM_DIM_C, GM_WHEN_ALWAYS,   \
+                         -1, false},                                                                                    \
+    [GM_GLOBAL_FINAL_NORM] = {"norm.weight", "output_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS,   \
+                              -1, false},                                                                               \
+    [GM_GLOBAL_LM_HEAD] = {"lm_head.weight", "output.weight", GM_W_EMBED, GM_DIM_V, GM_DIM_C, GM_WHEN_UNTIED, -1, true}
+
+#endif /* GM_GEMMA_DECODER_H */
