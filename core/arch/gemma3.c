@@ -70,14 +70,7 @@ enum { G_DTMP, G_DXN, G_DQ, G_DATT, G_DK, G_DV, G_DGATE, G_DUP, G_DH, G_COUNT };
 
 static const gm_act_spec grads[G_COUNT] = {
     [G_DTMP] = {"dtmp", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_TRAIN}, /* gradient of a post-norm input */
-    [G_DXN] = {"dxn", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_TRAIN},   /* of a pre-norm output */
-    [G_DQ] = {"dq", GM_DIM_QW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
-    [G_DATT] = {"datt", GM_DIM_QW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
-    [G_DK] = {"dk", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
-    [G_DV] = {"dv", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
-    [G_DGATE] = {"dgate", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
-    [G_DUP] = {"dup", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
-    [G_DH] = {"dh", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    GM_GEMMA_DECODER_GRADS,
 };
 
 /* Hugging Face's Gemma3TextScaledWordEmbedding: rows times sqrt(hidden_size), the scale cast to

@@ -49,4 +49,16 @@
                               -1, false},                                                                               \
     [GM_GLOBAL_LM_HEAD] = {"lm_head.weight", "output.weight", GM_W_EMBED, GM_DIM_V, GM_DIM_C, GM_WHEN_UNTIED, -1, true}
 
+/* The backward's workspace for the attention and the MLP (widths per token), on an including
+ * file's enumerators G_DXN .. G_DH; G_DXN: the gradient of a pre-norm output. */
+#define GM_GEMMA_DECODER_GRADS                                                                                          \
+    [G_DXN] = {"dxn", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_TRAIN},                                                         \
+    [G_DQ] = {"dq", GM_DIM_QW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},                                                          \
+    [G_DATT] = {"datt", GM_DIM_QW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},                                                      \
+    [G_DK] = {"dk", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},                                                          \
+    [G_DV] = {"dv", GM_DIM_KW, GM_WHEN_ALWAYS, GM_ACT_TRAIN},                                                          \
+    [G_DGATE] = {"dgate", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN},                                                     \
+    [G_DUP] = {"dup", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN},                                                         \
+    [G_DH] = {"dh", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN}
+
 #endif /* GM_GEMMA_DECODER_H */
