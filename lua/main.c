@@ -647,6 +647,11 @@ static int cmd_plan(int argc, char **argv) {
                         "memory_limit alone to compare the GPU's total with it\n");
         return 2;
     }
+    /* pan & scan: an image far from square is also seen as up to GM_IMAGE_PAS_MAX_NUM_CROPS crops,
+     * each its own block of soft tokens through the tower; without the images themselves (a run's
+     * dry run counts each one's crops) the plan is the worst case */
+    bool pas_worst = o.pan_and_scan && in.images > 0;
+    if (pas_worst) in.images *= 1 + GM_IMAGE_PAS_MAX_NUM_CROPS;
     gm_config cfg;
     gm_dtype stored, stored_embed;
     if (gm_config_probe(argv[0], &cfg, &stored, &stored_embed, &err) != GM_OK) return fail(&err, 2);
@@ -670,7 +675,12 @@ static int cmd_plan(int argc, char **argv) {
            o.lora.rank, (double)o.lora.alpha, o.lora.targets, trainable, gm_quant_name(o.quant), (long long)o.batch,
            (long long)o.grad_accum, (long long)o.max_length, o.checkpointing ? "on" : "off", o.n_threads,
            o.n_threads == 1 ? "" : "s");
-    if (in.images) printf("images per example: %lld\n", (long long)in.images);
+    if (pas_worst)
+        printf("images per example: %lld with pan & scan: planned as %lld views, the worst case (every image with %d "
+               "crops; an experiment's dry run counts its images' own)\n",
+               (long long)(in.images / (1 + GM_IMAGE_PAS_MAX_NUM_CROPS)), (long long)in.images, GM_IMAGE_PAS_MAX_NUM_CROPS);
+    else if (in.images)
+        printf("images per example: %lld\n", (long long)in.images);
     if (in.images && (strcmp(o.vision_targets, "none") != 0 || o.train_projector))
         printf("vision tower: LoRA on %s%s\n", o.vision_targets, o.train_projector ? ", the projector trained (modules_to_save)" : "");
     if (in.audio_seconds > 0) printf("audio per example: %.1f s\n", in.audio_seconds);
@@ -1274,6 +1284,16 @@ static int cmd_export(int argc, char **argv) {
         fprintf(stderr, "gemmarun export: %s\n" EXPORT_USAGE, !results ? "give the results to export from" : "give the folder to write (OUT)");
         return 2;
     }
+    /* OUT/ as a shell completes a folder name: the folder OUT (its OUT.partial is made beside it) */
+    char out_buf[4096];
+    size_t out_len = strlen(out);
+    if (out_len >= sizeof out_buf) {
+        fprintf(stderr, "gemmarun export: OUT is longer than %zu bytes\n", sizeof out_buf - 1);
+        return 2;
+    }
+    memcpy(out_buf, out, out_len + 1);
+    while (out_len > 1 && out_buf[out_len - 1] == '/') out_buf[--out_len] = '\0';
+    out = out_buf;
     gm_error err = {0};
     lua_State *L = NULL;
     if (gm_lua_new(&lo, &L, &err) != GM_OK) return fail(&err, 1);

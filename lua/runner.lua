@@ -1369,9 +1369,24 @@ local function preflight(e, selected, dry_run, no_device)
     say("warning: %d example%s rejected while reading:", n, n == 1 and "" or "s")
     for i = 1, math.min(n, 10) do
       local r = items.rejected_read[i]
-      say("  %s: %s", r.example, (r.reason:gsub("\n.*", "")))
+      -- the reason often starts with the file's own name: said once
+      local reason = r.reason:gsub("\n.*", "")
+      if reason:sub(1, #r.example + 2) == r.example .. ": " then reason = reason:sub(#r.example + 3) end
+      say("  %s: %s", r.example, reason)
     end
-    if n > 10 then say("  ... and %d more (every one is listed in each trial file's data/rejections_json)", n - 10) end
+    if n > 10 then
+      say("  ... and %d more (%s)", n - 10, dry_run and "a run lists every one in each trial file's data/rejections_json"
+        or "every one is listed in each trial file's data/rejections_json")
+    end
+    -- the share the data source printed was counted before these: again, on what is left
+    if e.task._kind == "classify" and #items.test > 0 and items.labels then
+      local n_test, top = {}, 1
+      for li = 1, #items.labels do n_test[li] = 0 end
+      for _, it in ipairs(items.test) do n_test[it.label] = n_test[it.label] + 1 end
+      for li = 1, #items.labels do if n_test[li] > n_test[top] then top = li end end
+      say("  what is left: the most frequent, %s, is %d of the %d test examples (%.1f%%)", items.labels[top], n_test[top],
+        #items.test, 100 * n_test[top] / #items.test)
+    end
   end
   if items.skipped and #items.skipped > 0 then
     local n = #items.skipped

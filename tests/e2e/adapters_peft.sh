@@ -168,7 +168,7 @@ TOLM=$(tol TOL_MERGED_PEER_TINY_ABS)
 expect_run "export --format merged --dtype f32 writes a Hugging Face folder" 0 \
   "merged trial 3 \([0-9a-f]+\) of results/tiny with its base .*tiny_gemma3_chat \(kept as it is\): 42 of 80 weights carry the adapter; f32, 1.0 MiB.*written: m3/model.safetensors, config.json, generation_config.json; tokenizer: copied \(with Gemma 3's chat template\)" \
   -- "$GM" export results/tiny --trial 3 --format merged --dtype f32 m3
-expect_run "... bf16 by default" 0 "42 of 80 weights carry the adapter; bf16, 0.5 MiB" -- "$GM" export results/tiny --trial 3 --format merged m3b
+expect_run "... bf16 by default (OUT given as m3b/, as a shell completes a folder)" 0 "42 of 80 weights carry the adapter; bf16, 0.5 MiB" -- "$GM" export results/tiny --trial 3 --format merged m3b/
 expect_run "... the base's tokenizer.json copied as it is" 0 "^same$" -- bash -c "cmp -s m3/tokenizer.json '$BASE/tokenizer.json' && echo same"
 MODEL=m3 logits m3
 expect_run "gemmarun loads the merged folder: the logits of the base with the adapter attached within $TOLM" 0 "^ok " -- python3 -c "

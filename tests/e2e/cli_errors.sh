@@ -49,6 +49,9 @@ expect_run "plan: memory_limit out of range" 2 "bad value for memory_limit: 1e30
 expect_run "plan: largest batch still plans" 0 "batch 65536 x accumulation 65536" -- "$GM" plan gemma3-270m batch=65536 grad_accum=65536 max_length=32768
 expect_run "plan: small memory_limit in its unit" 1 "memory_limit 1\.00 KiB: does NOT fit" -- "$GM" plan gemma3-270m memory_limit=1KiB
 expect_run "plan: image inputs on a text model" 2 "error: Gemma 3 270m takes no image inputs" -- "$GM" plan gemma3-270m images=1
+expect_run "plan: images with pan_and_scan=true are planned as their worst case, 5 views each" 0 \
+  "images per example: 1 with pan & scan: planned as 5 views, the worst case.*vision tower .*\(5 images per micro-batch" -- \
+  "$GM" plan gemma3-4b quant=nf4 rank=16 max_length=2048 batch=1 images=1 pan_and_scan=true
 expect_run "plan: image inputs on the 1B (text only): no tower" 2 "error: gemma3-1b takes no image inputs: it has no vision tower" -- \
   "$GM" plan gemma3-1b images=1
 expect_run "plan: images that leave no room for text in max_length" 2 \
