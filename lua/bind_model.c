@@ -811,9 +811,18 @@ void gm_bind_push_config(lua_State *L, const gm_config *c) {
 #undef SETN
 }
 
+/* model:config(): the config's fields; `vision` only when the model can read images (a loaded
+ * SigLIP tower: Gemma 3n's config names a tower gemmarun does not have), else `no_images`, why. */
 static int l_config(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     gm_bind_push_config(L, &lm->m->cfg);
+    const char *why = gm_model_no_images(lm->m);
+    if (why) {
+        lua_pushnil(L);
+        lua_setfield(L, -2, "vision");
+        lua_pushstring(L, why);
+        lua_setfield(L, -2, "no_images");
+    }
     return 1;
 }
 

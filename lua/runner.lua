@@ -1448,9 +1448,10 @@ local function check_lengths(ctx, e, selected, items)
             if it.images then first = first or it; break end
           end
         end
-        P.usage(e.task.data._where or e.task._where, "the data has images (first: %s%s), but model %s has no vision tower: " ..
-          "a text-only Gemma cannot read images; use a multimodal checkpoint (Gemma3ForConditionalGeneration: gemma-3-4b or larger)",
-          first and first.where and first.where ~= first.images[1] and (first.where .. ", ") or "", first and first.images[1] or "?", m)
+        P.usage(e.task.data._where or e.task._where, "the data has images (first: %s%s), but model %s: %s; " ..
+          "use a multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration: gemma-3-4b or larger)",
+          first and first.where and first.where ~= first.images[1] and (first.where .. ", ") or "", first and first.images[1] or "?", m,
+          ctx.model:config().no_images or "it has no vision tower")
       end
       local okd, d = pcall(R.datasets, ctx, e, t.config)
       if not okd then

@@ -650,6 +650,12 @@ static void set_towers(gm_config *c, int tower) {
         c->vision.hidden_size = 2048;
         c->vision.n_layers = 84;       /* blocks, HF-G3nW cumulative counts 3/8/45/84 */
         c->vision.patches = 48 * 48; /* the stage-2 grid its attention blocks run over */
+        /* Gemma3nConfig's token ids (HF-G3nC): image 262145 between 255999 and 262144; gemmarun
+         * reads no Gemma 3n image, but every check of a batch for image tokens uses this id (left
+         * at 0 it was the pad id: padded batches "held images") */
+        c->vision.image_token_id = 262145;
+        c->vision.boi_id = 255999;
+        c->vision.eoi_id = 262144;
         /* audio: 12 x 1536 conformer (§3.9) + embedder (§3.8: 128 x 1536 rows, two norms,
          * Linear(1536 -> 2048)) */
         c->audio.params = conformer_params(1536, 12, 192) + 128 * 1536 + 2 * 1536 + 1536 * D;
@@ -687,6 +693,12 @@ static void set_towers(gm_config *c, int tower) {
  * tower whose config is absent is left out. */
 static void gemma3n_towers_json(const cJSON *root, gm_config *cfg) {
     set_towers(cfg, TOWERS_3N);
+    const char *keys[3] = {"image_token_id", "boi_token_id", "eoi_token_id"};
+    int32_t *dst[3] = {&cfg->vision.image_token_id, &cfg->vision.boi_id, &cfg->vision.eoi_id};
+    for (int i = 0; i < 3; i++) {
+        const cJSON *t = jget(root, keys[i]);
+        if (t && cJSON_IsNumber(t) && t->valuedouble >= 0 && t->valuedouble < 2147483647.0) *dst[i] = (int32_t)t->valuedouble;
+    }
     const cJSON *ac = jget(root, "audio_config");
     if (!ac) {
         memset(&cfg->audio, 0, sizeof cfg->audio);

@@ -342,6 +342,16 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: training its vision tower or projector (%s) is not supported yet: "
                             "only Gemma 3's SigLIP tower trains", c->name,
                             strcmp(o->vision_targets, "none") != 0 ? "vision_targets" : "modules_to_save");
+    /* inputs the config has no tower for are refused, not planned as text (a Gemma3nForCausalLM
+     * folder has neither tower; Gemma 3's own check is gm_plan_max_images) */
+    if (c->arch != GM_ARCH_GEMMA3 && in && in->images > 0 && c->vision.params <= 0)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s takes no image inputs: its config has no vision tower\n"
+                            "  hint: plan a %s size by name, or give its Gemma3nForConditionalGeneration / multimodal "
+                            "config", c->name, gm_arch_name(c->arch));
+    if (in && in->audio_seconds > 0 && c->audio.params <= 0)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s takes no audio inputs: its config has no audio tower\n"
+                            "  hint: plan a %s size by name, or give its Gemma3nForConditionalGeneration / multimodal "
+                            "config", c->name, gm_arch_name(c->arch));
     GM_TRY(gm_plan_check_size(c, o, in, err));
     int64_t T = gm_plan_sequence_length(c, o->max_length, in);
     GM_TRY(validate(c, o, T, err));
@@ -352,8 +362,11 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
     /* the Gemma 3 part: the trainer's own layout, on T = text + soft-token positions; a Gemma 3
      * config with images also gets the trainer's SigLIP tower (gm_plan_vision's item below) */
     bool g3_tower = c->arch == GM_ARCH_GEMMA3;
+    /* Gemma 3n: the decoder part is its own trainer's layout (core/arch/gemma3n.c: AltUp streams,
+     * per-layer inputs, LAuReL, KV sharing, their weights); only the towers are estimated */
+    bool own = c->arch == GM_ARCH_GEMMA3N;
     gm_config g3 = *c;
-    g3.arch = GM_ARCH_GEMMA3;
+    if (!own) g3.arch = GM_ARCH_GEMMA3;
     gm_train_opts o3 = *o;
     o3.max_length = T;
     o3.max_images = 0;
@@ -365,13 +378,14 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
     gm_arena_init(&a, "plan", GM_DEVICE_CPU);
 #define F32(n, kind) gm_arena_alloc(&a, (size_t)(n) * sizeof(float), kind)
 #define I32(n, kind) gm_arena_alloc(&a, (size_t)(n) * sizeof(int32_t), kind)
+    int64_t Fmax = 1;
+    if (!own) { /* the Gemma 3 part's missing pieces (Gemma 4) */
     /* block inputs of all AltUp streams: the part keeps one stream per block input */
     if (A > 1)
         for (int64_t l = 0; l <= L; l++) F32(N * C * (A - 1), GM_MEM_ACTIVATIONS);
     /* the extra record entries: per layer, or the widest one under checkpointing */
     int64_t w[X_COUNT], wmax[X_COUNT];
     memset(wmax, 0, sizeof wmax);
-    int64_t Fmax = 1;
     for (int64_t l = 0; l < L; l++) {
         extra_widths(c, l, w);
         int64_t F = gm_dim_value(c, l, GM_DIM_F, 0);
@@ -417,6 +431,7 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
             F32(N * (Fwork - Fmax), GM_MEM_WORKSPACE);
         F32(N * c->n_experts, GM_MEM_WORKSPACE);
     }
+    } /* !own */
     /* kernel scratch: one buffer, the widest need - the part's, or a dequantized panel of an
      * expert or tower matrix */
     gm_quant q = o->quant;
@@ -449,6 +464,7 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
 
     /* base weights: the part's (re-encoded in the arena, or read in place) and the extras */
     extra_bytes xb = extra_weights(c, q, stored, stored_embed, tp.weight_bytes[GM_W_NORM]);
+    if (own) xb.linear = xb.ple = xb.other = 0; /* in the part's own weights */
     out->by_kind[GM_MEM_WEIGHTS] += tp.alias_bytes + (size_t)(xb.linear + xb.ple + xb.other + xb.vision + xb.audio);
     bool alias = gm_quant_is_alias(q, stored);
     const char *lf = alias ? gm_dtype_name(stored) : gm_quant_name(q), *ef = gm_dtype_name(stored_embed);
@@ -472,16 +488,22 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
     for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->total += out->by_kind[k];
     out->exact = false;
     out->n_params = gm_config_n_params(c);
-    snprintf(out->note, sizeof out->note,
-             "estimate: the Gemma 3 trainer's own layout on T = %lld positions (%lld text + %lld image/audio)%s; "
-             "LoRA on q/k/v/o/gate/up/down only (none on KV-shared k/v, no v where k=v; experts, PLE/AltUp/LAuReL "
-             "linears, towers frozen); towers run forward in f32, one item at a time; %s base: every text linear%s, "
-             "embeddings %s",
-             (long long)T, (long long)o->max_length, (long long)(T - o->max_length),
-             c->arch == GM_ARCH_GEMMA3N ? " + AltUp streams, PLE, LAuReL"
-             : c->n_experts > 0         ? " + top-k expert intermediates"
-             : c->ple_dim > 0           ? " + PLE inputs"
-                                        : "",
-             lf, alias ? "" : " and the towers' nn.Linear (as bitsandbytes)", ef);
+    if (own)
+        snprintf(out->note, sizeof out->note,
+                 "estimate: the decoder is the Gemma 3n trainer's own layout (exact) on T = %lld positions (%lld text + "
+                 "%lld image/audio); the towers (which gemmarun does not run yet) frozen, forward in f32 one item at a "
+                 "time, their weights as stored (linears in %s)",
+                 (long long)T, (long long)o->max_length, (long long)(T - o->max_length), lf);
+    else
+        snprintf(out->note, sizeof out->note,
+                 "estimate: the Gemma 3 trainer's own layout on T = %lld positions (%lld text + %lld image/audio)%s; "
+                 "LoRA on q/k/v/o/gate/up/down only (none on KV-shared k/v, no v where k=v; experts, PLE/AltUp/LAuReL "
+                 "linears, towers frozen); towers run forward in f32, one item at a time; %s base: every text linear%s, "
+                 "embeddings %s",
+                 (long long)T, (long long)o->max_length, (long long)(T - o->max_length),
+                 c->n_experts > 0         ? " + top-k expert intermediates"
+                 : c->ple_dim > 0           ? " + PLE inputs"
+                                            : "",
+                 lf, alias ? "" : " and the towers' nn.Linear (as bitsandbytes)", ef);
     return GM_OK;
 }
