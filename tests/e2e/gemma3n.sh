@@ -7,6 +7,8 @@
 #     measured peak memory within TOL_PLAN_PEAK_REL of its plan;
 #   - activation checkpointing on gives the same trial bit for bit (the KV-shared layers read the
 #     keys and values their source layer kept);
+#   - the multimodal layout (tiny_gemma3n_mm) trains on padded batches; images on Gemma 3n and
+#     images / audio in the plan of a tower-less config are refused by name;
 #   - the trained adapter exported as a PEFT folder, loaded by PEFT on transformers'
 #     Gemma3nForCausalLM: the same logits within TOL_ADAPTER_PEER_TINY_ABS.
 set -u
@@ -66,6 +68,29 @@ done
 [ -n "$plain" ] && [ -n "$ck" ] && [ -z "$differ" ] \
   && { pass=$((pass + 1)); echo "ok    checkpointing on == off: loss and grad-norm series, adapter, final evaluation bit for bit"; } \
   || { fail=$((fail + 1)); echo "FAIL  checkpointing on vs off ($plain vs $ck) differ in:${differ:- (no trial file)}"; }
+
+# the multimodal layout (Gemma3nForConditionalGeneration: the decoder below model.language_model.):
+# batches of 2 notes of different lengths (padding) train; images are refused by name, before any
+# trial (its vision encoder is not in gemmarun); a plan of a config without towers refuses them
+sed -e 's/name = "g3n"/name = "g3n_mm"/' -e 's/sweep = grid { lr = {1e-2, 3e-3} },//' \
+    -e "s|tests/ref/tiny_gemma3n_chat|tests/ref/tiny_gemma3n_mm|" g3n.lua > g3n_mm.lua
+expect_run "the multimodal layout trains on padded batches of 2" 0 "trial 1/1  24 steps, final loss.*written: results/g3n_mm.md" \
+  -- "$GM" g3n_mm.lua
+mkdir -p imgs && cp "$SRC/tests/ref/images/chelsea.png" imgs/
+printf '%s\n' '{"messages": [{"role": "user", "content": [{"type": "image", "path": "imgs/chelsea.png"}, {"type": "text", "text": "What is it?"}]}, {"role": "assistant", "content": "a cat"}]}' > img.jsonl
+cat > g3n_img.lua <<EOF
+return experiment {
+  name = "g3n_img", model = "$SRC/tests/ref/tiny_gemma3n_mm",
+  task = sft { data = data.jsonl { train = "img.jsonl", test = "img.jsonl" } },
+  train = { epochs = 1, batch = 1, lr = 1e-3, rank = 4, max_length = 64 },
+}
+EOF
+expect_run "images on Gemma 3n: refused by the dry run naming the missing vision encoder" 2 \
+  "the data has images \(first: .*chelsea.png\), but model .*tiny_gemma3n_mm: Gemma 3n's vision encoder \(MobileNet-V5\) is not in gemmarun yet" \
+  -- "$GM" g3n_img.lua --dry-run
+expect_run "plan images=1 of a Gemma3nForCausalLM folder (no towers): refused" 2 "takes no image inputs: its config has no vision tower" \
+  -- "$GM" plan "$BASE" max_length=64 images=1
+expect_run "... and audio" 2 "takes no audio inputs: its config has no audio tower" -- "$GM" plan "$BASE" max_length=64 audio_seconds=5
 
 # the adapter through PEFT
 expect_run "export --trial 2 as a PEFT folder: 38 modules (no k / v on the 2 KV-shared layers)" 0 \
