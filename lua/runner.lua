@@ -1010,7 +1010,13 @@ local function run_trial(ctx, e, trial, n_trials)
   local epoch, pos, step = 0, 0, 0
   if gm.file_exists(ckpt) then
     check_resume_identity(ctx.prior, prov, ckpt)
-    local at = tr:load(ckpt)
+    local okl, at = pcall(tr.load, tr, ckpt)
+    if not okl then
+      -- a damaged checkpoint (a truncated file, a full disk at the save) would block the trial
+      -- at every rerun: say which file and how to start over
+      error(string.format("%s\n  hint: the checkpoint cannot be read; delete %s to run this trial from its start",
+        clean_msg(at), ckpt), 0)
+    end
     epoch, pos, step = at.epoch, at.pos, at.step
     trial.resumed_from = step
     -- metric rows logged after the checkpoint belong to steps that will run again

@@ -45,7 +45,13 @@ static bool sampling(const gm_sample_opts *o) { return o->temperature > 0; }
 gm_status gm_generate_check(const gm_config *cfg, int64_t n_prompt, int64_t max_new_tokens, gm_error *err) {
     if (n_prompt < 1) return gm_error_set(err, GM_ERR_INVALID, "empty prompt");
     if (max_new_tokens < 1) return gm_error_set(err, GM_ERR_INVALID, "max new tokens must be >= 1");
-    if (n_prompt > cfg->max_position_embeddings || max_new_tokens > cfg->max_position_embeddings - n_prompt)
+    if (n_prompt >= cfg->max_position_embeddings)
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "the prompt (%lld tokens) fills the model's context of %lld positions: no room for a new token\n"
+                            "  hint: shorten the prompt to at most %lld tokens",
+                            (long long)n_prompt, (long long)cfg->max_position_embeddings,
+                            (long long)(cfg->max_position_embeddings - 1));
+    if (max_new_tokens > cfg->max_position_embeddings - n_prompt)
         return gm_error_set(err, GM_ERR_INVALID,
                             "prompt (%lld tokens) + max new tokens (%lld) exceed the model's context of %lld positions\n"
                             "  hint: lower --max-tokens to at most %lld",

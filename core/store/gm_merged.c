@@ -590,7 +590,7 @@ gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, const gm_vi
             return gm_error_set(err, GM_ERR_INVALID, "%s is a folder: give a .gguf file name for the merged model", out);
         if (same_file(out, m->path))
             return gm_error_set(err, GM_ERR_INVALID, "%s is the base model: give another file name (the base is kept)", out);
-        if (m->format != GM_FORMAT_GGUF || !m->gguf)
+        if ((m->format != GM_FORMAT_GGUF || !m->gguf) && m->cfg.arch == GM_ARCH_GEMMA3)
             return gm_error_set(err, GM_ERR_UNSUPPORTED,
                                 "%s: a merged GGUF is written from a GGUF base (its tokenizer and metadata are copied); this "
                                 "base is a Hugging Face checkpoint\n  hint: export --format merged into a folder, then convert "
@@ -598,7 +598,10 @@ gm_status gm_model_save_merged(const gm_model *m, const gm_lora *lo, const gm_vi
                                 m->path);
     }
     if (m->cfg.arch != GM_ARCH_GEMMA3)
-        return gm_error_set(err, GM_ERR_UNSUPPORTED, "merging into %s models is not implemented yet", gm_arch_name(m->cfg.arch));
+        return gm_error_set(err, GM_ERR_UNSUPPORTED,
+                            "merging into %s models is not implemented yet\n  hint: export --format peft (the default) and "
+                            "merge in Python: PeftModel.from_pretrained(base, OUT).merge_and_unload().save_pretrained(...)",
+                            gm_arch_name(m->cfg.arch));
     /* a multimodal base keeps its tower (the whole Gemma3ForConditionalGeneration); one whose
      * files hold no tower (stripped: gm_model_load reads it as a text model) is written as the
      * text model it is, its config without the vision_config */

@@ -313,9 +313,22 @@ static gm_status describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_d
         }
     }
     if (lo->n == 0) {
+        /* modules the targets name that KV-shared layers do not have: say why they are absent */
+        char why[256] = "";
+        for (int64_t l = 0; l < mc->n_layers && !why[0]; l++)
+            for (int s = 0; s < arch->n_layer && !why[0]; s++) {
+                const gm_weight_spec *w = &arch->layer[s];
+                if (w->lora_id < 0 || w->kind != GM_W_LINEAR || gm_weight_present(w, mc, l) || mc->kv_source[l] == l) continue;
+                char module[128];
+                snprintf(module, sizeof module, "%slayers.%lld.%.*s", prefix, (long long)l,
+                         (int)(strlen(w->hf) - strlen(".weight")), w->hf);
+                if (wanted(lc, module, l, only, n_only))
+                    snprintf(why, sizeof why, "; layer %lld reads layer %d's keys and values (KV sharing): it has no k_proj "
+                             "or v_proj", (long long)l, mc->kv_source[l]);
+            }
         gm_lora_free(lo);
-        return gm_error_set(err, GM_ERR_INVALID, "targets '%s' select no module of this model (modules: %s; e.g. %slayers.0.%s)",
-                            lc->targets, names, prefix, "self_attn.q_proj");
+        return gm_error_set(err, GM_ERR_INVALID, "targets '%s' select no module of this model (modules: %s; e.g. %slayers.0.%s)%s",
+                            lc->targets, names, prefix, "self_attn.q_proj", why);
     }
     return GM_OK;
 }

@@ -195,7 +195,7 @@ expect_run "a merged model into a PEFT adapter's folder is refused" 2 \
 expect_run "a PEFT adapter into a merged model's folder is refused" 2 "m3 holds .*, which is not a file of a PEFT adapter" \
   -- "$GM" export results/tiny --trial 3 m3
 cp -rL "$BASE" basecopy
-expect_run "the base model's own folder as OUT is refused, the base kept" 2 "basecopy/ is the base model's folder: give another folder \(the base is kept\)" \
+expect_run "the base model's own folder as OUT is refused, the base kept" 2 "basecopy is the base model's folder: give another folder \(the base is kept\)" \
   -- "$GM" export results/tiny --trial 3 --format merged --base basecopy basecopy/
 expect_run "... bit for bit" 0 "^kept$" -- bash -c "cmp -s basecopy/model.safetensors '$BASE/model.safetensors' && echo kept"
 expect_run "an earlier export is replaced whole (trial 1 over trial 3), nothing partial left" 0 "^mr: 5 files, trial 1's$" -- bash -c "
