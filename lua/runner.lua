@@ -64,6 +64,17 @@ end
 --- a fixed split, stratified by label. A label folder without an example is an error (`what` it
 --- needs): a label the model could never see. A folder met again through a symbolic link (a loop,
 --- or a folder linked from two places) is read once, the link listed.
+--- The most frequent label among items.test (the first of equals, in label order), as the clause
+--- "the most frequent, L, is N of the M test examples (P%)": what always answering it scores.
+local function test_majority(items)
+  local n_test, top = {}, 1
+  for li = 1, #items.labels do n_test[li] = 0 end
+  for _, it in ipairs(items.test) do n_test[it.label] = n_test[it.label] + 1 end
+  for li = 1, #items.labels do if n_test[li] > n_test[top] then top = li end end
+  return string.format("the most frequent, %s, is %d of the %d test examples (%.1f%%)", items.labels[top], n_test[top],
+    #items.test, 100 * n_test[top] / #items.test)
+end
+
 local function labelled_folder(d, items, what, item)
   local count, folder_of, index = {}, {}, {} -- examples per label, a folder of it (for the message)
   local in_train = {} -- labels with a training example (split layout)
@@ -186,11 +197,8 @@ local function labelled_folder(d, items, what, item)
   for li = 1, #items.labels do n_train[li], n_test[li] = 0, 0 end
   for _, it in ipairs(items.train) do n_train[it.label] = n_train[it.label] + 1 end
   for _, it in ipairs(items.test) do n_test[it.label] = n_test[it.label] + 1 end
-  local per, top = {}, 1
-  for li, lab in ipairs(items.labels) do
-    per[li] = string.format("%s %d/%d", lab, n_train[li], n_test[li])
-    if n_test[li] > n_test[top] then top = li end
-  end
+  local per = {}
+  for li, lab in ipairs(items.labels) do per[li] = string.format("%s %d/%d", lab, n_train[li], n_test[li]) end
   local notes = {}
   if #left_out > 0 then notes[#notes + 1] = "label folders not in labels: " .. table.concat(left_out, ", ") end
   if n_excluded > 0 then
@@ -203,8 +211,7 @@ local function labelled_folder(d, items, what, item)
   say("data.%s: %s: examples per label (train/test, %s): %s%s%s", d._kind, d.root,
     has_train and "from train/ and test/" or string.format("every %d%s of a label's is a test example", every, nth),
     table.concat(per, ", "),
-    #items.test > 0 and string.format("; the most frequent, %s, is %d of the %d test examples (%.1f%%)", items.labels[top],
-      n_test[top], #items.test, 100 * n_test[top] / #items.test) or "",
+    #items.test > 0 and ("; " .. test_majority(items)) or "",
     #notes > 0 and ("; left out: " .. table.concat(notes, "; ")) or "")
 end
 
@@ -1385,14 +1392,7 @@ local function preflight(e, selected, dry_run, no_device)
         or "every one is listed in each trial file's data/rejections_json")
     end
     -- the share the data source printed was counted before these: again, on what is left
-    if e.task._kind == "classify" and #items.test > 0 and items.labels then
-      local n_test, top = {}, 1
-      for li = 1, #items.labels do n_test[li] = 0 end
-      for _, it in ipairs(items.test) do n_test[it.label] = n_test[it.label] + 1 end
-      for li = 1, #items.labels do if n_test[li] > n_test[top] then top = li end end
-      say("  what is left: the most frequent, %s, is %d of the %d test examples (%.1f%%)", items.labels[top], n_test[top],
-        #items.test, 100 * n_test[top] / #items.test)
-    end
+    if e.task._kind == "classify" and #items.test > 0 and items.labels then say("  what is left: %s", test_majority(items)) end
   end
   if items.skipped and #items.skipped > 0 then
     local n = #items.skipped
