@@ -108,6 +108,14 @@ mk sel "$VIS" 'classify { data = data.image_folder { root = "folder", test = 3, 
 expect_run "labels: those folders in that order, the others named; exclude: a folder below a label left out, named" 0 \
   "gray 4/2, color 4/2; the most frequent, gray, is 2 of the 4 test examples \(50.0%\); left out: label folders not in labels: other; 1 folder named deeper \(exclude\).*data: 8 training and 4 test examples, labels gray, color" \
   -- "$GM" sel.lua --dry-run
+# the most frequent label's share is said again on what is left after unusable images: b's test
+# image b3 is text named .jpg (every 3rd of a label's is a test example: a3, b3, b6)
+mkdir -p share/a share/b && for i in 1 2 3; do cp "$IMG"/small.jpg share/a/a$i.jpg; done
+for i in 1 2 4 5 6; do cp "$IMG"/gray.jpg share/b/b$i.jpg; done && echo "not an image" > share/b/b3.jpg
+mk share "$VIS" 'classify { data = data.image_folder { root = "share", test = 3 }, prompt = "?" }'
+expect_run "an unusable test image: the most frequent label's share counted again on what is left" 0 \
+  "a 2/1, b 4/2; the most frequent, b, is 2 of the 3 test examples \(66.7%\).*b3\.jpg.*what is left: the most frequent, a, is 1 of the 2 test examples \(50.0%\)" \
+  -- "$GM" share.lua --dry-run
 mkdir -p only_nested/a/sub only_nested/b && cp "$IMG"/small.jpg only_nested/a/sub/ && cp "$IMG"/gray.jpg "$IMG"/gray.png only_nested/b/
 mk excl "$VIS" 'classify { data = data.image_folder { root = "only_nested", exclude = { "sub" } }, prompt = "?" }'
 expect_run "a label whose images are all in excluded folders: exit 2, named" 2 \
