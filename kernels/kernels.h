@@ -61,6 +61,35 @@
  *   gaussian_topk_bwd  with the mask m = [x > cut] and G = sum_f m dy: dx = m dy - G (1/F +
  *                  std_mult (x - mean) / (F std)) (the cut's dependence on the row; 0 when std = 0).
  *   tanh_bwd       dx = dy (1 - y^2), y = tanh of the input; dx may alias dy.
+ * Gemma 3n's audio encoder (gemma_architecture.md §3.9; transformers' Gemma3nAudioEncoder and its
+ * modules in modeling_gemma3n.py), forward only (the tower is frozen):
+ *   conv2d_fwd     out (B, To, Fo, Co) = the convolution of x (B, T, F, Ci) (channels last) with
+ *                  w (Co, Ci, KT, KF) (torch's Conv2d layout, no bias), strides (ST, SF), the time
+ *                  axis zero-padded by KT - 1 at the end only ("reverse causal"), the frequency axis
+ *                  by PF on both sides: out[b, t, f, o] = sum_{i, kt, kf} w[o, i, kt, kf]
+ *                  x[b, t ST + kt, f SF + kf - PF, i] over the taps inside x; To = (T - 1) / ST + 1,
+ *                  Fo = (F + 2 PF - KF) / SF + 1 (Gemma3nAudioSSCPConvBlock).
+ *   cumulative_group_norm_fwd  out (B, T, G) from x (B, T, G), G a multiple of C (channel g % C):
+ *                  with n_t = G (t + 1), m_t = sum_{t' <= t, g} x / n_t and
+ *                  v_t = sum_{t' <= t} sum_g (x[t'] - m_{t'})^2 / n_t,
+ *                  out[t, g] = (x[t, g] - m_t) / sqrt(v_t + eps) w[g % C], then max(0, .) when relu
+ *                  (Gemma3nAudioCumulativeGroupNorm, no mask, as transformers calls it). out may alias x.
+ *   audio_attention_fwd  out (B, T, H, D) from q, k, v (B, T, H, D) (q already scaled), pos
+ *                  (L + R + 1, H, D) the projected relative-position embedding (row f: the key at
+ *                  s = t - L + f, i.e. t - s = L - f steps back) and valid (B, T) (1 = a real
+ *                  frame): query t of block u = t / W sees the keys s of its block's context
+ *                  u W - L .. u W + W - 1 + R with t - L <= s <= t + R, 0 <= s < T and valid[b, s];
+ *                  logit = cap tanh((q_t . k_s + q_t . pos[s - t + L]) / cap), softmax in f32. A
+ *                  query that sees no key averages the values of its block's whole context (zeros
+ *                  outside 0..T-1), as transformers' softmax over an all-masked row does
+ *                  (Gemma3nAudioAttention, Gemma3nAudioRelativePositionEmbedding).
+ *                  L + R + 1 <= GM_K_AUDIO_SPAN_MAX (the encoder refuses wider contexts).
+ *   conv1d_causal_fwd  out (B, T, C)[t, c] = sum_k w[c, k] x[b, t - K + 1 + k, c] (depthwise, taps
+ *                  before 0 are zero: Gemma3nAudioConformerLightConv1d); out must not alias x.
+ *   glu_fwd        out (N, C) = x[:, :C] * sigmoid(x[:, C:]) for x (N, 2C).
+ *   silu_fwd       out (n) = x sigmoid(x); out may alias x.
+ *   clamp_fwd      out (n) = min(max(x, -limit), limit); out may alias x.
+ *   mask_rows_fwd  rows n of x (N, C) with keep[n] = 0 set to fill (C), or to 0 when fill is NULL.
  *   layernorm_fwd  out (N, C) = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), biased
  *                  variance, statistics in double (torch.nn.LayerNorm; SigLIP, gemma_
  *                  architecture.md §2.1); mean, rstd (N) saved when not NULL. out may alias x.
@@ -139,6 +168,9 @@
 
 #include <stddef.h>
 #include <stdint.h>
+
+/* The widest relative span (L + R + 1) audio_attention_fwd takes: Gemma 3n has 13. */
+#define GM_K_AUDIO_SPAN_MAX 512
 
 #ifdef __cplusplus
 extern "C" {

@@ -405,7 +405,7 @@ static gm_status ffn_widths(const cJSON *root, const char *label, gm_config *cfg
     return GM_OK;
 }
 
-static void gemma3n_towers_json(const cJSON *root, gm_config *cfg);
+static gm_status gemma3n_towers_json(const cJSON *root, const char *label, gm_config *cfg, gm_error *err);
 
 static gm_status config_from_text_json(const cJSON *root, const char *label, gm_config *cfg,
                                        gm_error *err) {
@@ -520,7 +520,7 @@ gm_status gm_config_from_json(const char *json, const char *label, gm_config *cf
         const cJSON *text = jget(root, "text_config");
         s = config_from_text_json(text ? text : root, label, cfg, err);
         if (s == GM_OK && text && cfg->arch == GM_ARCH_GEMMA3N) {
-            gemma3n_towers_json(root, cfg);
+            s = gemma3n_towers_json(root, label, cfg, err);
         } else if (s == GM_OK && text) {
             s = vision_from_json(root, label, &cfg->vision, err);
         if (s == GM_OK) cfg->vision.out_hidden_size = cfg->vision.hidden_size > 0 ? cfg->hidden_size : 0;
@@ -663,6 +663,28 @@ static void set_towers(gm_config *c, int tower) {
         c->audio.hidden_size = 1536;
         c->audio.n_layers = 12;
         c->audio.frames_per_s = 25.0; /* conformer frames: 10 ms hop x 2 x 2 before the 4x reduction */
+        /* the rest of Gemma3nAudioConfig's and Gemma3nConfig's defaults (HF-G3nC) */
+        c->audio.n_mels = 128;
+        c->audio.n_heads = 8;
+        c->audio.chunk = 12;
+        c->audio.context_left = 13;
+        c->audio.context_right = 0;
+        c->audio.logit_cap = 50.0f;
+        c->audio.conv_kernel = 5;
+        c->audio.reduction = 4;
+        c->audio.residual_weight = 0.5f;
+        c->audio.clip = 1e10f;
+        c->audio.rms_eps = 1e-6f;
+        c->audio.group_norm_eps = 1e-3f;
+        c->audio.sscp_channels[0] = 128, c->audio.sscp_channels[1] = 32;
+        for (int i = 0; i < 2; i++)
+            c->audio.sscp_kernel[i][0] = c->audio.sscp_kernel[i][1] = 3, c->audio.sscp_stride[i][0] = c->audio.sscp_stride[i][1] = 2;
+        c->audio.vocab_size = 128;
+        c->audio.vocab_offset = 262144 + 128;
+        c->audio.soft_tokens = 188;
+        c->audio.audio_token_id = 262273;
+        c->audio.boa_id = 256000;
+        c->audio.eoa_id = 262272;
         break;
     case TOWERS_4_SMALL:
         c->vision.params = gemma4_vision_params(768, 16, 3072, 64, false, true, D);
@@ -688,10 +710,43 @@ static void set_towers(gm_config *c, int tower) {
     }
 }
 
-/* A Gemma3nForConditionalGeneration config.json's towers, for planning: the published sizes
- * (set_towers), the audio conformer's width and depth from audio_config when it states them; a
- * tower whose config is absent is left out. */
-static void gemma3n_towers_json(const cJSON *root, gm_config *cfg) {
+/* An integer of audio_config in lo..hi, or GM_ERR_FORMAT naming it. */
+static gm_status audio_int(const cJSON *ac, const char *key, int64_t lo, int64_t hi, int64_t *dst, const char *label,
+                           gm_error *err) {
+    int64_t v = *dst;
+    GM_TRY(jint(ac, key, &v, false, label, err));
+    if (v < lo || v > hi)
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: audio_config.%s = %lld is outside %lld..%lld", label, key, (long long)v,
+                            (long long)lo, (long long)hi);
+    *dst = v;
+    return GM_OK;
+}
+
+/* A pair of 2-integer lists ([[a, b], [c, d]]) of audio_config, each in 1..64. */
+static gm_status audio_pairs(const cJSON *ac, const char *key, int64_t dst[2][2], const char *label, gm_error *err) {
+    const cJSON *it = jget(ac, key);
+    if (!it) return GM_OK;
+    bool ok = cJSON_IsArray(it) && cJSON_GetArraySize(it) == 2;
+    for (int i = 0; ok && i < 2; i++) {
+        const cJSON *p = cJSON_GetArrayItem(it, i);
+        ok = cJSON_IsArray(p) && cJSON_GetArraySize(p) == 2;
+        for (int j = 0; ok && j < 2; j++) {
+            const cJSON *x = cJSON_GetArrayItem(p, j);
+            ok = cJSON_IsNumber(x) && x->valuedouble >= 1 && x->valuedouble <= 64 && x->valuedouble == floor(x->valuedouble);
+            if (ok) dst[i][j] = (int64_t)x->valuedouble;
+        }
+    }
+    if (!ok)
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: audio_config.%s must be two [time, frequency] pairs of integers in 1..64 "
+                            "(Gemma 3n: [[3, 3], [3, 3]])", label, key);
+    return GM_OK;
+}
+
+/* A Gemma3nForConditionalGeneration config.json's towers: the published sizes (set_towers) for
+ * planning, the audio encoder's shape and token ids from audio_config and the top level when
+ * stated (checked for range: GM_ERR_FORMAT names the key); a tower whose config is absent is left
+ * out. */
+static gm_status gemma3n_towers_json(const cJSON *root, const char *label, gm_config *cfg, gm_error *err) {
     set_towers(cfg, TOWERS_3N);
     const char *keys[3] = {"image_token_id", "boi_token_id", "eoi_token_id"};
     int32_t *dst[3] = {&cfg->vision.image_token_id, &cfg->vision.boi_id, &cfg->vision.eoi_id};
@@ -703,13 +758,51 @@ static void gemma3n_towers_json(const cJSON *root, gm_config *cfg) {
     if (!ac) {
         memset(&cfg->audio, 0, sizeof cfg->audio);
     } else {
-        const cJSON *h = jget(ac, "hidden_size"), *n = jget(ac, "conf_num_hidden_layers");
-        if (h && cJSON_IsNumber(h) && h->valuedouble >= 1 && h->valuedouble <= 65536) cfg->audio.hidden_size = (int64_t)h->valuedouble;
-        if (n && cJSON_IsNumber(n) && n->valuedouble >= 1 && n->valuedouble <= 1024) cfg->audio.n_layers = (int64_t)n->valuedouble;
-        int64_t da = cfg->audio.hidden_size, D = cfg->hidden_size;
-        cfg->audio.params = conformer_params(da, cfg->audio.n_layers, 192) + 128 * da + 2 * da + da * D;
+        gm_audio_config *a = &cfg->audio;
+        GM_TRY(audio_int(ac, "hidden_size", 1, 65536, &a->hidden_size, label, err));
+        GM_TRY(audio_int(ac, "conf_num_hidden_layers", 1, 1024, &a->n_layers, label, err));
+        GM_TRY(audio_int(ac, "input_feat_size", 1, 4096, &a->n_mels, label, err));
+        GM_TRY(audio_int(ac, "conf_num_attention_heads", 1, 1024, &a->n_heads, label, err));
+        GM_TRY(audio_int(ac, "conf_attention_chunk_size", 1, 4096, &a->chunk, label, err));
+        GM_TRY(audio_int(ac, "conf_attention_context_left", 0, 4096, &a->context_left, label, err));
+        GM_TRY(audio_int(ac, "conf_attention_context_right", 0, 4096, &a->context_right, label, err));
+        GM_TRY(audio_int(ac, "conf_conv_kernel_size", 1, 1024, &a->conv_kernel, label, err));
+        GM_TRY(audio_int(ac, "conf_reduction_factor", 1, 1024, &a->reduction, label, err));
+        GM_TRY(audio_int(ac, "vocab_size", 1, 1 << 20, &a->vocab_size, label, err));
+        GM_TRY(audio_int(ac, "vocab_offset", 0, INT32_MAX, &a->vocab_offset, label, err));
+        GM_TRY(jfloat(ac, "conf_attention_logit_cap", &a->logit_cap, label, err));
+        GM_TRY(jfloat(ac, "conf_residual_weight", &a->residual_weight, label, err));
+        GM_TRY(jfloat(ac, "gradient_clipping", &a->clip, label, err));
+        GM_TRY(jfloat(ac, "rms_norm_eps", &a->rms_eps, label, err));
+        GM_TRY(jfloat(ac, "sscp_conv_group_norm_eps", &a->group_norm_eps, label, err));
+        GM_TRY(audio_pairs(ac, "sscp_conv_kernel_size", a->sscp_kernel, label, err));
+        GM_TRY(audio_pairs(ac, "sscp_conv_stride_size", a->sscp_stride, label, err));
+        const cJSON *ch = jget(ac, "sscp_conv_channel_size");
+        if (ch) {
+            bool ok = cJSON_IsArray(ch) && cJSON_GetArraySize(ch) == 2;
+            for (int i = 0; ok && i < 2; i++) {
+                const cJSON *x = cJSON_GetArrayItem(ch, i);
+                ok = cJSON_IsNumber(x) && x->valuedouble >= 1 && x->valuedouble <= 65536 && x->valuedouble == floor(x->valuedouble);
+                if (ok) a->sscp_channels[i] = (int64_t)x->valuedouble;
+            }
+            if (!ok)
+                return gm_error_set(err, GM_ERR_FORMAT, "%s: audio_config.sscp_conv_channel_size must be two integers in "
+                                    "1..65536 (Gemma 3n: [128, 32])", label);
+        }
+        if (!(a->logit_cap > 0) || !(a->clip > 0) || !(a->rms_eps > 0) || !(a->group_norm_eps > 0))
+            return gm_error_set(err, GM_ERR_FORMAT, "%s: audio_config's conf_attention_logit_cap, gradient_clipping, "
+                                "rms_norm_eps and sscp_conv_group_norm_eps must be positive", label);
+        int64_t soft = a->soft_tokens, tok = a->audio_token_id, boa = a->boa_id, eoa = a->eoa_id;
+        GM_TRY(audio_int(root, "audio_soft_tokens_per_image", 1, 65536, &soft, label, err));
+        GM_TRY(audio_int(root, "audio_token_id", 0, INT32_MAX, &tok, label, err));
+        GM_TRY(audio_int(root, "boa_token_id", 0, INT32_MAX, &boa, label, err));
+        GM_TRY(audio_int(root, "eoa_token_id", 0, INT32_MAX, &eoa, label, err));
+        a->soft_tokens = soft, a->audio_token_id = (int32_t)tok, a->boa_id = (int32_t)boa, a->eoa_id = (int32_t)eoa;
+        int64_t da = a->hidden_size, D = cfg->hidden_size;
+        a->params = conformer_params(da, a->n_layers, 192) + 128 * da + 2 * da + da * D;
     }
     if (!jget(root, "vision_config")) memset(&cfg->vision, 0, sizeof cfg->vision);
+    return GM_OK;
 }
 
 static void preset_ext_fill(const preset_ext *p, gm_config *c) {

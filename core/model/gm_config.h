@@ -64,12 +64,34 @@ typedef struct gm_vision_config {
     int32_t boi_id, eoi_id;       /* <start_of_image> 255999, <end_of_image> 256000 */
 } gm_vision_config;
 
-/* The audio tower (audio_config). Zero: no tower. */
+/* The audio tower (audio_config). Zero: no tower. The encoder fields below `frames_per_s` are
+ * Gemma 3n's (Gemma3nAudioConfig: defaults = E2B / E4B, gemma_architecture.md §3.9; each read from
+ * audio_config when stated) and what core/audio/gm_audio_encoder.h builds the encoder from. */
 typedef struct gm_audio_config {
     int64_t params;               /* parameters of the tower (planning) */
     double tokens_per_s;          /* soft tokens per second of audio (3n: 6.25, 4: 25) */
     int64_t hidden_size, n_layers;
     double frames_per_s;          /* encoder frames per second before reduction */
+    int64_t n_mels;               /* input_feat_size (128) */
+    int64_t n_heads;              /* conf_num_attention_heads (8) */
+    int64_t chunk;                /* conf_attention_chunk_size (12) */
+    int64_t context_left;         /* conf_attention_context_left (13: 12 frames back and the frame) */
+    int64_t context_right;        /* conf_attention_context_right (0) */
+    float logit_cap;              /* conf_attention_logit_cap (50) */
+    int64_t conv_kernel;          /* conf_conv_kernel_size (5) */
+    int64_t reduction;            /* conf_reduction_factor (4) */
+    float residual_weight;        /* conf_residual_weight (0.5) */
+    float clip;                   /* gradient_clipping (1e10: the clamps in the forward) */
+    float rms_eps;                /* rms_norm_eps (1e-6) */
+    float group_norm_eps;         /* sscp_conv_group_norm_eps (1e-3) */
+    int64_t sscp_channels[2];     /* sscp_conv_channel_size (128, 32) */
+    int64_t sscp_kernel[2][2];    /* sscp_conv_kernel_size ((3, 3), (3, 3)): (time, frequency) */
+    int64_t sscp_stride[2][2];    /* sscp_conv_stride_size ((2, 2), (2, 2)) */
+    int64_t vocab_size;           /* the embedder's hard tokens (128) */
+    int64_t vocab_offset;         /* their first id (262,272) */
+    int64_t soft_tokens;          /* audio_soft_tokens_per_image: positions per clip (188) */
+    int32_t audio_token_id;       /* <audio_soft_token> 262273 */
+    int32_t boa_id, eoa_id;       /* <start_of_audio> 256000, <end_of_audio> 262272 */
 } gm_audio_config;
 
 typedef struct gm_config {

@@ -649,6 +649,103 @@ static void parity_tanh_bwd(dev *d) {
     gm_free(y), gm_free(dy), gm_free(r), dfree(d, dyy), dfree(d, ddy);
 }
 
+/* ---- Gemma 3n's audio encoder (forward) ----------------------------------------------------- */
+
+static void parity_conv2d_fwd(dev *d) {
+    int64_t B = 2, T = 37, F = 128, Ci = 3, Co = 8, KT = 3, KF = 3, ST = 2, SF = 2, PF = 1;
+    int64_t To = (T - 1) / ST + 1, Fo = (F + 2 * PF - KF) / SF + 1;
+    size_t nx = (size_t)(B * T * F * Ci), nw = (size_t)(Co * Ci * KT * KF), no = (size_t)(B * To * Fo * Co);
+    float *x = host_rand(nx, 2), *w = host_rand(nw, 1), *r = gm_malloc(no * 4);
+    float *dx = up(d, x, nx * 4), *dw = up(d, w, nw * 4), *o = dalloc(d, no * 4);
+    cpu->conv2d_fwd(&hc, r, x, w, B, T, F, Ci, Co, KT, KF, ST, SF, PF);
+    d->be->k->conv2d_fwd(&d->ctx, o, dx, dw, B, T, F, Ci, Co, KT, KF, ST, SF, PF);
+    cmp(d, "conv2d_fwd", o, r, no);
+    gm_free(x), gm_free(w), gm_free(r), dfree(d, dx), dfree(d, dw), dfree(d, o);
+}
+
+static void parity_cumulative_group_norm_fwd(dev *d) {
+    int64_t B = 3, T = 41, C = 8, G = 64 * C;
+    size_t n = (size_t)(B * T * G);
+    float *x = host_rand(n, 3), *w = host_rand((size_t)C, 1), *r = gm_malloc(n * 4);
+    for (size_t i = 0; i < n; i++) x[i] += 2.0f; /* a mean the statistics must carry */
+    float *dx = up(d, x, n * 4), *dw = up(d, w, (size_t)C * 4);
+    cpu->cumulative_group_norm_fwd(&hc, r, x, w, B, T, G, C, 1e-3f, 1);
+    d->be->k->cumulative_group_norm_fwd(&d->ctx, dx, dx, dw, B, T, G, C, 1e-3f, 1);
+    cmp(d, "cumulative_group_norm_fwd (relu, in place)", dx, r, n);
+    gm_free(x), gm_free(w), gm_free(r), dfree(d, dx), dfree(d, dw);
+}
+
+static void parity_audio_attention_fwd(dev *d) {
+    int64_t B = 2, T = 50, H = 8, D = 16, W = 12, L = 12, R = 2;
+    size_t n = (size_t)(B * T * H * D), np = (size_t)((L + R + 1) * H * D);
+    float *q = host_rand(n, 1), *k = host_rand(n, 1), *v = host_rand(n, 1), *pos = host_rand(np, 1);
+    float *r = gm_malloc(n * 4);
+    uint8_t valid[2 * 50];
+    for (int64_t t = 0; t < T; t++) valid[t] = 1, valid[T + t] = t < 29; /* the second clip ends at 29 */
+    valid[7] = 0; /* a masked frame inside a clip */
+    float *dq = up(d, q, n * 4), *dk = up(d, k, n * 4), *dv = up(d, v, n * 4), *dp = up(d, pos, np * 4), *o = dalloc(d, n * 4);
+    uint8_t *dval = up(d, valid, sizeof valid);
+    cpu->audio_attention_fwd(&hc, r, q, k, v, pos, valid, B, T, H, D, W, L, R, 50.0f);
+    d->be->k->audio_attention_fwd(&d->ctx, o, dq, dk, dv, dp, dval, B, T, H, D, W, L, R, 50.0f);
+    cmp(d, "audio_attention_fwd", o, r, n);
+    gm_free(q), gm_free(k), gm_free(v), gm_free(pos), gm_free(r);
+    dfree(d, dq), dfree(d, dk), dfree(d, dv), dfree(d, dp), dfree(d, o), dfree(d, dval);
+}
+
+static void parity_conv1d_causal_fwd(dev *d) {
+    int64_t B = 2, T = 33, C = 96, K = 5;
+    size_t n = (size_t)(B * T * C);
+    float *x = host_rand(n, 2), *w = host_rand((size_t)(C * K), 1), *r = gm_malloc(n * 4);
+    float *dx = up(d, x, n * 4), *dw = up(d, w, (size_t)(C * K) * 4), *o = dalloc(d, n * 4);
+    cpu->conv1d_causal_fwd(&hc, r, x, w, B, T, C, K);
+    d->be->k->conv1d_causal_fwd(&d->ctx, o, dx, dw, B, T, C, K);
+    cmp(d, "conv1d_causal_fwd", o, r, n);
+    gm_free(x), gm_free(w), gm_free(r), dfree(d, dx), dfree(d, dw), dfree(d, o);
+}
+
+static void parity_glu_fwd(dev *d) {
+    int64_t N = 13, C = 320;
+    float *x = host_rand((size_t)(N * 2 * C), 4), *r = gm_malloc((size_t)(N * C) * 4);
+    float *dx = up(d, x, (size_t)(N * 2 * C) * 4), *o = dalloc(d, (size_t)(N * C) * 4);
+    cpu->glu_fwd(&hc, r, x, N, C);
+    d->be->k->glu_fwd(&d->ctx, o, dx, N, C);
+    cmp(d, "glu_fwd", o, r, (size_t)(N * C));
+    gm_free(x), gm_free(r), dfree(d, dx), dfree(d, o);
+}
+
+static void parity_silu_fwd(dev *d) {
+    float *x = host_rand(EW_N, 6), *r = gm_malloc(EW_N * 4), *dx = up(d, x, EW_N * 4);
+    cpu->silu_fwd(&hc, r, x, EW_N);
+    d->be->k->silu_fwd(&d->ctx, dx, dx, EW_N);
+    cmp(d, "silu_fwd (in place)", dx, r, EW_N);
+    gm_free(x), gm_free(r), dfree(d, dx);
+}
+
+static void parity_clamp_fwd(dev *d) {
+    float *x = host_rand(EW_N, 6), *r = gm_malloc(EW_N * 4), *dx = up(d, x, EW_N * 4);
+    cpu->clamp_fwd(&hc, r, x, EW_N, 2.5f);
+    d->be->k->clamp_fwd(&d->ctx, dx, dx, EW_N, 2.5f);
+    cmp(d, "clamp_fwd (in place)", dx, r, EW_N);
+    gm_free(x), gm_free(r), dfree(d, dx);
+}
+
+static void parity_mask_rows_fwd(dev *d) {
+    int64_t N = 9, C = 70;
+    float *x = host_rand((size_t)(N * C), 1), *fill = host_rand((size_t)C, 1);
+    uint8_t keep[9] = {1, 0, 1, 1, 0, 0, 1, 0, 1};
+    float *dx = up(d, x, (size_t)(N * C) * 4), *dx2 = up(d, x, (size_t)(N * C) * 4), *df = up(d, fill, (size_t)C * 4);
+    uint8_t *dk = up(d, keep, sizeof keep);
+    float *r2 = gm_malloc((size_t)(N * C) * 4);
+    for (int64_t i = 0; i < N * C; i++) r2[i] = x[i];
+    cpu->mask_rows_fwd(&hc, x, keep, fill, N, C);
+    cpu->mask_rows_fwd(&hc, r2, keep, NULL, N, C);
+    d->be->k->mask_rows_fwd(&d->ctx, dx, dk, df, N, C);
+    d->be->k->mask_rows_fwd(&d->ctx, dx2, dk, NULL, N, C);
+    cmp(d, "mask_rows_fwd (fill)", dx, x, (size_t)(N * C));
+    cmp(d, "mask_rows_fwd (zero)", dx2, r2, (size_t)(N * C));
+    gm_free(x), gm_free(fill), gm_free(r2), dfree(d, dx), dfree(d, dx2), dfree(d, df), dfree(d, dk);
+}
+
 /* ---- vision: LayerNorm, bias, pooling ------------------------------------------------------ */
 
 static void parity_layernorm_fwd(dev *d) {

@@ -8,6 +8,7 @@
 
 #include "gm_alloc.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -515,7 +516,98 @@ static void test_gemma3n_kernels(void) {
     gm_free(gr), gm_free(sc);
 }
 
+/* audio_attention_fwd against transformers' block formulation written out literally
+ * (Gemma3nAudioAttention.forward, Gemma3nAudioRelativePositionEmbedding): queries cut into blocks of
+ * W, each block's context of W + L + R keys taken from the zero-padded sequence, term_bd shifted
+ * by the pad / reshape / slice of _relative_shift, the local causal mask and the validity mask,
+ * masked logits at -FLT_MAX (finfo.min) and a softmax over the whole context - so a query that
+ * sees no key averages its context. Clip 1's last frames are padding: some queries see nothing. */
+static void test_audio_attention(void) {
+    int64_t B = 2, T = 23, H = 3, D = 8, W = 4, L = 3, R = 2, Cx = W + L + R, F = L + R + 1;
+    float cap = 5.0f;
+    gm_kctx k = make_ctx(2, 0);
+    float *q = rnd(B * T * H * D, 1.5f), *kk = rnd(B * T * H * D, 1.5f), *v = rnd(B * T * H * D, 1.0f);
+    float *pos = rnd(F * H * D, 1.0f), *out = gm_malloc((size_t)(B * T * H * D) * 4), *ref = gm_malloc((size_t)(B * T * H * D) * 4);
+    uint8_t valid[2 * 23];
+    for (int64_t t = 0; t < T; t++) valid[t] = t != 5, valid[T + t] = t < 9;
+    int64_t U = (T + W - 1) / W, blind = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t u = 0; u < U; u++)
+                for (int64_t w = 0; w < W; w++) {
+                    int64_t t = u * W + w;
+                    if (t >= T) continue;
+                    const float *qr = q + ((b * T + t) * H + h) * D;
+                    double logit[16], bd_row[16][16]; /* bd for rows w of the block: [w'][f] */
+                    for (int64_t w2 = 0; w2 < W; w2++)
+                        for (int64_t f = 0; f < F; f++) {
+                            int64_t t2 = u * W + w2;
+                            double a = 0;
+                            for (int64_t d = 0; d < D; d++)
+                                a += (t2 < T ? (double)q[((b * T + t2) * H + h) * D + d] : 0.0) * pos[(f * H + h) * D + d];
+                            bd_row[w2][f] = a;
+                        }
+                    double m = -INFINITY;
+                    int any = 0;
+                    for (int64_t c = 0; c < Cx; c++) {
+                        int64_t s_abs = u * W - L + c; /* the context's key c */
+                        double ac = 0;
+                        if (s_abs >= 0 && s_abs < T)
+                            for (int64_t d = 0; d < D; d++) ac += (double)qr[d] * kk[((b * T + s_abs) * H + h) * D + d];
+                        /* _relative_shift: row w of the result is the padded (W, Cx + 1) array's flat
+                         * elements w Cx .. w Cx + Cx - 1 */
+                        int64_t flat = w * Cx + c, r0 = flat / (Cx + 1), c0 = flat % (Cx + 1);
+                        double bd = c0 < F ? bd_row[r0][c0] : 0.0;
+                        double l = cap * tanh((ac + bd) / cap);
+                        bool causal = c >= w && c <= w + L + R; /* local_causal_valid_mask */
+                        bool ok = causal && s_abs >= 0 && s_abs < T && valid[b * T + s_abs];
+                        logit[c] = ok ? l : -FLT_MAX;
+                        any |= ok;
+                        if (logit[c] > m) m = logit[c];
+                    }
+                    blind += !any;
+                    double z = 0, o[8] = {0};
+                    for (int64_t c = 0; c < Cx; c++) z += exp(logit[c] - m);
+                    for (int64_t c = 0; c < Cx; c++) {
+                        int64_t s_abs = u * W - L + c;
+                        double p = exp(logit[c] - m) / z;
+                        if (s_abs >= 0 && s_abs < T)
+                            for (int64_t d = 0; d < D; d++) o[d] += p * v[((b * T + s_abs) * H + h) * D + d];
+                    }
+                    for (int64_t d = 0; d < D; d++) ref[((b * T + t) * H + h) * D + d] = (float)o[d];
+                }
+    gm_k_audio_attention_fwd_cpu(&k, out, q, kk, v, pos, valid, B, T, H, D, W, L, R, cap);
+    gm_check_close("audio_attention_fwd vs the block formulation", out, ref, (size_t)(B * T * H * D), TOL_KERNEL_F32_ABS,
+                   TOL_KERNEL_F32_REL);
+    CHECK(blind > 0, "%lld queries see no key (the all-masked rule is exercised)", (long long)blind);
+    /* the light convolution's causal depthwise taps, GLU, SiLU, clamp */
+    int64_t C = 6, K = 3, N = B * T;
+    float *w = rnd(C * K, 1.0f), *x2 = rnd(N * 2 * C, 3.0f);
+    gm_k_conv1d_causal_fwd_cpu(&k, out, v, w, B, T, C, K); /* v read as (B, T, C = 6) of its first B T C values */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t c = 0; c < C; c++) {
+                double a = 0;
+                for (int64_t j = 0; j < K; j++)
+                    if (t - K + 1 + j >= 0) a += (double)w[c * K + j] * v[(b * T + t - K + 1 + j) * C + c];
+                ref[(b * T + t) * C + c] = (float)a;
+            }
+    gm_check_close("conv1d_causal_fwd", out, ref, (size_t)(N * C), TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
+    gm_k_glu_fwd_cpu(&k, out, x2, N, C);
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t c = 0; c < C; c++) ref[n * C + c] = (float)(x2[n * 2 * C + c] / (1.0 + exp(-(double)x2[n * 2 * C + C + c])));
+    gm_check_close("glu_fwd", out, ref, (size_t)(N * C), TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
+    gm_k_silu_fwd_cpu(&k, out, x2, N * 2 * C);
+    for (int64_t i = 0; i < N * 2 * C; i++) ref[i] = (float)(x2[i] / (1.0 + exp(-(double)x2[i])));
+    gm_check_close("silu_fwd", out, ref, (size_t)(N * 2 * C), TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
+    gm_k_clamp_fwd_cpu(&k, out, x2, N * 2 * C, 1.25f);
+    for (int64_t i = 0; i < N * 2 * C; i++) ref[i] = x2[i] > 1.25f ? 1.25f : x2[i] < -1.25f ? -1.25f : x2[i];
+    gm_check_close("clamp_fwd", out, ref, (size_t)(N * 2 * C), 0, 0);
+    gm_free(q), gm_free(kk), gm_free(v), gm_free(pos), gm_free(out), gm_free(ref), gm_free(w), gm_free(x2);
+}
+
 int main(void) {
+    test_audio_attention();
     test_gemma3n_kernels();
     test_movement();
     test_rmsnorm();

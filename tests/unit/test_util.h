@@ -106,6 +106,12 @@
  * 1.07e-6 (magnitudes <= ~4); logits with 1, 2 and no images 6.56e-6. Bounds 3x. */
 #define TOL_VISION_TOWER_TINY_ABS 5e-6
 #define TOL_VISION_LOGITS_TINY_ABS 2e-5
+/* Gemma 3n's audio encoder (tests/unit/test_audio_encoder.c: the tiny encoder of
+ * make_gemma3n_audio_ref.py on two real clips) against transformers on CPU in f32: the same math,
+ * other summation orders (double sums in the convolutions, the group norm and the attention).
+ * Measured 2026-12-05: sub-sampling output 2.2e-6, block outputs 2.5e-6, encoder 1.9e-6, soft
+ * tokens 2.1e-6 (values up to 3.9). Bound 4x. */
+#define TOL_AUDIO_ENCODER_ABS 1e-5
 /* A sequence's log-probability (a sum over its 6 supervised tokens) scored in a batch of 3 copies
  * (one tower pass for the repeated image) vs alone (batch 1): the same math, the batch's BLAS
  * blocking. Measured 2026-12-02: 1.4e-6 (log-probability about -40); bound 7x. */

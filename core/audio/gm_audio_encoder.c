@@ -1,0 +1,485 @@
+/*
+ * gm_audio_encoder.c - Gemma 3n's audio encoder and embedder, forward (formulas in
+ * gm_audio_encoder.h; transformers' modeling_gemma3n.py, gemma_architecture.md §3.8-3.9).
+ *
+ * Layout (one arena on the backend, one host staging arena), all sizes from the config, so a plan
+ * (m == NULL) is the same walk: the weights (linears aliased in place on a host-visible backend,
+ * reserved and uploaded otherwise), the derived tables (q scales, projected relative positions,
+ * hard-token embeddings), then the activations of max_clips x max_frames frames.
+ */
+#include "gm_audio_encoder.h"
+
+#include "gm_alloc.h"
+#include "gm_dtype.h"
+#include "gm_model.h"
+#include "gm_safetensors.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+/* Gemma3nRMSNorm's default eps: the conformer's norms other than the light convolution's use it,
+ * not audio_config.rms_norm_eps (Gemma3nAudioConformerAttention / FeedForward / Block). */
+#define CONFORMER_NORM_EPS 1e-6f
+
+void gm_audio_encoder_frames(const gm_audio_config *c, int64_t T, int64_t *T2, int64_t *T3) {
+    int64_t t = T;
+    for (int i = 0; i < 2; i++) t = t > 0 ? (t - 1) / c->sscp_stride[i][0] + 1 : 0;
+    if (T2) *T2 = t;
+    if (T3) *T3 = c->reduction > 0 ? (t + c->reduction - 1) / c->reduction : t;
+}
+
+static gm_status dims_of(const gm_config *mc, gm_audio_encoder_dims *d, gm_error *err) {
+    const gm_audio_config *c = &mc->audio;
+    if (c->hidden_size <= 0 || c->n_layers <= 0 || c->n_mels <= 0)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "the model has no audio encoder (its config.json has no audio_config)\n"
+                            "  hint: audio needs a Gemma 3n checkpoint of Gemma3nForConditionalGeneration (e.g. gemma-3n-E2B-it)");
+    memset(d, 0, sizeof *d);
+    d->M = c->n_mels;
+    d->C0 = c->sscp_channels[0], d->C1 = c->sscp_channels[1];
+    int64_t f = d->M;
+    for (int i = 0; i < 2; i++) {
+        f = (f + 2 - c->sscp_kernel[i][1]) / c->sscp_stride[i][1] + 1; /* frequency padded by 1 on each side */
+        if (f < 1)
+            return gm_error_set(err, GM_ERR_UNSUPPORTED, "audio_config: %lld mel bins leave no frequency bin after "
+                                "sub-sampling convolution %d", (long long)d->M, i);
+        if (i == 0) d->F1 = f;
+        else d->F2 = f;
+    }
+    d->D = c->hidden_size, d->H = c->n_heads;
+    if (d->H <= 0 || d->D % d->H != 0 || d->D % 2 != 0)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "audio_config: hidden_size %lld is not an even multiple of "
+                            "conf_num_attention_heads %lld", (long long)d->D, (long long)d->H);
+    d->Dh = d->D / d->H, d->FF = 4 * d->D;
+    d->W = c->chunk, d->L = c->context_left > 0 ? c->context_left - 1 : 0, d->R = c->context_right, d->K = c->conv_kernel;
+    if (d->L + d->R + 1 > GM_K_AUDIO_SPAN_MAX)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "audio_config: an attention context of %lld frames back and %lld "
+                            "ahead is wider than gemmarun's %d", (long long)d->L, (long long)d->R, GM_K_AUDIO_SPAN_MAX);
+    d->red = c->reduction;
+    d->C_text = mc->hidden_size;
+    d->soft_tokens = c->soft_tokens;
+    d->V = c->vocab_size;
+    return GM_OK;
+}
+
+/* ---- tensors of the checkpoint ------------------------------------------------------------- */
+
+/* The tensor `<root><module><name>` of the checkpoint, root "model." (transformers 5 and the hub's
+ * Gemma 3n files) or "", checked for dtype and shape (n dims in shape[]). */
+static gm_status find(const gm_audio_encoder *e, const char *module, const char *name, int n, const int64_t *shape,
+                      const gm_st_tensor **out, gm_error *err) {
+    const gm_safetensors *st = e->m->st;
+    char full[256];
+    const gm_st_tensor *t = NULL;
+    const char *roots[2] = {"model.", ""};
+    for (int i = 0; i < 2 && !t; i++) {
+        snprintf(full, sizeof full, "%s%s%s", roots[i], module, name);
+        t = st ? gm_safetensors_find(st, full) : NULL;
+    }
+    if (!t)
+        return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: tensor 'model.%s%s' is missing\n  hint: the audio encoder needs a "
+                            "complete Gemma3nForConditionalGeneration checkpoint", e->m->path, module, name);
+    if (t->dtype != GM_F32 && t->dtype != GM_BF16 && t->dtype != GM_F16)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; the audio encoder reads f32, bf16 or f16",
+                            e->m->path, full, gm_dtype_name(t->dtype));
+    bool ok = t->ndim == n;
+    for (int i = 0; ok && i < n; i++) ok = t->shape[i] == shape[i];
+    if (!ok) {
+        char want[96] = "", got[96] = "";
+        for (int i = 0; i < n; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "", (long long)shape[i]);
+        for (int i = 0; i < t->ndim; i++)
+            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: tensor '%s' has shape (%s), the config's audio encoder needs (%s)",
+                            e->m->path, full, got, want);
+    }
+    *out = t;
+    return GM_OK;
+}
+
+static void to_f32(const gm_st_tensor *t, float *dst, int64_t n) {
+    if (t->dtype == GM_F32) {
+        memcpy(dst, t->data, (size_t)n * sizeof(float));
+        return;
+    }
+    const uint16_t *s = t->data;
+    for (int64_t i = 0; i < n; i++) dst[i] = t->dtype == GM_BF16 ? gm_bf16_to_f32(s[i]) : gm_f16_to_f32(s[i]);
+}
+
+/* ---- layout ---------------------------------------------------------------------------------- */
+
+typedef struct lay {
+    gm_audio_encoder *e;
+    gm_arena *a, *host;
+    bool fill;           /* the committed pass of a loaded model: read the weights */
+    float *stage;        /* host staging for conversions (fill) */
+    gm_error *err;
+} lay;
+
+static float *alloc_f(lay *l, int64_t n, gm_mem_kind kind) {
+    return gm_arena_alloc(l->a, (size_t)(n > 0 ? n : 1) * sizeof(float), kind);
+}
+
+/* An f32 weight of n elements: reserved, and on the fill pass read (converted) and uploaded. */
+static gm_status vec(lay *l, const char *module, const char *name, int nd, const int64_t *shape, float **dst) {
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) n *= shape[i];
+    *dst = alloc_f(l, n, GM_MEM_WEIGHTS);
+    if (!l->fill) return GM_OK;
+    const gm_st_tensor *t;
+    GM_TRY(find(l->e, module, name, nd, shape, &t, l->err));
+    to_f32(t, l->stage, n);
+    gm_backend_upload(l->e->be, *dst, l->stage, (size_t)n * sizeof(float));
+    return GM_OK;
+}
+
+/* A linear (rows x cols) as stored: aliased in place on a host-visible backend, else reserved
+ * (at the stored dtype; a plan: bf16, as the hub's files) and uploaded. */
+static gm_status linear(lay *l, const char *module, const char *name, int64_t rows, int64_t cols, gm_wview *w) {
+    gm_audio_encoder *e = l->e;
+    const gm_st_tensor *t = NULL;
+    int64_t shape[2] = {rows, cols};
+    gm_dtype dt = GM_BF16;
+    if (e->m) {
+        GM_TRY(find(e, module, name, 2, shape, &t, l->err));
+        dt = t->dtype;
+    }
+    size_t rb = gm_dtype_row_bytes(dt, cols);
+    bool alias = e->m && e->be && e->be->host_visible;
+    void *p = alias ? NULL : gm_arena_alloc(l->a, rb * (size_t)rows, GM_MEM_WEIGHTS);
+    memset(w, 0, sizeof *w);
+    w->type = dt, w->row_bytes = rb, w->rows = rows, w->cols = cols;
+    if (alias) w->data = t->data;
+    else if (p) {
+        w->data = p;
+        if (l->fill) gm_backend_upload(e->be, p, t->data, rb * (size_t)rows);
+    }
+    return GM_OK;
+}
+
+static gm_status block_layout(lay *l, int64_t i) {
+    gm_audio_encoder *e = l->e;
+    const gm_audio_encoder_dims *d = &e->d;
+    gm_audio_block_w *b = &e->block[i];
+    char mod[96];
+    int64_t vD[1] = {d->D}, vDh[1] = {d->Dh}, vconv[3] = {d->D, 1, d->K};
+    const char *ffw[2] = {"ffw_layer_start", "ffw_layer_end"};
+    for (int j = 0; j < 2; j++) {
+        snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.%s.", (long long)i, ffw[j]);
+        GM_TRY(vec(l, mod, "pre_layer_norm.weight", 1, vD, &b->ffw_pre[j]));
+        GM_TRY(linear(l, mod, "ffw_layer_1.weight", d->FF, d->D, &b->ffw1[j]));
+        GM_TRY(linear(l, mod, "ffw_layer_2.weight", d->D, d->FF, &b->ffw2[j]));
+        GM_TRY(vec(l, mod, "post_layer_norm.weight", 1, vD, &b->ffw_post[j]));
+    }
+    snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.attention.", (long long)i);
+    GM_TRY(vec(l, mod, "pre_attn_norm.weight", 1, vD, &b->attn_pre));
+    GM_TRY(vec(l, mod, "post_norm.weight", 1, vD, &b->attn_post_norm));
+    GM_TRY(linear(l, mod, "attn.q_proj.weight", d->D, d->D, &b->q));
+    GM_TRY(linear(l, mod, "attn.k_proj.weight", d->D, d->D, &b->k));
+    GM_TRY(linear(l, mod, "attn.v_proj.weight", d->D, d->D, &b->v));
+    GM_TRY(linear(l, mod, "post.weight", d->D, d->D, &b->post));
+    gm_wview pos_proj;
+    GM_TRY(linear(l, mod, "attn.relative_position_embedding.pos_proj.weight", d->D, d->D, &pos_proj));
+    /* derived: the q scale (from per_dim_scale) and the projected relative-position table */
+    GM_TRY(vec(l, mod, "attn.per_dim_scale", 1, vDh, &b->q_scale));
+    int64_t span = d->L + d->R + 1;
+    b->pos = alloc_f(l, span * d->D, GM_MEM_WEIGHTS);
+    if (l->fill) {
+        /* q_scale: Dh^-0.5 / softplus(0) (Gemma3nAudioAttention.q_scale, f32) x softplus(per_dim_scale) */
+        float qs = (float)(pow((double)d->Dh, -0.5) * (double)(1.0f / log1pf(1.0f)));
+        float *s = l->stage;
+        gm_backend_download(e->be, s, b->q_scale, (size_t)d->Dh * sizeof(float));
+        for (int64_t j = 0; j < d->Dh; j++) s[j] = qs * (s[j] > 20.0f ? s[j] : log1pf(expf(s[j])));
+        gm_backend_upload(e->be, b->q_scale, s, (size_t)d->Dh * sizeof(float));
+        /* timing signal of the relative positions L, L-1, .., -R: [sin(p inv_i), cos(p inv_i)],
+         * inv_i = exp(-i log(1e4) / max(D/2 - 1, 1)) in f32 (Gemma3nAudioRelativePositionEmbedding) */
+        int64_t nt = d->D / 2;
+        float inc = (float)(log(1.0e4) / (double)(nt - 1 > 1 ? nt - 1 : 1));
+        for (int64_t f = 0; f < span; f++) {
+            float p = (float)(d->L - f);
+            for (int64_t j = 0; j < nt; j++) {
+                float st = p * expf((float)j * -inc);
+                s[f * d->D + j] = sinf(st);
+                s[f * d->D + nt + j] = cosf(st);
+            }
+        }
+        gm_backend_upload(e->be, e->x_in, s, (size_t)(span * d->D) * sizeof(float));
+        gm_kctx ctx = gm_backend_kctx(e->be, e->scratch, e->scratch_floats);
+        e->be->k->matmul_fwd(&ctx, b->pos, e->x_in, &pos_proj, span, 0.0f);
+    }
+    snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.lconv1d.", (long long)i);
+    GM_TRY(vec(l, mod, "pre_layer_norm.weight", 1, vD, &b->lc_pre));
+    GM_TRY(linear(l, mod, "linear_start.weight", 2 * d->D, d->D, &b->lc_start));
+    GM_TRY(vec(l, mod, "depthwise_conv1d.weight", 3, vconv, &b->lc_conv));
+    GM_TRY(vec(l, mod, "conv_norm.weight", 1, vD, &b->lc_norm));
+    GM_TRY(linear(l, mod, "linear_end.weight", d->D, d->D, &b->lc_end));
+    snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.", (long long)i);
+    GM_TRY(vec(l, mod, "norm.weight", 1, vD, &b->norm));
+    return GM_OK;
+}
+
+gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *host, gm_error *err) {
+    const gm_audio_encoder_dims *d = &e->d;
+    const gm_audio_config *c = &e->cfg;
+    lay l = {e, a, host, a->base != NULL && e->m != NULL, NULL, err};
+    int64_t Bmax = e->max_clips, T = e->max_frames, T1 = (T - 1) / c->sscp_stride[0][0] + 1, T2, T3;
+    gm_audio_encoder_frames(c, T, &T2, &T3);
+    int64_t N2 = Bmax * T2, N3 = Bmax * T3, span = d->L + d->R + 1;
+    /* host staging: masks, row indices, and the conversion buffer (the largest f32 weight or table
+     * converted on the host) */
+    int64_t stage = d->V * d->D;
+    int64_t conv1 = d->C1 * d->C0 * c->sscp_kernel[1][0] * c->sscp_kernel[1][1];
+    if (conv1 > stage) stage = conv1;
+    if (span * d->D > stage) stage = span * d->D;
+    l.stage = gm_arena_alloc(host, (size_t)stage * sizeof(float), GM_MEM_WORKSPACE);
+    e->h_valid2 = gm_arena_alloc(host, (size_t)N2, GM_MEM_WORKSPACE);
+    e->h_valid3 = gm_arena_alloc(host, (size_t)N3, GM_MEM_WORKSPACE);
+    e->h_rows = gm_arena_alloc(host, (size_t)N3 * sizeof(int32_t), GM_MEM_WORKSPACE);
+    /* activations first: the fill pass uses x_in and the scratch to derive tables */
+    int64_t xin = Bmax * T * d->M;
+    if (span * d->D > xin) xin = span * d->D;
+    if (d->V * d->D > xin) xin = d->V * d->D;
+    e->x_in = alloc_f(&l, xin, GM_MEM_ACTIVATIONS);
+    e->c0 = alloc_f(&l, Bmax * T1 * d->F1 * d->C0, GM_MEM_ACTIVATIONS);
+    e->c1 = alloc_f(&l, N2 * d->F2 * d->C1, GM_MEM_ACTIVATIONS);
+    e->h = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
+    e->a = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
+    e->big = alloc_f(&l, N2 * d->FF, GM_MEM_ACTIVATIONS);
+    e->q = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
+    e->k = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
+    e->v = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
+    e->att = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
+    e->red = alloc_f(&l, N3 * d->D, GM_MEM_ACTIVATIONS);
+    int64_t nsoft = Bmax * d->soft_tokens * d->C_text;
+    if (d->V * d->C_text > nsoft) nsoft = d->V * d->C_text;
+    e->soft = alloc_f(&l, nsoft, GM_MEM_ACTIVATIONS);
+    e->valid_in = gm_arena_alloc(a, (size_t)(Bmax * T), GM_MEM_ACTIVATIONS);
+    e->valid2 = gm_arena_alloc(a, (size_t)N2, GM_MEM_ACTIVATIONS);
+    e->valid3 = gm_arena_alloc(a, (size_t)N3, GM_MEM_ACTIVATIONS);
+    e->rows = gm_arena_alloc(a, (size_t)N3 * sizeof(int32_t), GM_MEM_ACTIVATIONS);
+    e->scratch = alloc_f(&l, (int64_t)e->scratch_floats, GM_MEM_WORKSPACE);
+    /* weights */
+    for (int i = 0; i < 2; i++) {
+        char mod[64];
+        snprintf(mod, sizeof mod, "audio_tower.subsample_conv_projection.conv_%d.", i);
+        int64_t ci = i == 0 ? 1 : d->C0, co = i == 0 ? d->C0 : d->C1;
+        int64_t ws[4] = {co, ci, c->sscp_kernel[i][0], c->sscp_kernel[i][1]}, gs[1] = {co};
+        GM_TRY(vec(&l, mod, "conv.weight", 4, ws, &e->conv_w[i]));
+        GM_TRY(vec(&l, mod, "norm.weight", 1, gs, &e->gn_w[i]));
+    }
+    GM_TRY(linear(&l, "audio_tower.subsample_conv_projection.", "input_proj_linear.weight", d->D, d->F2 * d->C1,
+                  &e->input_proj));
+    for (int64_t i = 0; i < c->n_layers; i++) GM_TRY(block_layout(&l, i));
+    int64_t vD[1] = {d->D}, vE[2] = {d->V, d->D};
+    GM_TRY(vec(&l, "embed_audio.", "soft_embedding_norm.weight", 1, vD, &e->soft_norm));
+    GM_TRY(vec(&l, "embed_audio.", "hard_embedding_norm.weight", 1, vD, &e->hard_norm));
+    GM_TRY(linear(&l, "embed_audio.", "embedding_projection.weight", d->C_text, d->D, &e->proj));
+    float *emb = NULL;
+    GM_TRY(vec(&l, "embed_audio.", "embedding.weight", 2, vE, &emb)); /* the hard tokens' rows, for `hard` */
+    e->hard = alloc_f(&l, d->V * d->C_text, GM_MEM_WEIGHTS);
+    if (l.fill) {
+        /* every hard token through the embedder once: RMS_noweight(RMS_hard(E[id]) Wproj^T) */
+        gm_kctx ctx = gm_backend_kctx(e->be, e->scratch, e->scratch_floats);
+        const gm_kernel_table *k = e->be->k;
+        k->rmsnorm_fwd(&ctx, e->x_in, NULL, emb, e->hard_norm, d->V, d->D, c->rms_eps);
+        k->matmul_fwd(&ctx, e->hard, e->x_in, &e->proj, d->V, 0.0f);
+        k->rmsnorm_fwd(&ctx, e->hard, NULL, e->hard, NULL, d->V, d->C_text, c->rms_eps);
+    }
+    return GM_OK;
+}
+
+/* ---- new / free ------------------------------------------------------------------------------ */
+
+static size_t scratch_of(const gm_audio_encoder *e, int n_threads) {
+    const gm_audio_encoder_dims *d = &e->d;
+    gm_dtype dt = GM_BF16;
+    if (e->m) {
+        const gm_st_tensor *t = NULL;
+        gm_error ignore;
+        int64_t shape[2] = {d->FF, d->D};
+        if (find(e, "audio_tower.conformer.0.ffw_layer_start.", "ffw_layer_1.weight", 2, shape, &t, &ignore) == GM_OK)
+            dt = t->dtype;
+    }
+    size_t s = 0, x;
+    int64_t mats[5][2] = {{d->FF, d->D}, {d->D, d->FF}, {2 * d->D, d->D}, {d->D, d->F2 * d->C1}, {d->C_text, d->D}};
+    for (int i = 0; i < 5; i++)
+        if ((x = gm_k_matmul_scratch_floats(dt, mats[i][0], mats[i][1], n_threads)) > s) s = x;
+    return s;
+}
+
+gm_status gm_audio_encoder_new(const gm_model *m, int64_t max_clips, int64_t max_frames, int n_threads, gm_backend *be,
+                               gm_audio_encoder **out, gm_error *err) {
+    *out = NULL;
+    if (max_clips < 1 || max_frames < 1 || max_clips > (1 << 20) || max_frames > (1 << 24))
+        return gm_error_set(err, GM_ERR_INVALID, "audio encoder: %lld clips of %lld frames: both must be positive",
+                            (long long)max_clips, (long long)max_frames);
+    gm_audio_encoder *e = gm_calloc(1, sizeof *e);
+    if (!e) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    gm_status s = dims_of(&m->cfg, &e->d, err);
+    if (s != GM_OK) {
+        gm_free(e);
+        return s;
+    }
+    e->m = m, e->cfg = m->cfg.audio, e->max_clips = max_clips, e->max_frames = max_frames;
+    if (n_threads <= 0) n_threads = 2;
+    if (!be) s = gm_backend_cpu_new(n_threads, &e->owned_be, err), be = e->owned_be;
+    e->be = be;
+    e->block = gm_calloc((size_t)e->cfg.n_layers, sizeof *e->block);
+    if (s == GM_OK && !e->block) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    if (s == GM_OK) {
+        int64_t pad = m->cfg.vocab_size - 1 - e->cfg.vocab_offset;
+        if (pad < 0 || pad >= e->d.V)
+            s = gm_error_set(err, GM_ERR_FORMAT, "%s: the audio padding token (text vocab_size - 1 = %lld) is not an audio "
+                             "token (ids %lld..%lld)", m->path, (long long)(m->cfg.vocab_size - 1),
+                             (long long)e->cfg.vocab_offset, (long long)(e->cfg.vocab_offset + e->d.V - 1));
+        e->pad_id = pad;
+    }
+    if (s == GM_OK) {
+        e->scratch_floats = scratch_of(e, be->n_threads);
+        gm_backend_arena(be, &e->arena, "audio encoder");
+        gm_arena_init(&e->host, "audio encoder host", GM_DEVICE_CPU);
+        s = gm_audio_encoder_layout(e, &e->arena, &e->host, err);
+    }
+    if (s == GM_OK) s = gm_arena_commit(&e->arena, err);
+    if (s == GM_OK) s = gm_arena_commit(&e->host, err);
+    if (s == GM_OK) s = gm_audio_encoder_layout(e, &e->arena, &e->host, err); /* pass 2: hand out, read the weights */
+    if (s == GM_OK) s = gm_backend_status(be, err);
+    if (s != GM_OK) {
+        gm_audio_encoder_free(e);
+        return s;
+    }
+    *out = e;
+    return GM_OK;
+}
+
+void gm_audio_encoder_free(gm_audio_encoder *e) {
+    if (!e) return;
+    gm_arena_free(&e->arena);
+    gm_arena_free(&e->host);
+    gm_free(e->block);
+    gm_backend_free(e->owned_be);
+    gm_free(e);
+}
+
+/* ---- forward --------------------------------------------------------------------------------- */
+
+/* x = x + scale * branch(x) for the feed-forward halves (Gemma3nAudioConformerFeedForward). */
+static void ffw(gm_audio_encoder *e, const gm_kctx *ctx, int j, const gm_audio_block_w *b, int64_t N) {
+    const gm_kernel_table *k = e->be->k;
+    const gm_audio_encoder_dims *d = &e->d;
+    float G = e->cfg.clip;
+    k->clamp_fwd(ctx, e->a, e->h, N * d->D, G);
+    k->rmsnorm_fwd(ctx, e->a, NULL, e->a, b->ffw_pre[j], N, d->D, CONFORMER_NORM_EPS);
+    k->matmul_fwd(ctx, e->big, e->a, &b->ffw1[j], N, 0.0f);
+    k->silu_fwd(ctx, e->big, e->big, N * d->FF);
+    k->matmul_fwd(ctx, e->a, e->big, &b->ffw2[j], N, 0.0f);
+    k->clamp_fwd(ctx, e->a, e->a, N * d->D, G);
+    k->rmsnorm_fwd(ctx, e->a, NULL, e->a, b->ffw_post[j], N, d->D, CONFORMER_NORM_EPS);
+    k->scale_fwd(ctx, e->a, e->a, N * d->D, e->cfg.residual_weight);
+    k->add_fwd(ctx, e->h, e->a, N * d->D);
+}
+
+static void block_fwd(gm_audio_encoder *e, const gm_kctx *ctx, const gm_audio_block_w *b, int64_t B, int64_t T2) {
+    const gm_kernel_table *k = e->be->k;
+    const gm_audio_encoder_dims *d = &e->d;
+    int64_t N = B * T2;
+    float G = e->cfg.clip;
+    ffw(e, ctx, 0, b, N);
+    /* attention (Gemma3nAudioConformerAttention) */
+    k->clamp_fwd(ctx, e->a, e->h, N * d->D, G);
+    k->rmsnorm_fwd(ctx, e->a, NULL, e->a, b->attn_pre, N, d->D, CONFORMER_NORM_EPS);
+    k->matmul_fwd(ctx, e->q, e->a, &b->q, N, 0.0f);
+    k->matmul_fwd(ctx, e->k, e->a, &b->k, N, 0.0f);
+    k->matmul_fwd(ctx, e->v, e->a, &b->v, N, 0.0f);
+    k->mul_cols_fwd(ctx, e->q, e->q, b->q_scale, N * d->H, d->Dh);
+    k->audio_attention_fwd(ctx, e->att, e->q, e->k, e->v, b->pos, e->valid2, B, T2, d->H, d->Dh, d->W, d->L, d->R,
+                           e->cfg.logit_cap);
+    k->matmul_fwd(ctx, e->a, e->att, &b->post, N, 0.0f);
+    k->clamp_fwd(ctx, e->a, e->a, N * d->D, G);
+    k->rmsnorm_fwd(ctx, e->a, NULL, e->a, b->attn_post_norm, N, d->D, CONFORMER_NORM_EPS);
+    k->add_fwd(ctx, e->h, e->a, N * d->D);
+    /* light convolution (Gemma3nAudioConformerLightConv1d) on the valid frames */
+    k->mask_rows_fwd(ctx, e->h, e->valid2, NULL, N, d->D);
+    k->rmsnorm_fwd(ctx, e->a, NULL, e->h, b->lc_pre, N, d->D, e->cfg.rms_eps);
+    k->matmul_fwd(ctx, e->big, e->a, &b->lc_start, N, 0.0f);
+    k->glu_fwd(ctx, e->a, e->big, N, d->D);
+    k->conv1d_causal_fwd(ctx, e->att, e->a, b->lc_conv, B, T2, d->D, d->K);
+    k->clamp_fwd(ctx, e->att, e->att, N * d->D, G);
+    k->rmsnorm_fwd(ctx, e->att, NULL, e->att, b->lc_norm, N, d->D, e->cfg.rms_eps);
+    k->silu_fwd(ctx, e->att, e->att, N * d->D);
+    k->matmul_fwd(ctx, e->h, e->att, &b->lc_end, N, 1.0f);
+    ffw(e, ctx, 1, b, N);
+    k->clamp_fwd(ctx, e->h, e->h, N * d->D, G);
+    k->rmsnorm_fwd(ctx, e->h, NULL, e->h, b->norm, N, d->D, CONFORMER_NORM_EPS);
+}
+
+static void trace_out(gm_audio_trace_fn trace, void *user, const char *stage, const float *x, int64_t rows, int64_t cols) {
+    if (trace) trace(user, stage, x, rows, cols);
+}
+
+gm_status gm_audio_encoder_run(gm_audio_encoder *e, const float *features, const uint8_t *valid, int64_t B, int64_t T,
+                               gm_audio_trace_fn trace, void *user, gm_error *err) {
+    const gm_audio_encoder_dims *d = &e->d;
+    const gm_audio_config *c = &e->cfg;
+    if (B < 1 || B > e->max_clips || T < 1 || T > e->max_frames)
+        return gm_error_set(err, GM_ERR_INVALID, "audio encoder: a batch of %lld clips of %lld frames; planned for up to "
+                            "%lld clips of %lld frames", (long long)B, (long long)T, (long long)e->max_clips,
+                            (long long)e->max_frames);
+    int64_t T1 = (T - 1) / c->sscp_stride[0][0] + 1, T2, T3;
+    gm_audio_encoder_frames(c, T, &T2, &T3);
+    if (T3 > d->soft_tokens)
+        return gm_error_set(err, GM_ERR_INVALID, "audio encoder: %lld feature frames give %lld soft tokens, more than the "
+                            "%lld positions a clip has in the prompt (audio_soft_tokens_per_image)\n  hint: cut the clip "
+                            "(the feature extractor keeps 30 s)", (long long)T, (long long)T3, (long long)d->soft_tokens);
+    e->B = B, e->T2 = T2, e->T3 = T3;
+    gm_backend *be = e->be;
+    const gm_kernel_table *k = be->k;
+    gm_kctx ctx = gm_backend_kctx(be, e->scratch, e->scratch_floats);
+    /* validity after the sub-sampling: frame t2 is frame t2 x (time strides)'s, clamped */
+    int64_t stride = c->sscp_stride[0][0] * c->sscp_stride[1][0];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T2; t++) {
+            int64_t src = t * stride < T - 1 ? t * stride : T - 1;
+            e->h_valid2[b * T2 + t] = valid[b * T + src] ? 1 : 0;
+        }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T3; t++) {
+            e->h_rows[b * T3 + t] = (int32_t)(b * T2 + t * d->red);
+            e->h_valid3[b * T3 + t] = e->h_valid2[b * T2 + t * d->red];
+        }
+    gm_backend_upload(be, e->x_in, features, (size_t)(B * T * d->M) * sizeof(float));
+    gm_backend_upload(be, e->valid2, e->h_valid2, (size_t)(B * T2));
+    gm_backend_upload(be, e->valid3, e->h_valid3, (size_t)(B * T3));
+    gm_backend_upload(be, e->rows, e->h_rows, (size_t)(B * T3) * sizeof(int32_t));
+    /* sub-sampling (Gemma3nAudioSubSampleConvProjection): channels last throughout, so the
+     * flattening to (T2, F2 C1) is the buffer as it is */
+    k->conv2d_fwd(&ctx, e->c0, e->x_in, e->conv_w[0], B, T, d->M, 1, d->C0, c->sscp_kernel[0][0], c->sscp_kernel[0][1],
+                  c->sscp_stride[0][0], c->sscp_stride[0][1], 1);
+    k->cumulative_group_norm_fwd(&ctx, e->c0, e->c0, e->gn_w[0], B, T1, d->F1 * d->C0, d->C0, c->group_norm_eps, 1);
+    k->conv2d_fwd(&ctx, e->c1, e->c0, e->conv_w[1], B, T1, d->F1, d->C0, d->C1, c->sscp_kernel[1][0],
+                  c->sscp_kernel[1][1], c->sscp_stride[1][0], c->sscp_stride[1][1], 1);
+    k->cumulative_group_norm_fwd(&ctx, e->c1, e->c1, e->gn_w[1], B, T2, d->F2 * d->C1, d->C1, c->group_norm_eps, 1);
+    k->matmul_fwd(&ctx, e->h, e->c1, &e->input_proj, B * T2, 0.0f);
+    trace_out(trace, user, "sscp", e->h, B * T2, d->D);
+    for (int64_t i = 0; i < c->n_layers; i++) {
+        block_fwd(e, &ctx, &e->block[i], B, T2);
+        char name[32];
+        snprintf(name, sizeof name, "block_%lld", (long long)i);
+        trace_out(trace, user, name, e->h, B * T2, d->D);
+    }
+    /* reduction, padding frames zeroed (Gemma3nAudioEncoder.forward) */
+    k->gather_rows(&ctx, e->red, e->h, e->rows, B * T3, d->D);
+    k->mask_rows_fwd(&ctx, e->red, e->valid3, NULL, B * T3, d->D);
+    trace_out(trace, user, "encoder", e->red, B * T3, d->D);
+    /* the embedder's soft path, written into each clip's first T3 of soft_tokens rows; padding
+     * frames and the rest take the padding token's hard embedding (Gemma3nModel.forward) */
+    k->rmsnorm_fwd(&ctx, e->red, NULL, e->red, e->soft_norm, B * T3, d->D, c->rms_eps);
+    const float *pad = e->hard + e->pad_id * d->C_text;
+    for (int64_t b = 0; b < B; b++) {
+        float *o = e->soft + b * d->soft_tokens * d->C_text;
+        k->matmul_fwd(&ctx, o, e->red + b * T3 * d->D, &e->proj, T3, 0.0f);
+        k->rmsnorm_fwd(&ctx, o, NULL, o, NULL, T3, d->C_text, c->rms_eps);
+        k->mask_rows_fwd(&ctx, o, e->valid3 + b * T3, pad, T3, d->C_text);
+        for (int64_t t = T3; t < d->soft_tokens; t++) gm_backend_copy(be, o + t * d->C_text, pad, (size_t)d->C_text * sizeof(float));
+    }
+    return gm_backend_status(be, err);
+}

@@ -1,0 +1,140 @@
+/*
+ * gm_audio_encoder.h - Gemma 3n's audio encoder and audio embedder: log-mel features (gm_audio.h)
+ * in, the soft tokens that stand at a clip's <audio_soft_token> positions of the prompt out.
+ *
+ * transformers' Gemma3nAudioEncoder, Gemma3nMultimodalEmbedder and Gemma3nModel.forward's audio
+ * merge (modeling_gemma3n.py; gemma_architecture.md §3.8-3.9), forward only (the tower is frozen):
+ *   sub-sampling: features (B, T, 128) as an image of 1 channel; twice: conv 3x3 stride 2 (time
+ *     padded by 2 after the last frame, frequency by 1 on each side), cumulative group norm over
+ *     (frequency, channels) along time, ReLU; then (B, T2, F2 C1) . input_proj^T -> (B, T2, D);
+ *     frame t2's validity is frame 4 t2's (clamped to T - 1);
+ *   conformer block x L (G = gradient_clipping, clamp(x) = min(max(x, -G), G)):
+ *     ffw(x) = x + 0.5 RMS_post(clamp(silu(RMS_pre(clamp(x)) W1^T) W2^T));
+ *     x = ffw_start(x);
+ *     x = x + RMS_post(clamp(att(RMS_pre(clamp(x))) Wpost^T)), att the chunked local attention
+ *       with relative positions (kernels.h audio_attention_fwd), q scaled by
+ *       Dh^-0.5 / softplus(0) * softplus(per_dim_scale);
+ *     x = x * valid; x = x + silu(RMS_conv(clamp(dwconv_causal(glu(RMS_pre(x) Wstart^T))))) Wend^T;
+ *     x = RMS_norm(clamp(ffw_end(x)));
+ *   reduction: every 4th frame (and its validity); padding frames zeroed;
+ *   embedder: soft = RMS_noweight(RMS_soft(x) Wproj^T) (B, T3, C_text); padding frames and the
+ *     positions T3 .. soft_tokens - 1 take the hard embedding of the last audio id
+ *     (RMS_noweight(RMS_hard(E[id]) Wproj^T)), as Gemma3nModel pads every clip to
+ *     audio_soft_tokens_per_image (188) positions.
+ * RMS norms multiply by their stored weight (Gemma 3n's convention). Asserted against transformers
+ * 5.24 on real speech by tests/unit/test_audio_encoder.c (tests/ref/make_gemma3n_audio_ref.py).
+ *
+ * Memory: planned, then allocated once (gm_arena's two passes) for up to max_clips clips of up to
+ * max_frames feature frames. Linears are read as stored (f32, bf16 or f16): in place from the
+ * memory-mapped checkpoint on a host-visible backend, uploaded once otherwise; vectors, the
+ * convolutions, the projected relative-position tables and the hard-token embeddings are f32 in
+ * the arena.
+ * Ownership: gm_audio_encoder_new returns an owned encoder (gm_audio_encoder_free), which borrows
+ * the model (and its mapping) and the backend: both must outlive it. enc->soft and enc->hard are
+ * backend memory owned by the encoder.
+ * Errors: GM_ERR_INVALID (bad sizes; a batch longer than planned; a clip giving more soft tokens
+ * than the model's audio_soft_tokens_per_image), GM_ERR_UNSUPPORTED (a model without an audio
+ * tower, a tensor dtype other than f32/bf16/f16, a context wider than GM_K_AUDIO_SPAN_MAX),
+ * GM_ERR_NOT_FOUND / GM_ERR_FORMAT (a tensor missing or of the wrong shape, both named with the
+ * file), GM_ERR_NOMEM / GM_ERR_DEVICE (the arena). Messages end with what to do.
+ */
+#ifndef GM_AUDIO_ENCODER_H
+#define GM_AUDIO_ENCODER_H
+
+#include "gm_arena.h"
+#include "gm_backend.h"
+#include "gm_config.h"
+#include "gm_status.h"
+#include "kernels.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct gm_model;
+
+/* One conformer block's weights: linears as views, everything else f32 (backend memory). */
+typedef struct gm_audio_block_w {
+    float *ffw_pre[2], *ffw_post[2];     /* ffw_layer_start / ffw_layer_end norms (D) */
+    gm_wview ffw1[2], ffw2[2];           /* (4D, D), (D, 4D) */
+    float *attn_pre, *attn_post_norm;    /* (D) */
+    gm_wview q, k, v, post;              /* (D, D) */
+    float *q_scale;                      /* (Dh): Dh^-0.5 / softplus(0) * softplus(per_dim_scale) */
+    float *pos;                          /* (L + R + 1, D): the relative-position table, projected */
+    float *lc_pre, *lc_norm;             /* (D) */
+    gm_wview lc_start, lc_end;           /* (2D, D), (D, D) */
+    float *lc_conv;                      /* (D, K) depthwise taps */
+    float *norm;                         /* (D) */
+} gm_audio_block_w;
+
+/* The encoder's sizes, derived from the config (gm_audio_encoder_dims). */
+typedef struct gm_audio_encoder_dims {
+    int64_t M;                 /* mel bins (128) */
+    int64_t C0, C1;            /* sub-sampling channels (128, 32) */
+    int64_t F1, F2;            /* frequency bins after each convolution (64, 32) */
+    int64_t D, H, Dh, FF;      /* width, heads, head width, feed-forward width (4 D) */
+    int64_t W, L, R, K;        /* chunk, frames back, frames ahead, light-conv taps */
+    int64_t red;               /* reduction factor (4) */
+    int64_t C_text;            /* the decoder's width */
+    int64_t soft_tokens;       /* positions per clip in the prompt (188) */
+    int64_t V;                 /* hard audio tokens (128) */
+} gm_audio_encoder_dims;
+
+/* Frames after the sub-sampling (T2) and soft tokens (T3) of T feature frames, for config c. */
+void gm_audio_encoder_frames(const gm_audio_config *c, int64_t T, int64_t *T2, int64_t *T3);
+
+typedef struct gm_audio_encoder {
+    const struct gm_model *m;  /* borrowed; NULL: a plan */
+    gm_audio_config cfg;       /* m->cfg.audio */
+    gm_audio_encoder_dims d;
+    gm_backend *be, *owned_be;
+    gm_arena arena, host;
+    int64_t max_clips, max_frames;
+    size_t scratch_floats;
+    /* weights */
+    float *conv_w[2], *gn_w[2];          /* (Co, Ci, 3, 3), (Co) */
+    gm_wview input_proj;                 /* (D, F2 C1) */
+    gm_audio_block_w *block;             /* [n_layers] (owned array) */
+    float *soft_norm, *hard_norm;        /* (D) */
+    gm_wview proj;                       /* embedding_projection (C_text, D) */
+    float *hard;                         /* (V, C_text): every hard audio token's embedding */
+    int64_t pad_id;                      /* the audio id padding frames take (text vocab - 1 - offset) */
+    /* activations (backend) */
+    float *x_in, *c0, *c1, *h, *a, *big, *q, *k, *v, *att, *red, *soft, *scratch;
+    uint8_t *valid_in, *valid2, *valid3;
+    int32_t *rows;                       /* reduction's row indices */
+    /* host staging */
+    uint8_t *h_valid2, *h_valid3;
+    int32_t *h_rows;
+    int64_t B, T2, T3;                   /* the last run's batch */
+} gm_audio_encoder;
+
+/* Plans and allocates the encoder of model m (its config's audio tower, its checkpoint's
+ * model.audio_tower.* and model.embed_audio.* tensors) for up to max_clips clips of up to
+ * max_frames frames, on backend be (NULL: a CPU backend of its own with n_threads threads), and
+ * loads its weights. */
+gm_status gm_audio_encoder_new(const struct gm_model *m, int64_t max_clips, int64_t max_frames, int n_threads,
+                               gm_backend *be, gm_audio_encoder **out, gm_error *err);
+void gm_audio_encoder_free(gm_audio_encoder *e);
+
+/* One pass of the arena protocol (gm_arena.h) on a = backend arena, host = host staging. */
+gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *host, gm_error *err);
+
+/* Called with each stage's output (backend memory, rows x cols f32): "sscp", "block_<i>",
+ * "encoder" (after the reduction, padding frames zeroed). For tests and debugging. */
+typedef void (*gm_audio_trace_fn)(void *user, const char *stage, const float *x, int64_t rows, int64_t cols);
+
+/* Encodes B clips: features (B, T, M) f32 and valid (B, T) (1 = a frame of the clip, the
+ * extractor's mask), host memory. Afterwards e->soft holds (B, soft_tokens, C_text) soft tokens
+ * (backend memory, valid until the next run) and e->h_valid3 the T3 reduced frames' validity.
+ * trace may be NULL. Errors: GM_ERR_INVALID (B or T outside what was planned, a clip giving more
+ * than soft_tokens tokens), the backend's sticky error. */
+gm_status gm_audio_encoder_run(gm_audio_encoder *e, const float *features, const uint8_t *valid, int64_t B, int64_t T,
+                               gm_audio_trace_fn trace, void *user, gm_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* GM_AUDIO_ENCODER_H */

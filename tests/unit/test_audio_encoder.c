@@ -1,0 +1,166 @@
+/*
+ * test_audio_encoder.c - Gemma 3n's audio encoder and embedder (core/audio/gm_audio_encoder.h)
+ * against transformers 5.24 on real speech: the tiny random Gemma3nForConditionalGeneration of
+ * tests/ref/tiny_gemma3n_audio (make_gemma3n_audio_ref.py) fed the log-mel features of Debian's
+ * hello-world.wav and vm-goodbye.wav as one padded batch; the sub-sampling output, each conformer
+ * block's output, the encoder's output and mask, and the soft tokens as Gemma3nModel puts them
+ * into the prompt (padding frames and extra positions: the padding token's embedding) compared,
+ * every frame (the padded clip's padding frames too, some of whose queries see no key); each clip
+ * alone gives its rows of the batch;
+ * the errors (a model without an audio tower, a batch over the plan, a clip giving too many soft
+ * tokens).
+ */
+#include "test_util.h"
+
+#include "gm_alloc.h"
+#include "gm_audio_encoder.h"
+#include "gm_backend.h"
+#include "gm_model.h"
+
+#include <math.h>
+#include <string.h>
+
+static char REF[1024];
+
+typedef struct stage_cmp {
+    int n_seen;
+    int B;                 /* clips in the run (1: clip `clip` of the fixture alone) */
+    int clip;
+    int64_t T_ref;         /* frames per clip in the reference's stage (its batch) */
+} stage_cmp;
+
+static float *read_f(const char *ds, int64_t *dims, int *nd) {
+    size_t n = 0;
+    return gm_test_h5_read(REF, ds, 0, &n, dims, nd);
+}
+
+/* Compares a traced stage with the reference dataset of the same name (rows of the clip(s) run). */
+static void on_stage(void *user, const char *stage, const float *x, int64_t rows, int64_t cols) {
+    stage_cmp *s = user;
+    int64_t dims[4];
+    int nd = 0;
+    float *want = read_f(stage, dims, &nd);
+    CHECK(want && nd == 3 && dims[2] == cols, "reference %s readable, width %lld", stage, (long long)cols);
+    if (!want || nd != 3) return;
+    int64_t per = rows / s->B;
+    CHECK(s->B == 2 ? per == dims[1] : per <= dims[1], "%s: %lld frames per clip (reference %lld)", stage, (long long)per,
+          (long long)dims[1]);
+    char what[96];
+    snprintf(what, sizeof what, "%s (%s)", stage, s->B == 2 ? "batch of 2" : s->clip == 0 ? "clip 0 alone" : "clip 1 alone");
+    const float *ref = s->B == 2 ? want : want + s->clip * dims[1] * cols;
+    size_t n = (size_t)(per * cols) * (size_t)s->B;
+    double worst = gm_check_close(what, x, ref, n, TOL_AUDIO_ENCODER_ABS, 0.0), big = 0;
+    for (size_t i = 0; i < n; i++) big = fabs(ref[i]) > big ? fabs(ref[i]) : big;
+    printf("%-26s max |diff| %.3g (values up to %.3g)\n", what, worst, big);
+    s->n_seen++;
+    gm_free(want);
+}
+
+int main(void) {
+    snprintf(REF, sizeof REF, "%s", gm_test_path("tests/ref/tiny_gemma3n_audio_ref.h5"));
+    gm_error err;
+    gm_model *m = NULL;
+    gm_model_opts mo = {.load_tokenizer = false};
+    gm_status st = gm_model_load(gm_test_path("tests/ref/tiny_gemma3n_audio"), &mo, &m, &err);
+    CHECK(st == GM_OK, "load tiny_gemma3n_audio: %s", err.msg);
+    if (st != GM_OK) return gm_test_finish();
+    CHECK(m->cfg.audio.hidden_size == 32 && m->cfg.audio.n_layers == 2 && m->cfg.audio.chunk == 6 &&
+              m->cfg.audio.context_left == 7 && m->cfg.audio.context_right == 2 && m->cfg.audio.soft_tokens == 12 &&
+              m->cfg.audio.audio_token_id == 385 && m->cfg.audio.clip == 4.0f,
+          "audio_config read: width %lld, %lld blocks, chunk %lld, context %lld/%lld, %lld soft tokens, id %d",
+          (long long)m->cfg.audio.hidden_size, (long long)m->cfg.audio.n_layers, (long long)m->cfg.audio.chunk,
+          (long long)m->cfg.audio.context_left, (long long)m->cfg.audio.context_right,
+          (long long)m->cfg.audio.soft_tokens, m->cfg.audio.audio_token_id);
+
+    int64_t fd[4];
+    int fnd = 0;
+    size_t n = 0;
+    float *feat = read_f("features", fd, &fnd);
+    uint8_t *valid = gm_test_h5_read(REF, "features_mask", 1, &n, NULL, NULL);
+    int32_t *valid_i = (int32_t *)valid; /* gm_test_h5_read gives ints as int32 */
+    int64_t B = fd[0], T = fd[1], M = fd[2];
+    uint8_t *v8 = gm_malloc((size_t)(B * T));
+    for (int64_t i = 0; i < B * T; i++) v8[i] = valid_i[i] ? 1 : 0;
+    int64_t T2, T3;
+    gm_audio_encoder_frames(&m->cfg.audio, T, &T2, &T3);
+    CHECK(T2 == 35 && T3 == 9, "138 frames -> %lld sub-sampled, %lld soft tokens (35, 9)", (long long)T2, (long long)T3);
+
+    /* the batch of the two clips */
+    gm_audio_encoder *e = NULL;
+    st = gm_audio_encoder_new(m, 2, T, 2, NULL, &e, &err);
+    CHECK(st == GM_OK, "encoder: %s", err.msg);
+    if (st == GM_OK) {
+        stage_cmp sc = {0, 2, 0, T};
+        st = gm_audio_encoder_run(e, feat, v8, B, T, on_stage, &sc, &err);
+        CHECK(st == GM_OK, "run: %s", err.msg);
+        CHECK(sc.n_seen == 4, "stages compared: %d (sscp, 2 blocks, encoder)", sc.n_seen);
+        int64_t md[2];
+        int32_t *mask = gm_test_h5_read(REF, "encoder_mask", 1, &n, md, NULL);
+        int bad = 0;
+        for (int64_t i = 0; i < B * T3; i++) bad += (mask[i] != 0) != (e->h_valid3[i] == 0);
+        CHECK(bad == 0, "encoder mask: %d of %lld frames differ", bad, (long long)(B * T3));
+        gm_free(mask);
+        int64_t sd[3];
+        int snd = 0;
+        float *soft = read_f("soft", sd, &snd);
+        int64_t ns = B * e->d.soft_tokens * e->d.C_text;
+        float *got = gm_malloc((size_t)ns * sizeof(float));
+        gm_backend_download(e->be, got, e->soft, (size_t)ns * sizeof(float));
+        CHECK(snd == 3 && sd[1] == e->d.soft_tokens && sd[2] == e->d.C_text, "soft tokens' shape");
+        printf("soft tokens: max |diff| %.3g\n",
+               gm_check_close("soft tokens (batch of 2, 12 positions per clip)", got, soft, (size_t)ns, TOL_AUDIO_ENCODER_ABS, 0.0));
+        gm_free(soft), gm_free(got);
+
+        /* a batch larger than planned, and more frames than the clip's positions allow */
+        gm_error e2;
+        CHECK(gm_audio_encoder_run(e, feat, v8, 3, T, NULL, NULL, &e2) == GM_ERR_INVALID &&
+                  gm_test_contains(e2.msg, "planned for up to 2 clips"),
+              "3 clips refused: %s", e2.msg);
+        gm_audio_encoder_free(e);
+    }
+
+    /* each clip alone, at the batch's length (its padding frames as in the batch: the sub-sampling
+     * convolutions look 2 frames ahead, so a clip's last frames depend on what pads it), gives its
+     * rows of the batch: nothing of one clip reaches the other */
+    for (int c = 0; c < 2; c++) {
+        st = gm_audio_encoder_new(m, 1, T, 2, NULL, &e, &err);
+        CHECK(st == GM_OK, "encoder: %s", err.msg);
+        if (st != GM_OK) break;
+        stage_cmp sc = {0, 1, c, T};
+        /* alone at the batch's length (padded as in the batch): every stage equals its rows */
+        st = gm_audio_encoder_run(e, feat + c * T * M, v8 + c * T, 1, T, on_stage, &sc, &err);
+        CHECK(st == GM_OK && sc.n_seen == 4, "clip %d alone: %s", c, st == GM_OK ? "" : err.msg);
+        gm_audio_encoder_free(e);
+    }
+
+    /* too many frames for the 12 positions: 200 frames -> 100 -> 50 sub-sampled -> 13 soft tokens */
+    {
+        int64_t Tlong = 200;
+        float *f = gm_calloc((size_t)(Tlong * M), sizeof(float));
+        uint8_t *vl = gm_malloc((size_t)Tlong);
+        memset(vl, 1, (size_t)Tlong);
+        st = gm_audio_encoder_new(m, 1, Tlong, 2, NULL, &e, &err);
+        CHECK(st == GM_OK, "encoder for %lld frames: %s", (long long)Tlong, err.msg);
+        if (st == GM_OK) {
+            gm_error e2;
+            CHECK(gm_audio_encoder_run(e, f, vl, 1, Tlong, NULL, NULL, &e2) == GM_ERR_INVALID &&
+                      gm_test_contains(e2.msg, "13 soft tokens") && gm_test_contains(e2.msg, "audio_soft_tokens_per_image"),
+                  "a clip of 13 tokens for 12 positions refused: %s", e2.msg);
+            gm_audio_encoder_free(e);
+        }
+        gm_free(f), gm_free(vl);
+    }
+    gm_model_free(m);
+
+    /* a model without an audio tower */
+    st = gm_model_load(gm_test_path("tests/ref/tiny_gemma3n"), &mo, &m, &err);
+    CHECK(st == GM_OK, "load tiny_gemma3n: %s", err.msg);
+    if (st == GM_OK) {
+        CHECK(gm_audio_encoder_new(m, 1, 100, 2, NULL, &e, &err) == GM_ERR_UNSUPPORTED &&
+                  gm_test_contains(err.msg, "no audio encoder") && gm_test_contains(err.msg, "hint:"),
+              "text-only Gemma 3n: %s", err.msg);
+        gm_model_free(m);
+    }
+    gm_free(feat), gm_free(valid), gm_free(v8);
+    return gm_test_finish();
+}
