@@ -215,7 +215,10 @@ gm_status gm_graph_begin(gm_graph *g, const gm_graph_input *in, gm_error *err) {
         gm_backend_upload(g->be, g->kv_end, g->host_kv_end, (size_t)N * sizeof(int32_t));
     }
     if (g->ple_ids) {
-        for (int64_t i = 0; i < N; i++) g->host_ple_ids[i] = g->host_ids[i] < c->ple_vocab ? g->host_ids[i] : 0;
+        /* the per-layer table's row comes from the token's own id, soft-token placeholders' too
+         * (get_per_layer_inputs runs on the input ids before any merge): ids past the table (every
+         * multimodal id of the published models) take row 0 */
+        for (int64_t i = 0; i < N; i++) g->host_ple_ids[i] = in->ids[i] >= 0 && in->ids[i] < c->ple_vocab ? in->ids[i] : 0;
         gm_backend_upload(g->be, g->ple_ids, g->host_ple_ids, (size_t)N * sizeof(int32_t));
         int64_t L = c->n_layers;
         for (int64_t l = 0; l < L; l++)

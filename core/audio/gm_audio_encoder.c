@@ -11,8 +11,8 @@
 
 #include "gm_alloc.h"
 #include "gm_dtype.h"
+#include "gm_mm_embed.h"
 #include "gm_model.h"
-#include "gm_safetensors.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -62,49 +62,6 @@ static gm_status dims_of(const gm_config *mc, gm_audio_encoder_dims *d, gm_error
     return GM_OK;
 }
 
-/* ---- tensors of the checkpoint ------------------------------------------------------------- */
-
-/* The tensor `<root><module><name>` of the checkpoint, root "model." (transformers 5 and the hub's
- * Gemma 3n files) or "", checked for dtype and shape (n dims in shape[]). */
-static gm_status find(const gm_audio_encoder *e, const char *module, const char *name, int n, const int64_t *shape,
-                      const gm_st_tensor **out, gm_error *err) {
-    const gm_safetensors *st = e->m->st;
-    char full[256];
-    const gm_st_tensor *t = NULL;
-    const char *roots[2] = {"model.", ""};
-    for (int i = 0; i < 2 && !t; i++) {
-        snprintf(full, sizeof full, "%s%s%s", roots[i], module, name);
-        t = st ? gm_safetensors_find(st, full) : NULL;
-    }
-    if (!t)
-        return gm_error_set(err, GM_ERR_NOT_FOUND, "%s: tensor 'model.%s%s' is missing\n  hint: the audio encoder needs a "
-                            "complete Gemma3nForConditionalGeneration checkpoint", e->m->path, module, name);
-    if (t->dtype != GM_F32 && t->dtype != GM_BF16 && t->dtype != GM_F16)
-        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is %s; the audio encoder reads f32, bf16 or f16",
-                            e->m->path, full, gm_dtype_name(t->dtype));
-    bool ok = t->ndim == n;
-    for (int i = 0; ok && i < n; i++) ok = t->shape[i] == shape[i];
-    if (!ok) {
-        char want[96] = "", got[96] = "";
-        for (int i = 0; i < n; i++) snprintf(want + strlen(want), sizeof want - strlen(want), "%s%lld", i ? ", " : "", (long long)shape[i]);
-        for (int i = 0; i < t->ndim; i++)
-            snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)t->shape[i]);
-        return gm_error_set(err, GM_ERR_FORMAT, "%s: tensor '%s' has shape (%s), the config's audio encoder needs (%s)",
-                            e->m->path, full, got, want);
-    }
-    *out = t;
-    return GM_OK;
-}
-
-static void to_f32(const gm_st_tensor *t, float *dst, int64_t n) {
-    if (t->dtype == GM_F32) {
-        memcpy(dst, t->data, (size_t)n * sizeof(float));
-        return;
-    }
-    const uint16_t *s = t->data;
-    for (int64_t i = 0; i < n; i++) dst[i] = t->dtype == GM_BF16 ? gm_bf16_to_f32(s[i]) : gm_f16_to_f32(s[i]);
-}
-
 /* ---- layout ---------------------------------------------------------------------------------- */
 
 typedef struct lay {
@@ -126,8 +83,8 @@ static gm_status vec(lay *l, const char *module, const char *name, int nd, const
     *dst = alloc_f(l, n, GM_MEM_WEIGHTS);
     if (!l->fill) return GM_OK;
     const gm_st_tensor *t;
-    GM_TRY(find(l->e, module, name, nd, shape, &t, l->err));
-    to_f32(t, l->stage, n);
+    GM_TRY(gm_mm_tensor(l->e->m, module, name, nd, shape, &t, l->err));
+    gm_mm_tensor_f32(t, l->stage, n);
     gm_backend_upload(l->e->be, *dst, l->stage, (size_t)n * sizeof(float));
     return GM_OK;
 }
@@ -140,7 +97,7 @@ static gm_status linear(lay *l, const char *module, const char *name, int64_t ro
     int64_t shape[2] = {rows, cols};
     gm_dtype dt = GM_BF16;
     if (e->m) {
-        GM_TRY(find(e, module, name, 2, shape, &t, l->err));
+        GM_TRY(gm_mm_tensor(e->m, module, name, 2, shape, &t, l->err));
         dt = t->dtype;
     }
     size_t rb = gm_dtype_row_bytes(dt, cols);
@@ -226,7 +183,7 @@ gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *ho
     int64_t N2 = Bmax * T2, N3 = Bmax * T3, span = d->L + d->R + 1;
     /* host staging: masks, row indices, and the conversion buffer (the largest f32 weight or table
      * converted on the host) */
-    int64_t stage = d->V * d->D;
+    int64_t stage = d->D;
     int64_t conv1 = d->C1 * d->C0 * c->sscp_kernel[1][0] * c->sscp_kernel[1][1];
     if (conv1 > stage) stage = conv1;
     if (span * d->D > stage) stage = span * d->D;
@@ -237,7 +194,6 @@ gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *ho
     /* activations first: the fill pass uses x_in and the scratch to derive tables */
     int64_t xin = Bmax * T * d->M;
     if (span * d->D > xin) xin = span * d->D;
-    if (d->V * d->D > xin) xin = d->V * d->D;
     e->x_in = alloc_f(&l, xin, GM_MEM_ACTIVATIONS);
     e->c0 = alloc_f(&l, Bmax * T1 * d->F1 * d->C0, GM_MEM_ACTIVATIONS);
     e->c1 = alloc_f(&l, N2 * d->F2 * d->C1, GM_MEM_ACTIVATIONS);
@@ -249,9 +205,7 @@ gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *ho
     e->v = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
     e->att = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
     e->red = alloc_f(&l, N3 * d->D, GM_MEM_ACTIVATIONS);
-    int64_t nsoft = Bmax * d->soft_tokens * d->C_text;
-    if (d->V * d->C_text > nsoft) nsoft = d->V * d->C_text;
-    e->soft = alloc_f(&l, nsoft, GM_MEM_ACTIVATIONS);
+    e->soft = alloc_f(&l, Bmax * d->soft_tokens * d->C_text, GM_MEM_ACTIVATIONS);
     e->valid_in = gm_arena_alloc(a, (size_t)(Bmax * T), GM_MEM_ACTIVATIONS);
     e->valid2 = gm_arena_alloc(a, (size_t)N2, GM_MEM_ACTIVATIONS);
     e->valid3 = gm_arena_alloc(a, (size_t)N3, GM_MEM_ACTIVATIONS);
@@ -269,21 +223,12 @@ gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *ho
     GM_TRY(linear(&l, "audio_tower.subsample_conv_projection.", "input_proj_linear.weight", d->D, d->F2 * d->C1,
                   &e->input_proj));
     for (int64_t i = 0; i < c->n_layers; i++) GM_TRY(block_layout(&l, i));
-    int64_t vD[1] = {d->D}, vE[2] = {d->V, d->D};
+    int64_t vD[1] = {d->D};
     GM_TRY(vec(&l, "embed_audio.", "soft_embedding_norm.weight", 1, vD, &e->soft_norm));
-    GM_TRY(vec(&l, "embed_audio.", "hard_embedding_norm.weight", 1, vD, &e->hard_norm));
     GM_TRY(linear(&l, "embed_audio.", "embedding_projection.weight", d->C_text, d->D, &e->proj));
-    float *emb = NULL;
-    GM_TRY(vec(&l, "embed_audio.", "embedding.weight", 2, vE, &emb)); /* the hard tokens' rows, for `hard` */
-    e->hard = alloc_f(&l, d->V * d->C_text, GM_MEM_WEIGHTS);
-    if (l.fill) {
-        /* every hard token through the embedder once: RMS_noweight(RMS_hard(E[id]) Wproj^T) */
-        gm_kctx ctx = gm_backend_kctx(e->be, e->scratch, e->scratch_floats);
-        const gm_kernel_table *k = e->be->k;
-        k->rmsnorm_fwd(&ctx, e->x_in, NULL, emb, e->hard_norm, d->V, d->D, c->rms_eps);
-        k->matmul_fwd(&ctx, e->hard, e->x_in, &e->proj, d->V, 0.0f);
-        k->rmsnorm_fwd(&ctx, e->hard, NULL, e->hard, NULL, d->V, d->C_text, c->rms_eps);
-    }
+    e->pad = alloc_f(&l, d->C_text, GM_MEM_WEIGHTS);
+    if (l.fill) gm_backend_upload(e->be, e->pad, gm_mm_hard_row(e->hard, (int32_t)(c->vocab_offset + e->pad_id)),
+                                  (size_t)d->C_text * sizeof(float));
     return GM_OK;
 }
 
@@ -296,7 +241,7 @@ static size_t scratch_of(const gm_audio_encoder *e, int n_threads) {
         const gm_st_tensor *t = NULL;
         gm_error ignore;
         int64_t shape[2] = {d->FF, d->D};
-        if (find(e, "audio_tower.conformer.0.ffw_layer_start.", "ffw_layer_1.weight", 2, shape, &t, &ignore) == GM_OK)
+        if (gm_mm_tensor(e->m, "audio_tower.conformer.0.ffw_layer_start.", "ffw_layer_1.weight", 2, shape, &t, &ignore) == GM_OK)
             dt = t->dtype;
     }
     size_t s = 0, x;
@@ -306,8 +251,8 @@ static size_t scratch_of(const gm_audio_encoder *e, int n_threads) {
     return s;
 }
 
-gm_status gm_audio_encoder_new(const gm_model *m, int64_t max_clips, int64_t max_frames, int n_threads, gm_backend *be,
-                               gm_audio_encoder **out, gm_error *err) {
+gm_status gm_audio_encoder_new(const gm_model *m, const gm_mm_hard *hard, int64_t max_clips, int64_t max_frames,
+                               int n_threads, gm_backend *be, gm_audio_encoder **out, gm_error *err) {
     *out = NULL;
     if (max_clips < 1 || max_frames < 1 || max_clips > (1 << 20) || max_frames > (1 << 24))
         return gm_error_set(err, GM_ERR_INVALID, "audio encoder: %lld clips of %lld frames: both must be positive",
@@ -319,7 +264,7 @@ gm_status gm_audio_encoder_new(const gm_model *m, int64_t max_clips, int64_t max
         gm_free(e);
         return s;
     }
-    e->m = m, e->cfg = m->cfg.audio, e->max_clips = max_clips, e->max_frames = max_frames;
+    e->m = m, e->hard = hard, e->cfg = m->cfg.audio, e->max_clips = max_clips, e->max_frames = max_frames;
     if (n_threads <= 0) n_threads = 2;
     if (!be) s = gm_backend_cpu_new(n_threads, &e->owned_be, err), be = e->owned_be;
     e->be = be;
@@ -332,6 +277,8 @@ gm_status gm_audio_encoder_new(const gm_model *m, int64_t max_clips, int64_t max
                              "token (ids %lld..%lld)", m->path, (long long)(m->cfg.vocab_size - 1),
                              (long long)e->cfg.vocab_offset, (long long)(e->cfg.vocab_offset + e->d.V - 1));
         e->pad_id = pad;
+        if (s == GM_OK && !gm_mm_hard_row(hard, (int32_t)(e->cfg.vocab_offset + pad)))
+            s = gm_error_set(err, GM_ERR_INVALID, "audio encoder: the hard-token tables given hold no audio ids");
     }
     if (s == GM_OK) {
         e->scratch_floats = scratch_of(e, be->n_threads);
@@ -473,7 +420,7 @@ gm_status gm_audio_encoder_run(gm_audio_encoder *e, const float *features, const
     /* the embedder's soft path, written into each clip's first T3 of soft_tokens rows; padding
      * frames and the rest take the padding token's hard embedding (Gemma3nModel.forward) */
     k->rmsnorm_fwd(&ctx, e->red, NULL, e->red, e->soft_norm, B * T3, d->D, c->rms_eps);
-    const float *pad = e->hard + e->pad_id * d->C_text;
+    const float *pad = e->pad;
     for (int64_t b = 0; b < B; b++) {
         float *o = e->soft + b * d->soft_tokens * d->C_text;
         k->matmul_fwd(&ctx, o, e->red + b * T3 * d->D, &e->proj, T3, 0.0f);

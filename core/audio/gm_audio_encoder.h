@@ -27,11 +27,11 @@
  * Memory: planned, then allocated once (gm_arena's two passes) for up to max_clips clips of up to
  * max_frames feature frames. Linears are read as stored (f32, bf16 or f16): in place from the
  * memory-mapped checkpoint on a host-visible backend, uploaded once otherwise; vectors, the
- * convolutions, the projected relative-position tables and the hard-token embeddings are f32 in
- * the arena.
+ * convolutions, the projected relative-position tables and the padding token's embedding are f32
+ * in the arena.
  * Ownership: gm_audio_encoder_new returns an owned encoder (gm_audio_encoder_free), which borrows
- * the model (and its mapping) and the backend: both must outlive it. enc->soft and enc->hard are
- * backend memory owned by the encoder.
+ * the model (and its mapping), the hard-token tables and the backend: all must outlive it.
+ * enc->soft is backend memory owned by the encoder.
  * Errors: GM_ERR_INVALID (bad sizes; a batch longer than planned; a clip giving more soft tokens
  * than the model's audio_soft_tokens_per_image), GM_ERR_UNSUPPORTED (a model without an audio
  * tower, a tensor dtype other than f32/bf16/f16, a context wider than GM_K_AUDIO_SPAN_MAX),
@@ -54,6 +54,7 @@ extern "C" {
 #endif
 
 struct gm_model;
+struct gm_mm_hard;
 
 /* One conformer block's weights: linears as views, everything else f32 (backend memory). */
 typedef struct gm_audio_block_w {
@@ -97,10 +98,11 @@ typedef struct gm_audio_encoder {
     float *conv_w[2], *gn_w[2];          /* (Co, Ci, 3, 3), (Co) */
     gm_wview input_proj;                 /* (D, F2 C1) */
     gm_audio_block_w *block;             /* [n_layers] (owned array) */
-    float *soft_norm, *hard_norm;        /* (D) */
+    float *soft_norm;                    /* (D) */
     gm_wview proj;                       /* embedding_projection (C_text, D) */
-    float *hard;                         /* (V, C_text): every hard audio token's embedding */
-    int64_t pad_id;                      /* the audio id padding frames take (text vocab - 1 - offset) */
+    const struct gm_mm_hard *hard;       /* borrowed: the hard-token tables (gm_mm_embed.h) */
+    float *pad;                          /* (C_text): the padding audio token's embedding */
+    int64_t pad_id;                      /* that token, counted from the audio offset (text vocab - 1 - offset) */
     /* activations (backend) */
     float *x_in, *c0, *c1, *h, *a, *big, *q, *k, *v, *att, *red, *soft, *scratch;
     uint8_t *valid_in, *valid2, *valid3;
@@ -114,9 +116,10 @@ typedef struct gm_audio_encoder {
 /* Plans and allocates the encoder of model m (its config's audio tower, its checkpoint's
  * model.audio_tower.* and model.embed_audio.* tensors) for up to max_clips clips of up to
  * max_frames frames, on backend be (NULL: a CPU backend of its own with n_threads threads), and
- * loads its weights. */
-gm_status gm_audio_encoder_new(const struct gm_model *m, int64_t max_clips, int64_t max_frames, int n_threads,
-                               gm_backend *be, gm_audio_encoder **out, gm_error *err);
+ * loads its weights. hard: m's hard-token tables (gm_mm_hard_load; borrowed, must outlive the
+ * encoder), where the padding token's embedding comes from. */
+gm_status gm_audio_encoder_new(const struct gm_model *m, const struct gm_mm_hard *hard, int64_t max_clips,
+                               int64_t max_frames, int n_threads, gm_backend *be, gm_audio_encoder **out, gm_error *err);
 void gm_audio_encoder_free(gm_audio_encoder *e);
 
 /* One pass of the arena protocol (gm_arena.h) on a = backend arena, host = host staging. */

@@ -656,6 +656,9 @@ static void set_towers(gm_config *c, int tower) {
         c->vision.image_token_id = 262145;
         c->vision.boi_id = 255999;
         c->vision.eoi_id = 262144;
+        c->vision.hard_offset = 262144; /* Gemma3nVisionConfig: vocab_offset, vocab_size, rms_norm_eps */
+        c->vision.hard_vocab = 128;
+        c->vision.layer_norm_eps = 1e-6f;
         /* audio: 12 x 1536 conformer (§3.9) + embedder (§3.8: 128 x 1536 rows, two norms,
          * Linear(1536 -> 2048)) */
         c->audio.params = conformer_params(1536, 12, 192) + 128 * 1536 + 2 * 1536 + 1536 * D;
@@ -710,13 +713,13 @@ static void set_towers(gm_config *c, int tower) {
     }
 }
 
-/* An integer of audio_config in lo..hi, or GM_ERR_FORMAT naming it. */
-static gm_status audio_int(const cJSON *ac, const char *key, int64_t lo, int64_t hi, int64_t *dst, const char *label,
+/* An integer of a tower's config (or the top level) in lo..hi, or GM_ERR_FORMAT naming it. */
+static gm_status tower_int(const cJSON *ac, const char *key, int64_t lo, int64_t hi, int64_t *dst, const char *label,
                            gm_error *err) {
     int64_t v = *dst;
     GM_TRY(jint(ac, key, &v, false, label, err));
     if (v < lo || v > hi)
-        return gm_error_set(err, GM_ERR_FORMAT, "%s: audio_config.%s = %lld is outside %lld..%lld", label, key, (long long)v,
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: %s = %lld is outside %lld..%lld", label, key, (long long)v,
                             (long long)lo, (long long)hi);
     *dst = v;
     return GM_OK;
@@ -759,22 +762,24 @@ static gm_status gemma3n_towers_json(const cJSON *root, const char *label, gm_co
         memset(&cfg->audio, 0, sizeof cfg->audio);
     } else {
         gm_audio_config *a = &cfg->audio;
-        GM_TRY(audio_int(ac, "hidden_size", 1, 65536, &a->hidden_size, label, err));
-        GM_TRY(audio_int(ac, "conf_num_hidden_layers", 1, 1024, &a->n_layers, label, err));
-        GM_TRY(audio_int(ac, "input_feat_size", 1, 4096, &a->n_mels, label, err));
-        GM_TRY(audio_int(ac, "conf_num_attention_heads", 1, 1024, &a->n_heads, label, err));
-        GM_TRY(audio_int(ac, "conf_attention_chunk_size", 1, 4096, &a->chunk, label, err));
-        GM_TRY(audio_int(ac, "conf_attention_context_left", 0, 4096, &a->context_left, label, err));
-        GM_TRY(audio_int(ac, "conf_attention_context_right", 0, 4096, &a->context_right, label, err));
-        GM_TRY(audio_int(ac, "conf_conv_kernel_size", 1, 1024, &a->conv_kernel, label, err));
-        GM_TRY(audio_int(ac, "conf_reduction_factor", 1, 1024, &a->reduction, label, err));
-        GM_TRY(audio_int(ac, "vocab_size", 1, 1 << 20, &a->vocab_size, label, err));
-        GM_TRY(audio_int(ac, "vocab_offset", 0, INT32_MAX, &a->vocab_offset, label, err));
-        GM_TRY(jfloat(ac, "conf_attention_logit_cap", &a->logit_cap, label, err));
-        GM_TRY(jfloat(ac, "conf_residual_weight", &a->residual_weight, label, err));
-        GM_TRY(jfloat(ac, "gradient_clipping", &a->clip, label, err));
-        GM_TRY(jfloat(ac, "rms_norm_eps", &a->rms_eps, label, err));
-        GM_TRY(jfloat(ac, "sscp_conv_group_norm_eps", &a->group_norm_eps, label, err));
+        char awhere[300];
+        snprintf(awhere, sizeof awhere, "%s (audio_config)", label);
+        GM_TRY(tower_int(ac, "hidden_size", 1, 65536, &a->hidden_size, awhere, err));
+        GM_TRY(tower_int(ac, "conf_num_hidden_layers", 1, 1024, &a->n_layers, awhere, err));
+        GM_TRY(tower_int(ac, "input_feat_size", 1, 4096, &a->n_mels, awhere, err));
+        GM_TRY(tower_int(ac, "conf_num_attention_heads", 1, 1024, &a->n_heads, awhere, err));
+        GM_TRY(tower_int(ac, "conf_attention_chunk_size", 1, 4096, &a->chunk, awhere, err));
+        GM_TRY(tower_int(ac, "conf_attention_context_left", 0, 4096, &a->context_left, awhere, err));
+        GM_TRY(tower_int(ac, "conf_attention_context_right", 0, 4096, &a->context_right, awhere, err));
+        GM_TRY(tower_int(ac, "conf_conv_kernel_size", 1, 1024, &a->conv_kernel, awhere, err));
+        GM_TRY(tower_int(ac, "conf_reduction_factor", 1, 1024, &a->reduction, awhere, err));
+        GM_TRY(tower_int(ac, "vocab_size", 1, 1 << 20, &a->vocab_size, awhere, err));
+        GM_TRY(tower_int(ac, "vocab_offset", 0, INT32_MAX, &a->vocab_offset, awhere, err));
+        GM_TRY(jfloat(ac, "conf_attention_logit_cap", &a->logit_cap, awhere, err));
+        GM_TRY(jfloat(ac, "conf_residual_weight", &a->residual_weight, awhere, err));
+        GM_TRY(jfloat(ac, "gradient_clipping", &a->clip, awhere, err));
+        GM_TRY(jfloat(ac, "rms_norm_eps", &a->rms_eps, awhere, err));
+        GM_TRY(jfloat(ac, "sscp_conv_group_norm_eps", &a->group_norm_eps, awhere, err));
         GM_TRY(audio_pairs(ac, "sscp_conv_kernel_size", a->sscp_kernel, label, err));
         GM_TRY(audio_pairs(ac, "sscp_conv_stride_size", a->sscp_stride, label, err));
         const cJSON *ch = jget(ac, "sscp_conv_channel_size");
@@ -793,15 +798,26 @@ static gm_status gemma3n_towers_json(const cJSON *root, const char *label, gm_co
             return gm_error_set(err, GM_ERR_FORMAT, "%s: audio_config's conf_attention_logit_cap, gradient_clipping, "
                                 "rms_norm_eps and sscp_conv_group_norm_eps must be positive", label);
         int64_t soft = a->soft_tokens, tok = a->audio_token_id, boa = a->boa_id, eoa = a->eoa_id;
-        GM_TRY(audio_int(root, "audio_soft_tokens_per_image", 1, 65536, &soft, label, err));
-        GM_TRY(audio_int(root, "audio_token_id", 0, INT32_MAX, &tok, label, err));
-        GM_TRY(audio_int(root, "boa_token_id", 0, INT32_MAX, &boa, label, err));
-        GM_TRY(audio_int(root, "eoa_token_id", 0, INT32_MAX, &eoa, label, err));
+        GM_TRY(tower_int(root, "audio_soft_tokens_per_image", 1, 65536, &soft, label, err));
+        GM_TRY(tower_int(root, "audio_token_id", 0, INT32_MAX, &tok, label, err));
+        GM_TRY(tower_int(root, "boa_token_id", 0, INT32_MAX, &boa, label, err));
+        GM_TRY(tower_int(root, "eoa_token_id", 0, INT32_MAX, &eoa, label, err));
         a->soft_tokens = soft, a->audio_token_id = (int32_t)tok, a->boa_id = (int32_t)boa, a->eoa_id = (int32_t)eoa;
         int64_t da = a->hidden_size, D = cfg->hidden_size;
         a->params = conformer_params(da, a->n_layers, 192) + 128 * da + 2 * da + da * D;
     }
-    if (!jget(root, "vision_config")) memset(&cfg->vision, 0, sizeof cfg->vision);
+    const cJSON *vc = jget(root, "vision_config");
+    if (!vc) {
+        memset(&cfg->vision, 0, sizeof cfg->vision);
+    } else {
+        gm_vision_config *v = &cfg->vision;
+        char where[300];
+        snprintf(where, sizeof where, "%s (vision_config)", label);
+        GM_TRY(tower_int(vc, "hidden_size", 1, 65536, &v->hidden_size, where, err));
+        GM_TRY(tower_int(vc, "vocab_size", 1, 1 << 20, &v->hard_vocab, where, err));
+        GM_TRY(tower_int(vc, "vocab_offset", 0, INT32_MAX, &v->hard_offset, where, err));
+        GM_TRY(jfloat(vc, "rms_norm_eps", &v->layer_norm_eps, where, err));
+    }
     return GM_OK;
 }
 

@@ -62,6 +62,9 @@ typedef struct gm_vision_config {
     int64_t out_hidden_size;      /* the text width the projector maps into */
     int32_t image_token_id;       /* <image_soft_token> (262144; image_token_index) */
     int32_t boi_id, eoi_id;       /* <start_of_image> 255999, <end_of_image> 256000 */
+    /* Gemma 3n's vision embedder: hard tokens ids hard_offset .. + hard_vocab - 1 (262,144 and 128:
+     * vision_config's vocab_offset, vocab_size) of width hidden_size; 0 for Gemma 3 */
+    int64_t hard_offset, hard_vocab;
 } gm_vision_config;
 
 /* The audio tower (audio_config). Zero: no tower. The encoder fields below `frames_per_s` are

@@ -15,6 +15,8 @@
 #include "gm_alloc.h"
 #include "gm_audio_encoder.h"
 #include "gm_backend.h"
+#include "gm_decoder.h"
+#include "gm_mm_embed.h"
 #include "gm_model.h"
 
 #include <math.h>
@@ -56,6 +58,46 @@ static void on_stage(void *user, const char *stage, const float *x, int64_t rows
     gm_free(want);
 }
 
+/* The logits of the fixture's two prompts, each with its clip's soft tokens (from the encoder run
+ * just made: e->soft) at its audio soft token positions and the hard multimodal tokens' embeddings
+ * at theirs, from one batch through the decoder (all positions). NULL on failure (counted). */
+static float *audio_logits(const gm_model *m, const gm_mm_hard *hard, const gm_audio_encoder *e, const int32_t *ids,
+                           int64_t B, int64_t T) {
+    gm_error err;
+    int64_t N = B * T, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    float *emb = gm_malloc((size_t)(N * C) * sizeof(float)), *soft = gm_malloc((size_t)(B * e->d.soft_tokens * C) * 4);
+    int64_t *rows = gm_malloc((size_t)N * sizeof(int64_t));
+    gm_backend_download(e->be, soft, e->soft, (size_t)(B * e->d.soft_tokens * C) * sizeof(float));
+    int64_t n = gm_mm_hard_place(hard, ids, N, emb, rows, N), n_hard = n, n_soft = 0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t j = 0;
+        for (int64_t t = 0; t < T; t++)
+            if (ids[b * T + t] == m->cfg.audio.audio_token_id && j < e->d.soft_tokens) {
+                memcpy(emb + n * C, soft + (b * e->d.soft_tokens + j++) * C, (size_t)C * sizeof(float));
+                rows[n++] = b * T + t, n_soft++;
+            }
+    }
+    CHECK(n_soft == B * e->d.soft_tokens && n_hard == 7, "placed %lld soft tokens (%lld) and %lld hard ones (7)",
+          (long long)n_soft, (long long)(B * e->d.soft_tokens), (long long)n_hard);
+    gm_infer *st = NULL;
+    gm_infer_opts io = {.batch = B, .max_tokens = T, .ctx = T, .logit_rows = N, .n_threads = 2};
+    float *out = NULL;
+    if (gm_infer_new(m, &io, &st, &err) == GM_OK) {
+        gm_graph_input in = {.B = B, .T = T, .ids = ids, .embeds = emb, .embed_rows = rows, .n_embeds = n};
+        gm_status s = gm_decoder_forward_input(st, &in, true, &err);
+        CHECK(s == GM_OK, "forward with audio: %s", s == GM_OK ? "" : err.msg);
+        if (s == GM_OK) {
+            out = gm_malloc((size_t)(N * V) * sizeof(float));
+            memcpy(out, st->logits, (size_t)(N * V) * sizeof(float));
+        }
+        gm_infer_free(st);
+    } else {
+        CHECK(0, "decoder: %s", err.msg);
+    }
+    gm_free(emb), gm_free(soft), gm_free(rows);
+    return out;
+}
+
 int main(void) {
     snprintf(REF, sizeof REF, "%s", gm_test_path("tests/ref/tiny_gemma3n_audio_ref.h5"));
     gm_error err;
@@ -72,6 +114,9 @@ int main(void) {
           (long long)m->cfg.audio.context_left, (long long)m->cfg.audio.context_right,
           (long long)m->cfg.audio.soft_tokens, m->cfg.audio.audio_token_id);
 
+    gm_mm_hard hard;
+    st = gm_mm_hard_load(m, &hard, &err);
+    CHECK(st == GM_OK && hard.n == 2, "hard-token tables: %s", st == GM_OK ? "" : err.msg);
     int64_t fd[4];
     int fnd = 0;
     size_t n = 0;
@@ -87,7 +132,7 @@ int main(void) {
 
     /* the batch of the two clips */
     gm_audio_encoder *e = NULL;
-    st = gm_audio_encoder_new(m, 2, T, 2, NULL, &e, &err);
+    st = gm_audio_encoder_new(m, &hard, 2, T, 2, NULL, &e, &err);
     CHECK(st == GM_OK, "encoder: %s", err.msg);
     if (st == GM_OK) {
         stage_cmp sc = {0, 2, 0, T};
@@ -111,6 +156,19 @@ int main(void) {
                gm_check_close("soft tokens (batch of 2, 12 positions per clip)", got, soft, (size_t)ns, TOL_AUDIO_ENCODER_ABS, 0.0));
         gm_free(soft), gm_free(got);
 
+        /* the whole model: two prompts with a clip each (and hard multimodal ids among the text)
+         * against Gemma3nForConditionalGeneration's logits */
+        int64_t idd[2];
+        int32_t *ids = gm_test_h5_read(REF, "ids", 1, &n, idd, NULL);
+        float *ref = read_f("logits", NULL, NULL);
+        float *lg = ids ? audio_logits(m, &hard, e, ids, idd[0], idd[1]) : NULL;
+        if (lg && ref) {
+            printf("logits with audio: max |diff| %.3g\n",
+                   gm_check_close("logits with audio (2 prompts)", lg, ref, (size_t)(idd[0] * idd[1] * m->cfg.vocab_size),
+                                  TOL_TINY_LOGITS_ABS, 0.0));
+        }
+        gm_free(lg), gm_free(ref), gm_free(ids);
+
         /* a batch larger than planned, and more frames than the clip's positions allow */
         gm_error e2;
         CHECK(gm_audio_encoder_run(e, feat, v8, 3, T, NULL, NULL, &e2) == GM_ERR_INVALID &&
@@ -123,7 +181,7 @@ int main(void) {
      * convolutions look 2 frames ahead, so a clip's last frames depend on what pads it), gives its
      * rows of the batch: nothing of one clip reaches the other */
     for (int c = 0; c < 2; c++) {
-        st = gm_audio_encoder_new(m, 1, T, 2, NULL, &e, &err);
+        st = gm_audio_encoder_new(m, &hard, 1, T, 2, NULL, &e, &err);
         CHECK(st == GM_OK, "encoder: %s", err.msg);
         if (st != GM_OK) break;
         stage_cmp sc = {0, 1, c, T};
@@ -139,7 +197,7 @@ int main(void) {
         float *f = gm_calloc((size_t)(Tlong * M), sizeof(float));
         uint8_t *vl = gm_malloc((size_t)Tlong);
         memset(vl, 1, (size_t)Tlong);
-        st = gm_audio_encoder_new(m, 1, Tlong, 2, NULL, &e, &err);
+        st = gm_audio_encoder_new(m, &hard, 1, Tlong, 2, NULL, &e, &err);
         CHECK(st == GM_OK, "encoder for %lld frames: %s", (long long)Tlong, err.msg);
         if (st == GM_OK) {
             gm_error e2;
@@ -150,13 +208,14 @@ int main(void) {
         }
         gm_free(f), gm_free(vl);
     }
+    gm_mm_hard_free(&hard);
     gm_model_free(m);
 
     /* a model without an audio tower */
     st = gm_model_load(gm_test_path("tests/ref/tiny_gemma3n"), &mo, &m, &err);
     CHECK(st == GM_OK, "load tiny_gemma3n: %s", err.msg);
     if (st == GM_OK) {
-        CHECK(gm_audio_encoder_new(m, 1, 100, 2, NULL, &e, &err) == GM_ERR_UNSUPPORTED &&
+        CHECK(gm_audio_encoder_new(m, &hard, 1, 100, 2, NULL, &e, &err) == GM_ERR_UNSUPPORTED &&
                   gm_test_contains(err.msg, "no audio encoder") && gm_test_contains(err.msg, "hint:"),
               "text-only Gemma 3n: %s", err.msg);
         gm_model_free(m);
