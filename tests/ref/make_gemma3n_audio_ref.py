@@ -7,9 +7,13 @@ make_gemma3n_ref.py first), with a tiny Gemma3nAudioEncoder (2 conformer blocks 
 chunks of 6 frames with 6 frames of left and 2 of right context, light convolution kernel 5, the
 sub-sampling convolutions (8, 4) channels, 4x reduction), the audio embedder, and the vision embedder
 (hard tokens only: the MobileNet-V5 tower is not built - timm is not installed and gemmarun has no
-such encoder). The multimodal vocabularies sit inside the tiny text vocabulary of 512 as they do in
-the real one (262,400): vision ids 256..383, audio ids 384..511; <audio_soft_token> 385, <end_of_audio>
-384, <start_of_audio> 250; 12 audio soft tokens per clip.
+such encoder). The multimodal vocabularies sit at the top of the tiny text vocabulary of 512 as they
+do in the real one (262,400), above every id the tiny tokenizer's BPE makes (0..429): vision ids
+432..469 (<end_of_image> 432, <image_soft_token> 433), audio ids 470..511 (<end_of_audio> 470,
+<audio_soft_token> 471, 511 the padding of soft tokens: text vocab - 1, as in the real model);
+<start_of_image> 430 and <start_of_audio> 431 are text ids, as 255,999 and 256,000 are; all of them
+past the 400-row per-layer table (row 0), as in the real model. 12 audio soft tokens per clip.
+tokenizer.json is tests/ref/tiny_tokenizer.json with those six special tokens added.
 
 And tests/ref/tiny_gemma3n_audio_ref.h5, from real speech: the log-mel features of Debian's
 hello-world.wav and vm-goodbye.wav as one batch (tests/ref/audio_ref.h5 /batch, made by
@@ -61,17 +65,31 @@ def config():
     with open(os.path.join(TEXT, "config.json")) as fh:
         text = json.load(fh)
     audio = Gemma3nAudioConfig(
-        vocab_size=128, vocab_offset=384, input_feat_size=128, hidden_size=32, rms_norm_eps=1e-6,
+        vocab_size=42, vocab_offset=470, input_feat_size=128, hidden_size=32, rms_norm_eps=1e-6,
         gradient_clipping=CLAMP, conf_attention_chunk_size=6, conf_attention_context_left=7,
         conf_attention_context_right=2, conf_attention_logit_cap=50.0, conf_num_attention_heads=4,
         conf_num_hidden_layers=2, conf_conv_kernel_size=5, conf_reduction_factor=4, conf_residual_weight=0.5,
         sscp_conv_channel_size=(8, 4), sscp_conv_group_norm_eps=1e-3,
         sscp_conv_kernel_size=((3, 3), (3, 3)), sscp_conv_stride_size=((2, 2), (2, 2)))
-    vision = {"vocab_size": 128, "vocab_offset": 256, "hidden_size": 32, "rms_norm_eps": 1e-6}
+    vision = {"vocab_size": 38, "vocab_offset": 432, "hidden_size": 32, "rms_norm_eps": 1e-6}
     return Gemma3nConfig(text_config=text, audio_config=audio.to_dict(), vision_config=vision,
                          audio_soft_tokens_per_image=SOFT, vision_soft_tokens_per_image=4,
-                         boi_token_id=251, eoi_token_id=256, image_token_id=257,
-                         boa_token_id=250, eoa_token_id=384, audio_token_id=385)
+                         boi_token_id=430, eoi_token_id=432, image_token_id=433,
+                         boa_token_id=431, eoa_token_id=470, audio_token_id=471)
+
+
+SPECIALS = [(430, "<start_of_image>"), (431, "<start_of_audio>"), (432, "<end_of_image>"), (433, "<image_soft_token>"),
+            (470, "<end_of_audio>"), (471, "<audio_soft_token>")]
+
+
+def write_tokenizer(path):
+    with open(os.path.join(HERE, "tiny_tokenizer.json")) as fh:
+        tok = json.load(fh)
+    base = tok["added_tokens"][0]
+    for i, content in SPECIALS:
+        tok["added_tokens"].append(dict(base, id=i, content=content))
+    with open(path, "w") as fh:
+        json.dump(tok, fh, ensure_ascii=False)
 
 
 class NoVisionTower(torch.nn.Module):
@@ -114,10 +132,10 @@ def build():
 
 
 def prompts():
-    """Two prompts of one clip each; ids 256..511 (the multimodal ranges) also among the text, as
-    <end_of_image> and <end_of_audio> would be."""
-    a = [2, 17, 99, 250] + [385] * SOFT + [384, 45, 300, 256, 120, 8]
-    b = [2, 250] + [385] * SOFT + [384, 511, 77, 3, 260, 410, 64, 5]
+    """Two prompts of one clip each (<start_of_audio>, 12 soft tokens, <end_of_audio>), ids of both
+    multimodal ranges also among the text, as <end_of_image> would be."""
+    a = [2, 17, 99, 431] + [471] * SOFT + [470, 45, 445, 432, 120, 8]
+    b = [2, 431] + [471] * SOFT + [470, 511, 77, 3, 440, 490, 64, 5]
     return torch.tensor([a, b])
 
 
@@ -153,7 +171,7 @@ def main():
         for h in hooks:
             h.remove()
         soft = model.model.embed_audio(inputs_embeds=enc.last_hidden_state)
-        pad = model.model.embed_audio(input_ids=torch.tensor([[511]]))
+        pad = model.model.embed_audio(input_ids=torch.tensor([[511]]))  # text vocab - 1
         soft = torch.where(enc.audio_mel_mask.unsqueeze(-1), pad, soft)
         soft = torch.cat([soft, pad.expand(soft.shape[0], SOFT - soft.shape[1], soft.shape[2])], dim=1)
         ids = prompts()
@@ -168,8 +186,9 @@ def main():
     tensors = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items() if not k.startswith("lm_head.")}
     save_file(tensors, os.path.join(OUT, "model.safetensors"), metadata={"format": "pt"})
     tok = os.path.join(OUT, "tokenizer.json")
-    if not os.path.lexists(tok):
-        os.symlink("../tiny_gemma3_chat/tokenizer.json", tok)
+    if os.path.lexists(tok):
+        os.remove(tok)
+    write_tokenizer(tok)
     with h5py.File(REF, "w", track_order=True) as f:
         f.create_dataset("features", data=feats.numpy().astype(np.float32))
         f.create_dataset("features_mask", data=valid.numpy().astype(np.uint8))
@@ -186,7 +205,7 @@ def main():
     print(f"encoder {tuple(enc.last_hidden_state.shape)}, padding frames {enc.audio_mel_mask.sum(1).tolist()}; "
           f"clamped {clamped[0]} of {clamped[1]} values; the clips move the logits by {diff_audio:.3g}; "
           f"max probability {max_prob:.3f}")
-    for p in [os.path.join(OUT, "config.json"), os.path.join(OUT, "model.safetensors"), REF]:
+    for p in [os.path.join(OUT, "config.json"), os.path.join(OUT, "model.safetensors"), tok, REF]:
         with open(p, "rb") as fh:
             print(f"{hashlib.sha256(fh.read()).hexdigest()}  {os.path.relpath(p, HERE)}")
 

@@ -108,7 +108,7 @@ int main(void) {
     if (st != GM_OK) return gm_test_finish();
     CHECK(m->cfg.audio.hidden_size == 32 && m->cfg.audio.n_layers == 2 && m->cfg.audio.chunk == 6 &&
               m->cfg.audio.context_left == 7 && m->cfg.audio.context_right == 2 && m->cfg.audio.soft_tokens == 12 &&
-              m->cfg.audio.audio_token_id == 385 && m->cfg.audio.clip == 4.0f,
+              m->cfg.audio.audio_token_id == 471 && m->cfg.audio.clip == 4.0f,
           "audio_config read: width %lld, %lld blocks, chunk %lld, context %lld/%lld, %lld soft tokens, id %d",
           (long long)m->cfg.audio.hidden_size, (long long)m->cfg.audio.n_layers, (long long)m->cfg.audio.chunk,
           (long long)m->cfg.audio.context_left, (long long)m->cfg.audio.context_right,
