@@ -195,6 +195,13 @@ gm_status gm_graph_begin(gm_graph *g, const gm_graph_input *in, gm_error *err) {
         if (in->embed_rows[i] < 0 || in->embed_rows[i] >= N)
             return gm_error_set(err, GM_ERR_INVALID, "soft token %lld is placed at row %lld, outside the input (%lld rows)",
                                 (long long)i, (long long)in->embed_rows[i], (long long)N);
+    for (int64_t i = 0; i < in->n_ptr_embeds; i++)
+        if (in->ptr_rows[i] < 0 || in->ptr_rows[i] >= N)
+            return gm_error_set(err, GM_ERR_INVALID, "multimodal token %lld is placed at row %lld, outside the input (%lld rows)",
+                                (long long)i, (long long)in->ptr_rows[i], (long long)N);
+    if (in->n_dev_embeds < 0 || in->n_dev_embeds > N)
+        return gm_error_set(err, GM_ERR_INVALID, "%lld soft tokens for an input of %lld rows", (long long)in->n_dev_embeds,
+                            (long long)N);
     for (int64_t i = 0; i < N; i++) {
         g->host_ids[i] = in->ids[i];
         g->host_pos[i] = (int32_t)(in->pos0 + i % T);
@@ -229,6 +236,9 @@ gm_status gm_graph_begin(gm_graph *g, const gm_graph_input *in, gm_error *err) {
     int64_t C = c->hidden_size;
     for (int64_t i = 0; i < in->n_embeds; i++)
         gm_backend_upload(g->be, g->X[0] + in->embed_rows[i] * C, in->embeds + i * C, (size_t)C * sizeof(float));
+    for (int64_t i = 0; i < in->n_ptr_embeds; i++)
+        gm_backend_upload(g->be, g->X[0] + in->ptr_rows[i] * C, in->ptr_embeds[i], (size_t)C * sizeof(float));
+    if (in->n_dev_embeds > 0) g->k->scatter_rows(&g->kc, g->X[0], in->dev_embeds, in->dev_rows, in->n_dev_embeds, C);
     if (g->arch->front) g->arch->front(g);
     return GM_OK;
 }

@@ -68,6 +68,18 @@ typedef struct gm_graph_input {
     const float *embeds;      /* (n_embeds, C) */
     const int64_t *embed_rows;
     int64_t n_embeds;
+    /* More host rows, each read from its own place (Gemma 3n's hard multimodal tokens: rows of
+     * gm_mm_hard's tables, gm_mm_embed.h): row ptr_rows[i] takes ptr_embeds[i] (C floats). */
+    const float *const *ptr_embeds;
+    const int64_t *ptr_rows;
+    int64_t n_ptr_embeds;
+    /* Soft tokens already in backend memory (an encoder's output: Gemma 3n's audio): row
+     * dev_rows[i] (backend int32, n_dev_embeds of them, each < B T; the caller checked them) takes
+     * row i of dev_embeds (n_dev_embeds, C), backend. All rows above are placed before the
+     * architecture's front (Gemma 3n's per-layer inputs and AltUp streams read X[0]). */
+    const float *dev_embeds;
+    const int32_t *dev_rows;
+    int64_t n_dev_embeds;
     /* (B, T) or NULL: the end (exclusive, absolute position) of the keys each query sees, for
      * image tokens that see their whole image (gm_mm_kv_end, gemma_architecture.md §2.4);
      * NULL: causal. */

@@ -95,17 +95,20 @@ static gm_status linear(lay *l, const char *module, const char *name, int64_t ro
     gm_audio_encoder *e = l->e;
     const gm_st_tensor *t = NULL;
     int64_t shape[2] = {rows, cols};
-    gm_dtype dt = GM_BF16;
+    gm_dtype dt = e->stored;
     if (e->m) {
         GM_TRY(gm_mm_tensor(e->m, module, name, 2, shape, &t, l->err));
         dt = t->dtype;
     }
     size_t rb = gm_dtype_row_bytes(dt, cols);
-    bool alias = e->m && e->be && e->be->host_visible;
+    /* read in place on a host-visible backend (a plan without one assumes so, as gm_weights does):
+     * resident pages of the mapping, counted in alias_bytes, not in the arena */
+    bool alias = e->be ? e->be->host_visible : true;
     void *p = alias ? NULL : gm_arena_alloc(l->a, rb * (size_t)rows, GM_MEM_WEIGHTS);
+    if (alias && l->a->base == NULL) e->alias_bytes += rb * (size_t)rows; /* counted once: on the measuring pass */
     memset(w, 0, sizeof *w);
     w->type = dt, w->row_bytes = rb, w->rows = rows, w->cols = cols;
-    if (alias) w->data = t->data;
+    if (alias && t) w->data = t->data;
     else if (p) {
         w->data = p;
         if (l->fill) gm_backend_upload(e->be, p, t->data, rb * (size_t)rows);
@@ -236,7 +239,7 @@ gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *ho
 
 static size_t scratch_of(const gm_audio_encoder *e, int n_threads) {
     const gm_audio_encoder_dims *d = &e->d;
-    gm_dtype dt = GM_BF16;
+    gm_dtype dt = e->stored;
     if (e->m) {
         const gm_st_tensor *t = NULL;
         gm_error ignore;
@@ -251,37 +254,47 @@ static size_t scratch_of(const gm_audio_encoder *e, int n_threads) {
     return s;
 }
 
-gm_status gm_audio_encoder_new(const gm_model *m, const gm_mm_hard *hard, int64_t max_clips, int64_t max_frames,
-                               int n_threads, gm_backend *be, gm_audio_encoder **out, gm_error *err) {
-    *out = NULL;
+gm_status gm_audio_encoder_init(gm_audio_encoder *e, const gm_config *mm, const gm_model *m, const gm_mm_hard *hard,
+                                int64_t max_clips, int64_t max_frames, int n_threads, gm_backend *be, gm_error *err) {
+    memset(e, 0, sizeof *e);
     if (max_clips < 1 || max_frames < 1 || max_clips > (1 << 20) || max_frames > (1 << 24))
         return gm_error_set(err, GM_ERR_INVALID, "audio encoder: %lld clips of %lld frames: both must be positive",
                             (long long)max_clips, (long long)max_frames);
+    GM_TRY(dims_of(mm, &e->d, err));
+    e->m = m, e->hard = hard, e->cfg = mm->audio, e->max_clips = max_clips, e->max_frames = max_frames, e->be = be;
+    e->stored = GM_BF16;
+    int64_t pad = mm->vocab_size - 1 - e->cfg.vocab_offset;
+    if (pad < 0 || pad >= e->d.V)
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: the audio padding token (text vocab_size - 1 = %lld) is not an audio "
+                            "token (ids %lld..%lld)", m ? m->path : mm->name, (long long)(mm->vocab_size - 1),
+                            (long long)e->cfg.vocab_offset, (long long)(e->cfg.vocab_offset + e->d.V - 1));
+    e->pad_id = pad;
+    if (m && (!hard || !gm_mm_hard_row(hard, (int32_t)(e->cfg.vocab_offset + pad))))
+        return gm_error_set(err, GM_ERR_INVALID, "audio encoder: the hard-token tables given hold no audio ids");
+    e->block = gm_calloc((size_t)e->cfg.n_layers, sizeof *e->block);
+    if (!e->block) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    e->scratch_floats = scratch_of(e, be ? be->n_threads : (n_threads > 0 ? n_threads : 2));
+    return GM_OK;
+}
+
+void gm_audio_encoder_release(gm_audio_encoder *e) {
+    if (!e) return;
+    gm_free(e->block);
+    e->block = NULL;
+}
+
+gm_status gm_audio_encoder_new(const gm_model *m, const gm_mm_hard *hard, int64_t max_clips, int64_t max_frames,
+                               int n_threads, gm_backend *be, gm_audio_encoder **out, gm_error *err) {
+    *out = NULL;
     gm_audio_encoder *e = gm_calloc(1, sizeof *e);
     if (!e) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    gm_status s = dims_of(&m->cfg, &e->d, err);
-    if (s != GM_OK) {
-        gm_free(e);
-        return s;
-    }
-    e->m = m, e->hard = hard, e->cfg = m->cfg.audio, e->max_clips = max_clips, e->max_frames = max_frames;
     if (n_threads <= 0) n_threads = 2;
-    if (!be) s = gm_backend_cpu_new(n_threads, &e->owned_be, err), be = e->owned_be;
-    e->be = be;
-    e->block = gm_calloc((size_t)e->cfg.n_layers, sizeof *e->block);
-    if (s == GM_OK && !e->block) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    gm_backend *owned = NULL;
+    gm_status s = GM_OK;
+    if (!be) s = gm_backend_cpu_new(n_threads, &owned, err), be = owned;
+    if (s == GM_OK) s = gm_audio_encoder_init(e, &m->cfg, m, hard, max_clips, max_frames, n_threads, be, err);
+    e->owned_be = owned;
     if (s == GM_OK) {
-        int64_t pad = m->cfg.vocab_size - 1 - e->cfg.vocab_offset;
-        if (pad < 0 || pad >= e->d.V)
-            s = gm_error_set(err, GM_ERR_FORMAT, "%s: the audio padding token (text vocab_size - 1 = %lld) is not an audio "
-                             "token (ids %lld..%lld)", m->path, (long long)(m->cfg.vocab_size - 1),
-                             (long long)e->cfg.vocab_offset, (long long)(e->cfg.vocab_offset + e->d.V - 1));
-        e->pad_id = pad;
-        if (s == GM_OK && !gm_mm_hard_row(hard, (int32_t)(e->cfg.vocab_offset + pad)))
-            s = gm_error_set(err, GM_ERR_INVALID, "audio encoder: the hard-token tables given hold no audio ids");
-    }
-    if (s == GM_OK) {
-        e->scratch_floats = scratch_of(e, be->n_threads);
         gm_backend_arena(be, &e->arena, "audio encoder");
         gm_arena_init(&e->host, "audio encoder host", GM_DEVICE_CPU);
         s = gm_audio_encoder_layout(e, &e->arena, &e->host, err);
@@ -302,7 +315,7 @@ void gm_audio_encoder_free(gm_audio_encoder *e) {
     if (!e) return;
     gm_arena_free(&e->arena);
     gm_arena_free(&e->host);
-    gm_free(e->block);
+    gm_audio_encoder_release(e);
     gm_backend_free(e->owned_be);
     gm_free(e);
 }

@@ -44,6 +44,7 @@
 #include "gm_arena.h"
 #include "gm_backend.h"
 #include "gm_config.h"
+#include "gm_dtype.h"
 #include "gm_status.h"
 #include "kernels.h"
 
@@ -90,8 +91,10 @@ typedef struct gm_audio_encoder {
     const struct gm_model *m;  /* borrowed; NULL: a plan */
     gm_audio_config cfg;       /* m->cfg.audio */
     gm_audio_encoder_dims d;
-    gm_backend *be, *owned_be;
-    gm_arena arena, host;
+    gm_backend *be, *owned_be;  /* be NULL: a plan (a host-visible backend assumed) */
+    gm_arena arena, host;       /* gm_audio_encoder_new's own (unused inside another owner's arenas) */
+    gm_dtype stored;            /* a plan: the dtype the checkpoint stores the linears in (bf16) */
+    size_t alias_bytes;         /* linears read in place from the mapping (not in the arena) */
     int64_t max_clips, max_frames;
     size_t scratch_floats;
     /* weights */
@@ -121,6 +124,15 @@ typedef struct gm_audio_encoder {
 gm_status gm_audio_encoder_new(const struct gm_model *m, const struct gm_mm_hard *hard, int64_t max_clips,
                                int64_t max_frames, int n_threads, gm_backend *be, gm_audio_encoder **out, gm_error *err);
 void gm_audio_encoder_free(gm_audio_encoder *e);
+
+/* The same encoder inside another owner's arenas (the trainer's, the planner's): describes it for
+ * multimodal config mm (m and hard may be NULL for a plan, be too: a host-visible backend is
+ * assumed), then gm_audio_encoder_layout runs in each pass of the owner's arena protocol;
+ * gm_audio_encoder_release frees the block table (not the arenas). */
+gm_status gm_audio_encoder_init(gm_audio_encoder *e, const gm_config *mm, const struct gm_model *m,
+                                const struct gm_mm_hard *hard, int64_t max_clips, int64_t max_frames, int n_threads,
+                                gm_backend *be, gm_error *err);
+void gm_audio_encoder_release(gm_audio_encoder *e);
 
 /* One pass of the arena protocol (gm_arena.h) on a = backend arena, host = host staging. */
 gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *host, gm_error *err);

@@ -130,14 +130,14 @@ const float *gm_mm_hard_row(const gm_mm_hard *h, int32_t id) {
     return NULL;
 }
 
-int64_t gm_mm_hard_place(const gm_mm_hard *h, const int32_t *ids, int64_t N, float *embeds, int64_t *rows, int64_t cap) {
+int64_t gm_mm_hard_place(const gm_mm_hard *h, const int32_t *ids, int64_t N, const float **ptrs, int64_t *rows, int64_t cap) {
     int64_t n = 0;
     for (int64_t i = 0; i < N && n < cap; i++) {
         const float *r = gm_mm_hard_row(h, ids[i]);
         bool soft = false;
         for (int j = 0; j < h->n; j++) soft |= ids[i] == h->r[j].soft_id;
         if (!r || soft) continue;
-        memcpy(embeds + n * h->C, r, (size_t)h->C * sizeof(float));
+        ptrs[n] = r;
         rows[n++] = i;
     }
     return n;

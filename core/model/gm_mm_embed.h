@@ -10,8 +10,8 @@
  *     hard(id) = RMS_noweight(RMS_hard(E[id - offset]) Wproj^T)        (V, C_text)
  * with RMS norms that multiply by their stored weight and the tower config's rms_norm_eps, and no
  * sqrt(C) scale. gm_mm_hard holds both tables, computed once on the host (128 rows each); the
- * caller places their rows into a prompt as soft tokens are placed (gm_graph_input.embeds), so the
- * one graph serves both. Soft-token placeholders (the audio / image soft token ids) are left to the
+ * caller places their rows into a prompt as soft tokens are placed (gm_graph_input.ptr_embeds), so
+ * the one graph serves both. Soft-token placeholders (the audio / image soft token ids) are left to the
  * caller, who puts the encoder's soft tokens there.
  *
  * Ownership: gm_mm_hard owns its tables (gm_mm_hard_free). Errors: GM_ERR_NOT_FOUND /
@@ -60,10 +60,11 @@ void gm_mm_hard_free(gm_mm_hard *h);
 /* The embedding (C floats, borrowed) of id when it is a hard multimodal token, else NULL. */
 const float *gm_mm_hard_row(const gm_mm_hard *h, int32_t id);
 
-/* For ids (N), appends to embeds / rows (capacity cap rows) every position holding a hard
- * multimodal token other than a soft-token placeholder, with its embedding; returns how many
- * (at most cap: the caller sizes cap as N). */
-int64_t gm_mm_hard_place(const gm_mm_hard *h, const int32_t *ids, int64_t N, float *embeds, int64_t *rows, int64_t cap);
+/* For ids (N), writes to ptrs / rows (room for cap) every position holding a hard multimodal
+ * token other than a soft-token placeholder, with a pointer to its embedding (borrowed from h):
+ * what gm_graph_input's ptr_embeds / ptr_rows take. Returns how many (at most cap: the caller
+ * sizes cap as N). */
+int64_t gm_mm_hard_place(const gm_mm_hard *h, const int32_t *ids, int64_t N, const float **ptrs, int64_t *rows, int64_t cap);
 
 #ifdef __cplusplus
 }

@@ -18,6 +18,8 @@
 #include "gm_dist.h"
 #include "gm_graph.h"
 #include "gm_weights.h"
+#include "gm_audio_encoder.h"
+#include "gm_mm_embed.h"
 #include "kernels.h"
 
 #include <math.h>
@@ -41,6 +43,14 @@ struct gm_trainer {
     int32_t *img_rows;        /* (N) backend: rows of X[0] the images' soft tokens replace */
     int32_t *h_img_rows, *h_ids, *h_kv_end; /* (N) host staging */
     int64_t *h_uniq, *h_of;   /* (max_images): a batch's distinct images, each image's among them */
+    gm_audio_encoder aud;     /* the audio path (o.max_audio > 0): Gemma 3n's encoder, frozen */
+    bool has_aud;
+    int32_t *aud_rows;        /* (N) backend: rows of X[0] the clips' soft tokens replace */
+    int32_t *h_aud_rows;      /* (N) host staging */
+    gm_mm_hard hard;          /* Gemma 3n's hard multimodal tokens (a loaded model's; n = 0 otherwise) */
+    bool has_hard;            /* the config has embedders: the rows below are planned */
+    const float **h_hard_ptr; /* (N) host: the hard tokens' rows of a batch */
+    int64_t *h_hard_rows;     /* (N) host */
     gm_arena arena;           /* backend memory: weights, adapters, activations, loss */
     gm_arena host;            /* host staging */
     int64_t step;             /* optimizer steps done */
@@ -345,6 +355,16 @@ static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, g
                             "(gemmarun plan: give images=N)",
                             tr->o.train_projector ? "modules_to_save" : "vision_targets");
     }
+    if (tr->o.max_audio > 0) {
+        if (c->audio.hidden_size <= 0 || c->arch != GM_ARCH_GEMMA3N)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: the data has audio, but the model has no audio encoder\n"
+                                "  hint: use a Gemma 3n checkpoint of Gemma3nForConditionalGeneration (e.g. gemma-3n-E2B-it)",
+                                tr->m ? tr->m->path : c->name);
+        GM_TRY(gm_audio_encoder_init(&tr->aud, c, tr->m, tr->m ? &tr->hard : NULL, tr->o.max_audio, tr->o.max_audio_frames,
+                                     tr->o.n_threads, tr->be, err));
+        tr->has_aud = true;
+    }
+    tr->has_hard = c->arch == GM_ARCH_GEMMA3N && (c->audio.vocab_size > 0 || c->vision.hard_vocab > 0);
     GM_TRY(gm_weights_init(&tr->w, c, tr->o.quant, err));
     GM_TRY(gm_lora_describe(&tr->lora, &tr->o.lora, tr->w.arch, c, prefix, err));
     tr->cap_params = 2 * tr->lora.n + (tr->has_vis ? 2 * tr->vis.lora.n + (tr->vis.train_proj ? GM_VISION_PROJ_PARAMS : 0) : 0);
@@ -394,6 +414,15 @@ static gm_status layout(gm_trainer *tr, const gm_model *m, gm_dtype stored, gm_d
         tr->h_kv_end = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
         tr->h_uniq = (int64_t *)gm_arena_alloc(h, (size_t)tr->o.max_images * sizeof(int64_t), GM_MEM_WORKSPACE);
         tr->h_of = (int64_t *)gm_arena_alloc(h, (size_t)tr->o.max_images * sizeof(int64_t), GM_MEM_WORKSPACE);
+    }
+    if (tr->has_aud) {
+        GM_TRY(gm_audio_encoder_layout(&tr->aud, a, h, err));
+        tr->aud_rows = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
+        tr->h_aud_rows = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
+    }
+    if (tr->has_hard) {
+        tr->h_hard_ptr = (const float **)gm_arena_alloc(h, (size_t)N * sizeof(float *), GM_MEM_WORKSPACE);
+        tr->h_hard_rows = (int64_t *)gm_arena_alloc(h, (size_t)N * sizeof(int64_t), GM_MEM_WORKSPACE);
     }
 #define F32(n, kind) (float *)gm_arena_alloc(a, (size_t)(n) * sizeof(float), kind)
     tr->sup_rows = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
@@ -450,6 +479,8 @@ static void trainer_release(gm_trainer *tr) {
     gm_arena_free(&tr->arena);
     gm_arena_free(&tr->host);
     if (tr->has_vis) gm_vision_release(&tr->vis);
+    if (tr->has_aud) gm_audio_encoder_release(&tr->aud);
+    gm_mm_hard_free(&tr->hard);
     gm_graph_free(&tr->g);
     gm_lora_free(&tr->lora);
     gm_weights_free(&tr->w);
@@ -473,7 +504,8 @@ gm_status gm_train_plan(const gm_config *cfg, const gm_train_opts *o, gm_dtype s
         out->total = tr->arena.used + tr->host.used;
         out->host_bytes = tr->host.used;
         for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->by_kind[k] = tr->arena.by_kind[k] + tr->host.by_kind[k];
-        out->alias_bytes = tr->w.alias_bytes;
+        out->alias_bytes = tr->w.alias_bytes + (tr->has_aud ? tr->aud.alias_bytes : 0);
+        out->audio_alias_bytes = tr->has_aud ? tr->aud.alias_bytes : 0;
         memcpy(out->weight_bytes, tr->w.kind_bytes, sizeof out->weight_bytes);
         out->n_trainable = 0;
         for (int i = 0; i < tr->n_params; i++) out->n_trainable += tr->params[i].n;
@@ -519,6 +551,8 @@ gm_status gm_trainer_new_on(const gm_model *m, const gm_train_opts *o, gm_backen
     if (s == GM_OK && o->compute == GM_COMPUTE_BF16 && !tr->be->bf16_gemm)
         s = gm_error_set(err, GM_ERR_UNSUPPORTED, "compute = \"bf16\": the %s backend computes in f32 only (bf16 GEMMs run on "
                          "a GPU)\n  hint: use compute = \"auto\" (bf16 where native) or \"f32\"", tr->be->name);
+    /* Gemma 3n's hard multimodal tokens (<end_of_audio>, ...): their embedders' tables */
+    if (s == GM_OK && c->arch == GM_ARCH_GEMMA3N) s = gm_mm_hard_load(m, &tr->hard, err);
     if (s == GM_OK) s = setup(tr, c, m->peft_prefix, err);
     /* pass 1: measure; pass 2: allocate, re-encode / upload the base weights, hand out buffers
      * (the re-encoding releases each source tensor's mapped pages as it goes: the file's own
@@ -668,6 +702,18 @@ static gm_status check_batch(const gm_trainer *tr, const gm_batch *b, int64_t *n
     if (b->n_images > (tr->has_vis ? tr->o.max_images : 0))
         return gm_error_set(err, GM_ERR_INVALID, "batch has %lld images; the run was planned for %lld per micro-batch",
                             (long long)b->n_images, (long long)(tr->has_vis ? tr->o.max_images : 0));
+    /* audio: as many clips as the batch's soft-token runs say, within the plan */
+    int32_t aud = c->audio.hidden_size > 0 && c->arch == GM_ARCH_GEMMA3N ? c->audio.audio_token_id : -1;
+    int64_t aud_tokens = 0;
+    for (int64_t i = 0; aud >= 0 && i < b->B * b->T; i++) aud_tokens += b->ids[i] == aud;
+    if (aud_tokens != b->n_audio * (aud >= 0 ? c->audio.soft_tokens : 0) ||
+        (b->n_audio > 0 && (!b->audio_features || !b->audio_valid)))
+        return gm_error_set(err, GM_ERR_INVALID, "batch has %lld audio tokens but %lld clips (each fills %lld tokens)",
+                            (long long)aud_tokens, (long long)b->n_audio, (long long)c->audio.soft_tokens);
+    if (b->n_audio > (tr->has_aud ? tr->o.max_audio : 0) || (b->n_audio > 0 && b->audio_frames > tr->o.max_audio_frames))
+        return gm_error_set(err, GM_ERR_INVALID, "batch has %lld clips of %lld frames; the run was planned for %lld of %lld "
+                            "frames per micro-batch", (long long)b->n_audio, (long long)b->audio_frames,
+                            (long long)(tr->has_aud ? tr->o.max_audio : 0), (long long)tr->o.max_audio_frames);
     *n_sup = 0;
     for (int64_t s = 0; s < b->B; s++) {
         int64_t here = 0;
@@ -676,6 +722,7 @@ static gm_status check_batch(const gm_trainer *tr, const gm_batch *b, int64_t *n
             /* a soft token's id is never embedded, and no position learns to predict one (an image
              * in an answer is given, not generated: as Hugging Face recipes mask image tokens) */
             bool id_ok = id == img || (id >= 0 && id < c->vocab_size), tg_ok = tg == img || tg < c->vocab_size;
+            if (tg == aud) tg = -1; /* nor to predict an audio soft token */
             if (!id_ok || !tg_ok)
                 return gm_error_set(err, GM_ERR_INVALID, "example %lld: token id %d at position %lld is outside the vocabulary",
                                     (long long)(b->example_index ? b->example_index[s] : s), tg_ok ? id : tg, (long long)t);
@@ -696,8 +743,9 @@ static gm_status check_batch(const gm_trainer *tr, const gm_batch *b, int64_t *n
 static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, int64_t *n_sup_out, gm_error *err) {
     int64_t N = b->B * b->T, n_sup = 0;
     int32_t img = tr->cfg->vision.hidden_size > 0 ? tr->cfg->vision.image_token_id : -1;
+    int32_t aud = tr->cfg->audio.hidden_size > 0 && tr->cfg->arch == GM_ARCH_GEMMA3N ? tr->cfg->audio.audio_token_id : -1;
     for (int64_t i = 0; i < N; i++)
-        if (b->targets[i] >= 0 && b->targets[i] != img) { /* as check_batch counts them */
+        if (b->targets[i] >= 0 && b->targets[i] != img && b->targets[i] != aud) { /* as check_batch counts them */
             tr->h_rows[n_sup] = (int32_t)i;
             tr->h_tgt[n_sup++] = b->targets[i];
         }
@@ -737,6 +785,19 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
         gm_backend_upload(tr->be, tr->img_rows, tr->h_img_rows, (size_t)R * sizeof(int32_t));
         in.ids = tr->h_ids;
         in.kv_end = tr->h_kv_end;
+    }
+    if (tr->has_hard && tr->hard.n > 0) { /* Gemma 3n's hard multimodal tokens, from their embedders */
+        in.ptr_embeds = tr->h_hard_ptr, in.ptr_rows = tr->h_hard_rows;
+        in.n_ptr_embeds = gm_mm_hard_place(&tr->hard, b->ids, N, tr->h_hard_ptr, tr->h_hard_rows, N);
+    }
+    if (b->n_audio > 0) { /* the clips through the (frozen) encoder; their soft tokens in order */
+        GM_TRY(gm_audio_encoder_run(&tr->aud, b->audio_features, b->audio_valid, b->n_audio, b->audio_frames, NULL, NULL,
+                                    err));
+        int64_t R2 = 0;
+        for (int64_t i = 0; i < N; i++)
+            if (b->ids[i] == aud) tr->h_aud_rows[R2++] = (int32_t)i;
+        gm_backend_upload(tr->be, tr->aud_rows, tr->h_aud_rows, (size_t)R2 * sizeof(int32_t));
+        in.dev_embeds = tr->aud.soft, in.dev_rows = tr->aud_rows, in.n_dev_embeds = R2;
     }
     GM_TRY(gm_graph_begin(g, &in, err));
     int64_t C = tr->cfg->hidden_size, tok = tr->cfg->vision.tokens;

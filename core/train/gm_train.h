@@ -98,6 +98,9 @@ typedef struct gm_train_opts {
     bool train_projector;    /* modules_to_save = "multi_modal_projector": the projector learns */
     bool pan_and_scan;       /* the data's images are seen with their pan & scan crops (the
                                 runner's data sets; the trainer sees only max_images) */
+    int64_t max_audio;       /* audio clips per micro-batch the audio path is planned for (0: no
+                                audio); the caller derives it from the data, like max_images */
+    int64_t max_audio_frames; /* log-mel frames of the longest clip (gm_audio_frames; 30 s: 2997) */
     gm_compute compute;      /* precision of the base weights' GEMMs (gm_compute) */
     int n_threads;
 } gm_train_opts;
@@ -179,6 +182,15 @@ typedef struct gm_batch {
      * options vision_targets and modules_to_save say (frozen by default). */
     const float *pixels;
     int64_t n_images;
+    /* Audio (Gemma 3n): log-mel features (n_audio, audio_frames, 128) and their frame mask
+     * (n_audio, audio_frames; 1 = a frame of the clip), host, as Gemma3nAudioFeatureExtractor
+     * gives a batch of clips (gm_audio_features_compute), in the order their soft-token runs appear
+     * in ids. Each clip fills one run of the config's audio_soft_tokens_per_image
+     * <audio_soft_token> ids (causal attention, as every Gemma 3n token). The audio encoder is
+     * frozen. */
+    const float *audio_features;
+    const uint8_t *audio_valid;
+    int64_t n_audio, audio_frames;
 } gm_batch;
 
 typedef struct gm_step_stats {
@@ -298,7 +310,8 @@ typedef struct gm_train_plan_info {
     size_t total;                      /* their sum */
     size_t host_bytes;                 /* of total, the host staging arena's (host memory on any backend) */
     size_t alias_bytes;                /* base weights read in place from the file (memory-mapped,
-                                          resident, not in an arena) */
+                                          resident, not in an arena), the audio encoder's included */
+    size_t audio_alias_bytes;          /* of which the audio encoder's linears */
     size_t weight_bytes[GM_W_KIND_COUNT]; /* resident base weights by gm_wkind: linear, norm,
                                           embedding, vector (aliased or re-encoded) */
     int64_t n_trainable;               /* trained parameters: LoRA (language model and vision

@@ -18,6 +18,7 @@
 #include "gm_decoder.h"
 #include "gm_mm_embed.h"
 #include "gm_model.h"
+#include "gm_train.h"
 
 #include <math.h>
 #include <string.h>
@@ -66,24 +67,26 @@ static float *audio_logits(const gm_model *m, const gm_mm_hard *hard, const gm_a
     gm_error err;
     int64_t N = B * T, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
     float *emb = gm_malloc((size_t)(N * C) * sizeof(float)), *soft = gm_malloc((size_t)(B * e->d.soft_tokens * C) * 4);
-    int64_t *rows = gm_malloc((size_t)N * sizeof(int64_t));
+    int64_t *rows = gm_malloc((size_t)N * sizeof(int64_t)), *hrows = gm_malloc((size_t)N * sizeof(int64_t));
+    const float **hptr = gm_malloc((size_t)N * sizeof(float *));
     gm_backend_download(e->be, soft, e->soft, (size_t)(B * e->d.soft_tokens * C) * sizeof(float));
-    int64_t n = gm_mm_hard_place(hard, ids, N, emb, rows, N), n_hard = n, n_soft = 0;
+    int64_t n_hard = gm_mm_hard_place(hard, ids, N, hptr, hrows, N), n = 0;
     for (int64_t b = 0; b < B; b++) {
         int64_t j = 0;
         for (int64_t t = 0; t < T; t++)
             if (ids[b * T + t] == m->cfg.audio.audio_token_id && j < e->d.soft_tokens) {
                 memcpy(emb + n * C, soft + (b * e->d.soft_tokens + j++) * C, (size_t)C * sizeof(float));
-                rows[n++] = b * T + t, n_soft++;
+                rows[n++] = b * T + t;
             }
     }
-    CHECK(n_soft == B * e->d.soft_tokens && n_hard == 7, "placed %lld soft tokens (%lld) and %lld hard ones (7)",
-          (long long)n_soft, (long long)(B * e->d.soft_tokens), (long long)n_hard);
+    CHECK(n == B * e->d.soft_tokens && n_hard == 7, "placed %lld soft tokens (%lld) and %lld hard ones (7)", (long long)n,
+          (long long)(B * e->d.soft_tokens), (long long)n_hard);
     gm_infer *st = NULL;
     gm_infer_opts io = {.batch = B, .max_tokens = T, .ctx = T, .logit_rows = N, .n_threads = 2};
     float *out = NULL;
     if (gm_infer_new(m, &io, &st, &err) == GM_OK) {
-        gm_graph_input in = {.B = B, .T = T, .ids = ids, .embeds = emb, .embed_rows = rows, .n_embeds = n};
+        gm_graph_input in = {.B = B, .T = T, .ids = ids, .embeds = emb, .embed_rows = rows, .n_embeds = n,
+                             .ptr_embeds = hptr, .ptr_rows = hrows, .n_ptr_embeds = n_hard};
         gm_status s = gm_decoder_forward_input(st, &in, true, &err);
         CHECK(s == GM_OK, "forward with audio: %s", s == GM_OK ? "" : err.msg);
         if (s == GM_OK) {
@@ -94,8 +97,80 @@ static float *audio_logits(const gm_model *m, const gm_mm_hard *hard, const gm_a
     } else {
         CHECK(0, "decoder: %s", err.msg);
     }
-    gm_free(emb), gm_free(soft), gm_free(rows);
+    gm_free(emb), gm_free(soft), gm_free(rows), gm_free(hrows), gm_free(hptr);
     return out;
+}
+
+/* The trainer's audio path (gm_batch.audio_*): the fixture's two prompts with their clips, every
+ * position after the <end_of_audio> supervised, through gm_trainer_eval: the summed loss equals the
+ * one computed from transformers' logits (the encoder, the soft and hard tokens, the decoder as
+ * training runs them); then a few steps on that batch lower it. */
+static void check_trainer(const gm_model *m, const float *feat, const uint8_t *valid, int64_t n_clips, int64_t frames) {
+    size_t n = 0;
+    int64_t idd[2];
+    int32_t *ids = gm_test_h5_read(REF, "ids", 1, &n, idd, NULL);
+    float *ref = read_f("logits", NULL, NULL);
+    if (!ids || !ref) return;
+    int64_t B = idd[0], T = idd[1], V = m->cfg.vocab_size;
+    int32_t *tg = gm_malloc((size_t)(B * T) * sizeof(int32_t));
+    double want = 0;
+    int64_t n_want = 0;
+    for (int64_t b = 0; b < B; b++) {
+        bool after = false;
+        for (int64_t t = 0; t < T; t++) {
+            int64_t i = b * T + t;
+            after |= ids[i] == m->cfg.audio.eoa_id;
+            tg[i] = after && t + 1 < T ? ids[i + 1] : -1;
+            if (tg[i] >= 0) {
+                want += gm_test_lse(ref + i * V, V) - ref[i * V + tg[i]];
+                n_want++;
+            }
+        }
+    }
+    gm_train_opts o = gm_train_opts_default();
+    o.batch = B, o.max_length = T, o.lora.rank = 4, o.lora.alpha = 8, o.lr = 1e-2, o.total_steps = 10;
+    o.max_audio = n_clips, o.max_audio_frames = frames, o.n_threads = 2;
+    gm_train_opts_resolve(&o);
+    gm_trainer *tr = NULL;
+    gm_error err;
+    gm_status st = gm_trainer_new(m, &o, &tr, &err);
+    CHECK(st == GM_OK, "trainer with audio: %s", st == GM_OK ? "" : err.msg);
+    if (st == GM_OK) {
+        gm_batch bt = {.B = B, .T = T, .ids = ids, .targets = tg, .audio_features = feat, .audio_valid = valid,
+                       .n_audio = n_clips, .audio_frames = frames};
+        double loss = 0;
+        int64_t nt = 0;
+        st = gm_trainer_eval(tr, &bt, &loss, &nt, &err);
+        CHECK(st == GM_OK && nt == n_want, "eval with audio: %s (%lld tokens, %lld expected)", st == GM_OK ? "" : err.msg,
+              (long long)nt, (long long)n_want);
+        printf("trainer loss with audio %.9g, from transformers' logits %.9g (relative %.3g)\n", loss, want,
+               fabs(loss - want) / want);
+        CHECK_NEAR(loss, want, TOL_AUDIO_LOSS_REL * want, "the trainer's loss with audio against transformers' logits");
+        double first = loss / (double)nt, last = first;
+        for (int k = 0; k < 5 && st == GM_OK; k++) {
+            gm_step_stats ss;
+            st = gm_trainer_step(tr, &bt, 1, &ss, &err);
+            last = ss.loss;
+        }
+        CHECK(st == GM_OK && last < first, "5 steps with audio: loss %.4f -> %.4f (%s)", first, last,
+              st == GM_OK ? "" : err.msg);
+        /* a batch whose clip count disagrees with its audio tokens is refused */
+        gm_batch bad = bt;
+        bad.n_audio = 1;
+        gm_error e2;
+        CHECK(gm_trainer_eval(tr, &bad, &loss, &nt, &e2) == GM_ERR_INVALID && gm_test_contains(e2.msg, "24 audio tokens but 1 clips"),
+              "clip count checked: %s", e2.msg);
+        gm_trainer_free(tr);
+    }
+    /* a text-only Gemma 3n model refuses audio data by name */
+    gm_model *t = NULL;
+    gm_model_opts mo = {.load_tokenizer = false};
+    if (gm_model_load(gm_test_path("tests/ref/tiny_gemma3n"), &mo, &t, &err) == GM_OK) {
+        CHECK(gm_trainer_new(t, &o, &tr, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "no audio encoder"),
+              "audio on tiny_gemma3n: %s", err.msg);
+        gm_model_free(t);
+    }
+    gm_free(tg), gm_free(ids), gm_free(ref);
 }
 
 int main(void) {
@@ -176,6 +251,8 @@ int main(void) {
               "3 clips refused: %s", e2.msg);
         gm_audio_encoder_free(e);
     }
+
+    check_trainer(m, feat, v8, B, T);
 
     /* each clip alone, at the batch's length (its padding frames as in the batch: the sub-sampling
      * convolutions look 2 frames ahead, so a clip's last frames depend on what pads it), gives its
