@@ -807,6 +807,15 @@ void gm_bind_push_config(lua_State *L, const gm_config *c) {
         SETI("n_params", c->vision.params);
         lua_setfield(L, -2, "vision");
     }
+    if (c->arch == GM_ARCH_GEMMA3N && c->audio.hidden_size > 0) { /* Gemma 3n's audio encoder (audio_config) */
+        lua_createtable(L, 0, 6);
+        SETI("hidden_size", c->audio.hidden_size);
+        SETI("conf_num_hidden_layers", c->audio.n_layers);
+        SETI("audio_soft_tokens_per_image", c->audio.soft_tokens);
+        SETI("audio_token_id", c->audio.audio_token_id);
+        SETI("n_params", c->audio.params);
+        lua_setfield(L, -2, "audio");
+    }
 #undef SETI
 #undef SETN
 }

@@ -334,6 +334,10 @@ static int l_plan(lua_State *L) {
         lua_pushinteger(L, (lua_Integer)p.vision.total);
         lua_setfield(L, -2, "vision tower");
     }
+    if (p.audio.total > 0) {
+        lua_pushinteger(L, (lua_Integer)p.audio.total);
+        lua_setfield(L, -2, "audio tower");
+    }
     lua_pushinteger(L, (lua_Integer)p.total);
     lua_setfield(L, -2, "total");
     lua_pushboolean(L, p.exact);

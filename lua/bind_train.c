@@ -5,7 +5,11 @@
  *   dataset:add_chat(messages [, {max_length = 256, label = n, images = {path, ...}, image_sha = {hex, ...}}])
  *                                           -> true | false, reason   (messages: {{role=, content=}, ...};
  *                                              content holds one "<start_of_image>" per image)
- *   dataset:max_images()                   -> the most images one example has
+ *       ... audio = {path, ...}, audio_sha = {hex, ...} (Gemma 3n: content holds one
+ *                                              "<start_of_audio>" per clip; not with images)
+ *   dataset:max_images(), dataset:max_audio() -> the most images / audio clips one example has
+ *   gm.audio_check(path [, max_seconds])    -> sha256 hex, feature frames, samples at 16 kHz (decoded
+ *                                              completely; raises naming the file when it cannot be used)
  *   gm.image_check(ref)                     -> sha256 hex, width, height (decoded completely; raises
  *                                              naming the file when it cannot be used; ref: a file or
  *                                              a region "PATH#xywh=X,Y,W,H"; width, height: the file's)
@@ -18,7 +22,8 @@
  *   gm.fortunes(topic [, {max_chars = 400, dir = "/usr/share/games/fortunes"}]) -> {text, ...}
  *   model:trainer(opts)                    -> trainer   (opts: the schema's options, gm_train_opts.def,
  *                                              plus seed, steps, threads, max_images: images per
- *                                              micro-batch, from the data)
+ *                                              micro-batch, max_audio / max_audio_frames: clips per
+ *                                              micro-batch and the longest clip's frames, from the data)
  *   trainer:step(dataset, {i, ...})        -> {loss, tokens, grad_norm, lr, step}
  *       the indices (1-based) are split into micro-batches of opts.batch (gradient accumulation);
  *       under data parallelism (gm.dist_info().world_size > 1, lua/bind_dist.c) the trainer
@@ -44,6 +49,7 @@
 #include "write_rule.h"
 
 #include "gm_alloc.h"
+#include "gm_audio.h"
 #include "gm_data.h"
 #include "gm_dist.h"
 #include "gm_image.h"
@@ -75,6 +81,10 @@ typedef struct ltrainer {
     int64_t *idx;           /* (grad_accum * batch) */
     int64_t *scan;          /* indices of the last choose/score call (their own length) */
     int32_t pad_id;
+    float *audio;           /* (grad_accum * max_audio, max_audio_frames, 128) the micro-batches' features */
+    uint8_t *audio_valid;   /* (grad_accum * max_audio, max_audio_frames) */
+    int64_t max_audio, max_audio_frames;
+    struct gm_audio_fe *fe; /* the feature extractor (audio runs) */
 } ltrainer;
 
 static ldataset *check_ds(lua_State *L, int i) {
@@ -111,7 +121,7 @@ static int l_dataset(lua_State *L) {
 static int l_ds_add_chat(lua_State *L) {
     ldataset *d = check_ds(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
-    static const char *const allowed[] = {"max_length", "label", "images", "image_sha", "crops", NULL};
+    static const char *const allowed[] = {"max_length", "label", "images", "image_sha", "crops", "audio", "audio_sha", NULL};
     gm_bind_check_opts(L, 3, "add_chat", allowed);
     lua_Integer max_length = gm_bind_opt_int(L, 3, "max_length", 256);
     lua_Integer label = gm_bind_opt_int(L, 3, "label", -1);
@@ -158,6 +168,44 @@ static int l_ds_add_chat(lua_State *L) {
         }
         lua_pop(L, 1);
     }
+    /* audio clips (Gemma 3n): their files and sha256, as images' */
+    const char *audio[GM_MAX_IMAGES_PER_EXAMPLE], *audio_sha[GM_MAX_IMAGES_PER_EXAMPLE];
+    lua_Integer n_audio = 0;
+    if (lua_istable(L, 3)) {
+        lua_getfield(L, 3, "audio");
+        lua_getfield(L, 3, "audio_sha");
+        if (!lua_isnil(L, -2)) {
+            luaL_checktype(L, -2, LUA_TTABLE);
+            n_audio = luaL_len(L, -2);
+            if (n_audio > GM_MAX_IMAGES_PER_EXAMPLE)
+                return luaL_error(L, "add_chat: at most %d audio clips per example, got %d", GM_MAX_IMAGES_PER_EXAMPLE, (int)n_audio);
+            for (lua_Integer i = 1; i <= n_audio; i++) {
+                lua_rawgeti(L, -2, i);
+                audio[i - 1] = lua_tostring(L, -1);
+                lua_pop(L, 1);
+                audio_sha[i - 1] = NULL;
+                if (lua_istable(L, -1)) {
+                    lua_rawgeti(L, -1, i);
+                    audio_sha[i - 1] = lua_tostring(L, -1);
+                    lua_pop(L, 1);
+                }
+                if (!audio[i - 1]) return luaL_error(L, "add_chat: audio[%d] must be a file path", (int)i);
+            }
+        }
+        lua_pop(L, 2);
+    }
+    if (n_audio > 0 && n_images > 0) {
+        lua_pushboolean(L, 0);
+        lua_pushstring(L, "it has both images and audio; gemmarun reads one or the other per example (Gemma 3n's images "
+                          "are not read)");
+        return 2;
+    }
+    if (n_audio > 0 && (d->m->cfg.arch != GM_ARCH_GEMMA3N || d->m->cfg.audio.hidden_size <= 0)) {
+        lua_pushboolean(L, 0);
+        lua_pushfstring(L, "it has an audio clip (%s), but %s has no audio encoder (audio needs a Gemma 3n checkpoint of "
+                           "Gemma3nForConditionalGeneration)", audio[0], d->m->path);
+        return 2;
+    }
     if (n_images > 0 && gm_model_no_images(d->m)) {
         lua_pushboolean(L, 0);
         lua_pushfstring(L, "it has an image (%s), but %s: %s", images[0], d->m->path, gm_model_no_images(d->m));
@@ -180,10 +228,13 @@ static int l_ds_add_chat(lua_State *L) {
     }
     gm_error err = {0};
     const gm_vision_config *v = &d->m->cfg.vision;
-    gm_mm_spec mm = {v->boi_id, v->eoi_id, v->image_token_id, v->tokens};
-    gm_status s = gm_dataset_add_chat_images(&d->ds, d->tok, msgs, n, max_length, (int32_t)label,
-                                             d->m->vision ? &mm : NULL, images, shas, n_images,
-                                             pan_and_scan ? crops : NULL, &err);
+    gm_mm_spec mm = {.boi_id = v->boi_id, .eoi_id = v->eoi_id, .image_token_id = v->image_token_id, .tokens = v->tokens};
+    gm_mm_spec as = gm_mm_spec_audio(&d->m->cfg);
+    gm_status s = n_audio > 0 ? gm_dataset_add_chat_audio(&d->ds, d->tok, msgs, n, max_length, (int32_t)label, &as, audio,
+                                                          audio_sha, n_audio, &err)
+                              : gm_dataset_add_chat_images(&d->ds, d->tok, msgs, n, max_length, (int32_t)label,
+                                                           d->m->vision ? &mm : NULL, images, shas, n_images,
+                                                           pan_and_scan ? crops : NULL, &err);
     if (s == GM_OK) {
         lua_pushboolean(L, 1);
         return 1;
@@ -197,6 +248,29 @@ static int l_ds_add_chat(lua_State *L) {
 static int l_ds_max_images(lua_State *L) {
     lua_pushinteger(L, gm_dataset_max_images(&check_ds(L, 1)->ds));
     return 1;
+}
+
+static int l_ds_max_audio(lua_State *L) {
+    lua_pushinteger(L, gm_dataset_max_audio(&check_ds(L, 1)->ds));
+    return 1;
+}
+
+/* gm.audio_check(path [, max_seconds]) -> sha256 hex, frames, samples (gm_audio_check). */
+static int l_audio_check(lua_State *L) {
+    const char *path = luaL_checkstring(L, 1);
+#ifdef GM_HAVE_AUDIO
+    gm_audio_limits lim = {luaL_optnumber(L, 2, 0)};
+    char sha[65];
+    int64_t samples = 0, frames = 0;
+    gm_error err = {0};
+    if (gm_audio_check(path, &lim, &samples, &frames, sha, &err) != GM_OK) return gm_bind_raise(L, &err);
+    lua_pushstring(L, sha);
+    lua_pushinteger(L, frames);
+    lua_pushinteger(L, samples);
+    return 3;
+#else
+    return luaL_error(L, "%s: this gemmarun was built without audio (cmake -DGM_AUDIO=OFF)", path);
+#endif
 }
 
 /* gm_image_check's results and the reference's pan & scan crop count (Gemma 3's processor's
@@ -327,7 +401,7 @@ static int l_fortunes(lua_State *L) {
 /* Keys a trainer's option table takes beyond the schema's (core/train/gm_train_opts.def): the
  * runner's derived values - the seed, the total steps the schedule decays over, the threads. */
 /* The options besides the schema's: read by gm_bind_read_train_opts, listed by unknown_option. */
-static const char *const EXTRA_KEYS[] = {"seed", "steps", "threads", "max_images"};
+static const char *const EXTRA_KEYS[] = {"seed", "steps", "threads", "max_images", "max_audio", "max_audio_frames"};
 #define N_EXTRA ((int)(sizeof EXTRA_KEYS / sizeof EXTRA_KEYS[0]))
 
 /* Raises "<fn>: unknown option 'x' (did you mean ...?) (allowed: ...)" listing the schema's names
@@ -514,11 +588,14 @@ void gm_bind_read_train_opts(lua_State *L, int idx, const char *fn, gm_train_opt
         if (sp) {
             set_from_lua(L, fn, o, sp);
         } else if (is_extra_key(k)) {
-            bool zero_ok = !strcmp(k, "seed") || !strcmp(k, "max_images");
+            bool zero_ok = !strcmp(k, "seed") || !strcmp(k, "max_images") || !strcmp(k, "max_audio") ||
+                           !strcmp(k, "max_audio_frames");
             if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < (zero_ok ? 0 : 1))
                 luaL_error(L, "%s: option '%s' must be %s", fn, k, zero_ok ? "an integer >= 0" : "a positive integer");
             lua_Integer v = lua_tointeger(L, -1);
             if (!strcmp(k, "max_images")) o->max_images = v;
+            else if (!strcmp(k, "max_audio")) o->max_audio = v;
+            else if (!strcmp(k, "max_audio_frames")) o->max_audio_frames = v;
             else if (!strcmp(k, "seed")) o->lora.seed = (uint64_t)v;
             else if (!strcmp(k, "steps")) o->total_steps = v;
             else o->n_threads = v > 256 ? 256 : (int)v;
@@ -615,7 +692,32 @@ static int l_trainer(lua_State *L) {
         t->pixels = gm_malloc((size_t)(o.grad_accum * o.max_images * 3 * t->S * t->S) * sizeof(float));
         if (!t->pixels) return luaL_error(L, "out of memory (%lld images' pixels)", (long long)(o.grad_accum * o.max_images));
     }
+    if (o.max_audio > 0) {
+#ifdef GM_HAVE_AUDIO
+        t->max_audio = o.max_audio, t->max_audio_frames = o.max_audio_frames;
+        size_t cells = (size_t)(o.grad_accum * o.max_audio * o.max_audio_frames);
+        t->audio = gm_malloc(cells * GM_AUDIO_MELS * sizeof(float));
+        t->audio_valid = gm_malloc(cells);
+        if (!t->audio || !t->audio_valid) return luaL_error(L, "out of memory (%lld clips' features)", (long long)(o.grad_accum * o.max_audio));
+        if (gm_audio_fe_new(&t->fe, &err) != GM_OK) return gm_bind_raise(L, &err);
+#else
+        return luaL_error(L, "trainer: the data has audio, but this gemmarun was built without audio (cmake -DGM_AUDIO=OFF)");
+#endif
+    }
     return 1;
+}
+
+/* The audio clips of a micro-batch into feature slot `slot`, set on *b. */
+static void batch_audio(lua_State *L, ltrainer *t, ldataset *d, const int64_t *idx, int64_t B, int slot, gm_batch *b) {
+    if (t->max_audio == 0) return;
+    size_t cells = (size_t)(t->max_audio * t->max_audio_frames) * (size_t)slot;
+    int64_t n = 0, T = 0;
+    gm_error err = {0};
+    if (gm_batch_audio(&d->ds, idx, B, t->fe, 0, t->max_audio, t->max_audio_frames, t->audio + cells * GM_AUDIO_MELS,
+                       t->audio_valid + cells, &n, &T, &err) != GM_OK)
+        gm_bind_raise(L, &err);
+    b->audio_features = t->audio + cells * GM_AUDIO_MELS, b->audio_valid = t->audio_valid + cells;
+    b->n_audio = n, b->audio_frames = T;
 }
 
 /* The images of a micro-batch (examples idx[0..B)) into pixel slot `slot`, set on *b. */
@@ -653,6 +755,7 @@ static int collate(lua_State *L, ltrainer *t, ldataset *d, int idx_arg) {
         int64_t T = gm_batch_collate(&d->ds, t->idx + s, B, t->pad_id, ids, tg);
         t->micro[n_micro] = (gm_batch){.B = B, .T = T, .ids = ids, .targets = tg, .example_index = t->idx + s};
         batch_images(L, t, d, t->idx + s, B, n_micro, &t->micro[n_micro]);
+        batch_audio(L, t, d, t->idx + s, B, n_micro, &t->micro[n_micro]);
         n_micro++;
     }
     return n_micro;
@@ -746,6 +849,7 @@ static int l_tr_choose(lua_State *L) {
         for (int64_t b = 0; b < B; b++) pos[b] = d->ds.ex[t->scan[s + b]].response_start - 1;
         gm_batch bt = {.B = B, .T = T, .ids = t->ids, .targets = t->targets, .example_index = t->scan + s};
         batch_images(L, t, d, t->scan + s, B, 0, &bt);
+        batch_audio(L, t, d, t->scan + s, B, 0, &bt);
         if (gm_trainer_choice_logits(t->tr, &bt, pos, cand, K, logits, &err) != GM_OK) return gm_bind_raise(L, &err);
         for (int64_t b = 0; b < B; b++) {
             int64_t best = 0;
@@ -777,6 +881,7 @@ static int l_tr_score(lua_State *L) {
         int64_t T = gm_batch_collate(&d->ds, t->scan + s, B, t->pad_id, t->ids, t->targets);
         gm_batch bt = {.B = B, .T = T, .ids = t->ids, .targets = t->targets, .example_index = t->scan + s};
         batch_images(L, t, d, t->scan + s, B, 0, &bt);
+        batch_audio(L, t, d, t->scan + s, B, 0, &bt);
         if (gm_trainer_score(t->tr, &bt, lp, &err) != GM_OK) return gm_bind_raise(L, &err);
         for (int64_t b = 0; b < B; b++) {
             lua_pushnumber(L, lp[b]);
@@ -852,6 +957,7 @@ static int l_tr_score_labels(lua_State *L) {
             }
             gm_batch bt = {.B = B, .T = T, .ids = t->ids, .targets = t->targets, .example_index = rep};
             batch_images(L, t, d, rep, B, 0, &bt);
+            batch_audio(L, t, d, rep, B, 0, &bt);
             st = gm_trainer_score(t->tr, &bt, lp, &err);
             for (int64_t b = 0; st == GM_OK && b < B; b++) {
                 lua_pushnumber(L, lp[b]);
@@ -935,6 +1041,10 @@ static int l_tr_close(lua_State *L) {
     ltrainer *t = luaL_checkudata(L, 1, TRAINER_MT);
     gm_trainer_free(t->tr);
     gm_free(t->ids), gm_free(t->targets), gm_free(t->micro), gm_free(t->idx), gm_free(t->scan), gm_free(t->pixels);
+    gm_free(t->audio), gm_free(t->audio_valid);
+#ifdef GM_HAVE_AUDIO
+    gm_audio_fe_free(t->fe);
+#endif
     memset(t, 0, sizeof *t);
     return 0;
 }
@@ -993,7 +1103,7 @@ static void new_class(lua_State *L, const char *name, const luaL_Reg *methods, l
 
 void gm_lua_open_train(lua_State *L) {
     static const luaL_Reg ds_methods[] = {{"add_chat", l_ds_add_chat}, {"size", l_ds_size}, {"stats", l_ds_stats},
-                                          {"max_images", l_ds_max_images},
+                                          {"max_images", l_ds_max_images}, {"max_audio", l_ds_max_audio},
                                           {"sha256", l_ds_sha256},
                                           {"example", l_ds_example}, {"close", l_ds_close}, {NULL, NULL}};
     static const luaL_Reg tr_methods[] = {{"step", l_tr_step}, {"eval", l_tr_eval}, {"save", l_tr_save}, {"load_adapter", l_tr_load_adapter},
@@ -1019,6 +1129,8 @@ void gm_lua_open_train(lua_State *L) {
     lua_setfield(L, -2, "image_check");
     lua_pushcfunction(L, l_image_checker);
     lua_setfield(L, -2, "image_checker");
+    lua_pushcfunction(L, l_audio_check);
+    lua_setfield(L, -2, "audio_check");
     lua_pushcfunction(L, l_peak_rss);
     lua_setfield(L, -2, "peak_rss");
     lua_pushcfunction(L, l_lora_targets_check);

@@ -397,7 +397,7 @@ static int cmd_generate(int argc, char **argv) {
     s = s_ad;
     if (s == GM_OK && n_images > 0) { /* expanded as the processor does; the images through the tower */
         const gm_vision_config *vc = &m->cfg.vision;
-        gm_mm_spec mm = {vc->boi_id, vc->eoi_id, vc->image_token_id, vc->tokens};
+        gm_mm_spec mm = {.boi_id = vc->boi_id, .eoi_id = vc->eoi_id, .image_token_id = vc->image_token_id, .tokens = vc->tokens};
         int64_t S = vc->image_size, C = m->cfg.hidden_size;
         /* the images first (with pan & scan their crop counts shape the prompt), each followed by
          * its crops: (views, 3, S, S) */
@@ -1325,8 +1325,11 @@ int main(int argc, char **argv) {
      * to the system when freed. Left alone, glibc raises its mmap threshold after the first such
      * free and serves the next ones from the heap, which then keeps them: each checkpoint save
      * could add its size to the peak, off the memory plan (docs/memory.md). A fixed threshold
-     * also turns that adjustment off. */
-    mallopt(M_MMAP_THRESHOLD, 1 << 20);
+     * also turns that adjustment off. 64 KiB, not more: an audio batch's decoding (our buffers,
+     * libsndfile's and libsamplerate's converter, 64 KiB to 1 MiB each) left the heap 1.5 MiB
+     * larger after every step at a 1 MiB threshold (measured with mallinfo2 on the tiny Gemma 3n
+     * audio trial: the heap's free bytes grew by each batch's decoding; at 64 KiB it stays flat). */
+    mallopt(M_MMAP_THRESHOLD, 1 << 16);
     if (argc < 2) return run_lua(NULL, 0, NULL, false);
     const char *cmd = argv[1];
     /* `gemmarun --dry-run`, `gemmarun --trial 2`, ...: the embedded default with options */

@@ -345,11 +345,13 @@ local function load_classify_items(d)
   return items
 end
 
---- A message's content as Gemma's chat template writes it, and its images: a string stays as it is;
---- a list of Hugging Face content parts ({"type": "text", "text": ...}, {"type": "image", "path":
---- ...}) becomes the trimmed texts with "<start_of_image>" where each image goes, the images'
---- paths resolved against `base` (the JSONL file's folder). Returns text, images | nil, nil, why.
-local function flatten_content(content, base, images)
+--- A message's content as Gemma's chat template writes it, and its images and audio clips: a string
+--- stays as it is; a list of Hugging Face content parts ({"type": "text", "text": ...}, {"type":
+--- "image", "path": ...}, {"type": "audio", "path": ...}) becomes the trimmed texts with
+--- "<start_of_image>" where each image goes and "<start_of_audio>" where each clip goes (each
+--- expanded to its block of soft tokens when tokenized), the files' paths resolved against `base`
+--- (the JSONL file's folder). Returns text | nil, why.
+local function flatten_content(content, base, images, audio)
   if type(content) == "string" then return content end
   if type(content) ~= "table" then return nil, "content must be a string or a list of parts" end
   local text = {}
@@ -368,8 +370,18 @@ local function flatten_content(content, base, images)
       end
       images[#images + 1] = p:sub(1, 1) == "/" and p or (base .. "/" .. p)
       text[#text + 1] = "<start_of_image>"
+    elseif part.type == "audio" then
+      local p = part.path or part.audio or part.url
+      if type(p) ~= "string" or p == "" then
+        return nil, string.format("content part %d: an audio part needs \"path\": an audio file (WAV, FLAC, Ogg; relative to the JSONL file)", j)
+      end
+      if p:match("^%a[%w+.-]*://") then
+        return nil, string.format("content part %d: audio %s is a URL; gemmarun reads local files only (download it and give its path)", j, p)
+      end
+      audio[#audio + 1] = p:sub(1, 1) == "/" and p or (base .. "/" .. p)
+      text[#text + 1] = "<start_of_audio>"
     else
-      return nil, string.format("content part %d: type '%s' (allowed: text, image)", j, tostring(part.type))
+      return nil, string.format("content part %d: type '%s' (allowed: text, image, audio)", j, tostring(part.type))
     end
   end
   return table.concat(text)
@@ -409,16 +421,18 @@ function R.parse_chat_jsonl(text, path, bad)
       if not ok or type(obj) ~= "table" or type(obj.messages) ~= "table" then
         error(string.format("%s:%d: expected a JSON object with \"messages\": [{\"role\": ..., \"content\": ...}, ...]", path, n), 0)
       end
-      -- content parts (images) become the template's text and the conversation's image list
-      local images, why = {}, nil
+      -- content parts (images, audio) become the template's text and the conversation's lists
+      local images, audio, why = {}, {}, nil
       for i, m in ipairs(obj.messages) do
         if type(m) == "table" and type(m.content) == "table" then
-          local t, w = flatten_content(m.content, base, images)
+          local t, w = flatten_content(m.content, base, images, audio)
           if not t then why = string.format("message %d: %s", i, w); break end
           m.content = t
         end
       end
       if #images > 0 then obj.messages.images = images end
+      if #audio > 0 then obj.messages.audio = audio end
+      if #images > 0 and #audio > 0 then why = why or "it has both images and audio; gemmarun reads one or the other per example" end
       obj.messages.where = path .. ":" .. n
       -- a conversation the chat template cannot render is rejected (counted, with its line)
       why = why or chat_problem(obj.messages)
@@ -499,8 +513,8 @@ local function build_datasets(model, task, items, max_length, pan_and_scan)
   -- per split, the prompt tokens of the shortest prompt that did not fit (for the hint)
   local shortest_rejected = { [train] = math.huge, [test] = math.huge }
   if val then shortest_rejected[val] = math.huge end
-  local function add(ds, msgs, label, where, images)
-    local sha, crops = nil, nil
+  local function add(ds, msgs, label, where, images, audio)
+    local sha, crops, asha = nil, nil, nil
     if images then
       sha, crops = {}, pan_and_scan and {} or nil
       for i, p in ipairs(images) do
@@ -508,8 +522,12 @@ local function build_datasets(model, task, items, max_length, pan_and_scan)
         if crops then crops[i] = items.image_crops[p] end
       end
     end
+    if audio then
+      asha = {}
+      for i, p in ipairs(audio) do asha[i] = items.audio_sha[p] end
+    end
     local okc, ok, why = pcall(ds.add_chat, ds, msgs, { max_length = max_length, label = label and (label - 1) or nil,
-      images = images, image_sha = sha, crops = crops })
+      images = images, image_sha = sha, crops = crops, audio = audio, audio_sha = asha })
     if not okc then ok, why = false, clean_msg(ok):gsub("\n.*", "") end
     if not ok then
       local n = tonumber(why:match("the prompt takes (%d+) tokens"))
@@ -534,9 +552,9 @@ local function build_datasets(model, task, items, max_length, pan_and_scan)
       add(val, { { role = "user", content = user(it) }, { role = "assistant", content = items.labels[it.label] } }, it.label, it.where or ("validation " .. i), it.images)
     end
   else
-    for i, m in ipairs(items.train) do add(train, m, nil, m.where or ("train " .. i), m.images) end
-    for i, m in ipairs(items.test) do add(test, m, nil, m.where or ("test " .. i), m.images) end
-    for i, m in ipairs(items.val or {}) do add(val, m, nil, m.where or ("validation " .. i), m.images) end
+    for i, m in ipairs(items.train) do add(train, m, nil, m.where or ("train " .. i), m.images, m.audio) end
+    for i, m in ipairs(items.test) do add(test, m, nil, m.where or ("test " .. i), m.images, m.audio) end
+    for i, m in ipairs(items.val or {}) do add(val, m, nil, m.where or ("validation " .. i), m.images, m.audio) end
   end
   return train, test, rejected, shortest_rejected[train], shortest_rejected[test], val
 end
@@ -648,6 +666,7 @@ local function trainer_opts(cfg, total_steps, threads, items)
   local warmup = cfg.warmup < 1 and math.floor(cfg.warmup * total_steps + 0.5) or math.tointeger(cfg.warmup)
   return {
     max_images = images_per_example(items, cfg) * cfg.batch, pan_and_scan = cfg.pan_and_scan, compute = cfg.compute,
+    max_audio = (items and items.max_audio or 0) * cfg.batch, max_audio_frames = items and items.max_audio_frames or 0,
     rank = cfg.rank, alpha = cfg.alpha, dropout = cfg.dropout, rslora = cfg.rslora, targets = cfg.targets,
     layers = cfg.layers, seed = cfg.seed, quant = cfg.quant, batch = cfg.batch, max_length = cfg.max_length,
     grad_accum = cfg.grad_accum, lr = cfg.lr, weight_decay = cfg.weight_decay, beta1 = cfg.beta1, beta2 = cfg.beta2,
@@ -714,6 +733,17 @@ local function trial_plan(model, opts, items, device)
     plan.images = math.tointeger(batch + decode)
     plan.total = plan.total + plan.images
   end
+  -- audio: a batch's features (grad_accum x max_audio x frames x 128 f32 and the frame mask, what
+  -- the trainer's binding collates into), and while one micro-batch is read: its clips decoded at
+  -- 16 kHz (f32), the extractor's output before it is copied over, and the decoder's and
+  -- resampler's chunk buffers (64 Ki frames of up to 8 channels, in and out)
+  if (opts.max_audio or 0) > 0 and items and items.max_audio_samples then
+    local cells = opts.max_audio * opts.max_audio_frames
+    local batch = (opts.grad_accum or 1) * cells * (128 * 4 + 1)
+    local decode = opts.max_audio * items.max_audio_samples * 4 + cells * (128 * 4 + 1) + 2 * 65536 * 8 * 4
+    plan.audio = math.tointeger(batch + decode)
+    plan.total = plan.total + plan.audio
+  end
   return plan
 end
 
@@ -733,7 +763,7 @@ local function fit_memory(e, trial, opts, items)
   if not e.memory_limit_bytes or plan.total <= e.memory_limit_bytes then return opts, nil end
   if e.fit then
     local fitted, _, chosen = gm.plan_fit(trial.config.model, opts,
-      math.max(1, e.memory_limit_bytes - RUNNER_STATE_BYTES - (plan.images or 0)))
+      math.max(1, e.memory_limit_bytes - RUNNER_STATE_BYTES - (plan.images or 0) - (plan.audio or 0)))
     trial.plan = trial_plan(trial.config.model, fitted, items, e.device)
     return fitted, chosen
   end
@@ -749,7 +779,7 @@ end
 
 function R.plan_summary(plan)
   local parts = {}
-  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace", "vision tower", "runtime", "runner", "mpi", "images" }) do
+  for _, k in ipairs({ "base weights", "adapters", "gradients", "optimizer state", "saved activations", "largest transient", "workspace", "vision tower", "audio tower", "runtime", "runner", "mpi", "images", "audio" }) do
     if plan[k] and plan[k] > 0 then parts[#parts + 1] = k .. " " .. fmt_bytes(plan[k]) end
   end
   return table.concat(parts, ", ")
@@ -1266,6 +1296,48 @@ local function check_images(items, splits)
   end
 end
 
+--- Decodes every audio clip of the items once (gm.audio_check: an unreadable, empty, truncated,
+--- lying-header, absurdly long or too short file is found here, before any training), records
+--- each file's sha256 (items.audio_sha, the data's identity) and feature frames
+--- (items.audio_frames), the most clips one example has (items.max_audio), the longest clip's
+--- frames and samples (items.max_audio_frames, items.max_audio_samples). An example with an
+--- unusable clip leaves its split and is listed in items.rejected_read with the file and why.
+local function check_audio(items, splits)
+  items.audio_sha, items.audio_frames = items.audio_sha or {}, items.audio_frames or {}
+  items.max_audio = items.max_audio or 0
+  items.max_audio_frames, items.max_audio_samples = items.max_audio_frames or 0, items.max_audio_samples or 0
+  local bad = items.rejected_read or {}
+  items.rejected_read = bad
+  local failed = {}
+  for _, name in ipairs(splits) do
+    local kept = {}
+    for i, it in ipairs(items[name] or {}) do
+      local why
+      if it.audio and #it.audio > gm.MAX_IMAGES_PER_EXAMPLE then
+        why = string.format("%d audio clips; an example holds at most %d", #it.audio, gm.MAX_IMAGES_PER_EXAMPLE)
+      end
+      for _, p in ipairs(why and {} or it.audio or {}) do
+        if failed[p] then why = failed[p]; break end
+        if not items.audio_sha[p] then
+          local ok, sha, frames, samples = pcall(gm.audio_check, p)
+          if not ok then why = clean_msg(sha); failed[p] = why; break end
+          items.audio_sha[p], items.audio_frames[p] = sha, frames
+          items.max_audio_frames = math.max(items.max_audio_frames, frames)
+          items.max_audio_samples = math.max(items.max_audio_samples, samples)
+        end
+      end
+      if why then
+        bad[#bad + 1] = { example = it.where or string.format("%s %d", name, i), reason = why,
+          label = it.label and items.labels and items.labels[it.label] or nil }
+      else
+        kept[#kept + 1] = it
+        if it.audio and #it.audio > items.max_audio then items.max_audio = #it.audio end
+      end
+    end
+    items[name] = kept
+  end
+end
+
 local function preflight(e, selected, dry_run, no_device)
   local cfgs, targets_ok = {}, {}
   -- the device: a dry run (and a Slurm submission) plans for a GPU it need not have; a run
@@ -1327,6 +1399,20 @@ local function preflight(e, selected, dry_run, no_device)
     P.usage(d._where or e.task._where, "%s", clean_msg(items))
   end
   check_images(items, { "train", "test" })
+  check_audio(items, { "train", "test" })
+  -- audio needs a model with an audio encoder (known from its config, before any weights load)
+  if (items.max_audio or 0) > 0 then
+    for _, t in ipairs(selected) do
+      local c = cfgs[t.config.model]
+      if c and not c.audio then
+        local first
+        for _, it in ipairs(items.train) do if it.audio then first = it; break end end
+        P.usage(field_where(e, "model"), "the data has audio (first: %s), but model %s has no audio encoder; use a Gemma 3n "
+          .. "checkpoint of Gemma3nForConditionalGeneration (gemma-3n-E2B-it, gemma-3n-E4B-it)",
+          first and (first.where and first.where .. ", " or "") .. first.audio[1] or "?", t.config.model)
+      end
+    end
+  end
   -- what of the image path trains needs images, and a tower whose modules the targets select
   local vis_ok = {}
   for _, t in ipairs(selected) do
@@ -1420,6 +1506,7 @@ local function preflight(e, selected, dry_run, no_device)
   if e.validation then
     validation_items(e, items)
     check_images(items, { "val" })
+    check_audio(items, { "val" })
   end
   return items, cfgs
 end

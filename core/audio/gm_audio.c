@@ -35,6 +35,7 @@
  * the whole mono clip in memory at the source rate: 10 minutes at 768 kHz is 1.8 GB).
  */
 #include "gm_audio.h"
+#include "gm_fetch.h" /* gm_sha256_file */
 
 #include "gm_alloc.h"
 
@@ -443,4 +444,20 @@ void gm_audio_free(gm_audio *a) {
     if (!a) return;
     gm_free(a->samples);
     *a = (gm_audio){0};
+}
+
+gm_status gm_audio_check(const char *path, const gm_audio_limits *limits, int64_t *samples, int64_t *frames,
+                         char sha[65], gm_error *err) {
+    gm_audio a = {0};
+    GM_TRY(gm_audio_load(path, limits, &a, err));
+    int64_t n = a.n, T = 0;
+    gm_audio_free(&a);
+    gm_audio_frames(n, NULL, &T);
+    if (T < 1)
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: %lld samples at 16 kHz (%.1f ms) is shorter than one 32 ms frame of the "
+                            "feature extractor (513 samples)\n  hint: leave the clip out, or pad it with silence",
+                            path, (long long)n, 1000.0 * (double)n / GM_AUDIO_RATE);
+    GM_TRY(gm_sha256_file(path, sha, err));
+    *samples = n, *frames = T;
+    return GM_OK;
 }

@@ -106,6 +106,15 @@ gm_status gm_audio_load(const char *path, const gm_audio_limits *limits, gm_audi
 gm_status gm_audio_decode(const void *data, size_t n, const char *name, const gm_audio_limits *limits, gm_audio *out,
                           gm_error *err);
 
+/* What a data set needs to know of a clip before training (the runner's validation): the file
+ * decoded completely (gm_audio_load: every error a batch could meet later is met here), its
+ * length at 16 kHz (*samples), the feature frames the extractor gives it alone (*frames,
+ * gm_audio_frames: 30 s at most) and the file's sha256 (hex, 64 digits and a NUL), part of the data
+ * set's identity. limits may be NULL. Errors: gm_audio_load's, and GM_ERR_FORMAT for a clip under
+ * one 32 ms frame (513 samples at 16 kHz: the extractor gives it no frame), naming the file. */
+gm_status gm_audio_check(const char *path, const gm_audio_limits *limits, int64_t *samples, int64_t *frames,
+                         char sha[65], gm_error *err);
+
 /* Releases a->samples and zeroes *a. NULL and an already freed gm_audio are no-ops. */
 void gm_audio_free(gm_audio *a);
 

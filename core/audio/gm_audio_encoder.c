@@ -9,6 +9,8 @@
  */
 #include "gm_audio_encoder.h"
 
+#include "gm_audio.h" /* gm_audio_frames, the extractor constants */
+
 #include "gm_alloc.h"
 #include "gm_dtype.h"
 #include "gm_mm_embed.h"
@@ -21,6 +23,17 @@
 /* Gemma3nRMSNorm's default eps: the conformer's norms other than the light convolution's use it,
  * not audio_config.rms_norm_eps (Gemma3nAudioConformerAttention / FeedForward / Block). */
 #define CONFORMER_NORM_EPS 1e-6f
+
+/* The feature extractor's frame count (gm_audio.h): here, in a file built without audio in's
+ * libraries, because the planner needs it wherever gemmarun is built. */
+void gm_audio_frames(int64_t max_len, int64_t *padded_len, int64_t *T) {
+    int64_t L = max_len < 0 ? 0 : max_len > GM_AUDIO_MAX_SAMPLES ? GM_AUDIO_MAX_SAMPLES : max_len;
+    /* _pad: rounded up only when not already a multiple (0 stays 0) */
+    if (L % GM_AUDIO_PAD_MULTIPLE != 0) L = (L / GM_AUDIO_PAD_MULTIPLE + 1) * GM_AUDIO_PAD_MULTIPLE;
+    if (padded_len) *padded_len = L;
+    /* _unfold: frames of frame_length + 1 = 513 samples every 160 */
+    if (T) *T = L >= GM_AUDIO_FRAME + 1 ? (L - (GM_AUDIO_FRAME + 1)) / GM_AUDIO_HOP + 1 : 0;
+}
 
 void gm_audio_encoder_frames(const gm_audio_config *c, int64_t T, int64_t *T2, int64_t *T3) {
     int64_t t = T;

@@ -130,15 +130,6 @@ void gm_audio_fe_free(gm_audio_fe *fe) {
 
 const float *gm_audio_fe_window(const gm_audio_fe *fe) { return fe->window; }
 
-void gm_audio_frames(int64_t max_len, int64_t *padded_len, int64_t *T) {
-    int64_t L = max_len < 0 ? 0 : max_len > GM_AUDIO_MAX_SAMPLES ? GM_AUDIO_MAX_SAMPLES : max_len;
-    /* _pad: rounded up only when not already a multiple (0 stays 0) */
-    if (L % GM_AUDIO_PAD_MULTIPLE != 0) L = (L / GM_AUDIO_PAD_MULTIPLE + 1) * GM_AUDIO_PAD_MULTIPLE;
-    if (padded_len) *padded_len = L;
-    /* _unfold: frames of frame_length + 1 = 513 samples every 160 */
-    if (T) *T = L >= GM_AUDIO_FRAME + 1 ? (L - (GM_AUDIO_FRAME + 1)) / GM_AUDIO_HOP + 1 : 0;
-}
-
 /* One frame: the 513 samples x[0..512] (zeros past the clip, already in x) -> 128 log-mels.
  * buf (1024 doubles) and spec (513 complex doubles) are the caller's scratch. */
 static void frame_logmel(const gm_audio_fe *fe, const float *x, double *buf, fftw_complex *spec, float *out) {

@@ -5,6 +5,8 @@
 
 #include "gm_alloc.h"
 #include "gm_fetch.h" /* gm_sha256_file */
+#include "gm_audio.h"
+#include "gm_config.h"
 #include "gm_image.h"
 #include "gm_mmap.h"
 
@@ -23,7 +25,25 @@ static void free_images(gm_example *e) {
     gm_free(e->images);
     gm_free(e->image_sha);
     gm_free(e->crops);
+    for (int64_t i = 0; i < e->n_audio; i++) {
+        if (e->audio) gm_free(e->audio[i]);
+        if (e->audio_sha) gm_free(e->audio_sha[i]);
+    }
+    gm_free(e->audio);
+    gm_free(e->audio_sha);
 }
+
+gm_mm_spec gm_mm_spec_audio(const gm_config *c) {
+    gm_mm_spec s = {c->audio.boa_id, c->audio.eoa_id, c->audio.audio_token_id, c->audio.soft_tokens,
+                    "<start_of_audio>", "<end_of_audio>", "<audio_soft_token>", "audio clip"};
+    return s;
+}
+
+/* The spec's texts, image defaults filled in. */
+static const char *open_of(const gm_mm_spec *m) { return m->open_text ? m->open_text : "<start_of_image>"; }
+static const char *close_of(const gm_mm_spec *m) { return m->close_text ? m->close_text : "<end_of_image>"; }
+static const char *soft_of(const gm_mm_spec *m) { return m->soft_text ? m->soft_text : "<image_soft_token>"; }
+static const char *what_of(const gm_mm_spec *m) { return m->what ? m->what : "image"; }
 
 int64_t gm_example_views(const gm_example *e) {
     int64_t n = e->n_images;
@@ -38,8 +58,6 @@ void gm_dataset_free(gm_dataset *ds) {
     memset(ds, 0, sizeof *ds);
 }
 
-#define BOI_TEXT "<start_of_image>"
-
 /* The conversation's ids with each image expanded (see gm_dataset_add_chat_images). */
 gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_mm_spec *mm, int64_t n_images,
                             const int64_t *crops, int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err) {
@@ -47,40 +65,44 @@ gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_
     /* "<start_of_image>" -> "\n\n<start_of_image><end_of_image>\n\n"; the soft tokens are put
      * between the two as ids below (special tokens split the text, so the tokens around them are
      * what Hugging Face's processor gets from its expanded string). An image with pan & scan
-     * crops: Gemma3Processor.replace_image_token's sentence around its block and its crops'. */
-    static const char rep[] = "\n\n<start_of_image><end_of_image>\n\n";
+     * crops: Gemma3Processor.replace_image_token's sentence around its block and its crops'.
+     * Audio (Gemma3nProcessor): "\n\n<start_of_audio><end_of_audio>\n\n" the same way. */
+    const char *open = open_of(mm), *close = close_of(mm), *what = what_of(mm);
+    char rep[96];
+    snprintf(rep, sizeof rep, "\n\n%s%s\n\n", open, close);
+    size_t rep_len = strlen(rep), open_len = strlen(open);
     static const char pas_head[] = "Here is the original image ";
     static const char pas_mid[] = " and here are some crops to help you see better ";
     int64_t k = 0, views = n_images;
-    for (const char *p = strstr(text, BOI_TEXT); p; p = strstr(p + 1, BOI_TEXT)) k++;
+    for (const char *p = strstr(text, open); p; p = strstr(p + 1, open)) k++;
     if (k != n_images)
-        return gm_error_set(err, GM_ERR_INVALID, "example %lld: %lld image placeholders (<start_of_image>) but %lld images",
-                            (long long)ex_index, (long long)k, (long long)n_images);
+        return gm_error_set(err, GM_ERR_INVALID, "example %lld: %lld %s placeholders (%s) but %lld %ss", (long long)ex_index,
+                            (long long)k, what, open, (long long)n_images, what);
     for (int64_t i = 0; crops && i < n_images; i++) {
         if (crops[i] < 0 || crops[i] > GM_IMAGE_MAX_CROPS)
             return gm_error_set(err, GM_ERR_INVALID, "example %lld: image %lld has %lld pan & scan crops (0..%d)",
                                 (long long)ex_index, (long long)(i + 1), (long long)crops[i], GM_IMAGE_MAX_CROPS);
         views += crops[i];
     }
-    size_t cap = len + (size_t)k * (sizeof rep + sizeof pas_head + sizeof pas_mid) + (size_t)(views - k) * sizeof rep + 1;
+    size_t cap = len + (size_t)k * (rep_len + sizeof pas_head + sizeof pas_mid) + (size_t)(views - k) * (rep_len + 1) + 1;
     char *x = gm_malloc(cap);
     if (!x) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     size_t o = 0;
-#define PUT(str) (memcpy(x + o, (str), sizeof(str) - 1), o += sizeof(str) - 1)
+#define PUT(str, n) (memcpy(x + o, (str), (n)), o += (n))
     for (int64_t i = 0;; i++) {
-        const char *q = strstr(text, BOI_TEXT);
+        const char *q = strstr(text, open);
         size_t l = q ? (size_t)(q - text) : strlen(text);
         memcpy(x + o, text, l), o += l;
         if (!q) break;
         int64_t c = crops ? crops[i] : 0;
-        if (c > 0) PUT(pas_head);
-        PUT(rep);
-        if (c > 0) PUT(pas_mid);
+        if (c > 0) PUT(pas_head, sizeof pas_head - 1);
+        PUT(rep, rep_len);
+        if (c > 0) PUT(pas_mid, sizeof pas_mid - 1);
         for (int64_t j = 0; j < c; j++) {
             if (j > 0) x[o++] = ' ';
-            PUT(rep);
+            PUT(rep, rep_len);
         }
-        text = q + strlen(BOI_TEXT);
+        text = q + open_len;
     }
 #undef PUT
     x[o] = '\0';
@@ -91,18 +113,19 @@ gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_
     GM_TRY(s);
     int64_t nb = 0, ne = 0, ni = 0;
     for (int64_t i = 0; i < n; i++) nb += ids[i] == mm->boi_id, ne += ids[i] == mm->eoi_id, ni += ids[i] == mm->image_token_id;
-    if (ni > 0) { /* only images fill soft tokens: a typed one would take an image's place */
+    if (ni > 0) { /* only the media fill soft tokens: a typed one would take their place */
         gm_free(ids);
-        return gm_error_set(err, GM_ERR_INVALID, "example %lld: its text holds %lld <image_soft_token> tokens (id %d), which "
-                            "only images may fill\n  hint: remove them from the text; an image is an {\"type\": \"image\"} part",
-                            (long long)ex_index, (long long)ni, mm->image_token_id);
+        return gm_error_set(err, GM_ERR_INVALID, "example %lld: its text holds %lld %s tokens (id %d), which only %ss may "
+                            "fill\n  hint: remove them from the text; an %s is an {\"type\": \"%s\"} part", (long long)ex_index,
+                            (long long)ni, soft_of(mm), mm->image_token_id, what, what, mm->open_text ? "audio" : "image");
     }
     if (nb != views || ne != views) {
         gm_free(ids);
         return gm_error_set(err, GM_ERR_INVALID,
-                            "example %lld: the tokenizer does not turn <start_of_image> / <end_of_image> into the model's ids %d / "
-                            "%d (found %lld / %lld of %lld)\n  hint: the tokenizer and config.json belong to different models",
-                            (long long)ex_index, mm->boi_id, mm->eoi_id, (long long)nb, (long long)ne, (long long)views);
+                            "example %lld: the tokenizer does not turn %s / %s into the model's ids %d / %d (found %lld / %lld "
+                            "of %lld)\n  hint: the tokenizer and config.json belong to different models",
+                            (long long)ex_index, open, close, mm->boi_id, mm->eoi_id, (long long)nb, (long long)ne,
+                            (long long)views);
     }
     int32_t *out = gm_malloc((size_t)(n + views * mm->tokens) * sizeof *out);
     if (!out) {
@@ -134,7 +157,8 @@ static gm_status encode_mm(const gm_tokenizer *tok, const gm_chat_msg *msgs, int
 /* Adds an example (ids owned from here on); images / image_sha copied. */
 static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t max_length, int32_t label,
                              const gm_tokenizer *tok, const gm_mm_spec *mm, const char *const *images,
-                             const char *const *image_sha, int64_t n_images, const int64_t *crops, gm_error *err);
+                             const char *const *image_sha, int64_t n_images, const int64_t *crops, bool audio,
+                             gm_error *err);
 
 gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                      int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *images,
@@ -148,7 +172,26 @@ gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, co
         ds->n_rejected++;
         return s;
     }
-    return add_example(ds, ids, n, max_length, label, tok, mm, images, image_sha, n_images, crops, err);
+    return add_example(ds, ids, n, max_length, label, tok, mm, images, image_sha, n_images, crops, false, err);
+}
+
+gm_status gm_dataset_add_chat_audio(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
+                                    int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *audio,
+                                    const char *const *audio_sha, int64_t n_audio, gm_error *err) {
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    gm_status s = encode_mm(tok, msgs, n_msgs, mm, n_audio, NULL, ds->n + ds->n_rejected, &ids, &n, err);
+    if (s != GM_OK) {
+        ds->n_rejected++;
+        return s;
+    }
+    return add_example(ds, ids, n, max_length, label, tok, mm, audio, audio_sha, n_audio, NULL, true, err);
+}
+
+int64_t gm_dataset_max_audio(const gm_dataset *ds) {
+    int64_t m = 0;
+    for (int64_t i = 0; i < ds->n; i++) m = ds->ex[i].n_audio > m ? ds->ex[i].n_audio : m;
+    return m;
 }
 
 gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
@@ -160,7 +203,7 @@ gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_
         ds->n_rejected++;
         return s;
     }
-    return add_example(ds, ids, n, max_length, label, tok, NULL, NULL, NULL, 0, NULL, err);
+    return add_example(ds, ids, n, max_length, label, tok, NULL, NULL, NULL, 0, NULL, false, err);
 }
 
 /* The image (0-based) whose image or crop is soft-token run `view` (0-based) of an example. */
@@ -175,7 +218,8 @@ static int64_t image_of_view(int64_t view, const int64_t *crops, int64_t n_image
 
 static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t max_length, int32_t label,
                              const gm_tokenizer *tok, const gm_mm_spec *mm, const char *const *images,
-                             const char *const *image_sha, int64_t n_images, const int64_t *crops, gm_error *err) {
+                             const char *const *image_sha, int64_t n_images, const int64_t *crops, bool audio,
+                             gm_error *err) {
     gm_status s;
     int64_t start = 0;
     s = gm_chat_response_start(tok, ids, n, &start, err);
@@ -200,9 +244,9 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
             ds->n_rejected++;
             int64_t img = image_of_view(k - 1, crops, n_images);
             return gm_error_set(err, GM_ERR_INVALID,
-                                "example %lld: max_length = %lld cuts into image %lld (%s%s), whose tokens span positions "
+                                "example %lld: max_length = %lld cuts into %s %lld (%s%s), whose tokens span positions "
                                 "%lld..%lld (its prompt: %lld tokens)\n  hint: raise max_length to at least %lld, or shorten the text",
-                                (long long)(ds->n + ds->n_rejected - 1), (long long)max_length, (long long)(img + 1), images[img],
+                                (long long)(ds->n + ds->n_rejected - 1), (long long)max_length, what_of(mm), (long long)(img + 1), images[img],
                                 crops && crops[img] > 0 ? ", with its pan & scan crops" : "", (long long)i, (long long)end,
                                 (long long)start, (long long)(end + 2));
         }
@@ -235,16 +279,18 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
         return s;
     }
     if (n_images > 0) {
-        e.images = gm_calloc((size_t)n_images, sizeof *e.images);
-        e.image_sha = gm_calloc((size_t)n_images, sizeof *e.image_sha);
+        /* audio clips are kept as images are, in their own lists */
+        char ***files = audio ? &e.audio : &e.images, ***shas = audio ? &e.audio_sha : &e.image_sha;
+        *files = gm_calloc((size_t)n_images, sizeof **files);
+        *shas = gm_calloc((size_t)n_images, sizeof **shas);
         e.crops = crops ? gm_malloc((size_t)n_images * sizeof *e.crops) : NULL;
-        bool ok = e.images && e.image_sha && (!crops || e.crops);
-        e.n_images = ok ? n_images : 0;
+        bool ok = *files && *shas && (!crops || e.crops);
+        *(audio ? &e.n_audio : &e.n_images) = ok ? n_images : 0;
         if (ok && crops) memcpy(e.crops, crops, (size_t)n_images * sizeof *e.crops);
         for (int64_t i = 0; ok && i < n_images; i++) {
-            e.images[i] = gm_strdup(images[i]);
-            e.image_sha[i] = gm_strdup(image_sha && image_sha[i] ? image_sha[i] : "");
-            ok = e.images[i] && e.image_sha[i];
+            (*files)[i] = gm_strdup(images[i]);
+            (*shas)[i] = gm_strdup(image_sha && image_sha[i] ? image_sha[i] : "");
+            ok = (*files)[i] && (*shas)[i];
         }
         if (!ok) {
             free_images(&e);
@@ -254,6 +300,56 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
     }
     ds->ex[ds->n++] = e;
     return GM_OK;
+}
+
+gm_status gm_batch_audio(const gm_dataset *ds, const int64_t *idx, int64_t B, const gm_audio_fe *fe, double max_seconds,
+                         int64_t max_clips, int64_t max_frames, float *features, uint8_t *valid, int64_t *n_clips,
+                         int64_t *frames, gm_error *err) {
+    *n_clips = 0, *frames = 0;
+    int64_t n = 0;
+    for (int64_t b = 0; b < B; b++) n += ds->ex[idx[b]].n_audio;
+    if (n == 0) return GM_OK;
+#ifndef GM_HAVE_AUDIO
+    (void)fe, (void)max_seconds, (void)max_clips, (void)max_frames, (void)features, (void)valid;
+    return gm_error_set(err, GM_ERR_UNSUPPORTED, "this gemmarun was built without audio (cmake -DGM_AUDIO=OFF)");
+#else
+    if (n > max_clips)
+        return gm_error_set(err, GM_ERR_INVALID, "a batch holds %lld audio clips, more than %lld (the plan's limit)", (long long)n,
+                            (long long)max_clips);
+    gm_audio *clips = gm_calloc((size_t)n, sizeof *clips);
+    const float **ptr = gm_calloc((size_t)n, sizeof *ptr);
+    int64_t *lens = gm_calloc((size_t)n, sizeof *lens);
+    const char **names = gm_calloc((size_t)n, sizeof *names);
+    gm_status s = clips && ptr && lens && names ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    gm_audio_limits lim = {max_seconds};
+    int64_t k = 0;
+    for (int64_t b = 0; b < B && s == GM_OK; b++) {
+        const gm_example *e = &ds->ex[idx[b]];
+        for (int64_t i = 0; i < e->n_audio && s == GM_OK; i++, k++) {
+            names[k] = e->audio[i];
+            int64_t same = -1; /* a clip repeated in the batch (label scoring) is decoded once */
+            for (int64_t j = 0; j < k && same < 0; j++)
+                if (strcmp(names[j], names[k]) == 0) same = j;
+            if (same < 0) s = gm_audio_load(names[k], &lim, &clips[k], err);
+            ptr[k] = same < 0 ? clips[k].samples : ptr[same];
+            lens[k] = same < 0 ? clips[k].n : lens[same];
+        }
+    }
+    gm_audio_features f = {0};
+    if (s == GM_OK) s = gm_audio_features_compute(fe, ptr, lens, n, &f, err);
+    if (s == GM_OK && (f.T < 1 || f.T > max_frames))
+        s = gm_error_set(err, GM_ERR_INVALID, "the batch's audio gives %lld feature frames; the plan holds %lld (a file changed "
+                         "since the data set was built? its first clip: %s)", (long long)f.T, (long long)max_frames, names[0]);
+    if (s == GM_OK) {
+        memcpy(features, f.data, (size_t)(n * f.T * f.n_mels) * sizeof(float));
+        memcpy(valid, f.mask, (size_t)(n * f.T));
+        *n_clips = n, *frames = f.T;
+    }
+    gm_audio_features_free(&f);
+    for (int64_t j = 0; clips && j < n; j++) gm_audio_free(&clips[j]);
+    gm_free(clips), gm_free(ptr), gm_free(lens), gm_free(names);
+    return s;
+#endif
 }
 
 int64_t gm_dataset_max_images(const gm_dataset *ds) {
@@ -455,6 +551,7 @@ gm_status gm_dataset_sha256(const gm_dataset *ds, char hex[65], gm_error *err) {
         EVP_DigestUpdate(ctx, &e->label, sizeof e->label);
         EVP_DigestUpdate(ctx, e->ids, (size_t)e->n * sizeof *e->ids);
         for (int64_t k = 0; k < e->n_images; k++) EVP_DigestUpdate(ctx, e->image_sha[k], strlen(e->image_sha[k]));
+        for (int64_t k = 0; k < e->n_audio; k++) EVP_DigestUpdate(ctx, e->audio_sha[k], strlen(e->audio_sha[k]));
         /* (only multi-turn examples have them: one-turn data sets hash as before) */
         if (e->n_turns > 0) EVP_DigestUpdate(ctx, e->turns, (size_t)e->n_turns * sizeof *e->turns);
     }

@@ -49,6 +49,10 @@ typedef struct gm_example {
      * end) token spans, supervised as the last turn is; NULL and 0 for one model turn, owned */
     int64_t (*turns)[2];
     int64_t n_turns;
+    /* audio clips (Gemma 3n), in the order of their soft-token runs in ids: file paths and each
+     * file's sha256 (part of the data set's identity), owned */
+    char **audio, **audio_sha;
+    int64_t n_audio;
 } gm_example;
 
 /* How a multimodal model takes images into its prompt (gemma_architecture.md §2.4): each
@@ -59,7 +63,18 @@ typedef struct gm_example {
 typedef struct gm_mm_spec {
     int32_t boi_id, eoi_id, image_token_id;
     int64_t tokens;        /* soft tokens per image */
+    /* Another medium in the same shape (Gemma 3n's audio: each "<start_of_audio>" becomes "\n\n"
+     * boa + tokens x audio_soft_token + eoa "\n\n", Gemma3nProcessor's full_audio_sequence): the
+     * text marking its place and opening its block (NULL: "<start_of_image>"), the token text
+     * closing it ("<end_of_image>"), its soft token's text ("<image_soft_token>") and its name in
+     * messages ("image"). gm_mm_spec_audio makes the audio spec of a Gemma 3n config. */
+    const char *open_text, *close_text, *soft_text, *what;
 } gm_mm_spec;
+
+struct gm_config;
+/* The audio spec of a Gemma 3n config (its boa / eoa / audio soft token ids and soft tokens per
+ * clip). */
+gm_mm_spec gm_mm_spec_audio(const struct gm_config *c);
 
 typedef struct gm_dataset {
     gm_example *ex;
@@ -96,6 +111,26 @@ gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, co
                                      const char *const *image_sha, int64_t n_images, const int64_t *crops,
                                      gm_error *err);
 
+/* The same for audio clips on a Gemma 3n model (mm: gm_mm_spec_audio): msgs' text holds one
+ * "<start_of_audio>" per clip, audio[i] / audio_sha[i] the i-th clip's file and its sha256
+ * (checked by the caller: gm_audio_check). The same checks and errors, naming clips; max_length
+ * never cuts into a clip's block. */
+gm_status gm_dataset_add_chat_audio(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
+                                    int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *audio,
+                                    const char *const *audio_sha, int64_t n_audio, gm_error *err);
+/* The most clips one example of ds has. */
+int64_t gm_dataset_max_audio(const gm_dataset *ds);
+struct gm_audio_fe;
+/* The clips of examples idx[0..B) in batch order, decoded (gm_audio_load, within `max_seconds`
+ * each, <= 0: the default limit) and through the feature extractor as one batch (fe: padded to the
+ * longest, 30 s at most): features (room for max_clips x max_frames x 128 floats) and valid (room
+ * for max_clips x max_frames); *n_clips and *frames receive the batch's clip count and frame
+ * count (every clip padded to it). A clip repeated in the batch is decoded once. Errors name the
+ * file (it may have changed since the data set was built): GM_ERR_INVALID for more than
+ * max_clips clips or frames; the decoder's and the extractor's otherwise. */
+gm_status gm_batch_audio(const gm_dataset *ds, const int64_t *idx, int64_t B, const struct gm_audio_fe *fe,
+                         double max_seconds, int64_t max_clips, int64_t max_frames, float *features, uint8_t *valid,
+                         int64_t *n_clips, int64_t *frames, gm_error *err);
 /* Text (a rendered chat, or a raw prompt) with one "<start_of_image>" per image into ids, BOS
  * first, each image expanded as mm says (see gm_dataset_add_chat_images, whose checks it makes;
  * ex_index names the example in messages). *ids_out is gm_malloc'd. */

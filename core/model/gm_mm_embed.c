@@ -100,7 +100,10 @@ gm_status gm_mm_hard_load(const gm_model *m, gm_mm_hard *out, gm_error *err) {
                   c->audio.audio_token_id}};
     gm_mm_hard h = {.C = out->C};
     for (int i = 0; i < 2; i++) {
-        if (want[i].V <= 0 || want[i].D <= 0) continue;
+        /* a range no token id reaches (ids past the text vocabulary: a config whose towers are
+         * another model's, e.g. tests/ref/tiny_gemma3n_mm's defaults beside a 512-token text model)
+         * has nothing to embed */
+        if (want[i].V <= 0 || want[i].D <= 0 || want[i].offset >= c->vocab_size) continue;
         float *t = gm_malloc((size_t)(want[i].V * h.C) * sizeof(float));
         if (!t) {
             gm_mm_hard_free(&h);

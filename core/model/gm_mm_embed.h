@@ -53,7 +53,8 @@ typedef struct gm_mm_hard {
 } gm_mm_hard;
 
 /* Computes the hard-token tables of Gemma 3n model m (a Gemma3nForConditionalGeneration folder:
- * embed_vision.* and embed_audio.*; a tower without a config is skipped). Other models: n = 0. */
+ * embed_vision.* and embed_audio.*; a tower without a config, or whose ids lie past the text
+ * vocabulary, is skipped). Other models: n = 0. */
 gm_status gm_mm_hard_load(const gm_model *m, gm_mm_hard *out, gm_error *err);
 void gm_mm_hard_free(gm_mm_hard *h);
 

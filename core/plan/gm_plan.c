@@ -14,7 +14,10 @@
 #include "gm_model.h"
 #include "gm_quant.h"
 #include "gm_vision.h" /* the tower's own layout (gm_plan_vision) */
+#include "gm_audio.h" /* gm_audio_frames */
+#include "gm_audio_encoder.h" /* the audio encoder's own layout (gm_plan_audio) */
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -156,23 +159,83 @@ gm_status gm_plan_vision(const gm_config *cfg, const gm_train_opts *o, int64_t m
     return s;
 }
 
+gm_status gm_plan_max_audio(const gm_config *cfg, const gm_train_opts *o, const gm_plan_inputs *in, int64_t *clips,
+                            int64_t *frames, gm_error *err) {
+    *clips = o->max_audio, *frames = o->max_audio_frames;
+    double seconds = in ? in->audio_seconds : 0;
+    if (seconds <= 0 && o->max_audio <= 0) return GM_OK;
+    if (cfg->arch != GM_ARCH_GEMMA3N)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s%s takes no audio inputs (Gemma 3 has no audio tower)",
+                            names_gemma(cfg->name) ? "" : "Gemma 3 model ", cfg->name);
+    if (cfg->audio.hidden_size <= 0 || cfg->audio.soft_tokens <= 0)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s takes no audio inputs: its config has no audio tower\n"
+                            "  hint: plan a Gemma3nForConditionalGeneration config (gemma3n-e2b, gemma3n-e4b)", cfg->name);
+    if (seconds > 0) {
+        /* the extractor keeps 30 s of a clip: longer audio is several clips (gm_plan_check_size
+         * bounds the seconds by the model's positions) */
+        int64_t n = (int64_t)ceil(seconds / 30.0), T = 0;
+        double longest = seconds < 30.0 ? seconds : 30.0;
+        gm_audio_frames((int64_t)ceil(longest * GM_AUDIO_RATE), NULL, &T);
+        int64_t positions = n * (cfg->audio.soft_tokens + 2);
+        if (positions >= o->max_length)
+            return gm_error_set(err, GM_ERR_INVALID,
+                                "max_length = %lld leaves no room for text beside %lld audio clip%s (%lld soft tokens + 2 "
+                                "markers each = %lld positions, counted in max_length)\n  hint: raise max_length above %lld",
+                                (long long)o->max_length, (long long)n, n == 1 ? "" : "s", (long long)cfg->audio.soft_tokens,
+                                (long long)positions, (long long)positions);
+        if (n * o->batch > *clips) *clips = n * o->batch;
+        if (T > *frames) *frames = T;
+    }
+    if (*frames < 1)
+        return gm_error_set(err, GM_ERR_INVALID, "audio: %lld clips per micro-batch but no feature frame (max_audio_frames)",
+                            (long long)*clips);
+    return GM_OK;
+}
+
+gm_status gm_plan_audio(const gm_config *cfg, int64_t max_clips, int64_t frames, int n_threads, gm_dtype stored,
+                        gm_plan_tower *out, gm_error *err) {
+    memset(out, 0, sizeof *out);
+    gm_audio_encoder e;
+    gm_arena a, h;
+    gm_arena_init(&a, "audio encoder plan", GM_DEVICE_CPU);
+    gm_arena_init(&h, "audio encoder plan host", GM_DEVICE_CPU);
+    gm_status s = gm_audio_encoder_init(&e, cfg, NULL, NULL, max_clips, frames, n_threads, NULL, err);
+    if (s == GM_OK) {
+        e.stored = stored;
+        s = gm_audio_encoder_layout(&e, &a, &h, err);
+    }
+    if (s == GM_OK) {
+        out->max_images = max_clips, out->frames = frames, out->stored = stored;
+        for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->by_kind[k] = a.by_kind[k] + h.by_kind[k];
+        /* the matrices read in place on a host-visible backend (the plan's), its f32 vectors and
+         * derived tables in the arena */
+        out->weights = e.alias_bytes + a.by_kind[GM_MEM_WEIGHTS];
+        out->activations = a.used - a.by_kind[GM_MEM_WEIGHTS];
+        out->staging = h.used;
+        out->total = out->weights + out->activations + out->staging;
+    }
+    gm_audio_encoder_release(&e);
+    gm_arena_free(&a);
+    gm_arena_free(&h);
+    return s;
+}
+
 gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
                            const gm_plan_inputs *inputs, gm_plan *out, gm_error *err) {
     memset(out, 0, sizeof *out);
-    /* exact where gemmarun trains the model: Gemma 3, and Gemma 3n's text decoder (its towers are
-     * not in gemmarun: with images or audio the plan is the estimate) */
-    bool media = (inputs && (inputs->images > 0 || inputs->audio_seconds > 0)) || o->max_images > 0;
-    if (cfg->arch != GM_ARCH_GEMMA3 && !(cfg->arch == GM_ARCH_GEMMA3N && !media))
+    /* exact where gemmarun trains the model: Gemma 3, and Gemma 3n's text decoder with its audio
+     * encoder (its MobileNet-V5 vision tower is not in gemmarun: with images the plan is the
+     * estimate) */
+    bool images = (inputs && inputs->images > 0) || o->max_images > 0;
+    if (cfg->arch != GM_ARCH_GEMMA3 && !(cfg->arch == GM_ARCH_GEMMA3N && !images))
         return gm_plan_estimate(cfg, o, stored, stored_embed, inputs, out, err);
-    if (inputs && inputs->audio_seconds > 0)
-        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s%s takes no audio inputs (Gemma 3 has no audio tower)",
-                            names_gemma(cfg->name) ? "" : "Gemma 3 model ", cfg->name);
     GM_TRY(gm_lora_config_validate(&o->lora, cfg, err));
     /* before the trainer's layout multiplies batch x max_length into byte counts */
     GM_TRY(gm_plan_check_size(cfg, o, inputs, err));
     /* images: the trainer reserves the tower for the images of one micro-batch */
     gm_train_opts ov = *o;
     GM_TRY(gm_plan_max_images(cfg, o, inputs, &ov.max_images, err));
+    GM_TRY(gm_plan_max_audio(cfg, o, inputs, &ov.max_audio, &ov.max_audio_frames, err));
     /* the trainer's own layout, on measuring arenas: adapters, gradients, optimizer state,
      * activations, transients, workspace, and the re-encoded base weights when not aliased */
     gm_train_plan_info tp;
@@ -180,7 +243,7 @@ gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtyp
     memcpy(out->by_kind, tp.by_kind, sizeof tp.by_kind);
     /* base weights read in place from the file (memory-mapped pages become resident): the
      * embedding / LM head and norms always, the linear weights when trained on as stored */
-    out->by_kind[GM_MEM_WEIGHTS] += tp.alias_bytes;
+    out->by_kind[GM_MEM_WEIGHTS] += tp.alias_bytes - tp.audio_alias_bytes; /* the encoder's: its own item below */
     bool alias = gm_quant_is_alias(o->quant, stored);
     snprintf(out->base_detail, sizeof out->base_detail, "linear %s %.1f MiB%s; embedding %s %.1f MiB (memory-mapped)",
              alias ? gm_dtype_name(stored) : gm_quant_name(o->quant), (double)tp.weight_bytes[GM_W_LINEAR] / 1048576.0,
@@ -198,9 +261,17 @@ gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtyp
             out->by_kind[k] -= out->vision.by_kind[k];
         }
     }
+    if (ov.max_audio > 0) { /* the audio encoder likewise (frozen: nothing of it trains) */
+        GM_TRY(gm_plan_audio(cfg, ov.max_audio, ov.max_audio_frames, ov.n_threads, stored, &out->audio, err));
+        for (int k = 0; k < GM_MEM_KIND_COUNT; k++) {
+            GM_ASSERT(out->by_kind[k] >= out->audio.by_kind[k]);
+            out->by_kind[k] -= out->audio.by_kind[k];
+        }
+    }
     out->runtime = gm_plan_runtime_bytes(cfg);
-    out->host_only = out->runtime + tp.host_bytes + gm_plan_checkpoint_bytes(out->n_trainable) + out->vision.staging;
-    out->total = out->runtime + out->vision.total;
+    out->host_only = out->runtime + tp.host_bytes + gm_plan_checkpoint_bytes(out->n_trainable) + out->vision.staging +
+                     out->audio.staging;
+    out->total = out->runtime + out->vision.total + out->audio.total;
     for (int k = 0; k < GM_MEM_KIND_COUNT; k++) out->total += out->by_kind[k];
     out->exact = true;
     return GM_OK;
@@ -256,6 +327,13 @@ void gm_plan_format(const gm_plan *p, char *buf, size_t cap) {
             "vision tower", (double)v->total / 1048576.0, (long long)v->max_images, v->max_images == 1 ? "" : "s",
             gm_dtype_name(v->stored), (double)v->weights / 1048576.0, tr, (double)v->activations / 1048576.0,
             (double)v->staging / 1048576.0);
+    }
+    if (p->audio.total > 0) {
+        const gm_plan_tower *a = &p->audio;
+        PUT("  %-18s %10.1f MiB   (%lld clip%s of up to %lld feature frames per micro-batch: weights %s %.1f MiB (memory-mapped), "
+            "activations %.1f MiB, frozen)\n",
+            "audio tower", (double)a->total / 1048576.0, (long long)a->max_images, a->max_images == 1 ? "" : "s",
+            (long long)a->frames, gm_dtype_name(a->stored), (double)a->weights / 1048576.0, (double)(a->activations + a->staging) / 1048576.0);
     }
     PUT("  %-18s %10.1f MiB   (code, libraries, tokenizer, BLAS buffers)\n", "runtime", (double)p->runtime / 1048576.0);
     PUT("  %-18s %10.1f MiB   (%.2f GiB)%s\n", "total", (double)p->total / 1048576.0, (double)p->total / 1073741824.0,

@@ -49,7 +49,9 @@ typedef struct gm_plan_inputs {
  * projector as the trainer holds them - frozen, as stored, run forward on up to max_images images
  * per micro-batch (core/model/gm_vision.c, whose own layout sizes every buffer here). */
 typedef struct gm_plan_tower {
-    int64_t max_images;      /* images per micro-batch it is sized for; 0: the run has no images */
+    int64_t max_images;      /* images (the audio tower: clips) per micro-batch it is sized for; 0:
+                                the run has none */
+    int64_t frames;          /* the audio tower: feature frames of its longest clip (30 s: 2997) */
     gm_dtype stored;         /* the dtype its matrices are stored in (read in place) */
     size_t weights;          /* tower + projector: matrices as stored (memory-mapped pages, resident
                                 once read), LayerNorm / bias vectors and the projector in f32 */
@@ -67,8 +69,11 @@ typedef struct gm_plan_tower {
 typedef struct gm_plan {
     size_t by_kind[GM_MEM_KIND_COUNT]; /* the items, the vision tower's share taken out */
     gm_plan_tower vision;    /* the vision tower (Gemma 3 with images), a separate item */
+    gm_plan_tower audio;     /* Gemma 3n's audio encoder and embedder (with audio), a separate item:
+                                weights (read in place), its forward's buffers (activations), no
+                                staging; frozen (trained 0) */
     size_t runtime;          /* process: code, libraries, tokenizer, BLAS buffers */
-    size_t total;            /* runtime + the items + vision.total */
+    size_t total;            /* runtime + the items + vision.total + audio.total */
     bool exact;              /* true: the trainer's own layout (Gemma 3); false: an estimate */
     int64_t n_params;        /* base model parameters */
     int64_t n_trainable;     /* LoRA parameters */
@@ -90,7 +95,9 @@ typedef struct gm_plan {
  * type otherwise. inputs may be NULL (text only). Images on a Gemma 3 model with a vision tower
  * (a multimodal size or checkpoint): the trainer's tower for gm_plan_max_images images per
  * micro-batch, itemized as out->vision; a text-only run plans no tower, as the trainer
- * allocates none. GM_ERR_UNSUPPORTED for images on a model without a tower or audio on Gemma 3. */
+ * allocates none. Audio on a Gemma 3n model: the trainer's audio encoder for gm_plan_max_audio clips,
+ * itemized as out->audio (exact: the trainer's own layout). GM_ERR_UNSUPPORTED for images on a
+ * model without a tower or audio on a model without an audio encoder. */
 gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
                            const gm_plan_inputs *inputs, gm_plan *out, gm_error *err);
 
@@ -112,6 +119,22 @@ gm_status gm_plan_max_images(const gm_config *cfg, const gm_train_opts *o, const
  * tower). */
 gm_status gm_plan_vision(const gm_config *cfg, const gm_train_opts *o, int64_t max_images, int n_threads, gm_dtype stored,
                          gm_plan_tower *out, gm_error *err);
+
+/* Audio clips per micro-batch and the longest clip's feature frames a Gemma 3n run reserves its
+ * audio encoder for (gm_train_opts.max_audio, max_audio_frames): the options' own (the runner sets
+ * them from the data) or, from inputs->audio_seconds per example, ceil(seconds / 30) clips x batch
+ * of min(seconds, 30) s each, whichever is larger; 0 without audio. max_length counts every
+ * position, each clip's soft tokens and its markers included: GM_ERR_INVALID when they leave no
+ * position for text; GM_ERR_UNSUPPORTED when the model has no audio encoder. */
+gm_status gm_plan_max_audio(const gm_config *cfg, const gm_train_opts *o, const gm_plan_inputs *inputs, int64_t *clips,
+                            int64_t *frames, gm_error *err);
+
+/* The audio encoder's share of a Gemma 3n run for max_clips clips of up to `frames` feature
+ * frames per micro-batch, its matrices stored as `stored`: gm_audio_encoder_init and
+ * gm_audio_encoder_layout - what the trainer reserves it with - on measuring arenas, plus the
+ * matrices it reads in place. Errors: gm_audio_encoder_init's. */
+gm_status gm_plan_audio(const gm_config *cfg, int64_t max_clips, int64_t frames, int n_threads, gm_dtype stored,
+                        gm_plan_tower *out, gm_error *err);
 
 /* The config of a model argument without loading weights: a built-in size name (unless it is
  * also a fetched model in the cache), a GGUF file (header only), a Hugging Face folder or its

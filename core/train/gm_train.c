@@ -499,6 +499,7 @@ gm_status gm_train_plan(const gm_config *cfg, const gm_train_opts *o, gm_dtype s
     /* the module names a loaded model of this config gets (gm_model.peft_prefix): a regular
      * expression over them (a model_adapter's targets) selects the same modules in the plan */
     gm_status s = setup(tr, cfg, cfg->vision.hidden_size > 0 ? GM_PEFT_PREFIX_MULTIMODAL : NULL, err);
+    if (s == GM_OK && tr->has_aud) tr->aud.stored = stored;
     if (s == GM_OK) s = layout(tr, NULL, stored, stored_embed, err);
     if (s == GM_OK) {
         out->total = tr->arena.used + tr->host.used;

@@ -12,7 +12,7 @@ do in the real one (262,400), above every id the tiny tokenizer's BPE makes (0..
 432..469 (<end_of_image> 432, <image_soft_token> 433), audio ids 470..511 (<end_of_audio> 470,
 <audio_soft_token> 471, 511 the padding of soft tokens: text vocab - 1, as in the real model);
 <start_of_image> 430 and <start_of_audio> 431 are text ids, as 255,999 and 256,000 are; all of them
-past the 400-row per-layer table (row 0), as in the real model. 12 audio soft tokens per clip.
+past the 400-row per-layer table (row 0), as in the real model. 188 audio soft tokens per clip, as in the real config.
 tokenizer.json is tests/ref/tiny_tokenizer.json with those six special tokens added.
 
 And tests/ref/tiny_gemma3n_audio_ref.h5, from real speech: the log-mel features of Debian's
@@ -24,8 +24,8 @@ make_audio_ref.py from the real recordings):
   /block_<i> (2, 35, 32) f32    each conformer block's output
   /encoder  (2, 9, 32) f32      the encoder's last_hidden_state (reduced 4x, padding frames zeroed)
   /encoder_mask (2, 9) u8       1 = padding (transformers' audio_mel_mask)
-  /soft     (2, 12, 64) f32     the soft tokens as Gemma3nModel puts them into the prompt: the
-                                embedder's output, padding frames and the extra positions up to 12
+  /soft     (2, 188, 64) f32     the soft tokens as Gemma3nModel puts them into the prompt: the
+                                embedder's output, padding frames and the extra positions up to 188
                                 replaced by the embedding of the last audio id (511)
   /ids      (2, T) int32        two prompts, each with one clip (boa, 12 x audio id, eoa) and text,
                                 ids of both multimodal ranges among the text
@@ -57,13 +57,16 @@ TEXT = os.path.join(HERE, "tiny_gemma3n")
 OUT = os.path.join(HERE, "tiny_gemma3n_audio")
 REF = os.path.join(HERE, "tiny_gemma3n_audio_ref.h5")
 SEED = 11
-SOFT = 12
+SOFT = 188
 CLAMP = 4.0
 
 
 def config():
     with open(os.path.join(TEXT, "config.json")) as fh:
         text = json.load(fh)
+    # room for a clip's 188 soft tokens and some text (default RoPE: the positions' own angles, the
+    # logits of the first 128 positions unchanged)
+    text["max_position_embeddings"] = 1024
     audio = Gemma3nAudioConfig(
         vocab_size=42, vocab_offset=470, input_feat_size=128, hidden_size=32, rms_norm_eps=1e-6,
         gradient_clipping=CLAMP, conf_attention_chunk_size=6, conf_attention_context_left=7,
@@ -132,7 +135,7 @@ def build():
 
 
 def prompts():
-    """Two prompts of one clip each (<start_of_audio>, 12 soft tokens, <end_of_audio>), ids of both
+    """Two prompts of one clip each (<start_of_audio>, 188 soft tokens, <end_of_audio>), ids of both
     multimodal ranges also among the text, as <end_of_image> would be."""
     a = [2, 17, 99, 431] + [471] * SOFT + [470, 45, 445, 432, 120, 8]
     b = [2, 431] + [471] * SOFT + [470, 511, 77, 3, 440, 490, 64, 5]

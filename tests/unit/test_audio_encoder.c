@@ -158,7 +158,7 @@ static void check_trainer(const gm_model *m, const float *feat, const uint8_t *v
         gm_batch bad = bt;
         bad.n_audio = 1;
         gm_error e2;
-        CHECK(gm_trainer_eval(tr, &bad, &loss, &nt, &e2) == GM_ERR_INVALID && gm_test_contains(e2.msg, "24 audio tokens but 1 clips"),
+        CHECK(gm_trainer_eval(tr, &bad, &loss, &nt, &e2) == GM_ERR_INVALID && gm_test_contains(e2.msg, "376 audio tokens but 1 clips"),
               "clip count checked: %s", e2.msg);
         gm_trainer_free(tr);
     }
@@ -166,6 +166,7 @@ static void check_trainer(const gm_model *m, const float *feat, const uint8_t *v
     gm_model *t = NULL;
     gm_model_opts mo = {.load_tokenizer = false};
     if (gm_model_load(gm_test_path("tests/ref/tiny_gemma3n"), &mo, &t, &err) == GM_OK) {
+        o.max_length = 100; /* within its 128 positions */
         CHECK(gm_trainer_new(t, &o, &tr, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "no audio encoder"),
               "audio on tiny_gemma3n: %s", err.msg);
         gm_model_free(t);
@@ -182,7 +183,7 @@ int main(void) {
     CHECK(st == GM_OK, "load tiny_gemma3n_audio: %s", err.msg);
     if (st != GM_OK) return gm_test_finish();
     CHECK(m->cfg.audio.hidden_size == 32 && m->cfg.audio.n_layers == 2 && m->cfg.audio.chunk == 6 &&
-              m->cfg.audio.context_left == 7 && m->cfg.audio.context_right == 2 && m->cfg.audio.soft_tokens == 12 &&
+              m->cfg.audio.context_left == 7 && m->cfg.audio.context_right == 2 && m->cfg.audio.soft_tokens == 188 &&
               m->cfg.audio.audio_token_id == 471 && m->cfg.audio.clip == 4.0f,
           "audio_config read: width %lld, %lld blocks, chunk %lld, context %lld/%lld, %lld soft tokens, id %d",
           (long long)m->cfg.audio.hidden_size, (long long)m->cfg.audio.n_layers, (long long)m->cfg.audio.chunk,
@@ -228,7 +229,7 @@ int main(void) {
         gm_backend_download(e->be, got, e->soft, (size_t)ns * sizeof(float));
         CHECK(snd == 3 && sd[1] == e->d.soft_tokens && sd[2] == e->d.C_text, "soft tokens' shape");
         printf("soft tokens: max |diff| %.3g\n",
-               gm_check_close("soft tokens (batch of 2, 12 positions per clip)", got, soft, (size_t)ns, TOL_AUDIO_ENCODER_ABS, 0.0));
+               gm_check_close("soft tokens (batch of 2, 188 positions per clip)", got, soft, (size_t)ns, TOL_AUDIO_ENCODER_ABS, 0.0));
         gm_free(soft), gm_free(got);
 
         /* the whole model: two prompts with a clip each (and hard multimodal ids among the text)
@@ -268,9 +269,10 @@ int main(void) {
         gm_audio_encoder_free(e);
     }
 
-    /* too many frames for the 12 positions: 200 frames -> 100 -> 50 sub-sampled -> 13 soft tokens */
+    /* too many frames for the 188 positions (the extractor's 30 s never are: 2997 frames, 188 soft
+     * tokens): 3024 frames -> 1512 -> 756 sub-sampled -> 189 soft tokens */
     {
-        int64_t Tlong = 200;
+        int64_t Tlong = 3024;
         float *f = gm_calloc((size_t)(Tlong * M), sizeof(float));
         uint8_t *vl = gm_malloc((size_t)Tlong);
         memset(vl, 1, (size_t)Tlong);
@@ -279,8 +281,8 @@ int main(void) {
         if (st == GM_OK) {
             gm_error e2;
             CHECK(gm_audio_encoder_run(e, f, vl, 1, Tlong, NULL, NULL, &e2) == GM_ERR_INVALID &&
-                      gm_test_contains(e2.msg, "13 soft tokens") && gm_test_contains(e2.msg, "audio_soft_tokens_per_image"),
-                  "a clip of 13 tokens for 12 positions refused: %s", e2.msg);
+                      gm_test_contains(e2.msg, "189 soft tokens") && gm_test_contains(e2.msg, "audio_soft_tokens_per_image"),
+                  "a clip of 189 tokens for 188 positions refused: %s", e2.msg);
             gm_audio_encoder_free(e);
         }
         gm_free(f), gm_free(vl);

@@ -366,15 +366,25 @@ static void test_inputs_and_errors(void) {
           "over the context: %s", err.msg);
     o = opts(16, 512, 0, false, GM_QUANT_NF4);
     CHECK(gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, NULL, &p, &err) == GM_ERR_INVALID, "batch 0");
-    /* gm_plan_training: Gemma 3n's text decoder exactly (the trainer's own layout: gemmarun trains
-     * it), the estimator where its towers would run (audio; images) and for Gemma 4 */
+    /* gm_plan_training: Gemma 3n's text decoder and audio encoder exactly (the trainer's own
+     * layout: gemmarun trains them), the estimator where its vision tower would run and for
+     * Gemma 4 */
     o = opts(16, 512, 1, false, GM_QUANT_NF4);
     gm_plan q;
     CHECK_OK(gm_plan_training(&c, &o, GM_BF16, GM_BF16, NULL, &q, &err), &err);
-    CHECK(q.exact, "gm_plan_training: Gemma 3n text -> the trainer's layout");
+    CHECK(q.exact && q.audio.total == 0, "gm_plan_training: Gemma 3n text -> the trainer's layout");
+    gm_plan t = q;
     CHECK_OK(gm_plan_training(&c, &o, GM_BF16, GM_BF16, &au, &q, &err), &err);
-    CHECK_OK(gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, &au, &p, &err), &err);
-    CHECK(q.total == p.total && !q.exact, "gm_plan_training: Gemma 3n with audio -> estimate");
+    /* 45 s: two clips, the longest 30 s (2997 feature frames); the encoder's matrices read in place
+     * (12 blocks of 24 D^2 at bf16, D = 1536: 1.3 GiB), nothing of it trained */
+    CHECK(q.exact && q.audio.max_images == 2 && q.audio.frames == 2997 && q.audio.trained == 0 &&
+              q.audio.weights > ((size_t)1 << 30) && q.audio.weights < ((size_t)3 << 29) && q.total > t.total + q.audio.total,
+          "gm_plan_training: Gemma 3n with 45 s of audio -> exact, 2 clips of %lld frames, encoder %.2f GiB (weights %.2f)",
+          (long long)q.audio.frames, (double)q.audio.total / 1073741824.0, (double)q.audio.weights / 1073741824.0);
+    gm_train_opts shortl = opts(16, 380, 1, false, GM_QUANT_NF4);
+    CHECK(gm_plan_training(&c, &shortl, GM_BF16, GM_BF16, &au, &q, &err) == GM_ERR_INVALID &&
+              strstr(err.msg, "leaves no room for text beside 2 audio clips"),
+          "max_length 380 with 2 clips of 190 positions: %s", err.msg);
     CHECK_OK(gm_plan_training(&g4, &o, GM_BF16, GM_BF16, NULL, &q, &err), &err);
     CHECK_OK(gm_plan_estimate(&g4, &o, GM_BF16, GM_BF16, NULL, &p, &err), &err);
     CHECK(q.total == p.total && !q.exact, "gm_plan_training: Gemma 4 -> estimate");
@@ -445,16 +455,18 @@ static void table_row(const char *name, const char *base, gm_quant q, gm_dtype s
     o.n_threads = 8;
     gm_plan p;
     gm_error err;
-    if (gm_plan_estimate(&c, &o, stored, stored, in, &p, &err) != GM_OK) {
+    /* Gemma 3n: the trainer's own layout (max_length counts every position, the audio's too);
+     * others: the estimate (max_length of text, media positions added) */
+    if (gm_plan_training(&c, &o, stored, stored, in, &p, &err) != GM_OK) {
         printf("| %s | error: %s |\n", name, err.msg);
         return;
     }
     printf("| %s | %s | %d | %s | %lld (%lld) | %lld | %s | %.1f | %.2f | %.1f | %.1f | %.1f |\n", name, base, rank, inputs,
-           (long long)T, (long long)gm_plan_sequence_length(&c, T, in), (long long)B, ckpt ? "on" : "off",
-           gib(p.by_kind[GM_MEM_WEIGHTS]),
+           (long long)T, (long long)(p.exact ? T : gm_plan_sequence_length(&c, T, in)), (long long)B, ckpt ? "on" : "off",
+           gib(p.by_kind[GM_MEM_WEIGHTS] + p.audio.weights),
            gib(p.by_kind[GM_MEM_ADAPTERS] + p.by_kind[GM_MEM_GRADS] + p.by_kind[GM_MEM_OPTIMIZER]),
-           gib(p.by_kind[GM_MEM_ACTIVATIONS]), gib(p.by_kind[GM_MEM_TRANSIENT] + p.by_kind[GM_MEM_WORKSPACE] + p.runtime),
-           gib(p.total));
+           gib(p.by_kind[GM_MEM_ACTIVATIONS] + p.audio.activations + p.audio.staging),
+           gib(p.by_kind[GM_MEM_TRANSIENT] + p.by_kind[GM_MEM_WORKSPACE] + p.runtime), gib(p.total));
 }
 
 static void print_table(void) {
@@ -490,10 +502,10 @@ static void print_table(void) {
     c = preset("gemma3n-e2b");
     o = opts(16, 2048, 1, false, GM_QUANT_BF16);
     o.n_threads = 8;
-    if (gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, &audio, &p, &err) == GM_OK) {
+    if (gm_plan_training(&c, &o, GM_BF16, GM_BF16, &audio, &p, &err) == GM_OK) {
         char buf[2048];
         gm_plan_format(&p, buf, sizeof buf);
-        printf("gemma3n-e2b bf16 r16 T=2048+audio B=1:\n%s  note: %s\n", buf, p.note);
+        printf("gemma3n-e2b bf16 r16 T=2048 with 30 s of audio B=1:\n%s", buf);
     }
 }
 

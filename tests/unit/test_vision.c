@@ -640,7 +640,7 @@ static void check_data(void) {
         return;
     }
     const gm_vision_config *v = &m->cfg.vision;
-    gm_mm_spec mm = {v->boi_id, v->eoi_id, v->image_token_id, v->tokens};
+    gm_mm_spec mm = {.boi_id = v->boi_id, .eoi_id = v->eoi_id, .image_token_id = v->image_token_id, .tokens = v->tokens};
     gm_chat_msg msgs[2] = {{"user", "<start_of_image>What is it?"}, {"assistant", "A cat"}};
     const char *imgs[2] = {"a.jpg", "b.jpg"}, *sha[2] = {"00", "11"};
     gm_dataset ds;
@@ -706,7 +706,7 @@ static void check_pan_and_scan(void) {
     cJSON *j = cJSON_ParseWithLength(buf, len);
     gm_free(buf);
     const gm_vision_config *v = &m->cfg.vision;
-    gm_mm_spec mm = {v->boi_id, v->eoi_id, v->image_token_id, v->tokens};
+    gm_mm_spec mm = {.boi_id = v->boi_id, .eoi_id = v->eoi_id, .image_token_id = v->image_token_id, .tokens = v->tokens};
     const int64_t S = v->image_size;
     const cJSON *cases = cJSON_GetObjectItem(j, "cases"), *c;
     int n_cases = 0, with_crops = 0;
