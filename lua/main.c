@@ -32,6 +32,9 @@
 #include "gm_generate.h"
 #include "gm_gguf.h"
 #include "gm_image.h"
+#include "gm_audio.h"
+#include "gm_audio_encoder.h"
+#include "gm_mm_embed.h"
 #include "gm_lua.h"
 #include "gm_lora.h"
 #include "gm_model.h"
@@ -81,12 +84,14 @@ static void usage(FILE *f) {
             "  gemmarun inspect MODEL\n"
             "  gemmarun generate MODEL [--adapter RESULTS_OR_CHECKPOINT [--trial ID]] \"prompt\"\n"
             "                    [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
-            "                    [--image FILE ...] [--pan-and-scan] [--threads N] [--device cpu|cuda|cuda:N] [--int8-dot]\n"
+            "                    [--image FILE ...] [--pan-and-scan] [--audio FILE ...] [--threads N]\n"
+            "                    [--device cpu|cuda|cuda:N] [--int8-dot]\n"
             "                    (--adapter: results/EXP/, a trial file, a\n"
             "                    merged results file, a checkpoint or a PEFT adapter folder; --trial: the trial's\n"
             "                    index or id; --image: a PNG / JPEG before the prompt, multimodal models;\n"
             "                    FILE#xywh=X,Y,W,H: a region of it, in pixels; --pan-and-scan: each image also\n"
-            "                    as its crops, as Gemma 3's processor's do_pan_and_scan; --int8-dot: decode with\n"
+            "                    as its crops, as Gemma 3's processor's do_pan_and_scan; --audio: a WAV / FLAC /\n"
+            "                    Ogg clip before the prompt, Gemma 3n (its first 30 s); --int8-dot: decode with\n"
             "                    llama.cpp-style int8 dots on Q8_0 / Q5_0 / Q4_K / Q6_K weights: faster, not the f32 numbers)\n"
             "  gemmarun plan MODEL [key=value ...] the memory plan of a training run (loads no weights)\n"
             "  gemmarun options [--markdown]       the training options: defaults, ranges, meaning\n"
@@ -250,8 +255,8 @@ static int cmd_generate(int argc, char **argv) {
     long long max_tokens = 64, top_k = 0, seed = 0, threads = 2;
     double temperature = 0, top_p = 1;
     bool chat = false, options_done = false, int8_dot = false, pan_and_scan = false;
-    const char *images[16];
-    int n_images = 0;
+    const char *images[16], *audio[16];
+    int n_images = 0, n_audio = 0;
     char opt_buf[64];
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -302,6 +307,12 @@ static int cmd_generate(int argc, char **argv) {
                 return 2;
             }
             images[n_images++] = v, i += step;
+        } else if (strcmp(a, "--audio") == 0 && v && *v) {
+            if (n_audio == 16) {
+                fprintf(stderr, "gemmarun generate: at most 16 --audio files\n");
+                return 2;
+            }
+            audio[n_audio++] = v, i += step;
         }
         else {
             fprintf(stderr, "gemmarun generate: unknown option or missing value: %s\n", argv[i]);
@@ -321,6 +332,11 @@ static int cmd_generate(int argc, char **argv) {
     }
     if (trial && !adapter) {
         fprintf(stderr, "gemmarun generate: --trial picks a trial of --adapter RESULTS; give --adapter too\n");
+        return 2;
+    }
+    if (n_audio > 0 && n_images > 0) {
+        fprintf(stderr, "gemmarun generate: give --image or --audio, not both (gemmarun reads Gemma 3n's audio; its images "
+                        "are not read yet)\n");
         return 2;
     }
     if (pan_and_scan && n_images == 0) {
@@ -348,6 +364,13 @@ static int cmd_generate(int argc, char **argv) {
         gm_model_free(m);
         return 2;
     }
+    if (n_audio > 0 && (m->cfg.arch != GM_ARCH_GEMMA3N || m->cfg.audio.hidden_size <= 0)) {
+        fprintf(stderr, "gemmarun: error: --audio %s: %s has no audio encoder\n"
+                        "  hint: audio needs a Gemma 3n checkpoint of Gemma3nForConditionalGeneration (gemma-3n-E2B-it, "
+                        "gemma-3n-E4B-it)\n", audio[0], path);
+        gm_model_free(m);
+        return 2;
+    }
     /* the device first: a missing GPU is an error before any work (the image tower runs on it too) */
     gm_backend *be = NULL;
     s = gm_backend_open(device, (int)threads, &be, &err);
@@ -357,7 +380,7 @@ static int cmd_generate(int argc, char **argv) {
     }
     /* images go before the prompt, one "<start_of_image>" each, as Hugging Face's chat template
      * writes [{"type": "image"}, ..., {"type": "text"}] */
-    char *user = gm_malloc(strlen(prompt) + 16 * (size_t)n_images + 1);
+    char *user = gm_malloc(strlen(prompt) + 16 * (size_t)(n_images + n_audio) + 1);
     if (!user) {
         gm_backend_free(be);
         gm_model_free(m);
@@ -365,6 +388,7 @@ static int cmd_generate(int argc, char **argv) {
     }
     user[0] = '\0';
     for (int i = 0; i < n_images; i++) strcat(user, "<start_of_image>");
+    for (int i = 0; i < n_audio; i++) strcat(user, "<start_of_audio>");
     strcat(user, prompt);
     char *text = NULL;
     if (chat) { /* Gemma's chat template around one user turn (gemma_architecture.md §2.5) */
@@ -383,6 +407,7 @@ static int cmd_generate(int argc, char **argv) {
     int64_t n_prompt = 0;
     float *soft = NULL;
     int64_t *soft_rows = NULL, n_soft = 0;
+    gm_mm_hard hard = {0};
     gm_status s_ad = GM_OK;
     gm_adapter *ad = NULL;
     if (adapter) { /* first: a trained image path runs the images below */
@@ -426,6 +451,41 @@ static int cmd_generate(int argc, char **argv) {
             if (ids[t] == vc->image_token_id) soft_rows[n_soft++] = t;
         gm_vision_free(vis);
         gm_free(pixels);
+    } else if (s == GM_OK && n_audio > 0) { /* each clip through the audio encoder, expanded as Gemma3nProcessor does */
+#ifdef GM_HAVE_AUDIO
+        gm_mm_spec as = gm_mm_spec_audio(&m->cfg);
+        int64_t C = m->cfg.hidden_size, soft_tok = m->cfg.audio.soft_tokens;
+        gm_audio clips[16] = {{0}};
+        const float *ptr[16];
+        int64_t lens[16];
+        gm_audio_fe *fe = NULL;
+        gm_audio_features f = {0};
+        gm_audio_encoder *enc = NULL;
+        s = gm_mm_hard_load(m, &hard, &err);
+        for (int i = 0; s == GM_OK && i < n_audio; i++) {
+            s = gm_audio_load(audio[i], NULL, &clips[i], &err);
+            ptr[i] = clips[i].samples, lens[i] = clips[i].n;
+        }
+        if (s == GM_OK) s = gm_audio_fe_new(&fe, &err);
+        if (s == GM_OK) s = gm_audio_features_compute(fe, ptr, lens, n_audio, &f, &err);
+        if (s == GM_OK && f.T < 1)
+            s = gm_error_set(&err, GM_ERR_INVALID, "--audio %s: shorter than one 32 ms frame of the feature extractor", audio[0]);
+        if (s == GM_OK) s = gm_audio_encoder_new(m, &hard, n_audio, f.T, (int)threads, be, &enc, &err);
+        if (s == GM_OK) s = gm_audio_encoder_run(enc, f.data, f.mask, n_audio, f.T, NULL, NULL, &err);
+        if (s == GM_OK) s = gm_mm_encode_text(m->tok, in, &as, n_audio, NULL, 0, &ids, &n_prompt, &err);
+        soft = s == GM_OK ? gm_malloc((size_t)(n_audio * soft_tok * C) * sizeof(float)) : NULL;
+        soft_rows = s == GM_OK ? gm_malloc((size_t)(n_audio * soft_tok) * sizeof(int64_t)) : NULL;
+        if (s == GM_OK && (!soft || !soft_rows)) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
+        if (s == GM_OK) gm_backend_download(be, soft, enc->soft, (size_t)(n_audio * soft_tok * C) * sizeof(float));
+        for (int64_t t = 0; s == GM_OK && t < n_prompt; t++)
+            if (ids[t] == m->cfg.audio.audio_token_id) soft_rows[n_soft++] = t;
+        gm_audio_encoder_free(enc);
+        gm_audio_features_free(&f);
+        gm_audio_fe_free(fe);
+        for (int i = 0; i < n_audio; i++) gm_audio_free(&clips[i]);
+#else
+        s = gm_error_set(&err, GM_ERR_UNSUPPORTED, "--audio: this gemmarun was built without audio (cmake -DGM_AUDIO=OFF)");
+#endif
     } else if (s == GM_OK) {
         ids = gm_malloc((len + 8) * sizeof(int32_t));
         s = ids ? gm_tokenizer_encode(m->tok, in, len, true, chat, ids, (int64_t)len + 8, &n_prompt, &err)
@@ -438,7 +498,7 @@ static int cmd_generate(int argc, char **argv) {
     if (s == GM_OK) {
         /* prefill in chunks of 256 tokens: Ctrl-C is honoured between chunks */
         gm_infer_opts io = {.batch = 1, .ctx = n_prompt + max_tokens,
-                            .max_tokens = n_images > 0 || n_prompt < 256 ? n_prompt : 256, /* images: one call */
+                            .max_tokens = n_images + n_audio > 0 || n_prompt < 256 ? n_prompt : 256, /* media: one call */
                             .n_threads = (int)threads, .adapter = ad && ad->lora.n > 0 ? &ad->lora : NULL, .backend = be,
                             .int8_dot = int8_dot};
         s = gm_infer_new(m, &io, &st, &err);
@@ -458,11 +518,15 @@ static int cmd_generate(int argc, char **argv) {
         gm_generate_stats stats = {0};
         signal(SIGINT, on_sigint);
         if (!chat) fputs(prompt, stdout);
-        if (n_images > 0)
+        if (n_images > 0) {
             s = gm_generate_images(st, ids, n_prompt, soft, soft_rows, n_soft, m->cfg.vision.image_token_id, &so, stream_token,
                                    &sc, out, &n_out, &stats, &err);
-        else
+        } else if (n_audio > 0) { /* Gemma 3n: every token causal, its hard multimodal tokens from their embedders */
+            gm_prompt_media pm = {soft, soft_rows, n_soft, -1, &hard};
+            s = gm_generate_media(st, ids, n_prompt, &pm, &so, stream_token, &sc, out, &n_out, &stats, &err);
+        } else {
             s = gm_generate(st, ids, n_prompt, &so, stream_token, &sc, out, &n_out, &stats, &err);
+        }
         signal(SIGINT, SIG_DFL);
         printf("\n");
         fflush(stdout);
@@ -488,6 +552,7 @@ static int cmd_generate(int argc, char **argv) {
     gm_free(user);
     gm_free(soft);
     gm_free(soft_rows);
+    gm_mm_hard_free(&hard);
     gm_infer_free(st);
     gm_adapter_free(ad);
     gm_backend_free(be);

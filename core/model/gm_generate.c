@@ -3,6 +3,7 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "gm_generate.h"
+#include "gm_mm_embed.h"
 
 #include "gm_vision.h" /* gm_mm_kv_end */
 
@@ -107,15 +108,7 @@ static bool is_stop(const gm_sample_opts *o, int32_t t) {
     return false;
 }
 
-/* The images of a prompt (gm_generate_images): soft tokens at rows, and the attention ends. */
-typedef struct prompt_images {
-    const float *soft;
-    const int64_t *rows;
-    int64_t n_soft;
-    int32_t image_token_id;
-} prompt_images;
-
-static gm_status generate(gm_infer *st, const int32_t *prompt, int64_t n_prompt, const prompt_images *pi,
+static gm_status generate(gm_infer *st, const int32_t *prompt, int64_t n_prompt, const gm_prompt_media *pi,
                           const gm_sample_opts *o, gm_token_cb cb, void *user, int32_t *out_ids, int64_t *n_out,
                           gm_generate_stats *stats, gm_error *err);
 
@@ -133,11 +126,21 @@ gm_status gm_generate_images(gm_infer *st, const int32_t *prompt, int64_t n_prom
     if (n_prompt > st->T_max)
         return gm_error_set(err, GM_ERR_INVALID, "a prompt with images is prefilled in one call: %lld tokens, the state was "
                             "planned for %lld per call", (long long)n_prompt, (long long)st->T_max);
-    prompt_images pi = {soft, soft_rows, n_soft, image_token_id};
-    return generate(st, prompt, n_prompt, &pi, o, cb, user, out_ids, n_out, stats, err);
+    gm_prompt_media pm = {soft, soft_rows, n_soft, image_token_id, NULL};
+    return generate(st, prompt, n_prompt, &pm, o, cb, user, out_ids, n_out, stats, err);
 }
 
-static gm_status generate(gm_infer *st, const int32_t *prompt, int64_t n_prompt, const prompt_images *pi,
+gm_status gm_generate_media(gm_infer *st, const int32_t *prompt, int64_t n_prompt, const gm_prompt_media *pm,
+                            const gm_sample_opts *o, gm_token_cb cb, void *user, int32_t *out_ids, int64_t *n_out,
+                            gm_generate_stats *stats, gm_error *err) {
+    *n_out = 0;
+    if (n_prompt > st->T_max)
+        return gm_error_set(err, GM_ERR_INVALID, "a prompt with images or audio is prefilled in one call: %lld tokens, the "
+                            "state was planned for %lld per call", (long long)n_prompt, (long long)st->T_max);
+    return generate(st, prompt, n_prompt, pm, o, cb, user, out_ids, n_out, stats, err);
+}
+
+static gm_status generate(gm_infer *st, const int32_t *prompt, int64_t n_prompt, const gm_prompt_media *pi,
                           const gm_sample_opts *o, gm_token_cb cb, void *user, int32_t *out_ids, int64_t *n_out,
                           gm_generate_stats *stats, gm_error *err) {
     *n_out = 0;
@@ -159,15 +162,22 @@ static gm_status generate(gm_infer *st, const int32_t *prompt, int64_t n_prompt,
     /* prefill in chunks of at most T_max tokens; with images in one call, their tokens seeing the
      * whole image */
     if (pi) {
-        int32_t *kv_end = gm_malloc((size_t)n_prompt * sizeof *kv_end);
-        if (!kv_end) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        int32_t *kv_end = pi->image_token_id >= 0 ? gm_malloc((size_t)n_prompt * sizeof *kv_end) : NULL;
+        const float **hptr = pi->hard ? gm_malloc((size_t)n_prompt * sizeof *hptr) : NULL;
+        int64_t *hrows = pi->hard ? gm_malloc((size_t)n_prompt * sizeof *hrows) : NULL;
+        if ((pi->image_token_id >= 0 && !kv_end) || (pi->hard && (!hptr || !hrows)))
+            s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
         if (s == GM_OK) {
-            gm_mm_kv_end(prompt, 1, n_prompt, pi->image_token_id, 0, kv_end);
-            gm_graph_input in = {.B = 1, .T = n_prompt, .ids = prompt, .embeds = pi->soft, .embed_rows = pi->rows,
+            if (kv_end) gm_mm_kv_end(prompt, 1, n_prompt, pi->image_token_id, 0, kv_end);
+            gm_graph_input in = {.B = 1, .T = n_prompt, .ids = prompt, .embeds = pi->soft, .embed_rows = pi->soft_rows,
                                  .n_embeds = pi->n_soft, .kv_end = kv_end};
+            if (pi->hard) {
+                in.ptr_embeds = hptr, in.ptr_rows = hrows;
+                in.n_ptr_embeds = gm_mm_hard_place(pi->hard, prompt, n_prompt, hptr, hrows, n_prompt);
+            }
             s = gm_decoder_forward_input(st, &in, false, err);
         }
-        gm_free(kv_end);
+        gm_free(kv_end), gm_free(hptr), gm_free(hrows);
     }
     for (int64_t p = 0; !pi && p < n_prompt && s == GM_OK; p += st->T_max) {
         if (o->interrupt && *o->interrupt) s = gm_error_set(err, GM_ERR_INTERRUPTED, "interrupted during the prompt");

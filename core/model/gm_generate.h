@@ -66,6 +66,25 @@ gm_status gm_generate_images(gm_infer *st, const int32_t *prompt, int64_t n_prom
                              gm_token_cb cb, void *user, int32_t *out_ids, int64_t *n_out, gm_generate_stats *stats,
                              gm_error *err);
 
+struct gm_mm_hard;
+/* What a prompt holds besides text tokens: soft (n_soft, C) host rows replacing the prompt's rows
+ * soft_rows (an encoder's soft tokens: images, audio clips); image_token_id, whose runs see their
+ * whole image (gm_mm_kv_end; < 0: every token causal, as in Gemma 3n); hard, Gemma 3n's hard
+ * multimodal tokens (gm_mm_embed.h: <end_of_audio>, ...) placed from their embedders, or NULL. */
+typedef struct gm_prompt_media {
+    const float *soft;
+    const int64_t *soft_rows;
+    int64_t n_soft;
+    int32_t image_token_id;
+    const struct gm_mm_hard *hard;
+} gm_prompt_media;
+
+/* gm_generate for a prompt with media (pm), prefilled in one call (GM_ERR_INVALID when longer than
+ * the state's tokens per call). gm_generate_images is this with images. */
+gm_status gm_generate_media(gm_infer *st, const int32_t *prompt, int64_t n_prompt, const gm_prompt_media *pm,
+                            const gm_sample_opts *o, gm_token_cb cb, void *user, int32_t *out_ids, int64_t *n_out,
+                            gm_generate_stats *stats, gm_error *err);
+
 #ifdef __cplusplus
 }
 #endif

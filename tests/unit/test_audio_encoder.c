@@ -16,6 +16,7 @@
 #include "gm_audio_encoder.h"
 #include "gm_backend.h"
 #include "gm_decoder.h"
+#include "gm_generate.h"
 #include "gm_mm_embed.h"
 #include "gm_model.h"
 #include "gm_train.h"
@@ -174,6 +175,42 @@ static void check_trainer(const gm_model *m, const float *feat, const uint8_t *v
     gm_free(tg), gm_free(ids), gm_free(ref);
 }
 
+/* Generation with a clip (gm_generate_media, what `generate --audio` runs): the fixture's first
+ * prompt, its clip's soft tokens and its hard tokens placed, greedy: the state's logits at the last
+ * prompt position equal transformers' there, and the first new token is their argmax. */
+static void check_generate(const gm_model *m, const gm_mm_hard *hard, const gm_audio_encoder *e, const int32_t *ids,
+                           int64_t T, const float *ref) {
+    int64_t C = m->cfg.hidden_size, V = m->cfg.vocab_size, S = e->d.soft_tokens;
+    float *soft = gm_malloc((size_t)(S * C) * sizeof(float));
+    int64_t *rows = gm_malloc((size_t)S * sizeof(int64_t)), n = 0;
+    gm_backend_download(e->be, soft, e->soft, (size_t)(S * C) * sizeof(float)); /* clip 0's */
+    for (int64_t t = 0; t < T; t++)
+        if (ids[t] == m->cfg.audio.audio_token_id && n < S) rows[n++] = t;
+    gm_infer *st = NULL;
+    gm_error err;
+    gm_infer_opts io = {.batch = 1, .max_tokens = T, .ctx = T + 4, .n_threads = 2};
+    if (gm_infer_new(m, &io, &st, &err) != GM_OK) {
+        CHECK(0, "decoder: %s", err.msg);
+    } else {
+        gm_prompt_media pm = {soft, rows, n, -1, hard};
+        gm_sample_opts so = {.max_new_tokens = 1};
+        int32_t out[1];
+        int64_t n_out = 0;
+        gm_status s = gm_generate_media(st, ids, T, &pm, &so, NULL, NULL, out, &n_out, NULL, &err);
+        CHECK(s == GM_OK && n_out == 1, "generate with a clip: %s", s == GM_OK ? "" : err.msg);
+        int64_t best = 0;
+        for (int64_t v = 1; v < V; v++) best = ref[(T - 1) * V + v] > ref[(T - 1) * V + best] ? v : best;
+        if (s == GM_OK) {
+            CHECK(out[0] == best, "first new token %d, transformers' argmax %lld", out[0], (long long)best);
+            printf("generate with a clip: last prompt position's logits max |diff| %.3g\n",
+                   gm_check_close("generate: logits at the last prompt position", st->logits, ref + (T - 1) * V, (size_t)V,
+                                  TOL_TINY_LOGITS_ABS, 0.0));
+        }
+        gm_infer_free(st);
+    }
+    gm_free(soft), gm_free(rows);
+}
+
 int main(void) {
     snprintf(REF, sizeof REF, "%s", gm_test_path("tests/ref/tiny_gemma3n_audio_ref.h5"));
     gm_error err;
@@ -242,6 +279,7 @@ int main(void) {
             printf("logits with audio: max |diff| %.3g\n",
                    gm_check_close("logits with audio (2 prompts)", lg, ref, (size_t)(idd[0] * idd[1] * m->cfg.vocab_size),
                                   TOL_TINY_LOGITS_ABS, 0.0));
+            check_generate(m, &hard, e, ids, idd[1], ref);
         }
         gm_free(lg), gm_free(ref), gm_free(ids);
 
