@@ -28,6 +28,9 @@ packages=(
   fortunes
   opencv-doc                                     # experiments/digits_vision.lua: OpenCV's 5,000 real handwritten digits
   asterisk-core-sounds-en-wav                    # test_audio: real 8 kHz speech recordings (/usr/share/asterisk/sounds/en_US_f_Allison)
+  asterisk-core-sounds-en                        # experiments/pronunciation.lua: their transcripts (core-sounds-en.txt.gz)
+  pocketsphinx-en-us                             # experiments/pronunciation.lua: the CMU pronouncing dictionary (cmudict-en-us.dict)
+  zlib1g-dev                                     # gzip-compressed text (gm_read_text_file)
   slurm-wlm munge                                # tests/e2e/slurm.sh: a one-node Slurm for `gemmarun submit --slurm`
 )
 # Installed without their Recommends: the stamps recommend tuxpaint itself (the program, its data,

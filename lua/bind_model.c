@@ -19,7 +19,7 @@
  *        image_size, patch_size, mm_tokens_per_image, seed = 0, dtype = "f32"}) -> path, written: the
  *        text model with a new vision tower, as a Hugging Face folder in the cache (written once)
  *   model:tokenize(text [, {bos = true, special = false}]) -> {ids...}
- *   model:detokenize(ids [, {special = false}])       -> string
+ *   model:detokenize(ids [, {special = false, skip_unknown = false}]) -> string
  *   model:generate(prompt [, opts])                   -> text, {prompt_tokens, new_tokens,
  *        prefill_tokens_per_s, decode_tokens_per_s}
  *        opts: max_tokens (64), temperature (0 = greedy), top_k (0), top_p (1), seed (0),
@@ -264,26 +264,34 @@ static int l_tokenize(lua_State *L) {
 static int l_detokenize(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
-    static const char *const allowed[] = {"special", NULL};
+    static const char *const allowed[] = {"special", "skip_unknown", NULL};
     gm_bind_check_opts(L, 3, "detokenize", allowed);
     bool special = gm_bind_opt_bool(L, 3, "special", false);
+    /* skip_unknown: ids the tokenizer has no text for (a model's rows past its tokenizer's
+     * vocabulary, which generation may pick) are left out instead of refused */
+    bool skip = gm_bind_opt_bool(L, 3, "skip_unknown", false);
     const gm_tokenizer *tok = need_tok(L, lm);
     lua_Integer n = luaL_len(L, 2);
     int64_t V = gm_tokenizer_vocab_size(tok);
-    for (lua_Integer i = 1; i <= n; i++) {
-        lua_rawgeti(L, 2, i);
-        if (!lua_isinteger(L, -1)) luaL_error(L, "detokenize: ids[%d] is not an integer", (int)i);
-        lua_Integer id = lua_tointeger(L, -1);
-        if (id < 0 || id >= V) luaL_error(L, "detokenize: ids[%d] = %d is outside the vocabulary", (int)i, (int)id);
-        lua_pop(L, 1);
-    }
     int32_t *ids = gm_malloc((size_t)(n > 0 ? n : 1) * sizeof(int32_t));
     if (!ids) return luaL_error(L, "out of memory");
+    lua_Integer k = 0;
     for (lua_Integer i = 1; i <= n; i++) {
         lua_rawgeti(L, 2, i);
-        ids[i - 1] = (int32_t)lua_tointeger(L, -1);
+        if (!lua_isinteger(L, -1)) {
+            gm_free(ids);
+            return luaL_error(L, "detokenize: ids[%d] is not an integer", (int)i);
+        }
+        lua_Integer id = lua_tointeger(L, -1);
         lua_pop(L, 1);
+        if (id < 0 || id >= V) {
+            if (skip) continue;
+            gm_free(ids);
+            return luaL_error(L, "detokenize: ids[%d] = %d is outside the vocabulary", (int)i, (int)id);
+        }
+        ids[k++] = (int32_t)id;
     }
+    n = k;
     char *text = NULL;
     gm_error err = {0};
     gm_status s = gm_tokenizer_decode(tok, ids, n, special, &text, &err);

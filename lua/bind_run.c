@@ -75,7 +75,7 @@ static int l_read_text(lua_State *L) {
     char *buf = NULL;
     size_t len = 0;
     gm_error err = {0};
-    if (gm_read_file(path, &buf, &len, &err) != GM_OK) return gm_bind_raise(L, &err);
+    if (gm_read_text_file(path, &buf, &len, &err) != GM_OK) return gm_bind_raise(L, &err);
     lua_pushlstring(L, buf, len);
     gm_free(buf);
     return 1;

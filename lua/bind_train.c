@@ -30,6 +30,7 @@
  *       joins the world when made, each rank passes its share of the step (possibly none) and
  *       loss, tokens and grad_norm are the whole step's (gm_trainer_set_dist)
  *   trainer:eval(dataset, {i, ...})        -> mean loss, supervised tokens
+ *   trainer:generate(dataset, {i, ...} [, {max_tokens, stop}]) -> each example's greedy continuation (ids)
  *   trainer:score_labels(dataset, {i, ...}, {{tok, ...}, ...}) -> best label per example, scores
  *                                              (log-probability of each whole candidate response)
  *   trainer:save(path [, {epoch, pos, loss, config}]), trainer:load(path) -> {step, epoch, pos}
@@ -823,6 +824,103 @@ static int64_t read_indices(lua_State *L, ltrainer *t, ldataset *d, int idx, int
     return n;
 }
 
+/* trainer:generate(dataset, {i, ...} [, {max_tokens = 64, stop = {id, ...}}]) -> {{id, ...}, ...}: each
+ * example's greedy continuation of its prompt (its ids before the response: the chat up to and
+ * including "<start_of_turn>model\n", its images and audio clips) with the trainer's current
+ * adapters, forward only, no dropout: the whole sequence runs again for each new token
+ * (gm_trainer_logits at each sequence's last position), o.batch examples at a time, within the
+ * trainer's plan (max_length bounds prompt + new tokens). A continuation ends at a stop id (not
+ * included), after max_tokens, or at max_length. What the runner's transcription evaluation reads
+ * (word and phone error rates). */
+static int l_tr_generate(lua_State *L) {
+    ltrainer *t = check_tr(L, 1);
+    ldataset *d = check_ds(L, 2);
+    int64_t n = read_indices(L, t, d, 3, 0);
+    static const char *const allowed[] = {"max_tokens", "stop", NULL};
+    gm_bind_check_opts(L, 4, "generate", allowed);
+    lua_Integer max_new = gm_bind_opt_int(L, 4, "max_tokens", 64);
+    if (max_new < 1 || max_new > (1 << 20)) return luaL_error(L, "generate: max_tokens must be in 1..%d", 1 << 20);
+    int32_t stops[16];
+    int n_stop = 0;
+    if (lua_istable(L, 4) && lua_getfield(L, 4, "stop") == LUA_TTABLE) {
+        for (lua_Integer i = 1; i <= luaL_len(L, -1) && n_stop < 16; i++) {
+            lua_rawgeti(L, -1, i);
+            stops[n_stop++] = (int32_t)lua_tointeger(L, -1);
+            lua_pop(L, 1);
+        }
+    }
+    if (lua_istable(L, 4)) lua_pop(L, 1);
+    const gm_train_opts *o = gm_trainer_opts(t->tr);
+    int64_t V = d->m->cfg.vocab_size, chunk = o->batch, ML = o->max_length;
+    float *logits = gm_malloc((size_t)(chunk * V) * sizeof(float));
+    int32_t *seq = gm_malloc((size_t)(chunk * ML) * sizeof(int32_t));
+    int64_t *len = gm_malloc((size_t)chunk * sizeof(int64_t)), *start = gm_malloc((size_t)chunk * sizeof(int64_t));
+    int64_t *rows = gm_malloc((size_t)chunk * sizeof(int64_t));
+    bool *done = gm_malloc((size_t)chunk * sizeof(bool));
+    if (!logits || !seq || !len || !start || !rows || !done) {
+        gm_free(logits), gm_free(seq), gm_free(len), gm_free(start), gm_free(rows), gm_free(done);
+        return luaL_error(L, "generate: out of memory");
+    }
+    lua_createtable(L, (int)n, 0);
+    gm_error err = {0};
+    gm_status st = GM_OK;
+    for (int64_t s0 = 0; s0 < n && st == GM_OK; s0 += chunk) {
+        int64_t B = n - s0 < chunk ? n - s0 : chunk;
+        for (int64_t b = 0; b < B; b++) {
+            const gm_example *e = &d->ds.ex[t->scan[s0 + b]];
+            int64_t p = e->response_start < ML ? e->response_start : ML;
+            memcpy(seq + b * ML, e->ids, (size_t)p * sizeof(int32_t));
+            start[b] = len[b] = p, done[b] = p >= ML;
+        }
+        /* the batch's media once: every pass of this chunk reads the same clips and images */
+        gm_batch bt = {.B = B, .example_index = t->scan + s0};
+        batch_images(L, t, d, t->scan + s0, B, 0, &bt);
+        batch_audio(L, t, d, t->scan + s0, B, 0, &bt);
+        for (int64_t k = 0; k < max_new && st == GM_OK; k++) {
+            int64_t T = 1;
+            bool any = false;
+            for (int64_t b = 0; b < B; b++) T = len[b] > T ? len[b] : T, any |= !done[b];
+            if (!any) break;
+            for (int64_t b = 0; b < B; b++) {
+                for (int64_t i = 0; i < T; i++) {
+                    t->ids[b * T + i] = i < len[b] ? seq[b * ML + i] : t->pad_id;
+                    t->targets[b * T + i] = -1;
+                }
+                rows[b] = b * T + len[b] - 1;
+            }
+            bt.T = T, bt.ids = t->ids, bt.targets = t->targets;
+            if (gm_lua_interrupted) st = gm_error_set(&err, GM_ERR_INTERRUPTED, "interrupted during generation");
+            if (st == GM_OK) st = gm_trainer_logits(t->tr, &bt, rows, B, logits, &err);
+            for (int64_t b = 0; st == GM_OK && b < B; b++) {
+                if (done[b]) continue;
+                const float *r = logits + b * V;
+                int64_t best = 0;
+                for (int64_t v = 1; v < V; v++) best = r[v] > r[best] ? v : best;
+                bool stop = false;
+                for (int i = 0; i < n_stop; i++) stop |= stops[i] == best;
+                if (stop) {
+                    done[b] = true;
+                    continue;
+                }
+                seq[b * ML + len[b]++] = (int32_t)best;
+                done[b] = len[b] >= ML;
+            }
+        }
+        for (int64_t b = 0; st == GM_OK && b < B; b++) {
+            lua_createtable(L, (int)(len[b] - start[b]), 0);
+            for (int64_t i = start[b]; i < len[b]; i++) {
+                lua_pushinteger(L, seq[b * ML + i]);
+                lua_rawseti(L, -2, i - start[b] + 1);
+            }
+            lua_rawseti(L, -2, s0 + b + 1);
+        }
+    }
+    gm_free(logits), gm_free(seq), gm_free(len), gm_free(start), gm_free(rows), gm_free(done);
+    if (st == GM_ERR_INTERRUPTED) return luaL_error(L, "interrupted");
+    if (st != GM_OK) return gm_bind_raise(L, &err);
+    return 1;
+}
+
 static int l_tr_choose(lua_State *L) {
     ltrainer *t = check_tr(L, 1);
     ldataset *d = check_ds(L, 2);
@@ -1108,7 +1206,8 @@ void gm_lua_open_train(lua_State *L) {
                                           {"example", l_ds_example}, {"close", l_ds_close}, {NULL, NULL}};
     static const luaL_Reg tr_methods[] = {{"step", l_tr_step}, {"eval", l_tr_eval}, {"save", l_tr_save}, {"load_adapter", l_tr_load_adapter},
                                           {"load", l_tr_load}, {"memory", l_tr_memory}, {"choose", l_tr_choose},
-                                          {"score", l_tr_score}, {"score_labels", l_tr_score_labels}, {"close", l_tr_close},
+                                          {"score", l_tr_score}, {"score_labels", l_tr_score_labels}, {"generate", l_tr_generate},
+                                          {"close", l_tr_close},
                                           {NULL, NULL}};
     new_class(L, DATASET_MT, ds_methods, l_ds_close);
     new_class(L, TRAINER_MT, tr_methods, l_tr_close);

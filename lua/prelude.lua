@@ -263,8 +263,38 @@ function API.sft(spec)
   return t
 end
 
+--- transcribe{ data = data.speech{...}, prompt = "instruction", max_eval = n, max_new_tokens = 64 }:
+--- speech to text. Each example is one recording and its transcript (and, when the data set gives
+--- a pronouncing dictionary, the transcript's phones on a second line): the model learns to answer
+--- the prompt about the clip with them. Evaluated by the loss and by generation: the greedy
+--- answer to each test prompt (at most max_new_tokens tokens) against the reference, as the word
+--- error rate (word_error_rate, the transcript's first line) and the phone error rate
+--- (phone_error_rate, the second), each a corpus-level edit distance over the reference's length.
+--- Needs a model with an audio encoder (Gemma 3n).
+function API.transcribe(spec)
+  local t = tagged("transcribe", spec)
+  check_keys(t, { "data", "prompt", "max_eval", "max_new_tokens" }, "transcribe")
+  return t
+end
+
 local data = {}
 API.data = data
+
+--- data.speech{ path = "folder", transcripts = "file", phones = "dict", test = 5, train = n, test_max = n,
+---              exclude = {...} }: recordings and what they say. Every audio file below `path`
+--- (WAV, FLAC, Ogg, MP3, in path order; sub-folders too) whose name, relative to `path` without its
+--- extension, has a line in `transcripts` - "name: text" (Asterisk's core-sounds-en.txt) or
+--- "name<TAB>text" / "name text" (Kaldi's text files), gzip-compressed or not - and a beside-it
+--- "<name>.txt" otherwise. A transcript in [brackets] (a tone, a description) is not speech: left
+--- out, named. `phones`: a CMU pronouncing dictionary (cmudict-en-us.dict of Debian's
+--- pocketsphinx-en-us), each word's first pronunciation; a transcript with a word it lacks is
+--- left out, named. Every `test`-th recording (default 5) is a test example; `train` / `test_max`
+--- keep only the first so many of each; `exclude` leaves out sub-folders by name.
+function data.speech(spec)
+  local t = tagged("speech", spec)
+  check_keys(t, { "path", "transcripts", "phones", "test", "train", "test_max", "exclude" }, "data.speech")
+  return t
+end
 
 --- data.fortunes{ topics = {...}, train = 40, test = 20, max_chars = 300 }: Debian's fortunes,
 --- label = topic file; for each topic the first `train` entries (file order) train, the next
@@ -483,6 +513,20 @@ local function validate_data(d, where)
     end
   elseif d._kind == "jsonl" then
     if type(d.train or d.path) ~= "string" then usage(d._where, "data.jsonl: train (or path) must be a .jsonl file path") end
+  elseif d._kind == "speech" then
+    if type(d.path) ~= "string" or d.path == "" then usage(d._where, "data.speech: path must be a folder of recordings") end
+    for _, k in ipairs({ "transcripts", "phones" }) do
+      if d[k] ~= nil and (type(d[k]) ~= "string" or d[k] == "") then usage(d._where, "data.speech: %s must be a file path", k) end
+    end
+    if d.test ~= nil and (math.type(d.test) ~= "integer" or d.test < 2) then
+      usage(d._where, "data.speech: test must be an integer >= 2 (every test-th recording is a test example)")
+    end
+    for _, n in ipairs({ "train", "test_max" }) do
+      if d[n] ~= nil and (math.type(d[n]) ~= "integer" or d[n] < 1) then
+        usage(d._where, "data.speech: %s must be a positive integer (the most %s examples kept)", n, n == "train" and "training" or "test")
+      end
+    end
+    if d.exclude ~= nil and not is_list(d.exclude) then usage(d._where, "data.speech: exclude must be a list of folder names") end
   end
 end
 
@@ -504,15 +548,26 @@ function M.validate(e)
     usage(from0("model_adapter"), "experiment.model_adapter must be the path of an adapter to start from (a PEFT adapter folder, a "
       .. "results folder of one trial, a trial file or a checkpoint)")
   end
-  if type(e.task) ~= "table" or (e.task._kind ~= "classify" and e.task._kind ~= "sft") then
-    usage(w, "experiment.task must be classify{...} or sft{...}")
+  if type(e.task) ~= "table" or (e.task._kind ~= "classify" and e.task._kind ~= "sft" and e.task._kind ~= "transcribe") then
+    usage(w, "experiment.task must be classify{...}, sft{...} or transcribe{...}")
   end
   validate_data(e.task.data, e.task._where)
   local dk = e.task.data._kind
-  if e.task._kind == "classify" and dk == "jsonl" then
-    usage(e.task._where, "classify{} needs labelled examples (data.fortunes{...}, data.folder{...}); data.jsonl holds chat conversations: use it with sft{}")
+  if e.task._kind == "classify" and (dk == "jsonl" or dk == "speech") then
+    usage(e.task._where, "classify{} needs labelled examples (data.fortunes{...}, data.folder{...}); data.%s holds %s: use it with %s",
+      dk, dk == "jsonl" and "chat conversations" or "recordings and transcripts", dk == "jsonl" and "sft{}" or "transcribe{}")
   elseif e.task._kind == "sft" and dk ~= "jsonl" then
-    usage(e.task._where, "sft{} trains on chat conversations (data.jsonl{...}); data.%s holds labelled examples: use it with classify{}", dk)
+    usage(e.task._where, "sft{} trains on chat conversations (data.jsonl{...}); data.%s holds %s", dk,
+      dk == "speech" and "recordings and transcripts: use it with transcribe{}" or "labelled examples: use it with classify{}")
+  elseif e.task._kind == "transcribe" and dk ~= "speech" then
+    usage(e.task._where, "transcribe{} trains on recordings and their transcripts (data.speech{...}), not data.%s", dk)
+  end
+  if e.task._kind == "transcribe" then
+    if type(e.task.prompt) ~= "string" or e.task.prompt == "" then usage(e.task._where, "transcribe.prompt must be a non-empty string") end
+    local m = e.task.max_new_tokens
+    if m ~= nil and (math.type(m) ~= "integer" or m < 1 or m > 4096) then
+      usage(e.task._where, "transcribe.max_new_tokens must be an integer in 1..4096 (the longest answer generated per test example)")
+    end
   end
   if e.task._kind == "classify" then
     if type(e.task.prompt) ~= "string" or e.task.prompt == "" then usage(e.task._where, "classify.prompt must be a non-empty string") end
@@ -613,6 +668,7 @@ function M.validate(e)
     end
     -- what the trials record: the evaluation's attributes, then the training series
     local metrics = e.task._kind == "classify" and { "accuracy", "loss", "lr", "grad_norm", "tokens_per_s" }
+      or e.task._kind == "transcribe" and { "word_error_rate", "phone_error_rate", "loss", "perplexity", "lr", "grad_norm", "tokens_per_s" }
       or { "loss", "perplexity", "lr", "grad_norm", "tokens_per_s" }
     if r.metric ~= nil then
       local ok = false
@@ -661,7 +717,11 @@ function M.validate_validation(e)
     end
     validate_data(v.data, v.data._where or w)
     local jsonl = v.data._kind == "jsonl"
-    if e.task._kind == "classify" and jsonl then
+    if e.task._kind == "transcribe" and v.data._kind ~= "speech" then
+      usage(v.data._where or w, "validation.data: transcribe{} validates on recordings (data.speech{...}), not data.%s", v.data._kind)
+    elseif e.task._kind == "transcribe" then
+      -- (checked: a speech data set)
+    elseif e.task._kind == "classify" and jsonl then
       usage(v.data._where or w, "validation.data: classify{} validates on labelled examples (data.folder{...}, data.fortunes{...}), not data.jsonl")
     elseif e.task._kind == "sft" and not jsonl then
       usage(v.data._where or w, "validation.data: sft{} validates on chat conversations (data.jsonl{...}), not data.%s", v.data._kind)

@@ -228,6 +228,7 @@ function report.default_spec(trials)
   local metric = "loss"
   for _, t in ipairs(trials) do
     if t.eval and t.eval.final and t.eval.final.accuracy then metric = "accuracy"; break end
+    if t.eval and t.eval.final and t.eval.final.word_error_rate then metric = "word_error_rate"; break end
   end
   return {rows = fields, cols = cols, metric = metric}
 end
@@ -355,7 +356,7 @@ local function settings(trials, spec)
   local lower = m.metric:find("loss") or m.metric:find("perplexity") or m.metric:find("error")
   m.better = spec.better or (lower and "min" or "max")
   m.percent = spec.percent
-  if m.percent == nil then m.percent = m.metric:find("accuracy") ~= nil end
+  if m.percent == nil then m.percent = m.metric:find("accuracy") ~= nil or m.metric:find("error_rate") ~= nil end
   m.scale = m.percent and 100 or 1
   m.label = m.metric .. (m.percent and " (" .. PCT .. ")" or "")
   m.all_fields = {}
@@ -1512,6 +1513,19 @@ function report.cli(trials, path, dir, name, is_dir)
   end
   spec = spec or report.default_spec(trials)
   local tables = report.render(trials, spec)
+  -- transcription: the phone error rate's table below the word error rate's, when recorded
+  if spec.metric == "word_error_rate" then
+    for _, t in ipairs(trials) do
+      if t.eval and t.eval.final and t.eval.final.phone_error_rate then
+        local s2 = {}
+        for k, v in pairs(spec) do s2[k] = v end
+        s2.metric = "phone_error_rate"
+        local t2 = report.render(trials, s2)
+        for _, k in ipairs({"text", "md", "tex", "csv", "html"}) do tables[k] = tables[k] .. "\n" .. t2[k] end
+        break
+      end
+    end
+  end
   local written, warnings = report.write(dir, name, tables), {}
   local ok, files = pcall(report.plots, trials, spec, dir, name)
   if ok then

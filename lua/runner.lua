@@ -464,6 +464,117 @@ local function load_chat_items(d)
   return items
 end
 
+--- A transcript's words for the error rates and the dictionary: lower case, letters, digits and
+--- apostrophes (every other character a space), as jiwer's common normalization.
+local function words_of(text)
+  local w = {}
+  for word in text:lower():gsub("[^%w']", " "):gmatch("%S+") do w[#w + 1] = word end
+  return w
+end
+R.words_of = words_of
+
+local DIGITS = { ["0"] = "zero", ["1"] = "one", ["2"] = "two", ["3"] = "three", ["4"] = "four", ["5"] = "five", ["6"] = "six",
+  ["7"] = "seven", ["8"] = "eight", ["9"] = "nine" }
+
+local AUDIO_EXT = { wav = true, flac = true, ogg = true, oga = true, opus = true, mp3 = true, aiff = true, aif = true, w64 = true }
+
+--- Recordings and transcripts (data.speech): items.train / items.test are chat examples (the task's
+--- prompt after the clip; the transcript, and its phones on a second line when the data set gives
+--- a dictionary, as the answer), each with .audio = {file}, .where, .ref_words and .ref_phones (the
+--- reference the error rates compare with). Transcripts: a file of "name: text", "name<TAB>text"
+--- or "name text" lines (gzip or not), else "<name>.txt" beside the clip.
+local function load_speech_items(d, task)
+  local root = d.path:gsub("/+$", "")
+  if not gm.is_dir(root) then error(string.format("data.speech: %s is not a folder", root), 0) end
+  local lines = {}
+  if d.transcripts then
+    for line in (gm.read_text(d.transcripts) .. "\n"):gmatch("([^\n]*)\n") do
+      local name, text = line:match("^([^%s:;][^:\t]-):%s+(.-)%s*$")
+      if not name then name, text = line:match("^(%S+)[\t ]+(.-)%s*$") end
+      if name and text and text ~= "" and not line:match("^%s*[;#]") then lines[name] = lines[name] or text end
+    end
+  end
+  local exclude = {}
+  for _, x in ipairs(d.exclude or {}) do exclude[x] = true end
+  local files = {}
+  local function walk(dir, rel)
+    for _, name in ipairs(gm.list_dir(dir)) do
+      local path, r = dir .. "/" .. name, rel == "" and name or (rel .. "/" .. name)
+      if gm.is_dir(path) then
+        if not exclude[name] then walk(path, r) end
+      else
+        local stem, ext = r:match("^(.*)%.([%w]+)$")
+        if stem and AUDIO_EXT[ext:lower()] then files[#files + 1] = { path = path, name = stem } end
+      end
+    end
+  end
+  walk(root, "")
+  table.sort(files, function(a, b) return a.name < b.name end)
+  for _, f in ipairs(files) do
+    f.text = lines[f.name]
+    if not f.text and gm.file_exists((f.path:gsub("%.[%w]+$", ".txt"))) then
+      f.text = gm.read_text((f.path:gsub("%.[%w]+$", ".txt"))):gsub("%s+$", "")
+    end
+  end
+  local dict
+  if d.phones then
+    -- only the transcripts' words are kept (a whole CMU dictionary, 134,723 entries, would stay in
+    -- the process for every trial: tens of MiB of Lua strings)
+    local want = {}
+    for _, f in ipairs(files) do
+      for _, w in ipairs(words_of(f.text or "")) do want[w], want[DIGITS[w] or ""] = true, true end
+    end
+    dict = {}
+    for line in gm.read_text(d.phones):gmatch("[^\n]+") do
+      local word = line:match("^(%S+)")
+      local lw = word and word:lower()
+      if lw and want[lw] and not dict[lw] then dict[lw] = line:match("^%S+%s+(.-)%s*$") end
+    end
+  end
+  local bad, all = {}, {}
+  for _, f in ipairs(files) do
+    local text = f.text
+    local why
+    if not text or text == "" then why = "no transcript"
+    elseif text:match("^%s*%[.*%]%s*$") then why = "its transcript " .. text .. " is not speech" end
+    local words = not why and words_of(text) or {}
+    if not why and #words == 0 then why = "its transcript has no words" end
+    local phones
+    if not why and dict then
+      local ph = {}
+      for _, w in ipairs(words) do
+        -- a digit as it is spoken ("press 1"), for its phones only: the reference words stay as written
+        local p = dict[w] or dict[DIGITS[w] or ""]
+        if not p then why = string.format("'%s' is not in the pronouncing dictionary %s", w, d.phones); break end
+        ph[#ph + 1] = p
+      end
+      phones = table.concat(ph, " ")
+    end
+    if why then
+      bad[#bad + 1] = { example = f.path, reason = why }
+    else
+      local answer = text .. (phones and ("\n" .. phones) or "")
+      local m = { { role = "user", content = "<start_of_audio>" .. task.prompt }, { role = "assistant", content = answer } }
+      m.audio, m.where, m.ref_words, m.ref_phones = { f.path }, f.path, table.concat(words, " "), phones
+      all[#all + 1] = m
+    end
+  end
+  if #files == 0 then error(string.format("data.speech: no audio file (%s) below %s", "WAV, FLAC, Ogg, MP3", root), 0) end
+  local items = { train = {}, test = {}, rejected_read = bad }
+  local every = d.test or 5
+  for i, m in ipairs(all) do
+    if i % every == 0 then
+      if not d.test_max or #items.test < d.test_max then items.test[#items.test + 1] = m end
+    elseif not d.train or #items.train < d.train then
+      items.train[#items.train + 1] = m
+    end
+  end
+  collectgarbage("collect") -- the transcripts' and the dictionary's text, before any trial's peak
+  say("data.speech: %d recordings with transcripts below %s%s; %d train, %d test (every %d-th)", #all, root,
+    #bad > 0 and string.format(" (%d more left out, listed below)", #bad) or "", #items.train, #items.test, every)
+  return items
+end
+
 --- The validation examples (experiment.validation): with `split`, every k-th training example
 --- (k = round(1/split); the same examples for every trial and seed, each label in proportion,
 --- as data.jsonl's test_fraction), taken out of the training set; with `data`, every example of
@@ -479,7 +590,8 @@ local function validation_items(e, items)
       if i % every == 0 then items.val[#items.val + 1] = it else items.train[#items.train + 1] = it end
     end
   else
-    local ok, vi = pcall(e.task._kind == "classify" and load_classify_items or load_chat_items, v.data)
+    local ok, vi = pcall(e.task._kind == "classify" and load_classify_items
+      or e.task._kind == "transcribe" and function(x) return load_speech_items(x, e.task) end or load_chat_items, v.data)
     if not ok then
       if type(vi) == "table" and vi.usage then error(vi, 0) end
       P.usage(v.data._where or e._where, "validation.data: %s", clean_msg(vi))
@@ -508,6 +620,7 @@ end
 --- Tokenizes the items into data sets for one model, max_length and pan & scan (all up front).
 local function build_datasets(model, task, items, max_length, pan_and_scan)
   local train, test = gm.dataset(model), gm.dataset(model)
+  local refs = {}
   local val = items.val and gm.dataset(model) or nil
   local rejected = {}
   -- per split, the prompt tokens of the shortest prompt that did not fit (for the hint)
@@ -529,6 +642,11 @@ local function build_datasets(model, task, items, max_length, pan_and_scan)
     local okc, ok, why = pcall(ds.add_chat, ds, msgs, { max_length = max_length, label = label and (label - 1) or nil,
       images = images, image_sha = sha, crops = crops, audio = audio, audio_sha = asha })
     if not okc then ok, why = false, clean_msg(ok):gsub("\n.*", "") end
+    -- transcription: each example's reference, in the data set's order (rejections leave gaps)
+    if ok and msgs.ref_words then
+      refs[ds] = refs[ds] or {}
+      refs[ds][#refs[ds] + 1] = { words = msgs.ref_words, phones = msgs.ref_phones, where = where }
+    end
     if not ok then
       local n = tonumber(why:match("the prompt takes (%d+) tokens"))
       if n and n < shortest_rejected[ds] then shortest_rejected[ds] = n end
@@ -556,17 +674,17 @@ local function build_datasets(model, task, items, max_length, pan_and_scan)
     for i, m in ipairs(items.test) do add(test, m, nil, m.where or ("test " .. i), m.images, m.audio) end
     for i, m in ipairs(items.val or {}) do add(val, m, nil, m.where or ("validation " .. i), m.images, m.audio) end
   end
-  return train, test, rejected, shortest_rejected[train], shortest_rejected[test], val
+  return train, test, rejected, shortest_rejected[train], shortest_rejected[test], val, refs
 end
 
 --- The tokenized data sets of a (model, max_length, pan & scan), built once and cached in ctx.data.
 function R.datasets(ctx, e, cfg)
   local key = cfg.model .. "|" .. cfg.max_length .. (cfg.pan_and_scan and "|pan_and_scan" or "")
   if not ctx.data[key] then
-    local train, test, rejected, shortest_train, shortest_test, val = build_datasets(ctx.model, e.task, ctx.items, cfg.max_length,
-      cfg.pan_and_scan)
+    local train, test, rejected, shortest_train, shortest_test, val, refs = build_datasets(ctx.model, e.task, ctx.items,
+      cfg.max_length, cfg.pan_and_scan)
     ctx.data[key] = { train = train, test = test, rejected = rejected, shortest_train = shortest_train,
-      shortest_test = shortest_test, val = val }
+      shortest_test = shortest_test, val = val, test_refs = refs[test], val_refs = val and refs[val] }
   end
   return ctx.data[key]
 end
@@ -649,6 +767,72 @@ local function eval_sft(tr, test, limit, batch)
     sum, tokens = sum + loss * n, tokens + n
   end
   return { loss = sum / tokens, perplexity = math.exp(sum / tokens), n_examples = #idx }
+end
+
+--- Word-level edit distance of two lists (Levenshtein: substitutions, insertions, deletions).
+local function edit_distance(a, b)
+  local prev = {}
+  for j = 0, #b do prev[j] = j end
+  for i = 1, #a do
+    local cur = { [0] = i }
+    for j = 1, #b do
+      cur[j] = math.min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i] == b[j] and 0 or 1))
+    end
+    prev = cur
+  end
+  return prev[#b]
+end
+R.edit_distance = edit_distance
+
+local function split_ws(s)
+  local t = {}
+  for x in (s or ""):gmatch("%S+") do t[#t + 1] = x end
+  return t
+end
+
+--- Transcription: the loss, and each test prompt's greedy answer (trainer:generate, up to
+--- max_new_tokens, ending at <end_of_turn>) against its reference: word error rate (the answer's
+--- first line against the transcript's words, normalized as words_of) and, when the references
+--- have phones, phone error rate (its second line against theirs), each the summed edit distances
+--- over the summed reference lengths (corpus level); with the totals word_errors, words,
+--- phone_errors, phones.
+local function eval_transcribe(model, tr, test, refs, limit, batch, max_new)
+  local r = eval_sft(tr, test, limit, batch)
+  local idx = indices(test:size(), limit)
+  local stop = {}
+  for _, t in ipairs({ "<end_of_turn>", "<eos>" }) do
+    local ids = model:tokenize(t, { bos = false, special = true })
+    if #ids == 1 then stop[#stop + 1] = ids[1] end
+  end
+  local we, wn, pe, pn = 0, 0, 0, 0
+  local has_phones = refs and refs[1] and refs[1].phones ~= nil
+  for s0 = 1, #idx, EVAL_CHUNK do
+    if gm.interrupted() then error({ interrupted = true }, 0) end
+    local chunk = {}
+    for i = s0, math.min(#idx, s0 + EVAL_CHUNK - 1) do chunk[#chunk + 1] = idx[i] end
+    local ok, outs = pcall(tr.generate, tr, test, chunk, { max_tokens = max_new, stop = stop })
+    if not ok then
+      if gm.interrupted() then error({ interrupted = true }, 0) end
+      error(outs, 0)
+    end
+    for k, i in ipairs(chunk) do
+      local text = model:detokenize(outs[k], { skip_unknown = true })
+      local first, second = text:match("^([^\n]*)\n?([^\n]*)")
+      local ref = refs[i]
+      local hw, rw = words_of(first or ""), split_ws(ref.words)
+      local e1 = edit_distance(hw, rw)
+      we, wn = we + e1, wn + #rw
+      if has_phones then
+        local hp, rp = split_ws((second or ""):upper()), split_ws(ref.phones)
+        pe, pn = pe + edit_distance(hp, rp), pn + #rp
+      end
+    end
+  end
+  -- totals only: the per-example counts have no place in the results format yet (its per-example
+  -- lists are a classifier's predictions and references)
+  r.word_error_rate, r.word_errors, r.words = wn > 0 and we / wn or 0 / 0, we, wn
+  if has_phones then r.phone_error_rate, r.phone_errors, r.phones = pn > 0 and pe / pn or 0 / 0, pe, pn end
+  return r
 end
 
 --------------------------------------------------------------------------------------------------
@@ -1039,6 +1223,8 @@ local function run_trial(ctx, e, trial, n_trials)
     if not ROOT then return {} end -- rank 0 evaluates; the others wait at the next collective
     local r
     if e.task._kind == "classify" then r = eval_classify(ctx.model, tr, d.test, ctx.items.labels, limit)
+    elseif e.task._kind == "transcribe" then
+      r = eval_transcribe(ctx.model, tr, d.test, d.test_refs, limit, opts.batch, e.task.max_new_tokens or 64)
     else r = eval_sft(tr, d.test, limit, opts.batch) end
     res:set_eval(phase, r)
     return r
@@ -1194,7 +1380,12 @@ local function run_trial(ctx, e, trial, n_trials)
     for k, v in pairs(extra) do f[k] = v end
     res:set_eval("final", f)
   end
-  if ROOT then say("  final %s", f.accuracy and string.format("accuracy %.1f%%", 100 * f.accuracy) or string.format("loss %.4f", f.loss)) end
+  if ROOT then
+    say("  final %s", f.accuracy and string.format("accuracy %.1f%%", 100 * f.accuracy)
+      or f.word_error_rate and string.format("loss %.4f, word error rate %.1f%%%s", f.loss, 100 * f.word_error_rate,
+        f.phone_error_rate and string.format(", phone error rate %.1f%%", 100 * f.phone_error_rate) or "")
+      or string.format("loss %.4f", f.loss))
+  end
   mem.measured_peak_rss = gm.peak_rss()
   if trial.plan.gpu then
     -- the allocator's high-water mark (the plan's arenas) and what the GPU has in use (arenas,
@@ -1393,7 +1584,8 @@ local function preflight(e, selected, dry_run, no_device)
     end
   end
   local d = e.task.data
-  local ok, items = pcall(e.task._kind == "classify" and load_classify_items or load_chat_items, d)
+  local ok, items = pcall(e.task._kind == "classify" and load_classify_items
+    or e.task._kind == "transcribe" and function(x) return load_speech_items(x, e.task) end or load_chat_items, d)
   if not ok then
     if type(items) == "table" and items.usage then error(items, 0) end
     P.usage(d._where or e.task._where, "%s", clean_msg(items))
@@ -1763,7 +1955,8 @@ local function run_all(e, cli)
   local failed, interrupted, stopped = 0, false, nil
   ctx.cli_set = cli.set
   local report = e.report and { rows = e.report.rows, cols = e.report.cols, metric = e.report.metric, phase = e.report.phase, digits = e.report.digits }
-    or { rows = swept, cols = {}, metric = e.task._kind == "classify" and "accuracy" or "loss" }
+    or { rows = swept, cols = {}, metric = e.task._kind == "classify" and "accuracy"
+      or e.task._kind == "transcribe" and "word_error_rate" or "loss" }
   local busy = 0
   for _, t in ipairs(selected) do
     local path = dir .. "/trial-" .. t.id .. ".h5"

@@ -4,6 +4,8 @@
 #define _DEFAULT_SOURCE /* madvise(MADV_DONTNEED); implies _POSIX_C_SOURCE 200809L */
 #include "gm_mmap.h"
 
+#include <zlib.h>
+
 #include "gm_alloc.h"
 
 #include <errno.h>
@@ -107,4 +109,55 @@ void gm_mmap_release(const void *p, size_t n) {
     uintptr_t a = (uintptr_t)p, b = a + n;
     uintptr_t a0 = (a + (uintptr_t)page - 1) & ~((uintptr_t)page - 1), b0 = b & ~((uintptr_t)page - 1);
     if (b0 > a0) madvise((void *)a0, b0 - a0, MADV_DONTNEED);
+}
+
+gm_status gm_read_text_file(const char *path, char **out, size_t *len, gm_error *err) {
+    char *raw = NULL;
+    size_t n = 0;
+    GM_TRY(gm_read_file(path, &raw, &n, err));
+    if (n < 2 || (unsigned char)raw[0] != 0x1f || (unsigned char)raw[1] != 0x8b) {
+        *out = raw, *len = n;
+        return GM_OK;
+    }
+    z_stream z;
+    memset(&z, 0, sizeof z);
+    if (inflateInit2(&z, 15 + 32) != Z_OK) { /* 32: a gzip header */
+        gm_free(raw);
+        return gm_error_set(err, GM_ERR_NOMEM, "%s: zlib could not start", path);
+    }
+    size_t cap = n * 4 + 4096, used = 0;
+    char *buf = gm_malloc(cap + 1);
+    int rc = buf ? Z_OK : Z_MEM_ERROR;
+    z.next_in = (Bytef *)raw;
+    z.avail_in = (uInt)n;
+    while (rc == Z_OK) {
+        if (used == cap) {
+            if (cap >= GM_GUNZIP_MAX) break;
+            size_t nc = cap * 2 > GM_GUNZIP_MAX ? GM_GUNZIP_MAX : cap * 2;
+            char *nb = gm_realloc(buf, nc + 1);
+            if (!nb) {
+                rc = Z_MEM_ERROR;
+                break;
+            }
+            buf = nb, cap = nc;
+        }
+        z.next_out = (Bytef *)buf + used;
+        z.avail_out = (uInt)(cap - used);
+        rc = inflate(&z, Z_NO_FLUSH);
+        used = cap - z.avail_out;
+    }
+    const char *why = z.msg ? z.msg : "truncated stream";
+    inflateEnd(&z);
+    gm_free(raw);
+    gm_status s = GM_OK;
+    if (rc == Z_MEM_ERROR) s = gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory inflating it", path);
+    else if (rc == Z_OK) s = gm_error_set(err, GM_ERR_LIMIT, "%s: inflates to more than %zu MiB", path, GM_GUNZIP_MAX >> 20);
+    else if (rc != Z_STREAM_END) s = gm_error_set(err, GM_ERR_FORMAT, "%s: damaged gzip data (%s)", path, why);
+    if (s != GM_OK) {
+        gm_free(buf);
+        return s;
+    }
+    buf[used] = '\0';
+    *out = buf, *len = used;
+    return GM_OK;
 }

@@ -36,6 +36,15 @@ void gm_mmap_release(const void *p, size_t n);
 /* Reads a whole (small) file into a NUL-terminated gm_malloc'd buffer. */
 gm_status gm_read_file(const char *path, char **out, size_t *len, gm_error *err);
 
+/* The most a gzip-compressed text file may inflate to (bytes): beyond, GM_ERR_LIMIT. */
+#define GM_GUNZIP_MAX ((size_t)256 << 20)
+
+/* gm_read_file of a text file that may be gzip-compressed (told by its first two bytes, 1f 8b, not
+ * its name: Debian ships documentation as .txt.gz): the inflated text, NUL-terminated,
+ * gm_malloc'd. Errors: gm_read_file's; GM_ERR_FORMAT for a damaged stream (zlib's message),
+ * GM_ERR_LIMIT when it inflates past GM_GUNZIP_MAX, naming the file. */
+gm_status gm_read_text_file(const char *path, char **out, size_t *len, gm_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# End-to-end: audio through gemmarun on real speech (Debian's asterisk-core-sounds-en-wav: 8 kHz
+# recordings of one speaker, their transcripts in asterisk-core-sounds-en, the CMU pronouncing
+# dictionary of pocketsphinx-en-us; setup.sh installs them) with the tiny random Gemma 3n that has
+# a real audio encoder (tests/ref/tiny_gemma3n_audio, make_gemma3n_audio_ref.py):
+#   - generate --audio: a clip before the prompt; refused by name on a model without an audio
+#     encoder, and for a file that is not audio;
+#   - an sft experiment on chat JSONL with {"type": "audio"} parts: padded batches of 2 clips of
+#     different lengths train, the loss falls, the trial's peak memory is within
+#     TOL_PLAN_PEAK_REL of its plan (whose "audio tower" item is the encoder's own layout), and a
+#     clip that is not audio rejects its example by name while the run goes on;
+#   - audio data with a Gemma 3 model is refused by the dry run, naming the clip;
+#   - `gemmarun plan` of the tiny model with audio_seconds: exact, with its audio tower item;
+#   - experiments/pronunciation.lua (data.speech + transcribe{}): trains on the real prompts and
+#     reports word and phone error rates, in its table and its results file.
+set -u
+source "$(dirname "$0")/lib.bash"
+SRC=$(pwd)
+cd "$TMP"
+M=$SRC/tests/ref/tiny_gemma3n_audio
+A=/usr/share/asterisk/sounds/en_US_f_Allison
+T=/usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz
+if [ ! -r "$A/hello-world.wav" ] || [ ! -r "$T" ] || [ ! -r /usr/share/pocketsphinx/model/en-us/cmudict-en-us.dict ]; then
+  skip_unless_ci "the real speech data (asterisk-core-sounds-en-wav, asterisk-core-sounds-en, pocketsphinx-en-us: ./setup.sh)"
+  finish
+  exit $?
+fi
+
+expect_run "generate --audio: the clip's 188 soft tokens in the prompt, then 6 new tokens" 0 "2[0-9][0-9] prompt tokens .* 6 new tokens" \
+  -- "$GM" generate "$M" --audio "$A/hello-world.wav" "Transcribe." --max-tokens 6
+echo "not audio" > bad.wav
+expect_run "generate --audio with a file that is not audio: refused naming it" 2 "bad.wav: not an audio file: this looks like text" \
+  -- "$GM" generate "$M" --audio bad.wav "x"
+expect_run "generate --audio on a model without an audio encoder: refused" 2 "tiny_gemma3_chat has no audio encoder" \
+  -- "$GM" generate "$SRC/tests/ref/tiny_gemma3_chat" --audio "$A/hello-world.wav" "x"
+
+# chat JSONL with audio parts: 8 training clips (0.7-3.3 s) and a broken one, 4 test clips
+zcat "$T" > t.txt
+mkjson() {
+  local n t
+  for n in "$@"; do
+    t=$(grep "^$n: " t.txt | sed "s/^$n: //")
+    printf '{"messages": [{"role": "user", "content": [{"type": "audio", "path": "%s/%s.wav"}, {"type": "text", "text": "Transcribe."}]}, {"role": "assistant", "content": "%s"}]}\n' "$A" "$n" "$t"
+  done
+}
+mkjson activated added agent-loginok agent-pass auth-thankyou all-circuits-busy-now conf-muted conf-unmuted > train.jsonl
+printf '{"messages": [{"role": "user", "content": [{"type": "audio", "path": "bad.wav"}, {"type": "text", "text": "Transcribe."}]}, {"role": "assistant", "content": "nothing"}]}\n' >> train.jsonl
+mkjson goodbye hello-world vm-goodbye vm-password > test.jsonl
+cat > au.lua <<EOT
+return experiment {
+  name = "au", model = "$M",
+  task = sft { data = data.jsonl { train = "train.jsonl", test = "test.jsonl" } },
+  train = { epochs = 4, batch = 2, lr = 1e-2, rank = 4, alpha = 8, max_length = 320 },
+}
+EOT
+expect_run "an sft experiment on real clips trains (16 steps), the clip that is not audio rejected by name" 0 \
+  "train.jsonl:9: .*bad.wav: not an audio file.*trial 1/1  16 steps, final loss.*written: results/au.md" -- "$GM" au.lua
+PY=""
+find_python h5py
+if [ -n "$PY" ]; then
+  expect_run "its loss falls and its peak memory is within $(tol TOL_PLAN_PEAK_REL) of its plan" 0 "^ok 1$" -- "$PY" -c "
+import glob, h5py, os
+n = 0
+for p in glob.glob('results/au/trial-*.h5'):
+    if p.endswith('.ckpt.h5'): continue
+    f = h5py.File(p, 'r')
+    loss = f['metrics/loss'][:]
+    assert loss[-4:].mean() < loss[:4].mean(), (p, loss)
+    m = f['memory'].attrs
+    pl, r = float(m['planned_total']), float(m['measured_peak_rss'])
+    assert os.environ.get('GM_SANITIZE') or abs(r - pl) <= $(tol TOL_PLAN_PEAK_REL) * pl, (p, r, pl)
+    n += 1
+print('ok', n)"
+else
+  skip_unless_ci "the trial file's loss and memory (h5py: run ./setup.sh)"
+fi
+expect_run "its dry run plans the audio tower (the encoder's own layout)" 0 "plan [0-9.]+ MiB \(.*audio tower [0-9.]+ MiB.*audio [0-9.]+ MiB\)" \
+  -- "$GM" au.lua --dry-run
+sed -e 's/name = "au"/name = "au3"/' -e "s|$M|$SRC/tests/ref/tiny_gemma3_chat|" -e 's/max_length = 320/max_length = 100/' au.lua > au3.lua
+expect_run "audio data with a Gemma 3 model: refused by the dry run, naming the clip" 2 \
+  "the data has audio \(first: train.jsonl:1, .*activated.wav\), but model .*tiny_gemma3_chat has no audio encoder" -- "$GM" au3.lua --dry-run
+expect_run "plan with audio_seconds: exact, an audio tower item of 1 clip of 2997 frames" 0 \
+  "audio tower .*1 clip of up to 2997 feature frames per micro-batch.*total .*MiB" -- "$GM" plan "$M" max_length=320 batch=1 audio_seconds=30
+
+# the pronunciation experiment, small: 8 training and 3 test recordings
+cp -r "$SRC/tests" "$TMP/" 2>/dev/null || true
+expect_run "experiments/pronunciation.lua: transcription of real prompts, word and phone error rates in its tables" 0 \
+  "final loss [0-9.]+, word error rate [0-9.]+%, phone error rate [0-9.]+%.*word_error_rate \(%\).*phone_error_rate \(%\).*written: results/pronunciation.md" \
+  -- env PRON_TRAIN=8 PRON_TEST=3 "$GM" "$SRC/experiments/pronunciation.lua" --set lr=1e-2
+if [ -n "$PY" ]; then
+  expect_run "its results file holds both rates and the counts they come from" 0 "^ok$" -- "$PY" -c "
+import glob, h5py
+p = [x for x in glob.glob('results/pronunciation/trial-*.h5') if not x.endswith('.ckpt.h5')][0]
+a = h5py.File(p, 'r')['eval/final'].attrs
+assert abs(a['word_error_rate'] - a['word_errors'] / a['words']) < 1e-12 and a['words'] > 0, dict(a)
+assert abs(a['phone_error_rate'] - a['phone_errors'] / a['phones']) < 1e-12 and a['phones'] > a['words'], dict(a)
+print('ok')"
+fi
+finish
