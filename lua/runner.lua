@@ -351,6 +351,13 @@ end
 --- "<start_of_image>" where each image goes and "<start_of_audio>" where each clip goes (each
 --- expanded to its block of soft tokens when tokenized), the files' paths resolved against `base`
 --- (the JSONL file's folder). Returns text | nil, why.
+-- The media parts a content list may hold: the text marking each one's place (expanded to its
+-- block of soft tokens when tokenized) and what its file is.
+local MEDIA_PARTS = {
+  image = { marker = "<start_of_image>", file = "an image file" },
+  audio = { marker = "<start_of_audio>", file = "an audio file (WAV, FLAC, Ogg)" },
+}
+
 local function flatten_content(content, base, images, audio)
   if type(content) == "string" then return content end
   if type(content) ~= "table" then return nil, "content must be a string or a list of parts" end
@@ -360,26 +367,18 @@ local function flatten_content(content, base, images, audio)
     if part.type == "text" then
       if type(part.text) ~= "string" then return nil, string.format("content part %d: a text part needs a string \"text\"", j) end
       text[#text + 1] = (part.text:gsub("^%s+", ""):gsub("%s+$", ""))
-    elseif part.type == "image" then
-      local p = part.path or part.image or part.url
+    elseif MEDIA_PARTS[part.type] then
+      local kind = MEDIA_PARTS[part.type]
+      local p = part.path or part[part.type] or part.url
       if type(p) ~= "string" or p == "" then
-        return nil, string.format("content part %d: an image part needs \"path\": an image file (relative to the JSONL file)", j)
+        return nil, string.format("content part %d: an %s part needs \"path\": %s (relative to the JSONL file)", j, part.type, kind.file)
       end
       if p:match("^%a[%w+.-]*://") then
-        return nil, string.format("content part %d: image %s is a URL; gemmarun reads local files only (download it and give its path)", j, p)
+        return nil, string.format("content part %d: %s %s is a URL; gemmarun reads local files only (download it and give its path)", j, part.type, p)
       end
-      images[#images + 1] = p:sub(1, 1) == "/" and p or (base .. "/" .. p)
-      text[#text + 1] = "<start_of_image>"
-    elseif part.type == "audio" then
-      local p = part.path or part.audio or part.url
-      if type(p) ~= "string" or p == "" then
-        return nil, string.format("content part %d: an audio part needs \"path\": an audio file (WAV, FLAC, Ogg; relative to the JSONL file)", j)
-      end
-      if p:match("^%a[%w+.-]*://") then
-        return nil, string.format("content part %d: audio %s is a URL; gemmarun reads local files only (download it and give its path)", j, p)
-      end
-      audio[#audio + 1] = p:sub(1, 1) == "/" and p or (base .. "/" .. p)
-      text[#text + 1] = "<start_of_audio>"
+      local into = part.type == "image" and images or audio
+      into[#into + 1] = p:sub(1, 1) == "/" and p or (base .. "/" .. p)
+      text[#text + 1] = kind.marker
     else
       return nil, string.format("content part %d: type '%s' (allowed: text, image, audio)", j, tostring(part.type))
     end

@@ -160,32 +160,32 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
                              const char *const *image_sha, int64_t n_images, const int64_t *crops, bool audio,
                              gm_error *err);
 
+/* A conversation with media (images or audio clips, as mm says): encoded, then added. */
+static gm_status add_chat_media(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
+                                int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *files,
+                                const char *const *sha, int64_t n_files, const int64_t *crops, bool audio, gm_error *err) {
+    int32_t *ids = NULL;
+    int64_t n = 0;
+    gm_status s = encode_mm(tok, msgs, n_msgs, mm, n_files, crops, ds->n + ds->n_rejected, &ids, &n, err);
+    if (s != GM_OK) {
+        ds->n_rejected++;
+        return s;
+    }
+    return add_example(ds, ids, n, max_length, label, tok, mm, files, sha, n_files, crops, audio, err);
+}
+
 gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                      int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *images,
                                      const char *const *image_sha, int64_t n_images, const int64_t *crops,
                                      gm_error *err) {
     if (!mm) return gm_dataset_add_chat(ds, tok, msgs, n_msgs, max_length, label, err);
-    int32_t *ids = NULL;
-    int64_t n = 0;
-    gm_status s = encode_mm(tok, msgs, n_msgs, mm, n_images, crops, ds->n + ds->n_rejected, &ids, &n, err);
-    if (s != GM_OK) {
-        ds->n_rejected++;
-        return s;
-    }
-    return add_example(ds, ids, n, max_length, label, tok, mm, images, image_sha, n_images, crops, false, err);
+    return add_chat_media(ds, tok, msgs, n_msgs, max_length, label, mm, images, image_sha, n_images, crops, false, err);
 }
 
 gm_status gm_dataset_add_chat_audio(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                     int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *audio,
                                     const char *const *audio_sha, int64_t n_audio, gm_error *err) {
-    int32_t *ids = NULL;
-    int64_t n = 0;
-    gm_status s = encode_mm(tok, msgs, n_msgs, mm, n_audio, NULL, ds->n + ds->n_rejected, &ids, &n, err);
-    if (s != GM_OK) {
-        ds->n_rejected++;
-        return s;
-    }
-    return add_example(ds, ids, n, max_length, label, tok, mm, audio, audio_sha, n_audio, NULL, true, err);
+    return add_chat_media(ds, tok, msgs, n_msgs, max_length, label, mm, audio, audio_sha, n_audio, NULL, true, err);
 }
 
 int64_t gm_dataset_max_audio(const gm_dataset *ds) {
