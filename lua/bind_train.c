@@ -402,7 +402,8 @@ static int l_fortunes(lua_State *L) {
 /* Keys a trainer's option table takes beyond the schema's (core/train/gm_train_opts.def): the
  * runner's derived values - the seed, the total steps the schedule decays over, the threads. */
 /* The options besides the schema's: read by gm_bind_read_train_opts, listed by unknown_option. */
-static const char *const EXTRA_KEYS[] = {"seed", "steps", "threads", "max_images", "max_audio", "max_audio_frames"};
+static const char *const EXTRA_KEYS[] = {"seed", "steps", "threads", "max_images", "max_audio", "max_audio_frames",
+                                         "ple_resident"};
 #define N_EXTRA ((int)(sizeof EXTRA_KEYS / sizeof EXTRA_KEYS[0]))
 
 /* Raises "<fn>: unknown option 'x' (did you mean ...?) (allowed: ...)" listing the schema's names
@@ -590,13 +591,14 @@ void gm_bind_read_train_opts(lua_State *L, int idx, const char *fn, gm_train_opt
             set_from_lua(L, fn, o, sp);
         } else if (is_extra_key(k)) {
             bool zero_ok = !strcmp(k, "seed") || !strcmp(k, "max_images") || !strcmp(k, "max_audio") ||
-                           !strcmp(k, "max_audio_frames");
+                           !strcmp(k, "max_audio_frames") || !strcmp(k, "ple_resident");
             if (!lua_isinteger(L, -1) || lua_tointeger(L, -1) < (zero_ok ? 0 : 1))
                 luaL_error(L, "%s: option '%s' must be %s", fn, k, zero_ok ? "an integer >= 0" : "a positive integer");
             lua_Integer v = lua_tointeger(L, -1);
             if (!strcmp(k, "max_images")) o->max_images = v;
             else if (!strcmp(k, "max_audio")) o->max_audio = v;
             else if (!strcmp(k, "max_audio_frames")) o->max_audio_frames = v;
+            else if (!strcmp(k, "ple_resident")) o->ple_resident = v;
             else if (!strcmp(k, "seed")) o->lora.seed = (uint64_t)v;
             else if (!strcmp(k, "steps")) o->total_steps = v;
             else o->n_threads = v > 256 ? 256 : (int)v;
@@ -822,6 +824,32 @@ static int64_t read_indices(lua_State *L, ltrainer *t, ldataset *d, int idx, int
     gm_free(t->scan);
     t->scan = out;
     return n;
+}
+
+/* model:ple_resident({dataset, ...}) -> bytes of the model's per-layer embedding table (Gemma 3n)
+ * the data sets' ids make resident (gm_dataset_table_resident), or 0 when it has none: what the
+ * runner passes the planner and the trainer as option ple_resident. */
+static int l_ple_resident(lua_State *L) {
+    lmodel *lm = gm_bind_check_model(L, 1);
+    luaL_checktype(L, 2, LUA_TTABLE);
+    const gm_model *m = lm->m;
+    const gm_tensor *t = NULL;
+    for (int gi = 0; m->arch && gi < m->arch->n_globals && !t; gi++)
+        if (m->arch->globals[gi].rows == GM_DIM_PV && m->global[gi].data) t = &m->global[gi];
+    if (!t || t->ndim != 2) {
+        lua_pushinteger(L, 0);
+        return 1;
+    }
+    const gm_dataset *ds[8];
+    int n = 0;
+    for (lua_Integer i = 1; i <= luaL_len(L, 2) && n < 8; i++) {
+        lua_rawgeti(L, 2, i);
+        ldataset *d = luaL_testudata(L, -1, DATASET_MT);
+        if (d && d->open) ds[n++] = &d->ds;
+        lua_pop(L, 1);
+    }
+    lua_pushinteger(L, (lua_Integer)gm_dataset_table_resident(ds, n, t->shape[0], gm_dtype_row_bytes(t->dtype, t->shape[1])));
+    return 1;
 }
 
 /* trainer:generate(dataset, {i, ...} [, {max_tokens = 64, stop = {id, ...}}]) -> {{id, ...}, ...}: each
@@ -1218,6 +1246,8 @@ void gm_lua_open_train(lua_State *L) {
     lua_getfield(L, -1, "__index");
     lua_pushcfunction(L, l_trainer);
     lua_setfield(L, -2, "trainer");
+    lua_pushcfunction(L, l_ple_resident);
+    lua_setfield(L, -2, "ple_resident");
     lua_pop(L, 2);
     lua_getglobal(L, "gm");
     lua_pushcfunction(L, l_dataset);

@@ -684,6 +684,10 @@ function R.datasets(ctx, e, cfg)
       cfg.max_length, cfg.pan_and_scan)
     ctx.data[key] = { train = train, test = test, rejected = rejected, shortest_train = shortest_train,
       shortest_test = shortest_test, val = val, test_refs = refs[test], val_refs = val and refs[val] }
+    -- Gemma 3n's per-layer table is read by rows: what the data's ids touch becomes resident, not
+    -- the whole table (the plan and the trainer take it as option ple_resident)
+    ctx.items.ple_resident = ctx.items.ple_resident or {}
+    ctx.items.ple_resident[cfg.model .. "|" .. cfg.max_length] = ctx.model:ple_resident({ train, test, val })
   end
   return ctx.data[key]
 end
@@ -850,6 +854,7 @@ local function trainer_opts(cfg, total_steps, threads, items)
   return {
     max_images = images_per_example(items, cfg) * cfg.batch, pan_and_scan = cfg.pan_and_scan, compute = cfg.compute,
     max_audio = (items and items.max_audio or 0) * cfg.batch, max_audio_frames = items and items.max_audio_frames or 0,
+    ple_resident = items and items.ple_resident and items.ple_resident[cfg.model .. "|" .. cfg.max_length] or 0,
     rank = cfg.rank, alpha = cfg.alpha, dropout = cfg.dropout, rslora = cfg.rslora, targets = cfg.targets,
     layers = cfg.layers, seed = cfg.seed, quant = cfg.quant, batch = cfg.batch, max_length = cfg.max_length,
     grad_accum = cfg.grad_accum, lr = cfg.lr, weight_decay = cfg.weight_decay, beta1 = cfg.beta1, beta2 = cfg.beta2,

@@ -352,6 +352,29 @@ gm_status gm_batch_audio(const gm_dataset *ds, const int64_t *idx, int64_t B, co
 #endif
 }
 
+size_t gm_dataset_table_resident(const gm_dataset *const *ds, int n, int64_t rows, size_t row_bytes) {
+    const size_t BLOCK = 64 << 10;
+    if (rows < 1 || row_bytes == 0) return 0;
+    size_t n_blocks = ((size_t)rows * row_bytes + BLOCK - 1) / BLOCK;
+    uint8_t *used = gm_calloc(n_blocks, 1);
+    if (!used) return 0;
+    size_t count = 0;
+    for (int d = 0; d < n; d++)
+        for (int64_t i = 0; ds[d] && i < ds[d]->n; i++) {
+            const gm_example *e = &ds[d]->ex[i];
+            for (int64_t t = -1; t < e->n; t++) {
+                int64_t id = t < 0 ? 0 : e->ids[t]; /* row 0: ids past the table, soft tokens */
+                if (id < 0 || id >= rows) id = 0;
+                size_t b0 = (size_t)id * row_bytes / BLOCK, b1 = ((size_t)id * row_bytes + row_bytes - 1) / BLOCK;
+                for (size_t b = b0; b <= b1; b++)
+                    if (!used[b]) used[b] = 1, count++;
+            }
+        }
+    gm_free(used);
+    size_t total = (size_t)rows * row_bytes, bytes = count * BLOCK;
+    return bytes < total ? bytes : total;
+}
+
 int64_t gm_dataset_max_images(const gm_dataset *ds) {
     int64_t m = 0;
     for (int64_t i = 0; i < ds->n; i++) m = gm_example_views(&ds->ex[i]) > m ? gm_example_views(&ds->ex[i]) : m;

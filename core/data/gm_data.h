@@ -118,6 +118,13 @@ gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, co
 gm_status gm_dataset_add_chat_audio(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                     int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *audio,
                                     const char *const *audio_sha, int64_t n_audio, gm_error *err);
+/* What of a table read by rows (Gemma 3n's per-layer embeddings: `rows` rows of row_bytes each,
+ * memory-mapped) the token ids of data sets ds[0..n) make resident: the 64 KiB blocks holding the
+ * rows of every id below `rows` they use, and row 0 (what every other id reads), counted once
+ * across the data sets - blocks, not pages, because Linux maps the cached pages around a faulting
+ * one (fault_around_bytes, 64 KiB by default). Bytes; 0 when out of memory (then: plan the whole
+ * table). */
+size_t gm_dataset_table_resident(const gm_dataset *const *ds, int n, int64_t rows, size_t row_bytes);
 /* The most clips one example of ds has. */
 int64_t gm_dataset_max_audio(const gm_dataset *ds);
 struct gm_audio_fe;

@@ -126,10 +126,13 @@ static gm_status place(gm_weights *w, const gm_weight_spec *s, const gm_wview *s
         w->kind_bytes[s->kind] += a->used - used;
         return GM_OK;
     }
-    w->kind_bytes[s->kind] += view_bytes(src);
+    size_t bytes = view_bytes(src);
+    /* a table read by rows only becomes resident where the run's ids read it */
+    if (host && s->rows == GM_DIM_PV && w->row_table_resident > 0 && w->row_table_resident < bytes) bytes = w->row_table_resident;
+    w->kind_bytes[s->kind] += bytes;
     if (host) {
         *dst = *src;
-        w->alias_bytes += view_bytes(src);
+        w->alias_bytes += bytes;
         return GM_OK;
     }
     upload_copy(src, dst, be, a);

@@ -52,6 +52,10 @@ typedef struct gm_weights {
                                     weights, the model's f32 norms): resident, not in the arena */
     size_t kind_bytes[GM_W_KIND_COUNT]; /* resident bytes by gm_wkind (linear, norm, embedding, vector), aliased
                                     or in the arena */
+    size_t row_table_resident;   /* a table read only by rows (Gemma 3n's per-layer embeddings: no
+                                    LM head reads it whole), aliased: the bytes of it the run's token
+                                    ids touch (gm_dataset_table_resident), counted instead of the
+                                    whole table; 0: the whole table (set before gm_weights_layout) */
 } gm_weights;
 
 /* The view of layer l's weight in `slot` (arch->layer[slot]). Norms are f32 (1, width) views. */

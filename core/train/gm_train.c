@@ -366,6 +366,7 @@ static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, g
     }
     tr->has_hard = c->arch == GM_ARCH_GEMMA3N && (c->audio.vocab_size > 0 || c->vision.hard_vocab > 0);
     GM_TRY(gm_weights_init(&tr->w, c, tr->o.quant, err));
+    tr->w.row_table_resident = tr->o.ple_resident > 0 ? (size_t)tr->o.ple_resident : 0;
     GM_TRY(gm_lora_describe(&tr->lora, &tr->o.lora, tr->w.arch, c, prefix, err));
     tr->cap_params = 2 * tr->lora.n + (tr->has_vis ? 2 * tr->vis.lora.n + (tr->vis.train_proj ? GM_VISION_PROJ_PARAMS : 0) : 0);
     tr->params = gm_calloc((size_t)tr->cap_params, sizeof *tr->params);

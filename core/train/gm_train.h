@@ -101,6 +101,9 @@ typedef struct gm_train_opts {
     int64_t max_audio;       /* audio clips per micro-batch the audio path is planned for (0: no
                                 audio); the caller derives it from the data, like max_images */
     int64_t max_audio_frames; /* log-mel frames of the longest clip (gm_audio_frames; 30 s: 2997) */
+    int64_t ple_resident;    /* bytes of Gemma 3n's per-layer embedding table the data's ids touch
+                                (gm_dataset_table_resident; the caller derives it from the data):
+                                what of the memory-mapped table becomes resident; 0: all of it */
     gm_compute compute;      /* precision of the base weights' GEMMs (gm_compute) */
     int n_threads;
 } gm_train_opts;

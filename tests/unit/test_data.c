@@ -5,7 +5,9 @@
  * as sha256 of nothing. (Tokenization and response starts themselves: test_tokenizer,
  * test_train_model; JSONL reading: fuzz_jsonl.) And what is supervised: every model turn of a
  * multi-turn chat (its text, <end_of_turn> and newline), none of the user's; a one-turn data set
- * hashes as before the earlier turns were recorded.
+ * hashes as before the earlier turns were recorded. And what of a row-read table (Gemma 3n's
+ * per-layer embeddings) two data sets' ids make resident (gm_dataset_table_resident): counted by
+ * hand for ids in one block, straddling two, shared between the sets, and past the table.
  */
 #include "gm_alloc.h"
 #include "gm_data.h"
@@ -93,7 +95,31 @@ static void hash(const gm_dataset *ds, char hex[65]) {
     CHECK_OK(gm_dataset_sha256(ds, hex, &err), &err);
 }
 
+/* gm_dataset_table_resident on two hand-made data sets: rows of 15,360 bytes (Gemma 3n E2B's
+ * 30 x 256 bf16) in 64 KiB blocks: row r spans bytes [15360 r, 15360 (r + 1)). */
+static void test_table_resident(void) {
+    int32_t a_ids[4] = {0, 1, 2, 3};            /* rows 0-3: bytes 0..61,439, block 0 */
+    int32_t b_ids[3] = {4, 300000, 5};          /* row 4 straddles blocks 0-1 (61,440..76,799), row 5 in block 1;
+                                                   300000 is past the table: row 0 */
+    gm_example ea = {.ids = a_ids, .n = 4}, eb = {.ids = b_ids, .n = 3};
+    gm_dataset a = {.ex = &ea, .n = 1}, b = {.ex = &eb, .n = 1};
+    const gm_dataset *both[2] = {&a, &b};
+    const size_t RB = 15360, BLOCK = 65536;
+    size_t got = gm_dataset_table_resident(both, 2, 262144, RB);
+    CHECK(got == 2 * BLOCK, "ids 0-5 and one past the table: 2 blocks (%zu bytes)", got);
+    int32_t c_ids[2] = {1000, 262143};          /* row 1000: bytes 15,360,000..15,375,359, all in block 234; the
+                                                   last row in block 61,439 */
+    gm_example ec = {.ids = c_ids, .n = 2};
+    gm_dataset c = {.ex = &ec, .n = 1};
+    const gm_dataset *one[1] = {&c};
+    got = gm_dataset_table_resident(one, 1, 262144, RB);
+    CHECK(got == 3 * BLOCK, "rows 1000 and 262143 and row 0: 3 blocks (%zu bytes)", got);
+    got = gm_dataset_table_resident(one, 1, 4, RB); /* a table smaller than its blocks: the table */
+    CHECK(got == 4 * RB, "a 4-row table: all of it, %zu bytes", got);
+}
+
 int main(void) {
+    test_table_resident();
     gm_error err = {0};
     gm_tokenizer *tok = NULL;
     CHECK_OK(gm_tokenizer_from_hf_json(gm_test_path("tests/ref/tiny_tokenizer.json"), NULL, &tok, &err), &err);
