@@ -11,7 +11,8 @@
 -- Evaluation: the loss, and each test clip's greedy answer against its reference: word error rate
 -- (its first line) and phone error rate (its second), corpus level.
 --
--- The default model is the tiny random Gemma 3n of tests/ref (an audio encoder and decoder with
+-- Run it from the repository's folder (the default model's path is relative to it; or set
+-- GEMMA3N_MODEL). The default model is the tiny random Gemma 3n of tests/ref (an audio encoder and decoder with
 -- every part of the architecture, random weights: the pipeline end to end in a minute, not a
 -- transcriber). With a real checkpoint:
 --   gemmarun experiments/pronunciation.lua --set model=/path/to/gemma-3n-E2B-it --set max_length=512

@@ -91,7 +91,7 @@ static void usage(FILE *f) {
             "                    index or id; --image: a PNG / JPEG before the prompt, multimodal models;\n"
             "                    FILE#xywh=X,Y,W,H: a region of it, in pixels; --pan-and-scan: each image also\n"
             "                    as its crops, as Gemma 3's processor's do_pan_and_scan; --audio: a WAV / FLAC /\n"
-            "                    Ogg clip before the prompt, Gemma 3n (its first 30 s); --int8-dot: decode with\n"
+            "                    Ogg / MP3 clip before the prompt, Gemma 3n (its first 30 s); --int8-dot: decode with\n"
             "                    llama.cpp-style int8 dots on Q8_0 / Q5_0 / Q4_K / Q6_K weights: faster, not the f32 numbers)\n"
             "  gemmarun plan MODEL [key=value ...] the memory plan of a training run (loads no weights)\n"
             "  gemmarun options [--markdown]       the training options: defaults, ranges, meaning\n"
@@ -465,6 +465,9 @@ static int cmd_generate(int argc, char **argv) {
         for (int i = 0; s == GM_OK && i < n_audio; i++) {
             s = gm_audio_load(audio[i], NULL, &clips[i], &err);
             ptr[i] = clips[i].samples, lens[i] = clips[i].n;
+            if (s == GM_OK && clips[i].n > GM_AUDIO_MAX_SAMPLES)
+                fprintf(stderr, "gemmarun: warning: --audio %s is %.1f s long; Gemma 3n's feature extractor keeps its first "
+                        "30 s (split it to use the rest)\n", audio[i], (double)clips[i].n / GM_AUDIO_RATE);
         }
         if (s == GM_OK) s = gm_audio_fe_new(&fe, &err);
         if (s == GM_OK) s = gm_audio_features_compute(fe, ptr, lens, n_audio, &f, &err);

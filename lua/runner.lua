@@ -355,7 +355,7 @@ end
 -- block of soft tokens when tokenized) and what its file is.
 local MEDIA_PARTS = {
   image = { marker = "<start_of_image>", file = "an image file" },
-  audio = { marker = "<start_of_audio>", file = "an audio file (WAV, FLAC, Ogg)" },
+  audio = { marker = "<start_of_audio>", file = "an audio file, WAV, FLAC, Ogg or MP3" },
 }
 
 local function flatten_content(content, base, images, audio)
@@ -424,8 +424,15 @@ function R.parse_chat_jsonl(text, path, bad)
       local images, audio, why = {}, {}, nil
       for i, m in ipairs(obj.messages) do
         if type(m) == "table" and type(m.content) == "table" then
+          local ni, na = #images, #audio
           local t, w = flatten_content(m.content, base, images, audio)
           if not t then why = string.format("message %d: %s", i, w); break end
+          -- the model is given images and audio, it does not produce them
+          if (#images > ni or #audio > na) and (m.role == "assistant" or m.role == "model") then
+            why = string.format("message %d: an %s turn holds %s; images and audio are read in user and system turns only",
+              i, m.role, #audio > na and "an audio part" or "an image part")
+            break
+          end
           m.content = t
         end
       end
@@ -485,18 +492,30 @@ local AUDIO_EXT = { wav = true, flac = true, ogg = true, oga = true, opus = true
 local function load_speech_items(d, task)
   local root = d.path:gsub("/+$", "")
   if not gm.is_dir(root) then error(string.format("data.speech: %s is not a folder", root), 0) end
-  local lines = {}
+  local lines, dup = {}, {}
   if d.transcripts then
-    for line in (gm.read_text(d.transcripts) .. "\n"):gmatch("([^\n]*)\n") do
-      local name, text = line:match("^([^%s:;][^:\t]-):%s+(.-)%s*$")
-      if not name then name, text = line:match("^(%S+)[\t ]+(.-)%s*$") end
-      if name and text and text ~= "" and not line:match("^%s*[;#]") then lines[name] = lines[name] or text end
+    local n = 0
+    for line in (gm.read_text(d.transcripts):gsub("^\239\187\191", "") .. "\n"):gmatch("([^\n]*)\n") do
+      n = n + 1
+      line = line:gsub("\r$", "")
+      if not line:match("^%s*[;#]") and line:match("%S") then
+        -- Asterisk's "name: text" (a name without spaces), else Kaldi's "name text"
+        local name, text = line:match("^([^%s:;]+):%s*(.-)%s*$")
+        if not name then name, text = line:match("^(%S+)%s*(.-)%s*$") end
+        if name then
+          if lines[name] then dup[name] = string.format("%s:%d", d.transcripts, n) else lines[name] = text end
+        end
+      end
     end
   end
   local exclude = {}
   for _, x in ipairs(d.exclude or {}) do exclude[x] = true end
   local files = {}
+  local seen = {} -- folders by their real path: a link back up (a loop) is read once
   local function walk(dir, rel)
+    local real = gm.real_path(dir)
+    if seen[real] then return end
+    seen[real] = true
     for _, name in ipairs(gm.list_dir(dir)) do
       local path, r = dir .. "/" .. name, rel == "" and name or (rel .. "/" .. name)
       if gm.is_dir(path) then
@@ -524,17 +543,28 @@ local function load_speech_items(d, task)
       for _, w in ipairs(words_of(f.text or "")) do want[w], want[DIGITS[w] or ""] = true, true end
     end
     dict = {}
-    for line in gm.read_text(d.phones):gmatch("[^\n]+") do
+    local n = 0
+    for line in gm.read_text(d.phones):gsub("^\239\187\191", ""):gmatch("[^\n]+") do
+      n = n + 1
       local word = line:match("^(%S+)")
       local lw = word and word:lower()
-      if lw and want[lw] and not dict[lw] then dict[lw] = line:match("^%S+%s+(.-)%s*$") end
+      if lw and want[lw] and not dict[lw] then
+        local ph = line:match("^%S+%s+(.-)%s*$") or ""
+        -- a CMU dictionary's pronunciation: ARPAbet phones (letters, a stress digit), nothing else
+        if not ph:match("^%u+%d?[%u%d ]*$") then
+          error(string.format("data.speech: %s:%d: '%s' is not a pronunciation of the CMU dictionary (ARPAbet phones such as "
+            .. "\"HH AH L OW\"); phones must be a CMU pronouncing dictionary (cmudict-en-us.dict)", d.phones, n, ph), 0)
+        end
+        dict[lw] = ph
+      end
     end
   end
   local bad, all = {}, {}
   for _, f in ipairs(files) do
     local text = f.text
     local why
-    if not text or text == "" then why = "no transcript"
+    if not text then why = "no transcript (no line for " .. f.name .. (d.transcripts and (" in " .. d.transcripts) or "") .. ", no .txt beside it)"
+    elseif text == "" then why = "its transcript is empty"
     elseif text:match("^%s*%[.*%]%s*$") then why = "its transcript " .. text .. " is not speech" end
     local words = not why and words_of(text) or {}
     if not why and #words == 0 then why = "its transcript has no words" end
@@ -569,8 +599,16 @@ local function load_speech_items(d, task)
     end
   end
   collectgarbage("collect") -- the transcripts' and the dictionary's text, before any trial's peak
-  say("data.speech: %d recordings with transcripts below %s%s; %d train, %d test (every %d-th)", #all, root,
-    #bad > 0 and string.format(" (%d more left out, listed below)", #bad) or "", #items.train, #items.test, every)
+  local nd = 0
+  for _ in pairs(dup) do nd = nd + 1 end
+  if nd > 0 then
+    local name, at = next(dup)
+    say("warning: %d name%s twice in %s (the first line is used; e.g. %s again at %s)", nd, nd == 1 and " is" or "s are",
+      d.transcripts, name, at)
+  end
+  say("data.speech: %d recordings with transcripts below %s%s; 1 in %d is a test example: %d train, %d test before the "
+    .. "clips are decoded", #all, root, #bad > 0 and string.format(" (%d more left out, listed below)", #bad) or "", every,
+    #items.train, #items.test)
   return items
 end
 
@@ -924,11 +962,17 @@ local function trial_plan(model, opts, items, device)
   -- audio: a batch's features (grad_accum x max_audio x frames x 128 f32 and the frame mask, what
   -- the trainer's binding collates into), and while one micro-batch is read: its clips decoded at
   -- 16 kHz (f32), the extractor's output before it is copied over, and the decoder's and
-  -- resampler's chunk buffers (64 Ki frames of up to 8 channels, in and out)
-  if (opts.max_audio or 0) > 0 and items and items.max_audio_samples then
+  -- resampler's chunk buffers (64 Ki frames: a stereo chunk in, its mono, the converter's out)
+  if (opts.max_audio or 0) > 0 and items and items.audio_samples then
+    -- the clips of the worst micro-batch: the data's max_audio longest, decoded at once
+    local lens = {}
+    for _, n in pairs(items.audio_samples) do lens[#lens + 1] = n end
+    table.sort(lens, function(a, b) return a > b end)
+    local longest = 0
+    for i = 1, math.min(#lens, opts.max_audio) do longest = longest + lens[i] end
     local cells = opts.max_audio * opts.max_audio_frames
     local batch = (opts.grad_accum or 1) * cells * (128 * 4 + 1)
-    local decode = opts.max_audio * items.max_audio_samples * 4 + cells * (128 * 4 + 1) + 2 * 65536 * 8 * 4
+    local decode = longest * 4 + cells * (128 * 4 + 1) + 3 * 65536 * 2 * 4
     plan.audio = math.tointeger(batch + decode)
     plan.total = plan.total + plan.audio
   end
@@ -1498,7 +1542,7 @@ end
 --- frames and samples (items.max_audio_frames, items.max_audio_samples). An example with an
 --- unusable clip leaves its split and is listed in items.rejected_read with the file and why.
 local function check_audio(items, splits)
-  items.audio_sha, items.audio_frames = items.audio_sha or {}, items.audio_frames or {}
+  items.audio_sha, items.audio_frames, items.audio_samples = items.audio_sha or {}, items.audio_frames or {}, items.audio_samples or {}
   items.max_audio = items.max_audio or 0
   items.max_audio_frames, items.max_audio_samples = items.max_audio_frames or 0, items.max_audio_samples or 0
   local bad = items.rejected_read or {}
@@ -1516,9 +1560,16 @@ local function check_audio(items, splits)
         if not items.audio_sha[p] then
           local ok, sha, frames, samples = pcall(gm.audio_check, p)
           if not ok then why = clean_msg(sha); failed[p] = why; break end
-          items.audio_sha[p], items.audio_frames[p] = sha, frames
+          items.audio_sha[p], items.audio_frames[p], items.audio_samples[p] = sha, frames, samples
           items.max_audio_frames = math.max(items.max_audio_frames, frames)
           items.max_audio_samples = math.max(items.max_audio_samples, samples)
+          if samples > 480000 then
+            items.audio_cut = (items.audio_cut or 0) + 1
+            if items.audio_cut <= 3 then
+              say("warning: %s is %.1f s long; Gemma 3n's feature extractor keeps its first 30 s (split it to use the rest)", p,
+                samples / 16000)
+            end
+          end
         end
       end
       if why then
@@ -1605,7 +1656,8 @@ local function preflight(e, selected, dry_run, no_device)
         for _, it in ipairs(items.train) do if it.audio then first = it; break end end
         P.usage(field_where(e, "model"), "the data has audio (first: %s), but model %s has no audio encoder; use a Gemma 3n "
           .. "checkpoint of Gemma3nForConditionalGeneration (gemma-3n-E2B-it, gemma-3n-E4B-it)",
-          first and (first.where and first.where .. ", " or "") .. first.audio[1] or "?", t.config.model)
+          first and ((first.where and first.where ~= first.audio[1]) and (first.where .. ", ") or "") .. first.audio[1] or "?",
+          t.config.model)
       end
     end
   end
@@ -1670,8 +1722,8 @@ local function preflight(e, selected, dry_run, no_device)
       say("  %s: %s", r.example, reason)
     end
     if n > 10 then
-      say("  ... and %d more (%s)", n - 10, dry_run and "a run lists every one in each trial file's data/rejections_json"
-        or "every one is listed in each trial file's data/rejections_json")
+      say("  ... and %d more (%s)", n - 10, dry_run and "a run lists the first 100 in each trial file's data/rejections_json"
+        or "the first 100 are listed in each trial file's data/rejections_json, with their count in data/n_rejected")
     end
     -- the share the data source printed was counted before these: again, on what is left
     if e.task._kind == "classify" and #items.test > 0 and items.labels then say("  what is left: %s", test_majority(items)) end

@@ -273,7 +273,7 @@ static gm_status decode_sf(SNDFILE *sf, const SF_INFO *info, const char *name, c
         return gm_error_set(err, GM_ERR_FORMAT,
                             "%s: truncated or corrupt: the header promises %llu bytes of samples (%s), the file holds %llu "
                             "(%lld frames, %.2f s)\n%s",
-                            name, claimed, frames_claimed > 0 ? dur : "?", held, (long long)info->frames,
+                            name, claimed, frames_claimed > 0 ? dur : "its length unknown", held, (long long)info->frames,
                             (double)info->frames / rate, HINT_CORRUPT);
     }
     /* an Ogg stream without its last page: libsndfile then reads nothing at all (1.2.0) */
@@ -454,8 +454,9 @@ gm_status gm_audio_check(const char *path, const gm_audio_limits *limits, int64_
     gm_audio_free(&a);
     gm_audio_frames(n, NULL, &T);
     if (T < 1)
-        return gm_error_set(err, GM_ERR_FORMAT, "%s: %lld samples at 16 kHz (%.1f ms) is shorter than one 32 ms frame of the "
-                            "feature extractor (513 samples)\n  hint: leave the clip out, or pad it with silence",
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: %lld samples at 16 kHz (%.1f ms) is shorter than the feature extractor's "
+                            "first frame (513 samples: a 32 ms window and the next sample)\n  hint: leave the clip out, or pad "
+                            "it with silence",
                             path, (long long)n, 1000.0 * (double)n / GM_AUDIO_RATE);
     GM_TRY(gm_sha256_file(path, sha, err));
     *samples = n, *frames = T;

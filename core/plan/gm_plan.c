@@ -187,8 +187,8 @@ gm_status gm_plan_max_audio(const gm_config *cfg, const gm_train_opts *o, const 
         if (T > *frames) *frames = T;
     }
     if (*frames < 1)
-        return gm_error_set(err, GM_ERR_INVALID, "audio: %lld clips per micro-batch but no feature frame (max_audio_frames)",
-                            (long long)*clips);
+        return gm_error_set(err, GM_ERR_INVALID, "audio_seconds = %g is shorter than the feature extractor's first frame "
+                            "(513 samples at 16 kHz: 32 ms)", seconds);
     return GM_OK;
 }
 

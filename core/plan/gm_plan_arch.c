@@ -279,10 +279,12 @@ gm_status gm_plan_check_size(const gm_config *c, const gm_train_opts *o, const g
                                 "of the model's max_position_embeddings)", in->audio_seconds, maxpos * AUDIO_CLIP_S, AUDIO_CLIP_S);
         if (in->images > 0 && c->vision.tokens > 0 && images_add_positions(c))
             T += (double)in->images * ((double)c->vision.tokens + 2);
-        if (in->audio_seconds > 0 && c->audio.tokens_per_s > 0) {
+        /* Gemma 3n's clips count inside max_length (its plans are the trainer's layout, where a
+         * data set places them: gm_plan_max_audio checks they leave room for text); Gemma 4's are
+         * added by the estimate */
+        if (in->audio_seconds > 0 && c->audio.tokens_per_s > 0 && c->arch != GM_ARCH_GEMMA3N) {
             double clips = ceil(in->audio_seconds / AUDIO_CLIP_S);
-            T += (c->arch == GM_ARCH_GEMMA3N ? clips * G3N_AUDIO_TOKENS_PER_CLIP : ceil(in->audio_seconds * c->audio.tokens_per_s)) +
-                 2 * clips;
+            T += ceil(in->audio_seconds * c->audio.tokens_per_s) + 2 * clips;
         }
     }
     if (T > maxpos) {

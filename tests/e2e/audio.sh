@@ -82,6 +82,42 @@ expect_run "audio data with a Gemma 3 model: refused by the dry run, naming the 
 expect_run "plan with audio_seconds: exact, an audio tower item of 1 clip of 2997 frames" 0 \
   "audio tower .*1 clip of up to 2997 feature frames per micro-batch.*total .*MiB" -- "$GM" plan "$M" max_length=320 batch=1 audio_seconds=30
 
+expect_run "plan with audio_seconds: the clip counts inside max_length (1024 of the model's 1024 positions)" 0 \
+  "max_length 1024.*audio tower" -- "$GM" plan "$M" max_length=1024 batch=1 audio_seconds=30
+
+# what a user gets wrong: audio in the model's turn; a clip over 30 s (its end unused: said)
+printf '{"messages": [{"role": "user", "content": "T"}, {"role": "assistant", "content": [{"type": "audio", "path": "%s/added.wav"}, {"type": "text", "text": "x"}]}]}\n' "$A" > turn.jsonl
+cat turn.jsonl train.jsonl > train2.jsonl
+python3 -c "
+import wave
+w = wave.open('long31.wav', 'wb'); w.setnchannels(1); w.setsampwidth(2); w.setframerate(8000)
+w.writeframes(b'\\x00\\x01' * (8000 * 31)); w.close()"
+printf '{"messages": [{"role": "user", "content": [{"type": "audio", "path": "long31.wav"}, {"type": "text", "text": "T"}]}, {"role": "assistant", "content": "x"}]}\n' >> train2.jsonl
+sed -e 's/name = "au"/name = "au2"/' -e 's/train.jsonl/train2.jsonl/' au.lua > au2.lua
+expect_run "audio in a model turn: its example refused, named; a 31 s clip: said that its first 30 s are used" 0 \
+  "long31.wav is 31.0 s long; Gemma 3n's feature extractor keeps its first 30 s.*train2.jsonl:1: message 2: an assistant turn holds an audio part; images and audio are read in user and system turns only" \
+  -- "$GM" au2.lua --dry-run
+
+# data.speech on a folder of its own: a transcripts file with a byte-order mark, Kaldi lines (one
+# with a colon in its text), a clip without a line, one with an empty text, a link back up (read once)
+mkdir -p sp/sub && cp "$A/hello-world.wav" "$A/goodbye.wav" "$A/added.wav" "$A/activated.wav" sp/ && cp "$A/beep.wav" sp/sub/x.wav
+ln -s .. sp/sub/up
+printf '\xef\xbb\xbfhello-world Hello world.\ngoodbye Note: goodbye\nadded\nhello-world again\n' > sp.txt
+cat > sp.lua <<EOT
+return experiment {
+  name = "sp", model = "$M",
+  task = transcribe { data = data.speech { path = "sp", transcripts = "sp.txt", test = 2 }, prompt = "Transcribe." },
+  train = { epochs = 1, batch = 1, lr = 1e-2, rank = 4, max_length = 320 },
+}
+EOT
+expect_run "data.speech: a byte-order mark, Kaldi lines with a colon, a missing and an empty transcript, a repeated name, a link loop" 0 \
+  "1 name is twice in sp.txt.*data.speech: 2 recordings with transcripts below sp \(3 more left out, listed below\); 1 in 2 is a test example: 1 train, 1 test.*sp/activated.wav: no transcript.*sp/added.wav: its transcript is empty.*sp/sub/x.wav: no transcript" \
+  -- "$GM" sp.lua --dry-run
+printf 'hello hallo\nworld W ER L D\n' > notcmu.dict
+sed -e 's/name = "sp"/name = "sp2"/' -e 's/transcripts = "sp.txt"/transcripts = "sp.txt", phones = "notcmu.dict"/' sp.lua > sp2.lua
+expect_run "data.speech: a phones file that is not a CMU dictionary stops the run naming its line" 2 \
+  "notcmu.dict:1: 'hallo' is not a pronunciation of the CMU dictionary" -- "$GM" sp2.lua --dry-run
+
 # the pronunciation experiment, small: 8 training and 3 test recordings
 cp -r "$SRC/tests" "$TMP/" 2>/dev/null || true
 expect_run "experiments/pronunciation.lua: transcription of real prompts, word and phone error rates in its tables" 0 \

@@ -30,7 +30,7 @@ lua_case "env() default" 0 "^fallback$" 'print(env("GEMMARUN_SURELY_UNSET_VAR", 
 lua_case "allowed with --allow-os" 0 "^opened$" 'local f = io.open("/dev/null", "r"); print(f and "opened")' --allow-os
 lua_case "load_model bad path" 2 "no_such_model.*no such file" 'gm.load_model("/tmp/no_such_model")'
 lua_case "generate unknown option" 2 "unknown option 'max_tokenz'" 'local m = gm.load_model("tests/ref/tiny_gemma3"); m:generate("x", {max_tokenz = 3})'
-lua_case "gm.plan: an unknown option lists every allowed one, max_images too" 2 "plan: unknown option 'rnak' \(did you mean 'rank'\?\) \(allowed: .*, seed, steps, threads, max_images, max_audio, max_audio_frames\)" 'gm.plan("tests/ref/tiny_gemma3", {rnak = 4})'
+lua_case "gm.plan: an unknown option lists every allowed one, max_images too" 2 "plan: unknown option 'rnak' \(did you mean 'rank'\?\) \(allowed: .*, seed, steps, threads, max_images, max_audio, max_audio_frames, ple_resident\)" 'gm.plan("tests/ref/tiny_gemma3", {rnak = 4})'
 lua_case "gm.plan: max_images is read" 0 "^ok$" 'local a = gm.plan("tests/ref/tiny_gemma3_vision_chat", {max_length = 96}).total; local b = gm.plan("tests/ref/tiny_gemma3_vision_chat", {max_length = 96, max_images = 2}).total; print(b > a and "ok" or ("same: " .. a .. " " .. b))'
 lua_case "generate: NaN temperature refused" 2 "temperature must be a finite number" 'local m = gm.load_model("tests/ref/tiny_gemma3"); m:generate("x", {temperature = 0/0})'
 
