@@ -477,7 +477,6 @@ local function words_of(text)
   for word in text:lower():gsub("[^%w']", " "):gmatch("%S+") do w[#w + 1] = word end
   return w
 end
-R.words_of = words_of
 
 local DIGITS = { ["0"] = "zero", ["1"] = "one", ["2"] = "two", ["3"] = "three", ["4"] = "four", ["5"] = "five", ["6"] = "six",
   ["7"] = "seven", ["8"] = "eight", ["9"] = "nine" }
@@ -540,7 +539,10 @@ local function load_speech_items(d, task)
     -- the process for every trial: tens of MiB of Lua strings)
     local want = {}
     for _, f in ipairs(files) do
-      for _, w in ipairs(words_of(f.text or "")) do want[w], want[DIGITS[w] or ""] = true, true end
+      for _, w in ipairs(words_of(f.text or "")) do
+        want[w] = true
+        if DIGITS[w] then want[DIGITS[w]] = true end
+      end
     end
     dict = {}
     local n = 0
@@ -573,7 +575,7 @@ local function load_speech_items(d, task)
       local ph = {}
       for _, w in ipairs(words) do
         -- a digit as it is spoken ("press 1"), for its phones only: the reference words stay as written
-        local p = dict[w] or dict[DIGITS[w] or ""]
+        local p = dict[w] or (DIGITS[w] and dict[DIGITS[w]])
         if not p then why = string.format("'%s' is not in the pronouncing dictionary %s", w, d.phones); break end
         ph[#ph + 1] = p
       end
@@ -823,7 +825,6 @@ local function edit_distance(a, b)
   end
   return prev[#b]
 end
-R.edit_distance = edit_distance
 
 local function split_ws(s)
   local t = {}

@@ -79,7 +79,7 @@ static gm_status dims_of(const gm_config *mc, gm_audio_encoder_dims *d, gm_error
 
 typedef struct lay {
     gm_audio_encoder *e;
-    gm_arena *a, *host;
+    gm_arena *a;
     bool fill;           /* the committed pass of a loaded model: read the weights */
     float *stage;        /* host staging for conversions (fill) */
     gm_error *err;
@@ -97,7 +97,7 @@ static gm_status vec(lay *l, const char *module, const char *name, int nd, const
     if (!l->fill) return GM_OK;
     const gm_st_tensor *t;
     GM_TRY(gm_mm_tensor(l->e->m, module, name, nd, shape, &t, l->err));
-    gm_mm_tensor_f32(t, l->stage, n);
+    gm_dequant_row(t->dtype, t->data, l->stage, n);
     gm_backend_upload(l->e->be, *dst, l->stage, (size_t)n * sizeof(float));
     return GM_OK;
 }
@@ -193,7 +193,7 @@ static gm_status block_layout(lay *l, int64_t i) {
 gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *host, gm_error *err) {
     const gm_audio_encoder_dims *d = &e->d;
     const gm_audio_config *c = &e->cfg;
-    lay l = {e, a, host, a->base != NULL && e->m != NULL, NULL, err};
+    lay l = {e, a, a->base != NULL && e->m != NULL, NULL, err};
     int64_t Bmax = e->max_clips, T = e->max_frames, T1 = (T - 1) / c->sscp_stride[0][0] + 1, T2, T3;
     gm_audio_encoder_frames(c, T, &T2, &T3);
     int64_t N2 = Bmax * T2, N3 = Bmax * T3, span = d->L + d->R + 1;

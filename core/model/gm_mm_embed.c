@@ -39,15 +39,6 @@ gm_status gm_mm_tensor(const gm_model *m, const char *module, const char *name, 
     return GM_OK;
 }
 
-void gm_mm_tensor_f32(const gm_st_tensor *t, float *dst, int64_t n) {
-    if (t->dtype == GM_F32) {
-        memcpy(dst, t->data, (size_t)n * sizeof(float));
-        return;
-    }
-    const uint16_t *s = t->data;
-    for (int64_t i = 0; i < n; i++) dst[i] = t->dtype == GM_BF16 ? gm_bf16_to_f32(s[i]) : gm_f16_to_f32(s[i]);
-}
-
 /* x (n) /= sqrt(mean(x^2) + eps), times w when given (Gemma3nRMSNorm, statistics in double). */
 static void rms(float *x, int64_t n, const float *w, float eps) {
     double ss = 0;
@@ -67,9 +58,9 @@ static gm_status table_of(const gm_model *m, const char *module, int64_t V, int6
     float *e = gm_malloc((size_t)(V * D + D + C * D) * sizeof(float));
     if (!e) return gm_error_set(err, GM_ERR_NOMEM, "out of memory (the %s table)", module);
     float *nw = e + V * D, *p = nw + D;
-    gm_mm_tensor_f32(te, e, V * D);
-    gm_mm_tensor_f32(tn, nw, D);
-    gm_mm_tensor_f32(tp, p, C * D);
+    gm_dequant_row(te->dtype, te->data, e, V * D);
+    gm_dequant_row(tn->dtype, tn->data, nw, D);
+    gm_dequant_row(tp->dtype, tp->data, p, C * D);
     for (int64_t v = 0; v < V; v++) {
         float *row = e + v * D, *o = out + v * C;
         rms(row, D, nw, eps);

@@ -33,12 +33,9 @@ extern "C" {
 
 /* The tensor "<root><module><name>" of multimodal model m's checkpoint, root "model." (transformers
  * 5 and the hub's Gemma 3n files) or "", checked to be f32 / bf16 / f16 of shape (shape[0..nd-1]).
- * *out borrows m's mapping. */
+ * *out borrows m's mapping; gm_dequant_row (kernels.h) widens its elements to f32. */
 gm_status gm_mm_tensor(const gm_model *m, const char *module, const char *name, int nd, const int64_t *shape,
                        const gm_st_tensor **out, gm_error *err);
-
-/* A tensor's n elements as f32 (bf16 / f16 widened exactly). */
-void gm_mm_tensor_f32(const gm_st_tensor *t, float *dst, int64_t n);
 
 typedef struct gm_mm_hard_range {
     int64_t offset, V;   /* ids offset .. offset + V - 1 */
