@@ -90,6 +90,21 @@
  *   silu_fwd       out (n) = x sigmoid(x); out may alias x.
  *   clamp_fwd      out (n) = min(max(x, -limit), limit); out may alias x.
  *   mask_rows_fwd  rows n of x (N, C) with keep[n] = 0 set to fill (C), or to 0 when fill is NULL.
+ * Their backward (gradients of the frozen encoder's activations, for adapters on its linears):
+ *   audio_attention_bwd  dq, dk, dv (B, T, H, D) assigned from dout and the forward's inputs;
+ *                  pos is frozen (no gradient). work (B, T, H, 2): each query's log-sum-exp and
+ *                  delta = sum_s P_s (dout . v_s) (an averaging query: +inf, 0). With
+ *                  l = cap tanh(a / cap): da = P (dout . v_s - delta) (1 - (l / cap)^2),
+ *                  dq_t = sum_s da (k_s + pos), dk_s = sum_t da q_t, dv_s = sum_t P dout_t, and an
+ *                  averaging query's dout / (W + L + R) to every key of its block's context. Two
+ *                  passes (queries, then keys), no atomics: the same sums in every run.
+ *   conv1d_causal_bwd  dx (B, T, C)[t, c] = sum_k w[c, k] dy[b, t + K - 1 - k, c] (outputs past T
+ *                  absent); assigned, must not alias dy.
+ *   glu_bwd        dx (N, 2C) from dy (N, C) and the forward's x (N, 2C): d x[:, :C] = dy sg,
+ *                  d x[:, C:] = dy x[:, :C] sg (1 - sg), sg = sigmoid(x[:, C:]).
+ *   silu_bwd       dx (n) = dy sg (1 + x (1 - sg)); dx may alias dy.
+ *   clamp_bwd      dx (n) = dy where -limit <= x <= limit, else 0 (torch.clamp's gradient);
+ *                  dx may alias dy.
  *   layernorm_fwd  out (N, C) = (x - mean) * rstd * w + b, rstd = 1/sqrt(var + eps), biased
  *                  variance, statistics in double (torch.nn.LayerNorm; SigLIP, gemma_
  *                  architecture.md §2.1); mean, rstd (N) saved when not NULL. out may alias x.

@@ -57,6 +57,7 @@ const gm_arch_def *gm_arch_get(gm_arch a) {
     case GM_ARCH_GEMMA3: return &gm_arch_gemma3;
     case GM_ARCH_GEMMA3N: return &gm_arch_gemma3n;
     case GM_ARCH_SIGLIP: return &gm_arch_siglip;
+    case GM_ARCH_GEMMA3N_AUDIO: return &gm_arch_gemma3n_audio;
     default: return NULL; /* Gemma 4: presets and memory estimates only, so far */
     }
 }

@@ -127,6 +127,9 @@ typedef struct gm_arch_def {
                                           "encoder.layers." (SigLIP) */
     bool encoder;                      /* every position sees every other (a vision tower): no
                                           KV cache, no token embedding; gm_graph_begin_encoder */
+    bool own_attention;                /* the layer calls its own attention kernel (Gemma 3n's audio
+                                          conformer: chunked local attention), not
+                                          gm_graph_attention: no workspace is reserved for it */
     const gm_weight_spec *globals;     /* model-level weights, GM_GLOBAL_* first */
     int n_globals;
     const gm_weight_spec *layer;       /* per-layer weights; a weight's slot is its index */
@@ -178,6 +181,7 @@ int gm_arch_slot(const gm_arch_def *a, const char *hf);
 extern const gm_arch_def gm_arch_gemma3;
 extern const gm_arch_def gm_arch_gemma3n;
 extern const gm_arch_def gm_arch_siglip;
+extern const gm_arch_def gm_arch_gemma3n_audio;
 
 /* The width of the residual stream X[l] per token: C, or S x C for an AltUp architecture. */
 int64_t gm_arch_residual_width(const gm_arch_def *a, const gm_config *c);

@@ -28,7 +28,7 @@ static size_t scratch_floats(const gm_graph *g) {
     const gm_config *c = g->cfg;
     int nt = g->o.n_threads > 0 ? g->o.n_threads : 2;
     size_t s = gm_weights_scratch_floats(g->w, g->o.lm_rows, nt);
-    if (g->o.mode == GM_GRAPH_TRAIN || g->arch->encoder) {
+    if ((g->o.mode == GM_GRAPH_TRAIN || g->arch->encoder) && !g->arch->own_attention) {
         for (int64_t l = 0; l < c->n_layers; l++) {
             size_t t = gm_k_attention_scratch_floats(g->o.batch, g->o.max_tokens, c->n_heads,
                                                      gm_dim_value(c, l, GM_DIM_D, 0), nt);

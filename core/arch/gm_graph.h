@@ -119,6 +119,8 @@ typedef struct gm_graph {
     int32_t *ids, *pos;         /* (N) */
     int32_t *kv_end;            /* (N): this call's key ends (gm_graph_input.kv_end) */
     bool has_kv_end;            /* this call has them (else attention is causal) */
+    const uint8_t *row_valid;   /* (N) backend bytes or NULL: an encoder's real rows (Gemma 3n's
+                                   audio frames; 0: padding), set by its owner before a call */
     float *k_cache[GM_MAX_LAYERS], *v_cache[GM_MAX_LAYERS]; /* (B, S_l, KW): inference */
     int64_t cache_slots[GM_MAX_LAYERS];                      /* S_l (0: reads another layer's) */
     float *scratch;             /* kernel workspace */

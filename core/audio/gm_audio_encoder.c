@@ -4,14 +4,16 @@
  *
  * Layout (one arena on the backend, one host staging arena), all sizes from the config, so a plan
  * (m == NULL) is the same walk: the weights (linears aliased in place on a host-visible backend,
- * reserved and uploaded otherwise), the derived tables (q scales, projected relative positions,
- * hard-token embeddings), then the activations of max_clips x max_frames frames.
+ * reserved and uploaded otherwise; the blocks' into the graph's views), the adapters, the graph,
+ * the activations around it for max_clips x max_frames frames; then, on the filling pass, the
+ * derived tables (q scales, projected relative positions, the padding token's embedding).
  */
 #include "gm_audio_encoder.h"
 
 #include "gm_audio.h" /* gm_audio_frames, the extractor constants */
 
 #include "gm_alloc.h"
+#include "gm_arch.h"
 #include "gm_dtype.h"
 #include "gm_mm_embed.h"
 #include "gm_model.h"
@@ -19,10 +21,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-
-/* Gemma3nRMSNorm's default eps: the conformer's norms other than the light convolution's use it,
- * not audio_config.rms_norm_eps (Gemma3nAudioConformerAttention / FeedForward / Block). */
-#define CONFORMER_NORM_EPS 1e-6f
 
 /* The feature extractor's frame count (gm_audio.h): here, in a file built without audio in's
  * libraries, because the planner needs it wherever gemmarun is built. */
@@ -129,65 +127,97 @@ static gm_status linear(lay *l, const char *module, const char *name, int64_t ro
     return GM_OK;
 }
 
+/* The graph's view of block i's weight `hf` (its name below conformer.i.). */
+static gm_wview *slot(gm_audio_encoder *e, int64_t i, const char *hf) {
+    int s = gm_arch_slot(e->w.arch, hf);
+    return &e->w.layer[i * e->w.n_slots + (s >= 0 ? s : 0)];
+}
+
+/* An f32 vector of block i as the graph's (1, n) view. */
+static gm_status block_vec(lay *l, int64_t i, const char *hf, int nd, const int64_t *shape) {
+    char mod[64];
+    snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.", (long long)i);
+    gm_wview *v = slot(l->e, i, hf);
+    float *p;
+    GM_TRY(vec(l, mod, hf, nd, shape, &p));
+    int64_t n = 1;
+    for (int k = 0; k < nd; k++) n *= shape[k];
+    *v = gm_wview_f32(p, 1, n);
+    return GM_OK;
+}
+
+static gm_status block_linear(lay *l, int64_t i, const char *hf, int64_t rows, int64_t cols) {
+    char mod[64];
+    snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.", (long long)i);
+    return linear(l, mod, hf, rows, cols, slot(l->e, i, hf));
+}
+
 static gm_status block_layout(lay *l, int64_t i) {
     gm_audio_encoder *e = l->e;
     const gm_audio_encoder_dims *d = &e->d;
-    gm_audio_block_w *b = &e->block[i];
-    char mod[96];
     int64_t vD[1] = {d->D}, vDh[1] = {d->Dh}, vconv[3] = {d->D, 1, d->K};
-    const char *ffw[2] = {"ffw_layer_start", "ffw_layer_end"};
+    static const char *const ffw[2] = {"ffw_layer_start.", "ffw_layer_end."};
+    char n[96];
     for (int j = 0; j < 2; j++) {
-        snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.%s.", (long long)i, ffw[j]);
-        GM_TRY(vec(l, mod, "pre_layer_norm.weight", 1, vD, &b->ffw_pre[j]));
-        GM_TRY(linear(l, mod, "ffw_layer_1.weight", d->FF, d->D, &b->ffw1[j]));
-        GM_TRY(linear(l, mod, "ffw_layer_2.weight", d->D, d->FF, &b->ffw2[j]));
-        GM_TRY(vec(l, mod, "post_layer_norm.weight", 1, vD, &b->ffw_post[j]));
+#define NAME(x) (snprintf(n, sizeof n, "%s%s", ffw[j], x), n)
+        GM_TRY(block_vec(l, i, NAME("pre_layer_norm.weight"), 1, vD));
+        GM_TRY(block_linear(l, i, NAME("ffw_layer_1.weight"), d->FF, d->D));
+        GM_TRY(block_linear(l, i, NAME("ffw_layer_2.weight"), d->D, d->FF));
+        GM_TRY(block_vec(l, i, NAME("post_layer_norm.weight"), 1, vD));
+#undef NAME
     }
-    snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.attention.", (long long)i);
-    GM_TRY(vec(l, mod, "pre_attn_norm.weight", 1, vD, &b->attn_pre));
-    GM_TRY(vec(l, mod, "post_norm.weight", 1, vD, &b->attn_post_norm));
-    GM_TRY(linear(l, mod, "attn.q_proj.weight", d->D, d->D, &b->q));
-    GM_TRY(linear(l, mod, "attn.k_proj.weight", d->D, d->D, &b->k));
-    GM_TRY(linear(l, mod, "attn.v_proj.weight", d->D, d->D, &b->v));
-    GM_TRY(linear(l, mod, "post.weight", d->D, d->D, &b->post));
-    gm_wview pos_proj;
-    GM_TRY(linear(l, mod, "attn.relative_position_embedding.pos_proj.weight", d->D, d->D, &pos_proj));
-    /* derived: the q scale (from per_dim_scale) and the projected relative-position table */
-    GM_TRY(vec(l, mod, "attn.per_dim_scale", 1, vDh, &b->q_scale));
-    int64_t span = d->L + d->R + 1;
-    b->pos = alloc_f(l, span * d->D, GM_MEM_WEIGHTS);
-    if (l->fill) {
-        /* q_scale: Dh^-0.5 / softplus(0) (Gemma3nAudioAttention.q_scale, f32) x softplus(per_dim_scale) */
-        float qs = (float)(pow((double)d->Dh, -0.5) * (double)(1.0f / log1pf(1.0f)));
-        float *s = l->stage;
-        gm_backend_download(e->be, s, b->q_scale, (size_t)d->Dh * sizeof(float));
-        for (int64_t j = 0; j < d->Dh; j++) s[j] = qs * (s[j] > 20.0f ? s[j] : log1pf(expf(s[j])));
-        gm_backend_upload(e->be, b->q_scale, s, (size_t)d->Dh * sizeof(float));
-        /* timing signal of the relative positions L, L-1, .., -R: [sin(p inv_i), cos(p inv_i)],
-         * inv_i = exp(-i log(1e4) / max(D/2 - 1, 1)) in f32 (Gemma3nAudioRelativePositionEmbedding) */
-        int64_t nt = d->D / 2;
-        float inc = (float)(log(1.0e4) / (double)(nt - 1 > 1 ? nt - 1 : 1));
-        for (int64_t f = 0; f < span; f++) {
-            float p = (float)(d->L - f);
-            for (int64_t j = 0; j < nt; j++) {
-                float st = p * expf((float)j * -inc);
-                s[f * d->D + j] = sinf(st);
-                s[f * d->D + nt + j] = cosf(st);
-            }
-        }
-        gm_backend_upload(e->be, e->x_in, s, (size_t)(span * d->D) * sizeof(float));
-        gm_kctx ctx = gm_backend_kctx(e->be, e->scratch, e->scratch_floats);
-        e->be->k->matmul_fwd(&ctx, b->pos, e->x_in, &pos_proj, span, 0.0f);
-    }
-    snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.lconv1d.", (long long)i);
-    GM_TRY(vec(l, mod, "pre_layer_norm.weight", 1, vD, &b->lc_pre));
-    GM_TRY(linear(l, mod, "linear_start.weight", 2 * d->D, d->D, &b->lc_start));
-    GM_TRY(vec(l, mod, "depthwise_conv1d.weight", 3, vconv, &b->lc_conv));
-    GM_TRY(vec(l, mod, "conv_norm.weight", 1, vD, &b->lc_norm));
-    GM_TRY(linear(l, mod, "linear_end.weight", d->D, d->D, &b->lc_end));
+    GM_TRY(block_vec(l, i, "attention.pre_attn_norm.weight", 1, vD));
+    GM_TRY(block_vec(l, i, "attention.post_norm.weight", 1, vD));
+    GM_TRY(block_linear(l, i, "attention.attn.q_proj.weight", d->D, d->D));
+    GM_TRY(block_linear(l, i, "attention.attn.k_proj.weight", d->D, d->D));
+    GM_TRY(block_linear(l, i, "attention.attn.v_proj.weight", d->D, d->D));
+    GM_TRY(block_linear(l, i, "attention.post.weight", d->D, d->D));
+    char mod[64];
     snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.", (long long)i);
-    GM_TRY(vec(l, mod, "norm.weight", 1, vD, &b->norm));
+    GM_TRY(linear(l, mod, "attention.attn.relative_position_embedding.pos_proj.weight", d->D, d->D, &e->pos_proj[i]));
+    /* derived on the fill pass (gm_audio_encoder_layout's end): the q scale in per_dim_scale's
+     * slot, the projected relative-position table in pos_proj's */
+    GM_TRY(block_vec(l, i, "attention.attn.per_dim_scale", 1, vDh));
+    int64_t span = d->L + d->R + 1;
+    *slot(e, i, "attention.attn.relative_position_embedding.pos_proj.weight") =
+        gm_wview_f32(alloc_f(l, span * d->D, GM_MEM_WEIGHTS), span, d->D);
+    GM_TRY(block_vec(l, i, "lconv1d.pre_layer_norm.weight", 1, vD));
+    GM_TRY(block_linear(l, i, "lconv1d.linear_start.weight", 2 * d->D, d->D));
+    GM_TRY(block_vec(l, i, "lconv1d.depthwise_conv1d.weight", 3, vconv));
+    GM_TRY(block_vec(l, i, "lconv1d.conv_norm.weight", 1, vD));
+    GM_TRY(block_linear(l, i, "lconv1d.linear_end.weight", d->D, d->D));
+    GM_TRY(block_vec(l, i, "norm.weight", 1, vD));
     return GM_OK;
+}
+
+/* The fill pass's derived tables of block i: the q scale (from per_dim_scale, in place) and the
+ * relative-position table (timing signal x pos_proj^T). */
+static void block_derive(lay *l, int64_t i) {
+    gm_audio_encoder *e = l->e;
+    const gm_audio_encoder_dims *d = &e->d;
+    float *qsc = (float *)slot(e, i, "attention.attn.per_dim_scale")->data;
+    float *pos = (float *)slot(e, i, "attention.attn.relative_position_embedding.pos_proj.weight")->data;
+    /* q_scale: Dh^-0.5 / softplus(0) (Gemma3nAudioAttention.q_scale, f32) x softplus(per_dim_scale) */
+    float qs = (float)(pow((double)d->Dh, -0.5) * (double)(1.0f / log1pf(1.0f)));
+    float *s = l->stage;
+    gm_backend_download(e->be, s, qsc, (size_t)d->Dh * sizeof(float));
+    for (int64_t j = 0; j < d->Dh; j++) s[j] = qs * (s[j] > 20.0f ? s[j] : log1pf(expf(s[j])));
+    gm_backend_upload(e->be, qsc, s, (size_t)d->Dh * sizeof(float));
+    /* timing signal of the relative positions L, L-1, .., -R: [sin(p inv_i), cos(p inv_i)],
+     * inv_i = exp(-i log(1e4) / max(D/2 - 1, 1)) in f32 (Gemma3nAudioRelativePositionEmbedding) */
+    int64_t nt = d->D / 2, span = d->L + d->R + 1;
+    float inc = (float)(log(1.0e4) / (double)(nt - 1 > 1 ? nt - 1 : 1));
+    for (int64_t f = 0; f < span; f++) {
+        float p = (float)(d->L - f);
+        for (int64_t j = 0; j < nt; j++) {
+            float st = p * expf((float)j * -inc);
+            s[f * d->D + j] = sinf(st);
+            s[f * d->D + nt + j] = cosf(st);
+        }
+    }
+    gm_backend_upload(e->be, e->x_in, s, (size_t)(span * d->D) * sizeof(float));
+    gm_kctx ctx = gm_backend_kctx(e->be, e->scratch, e->scratch_floats);
+    e->be->k->matmul_fwd(&ctx, pos, e->x_in, &e->pos_proj[i], span, 0.0f);
 }
 
 gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *host, gm_error *err) {
@@ -207,27 +237,7 @@ gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *ho
     e->h_valid2 = gm_arena_alloc(host, (size_t)N2, GM_MEM_WORKSPACE);
     e->h_valid3 = gm_arena_alloc(host, (size_t)N3, GM_MEM_WORKSPACE);
     e->h_rows = gm_arena_alloc(host, (size_t)N3 * sizeof(int32_t), GM_MEM_WORKSPACE);
-    /* activations first: the fill pass uses x_in and the scratch to derive tables */
-    int64_t xin = Bmax * T * d->M;
-    if (span * d->D > xin) xin = span * d->D;
-    e->x_in = alloc_f(&l, xin, GM_MEM_ACTIVATIONS);
-    e->c0 = alloc_f(&l, Bmax * T1 * d->F1 * d->C0, GM_MEM_ACTIVATIONS);
-    e->c1 = alloc_f(&l, N2 * d->F2 * d->C1, GM_MEM_ACTIVATIONS);
-    e->h = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
-    e->a = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
-    e->big = alloc_f(&l, N2 * d->FF, GM_MEM_ACTIVATIONS);
-    e->q = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
-    e->k = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
-    e->v = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
-    e->att = alloc_f(&l, N2 * d->D, GM_MEM_ACTIVATIONS);
-    e->red = alloc_f(&l, N3 * d->D, GM_MEM_ACTIVATIONS);
-    e->soft = alloc_f(&l, Bmax * d->soft_tokens * d->C_text, GM_MEM_ACTIVATIONS);
-    e->valid_in = gm_arena_alloc(a, (size_t)(Bmax * T), GM_MEM_ACTIVATIONS);
-    e->valid2 = gm_arena_alloc(a, (size_t)N2, GM_MEM_ACTIVATIONS);
-    e->valid3 = gm_arena_alloc(a, (size_t)N3, GM_MEM_ACTIVATIONS);
-    e->rows = gm_arena_alloc(a, (size_t)N3 * sizeof(int32_t), GM_MEM_ACTIVATIONS);
-    e->scratch = alloc_f(&l, (int64_t)e->scratch_floats, GM_MEM_WORKSPACE);
-    /* weights */
+    /* weights: the sub-sampling, the blocks (into the graph's views), the embedder */
     for (int i = 0; i < 2; i++) {
         char mod[64];
         snprintf(mod, sizeof mod, "audio_tower.subsample_conv_projection.conv_%d.", i);
@@ -243,37 +253,69 @@ gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *ho
     GM_TRY(vec(&l, "embed_audio.", "soft_embedding_norm.weight", 1, vD, &e->soft_norm));
     GM_TRY(linear(&l, "embed_audio.", "embedding_projection.weight", d->C_text, d->D, &e->proj));
     e->pad = alloc_f(&l, d->C_text, GM_MEM_WEIGHTS);
-    if (l.fill) gm_backend_upload(e->be, e->pad, gm_mm_hard_row(e->hard, (int32_t)(c->vocab_offset + e->pad_id)),
-                                  (size_t)d->C_text * sizeof(float));
+    /* the adapters and the blocks' graph */
+    if (e->train_tower) gm_lora_layout(&e->lora, a, true);
+    gm_graph_layout(&e->g, a, host);
+    /* activations around the blocks */
+    int64_t xin = Bmax * T * d->M;
+    if (span * d->D > xin) xin = span * d->D;
+    e->x_in = alloc_f(&l, xin, GM_MEM_ACTIVATIONS);
+    e->c0 = alloc_f(&l, Bmax * T1 * d->F1 * d->C0, GM_MEM_ACTIVATIONS);
+    e->c1 = alloc_f(&l, N2 * d->F2 * d->C1, GM_MEM_ACTIVATIONS);
+    e->red = alloc_f(&l, N3 * d->D, GM_MEM_ACTIVATIONS);
+    e->red_n = alloc_f(&l, N3 * d->D, GM_MEM_ACTIVATIONS);
+    e->proj_out = alloc_f(&l, N3 * d->C_text, GM_MEM_ACTIVATIONS);
+    e->soft = alloc_f(&l, Bmax * d->soft_tokens * d->C_text, GM_MEM_ACTIVATIONS);
+    e->valid2 = gm_arena_alloc(a, (size_t)N2, GM_MEM_ACTIVATIONS);
+    e->valid3 = gm_arena_alloc(a, (size_t)N3, GM_MEM_ACTIVATIONS);
+    e->rows = gm_arena_alloc(a, (size_t)N3 * sizeof(int32_t), GM_MEM_ACTIVATIONS);
+    e->scratch = alloc_f(&l, (int64_t)e->scratch_floats, GM_MEM_WORKSPACE);
+    if (e->train_tower) {
+        e->rstd_red = alloc_f(&l, N3, GM_MEM_ACTIVATIONS);
+        e->rstd_out = alloc_f(&l, N3, GM_MEM_ACTIVATIONS);
+        e->dsoft = alloc_f(&l, Bmax * d->soft_tokens * d->C_text, GM_MEM_WORKSPACE);
+        e->dout = alloc_f(&l, N3 * d->C_text, GM_MEM_WORKSPACE);
+        e->dred = alloc_f(&l, N3 * d->D, GM_MEM_WORKSPACE);
+    }
+    e->g.row_valid = e->valid2;
+    if (l.fill) {
+        for (int64_t i = 0; i < c->n_layers; i++) block_derive(&l, i);
+        gm_backend_upload(e->be, e->pad, gm_mm_hard_row(e->hard, (int32_t)(c->vocab_offset + e->pad_id)),
+                          (size_t)d->C_text * sizeof(float));
+    }
     return GM_OK;
 }
 
 /* ---- new / free ------------------------------------------------------------------------------ */
 
+/* The sub-sampling's, the embedder's and the relative-position tables' matmul workspace (the
+ * blocks' is the graph's). */
 static size_t scratch_of(const gm_audio_encoder *e, int n_threads) {
     const gm_audio_encoder_dims *d = &e->d;
     gm_dtype dt = e->stored;
     if (e->m) {
         const gm_st_tensor *t = NULL;
         gm_error ignore;
-        int64_t shape[2] = {d->FF, d->D};
-        if (gm_mm_tensor(e->m, "audio_tower.conformer.0.ffw_layer_start.", "ffw_layer_1.weight", 2, shape, &t, &ignore) == GM_OK)
+        int64_t shape[2] = {d->D, d->F2 * d->C1};
+        if (gm_mm_tensor(e->m, "audio_tower.subsample_conv_projection.", "input_proj_linear.weight", 2, shape, &t,
+                         &ignore) == GM_OK)
             dt = t->dtype;
     }
     size_t s = 0, x;
-    int64_t mats[5][2] = {{d->FF, d->D}, {d->D, d->FF}, {2 * d->D, d->D}, {d->D, d->F2 * d->C1}, {d->C_text, d->D}};
-    for (int i = 0; i < 5; i++)
+    int64_t mats[3][2] = {{d->D, d->D}, {d->D, d->F2 * d->C1}, {d->C_text, d->D}};
+    for (int i = 0; i < 3; i++)
         if ((x = gm_k_matmul_scratch_floats(dt, mats[i][0], mats[i][1], n_threads)) > s) s = x;
     return s;
 }
 
-gm_status gm_audio_encoder_init(gm_audio_encoder *e, const gm_config *mm, const gm_model *m, const gm_mm_hard *hard,
-                                int64_t max_clips, int64_t max_frames, int n_threads, gm_backend *be, gm_error *err) {
-    memset(e, 0, sizeof *e);
+static gm_status init_any(gm_audio_encoder *e, const gm_config *mm, const gm_model *m, const gm_mm_hard *hard,
+                          int64_t max_clips, int64_t max_frames, const gm_lora_config *lora, bool checkpointing,
+                          int n_threads, gm_backend *be, gm_error *err) {
     if (max_clips < 1 || max_frames < 1 || max_clips > (1 << 20) || max_frames > (1 << 24))
         return gm_error_set(err, GM_ERR_INVALID, "audio encoder: %lld clips of %lld frames: both must be positive",
                             (long long)max_clips, (long long)max_frames);
     GM_TRY(dims_of(mm, &e->d, err));
+    GM_TRY(gm_config_audio_tower(mm, &e->tcfg, err));
     e->m = m, e->hard = hard, e->cfg = mm->audio, e->max_clips = max_clips, e->max_frames = max_frames, e->be = be;
     e->stored = GM_BF16;
     int64_t pad = mm->vocab_size - 1 - e->cfg.vocab_offset;
@@ -284,16 +326,73 @@ gm_status gm_audio_encoder_init(gm_audio_encoder *e, const gm_config *mm, const 
     e->pad_id = pad;
     if (m && (!hard || !gm_mm_hard_row(hard, (int32_t)(e->cfg.vocab_offset + pad))))
         return gm_error_set(err, GM_ERR_INVALID, "audio encoder: the hard-token tables given hold no audio ids");
-    e->block = gm_calloc((size_t)e->cfg.n_layers, sizeof *e->block);
-    if (!e->block) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    e->scratch_floats = scratch_of(e, be ? be->n_threads : (n_threads > 0 ? n_threads : 2));
-    return GM_OK;
+    e->pos_proj = gm_calloc((size_t)e->cfg.n_layers, sizeof *e->pos_proj);
+    if (!e->pos_proj) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    int nt = be ? be->n_threads : (n_threads > 0 ? n_threads : 2);
+    e->scratch_floats = scratch_of(e, nt);
+    GM_TRY(gm_weights_init(&e->w, &e->tcfg, GM_QUANT_STORED, err));
+    e->train_tower = lora != NULL;
+    if (e->train_tower) {
+        /* the tower's own streams: its A initialization and dropout masks differ from the text
+         * adapters' of the same layer and slot */
+        gm_lora_config lc = *lora;
+        lc.seed ^= 0x61756469u; /* "audi" */
+        for (int l = 0; l < GM_MAX_LAYERS; l++) lc.layers[l] = true;
+        gm_status s = gm_lora_describe(&e->lora, &lc, e->w.arch, &e->tcfg, GM_AUDIO_TOWER_PREFIX, err);
+        if (s != GM_OK) {
+            gm_error_prefix(err, "audio_targets");
+            return s;
+        }
+    }
+    int64_t T2;
+    gm_audio_encoder_frames(&e->cfg, max_frames, &T2, NULL);
+    gm_graph_opts go = {.mode = e->train_tower ? GM_GRAPH_TRAIN : GM_GRAPH_INFER, .batch = max_clips,
+                        .max_tokens = T2 > 0 ? T2 : 1, .ctx = T2 > 0 ? T2 : 1, .checkpointing = e->train_tower && checkpointing,
+                        .lm_rows = 1, .rank = e->train_tower ? lora->rank : 0, .n_threads = nt};
+    return gm_graph_init(&e->g, &e->tcfg, &e->w, e->train_tower ? &e->lora : NULL, be, &go, err);
+}
+
+gm_status gm_audio_encoder_init_train(gm_audio_encoder *e, const gm_config *mm, const gm_model *m, const gm_mm_hard *hard,
+                                      int64_t max_clips, int64_t max_frames, const gm_lora_config *lora,
+                                      bool checkpointing, int n_threads, gm_backend *be, gm_error *err) {
+    memset(e, 0, sizeof *e);
+    gm_status s = init_any(e, mm, m, hard, max_clips, max_frames, lora, checkpointing, n_threads, be, err);
+    if (s != GM_OK) gm_audio_encoder_release(e); /* what it described before failing */
+    return s;
+}
+
+gm_status gm_audio_encoder_init(gm_audio_encoder *e, const gm_config *mm, const gm_model *m, const gm_mm_hard *hard,
+                                int64_t max_clips, int64_t max_frames, int n_threads, gm_backend *be, gm_error *err) {
+    return gm_audio_encoder_init_train(e, mm, m, hard, max_clips, max_frames, NULL, false, n_threads, be, err);
 }
 
 void gm_audio_encoder_release(gm_audio_encoder *e) {
     if (!e) return;
-    gm_free(e->block);
-    e->block = NULL;
+    gm_graph_free(&e->g);
+    gm_lora_free(&e->lora);
+    gm_weights_free(&e->w);
+    gm_free(e->pos_proj);
+    e->pos_proj = NULL;
+}
+
+gm_status gm_audio_encoder_init_params(gm_audio_encoder *e, gm_error *err) {
+    int64_t r = e->lora.cfg.rank;
+    size_t cap = 1;
+    for (int i = 0; i < e->lora.n; i++)
+        if ((size_t)(r * e->lora.ad[i].in) > cap) cap = (size_t)(r * e->lora.ad[i].in);
+    float *h = gm_malloc(cap * sizeof(float));
+    if (!h) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    for (int i = 0; e->train_tower && i < e->lora.n; i++) {
+        gm_lora_adapter *ad = &e->lora.ad[i];
+        size_t na = (size_t)(r * ad->in) * sizeof(float), nb = (size_t)(ad->out * r) * sizeof(float);
+        gm_lora_init_A(&e->lora.cfg, ad, h);
+        gm_backend_upload(e->be, ad->A, h, na);
+        gm_backend_memset(e->be, ad->B, 0, nb);
+        float *z[6] = {ad->dA, ad->mA, ad->vA, ad->dB, ad->mB, ad->vB};
+        for (int q = 0; q < 6; q++) gm_backend_memset(e->be, z[q], 0, q < 3 ? na : nb);
+    }
+    gm_free(h);
+    return gm_backend_status(e->be, err);
 }
 
 gm_status gm_audio_encoder_new(const gm_model *m, const gm_mm_hard *hard, int64_t max_clips, int64_t max_frames,
@@ -335,56 +434,6 @@ void gm_audio_encoder_free(gm_audio_encoder *e) {
 
 /* ---- forward --------------------------------------------------------------------------------- */
 
-/* x = x + scale * branch(x) for the feed-forward halves (Gemma3nAudioConformerFeedForward). */
-static void ffw(gm_audio_encoder *e, const gm_kctx *ctx, int j, const gm_audio_block_w *b, int64_t N) {
-    const gm_kernel_table *k = e->be->k;
-    const gm_audio_encoder_dims *d = &e->d;
-    float G = e->cfg.clip;
-    k->clamp_fwd(ctx, e->a, e->h, N * d->D, G);
-    k->rmsnorm_fwd(ctx, e->a, NULL, e->a, b->ffw_pre[j], N, d->D, CONFORMER_NORM_EPS);
-    k->matmul_fwd(ctx, e->big, e->a, &b->ffw1[j], N, 0.0f);
-    k->silu_fwd(ctx, e->big, e->big, N * d->FF);
-    k->matmul_fwd(ctx, e->a, e->big, &b->ffw2[j], N, 0.0f);
-    k->clamp_fwd(ctx, e->a, e->a, N * d->D, G);
-    k->rmsnorm_fwd(ctx, e->a, NULL, e->a, b->ffw_post[j], N, d->D, CONFORMER_NORM_EPS);
-    k->scale_fwd(ctx, e->a, e->a, N * d->D, e->cfg.residual_weight);
-    k->add_fwd(ctx, e->h, e->a, N * d->D);
-}
-
-static void block_fwd(gm_audio_encoder *e, const gm_kctx *ctx, const gm_audio_block_w *b, int64_t B, int64_t T2) {
-    const gm_kernel_table *k = e->be->k;
-    const gm_audio_encoder_dims *d = &e->d;
-    int64_t N = B * T2;
-    float G = e->cfg.clip;
-    ffw(e, ctx, 0, b, N);
-    /* attention (Gemma3nAudioConformerAttention) */
-    k->clamp_fwd(ctx, e->a, e->h, N * d->D, G);
-    k->rmsnorm_fwd(ctx, e->a, NULL, e->a, b->attn_pre, N, d->D, CONFORMER_NORM_EPS);
-    k->matmul_fwd(ctx, e->q, e->a, &b->q, N, 0.0f);
-    k->matmul_fwd(ctx, e->k, e->a, &b->k, N, 0.0f);
-    k->matmul_fwd(ctx, e->v, e->a, &b->v, N, 0.0f);
-    k->mul_cols_fwd(ctx, e->q, e->q, b->q_scale, N * d->H, d->Dh);
-    k->audio_attention_fwd(ctx, e->att, e->q, e->k, e->v, b->pos, e->valid2, B, T2, d->H, d->Dh, d->W, d->L, d->R,
-                           e->cfg.logit_cap);
-    k->matmul_fwd(ctx, e->a, e->att, &b->post, N, 0.0f);
-    k->clamp_fwd(ctx, e->a, e->a, N * d->D, G);
-    k->rmsnorm_fwd(ctx, e->a, NULL, e->a, b->attn_post_norm, N, d->D, CONFORMER_NORM_EPS);
-    k->add_fwd(ctx, e->h, e->a, N * d->D);
-    /* light convolution (Gemma3nAudioConformerLightConv1d) on the valid frames */
-    k->mask_rows_fwd(ctx, e->h, e->valid2, NULL, N, d->D);
-    k->rmsnorm_fwd(ctx, e->a, NULL, e->h, b->lc_pre, N, d->D, e->cfg.rms_eps);
-    k->matmul_fwd(ctx, e->big, e->a, &b->lc_start, N, 0.0f);
-    k->glu_fwd(ctx, e->a, e->big, N, d->D);
-    k->conv1d_causal_fwd(ctx, e->att, e->a, b->lc_conv, B, T2, d->D, d->K);
-    k->clamp_fwd(ctx, e->att, e->att, N * d->D, G);
-    k->rmsnorm_fwd(ctx, e->att, NULL, e->att, b->lc_norm, N, d->D, e->cfg.rms_eps);
-    k->silu_fwd(ctx, e->att, e->att, N * d->D);
-    k->matmul_fwd(ctx, e->h, e->att, &b->lc_end, N, 1.0f);
-    ffw(e, ctx, 1, b, N);
-    k->clamp_fwd(ctx, e->h, e->h, N * d->D, G);
-    k->rmsnorm_fwd(ctx, e->h, NULL, e->h, b->norm, N, d->D, CONFORMER_NORM_EPS);
-}
-
 static void trace_out(gm_audio_trace_fn trace, void *user, const char *stage, const float *x, int64_t rows, int64_t cols) {
     if (trace) trace(user, stage, x, rows, cols);
 }
@@ -419,6 +468,7 @@ gm_status gm_audio_encoder_run(gm_audio_encoder *e, const float *features, const
             e->h_rows[b * T3 + t] = (int32_t)(b * T2 + t * d->red);
             e->h_valid3[b * T3 + t] = e->h_valid2[b * T2 + t * d->red];
         }
+    GM_TRY(gm_graph_begin_encoder(&e->g, B, T2, err));
     gm_backend_upload(be, e->x_in, features, (size_t)(B * T * d->M) * sizeof(float));
     gm_backend_upload(be, e->valid2, e->h_valid2, (size_t)(B * T2));
     gm_backend_upload(be, e->valid3, e->h_valid3, (size_t)(B * T3));
@@ -431,28 +481,60 @@ gm_status gm_audio_encoder_run(gm_audio_encoder *e, const float *features, const
     k->conv2d_fwd(&ctx, e->c1, e->c0, e->conv_w[1], B, T1, d->F1, d->C0, d->C1, c->sscp_kernel[1][0],
                   c->sscp_kernel[1][1], c->sscp_stride[1][0], c->sscp_stride[1][1], 1);
     k->cumulative_group_norm_fwd(&ctx, e->c1, e->c1, e->gn_w[1], B, T2, d->F2 * d->C1, d->C1, c->group_norm_eps, 1);
-    k->matmul_fwd(&ctx, e->h, e->c1, &e->input_proj, B * T2, 0.0f);
-    trace_out(trace, user, "sscp", e->h, B * T2, d->D);
+    gm_graph *g = &e->g;
+    k->matmul_fwd(&ctx, g->X[0], e->c1, &e->input_proj, B * T2, 0.0f);
+    trace_out(trace, user, "sscp", g->X[0], B * T2, d->D);
     for (int64_t i = 0; i < c->n_layers; i++) {
-        block_fwd(e, &ctx, &e->block[i], B, T2);
+        g->arch->layer_fwd(g, i);
         char name[32];
         snprintf(name, sizeof name, "block_%lld", (long long)i);
-        trace_out(trace, user, name, e->h, B * T2, d->D);
+        trace_out(trace, user, name, g->X[i + 1], B * T2, d->D);
     }
     /* reduction, padding frames zeroed (Gemma3nAudioEncoder.forward) */
-    k->gather_rows(&ctx, e->red, e->h, e->rows, B * T3, d->D);
+    k->gather_rows(&ctx, e->red, g->X[c->n_layers], e->rows, B * T3, d->D);
     k->mask_rows_fwd(&ctx, e->red, e->valid3, NULL, B * T3, d->D);
     trace_out(trace, user, "encoder", e->red, B * T3, d->D);
     /* the embedder's soft path, written into each clip's first T3 of soft_tokens rows; padding
      * frames and the rest take the padding token's hard embedding (Gemma3nModel.forward) */
-    k->rmsnorm_fwd(&ctx, e->red, NULL, e->red, e->soft_norm, B * T3, d->D, c->rms_eps);
+    k->rmsnorm_fwd(&ctx, e->red_n, e->rstd_red, e->red, e->soft_norm, B * T3, d->D, c->rms_eps);
+    k->matmul_fwd(&ctx, e->proj_out, e->red_n, &e->proj, B * T3, 0.0f);
     const float *pad = e->pad;
     for (int64_t b = 0; b < B; b++) {
         float *o = e->soft + b * d->soft_tokens * d->C_text;
-        k->matmul_fwd(&ctx, o, e->red + b * T3 * d->D, &e->proj, T3, 0.0f);
-        k->rmsnorm_fwd(&ctx, o, NULL, o, NULL, T3, d->C_text, c->rms_eps);
+        k->rmsnorm_fwd(&ctx, o, e->rstd_out ? e->rstd_out + b * T3 : NULL, e->proj_out + b * T3 * d->C_text, NULL, T3,
+                       d->C_text, c->rms_eps);
         k->mask_rows_fwd(&ctx, o, e->valid3 + b * T3, pad, T3, d->C_text);
         for (int64_t t = T3; t < d->soft_tokens; t++) gm_backend_copy(be, o + t * d->C_text, pad, (size_t)d->C_text * sizeof(float));
     }
     return gm_backend_status(be, err);
+}
+
+/* ---- backward -------------------------------------------------------------------------------- */
+
+void gm_audio_encoder_backward(gm_audio_encoder *e) {
+    if (!e->train_tower) return;
+    const gm_audio_encoder_dims *d = &e->d;
+    const gm_audio_config *c = &e->cfg;
+    gm_graph *g = &e->g;
+    const gm_kernel_table *k = e->be->k;
+    gm_kctx ctx = gm_backend_kctx(e->be, e->scratch, e->scratch_floats);
+    int64_t B = e->B, T3 = e->T3, N3 = B * T3, Ct = d->C_text;
+    /* the embedder: rows T3.. and padding frames hold the padding token's constant embedding */
+    for (int64_t b = 0; b < B; b++)
+        gm_backend_copy(e->be, e->dout + b * T3 * Ct, e->dsoft + b * d->soft_tokens * Ct, (size_t)(T3 * Ct) * sizeof(float));
+    k->mask_rows_fwd(&ctx, e->dout, e->valid3, NULL, N3, Ct);
+    /* soft = RMSNorm(proj_out) without weight (dL/dproj_out into the caller's dsoft, consumed) */
+    k->rmsnorm_bwd(&ctx, e->dsoft, NULL, e->dout, e->proj_out, NULL, e->rstd_out, N3, Ct, 0.0f);
+    k->matmul_bwd_input(&ctx, e->dred, e->dsoft, &e->proj, N3, 0.0f);
+    /* red_n = RMSNorm_soft(red), through the graph's gradient buffer as scratch */
+    k->rmsnorm_bwd(&ctx, g->g, NULL, e->dred, e->red, e->soft_norm, e->rstd_red, N3, d->D, 0.0f);
+    k->mask_rows_fwd(&ctx, g->g, e->valid3, NULL, N3, d->D);
+    k->scale_fwd(&ctx, e->dred, g->g, N3 * d->D, 1.0f);
+    /* the reduction kept every red-th frame: the others' gradient is zero */
+    k->fill(&ctx, g->g, g->N * d->D, 0.0f);
+    k->scatter_rows(&ctx, g->g, e->dred, e->rows, N3, d->D);
+    for (int64_t l = c->n_layers - 1; l >= 0; l--) {
+        if (g->o.checkpointing) g->arch->layer_fwd(g, l); /* recompute this block's record */
+        g->arch->layer_bwd(g, l);
+    }
 }

@@ -3,7 +3,9 @@
  * in, the soft tokens that stand at a clip's <audio_soft_token> positions of the prompt out.
  *
  * transformers' Gemma3nAudioEncoder, Gemma3nMultimodalEmbedder and Gemma3nModel.forward's audio
- * merge (modeling_gemma3n.py; gemma_architecture.md §3.8-3.9), forward only (the tower is frozen):
+ * merge (modeling_gemma3n.py; gemma_architecture.md §3.8-3.9); the conformer blocks are an
+ * architecture of the graph (core/arch/gemma3n_audio.c), so their linears take LoRA adapters and
+ * have a backward; the sub-sampling and the embedder are frozen:
  *   sub-sampling: features (B, T, 128) as an image of 1 channel; twice: conv 3x3 stride 2 (time
  *     padded by 2 after the last frame, frequency by 1 on each side), cumulative group norm over
  *     (frequency, channels) along time, ReLU; then (B, T2, F2 C1) . input_proj^T -> (B, T2, D);
@@ -45,7 +47,10 @@
 #include "gm_backend.h"
 #include "gm_config.h"
 #include "gm_dtype.h"
+#include "gm_graph.h"
+#include "gm_lora.h"
 #include "gm_status.h"
+#include "gm_weights.h"
 #include "kernels.h"
 
 #include <stdint.h>
@@ -56,20 +61,6 @@ extern "C" {
 
 struct gm_model;
 struct gm_mm_hard;
-
-/* One conformer block's weights: linears as views, everything else f32 (backend memory). */
-typedef struct gm_audio_block_w {
-    float *ffw_pre[2], *ffw_post[2];     /* ffw_layer_start / ffw_layer_end norms (D) */
-    gm_wview ffw1[2], ffw2[2];           /* (4D, D), (D, 4D) */
-    float *attn_pre, *attn_post_norm;    /* (D) */
-    gm_wview q, k, v, post;              /* (D, D) */
-    float *q_scale;                      /* (Dh): Dh^-0.5 / softplus(0) * softplus(per_dim_scale) */
-    float *pos;                          /* (L + R + 1, D): the relative-position table, projected */
-    float *lc_pre, *lc_norm;             /* (D) */
-    gm_wview lc_start, lc_end;           /* (2D, D), (D, D) */
-    float *lc_conv;                      /* (D, K) depthwise taps */
-    float *norm;                         /* (D) */
-} gm_audio_block_w;
 
 /* The encoder's sizes, derived from the config (gm_audio_encoder_dims). */
 typedef struct gm_audio_encoder_dims {
@@ -87,28 +78,42 @@ typedef struct gm_audio_encoder_dims {
 /* Frames after the sub-sampling (T2) and soft tokens (T3) of T feature frames, for config c. */
 void gm_audio_encoder_frames(const gm_audio_config *c, int64_t T, int64_t *T2, int64_t *T3);
 
+/* The audio tower's PEFT module prefix (transformers 5's Gemma3nForConditionalGeneration): the
+ * conformer's linears are "<prefix>conformer.N.attention.attn.q_proj", ... */
+#define GM_AUDIO_TOWER_PREFIX "model.audio_tower."
+
 typedef struct gm_audio_encoder {
     const struct gm_model *m;  /* borrowed; NULL: a plan */
     gm_audio_config cfg;       /* m->cfg.audio */
     gm_audio_encoder_dims d;
+    gm_config tcfg;            /* the conformer as a config of its own (gm_config_audio_tower) */
+    gm_weights w;              /* the conformer's views (core/arch/gemma3n_audio.c's slots) */
+    gm_graph g;                /* the conformer blocks: X[0] from the sub-sampling, X[L] to the
+                                  reduction */
+    gm_lora lora;              /* the conformer's adapters when it trains (n = 0 when not) */
+    bool train_tower;          /* adapters train: the graph keeps its records, backward runs */
     gm_backend *be, *owned_be;  /* be NULL: a plan (a host-visible backend assumed) */
     gm_arena arena, host;       /* gm_audio_encoder_new's own (unused inside another owner's arenas) */
     gm_dtype stored;            /* a plan: the dtype the checkpoint stores the linears in (bf16) */
     size_t alias_bytes;         /* linears read in place from the mapping (not in the arena) */
     int64_t max_clips, max_frames;
-    size_t scratch_floats;
-    /* weights */
+    size_t scratch_floats;      /* the sub-sampling's and the embedder's matmul workspace */
+    /* weights outside the blocks, and the matrices the blocks' derived tables come from */
     float *conv_w[2], *gn_w[2];          /* (Co, Ci, 3, 3), (Co) */
     gm_wview input_proj;                 /* (D, F2 C1) */
-    gm_audio_block_w *block;             /* [n_layers] (owned array) */
+    gm_wview *pos_proj;                  /* [n_layers] (owned array): (D, D) as stored */
     float *soft_norm;                    /* (D) */
     gm_wview proj;                       /* embedding_projection (C_text, D) */
     const struct gm_mm_hard *hard;       /* borrowed: the hard-token tables (gm_mm_embed.h) */
     float *pad;                          /* (C_text): the padding audio token's embedding */
     int64_t pad_id;                      /* that token, counted from the audio offset (text vocab - 1 - offset) */
-    /* activations (backend) */
-    float *x_in, *c0, *c1, *h, *a, *big, *q, *k, *v, *att, *red, *soft, *scratch;
-    uint8_t *valid_in, *valid2, *valid3;
+    /* activations (backend); the blocks' are the graph's */
+    float *x_in, *c0, *c1, *scratch;
+    float *red, *red_n, *proj_out, *soft; /* (N3, D) reduced, normed; (N3, C_text) projected; (B, soft_tokens, C_text) */
+    float *rstd_red, *rstd_out;          /* (N3): the embedder's two norms (training) */
+    float *dsoft;                        /* (max_clips, soft_tokens, C_text): dL/d soft tokens, the caller's (training) */
+    float *dred, *dout;                  /* (N3, D), (N3, C_text): the embedder's backward workspace */
+    uint8_t *valid2, *valid3;
     int32_t *rows;                       /* reduction's row indices */
     /* host staging */
     uint8_t *h_valid2, *h_valid3;
@@ -128,10 +133,26 @@ void gm_audio_encoder_free(gm_audio_encoder *e);
 /* The same encoder inside another owner's arenas (the trainer's, the planner's): describes it for
  * multimodal config mm (m and hard may be NULL for a plan, be too: a host-visible backend is
  * assumed), then gm_audio_encoder_layout runs in each pass of the owner's arena protocol;
- * gm_audio_encoder_release frees the block table (not the arenas). */
+ * gm_audio_encoder_release frees the tables (not the arenas). */
 gm_status gm_audio_encoder_init(gm_audio_encoder *e, const gm_config *mm, const struct gm_model *m,
                                 const struct gm_mm_hard *hard, int64_t max_clips, int64_t max_frames, int n_threads,
                                 gm_backend *be, gm_error *err);
+/* The same for training: lora (NULL: frozen, as gm_audio_encoder_init) puts adapters on the
+ * conformer's linears its targets select (PEFT's target_modules rules on the module names under
+ * GM_AUDIO_TOWER_PREFIX; its layers selection is ignored: every block), kept records for the
+ * backward (only each block's input with checkpointing, the record recomputed before its
+ * backward). GM_ERR_INVALID (prefixed "audio_targets") when the targets select no module or name
+ * one the conformer has not. */
+gm_status gm_audio_encoder_init_train(gm_audio_encoder *e, const gm_config *mm, const struct gm_model *m,
+                                      const struct gm_mm_hard *hard, int64_t max_clips, int64_t max_frames,
+                                      const gm_lora_config *lora, bool checkpointing, int n_threads, gm_backend *be,
+                                      gm_error *err);
+/* After the allocating layout pass of a training encoder: PEFT's initial adapters (A uniform, B
+ * zero), zero gradients and moments. */
+gm_status gm_audio_encoder_init_params(gm_audio_encoder *e, gm_error *err);
+/* Backward of the last gm_audio_encoder_run from e->dsoft ((B, soft_tokens, C_text), backend):
+ * the adapters' gradients accumulate. Only for a training encoder. */
+void gm_audio_encoder_backward(gm_audio_encoder *e);
 void gm_audio_encoder_release(gm_audio_encoder *e);
 
 /* One pass of the arena protocol (gm_arena.h) on a = backend arena, host = host staging. */

@@ -18,6 +18,7 @@ const char *gm_arch_name(gm_arch a) {
     case GM_ARCH_GEMMA3N: return "gemma3n";
     case GM_ARCH_GEMMA4: return "gemma4";
     case GM_ARCH_SIGLIP: return "siglip";
+    case GM_ARCH_GEMMA3N_AUDIO: return "gemma3n_audio";
     default: return "?";
     }
 }
@@ -333,6 +334,41 @@ gm_status gm_config_vision_tower(const gm_config *mm, gm_config *t, gm_error *er
     t->norm_convention = mm->norm_convention;      /* the projector's RMSNorm (1 + w in HF files) */
     t->vision = *v;
     t->vision.out_hidden_size = mm->hidden_size;
+    for (int64_t i = 0; i < t->n_layers; i++) {
+        t->layer_type[i] = GM_LAYER_FULL;
+        t->rope_theta[i] = 1.0f;
+        t->rope_pos_scale[i] = 1.0f;
+        t->ffn_dim[i] = t->intermediate_size;
+        t->kv_source[i] = (int32_t)i;
+    }
+    return GM_OK;
+}
+
+gm_status gm_config_audio_tower(const gm_config *mm, gm_config *t, gm_error *err) {
+    const gm_audio_config *a = &mm->audio;
+    memset(t, 0, sizeof *t);
+    if (a->hidden_size <= 0 || a->n_layers <= 0)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: the model has no audio encoder (no audio_config)", mm->name);
+    if (a->n_layers > GM_MAX_LAYERS || a->n_heads <= 0 || a->hidden_size % a->n_heads != 0 ||
+        a->hidden_size / a->n_heads < 2)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: audio_config: conf_num_hidden_layers = %lld (at most %d), "
+                            "conf_num_attention_heads = %lld must divide hidden_size = %lld into heads of 2 or more",
+                            mm->name, (long long)a->n_layers, GM_MAX_LAYERS, (long long)a->n_heads,
+                            (long long)a->hidden_size);
+    t->arch = GM_ARCH_GEMMA3N_AUDIO;
+    snprintf(t->name, sizeof t->name, "gemma3n_audio");
+    t->vocab_size = 1;
+    t->hidden_size = a->hidden_size;
+    t->n_layers = a->n_layers;
+    t->n_heads = t->n_kv_heads = a->n_heads;
+    t->head_dim = a->hidden_size / a->n_heads;
+    t->intermediate_size = 4 * a->hidden_size;
+    t->max_position_embeddings = 1;
+    t->rms_norm_eps = a->rms_eps;
+    t->query_pre_attn_scalar = (float)t->head_dim;
+    t->tie_word_embeddings = true;
+    t->norm_convention = GM_NORM_DIRECT; /* Gemma3nRMSNorm scales by w itself */
+    t->audio = *a;
     for (int64_t i = 0; i < t->n_layers; i++) {
         t->layer_type[i] = GM_LAYER_FULL;
         t->rope_theta[i] = 1.0f;

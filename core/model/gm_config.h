@@ -37,8 +37,11 @@ extern "C" {
 #define GM_MAX_LAYERS 128
 
 /* GM_ARCH_SIGLIP: the vision tower of a multimodal Gemma 3, run as its own graph on a config
- * made by gm_config_vision_tower. */
-typedef enum gm_arch { GM_ARCH_GEMMA3 = 0, GM_ARCH_GEMMA3N, GM_ARCH_GEMMA4, GM_ARCH_SIGLIP, GM_ARCH_COUNT } gm_arch;
+ * made by gm_config_vision_tower; GM_ARCH_GEMMA3N_AUDIO: Gemma 3n's audio conformer, on a config
+ * made by gm_config_audio_tower. */
+typedef enum gm_arch {
+    GM_ARCH_GEMMA3 = 0, GM_ARCH_GEMMA3N, GM_ARCH_GEMMA4, GM_ARCH_SIGLIP, GM_ARCH_GEMMA3N_AUDIO, GM_ARCH_COUNT
+} gm_arch;
 const char *gm_arch_name(gm_arch a);
 
 typedef enum gm_layer_type { GM_LAYER_SLIDING = 0, GM_LAYER_FULL = 1 } gm_layer_type;
@@ -161,6 +164,13 @@ void gm_config_gemma3_layers(gm_config *cfg, int sliding_pattern, float theta_lo
  * `vision` copied, so the spec's patch and output widths resolve. GM_ERR_INVALID when mm has no
  * usable tower (naming the missing or inconsistent field). */
 gm_status gm_config_vision_tower(const gm_config *mm, gm_config *tower, gm_error *err);
+
+/* Gemma 3n's audio conformer as a config of its own (arch GM_ARCH_GEMMA3N_AUDIO): width
+ * audio_config.hidden_size C, its layers and heads (head_dim C / heads, as many kv heads), the
+ * feed-forward width 4 C (Gemma3nAudioConformerFeedForward), every layer full, vocab_size 1 (no
+ * table); `audio` copied (the blocks read its clamp, residual weight, attention context, logit cap,
+ * kernel width and eps). GM_ERR_INVALID when mm has no audio tower or an inconsistent one. */
+gm_status gm_config_audio_tower(const gm_config *mm, gm_config *tower, gm_error *err);
 
 /* Checks internal consistency (positive sizes, H % KVH == 0, layers <= GM_MAX_LAYERS, ...). */
 gm_status gm_config_validate(const gm_config *cfg, const char *source, gm_error *err);

@@ -1,5 +1,5 @@
 /*
- * audio.cu - CUDA twins of kernels/cpu/audio.c (Gemma 3n's audio encoder, forward): one thread per
+ * audio.cu - CUDA twins of kernels/cpu/audio.c (Gemma 3n's audio encoder, forward and backward): one thread per
  * output element (the convolutions, GLU, SiLU, clamp, row masking), one block per clip for the
  * cumulative group norm (its statistics run along time), one thread per (clip, frame, head) for the
  * chunked local attention (at most GM_K_AUDIO_SPAN_MAX keys). Sums in f32 (the CPU reference uses
@@ -182,4 +182,154 @@ extern "C" void gm_k_mask_rows_fwd_cuda(const gm_kctx *ctx, float *x, const uint
                                         int64_t C) {
     int64_t n = N * C;
     if (n > 0) mask_rows_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(x, keep, fill, N, C);
+}
+
+/* ---- backward (kernels.h: two passes, queries then keys, no atomics) ---- */
+
+__device__ static float audio_logit_raw_d(const float *qr, const float *kr, const float *pr, int64_t D) {
+    float a = 0.0f;
+    for (int64_t d = 0; d < D; d++) a += qr[d] * (kr[d] + pr[d]);
+    return a;
+}
+
+__device__ static float dot_d(const float *x, const float *y, int64_t D) {
+    float a = 0.0f;
+    for (int64_t d = 0; d < D; d++) a += x[d] * y[d];
+    return a;
+}
+
+__global__ static void audio_attention_bwd_q_k(float *dq, float *work, const float *dout, const float *q, const float *k,
+                                               const float *v, const float *pos, const uint8_t *valid, int64_t B,
+                                               int64_t T, int64_t H, int64_t D, int64_t L, int64_t R, float cap) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* over B T H */
+    if (e >= B * T * H) return;
+    int64_t b = e / (T * H), t = (e / H) % T, h = e % H;
+    const float *qr = q + e * D, *dor = dout + e * D;
+    float *dqr = dq + e * D;
+    int64_t lo = t - L < 0 ? 0 : t - L, hi = t + R > T - 1 ? T - 1 : t + R;
+    float m = -INFINITY;
+    for (int64_t s = lo; s <= hi; s++)
+        if (valid[b * T + s])
+            m = fmaxf(m, cap * tanhf(audio_logit_raw_d(qr, k + ((b * T + s) * H + h) * D, pos + ((s - t + L) * H + h) * D, D) / cap));
+    for (int64_t d = 0; d < D; d++) dqr[d] = 0.0f;
+    if (m == -INFINITY) {
+        work[2 * e] = INFINITY, work[2 * e + 1] = 0.0f;
+        return;
+    }
+    float z = 0.0f;
+    for (int64_t s = lo; s <= hi; s++)
+        if (valid[b * T + s])
+            z += expf(cap * tanhf(audio_logit_raw_d(qr, k + ((b * T + s) * H + h) * D, pos + ((s - t + L) * H + h) * D, D) / cap) - m);
+    float lse = m + logf(z), delta = 0.0f;
+    for (int64_t s = lo; s <= hi; s++) {
+        if (!valid[b * T + s]) continue;
+        const float *kr = k + ((b * T + s) * H + h) * D, *pr = pos + ((s - t + L) * H + h) * D;
+        delta += expf(cap * tanhf(audio_logit_raw_d(qr, kr, pr, D) / cap) - lse) * dot_d(dor, v + ((b * T + s) * H + h) * D, D);
+    }
+    work[2 * e] = lse, work[2 * e + 1] = delta;
+    for (int64_t s = lo; s <= hi; s++) {
+        if (!valid[b * T + s]) continue;
+        const float *kr = k + ((b * T + s) * H + h) * D, *pr = pos + ((s - t + L) * H + h) * D;
+        float l = cap * tanhf(audio_logit_raw_d(qr, kr, pr, D) / cap), th = l / cap;
+        float da = expf(l - lse) * (dot_d(dor, v + ((b * T + s) * H + h) * D, D) - delta) * (1.0f - th * th);
+        for (int64_t d = 0; d < D; d++) dqr[d] += da * (kr[d] + pr[d]);
+    }
+}
+
+__global__ static void audio_attention_bwd_kv_k(float *dk, float *dv, const float *work, const float *dout,
+                                                const float *q, const float *k, const float *v, const float *pos,
+                                                const uint8_t *valid, int64_t B, int64_t T, int64_t H, int64_t D,
+                                                int64_t W, int64_t L, int64_t R, float cap) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* over B T H: key s */
+    if (e >= B * T * H) return;
+    int64_t b = e / (T * H), s = (e / H) % T, h = e % H, Cx = W + L + R;
+    const float *kr = k + e * D, *vr = v + e * D;
+    float *dkr = dk + e * D, *dvr = dv + e * D;
+    for (int64_t d = 0; d < D; d++) dkr[d] = 0.0f, dvr[d] = 0.0f;
+    int64_t t0 = s - R - W - Cx < 0 ? 0 : s - R - W - Cx, t1 = s + L + W + Cx > T - 1 ? T - 1 : s + L + W + Cx;
+    for (int64_t t = t0; t <= t1; t++) {
+        int64_t qe = (b * T + t) * H + h;
+        const float *dor = dout + qe * D;
+        float lse = work[2 * qe];
+        if (lse == INFINITY) {
+            int64_t u0 = (t / W) * W - L;
+            if (s >= u0 && s <= u0 + Cx - 1)
+                for (int64_t d = 0; d < D; d++) dvr[d] += dor[d] / (float)Cx;
+            continue;
+        }
+        if (t < s - R || t > s + L || !valid[b * T + s]) continue;
+        const float *qr = q + qe * D, *pr = pos + ((s - t + L) * H + h) * D;
+        float l = cap * tanhf(audio_logit_raw_d(qr, kr, pr, D) / cap), th = l / cap, p = expf(l - lse);
+        float da = p * (dot_d(dor, vr, D) - work[2 * qe + 1]) * (1.0f - th * th);
+        for (int64_t d = 0; d < D; d++) {
+            dkr[d] += da * qr[d];
+            dvr[d] += p * dor[d];
+        }
+    }
+}
+
+__global__ static void conv1d_causal_bwd_k(float *dx, const float *dy, const float *w, int64_t B, int64_t T, int64_t C,
+                                           int64_t K) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* over B T C */
+    if (e >= B * T * C) return;
+    int64_t c = e % C, t = (e / C) % T, b = e / (C * T);
+    float acc = 0.0f;
+    for (int64_t j = 0; j < K; j++) {
+        int64_t to = t + K - 1 - j;
+        if (to < T) acc += w[c * K + j] * dy[(b * T + to) * C + c];
+    }
+    dx[e] = acc;
+}
+
+__global__ static void glu_bwd_k(float *dx, const float *dy, const float *x, int64_t N, int64_t C) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= N * C) return;
+    int64_t n = e / C, c = e % C;
+    float a = x[n * 2 * C + c], sg = 1.0f / (1.0f + expf(-x[n * 2 * C + C + c])), g = dy[e];
+    dx[n * 2 * C + c] = g * sg;
+    dx[n * 2 * C + C + c] = g * a * sg * (1.0f - sg);
+}
+
+__global__ static void silu_bwd_k(float *dx, const float *dy, const float *x, int64_t n) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= n) return;
+    float sg = 1.0f / (1.0f + expf(-x[e]));
+    dx[e] = dy[e] * sg * (1.0f + x[e] * (1.0f - sg));
+}
+
+__global__ static void clamp_bwd_k(float *dx, const float *dy, const float *x, int64_t n, float limit) {
+    int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e < n) dx[e] = x[e] >= -limit && x[e] <= limit ? dy[e] : 0.0f;
+}
+
+extern "C" void gm_k_audio_attention_bwd_cuda(const gm_kctx *ctx, float *dq, float *dk, float *dv, const float *dout,
+                                              const float *q, const float *k, const float *v, const float *pos,
+                                              const uint8_t *valid, float *work, int64_t B, int64_t T, int64_t H,
+                                              int64_t D, int64_t W, int64_t L, int64_t R, float cap) {
+    int64_t n = B * T * H;
+    if (n <= 0) return;
+    audio_attention_bwd_q_k<<<gm_blocks(n, 128), 128, 0, gm_stream(ctx)>>>(dq, work, dout, q, k, v, pos, valid, B, T, H, D, L,
+                                                                          R, cap);
+    audio_attention_bwd_kv_k<<<gm_blocks(n, 128), 128, 0, gm_stream(ctx)>>>(dk, dv, work, dout, q, k, v, pos, valid, B, T, H,
+                                                                           D, W, L, R, cap);
+}
+
+extern "C" void gm_k_conv1d_causal_bwd_cuda(const gm_kctx *ctx, float *dx, const float *dy, const float *w, int64_t B,
+                                            int64_t T, int64_t C, int64_t K) {
+    int64_t n = B * T * C;
+    if (n > 0) conv1d_causal_bwd_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(dx, dy, w, B, T, C, K);
+}
+
+extern "C" void gm_k_glu_bwd_cuda(const gm_kctx *ctx, float *dx, const float *dy, const float *x, int64_t N, int64_t C) {
+    int64_t n = N * C;
+    if (n > 0) glu_bwd_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(dx, dy, x, N, C);
+}
+
+extern "C" void gm_k_silu_bwd_cuda(const gm_kctx *ctx, float *dx, const float *dy, const float *x, int64_t n) {
+    if (n > 0) silu_bwd_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(dx, dy, x, n);
+}
+
+extern "C" void gm_k_clamp_bwd_cuda(const gm_kctx *ctx, float *dx, const float *dy, const float *x, int64_t n,
+                                    float limit) {
+    if (n > 0) clamp_bwd_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(dx, dy, x, n, limit);
 }

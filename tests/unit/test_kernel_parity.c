@@ -746,6 +746,70 @@ static void parity_mask_rows_fwd(dev *d) {
     gm_free(x), gm_free(fill), gm_free(r2), dfree(d, dx), dfree(d, dx2), dfree(d, df), dfree(d, dk);
 }
 
+/* ---- Gemma 3n's audio encoder (backward) ------------------------------------------------- */
+
+static void parity_audio_attention_bwd(dev *d) {
+    int64_t B = 2, T = 50, H = 4, D = 16, W = 12, L = 12, R = 2;
+    size_t n = (size_t)(B * T * H * D), np = (size_t)((L + R + 1) * H * D), nw = (size_t)(B * T * H * 2);
+    float *q = host_rand(n, 1), *k = host_rand(n, 1), *v = host_rand(n, 1), *pos = host_rand(np, 1), *dout = host_rand(n, 1);
+    float *rq = gm_malloc(n * 4), *rk = gm_malloc(n * 4), *rv = gm_malloc(n * 4), *rw = gm_malloc(nw * 4);
+    uint8_t valid[2 * 50];
+    for (int64_t t = 0; t < T; t++) valid[t] = 1, valid[T + t] = t < 29;
+    valid[7] = 0;
+    for (int64_t t = 13; t < 26; t++) valid[T + t] = 0; /* a whole block of the second clip sees nothing */
+    float *dq_ = up(d, q, n * 4), *dk_ = up(d, k, n * 4), *dv_ = up(d, v, n * 4), *dp = up(d, pos, np * 4), *ddo = up(d, dout, n * 4);
+    float *oq = dalloc(d, n * 4), *ok = dalloc(d, n * 4), *ov = dalloc(d, n * 4), *ow = dalloc(d, nw * 4);
+    uint8_t *dval = up(d, valid, sizeof valid);
+    cpu->audio_attention_bwd(&hc, rq, rk, rv, dout, q, k, v, pos, valid, rw, B, T, H, D, W, L, R, 50.0f);
+    d->be->k->audio_attention_bwd(&d->ctx, oq, ok, ov, ddo, dq_, dk_, dv_, dp, dval, ow, B, T, H, D, W, L, R, 50.0f);
+    cmp(d, "audio_attention_bwd dq", oq, rq, n);
+    cmp(d, "audio_attention_bwd dk", ok, rk, n);
+    cmp(d, "audio_attention_bwd dv", ov, rv, n);
+    gm_free(q), gm_free(k), gm_free(v), gm_free(pos), gm_free(dout), gm_free(rq), gm_free(rk), gm_free(rv), gm_free(rw);
+    dfree(d, dq_), dfree(d, dk_), dfree(d, dv_), dfree(d, dp), dfree(d, ddo), dfree(d, oq), dfree(d, ok), dfree(d, ov);
+    dfree(d, ow), dfree(d, dval);
+}
+
+static void parity_conv1d_causal_bwd(dev *d) {
+    int64_t B = 2, T = 33, C = 96, K = 5;
+    size_t n = (size_t)(B * T * C);
+    float *dy = host_rand(n, 2), *w = host_rand((size_t)(C * K), 1), *r = gm_malloc(n * 4);
+    float *ddy = up(d, dy, n * 4), *dw = up(d, w, (size_t)(C * K) * 4), *o = dalloc(d, n * 4);
+    cpu->conv1d_causal_bwd(&hc, r, dy, w, B, T, C, K);
+    d->be->k->conv1d_causal_bwd(&d->ctx, o, ddy, dw, B, T, C, K);
+    cmp(d, "conv1d_causal_bwd", o, r, n);
+    gm_free(dy), gm_free(w), gm_free(r), dfree(d, ddy), dfree(d, dw), dfree(d, o);
+}
+
+static void parity_glu_bwd(dev *d) {
+    int64_t N = 13, C = 320;
+    float *x = host_rand((size_t)(N * 2 * C), 4), *dy = host_rand((size_t)(N * C), 1), *r = gm_malloc((size_t)(N * 2 * C) * 4);
+    float *dx = up(d, x, (size_t)(N * 2 * C) * 4), *ddy = up(d, dy, (size_t)(N * C) * 4), *o = dalloc(d, (size_t)(N * 2 * C) * 4);
+    cpu->glu_bwd(&hc, r, dy, x, N, C);
+    d->be->k->glu_bwd(&d->ctx, o, ddy, dx, N, C);
+    cmp(d, "glu_bwd", o, r, (size_t)(N * 2 * C));
+    gm_free(x), gm_free(dy), gm_free(r), dfree(d, dx), dfree(d, ddy), dfree(d, o);
+}
+
+static void parity_silu_bwd(dev *d) {
+    float *x = host_rand(EW_N, 6), *dy = host_rand(EW_N, 1), *r = gm_malloc(EW_N * 4);
+    float *dx = up(d, x, EW_N * 4), *ddy = up(d, dy, EW_N * 4);
+    cpu->silu_bwd(&hc, r, dy, x, EW_N);
+    d->be->k->silu_bwd(&d->ctx, ddy, ddy, dx, EW_N);
+    cmp(d, "silu_bwd (in place)", ddy, r, EW_N);
+    gm_free(x), gm_free(dy), gm_free(r), dfree(d, dx), dfree(d, ddy);
+}
+
+static void parity_clamp_bwd(dev *d) {
+    float *x = host_rand(EW_N, 6), *dy = host_rand(EW_N, 1), *r = gm_malloc(EW_N * 4);
+    x[0] = 2.5f, x[1] = -2.5f; /* the bounds pass the gradient, as torch.clamp's does */
+    float *dx = up(d, x, EW_N * 4), *ddy = up(d, dy, EW_N * 4);
+    cpu->clamp_bwd(&hc, r, dy, x, EW_N, 2.5f);
+    d->be->k->clamp_bwd(&d->ctx, ddy, ddy, dx, EW_N, 2.5f);
+    cmp(d, "clamp_bwd (in place)", ddy, r, EW_N);
+    gm_free(x), gm_free(dy), gm_free(r), dfree(d, dx), dfree(d, ddy);
+}
+
 /* ---- vision: LayerNorm, bias, pooling ------------------------------------------------------ */
 
 static void parity_layernorm_fwd(dev *d) {
