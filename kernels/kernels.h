@@ -136,7 +136,7 @@
  *   matmul_bwd_weight dw (N, K) = beta*dw + dy^T (N x M) . x (M, K), all f32 (LoRA gradients).
  *   rmsnorm_bwd    with r = rstd, xh = x r, u = dy * w: dx = beta*dx + r (u - xh mean(u xh))
  *                  (gemma_architecture.md §1.4); dw += sum_rows dy * xh when dw is not NULL;
- *                  w NULL: the weightless norm (u = dy).
+ *                  w NULL: the weightless norm (u = dy). dx may alias dy when dw is NULL.
  *   rope_bwd       dx = rotation of dy by -angle (the transpose of rope_fwd). dx may alias dy.
  *   geglu_bwd      dgate = dh * up * gelu'(gate), dup = dh * gelu(gate) (§1.6).
  *   scale_fwd      out = s * x.

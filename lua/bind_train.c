@@ -567,7 +567,10 @@ static int l_train_option_check(lua_State *L) {
     }
     lua_pushboolean(L, 1);
     if (sp->kind == GM_OPT_INT) lua_pushinteger(L, (lua_Integer)lua_tonumber(L, 2));
-    else if (sp->kind == GM_OPT_TARGETS) lua_pushstring(L, strcmp(sp->name, "vision_targets") == 0 ? o.vision_targets : o.lora.targets);
+    else if (sp->kind == GM_OPT_TARGETS)
+        lua_pushstring(L, strcmp(sp->name, "vision_targets") == 0  ? o.vision_targets
+                          : strcmp(sp->name, "audio_targets") == 0 ? o.audio_targets
+                                                                   : o.lora.targets);
     else lua_pushvalue(L, 2);
     return 2;
 }

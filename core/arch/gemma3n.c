@@ -147,10 +147,11 @@ static const gm_act_spec acts[A_COUNT] = {
 };
 
 /* Model-level activations: the per-layer inputs, token-major work buffer then layer-major. */
-enum { M_PLE_WORK, M_PLE, M_HEAD_TMP, M_KS, M_VS, M_KF, M_VF, M_COUNT };
+enum { M_PLE_WORK, M_PLE, M_PLE_RSTD, M_HEAD_TMP, M_KS, M_VS, M_KF, M_VF, M_COUNT };
 static const gm_act_spec model_acts[M_COUNT] = {
     [M_PLE_WORK] = {"ple_work", GM_DIM_LP, GM_WHEN_ALWAYS, GM_ACT_BOTH}, /* (N, L, P) */
     [M_PLE] = {"ple", GM_DIM_LP, GM_WHEN_ALWAYS, GM_ACT_BOTH},           /* (L, N, P) */
+    [M_PLE_RSTD] = {"ple_rstd", GM_DIM_L, GM_WHEN_ALWAYS, GM_ACT_TRAIN}, /* (N, L): the projection's 1/rms */
     [M_HEAD_TMP] = {"head_tmp", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},  /* one unembedded stream */
     /* training under activation checkpointing, where one record serves every layer: the keys and
      * values the KV-shared layers read, kept from their source layer (sliding, full) */
@@ -206,7 +207,7 @@ static void front(gm_graph *g) {
     float *work = g->mrec[M_PLE_WORK], *ple = g->mrec[M_PLE];
     k->matmul_fwd(kc, work, x0, &w->global[G_PLE_PROJ], N, 0.0f);
     k->scale_fwd(kc, work, work, N * L * P, 1.0f / sqrtf((float)C));
-    k->rmsnorm_fwd(kc, work, NULL, work, (const float *)w->global[G_PLE_NORM].data, N * L, P, c->rms_norm_eps);
+    k->rmsnorm_fwd(kc, work, g->mrec[M_PLE_RSTD], work, (const float *)w->global[G_PLE_NORM].data, N * L, P, c->rms_norm_eps);
     k->embed_fwd(kc, ple, g->ple_ids, &w->global[G_PLE_EMBED], N, sqrtf((float)P));
     k->add_fwd(kc, work, ple, N * L * P);
     k->scale_fwd(kc, work, work, N * L * P, 1.0f / sqrtf(2.0f));
@@ -217,6 +218,38 @@ static void front(gm_graph *g) {
         k->matmul_fwd(kc, xi, x0, &w->global[G_ALTUP_IN + i - 1], N, 0.0f);
         k->rms_match_fwd(kc, xi, xi, x0, N, C, MAG_EPS);
     }
+}
+
+/* Backward of front (gm_graph_backward with front_grad): g->g (S, N, C) = dL/dX[0] in; stream 0
+ * += what streams 1.. and the per-layer inputs owe x0. layer_bwd left dL/d(per-layer inputs) in
+ * mrec[M_PLE] (L, N, P); each projection is recomputed. */
+static void front_bwd(gm_graph *g) {
+    const gm_config *c = g->cfg;
+    const gm_kernel_table *k = g->k;
+    const gm_kctx *kc = &g->kc;
+    const gm_weights *w = g->w;
+    int64_t N = g->N, C = c->hidden_size, S = c->altup_inputs, L = c->n_layers, P = c->ple_dim;
+    const float *x0 = g->X[0];
+    float *gx = g->g;
+    /* the other streams: x_i = rms_match(x0 W_i^T, x0) */
+    float *u = g->mrec[M_HEAD_TMP], *du = g->grad[G_DC2];
+    for (int64_t i = 1; i < S; i++) {
+        const gm_wview *W = &w->global[G_ALTUP_IN + i - 1];
+        k->matmul_fwd(kc, u, x0, W, N, 0.0f);
+        k->rms_match_bwd(kc, du, gx, gx + i * N * C, u, x0, N, C, MAG_EPS); /* x0 as the target, += */
+        k->matmul_bwd_input(kc, gx, du, W, N, 1.0f);
+    }
+    /* the per-layer inputs: ((RMSNorm(x0 Wple^T C^-1/2) + table) 2^-1/2), layer-major */
+    float *dple = g->mrec[M_PLE], *dwork = g->mrec[M_PLE_WORK];
+    k->scatter_rows(kc, dwork, dple, g->ple_sel, L * N, P); /* (L, N, P) -> (N, L, P) */
+    k->scale_fwd(kc, dwork, dwork, N * L * P, 1.0f / sqrtf(2.0f));
+    float *y = dple; /* free now: the projection before its norm, recomputed */
+    k->matmul_fwd(kc, y, x0, &w->global[G_PLE_PROJ], N, 0.0f);
+    k->scale_fwd(kc, y, y, N * L * P, 1.0f / sqrtf((float)C));
+    k->rmsnorm_bwd(kc, dwork, NULL, dwork, y, (const float *)w->global[G_PLE_NORM].data, g->mrec[M_PLE_RSTD], N * L, P,
+                   0.0f);
+    k->scale_fwd(kc, dwork, dwork, N * L * P, 1.0f / sqrtf((float)C));
+    k->matmul_bwd_input(kc, gx, dwork, &w->global[G_PLE_PROJ], N, 1.0f);
 }
 
 static void head(gm_graph *g, float *out) {
@@ -411,6 +444,8 @@ static void layer_bwd(gm_graph *g, int64_t l) {
     k->rmsnorm_bwd(kc, d[G_DC1], NULL, d[G_DC2], a[A_PP], gm_graph_norm(g, l, W_PL_NORM), a[A_RSTDPP], N, C, 0.0f);
     gm_graph_linear_bwd(g, l, W_PL_PROJ, d[G_DP1], d[G_DC1], a[A_PH], 0.0f);
     k->geglu_bwd(kc, d[G_DP2], d[G_DP3], d[G_DP1], a[A_PG], g->mrec[M_PLE] + l * N * P, N * P);
+    /* the front's backward reads dL/d(this layer's input) where it was (no later layer reads it) */
+    if (g->front_grad) k->scale_fwd(kc, g->mrec[M_PLE] + l * N * P, d[G_DP3], N * P, 1.0f);
     gm_graph_linear_bwd(g, l, W_PL_GATE, d[G_DC2], d[G_DP2], a[A_FP], 0.0f);
     k->mul_cols_fwd(kc, d[G_DC2], d[G_DC2], (const float *)gm_graph_weight(g, l, W_CORR_SCALE)->data, N, C);
     k->add_fwd(kc, gy, d[G_DC2], N * C); /* gy: now dL/d(corrected streams) */
@@ -497,6 +532,7 @@ const gm_arch_def gm_arch_gemma3n = {
     .model_acts = model_acts,
     .n_model_acts = M_COUNT,
     .front = front,
+    .front_bwd = front_bwd,
     .head = head,
     .head_bwd = head_bwd,
     .layer_fwd = layer_fwd,

@@ -61,7 +61,7 @@ static const gm_weight_spec layer_weights[W_COUNT] = {
     [W_POST] = LIN("attention.post.weight", GM_DIM_C, GM_DIM_QW, 37),
     [W_A_POST] = NORM("attention.post_norm.weight"),
     [W_L_PRE] = NORM("lconv1d.pre_layer_norm.weight"),
-    [W_L_START] = LIN("lconv1d.linear_start.weight", GM_DIM_F, GM_DIM_C, 38), /* (2C, C): its rows given by the view */
+    [W_L_START] = LIN("lconv1d.linear_start.weight", GM_DIM_C2, GM_DIM_C, 38),
     /* (C, 1, K) as stored, read as (C, K) f32 */
     [W_L_CONV] = {"lconv1d.depthwise_conv1d.weight", "", GM_W_VEC, GM_DIM_C, GM_DIM_NONE, GM_WHEN_ALWAYS, -1, false, false},
     [W_L_NORM] = NORM("lconv1d.conv_norm.weight"),
@@ -84,7 +84,7 @@ static const gm_weight_spec global_weights[3] = {
 };
 
 /* One block's record. F-wide: the feed-forward halves' hidden units (4C); linear_start's output
- * (2C) takes an F-wide row too. */
+ * is 2C wide. */
 enum {
     A_TMP,                                                           /* forward scratch */
     A_F0_XN, A_F0_RSTD1, A_F0_U, A_F0_S, A_F0_Y, A_F0_RSTD2,         /* ffw_layer_start */
@@ -104,7 +104,7 @@ static const gm_act_spec acts[A_COUNT] = {
     [A_Q] = ACT("q", GM_DIM_QW), [A_K] = ACT("k", GM_DIM_KW), [A_V] = ACT("v", GM_DIM_KW), [A_ATT] = ACT("att", GM_DIM_QW),
     [A_O] = ACT("o", GM_DIM_C), [A_A_RSTD2] = RSTD("attn_rstd2"),
     [A_H2] = ACT("h2", GM_DIM_C), [A_L_XN] = ACT("lconv_xn", GM_DIM_C), [A_L_RSTD1] = RSTD("lconv_rstd1"),
-    [A_L_BIG] = ACT("lconv_start", GM_DIM_F), [A_L_CV] = ACT("lconv_conv", GM_DIM_C), [A_L_CN] = ACT("lconv_cn", GM_DIM_C),
+    [A_L_BIG] = ACT("lconv_start", GM_DIM_C2), [A_L_CV] = ACT("lconv_conv", GM_DIM_C), [A_L_CN] = ACT("lconv_cn", GM_DIM_C),
     [A_L_RSTD2] = RSTD("lconv_rstd2"), [A_L_S] = ACT("lconv_s", GM_DIM_C),
     [A_H3] = ACT("h3", GM_DIM_C), [A_F1_XN] = ACT("ffw1_xn", GM_DIM_C), [A_F1_RSTD1] = RSTD("ffw1_rstd1"),
     [A_F1_U] = ACT("ffw1_u", GM_DIM_F), [A_F1_S] = ACT("ffw1_s", GM_DIM_F), [A_F1_Y] = ACT("ffw1_y", GM_DIM_C),

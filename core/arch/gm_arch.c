@@ -31,6 +31,8 @@ int64_t gm_dim_value(const gm_config *c, int64_t layer, gm_dim d, int64_t rank) 
     case GM_DIM_S: return c->altup_inputs;
     case GM_DIM_SS: return c->altup_inputs * c->altup_inputs;
     case GM_DIM_SC: return c->altup_inputs * c->hidden_size;
+    case GM_DIM_L: return c->n_layers;
+    case GM_DIM_C2: return 2 * c->hidden_size;
     default: return 0;
     }
 }

@@ -57,6 +57,8 @@ typedef enum gm_dim {
     GM_DIM_S,        /* AltUp streams (altup_num_inputs) */
     GM_DIM_SS,       /* S x S (AltUp's prediction coefficients per token) */
     GM_DIM_SC,       /* S x C (all AltUp streams of a token) */
+    GM_DIM_L,        /* n_layers (one value per layer per token: the per-layer inputs' 1/rms) */
+    GM_DIM_C2,       /* 2 C (a GLU's input: Gemma 3n's audio light convolution) */
     GM_DIM_COUNT
 } gm_dim;
 
@@ -151,6 +153,10 @@ typedef struct gm_arch_def {
     /* after the token embeddings (and soft tokens) are in X[0]'s stream 0: the rest of X[0] and
      * the model activations (Gemma 3n: the other AltUp streams, the per-layer inputs). NULL: none */
     void (*front)(struct gm_graph *g);
+    /* backward of front, when the graph's front_grad asks for it (an encoder's soft tokens learn
+     * upstream): g->g holds dL/dX[0] (RW wide) on entry; on exit its stream 0 holds dL/d(the
+     * input rows the front read). NULL with front NULL (X[0] is the input) */
+    void (*front_bwd)(struct gm_graph *g);
     /* the hidden state (N, C) the final norm reads, from X[L], into out (Gemma 3n: the streams
      * unembedded, magnitude-matched and averaged). NULL: X[L] is it */
     void (*head)(struct gm_graph *g, float *out);

@@ -272,6 +272,16 @@ void gm_graph_hidden_rows(gm_graph *g, float *out, const int32_t *rows, int64_t 
     g->k->gather_rows(&g->kc, out, x, rows, R, g->cfg->hidden_size);
 }
 
+/* ---- backward ----------------------------------------------------------------------------- */
+
+void gm_graph_backward(gm_graph *g) {
+    for (int64_t l = g->cfg->n_layers - 1; l >= 0; l--) {
+        if (g->o.checkpointing) g->arch->layer_fwd(g, l); /* recompute this layer's record */
+        g->arch->layer_bwd(g, l);
+    }
+    if (g->front_grad && g->arch->front_bwd) g->arch->front_bwd(g);
+}
+
 /* ---- linear with adapter ------------------------------------------------------------------ */
 
 /* Dropout key of one adapter in one micro-batch of one step: the same in the forward, in a

@@ -119,6 +119,9 @@ typedef struct gm_graph {
     int32_t *ids, *pos;         /* (N) */
     int32_t *kv_end;            /* (N): this call's key ends (gm_graph_input.kv_end) */
     bool has_kv_end;            /* this call has them (else attention is causal) */
+    bool front_grad;            /* training: the input rows' gradient is wanted (an encoder's
+                                   soft tokens learn): layer_bwd keeps what the front's backward
+                                   reads (gm_graph_backward) */
     const uint8_t *row_valid;   /* (N) backend bytes or NULL: an encoder's real rows (Gemma 3n's
                                    audio frames; 0: padding), set by its owner before a call */
     float *k_cache[GM_MAX_LAYERS], *v_cache[GM_MAX_LAYERS]; /* (B, S_l, KW): inference */
@@ -185,6 +188,13 @@ void gm_graph_linear_bwd(gm_graph *g, int64_t l, int slot, float *dx, const floa
  * attention reads the cache. Training: whole sequences; lse (B, H, T) is saved. */
 void gm_graph_attention(gm_graph *g, int64_t l, float *out, float *lse, const float *q, const float *k,
                         const float *v, float scale);
+
+/* ---- backward ---------------------------------------------------------------------------- */
+
+/* Layers L-1 .. 0 from dL/dX[L] in g->g (each layer's record recomputed first under activation
+ * checkpointing), then, with front_grad, the front's backward: g->g's first N C floats hold dL/d
+ * the input rows (soft tokens included). Adapters' gradients accumulate. */
+void gm_graph_backward(gm_graph *g);
 
 /* ---- the model's head --------------------------------------------------------------------- */
 /* Every call's residual width (C, or S x C for AltUp). */

@@ -241,6 +241,18 @@ static void module_names(const gm_arch_def *arch, char *buf, size_t cap) {
     }
 }
 
+/* The word before a layer's index in module names: the last part of the architecture's
+ * layers_prefix ("layers." for the decoders and SigLIP's "encoder.layers.", "conformer." for
+ * Gemma 3n's audio encoder). */
+static const char *layer_word(const gm_arch_def *a) {
+    const char *p = a->layers_prefix ? a->layers_prefix : "layers.";
+    size_t n = strlen(p);
+    const char *w = p;
+    for (size_t i = 0; i + 1 < n; i++)
+        if (p[i] == '.') w = p + i + 1;
+    return w;
+}
+
 /* Entry of a name list that matches no module: its text into `bad` (returns true to stop). */
 typedef struct unmatched_ctx {
     const gm_arch_def *arch;
@@ -256,7 +268,8 @@ static bool entry_matches_none(const char *e, size_t n, const void *u) {
         const gm_weight_spec *w = &c->arch->layer[s];
         if (w->lora_id < 0) continue;
         /* any layer gives the same suffixes: check layer 0's name */
-        snprintf(module, sizeof module, "%slayers.0.%.*s", c->prefix, (int)(strlen(w->hf) - strlen(".weight")), w->hf);
+        snprintf(module, sizeof module, "%s%s0.%.*s", c->prefix, layer_word(c->arch), (int)(strlen(w->hf) - strlen(".weight")),
+                 w->hf);
         if (suffix_match(e, n, module)) return false;
     }
     snprintf(c->bad, c->cap, "%.*s", (int)n, e);
@@ -264,12 +277,13 @@ static bool entry_matches_none(const char *e, size_t n, const void *u) {
 }
 
 /* Which modules get an adapter: those lc's targets and layers select, or (only != NULL) those
- * named in the list (matched on "layers.N.<module>"). */
-static bool wanted(const gm_lora_config *lc, const char *module, int64_t l, const char *const *only, int n_only) {
+ * named in the list (matched on "<layer word>N.<module>"). */
+static bool wanted(const gm_lora_config *lc, const char *word, const char *module, int64_t l, const char *const *only,
+                   int n_only) {
     if (!only) return lc->layers[l] && gm_lora_target_matches(lc->targets, module);
-    const char *tail = strstr(module, "layers.");
+    const char *tail = strstr(module, word);
     for (int i = 0; i < n_only; i++) {
-        const char *t = strstr(only[i], "layers.");
+        const char *t = strstr(only[i], word);
         if (t && tail && strcmp(t, tail) == 0) return true;
     }
     return false;
@@ -294,9 +308,9 @@ static gm_status describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_d
             lo->index[l * lo->n_slots + s] = -1;
             if (w->lora_id < 0 || w->kind != GM_W_LINEAR || !gm_weight_present(w, mc, l)) continue;
             char module[128];
-            snprintf(module, sizeof module, "%slayers.%lld.%.*s", prefix, (long long)l,
+            snprintf(module, sizeof module, "%s%s%lld.%.*s", prefix, layer_word(arch), (long long)l,
                      (int)(strlen(w->hf) - strlen(".weight")), w->hf);
-            if (!wanted(lc, module, l, only, n_only)) continue;
+            if (!wanted(lc, layer_word(arch), module, l, only, n_only)) continue;
             gm_lora_adapter *ad = &lo->ad[lo->n];
             snprintf(ad->module, sizeof ad->module, "%s", module);
             ad->layer = (int)l;
@@ -320,15 +334,21 @@ static gm_status describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_d
                 const gm_weight_spec *w = &arch->layer[s];
                 if (w->lora_id < 0 || w->kind != GM_W_LINEAR || gm_weight_present(w, mc, l) || mc->kv_source[l] == l) continue;
                 char module[128];
-                snprintf(module, sizeof module, "%slayers.%lld.%.*s", prefix, (long long)l,
+                snprintf(module, sizeof module, "%s%s%lld.%.*s", prefix, layer_word(arch), (long long)l,
                          (int)(strlen(w->hf) - strlen(".weight")), w->hf);
-                if (wanted(lc, module, l, only, n_only))
+                if (wanted(lc, layer_word(arch), module, l, only, n_only))
                     snprintf(why, sizeof why, "; layer %lld reads layer %d's keys and values (KV sharing): it has no k_proj "
                              "or v_proj", (long long)l, mc->kv_source[l]);
             }
         gm_lora_free(lo);
-        return gm_error_set(err, GM_ERR_INVALID, "targets '%s' select no module of this model (modules: %s; e.g. %slayers.0.%s)%s",
-                            lc->targets, names, prefix, "self_attn.q_proj", why);
+        const char *eg = "self_attn.q_proj.weight";
+        for (int s = 0; s < arch->n_layer; s++)
+            if (arch->layer[s].lora_id >= 0) {
+                eg = arch->layer[s].hf;
+                break;
+            }
+        return gm_error_set(err, GM_ERR_INVALID, "targets '%s' select no module of this model (modules: %s; e.g. %s%s0.%.*s)%s",
+                            lc->targets, names, prefix, layer_word(arch), (int)(strlen(eg) - strlen(".weight")), eg, why);
     }
     return GM_OK;
 }
@@ -346,10 +366,11 @@ gm_status gm_lora_describe_modules(gm_lora *lo, const gm_lora_config *lc, const 
     GM_TRY(gm_lora_config_validate(&all, mc, err));
     /* every listed module must be one this model has */
     for (int i = 0; i < n_modules; i++) {
-        const char *t = strstr(modules[i], "layers.");
+        const char *word = layer_word(arch), *t = strstr(modules[i], word);
         long long layer = -1;
         int off = 0;
-        bool ok = t && sscanf(t, "layers.%lld.%n", &layer, &off) == 1 && off > 0 && layer >= 0 && layer < mc->n_layers;
+        bool ok = t && sscanf(t + strlen(word), "%lld.%n", &layer, &off) == 1 && off > 0 && layer >= 0 && layer < mc->n_layers;
+        if (ok) off += (int)strlen(word);
         int slot = -1;
         if (ok) {
             char hf[160];

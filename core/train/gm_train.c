@@ -214,10 +214,10 @@ gm_status gm_train_opt_set(gm_train_opts *o, const gm_opt_spec *s, gm_opt_value 
 }
 
 gm_status gm_train_opt_targets_check(const gm_opt_spec *s, const char *text, gm_error *err) {
-    bool vision = strcmp(s->name, "vision_targets") == 0;
-    if (vision && strcmp(text, "none") == 0) return GM_OK;
-    gm_status st = gm_lora_targets_check(text, gm_arch_get(vision ? GM_ARCH_SIGLIP : GM_ARCH_GEMMA3),
-                                         vision ? GM_VISION_TOWER_PREFIX : NULL, err);
+    bool vision = strcmp(s->name, "vision_targets") == 0, audio = strcmp(s->name, "audio_targets") == 0;
+    if ((vision || audio) && strcmp(text, "none") == 0) return GM_OK;
+    gm_status st = gm_lora_targets_check(text, gm_arch_get(vision ? GM_ARCH_SIGLIP : audio ? GM_ARCH_GEMMA3N_AUDIO : GM_ARCH_GEMMA3),
+                                         vision ? GM_VISION_TOWER_PREFIX : audio ? GM_AUDIO_TOWER_PREFIX : NULL, err);
     if (st != GM_OK) gm_error_prefix(err, "%s", s->name);
     return st;
 }
@@ -283,6 +283,12 @@ const gm_opt_spec *gm_train_opt_closest(const char *name) {
     }
     int limit = len / 3 > 1 ? (len / 3 < 3 ? len / 3 : 3) : 1;
     return bd <= limit ? best : NULL;
+}
+
+const gm_lora_config *gm_train_audio_selection(const gm_train_opts *o, gm_lora_config *al) {
+    *al = o->lora;
+    snprintf(al->targets, sizeof al->targets, "%s", o->audio_targets);
+    return strcmp(o->audio_targets, "none") != 0 ? al : NULL;
 }
 
 gm_vision_train gm_train_vision_selection(const gm_train_opts *o, gm_lora_config *vl) {
@@ -360,19 +366,28 @@ static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, g
             return gm_error_set(err, GM_ERR_INVALID, "%s: the data has audio, but the model has no audio encoder\n"
                                 "  hint: use a Gemma 3n checkpoint of Gemma3nForConditionalGeneration (e.g. gemma-3n-E2B-it)",
                                 tr->m ? tr->m->path : c->name);
-        GM_TRY(gm_audio_encoder_init(&tr->aud, c, tr->m, tr->m ? &tr->hard : NULL, tr->o.max_audio, tr->o.max_audio_frames,
-                                     tr->o.n_threads, tr->be, err));
+        gm_lora_config al;
+        const gm_lora_config *alp = gm_train_audio_selection(&tr->o, &al);
+        GM_TRY(gm_audio_encoder_init_train(&tr->aud, c, tr->m, tr->m ? &tr->hard : NULL, tr->o.max_audio,
+                                           tr->o.max_audio_frames, alp, tr->o.checkpointing, tr->o.n_threads, tr->be, err));
         tr->has_aud = true;
+    } else if (strcmp(tr->o.audio_targets, "none") != 0) {
+        return gm_error_set(err, GM_ERR_INVALID, "audio_targets is set, but the data has no audio: the audio encoder only "
+                            "learns from audio\n  hint: leave audio_targets out for data without audio (gemmarun plan: "
+                            "give audio=N)");
     }
     tr->has_hard = c->arch == GM_ARCH_GEMMA3N && (c->audio.vocab_size > 0 || c->vision.hard_vocab > 0);
     GM_TRY(gm_weights_init(&tr->w, c, tr->o.quant, err));
     tr->w.row_table_resident = tr->o.ple_resident > 0 ? (size_t)tr->o.ple_resident : 0;
     GM_TRY(gm_lora_describe(&tr->lora, &tr->o.lora, tr->w.arch, c, prefix, err));
-    tr->cap_params = 2 * tr->lora.n + (tr->has_vis ? 2 * tr->vis.lora.n + (tr->vis.train_proj ? GM_VISION_PROJ_PARAMS : 0) : 0);
+    tr->cap_params = 2 * tr->lora.n + (tr->has_vis ? 2 * tr->vis.lora.n + (tr->vis.train_proj ? GM_VISION_PROJ_PARAMS : 0) : 0) +
+                     (tr->has_aud ? 2 * tr->aud.lora.n : 0);
     tr->params = gm_calloc((size_t)tr->cap_params, sizeof *tr->params);
     if (!tr->params) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     gm_graph_opts go = graph_opts(&tr->o);
-    return gm_graph_init(&tr->g, c, &tr->w, &tr->lora, tr->be, &go, err);
+    GM_TRY(gm_graph_init(&tr->g, c, &tr->w, &tr->lora, tr->be, &go, err));
+    tr->g.front_grad = tr->has_aud && tr->aud.train_tower; /* the clips' soft tokens learn upstream */
+    return GM_OK;
 }
 
 /* Adds the A and B of each adapter of lo to the trained list. */
@@ -390,6 +405,7 @@ static void collect_params(gm_trainer *tr) {
     tr->n_params = 0;
     add_adapters(tr, &tr->lora);
     if (tr->has_vis && tr->vis.train_tower) add_adapters(tr, &tr->vis.lora);
+    if (tr->has_aud && tr->aud.train_tower) add_adapters(tr, &tr->aud.lora);
     for (int i = 0; tr->has_vis && tr->vis.train_proj && i < GM_VISION_PROJ_PARAMS; i++) {
         gm_vision_param *q = &tr->vis.proj[i];
         tr->params[tr->n_params++] = (gm_train_param){q->name, q->p, q->d, q->m, q->v, q->n, q->ndim,
@@ -536,6 +552,7 @@ static gm_status init_adapters(gm_trainer *tr, gm_error *err) {
     }
     gm_free(stage);
     if (tr->vis_trains) GM_TRY(gm_vision_init_params(&tr->vis, err));
+    if (tr->has_aud && tr->aud.train_tower) GM_TRY(gm_audio_encoder_init_params(&tr->aud, err));
     return gm_backend_status(tr->be, err);
 }
 
@@ -792,7 +809,10 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
         in.ptr_embeds = tr->h_hard_ptr, in.ptr_rows = tr->h_hard_rows;
         in.n_ptr_embeds = gm_mm_hard_place(&tr->hard, b->ids, N, tr->h_hard_ptr, tr->h_hard_rows, N);
     }
-    if (b->n_audio > 0) { /* the clips through the (frozen) encoder; their soft tokens in order */
+    if (b->n_audio > 0) { /* the clips through the encoder; their soft tokens in order */
+        tr->aud.g.dropout = dropout;
+        tr->aud.g.dropout_step = (uint64_t)tr->step;
+        tr->aud.g.dropout_micro = (uint64_t)tr->micro;
         GM_TRY(gm_audio_encoder_run(&tr->aud, b->audio_features, b->audio_valid, b->n_audio, b->audio_frames, NULL, NULL,
                                     err));
         int64_t R2 = 0;
@@ -822,15 +842,18 @@ gm_status gm_trainer_forward_backward(gm_trainer *tr, const gm_batch *b, float g
     int64_t N = b->B * b->T;
     GM_TRY(forward_all(tr, b, true, &n_sup, err));
     *loss_sum = lm_loss(tr, N, n_sup, true, grad_scale, NULL);
-    for (int64_t l = tr->cfg->n_layers - 1; l >= 0; l--) {
-        if (tr->o.checkpointing) g->arch->layer_fwd(g, l); /* recompute this block's activations */
-        g->arch->layer_bwd(g, l);
-    }
+    gm_graph_backward(g);
     if (tr->vis_trains && b->n_images > 0) {
         /* the soft tokens replaced rows of X[0] unscaled: their gradient is dL/dX[0] there */
         int64_t R = b->n_images * tr->cfg->vision.tokens;
         g->k->gather_rows(&g->kc, tr->vis.dsoft, g->g, tr->img_rows, R, tr->cfg->hidden_size);
         gm_vision_backward(&tr->vis);
+    }
+    if (tr->has_aud && tr->aud.train_tower && b->n_audio > 0) {
+        /* the clips' soft tokens, in the order they were placed: dL/d(input rows) there */
+        int64_t R2 = b->n_audio * tr->cfg->audio.soft_tokens;
+        g->k->gather_rows(&g->kc, tr->aud.dsoft, g->g, tr->aud_rows, R2, tr->cfg->hidden_size);
+        gm_audio_encoder_backward(&tr->aud);
     }
     tr->micro++;
     return gm_backend_status(tr->be, err);

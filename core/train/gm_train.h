@@ -101,6 +101,7 @@ typedef struct gm_train_opts {
     int64_t max_audio;       /* audio clips per micro-batch the audio path is planned for (0: no
                                 audio); the caller derives it from the data, like max_images */
     int64_t max_audio_frames; /* log-mel frames of the longest clip (gm_audio_frames; 30 s: 2997) */
+    char audio_targets[GM_LORA_TARGETS_MAX]; /* LoRA targets in Gemma 3n's audio conformer ("none": frozen) */
     int64_t ple_resident;    /* bytes of Gemma 3n's per-layer embedding table the data's ids touch
                                 (gm_dataset_table_resident; the caller derives it from the data):
                                 what of the memory-mapped table becomes resident; 0: all of it */
@@ -112,6 +113,10 @@ typedef struct gm_train_opts {
  * the tower's LoRA config goes into *vl (o's rank, alpha, dropout and seed, with vision_targets
  * as its targets), which must outlive the use of the result. */
 gm_vision_train gm_train_vision_selection(const gm_train_opts *o, gm_lora_config *vl);
+
+/* The audio conformer's LoRA config (o's rank, alpha, dropout and seed with audio_targets as its
+ * targets) in *al, returned; NULL when audio_targets is "none" (the encoder is frozen). */
+const gm_lora_config *gm_train_audio_selection(const gm_train_opts *o, gm_lora_config *al);
 
 /* The defaults of the schema (gm_train_opts.def), plus seed 0, 2 threads, total_steps 1. */
 gm_train_opts gm_train_opts_default(void);

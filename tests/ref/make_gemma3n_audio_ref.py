@@ -33,6 +33,12 @@ make_audio_ref.py from the real recordings):
   attrs     clamp_fraction (share of pre-clamp values the gradient_clipping of 4 cut in the
             encoder: the clamps are exercised), max_abs_diff_no_audio (how far the logits move
             with the soft tokens replaced by the padding embedding), max_prob
+  /lora/{labels, loss, loss64, weights/*, grads/*, grads64/*}   PEFT LoRA (rank 4, alpha 8) on the
+            audio conformer's linears (ffw_layer_1/2, q/k/v_proj, post, linear_start/end) and the
+            decoder's q/k/v/o_proj at drawn A and B (0.2 N(0, 1)): the loss of /ids with the clips,
+            every position after <end_of_audio> supervised (labels -100 elsewhere), and every
+            adapter's gradient under PEFT's saved names; *64: the same in float64 (the exact values
+            the f32 ones round); attr peft_f32_grad_rel_err_vs_f64
 
 Every parameter of the encoder and embedders is drawn from torch.Generator seeded SEED (named_parameters
 order): linears and convolutions N(0, 0.15^2), norm scales 1 + N(0, 0.1^2), per_dim_scale N(0, 0.3^2),
@@ -142,6 +148,49 @@ def prompts():
     return torch.tensor([a, b])
 
 
+AUDIO_TARGETS = ["ffw_layer_1", "ffw_layer_2", "q_proj", "k_proj", "v_proj", "post", "linear_start", "linear_end",
+                 "o_proj"]
+
+
+def lora_grads(model, ids, feats, valid, dtype):
+    """PEFT LoRA at drawn A and B on a copy of the model in `dtype`: the loss of ids with the clips
+    and every adapter's gradient, under PEFT's saved names."""
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+    pm = get_peft_model(copy.deepcopy(model).to(dtype), LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                                  target_modules=AUDIO_TARGETS))
+    pm.eval()
+    g = torch.Generator().manual_seed(SEED + 2)
+    weights = {}
+    with torch.no_grad():
+        for name, p in sorted(pm.named_parameters()):
+            if "lora_" in name:
+                p.copy_((0.2 * torch.randn(p.shape, generator=g)).to(dtype))
+                weights[name.replace(".default", "")] = p.detach().clone()
+    labels = torch.full_like(ids, -100)
+    for b in range(ids.shape[0]):
+        eoa = int((ids[b] == 470).nonzero()[0])
+        labels[b, eoa + 1:] = ids[b, eoa + 1:]
+    # transformers' audio attention takes its softmax in float32 even on a float64 model, where the
+    # float64 finfo.min of a query that sees no key (the padded clip's last frames) becomes -inf:
+    # NaN. In float64 the softmax stays float64 here (the float32 run's semantics: a uniform row).
+    real_softmax = torch.nn.functional.softmax
+
+    def softmax(x, dim=None, dtype=None, **kw):
+        return real_softmax(x, dim=dim, **kw) if x.dtype == torch.float64 else real_softmax(x, dim=dim, dtype=dtype, **kw)
+
+    torch.nn.functional.softmax = softmax
+    try:
+        out = pm(input_ids=ids, input_features=feats.to(dtype), input_features_mask=valid, labels=labels, use_cache=False)
+        out.loss.backward()
+    finally:
+        torch.nn.functional.softmax = real_softmax
+    grads = {name.replace(".default", ""): p.grad.detach().clone() for name, p in pm.named_parameters()
+             if "lora_" in name and p.grad is not None}
+    return float(out.loss), labels, weights, grads
+
+
 def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -202,6 +251,24 @@ def main():
         f.create_dataset("soft", data=soft.numpy().astype(np.float32))
         f.create_dataset("ids", data=ids.numpy().astype(np.int32))
         f.create_dataset("logits", data=logits.numpy().astype(np.float32))
+        loss, labels, weights, grads = lora_grads(model, ids, feats, valid, torch.float32)
+        loss64, _, _, grads64 = lora_grads(model, ids, feats, valid, torch.float64)
+        f.create_dataset("lora/labels", data=labels.numpy().astype(np.int32))
+        f.create_dataset("lora/loss", data=np.array([loss], dtype=np.float32))
+        f.create_dataset("lora/loss64", data=np.array([loss64], dtype=np.float64))
+        worst = 0.0
+        for k in sorted(weights):
+            f.create_dataset("lora/weights/" + k, data=weights[k].numpy().astype(np.float32))
+        for k in sorted(grads):
+            f.create_dataset("lora/grads/" + k, data=grads[k].numpy().astype(np.float32))
+            g64 = grads64[k].numpy().astype(np.float64)
+            f.create_dataset("lora/grads64/" + k, data=g64)
+            worst = max(worst, float(np.abs(grads[k].numpy().astype(np.float64) - g64).max() / np.abs(g64).max()))
+        assert all(np.isfinite(grads64[k].numpy()).all() for k in grads64), "float64 gradients not finite"
+        f.attrs["peft_f32_grad_rel_err_vs_f64"] = worst
+        n_audio = sum(1 for k in grads if ".audio_tower." in k)
+        print(f"LoRA: loss {loss:.6f} (f64 {loss64:.9f}), {len(grads)} adapter gradients ({n_audio} in the audio "
+              f"tower); PEFT's f32 gradients lie {worst:.3g} (relative) from float64")
         f.attrs["clamp_fraction"] = clamped[0] / max(clamped[1], 1)
         f.attrs["max_abs_diff_no_audio"] = diff_audio
         f.attrs["max_prob"] = max_prob

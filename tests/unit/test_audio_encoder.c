@@ -175,6 +175,108 @@ static void check_trainer(const gm_model *m, const float *feat, const uint8_t *v
     gm_free(tg), gm_free(ids), gm_free(ref);
 }
 
+/* LoRA through the audio encoder (tests/ref/make_gemma3n_audio_ref.py, /lora): adapters on the
+ * conformer's linears (audio_targets) and on the decoder's attention at PEFT's drawn A and B; the
+ * loss of the fixture's two prompts with their clips and all 80 adapter gradients (40 in the
+ * encoder) against PEFT's, f32 and float64: the backward through the decoder, the Gemma 3n front
+ * (AltUp's stream projections and the per-layer inputs read the soft tokens too), the embedder and
+ * every conformer block (clamps, norms, the light convolution, the chunked attention); the same
+ * with activation checkpointing in both graphs. */
+static void check_lora(const gm_model *m, const float *feat, const uint8_t *valid, int64_t n_clips, int64_t frames,
+                       bool checkpointing) {
+    size_t n = 0;
+    int64_t idd[2];
+    int32_t *ids = gm_test_h5_read(REF, "ids", 1, &n, idd, NULL);
+    int32_t *lab = gm_test_h5_read(REF, "lora/labels", 1, &n, NULL, NULL);
+    if (!ids || !lab) {
+        CHECK(0, "the fixture has /lora (rerun make_gemma3n_audio_ref.py)");
+        gm_free(ids), gm_free(lab);
+        return;
+    }
+    int64_t B = idd[0], T = idd[1], n_sup = 0;
+    int32_t *tg = gm_malloc((size_t)(B * T) * sizeof(int32_t));
+    for (int64_t i = 0; i < B * T; i++) {
+        int32_t l = i % T + 1 < T ? lab[i + 1] : -100; /* transformers shifts the labels */
+        tg[i] = l == -100 ? -1 : l;
+        n_sup += tg[i] >= 0;
+    }
+    gm_train_opts o = gm_train_opts_default();
+    o.batch = B, o.max_length = T, o.lora.rank = 4, o.lora.alpha = 8, o.n_threads = 2, o.checkpointing = checkpointing;
+    o.max_audio = n_clips, o.max_audio_frames = frames;
+    snprintf(o.lora.targets, sizeof o.lora.targets, "q_proj,k_proj,v_proj,o_proj");
+    snprintf(o.audio_targets, sizeof o.audio_targets, "ffw_layer_1,ffw_layer_2,q_proj,k_proj,v_proj,post,linear_start,linear_end");
+    gm_train_opts_resolve(&o);
+    gm_trainer *tr = NULL;
+    gm_error err;
+    gm_status st = gm_trainer_new(m, &o, &tr, &err);
+    CHECK(st == GM_OK, "trainer with audio adapters: %s", st == GM_OK ? "" : err.msg);
+    if (st == GM_OK) {
+        int np = 0, n_audio = 0, found = 0;
+        const gm_train_param *p = gm_trainer_params(tr, &np);
+        for (int i = 0; i < np; i++) {
+            char ds[256];
+            size_t cnt = 0;
+            snprintf(ds, sizeof ds, "lora/weights/%s", p[i].name);
+            float *w = gm_test_h5_read(REF, ds, 0, &cnt, NULL, NULL);
+            CHECK(w && cnt == (size_t)p[i].n, "%s: %zu values in the fixture, %lld trained", ds, cnt, (long long)p[i].n);
+            if (w && cnt == (size_t)p[i].n) memcpy(p[i].p, w, cnt * sizeof(float)), found++;
+            n_audio += strstr(p[i].name, ".audio_tower.") != NULL;
+            gm_free(w);
+        }
+        CHECK(np == 80 && n_audio == 40 && found == np, "%d trained tensors (80), %d in the audio encoder (40), %d in the fixture",
+              np, n_audio, found);
+        gm_trainer_zero_grad(tr);
+        gm_batch bt = {.B = B, .T = T, .ids = ids, .targets = tg, .audio_features = feat, .audio_valid = valid,
+                       .n_audio = n_clips, .audio_frames = frames};
+        double loss_sum = 0;
+        st = gm_trainer_forward_backward(tr, &bt, (float)(1.0 / (double)n_sup), &loss_sum, &err);
+        CHECK(st == GM_OK, "forward / backward with audio adapters: %s", st == GM_OK ? "" : err.msg);
+        float *lw = read_f("lora/loss", NULL, NULL);
+        double got = loss_sum / (double)n_sup, want = lw ? lw[0] : NAN;
+        CHECK_NEAR(got, want, TOL_AUDIO_LOSS_REL * want, "the loss with audio adapters against PEFT's");
+        const char *groups[2] = {"lora/grads", "lora/grads64"};
+        for (int gi = 0; gi < 2; gi++) {
+            double worst = 0, worst_audio = 0;
+            const char *wname = "";
+            int cmp = 0;
+            for (int i = 0; i < np; i++) {
+                char ds[256];
+                size_t cnt = 0;
+                snprintf(ds, sizeof ds, "%s/%s", groups[gi], p[i].name);
+                int64_t dims[2];
+                int nd = 0;
+                double *want64 = NULL;
+                float *want32 = NULL;
+                if (gi == 1) want64 = gm_test_h5_read(REF, ds, 2, &cnt, dims, &nd);
+                else want32 = gm_test_h5_read(REF, ds, 0, &cnt, dims, &nd);
+                if ((!want32 && !want64) || cnt != (size_t)p[i].n) {
+                    CHECK(0, "%s: missing or %zu values (%lld)", ds, cnt, (long long)p[i].n);
+                    gm_free(want32), gm_free(want64);
+                    continue;
+                }
+                double mx = 1e-30, e = 0;
+                for (size_t j = 0; j < cnt; j++) {
+                    double w = want64 ? want64[j] : want32[j], dj = fabs((double)p[i].d[j] - w);
+                    mx = fmax(mx, fabs(w));
+                    e = isfinite(dj) ? fmax(e, dj) : INFINITY; /* a NaN on either side fails */
+                }
+                double rel = e / mx;
+                if (rel > worst) worst = rel, wname = p[i].name;
+                if (strstr(p[i].name, ".audio_tower.") && rel > worst_audio) worst_audio = rel;
+                cmp++;
+                gm_free(want32), gm_free(want64);
+            }
+            CHECK(cmp == np && worst <= TOL_AUDIO_GRAD_REL, "%s%s: %d of %d compared, worst relative error %.3g at %s",
+                  groups[gi], checkpointing ? " (checkpointing)" : "", cmp, np, worst, wname);
+            printf("audio LoRA%s vs PEFT %s: loss %.9g (%.9g), worst rel. grad error %.2e (encoder's %.2e)\n",
+                   checkpointing ? " (checkpointing)" : "", gi ? "float64" : "f32", got, want, worst, worst_audio);
+        }
+        gm_free(lw);
+        gm_trainer_free(tr);
+    }
+    gm_free(tg), gm_free(ids), gm_free(lab);
+}
+
 /* Generation with a clip (gm_generate_media, what `generate --audio` runs): the fixture's first
  * prompt, its clip's soft tokens and its hard tokens placed, greedy: the state's logits at the last
  * prompt position equal transformers' there, and the first new token is their argmax. */
@@ -292,6 +394,8 @@ int main(void) {
     }
 
     check_trainer(m, feat, v8, B, T);
+    check_lora(m, feat, v8, B, T, false);
+    check_lora(m, feat, v8, B, T, true);
 
     /* each clip alone, at the batch's length (its padding frames as in the batch: the sub-sampling
      * convolutions look 2 frames ahead, so a clip's last frames depend on what pads it), gives its

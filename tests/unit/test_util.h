@@ -116,6 +116,12 @@
  * from transformers' logits (test_audio_encoder): those logits lie within 2.7e-5 of gemmarun's.
  * Measured 2026-12-05: 2.3e-8 (loss 103.63 over 11 tokens); the bound of the PEFT loss checks. */
 #define TOL_AUDIO_LOSS_REL 1e-6
+/* LoRA gradients through the audio encoder and the decoder (tiny Gemma 3n with audio,
+ * make_gemma3n_audio_ref.py /lora), relative to each tensor's largest: PEFT's own f32 gradients
+ * lie 6.6e-5 from its float64 ones (the clamps, the logit cap and the unscaled attention of the
+ * decoder amplify f32 rounding). Measured 2026-12-05: ours 2.9e-5 from float64, 5.6e-5 from
+ * PEFT's f32 (the encoder's post.lora_A). Bound: about twice PEFT's own f32 distance. */
+#define TOL_AUDIO_GRAD_REL 1.2e-4
 /* A sequence's log-probability (a sum over its 6 supervised tokens) scored in a batch of 3 copies
  * (one tower pass for the repeated image) vs alone (batch 1): the same math, the batch's BLAS
  * blocking. Measured 2026-12-02: 1.4e-6 (log-probability about -40); bound 7x. */
