@@ -52,6 +52,7 @@
 
 #include "gm_adapter.h"
 #include "gm_alloc.h"
+#include "gm_audio_encoder.h"
 #include "gm_backend.h"
 #include "gm_chat.h"
 #include "gm_decoder.h"
@@ -59,6 +60,7 @@
 #include "gm_generate.h"
 #include "gm_train.h"
 #include "gm_merged.h"
+#include "gm_mm_embed.h"
 #include "gm_model.h"
 #include "gm_tokenizer.h"
 #include "gm_vision.h"
@@ -380,16 +382,20 @@ static int32_t *ids_arg(lua_State *L, lmodel *lm, int idx, const char *fn, int64
     return ids;
 }
 
-/* model:logits(ids_or_text [, {adapter =, trial =, all = false, pixels =}]) -> table of floats: the
+/* model:logits(ids_or_text [, {adapter =, trial =, all = false, pixels =, audio =}]) -> table of floats: the
  * logits (vocab_size) after the last token, or with all = true those after every token,
  * position-major (T * vocab_size: entry t * V + v + 1). A fresh forward from position 0 (no cache
  * reused). pixels: a multimodal model's images, preprocessed (n * 3 * S * S floats, image-major,
  * as Gemma 3's image processor gives pixel_values), one per run of image tokens in the ids; they go
  * through the image path (with the adapter's trained tower and projector, if it has them), their
- * soft tokens replace the runs, and each run sees its whole image. */
+ * soft tokens replace the runs, and each run sees its whole image. audio: Gemma 3n's clips, a list
+ * of audio files, one per run of audio soft tokens in the ids (audio_soft_tokens_per_image each),
+ * through the audio encoder (with the adapter's audio-encoder LoRA, if it has one:
+ * gm_audio_encode_files). On Gemma 3n the ids' hard multimodal tokens (<end_of_audio>, ...) take
+ * their embedders' rows, as transformers does. */
 static int l_logits(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
-    static const char *const allowed[] = {"adapter", "trial", "all", "pixels", NULL};
+    static const char *const allowed[] = {"adapter", "trial", "all", "pixels", "audio", NULL};
     gm_bind_check_opts(L, 3, "logits", allowed);
     const char *adapter = gm_bind_opt_str(L, 3, "adapter", NULL);
     char trial_buf[64];
@@ -436,11 +442,60 @@ static int l_logits(lua_State *L) {
         }
     }
     if (!lua_isnoneornil(L, 3)) lua_pop(L, 1);
+    /* the clips: one file per run of audio soft tokens */
+    const char *clips[16];
+    int n_clips = 0;
+    if (!lua_isnoneornil(L, 3) && lua_getfield(L, 3, "audio") != LUA_TNIL) {
+        bool has = c->arch == GM_ARCH_GEMMA3N && c->audio.hidden_size > 0;
+        lua_Integer k = lua_istable(L, -1) ? luaL_len(L, -1) : -1;
+        for (lua_Integer i = 1; has && i <= k && i <= 16; i++) {
+            lua_geti(L, -1, i);
+            clips[n_clips++] = lua_tostring(L, -1); /* kept alive by the options table */
+            lua_pop(L, 1);
+        }
+        int64_t n_tok = 0;
+        for (int64_t t = 0; t < T; t++) n_tok += has && ids[t] == c->audio.audio_token_id;
+        const char *bad = !has ? "the model has no audio encoder" : k < 1 || k > 16 ? "audio is not a list of 1 to 16 files"
+                          : n_tok != n_clips * c->audio.soft_tokens ? "the ids' audio soft tokens are not one run of "
+                          "audio_soft_tokens_per_image per clip" : NULL;
+        for (int i = 0; !bad && i < n_clips; i++)
+            if (!clips[i]) bad = "an entry of audio is not a file name";
+        if (bad) {
+            gm_free(ids), gm_free(kv_end), gm_free(rows), gm_free(pixels);
+            return luaL_error(L, "logits: %s (%I audio soft tokens in the ids, %I files given)", bad, (lua_Integer)n_tok, k);
+        }
+        lua_pop(L, 1);
+    } else if (!lua_isnoneornil(L, 3)) {
+        lua_pop(L, 1);
+    }
     gm_error err = {0};
     gm_infer *st = NULL;
     gm_vision *v = NULL;
+    gm_mm_hard hard = {0};
+    const float **hptr = NULL;
+    int64_t *hrows = NULL, n_hard = 0;
     gm_status s = gm_generate_check(c, T, 1, &err);
     if (s == GM_OK) s = use_adapter(lm, adapter, trial, &err);
+    if (s == GM_OK && c->arch == GM_ARCH_GEMMA3N) { /* the hard multimodal tokens' rows */
+        s = gm_mm_hard_load(lm->m, &hard, &err);
+        hptr = gm_malloc((size_t)T * sizeof *hptr), hrows = gm_malloc((size_t)T * sizeof *hrows);
+        if (s == GM_OK && (!hptr || !hrows)) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
+        if (s == GM_OK) n_hard = gm_mm_hard_place(&hard, ids, T, hptr, hrows, T);
+    }
+    if (s == GM_OK && n_clips > 0) {
+#ifdef GM_HAVE_AUDIO
+        int64_t C = c->hidden_size;
+        soft = gm_malloc((size_t)(n_clips * c->audio.soft_tokens * C) * sizeof *soft);
+        rows = gm_malloc((size_t)T * sizeof *rows);
+        s = soft && rows ? gm_audio_encode_files(lm->m, &hard, clips, n_clips, lm->n_threads, lm->be,
+                                                 lm->ad ? &lm->ad->audio_lora : NULL, soft, NULL, &err)
+                         : gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
+        for (int64_t t = 0; s == GM_OK && t < T; t++)
+            if (ids[t] == c->audio.audio_token_id) rows[n_soft++] = t;
+#else
+        s = gm_error_set(&err, GM_ERR_UNSUPPORTED, "logits: audio given, but this gemmarun was built without audio");
+#endif
+    }
     if (s == GM_OK && pixels) {
         soft = gm_malloc((size_t)(n_soft * c->hidden_size) * sizeof *soft);
         s = soft ? gm_vision_new_adapted(lm->m, n_images, lm->n_threads, lm->be, lm->ad ? &lm->ad->vision : NULL, &v, &err)
@@ -452,9 +507,11 @@ static int l_logits(lua_State *L) {
                         .adapter = lm->ad && lm->ad->lora.n > 0 ? &lm->ad->lora : NULL, .backend = lm->be};
     if (s == GM_OK) s = gm_infer_new(lm->m, &io, &st, &err);
     gm_graph_input in = {.B = 1, .T = T, .ids = ids, .embeds = soft, .embed_rows = rows, .n_embeds = n_soft,
-                         .kv_end = pixels ? kv_end : NULL};
-    if (s == GM_OK) s = pixels ? gm_decoder_forward_input(st, &in, all, &err) : gm_decoder_forward(st, ids, T, all, &err);
-    gm_free(ids), gm_free(pixels), gm_free(soft), gm_free(rows), gm_free(kv_end);
+                         .kv_end = pixels ? kv_end : NULL, .ptr_embeds = hptr, .ptr_rows = hrows, .n_ptr_embeds = n_hard};
+    bool inputs = pixels || n_clips > 0 || n_hard > 0;
+    if (s == GM_OK) s = inputs ? gm_decoder_forward_input(st, &in, all, &err) : gm_decoder_forward(st, ids, T, all, &err);
+    gm_free(ids), gm_free(pixels), gm_free(soft), gm_free(rows), gm_free(kv_end), gm_free(hptr), gm_free(hrows);
+    gm_mm_hard_free(&hard);
     if (s != GM_OK) {
         gm_infer_free(st);
         return gm_bind_raise(L, &err);
@@ -470,8 +527,8 @@ static int l_logits(lua_State *L) {
 }
 
 /* model:save_adapter(out, {adapter =, trial =, format = "peft", base_model =}) -> {modules =,
- * vision_modules =, projector =, rank =, alpha =, rslora =, source =, trial_id =} (modules: the
- * text decoder's; vision_modules: the tower's; projector: trained fully): the adapter (as `adapter`/`trial` name it,
+ * vision_modules =, audio_modules =, projector =, rank =, alpha =, rslora =, source =, trial_id =} (modules: the
+ * text decoder's; vision_modules: the tower's; audio_modules: Gemma 3n's audio encoder's; projector: trained fully): the adapter (as `adapter`/`trial` name it,
  * gm_adapter.h) written as a PEFT adapter folder `out` (gm_adapter_save_peft; base_model goes into
  * adapter_config.json's base_model_name_or_path, default the model's path) or, with format = "gguf",
  * as a llama.cpp LoRA adapter file `out` (gm_adapter_save_gguf). */
@@ -501,6 +558,8 @@ static int l_save_adapter(lua_State *L) {
     lua_setfield(L, -2, "modules");
     lua_pushinteger(L, lm->ad->vision_lora.n);
     lua_setfield(L, -2, "vision_modules");
+    lua_pushinteger(L, lm->ad->audio_lora.n);
+    lua_setfield(L, -2, "audio_modules");
     lua_pushboolean(L, lm->ad->has_proj);
     lua_setfield(L, -2, "projector");
     lua_pushinteger(L, lo->cfg.rank);
@@ -546,6 +605,12 @@ static int l_save_merged(lua_State *L) {
     gm_bind_check_export_path(L, out, "save_merged");
     gm_error err = {0};
     gm_status s = adapter ? use_adapter(lm, adapter, trial, &err) : GM_OK;
+    /* the audio encoder's adapters are not merged (its weights are written as they are): refused
+     * rather than silently dropped */
+    if (s == GM_OK && adapter && lm->ad->audio_lora.n > 0)
+        s = gm_error_set(&err, GM_ERR_UNSUPPORTED, "%s trained the audio encoder (LoRA on %d of its modules), which a merged "
+                         "export does not merge yet\n  hint: export it with --format peft (PeftModel applies it to the "
+                         "base Gemma3nForConditionalGeneration)", lm->ad->source, lm->ad->audio_lora.n);
     gm_merged_info info;
     if (s == GM_OK) {
         s = gm_model_save_merged(lm->m, adapter ? &lm->ad->lora : NULL, adapter ? &lm->ad->vision : NULL, lm->be,
@@ -581,7 +646,9 @@ static int l_save_merged(lua_State *L) {
  * gm_adapter_load reads) on this model, with `targets` / `layers` as train.targets / train.layers
  * write them to select exactly its modules (gm_adapter_targets; layers nil: every layer), and the
  * image path it trained as train.vision_targets (gm_adapter_vision_targets; "none": no tower
- * adapters) and train.modules_to_save ("multi_modal_projector" or "none") select it. */
+ * adapters) and train.modules_to_save ("multi_modal_projector" or "none") select it; the audio
+ * encoder's adapters as train.audio_targets selects them (gm_adapter_audio_targets), with
+ * audio_module_names. */
 static int l_adapter_info(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     const char *path = luaL_checkstring(L, 2);
@@ -636,6 +703,18 @@ static int l_adapter_info(lua_State *L) {
     lua_createtable(L, vl->n, 0);
     for (int i = 0; i < vl->n; i++) lua_pushstring(L, vl->ad[i].module), lua_rawseti(L, -2, i + 1);
     lua_setfield(L, -2, "vision_module_names");
+    char *at = NULL;
+    if (gm_adapter_audio_targets(lm->ad, lm->m, &at, &err) != GM_OK) {
+        lua_pop(L, 1);
+        return gm_bind_raise(L, &err);
+    }
+    lua_pushstring(L, at);
+    gm_free(at);
+    lua_setfield(L, -2, "audio_targets");
+    const gm_lora *al = &lm->ad->audio_lora;
+    lua_createtable(L, al->n, 0);
+    for (int i = 0; i < al->n; i++) lua_pushstring(L, al->ad[i].module), lua_rawseti(L, -2, i + 1);
+    lua_setfield(L, -2, "audio_module_names");
     lua_pushstring(L, lm->ad->source);
     lua_setfield(L, -2, "source");
     lua_pushstring(L, lm->ad->trial_id);
@@ -647,15 +726,20 @@ static int l_adapter_info(lua_State *L) {
  * ...}: the modules train.targets / train.layers select on this model (gm_lora_describe; layers: a
  * list of layer indices, nil for all); with vision = true those train.vision_targets selects on its
  * tower ("model.vision_tower.encoder.layers.0.self_attn.q_proj", ...; every layer, as the trainer's
- * tower adapters). Raises naming a target that matches nothing or a bad expression, or a model
- * without a tower for vision. */
+ * tower adapters); with audio = true those train.audio_targets selects on Gemma 3n's audio encoder
+ * ("model.audio_tower.conformer.0.attention.attn.q_proj", ...; every block). Raises naming a target
+ * that matches nothing or a bad expression, or a model without that tower. */
 static int l_lora_modules(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     const char *targets = luaL_checkstring(L, 2);
-    static const char *const allowed[] = {"vision", NULL};
+    static const char *const allowed[] = {"vision", "audio", NULL};
     gm_bind_check_opts(L, 4, "lora_modules", allowed);
-    const bool vision = gm_bind_opt_bool(L, 4, "vision", false);
+    const bool vision = gm_bind_opt_bool(L, 4, "vision", false), audio = gm_bind_opt_bool(L, 4, "audio", false);
     if (vision && !lm->m->vision) return luaL_error(L, "lora_modules: %s has no vision tower", lm->m->path);
+    gm_config acfg;
+    gm_error aerr = {0};
+    if (audio && gm_config_audio_tower(&lm->m->cfg, &acfg, &aerr) != GM_OK)
+        return luaL_error(L, "lora_modules: %s has no audio encoder", lm->m->path);
     gm_lora_config lc = gm_lora_config_default();
     if (strlen(targets) >= sizeof lc.targets) return luaL_error(L, "lora_modules: targets longer than %d characters", (int)sizeof lc.targets - 1);
     snprintf(lc.targets, sizeof lc.targets, "%s", targets);
@@ -671,9 +755,12 @@ static int l_lora_modules(lua_State *L) {
     gm_lora lo;
     memset(&lo, 0, sizeof lo);
     gm_error err = {0};
-    if (vision) for (int i = 0; i < GM_MAX_LAYERS; i++) lc.layers[i] = true;
+    if (vision || audio) for (int i = 0; i < GM_MAX_LAYERS; i++) lc.layers[i] = true;
     const gm_model *part = vision ? lm->m->vision : lm->m;
-    if (gm_lora_describe(&lo, &lc, part->arch, &part->cfg, vision ? GM_VISION_TOWER_PREFIX : lm->m->peft_prefix, &err) != GM_OK) {
+    gm_status ls = audio ? gm_lora_describe(&lo, &lc, gm_arch_get(GM_ARCH_GEMMA3N_AUDIO), &acfg, GM_AUDIO_TOWER_PREFIX, &err)
+                         : gm_lora_describe(&lo, &lc, part->arch, &part->cfg,
+                                            vision ? GM_VISION_TOWER_PREFIX : lm->m->peft_prefix, &err);
+    if (ls != GM_OK) {
         gm_lora_free(&lo);
         return gm_bind_raise(L, &err);
     }

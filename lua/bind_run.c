@@ -37,6 +37,7 @@
 #include "write_rule.h"
 
 #include "gm_alloc.h"
+#include "gm_audio_encoder.h"
 #include "gm_config.h"
 #include "gm_data.h"
 #include "gm_fetch.h"
@@ -243,7 +244,8 @@ static void plan_args(lua_State *L, gm_train_opts *o, gm_config *cfg, gm_dtype *
 /* gm.lora_count(model, opts) -> adapters, trainable parameters: the adapters opts (targets,
  * layers, rank) give on that model, module names as PEFT names them (gm_model_prefix),
  * from its config and names alone; with vision_targets (not "none") also the tower's adapters and
- * their parameters (results 3 and 4). Raises with gm_lora_describe's message (targets that select no
+ * their parameters (results 3 and 4), with audio_targets the audio encoder's (5 and 6; 3 and 4
+ * then 0 without vision_targets). Raises with gm_lora_describe's message (targets that select no
  * module, unknown names, layers beyond the model; a model without a SigLIP tower for
  * vision_targets). Gemma 3n / 4 configs count on the Gemma 3 part of their layers, as the planner
  * does. */
@@ -277,22 +279,44 @@ static int l_lora_count(lua_State *L) {
     lua_pushinteger(L, lo.n);
     lua_pushinteger(L, lo.n_params);
     gm_lora_free(&lo);
-    if (strcmp(o.vision_targets, "none") == 0) return 2;
+    bool vis = strcmp(o.vision_targets, "none") != 0, aud = strcmp(o.audio_targets, "none") != 0;
+    if (!vis && !aud) return 2;
     /* the tower's adapters (vision_targets), on its own config and module names */
-    gm_config tc;
-    gm_lora_config vl;
-    gm_vision_train vt = gm_train_vision_selection(&o, &vl);
-    for (int l = 0; l < GM_MAX_LAYERS; l++) vl.layers[l] = true;
-    gm_status s = gm_config_vision_tower(&cfg, &tc, &err);
-    if (s == GM_OK) s = gm_lora_describe(&lo, vt.lora, gm_arch_get(GM_ARCH_SIGLIP), &tc, GM_VISION_TOWER_PREFIX, &err);
+    if (vis) {
+        gm_config tc;
+        gm_lora_config vl;
+        gm_vision_train vt = gm_train_vision_selection(&o, &vl);
+        for (int l = 0; l < GM_MAX_LAYERS; l++) vl.layers[l] = true;
+        gm_status s = gm_config_vision_tower(&cfg, &tc, &err);
+        if (s == GM_OK) s = gm_lora_describe(&lo, vt.lora, gm_arch_get(GM_ARCH_SIGLIP), &tc, GM_VISION_TOWER_PREFIX, &err);
+        if (s != GM_OK) {
+            gm_error_prefix(&err, "vision_targets");
+            return gm_bind_raise(L, &err);
+        }
+        lua_pushinteger(L, lo.n);
+        lua_pushinteger(L, lo.n_params);
+        gm_lora_free(&lo);
+    } else {
+        lua_pushinteger(L, 0);
+        lua_pushinteger(L, 0);
+    }
+    if (!aud) return 4;
+    /* Gemma 3n's audio encoder's (audio_targets), on its conformer's config and module names */
+    gm_config ac;
+    gm_lora_config al;
+    const gm_lora_config *alp = gm_train_audio_selection(&o, &al);
+    for (int l = 0; l < GM_MAX_LAYERS; l++) al.layers[l] = true;
+    gm_status s = cfg.arch == GM_ARCH_GEMMA3N ? gm_config_audio_tower(&cfg, &ac, &err)
+                                             : gm_error_set(&err, GM_ERR_INVALID, "%s has no audio encoder", cfg.name);
+    if (s == GM_OK) s = gm_lora_describe(&lo, alp, gm_arch_get(GM_ARCH_GEMMA3N_AUDIO), &ac, GM_AUDIO_TOWER_PREFIX, &err);
     if (s != GM_OK) {
-        gm_error_prefix(&err, "vision_targets");
+        gm_error_prefix(&err, "audio_targets");
         return gm_bind_raise(L, &err);
     }
     lua_pushinteger(L, lo.n);
     lua_pushinteger(L, lo.n_params);
     gm_lora_free(&lo);
-    return 4;
+    return 6;
 }
 
 static int l_plan(lua_State *L) {

@@ -413,11 +413,12 @@ static int cmd_generate(int argc, char **argv) {
     if (adapter) { /* first: a trained image path runs the images below */
         s_ad = gm_adapter_load(m, be, adapter, trial, &ad, &err);
         if (s_ad == GM_OK)
-            fprintf(stderr, "gemmarun: adapter %s%s%s: %d modules%s%s, rank %d, alpha %g%s\n", ad->source,
-                    ad->trial_id[0] ? ", trial " : "", ad->trial_id, ad->lora.n + ad->vision_lora.n,
-                    ad->vision_lora.n ? " (vision tower's included)" : "", ad->has_proj ? ", trained projector" : "",
-                    ad->lora.cfg.rank ? ad->lora.cfg.rank : ad->vision_lora.cfg.rank, (double)ad->lora.cfg.alpha,
-                    ad->lora.cfg.rslora ? " (rsLoRA)" : "");
+            fprintf(stderr, "gemmarun: adapter %s%s%s: %d modules%s%s%s, rank %d, alpha %g%s\n", ad->source,
+                    ad->trial_id[0] ? ", trial " : "", ad->trial_id, ad->lora.n + ad->vision_lora.n + ad->audio_lora.n,
+                    ad->vision_lora.n ? " (vision tower's included)" : "", ad->audio_lora.n ? " (audio encoder's included)" : "",
+                    ad->has_proj ? ", trained projector" : "",
+                    ad->lora.cfg.rank ? ad->lora.cfg.rank : ad->vision_lora.n ? ad->vision_lora.cfg.rank : ad->audio_lora.cfg.rank,
+                    (double)ad->lora.cfg.alpha, ad->lora.cfg.rslora ? " (rsLoRA)" : "");
     }
     s = s_ad;
     if (s == GM_OK && n_images > 0) { /* expanded as the processor does; the images through the tower */
@@ -454,38 +455,21 @@ static int cmd_generate(int argc, char **argv) {
     } else if (s == GM_OK && n_audio > 0) { /* each clip through the audio encoder, expanded as Gemma3nProcessor does */
 #ifdef GM_HAVE_AUDIO
         gm_mm_spec as = gm_mm_spec_audio(&m->cfg);
-        int64_t C = m->cfg.hidden_size, soft_tok = m->cfg.audio.soft_tokens;
-        gm_audio clips[16] = {{0}};
-        const float *ptr[16];
-        int64_t lens[16];
-        gm_audio_fe *fe = NULL;
-        gm_audio_features f = {0};
-        gm_audio_encoder *enc = NULL;
+        int64_t C = m->cfg.hidden_size, soft_tok = m->cfg.audio.soft_tokens, samples[16] = {0};
         s = gm_mm_hard_load(m, &hard, &err);
-        for (int i = 0; s == GM_OK && i < n_audio; i++) {
-            s = gm_audio_load(audio[i], NULL, &clips[i], &err);
-            ptr[i] = clips[i].samples, lens[i] = clips[i].n;
-            if (s == GM_OK && clips[i].n > GM_AUDIO_MAX_SAMPLES)
-                fprintf(stderr, "gemmarun: warning: --audio %s is %.1f s long; Gemma 3n's feature extractor keeps its first "
-                        "30 s (split it to use the rest)\n", audio[i], (double)clips[i].n / GM_AUDIO_RATE);
-        }
-        if (s == GM_OK) s = gm_audio_fe_new(&fe, &err);
-        if (s == GM_OK) s = gm_audio_features_compute(fe, ptr, lens, n_audio, &f, &err);
-        if (s == GM_OK && f.T < 1)
-            s = gm_error_set(&err, GM_ERR_INVALID, "--audio %s: shorter than one 32 ms frame of the feature extractor", audio[0]);
-        if (s == GM_OK) s = gm_audio_encoder_new(m, &hard, n_audio, f.T, (int)threads, be, &enc, &err);
-        if (s == GM_OK) s = gm_audio_encoder_run(enc, f.data, f.mask, n_audio, f.T, NULL, NULL, &err);
-        if (s == GM_OK) s = gm_mm_encode_text(m->tok, in, &as, n_audio, NULL, 0, &ids, &n_prompt, &err);
         soft = s == GM_OK ? gm_malloc((size_t)(n_audio * soft_tok * C) * sizeof(float)) : NULL;
         soft_rows = s == GM_OK ? gm_malloc((size_t)(n_audio * soft_tok) * sizeof(int64_t)) : NULL;
         if (s == GM_OK && (!soft || !soft_rows)) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
-        if (s == GM_OK) gm_backend_download(be, soft, enc->soft, (size_t)(n_audio * soft_tok * C) * sizeof(float));
+        if (s == GM_OK)
+            s = gm_audio_encode_files(m, &hard, audio, n_audio, (int)threads, be,
+                                      ad ? &ad->audio_lora : NULL, soft, samples, &err);
+        for (int i = 0; s == GM_OK && i < n_audio; i++)
+            if (samples[i] > GM_AUDIO_MAX_SAMPLES)
+                fprintf(stderr, "gemmarun: warning: --audio %s is %.1f s long; Gemma 3n's feature extractor keeps its first "
+                        "30 s (split it to use the rest)\n", audio[i], (double)samples[i] / GM_AUDIO_RATE);
+        if (s == GM_OK) s = gm_mm_encode_text(m->tok, in, &as, n_audio, NULL, 0, &ids, &n_prompt, &err);
         for (int64_t t = 0; s == GM_OK && t < n_prompt; t++)
             if (ids[t] == m->cfg.audio.audio_token_id) soft_rows[n_soft++] = t;
-        gm_audio_encoder_free(enc);
-        gm_audio_features_free(&f);
-        gm_audio_fe_free(fe);
-        for (int i = 0; i < n_audio; i++) gm_audio_free(&clips[i]);
 #else
         s = gm_error_set(&err, GM_ERR_UNSUPPORTED, "--audio: this gemmarun was built without audio (cmake -DGM_AUDIO=OFF)");
 #endif

@@ -91,8 +91,9 @@ M.TRAIN = TRAIN
 local EXPERIMENT_KEYS = { "name", "model", "model_adapter", "task", "train", "sweep", "seeds", "memory_limit", "fit",
   "report", "threads", "device", "description", "results", "validation" }
 -- the adapter's shape: with model_adapter these come from the adapter (a run may restate them);
--- the last two are the image path it trained (the tower's adapters, the projector)
-local ADAPTER_SHAPE = { "rank", "alpha", "rslora", "targets", "layers", "vision_targets", "modules_to_save" }
+-- vision_targets and modules_to_save are the image path it trained (the tower's adapters, the
+-- projector), audio_targets the audio encoder's adapters
+local ADAPTER_SHAPE = { "rank", "alpha", "rslora", "targets", "layers", "vision_targets", "modules_to_save", "audio_targets" }
 M.ADAPTER_SHAPE = ADAPTER_SHAPE
 
 local function sorted_keys(t)
@@ -831,8 +832,9 @@ function M.count_trials(e)
 end
 
 --- Training options added after trial ids were first given, with their defaults (issue 10: what of
---- the image path trains, pan & scan, the GPU's GEMM precision).
-local LATER_OPTIONS = { vision_targets = "none", modules_to_save = "none", pan_and_scan = false, compute = "auto" }
+--- the image path trains, pan & scan, the GPU's GEMM precision; issue 15: the audio encoder's LoRA).
+local LATER_OPTIONS = { vision_targets = "none", modules_to_save = "none", pan_and_scan = false, compute = "auto",
+  audio_targets = "none" }
 
 function M.expand(e, max_trials)
   max_trials = max_trials or M.MAX_TRIALS

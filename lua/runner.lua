@@ -899,7 +899,7 @@ local function trainer_opts(cfg, total_steps, threads, items)
     grad_accum = cfg.grad_accum, lr = cfg.lr, weight_decay = cfg.weight_decay, beta1 = cfg.beta1, beta2 = cfg.beta2,
     eps = cfg.eps, max_grad_norm = cfg.max_grad_norm, schedule = cfg.schedule, warmup = warmup,
     steps = total_steps, checkpointing = cfg.checkpointing, threads = threads,
-    vision_targets = cfg.vision_targets, modules_to_save = cfg.modules_to_save,
+    vision_targets = cfg.vision_targets, modules_to_save = cfg.modules_to_save, audio_targets = cfg.audio_targets,
   }
 end
 
@@ -1087,7 +1087,7 @@ local function resolve_model_adapter(ctx, e, trials)
     end
   end
   local want = { rank = info.rank, alpha = info.alpha, rslora = info.rslora, targets = info.targets, layers = info.layers,
-    vision_targets = info.vision_targets, modules_to_save = info.modules_to_save }
+    vision_targets = info.vision_targets, modules_to_save = info.modules_to_save, audio_targets = info.audio_targets }
   -- stated targets / layers must select exactly its modules (checked here, so the dry run says so
   -- and nothing is created)
   local st = e._stated or {}
@@ -1113,29 +1113,34 @@ local function resolve_model_adapter(ctx, e, trials)
       end
     end
   end
-  -- stated vision_targets must select exactly its tower adapters ("none": that it has none)
-  if st.vision_targets then
-    local vt = e.train.vision_targets
-    local mods = {}
-    if vt ~= "none" then
-      local okm, got = pcall(ctx.model.lora_modules, ctx.model, vt, nil, { vision = true })
-      if not okm then P.usage(P.where_of("vision_targets"), "train.vision_targets: %s", clean_msg(got)) end
-      mods = got
-    end
-    local have, sel = {}, {}
-    for _, n in ipairs(info.vision_module_names) do have[n] = true end
-    for _, n in ipairs(mods) do sel[n] = true end
-    local fix = string.format(": remove train.vision_targets (the adapter decides it) or set %s", info.vision_targets)
-    for _, n in ipairs(info.vision_module_names) do
-      if not sel[n] then
-        P.usage(P.where_of("vision_targets"), "model_adapter %s has an adapter on %s, which train.vision_targets = %s does not "
-          .. "select%s", e.model_adapter, n, vt, fix)
+  -- stated vision_targets / audio_targets must select exactly its tower's / encoder's adapters
+  -- ("none": that it has none)
+  for _, part in ipairs({ { key = "vision_targets", names = "vision_module_names", opt = { vision = true } },
+    { key = "audio_targets", names = "audio_module_names", opt = { audio = true } } }) do
+    local key = part.key
+    if st[key] then
+      local vt = e.train[key]
+      local mods = {}
+      if vt ~= "none" then
+        local okm, got = pcall(ctx.model.lora_modules, ctx.model, vt, nil, part.opt)
+        if not okm then P.usage(P.where_of(key), "train.%s: %s", key, clean_msg(got)) end
+        mods = got
       end
-    end
-    for _, n in ipairs(mods) do
-      if not have[n] then
-        P.usage(P.where_of("vision_targets"), "train.vision_targets = %s selects %s, which model_adapter %s has no adapter "
-          .. "for%s", vt, n, e.model_adapter, fix)
+      local have, sel = {}, {}
+      for _, n in ipairs(info[part.names]) do have[n] = true end
+      for _, n in ipairs(mods) do sel[n] = true end
+      local fix = string.format(": remove train.%s (the adapter decides it) or set %s", key, info[key])
+      for _, n in ipairs(info[part.names]) do
+        if not sel[n] then
+          P.usage(P.where_of(key), "model_adapter %s has an adapter on %s, which train.%s = %s does not select%s",
+            e.model_adapter, n, key, vt, fix)
+        end
+      end
+      for _, n in ipairs(mods) do
+        if not have[n] then
+          P.usage(P.where_of(key), "train.%s = %s selects %s, which model_adapter %s has no adapter for%s", key, vt, n,
+            e.model_adapter, fix)
+        end
       end
     end
   end
@@ -1157,6 +1162,10 @@ local function resolve_model_adapter(ctx, e, trials)
     P.usage(P.where_of("model_adapter"), "model_adapter %s trained the image path (vision_targets = %s, modules_to_save = %s), "
       .. "which continues training only on data with images; this data has none", e.model_adapter, info.vision_targets,
       info.modules_to_save)
+  end
+  if info.audio_targets ~= "none" and ((ctx.items or {}).max_audio or 0) == 0 then
+    P.usage(P.where_of("model_adapter"), "model_adapter %s trained the audio encoder (audio_targets = %s), which continues "
+      .. "training only on data with audio; this data has none", e.model_adapter, info.audio_targets)
   end
 end
 
@@ -1681,6 +1690,24 @@ local function preflight(e, selected, dry_run, no_device)
         local ok, msg = pcall(gm.lora_count, c.model, { vision_targets = vt, rank = c.rank })
         if not ok then P.usage(P.where_of("vision_targets"), "train.%s", clean_msg(msg)) end
         vis_ok[vkey] = true
+      end
+    end
+  end
+  -- the audio encoder trains only from audio, on a model that has one, on modules it has
+  local aud_ok = {}
+  for _, t in ipairs(selected) do
+    local c = t.config
+    local at = c.audio_targets or "none"
+    if at ~= "none" then
+      if (items.max_audio or 0) == 0 then
+        P.usage(P.where_of("audio_targets"), "train.audio_targets is set, but the data has no audio: the audio encoder only "
+          .. "learns from audio (leave audio_targets out for data without audio)")
+      end
+      local akey = c.model .. "\0" .. at
+      if not aud_ok[akey] then
+        local ok, msg = pcall(gm.lora_count, c.model, { audio_targets = at, rank = c.rank })
+        if not ok then P.usage(P.where_of("audio_targets"), "train.%s", clean_msg(msg)) end
+        aud_ok[akey] = true
       end
     end
   end
@@ -2340,9 +2367,10 @@ function R.export(opts)
   local ok2, info = pcall(m.save_adapter, m, opts.out, { adapter = t.path, base_model = base, format = fmt })
   m:close()
   if not ok2 then P.usage(nil, "%s", clean_msg(info)) end
-  local what = string.format("exported trial %s (%s) of %s: %d LoRA modules%s%s, rank %d, alpha %g%s", tostring(t.trial_index),
-    tostring(t.trial_id), opts.results, info.modules + info.vision_modules,
+  local what = string.format("exported trial %s (%s) of %s: %d LoRA modules%s%s%s, rank %d, alpha %g%s", tostring(t.trial_index),
+    tostring(t.trial_id), opts.results, info.modules + info.vision_modules + info.audio_modules,
     info.vision_modules > 0 and string.format(" (%d on the vision tower)", info.vision_modules) or "",
+    info.audio_modules > 0 and string.format(" (%d on the audio encoder)", info.audio_modules) or "",
     info.projector and " and the trained projector (modules_to_save)" or "", info.rank, info.alpha,
     info.rslora and " (rsLoRA)" or "")
   if fmt == "gguf" then
@@ -2351,7 +2379,8 @@ function R.export(opts)
   else
     say("%s, as a PEFT adapter: %s/adapter_config.json, %s/adapter_model.safetensors", what, opts.out, opts.out)
     say("  in Python: PeftModel.from_pretrained(%s.from_pretrained(\"%s\"), \"%s\")",
-      (info.vision_modules > 0 or info.projector) and "Gemma3ForConditionalGeneration" or "AutoModelForCausalLM", base, opts.out)
+      info.audio_modules > 0 and "Gemma3nForConditionalGeneration"
+        or (info.vision_modules > 0 or info.projector) and "Gemma3ForConditionalGeneration" or "AutoModelForCausalLM", base, opts.out)
   end
   return 0
 end

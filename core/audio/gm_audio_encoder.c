@@ -308,9 +308,11 @@ static size_t scratch_of(const gm_audio_encoder *e, int n_threads) {
     return s;
 }
 
+/* gm_audio_encoder_init_train, or (ad != NULL, lora NULL) an inference encoder running a trained
+ * adapter's LoRA on the conformer. */
 static gm_status init_any(gm_audio_encoder *e, const gm_config *mm, const gm_model *m, const gm_mm_hard *hard,
-                          int64_t max_clips, int64_t max_frames, const gm_lora_config *lora, bool checkpointing,
-                          int n_threads, gm_backend *be, gm_error *err) {
+                          int64_t max_clips, int64_t max_frames, const gm_lora_config *lora, const gm_lora *ad,
+                          bool checkpointing, int n_threads, gm_backend *be, gm_error *err) {
     if (max_clips < 1 || max_frames < 1 || max_clips > (1 << 20) || max_frames > (1 << 24))
         return gm_error_set(err, GM_ERR_INVALID, "audio encoder: %lld clips of %lld frames: both must be positive",
                             (long long)max_clips, (long long)max_frames);
@@ -344,19 +346,23 @@ static gm_status init_any(gm_audio_encoder *e, const gm_config *mm, const gm_mod
             return s;
         }
     }
+    if (ad && ad->n > 0 && (ad->n_layers != e->tcfg.n_layers || ad->n_slots != e->w.n_slots))
+        return gm_error_set(err, GM_ERR_INVALID, "the adapter's audio-encoder LoRA is for %lld blocks; this encoder has %lld",
+                            (long long)ad->n_layers, (long long)e->tcfg.n_layers);
+    const gm_lora *lo = e->train_tower ? &e->lora : ad && ad->n > 0 ? ad : NULL;
     int64_t T2;
     gm_audio_encoder_frames(&e->cfg, max_frames, &T2, NULL);
     gm_graph_opts go = {.mode = e->train_tower ? GM_GRAPH_TRAIN : GM_GRAPH_INFER, .batch = max_clips,
                         .max_tokens = T2 > 0 ? T2 : 1, .ctx = T2 > 0 ? T2 : 1, .checkpointing = e->train_tower && checkpointing,
-                        .lm_rows = 1, .rank = e->train_tower ? lora->rank : 0, .n_threads = nt};
-    return gm_graph_init(&e->g, &e->tcfg, &e->w, e->train_tower ? &e->lora : NULL, be, &go, err);
+                        .lm_rows = 1, .rank = lo ? lo->cfg.rank : 0, .n_threads = nt};
+    return gm_graph_init(&e->g, &e->tcfg, &e->w, lo, be, &go, err);
 }
 
 gm_status gm_audio_encoder_init_train(gm_audio_encoder *e, const gm_config *mm, const gm_model *m, const gm_mm_hard *hard,
                                       int64_t max_clips, int64_t max_frames, const gm_lora_config *lora,
                                       bool checkpointing, int n_threads, gm_backend *be, gm_error *err) {
     memset(e, 0, sizeof *e);
-    gm_status s = init_any(e, mm, m, hard, max_clips, max_frames, lora, checkpointing, n_threads, be, err);
+    gm_status s = init_any(e, mm, m, hard, max_clips, max_frames, lora, NULL, checkpointing, n_threads, be, err);
     if (s != GM_OK) gm_audio_encoder_release(e); /* what it described before failing */
     return s;
 }
@@ -397,14 +403,22 @@ gm_status gm_audio_encoder_init_params(gm_audio_encoder *e, gm_error *err) {
 
 gm_status gm_audio_encoder_new(const gm_model *m, const gm_mm_hard *hard, int64_t max_clips, int64_t max_frames,
                                int n_threads, gm_backend *be, gm_audio_encoder **out, gm_error *err) {
+    return gm_audio_encoder_new_adapted(m, hard, max_clips, max_frames, n_threads, be, NULL, out, err);
+}
+
+gm_status gm_audio_encoder_new_adapted(const gm_model *m, const gm_mm_hard *hard, int64_t max_clips, int64_t max_frames,
+                                       int n_threads, gm_backend *be, const gm_lora *ad, gm_audio_encoder **out,
+                                       gm_error *err) {
     *out = NULL;
+    if (ad && ad->n > 0 && !be)
+        return gm_error_set(err, GM_ERR_INVALID, "an adapted audio encoder runs on the adapter's backend: give it");
     gm_audio_encoder *e = gm_calloc(1, sizeof *e);
     if (!e) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     if (n_threads <= 0) n_threads = 2;
     gm_backend *owned = NULL;
     gm_status s = GM_OK;
     if (!be) s = gm_backend_cpu_new(n_threads, &owned, err), be = owned;
-    if (s == GM_OK) s = gm_audio_encoder_init(e, &m->cfg, m, hard, max_clips, max_frames, n_threads, be, err);
+    if (s == GM_OK) s = init_any(e, &m->cfg, m, hard, max_clips, max_frames, NULL, ad, false, n_threads, be, err);
     e->owned_be = owned;
     if (s == GM_OK) {
         gm_backend_arena(be, &e->arena, "audio encoder");

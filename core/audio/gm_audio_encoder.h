@@ -128,6 +128,12 @@ typedef struct gm_audio_encoder {
  * encoder), where the padding token's embedding comes from. */
 gm_status gm_audio_encoder_new(const struct gm_model *m, const struct gm_mm_hard *hard, int64_t max_clips,
                                int64_t max_frames, int n_threads, gm_backend *be, gm_audio_encoder **out, gm_error *err);
+/* The same running a trained adapter's LoRA on the conformer (gm_adapter.audio_lora: its buffers
+ * on be, which must then be given; ad NULL or empty: gm_audio_encoder_new). GM_ERR_INVALID for an
+ * adapter of another number of blocks. */
+gm_status gm_audio_encoder_new_adapted(const struct gm_model *m, const struct gm_mm_hard *hard, int64_t max_clips,
+                                       int64_t max_frames, int n_threads, gm_backend *be, const gm_lora *ad,
+                                       gm_audio_encoder **out, gm_error *err);
 void gm_audio_encoder_free(gm_audio_encoder *e);
 
 /* The same encoder inside another owner's arenas (the trainer's, the planner's): describes it for
@@ -157,6 +163,18 @@ void gm_audio_encoder_release(gm_audio_encoder *e);
 
 /* One pass of the arena protocol (gm_arena.h) on a = backend arena, host = host staging. */
 gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *host, gm_error *err);
+
+/* Audio files to the soft tokens that stand for them in a prompt (what `generate --audio` and
+ * m:logits{audio = ...} run; needs gemmarun built with audio, GM_HAVE_AUDIO): each file decoded
+ * and resampled (gm_audio_load), the batch's log-mel features (gm_audio_features_compute), the
+ * encoder (gm_audio_encoder_new_adapted with `ad`, NULL for none) on backend be (NULL: a CPU
+ * backend of n_threads). soft (n, soft_tokens, C_text) host floats receive them; samples (n, may be
+ * NULL) each clip's length at 16 kHz before the extractor's 30 s cut. hard: m's hard-token tables.
+ * Errors: gm_audio_load's naming the file, GM_ERR_INVALID for a clip under one 32 ms frame or more
+ * than 16 clips, the encoder's. */
+gm_status gm_audio_encode_files(const struct gm_model *m, const struct gm_mm_hard *hard, const char *const *paths, int n,
+                                int n_threads, gm_backend *be, const gm_lora *ad, float *soft, int64_t *samples,
+                                gm_error *err);
 
 /* Called with each stage's output (backend memory, rows x cols f32): "sscp", "block_<i>",
  * "encoder" (after the reduction, padding frames zeroed). For tests and debugging. */

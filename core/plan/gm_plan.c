@@ -192,14 +192,17 @@ gm_status gm_plan_max_audio(const gm_config *cfg, const gm_train_opts *o, const 
     return GM_OK;
 }
 
-gm_status gm_plan_audio(const gm_config *cfg, int64_t max_clips, int64_t frames, int n_threads, gm_dtype stored,
+gm_status gm_plan_audio(const gm_config *cfg, int64_t max_clips, int64_t frames, const gm_train_opts *o, gm_dtype stored,
                         gm_plan_tower *out, gm_error *err) {
     memset(out, 0, sizeof *out);
     gm_audio_encoder e;
     gm_arena a, h;
     gm_arena_init(&a, "audio encoder plan", GM_DEVICE_CPU);
     gm_arena_init(&h, "audio encoder plan host", GM_DEVICE_CPU);
-    gm_status s = gm_audio_encoder_init(&e, cfg, NULL, NULL, max_clips, frames, n_threads, NULL, err);
+    gm_lora_config al;
+    const gm_lora_config *alp = gm_train_audio_selection(o, &al);
+    gm_status s = gm_audio_encoder_init_train(&e, cfg, NULL, NULL, max_clips, frames, alp, o->checkpointing, o->n_threads,
+                                              NULL, err);
     if (s == GM_OK) {
         e.stored = stored;
         s = gm_audio_encoder_layout(&e, &a, &h, err);
@@ -261,8 +264,8 @@ gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtyp
             out->by_kind[k] -= out->vision.by_kind[k];
         }
     }
-    if (ov.max_audio > 0) { /* the audio encoder likewise (frozen: nothing of it trains) */
-        GM_TRY(gm_plan_audio(cfg, ov.max_audio, ov.max_audio_frames, ov.n_threads, stored, &out->audio, err));
+    if (ov.max_audio > 0) { /* the audio encoder likewise (with audio_targets, its adapters and records too) */
+        GM_TRY(gm_plan_audio(cfg, ov.max_audio, ov.max_audio_frames, &ov, stored, &out->audio, err));
         for (int k = 0; k < GM_MEM_KIND_COUNT; k++) {
             GM_ASSERT(out->by_kind[k] >= out->audio.by_kind[k]);
             out->by_kind[k] -= out->audio.by_kind[k];

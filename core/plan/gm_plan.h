@@ -130,10 +130,11 @@ gm_status gm_plan_max_audio(const gm_config *cfg, const gm_train_opts *o, const 
                             int64_t *frames, gm_error *err);
 
 /* The audio encoder's share of a Gemma 3n run for max_clips clips of up to `frames` feature
- * frames per micro-batch, its matrices stored as `stored`: gm_audio_encoder_init and
- * gm_audio_encoder_layout - what the trainer reserves it with - on measuring arenas, plus the
- * matrices it reads in place. Errors: gm_audio_encoder_init's. */
-gm_status gm_plan_audio(const gm_config *cfg, int64_t max_clips, int64_t frames, int n_threads, gm_dtype stored,
+ * frames per micro-batch, its matrices stored as `stored`, trained as o says (audio_targets: its
+ * adapters, their gradients and moments, the blocks' records; checkpointing; threads):
+ * gm_audio_encoder_init_train and gm_audio_encoder_layout - what the trainer reserves it with - on
+ * measuring arenas, plus the matrices it reads in place. Errors: gm_audio_encoder_init_train's. */
+gm_status gm_plan_audio(const gm_config *cfg, int64_t max_clips, int64_t frames, const gm_train_opts *o, gm_dtype stored,
                         gm_plan_tower *out, gm_error *err);
 
 /* The config of a model argument without loading weights: a built-in size name (unless it is

@@ -5,6 +5,7 @@
 #include "gm_adapter.h"
 
 #include "gm_alloc.h"
+#include "gm_audio_encoder.h"
 #include "gm_file.h"
 #include "gm_gguf.h"
 #include "gm_h5.h"
@@ -230,11 +231,11 @@ static gm_status scaling_of(gm_h5_file *f, const char *obj, const char *config_j
 }
 
 /* The file key (PEFT key without ".lora_A.weight") of adapter module `module` among keys[n]:
- * the one with the same "layers.N.<module>" tail. */
-static const char *file_key(const char *module, char (*keys)[192], int n) {
-    const char *tail = strstr(module, "layers.");
+ * the one with the same "<layer word>N.<module>" tail (gm_lora_layer_word of its architecture). */
+static const char *file_key(const gm_arch_def *arch, const char *module, char (*keys)[192], int n) {
+    const char *word = gm_lora_layer_word(arch), *tail = strstr(module, word);
     for (int i = 0; i < n; i++) {
-        const char *t = strstr(keys[i], "layers.");
+        const char *t = strstr(keys[i], word);
         if (t && tail && strcmp(t, tail) == 0) return keys[i];
     }
     return NULL;
@@ -280,6 +281,7 @@ static const char *const proj_names[2] = {GM_VISION_PROJECTOR_PREFIX "mm_input_p
 static void adapter_layout(gm_adapter *a, const gm_model *m) {
     gm_lora_layout(&a->lora, &a->arena, false);
     gm_lora_layout(&a->vision_lora, &a->arena, false);
+    gm_lora_layout(&a->audio_lora, &a->arena, false);
     if (a->has_proj) {
         int64_t C = m->vision->cfg.hidden_size, Ct = m->vision->cfg.vision.out_hidden_size;
         a->proj_C = C, a->proj_C_text = Ct;
@@ -332,7 +334,7 @@ static gm_status load_modules(const gm_model *m, gm_backend *be, const gm_lora_c
     for (int k = 0; k < ns && s == GM_OK; k++)
         for (int i = 0; i < sets[k].lo->n && s == GM_OK; i++) {
             gm_lora_adapter *ad = &sets[k].lo->ad[i];
-            const char *key = file_key(ad->module, sets[k].keys, sets[k].n);
+            const char *key = file_key(sets[k].arch, ad->module, sets[k].keys, sets[k].n);
             char name[400];
             int64_t shA[2] = {rank, ad->in}, shB[2] = {ad->out, rank};
             snprintf(name, sizeof name, "%s.lora_A.weight", key);
@@ -372,6 +374,20 @@ static gm_status h5_fetch(void *ctx, const char *name, int ndim, const int64_t *
     return gm_h5_read(h->f, ds, GM_F32, ndim, shape, dst, err);
 }
 
+/* The audio encoder's set of adapters (ms: its modules) on model m: its architecture and the
+ * conformer's config (into a->audio_cfg); GM_ERR_INVALID naming `source` when m has no audio
+ * encoder. */
+static gm_status audio_set(const gm_model *m, gm_adapter *a, mod_set *ms, const char *source, gm_error *err) {
+    if (m->cfg.arch != GM_ARCH_GEMMA3N || m->cfg.audio.hidden_size <= 0)
+        return gm_error_set(err, GM_ERR_INVALID, "%s trained the audio encoder (LoRA on %d of its modules, e.g. %s), which this "
+                            "model lacks: %s has no audio encoder\n  hint: use the Gemma 3n checkpoint the adapter was "
+                            "trained on", source, ms->n, ms->modules[0], m->path);
+    GM_TRY(gm_config_audio_tower(&m->cfg, &a->audio_cfg, err));
+    ms->arch = gm_arch_get(GM_ARCH_GEMMA3N_AUDIO);
+    ms->cfg = &a->audio_cfg;
+    return GM_OK;
+}
+
 /* Reads the adapter group `group` of open file f (config from attribute config_json of
  * `config_obj`) into a: the text decoder's adapters and, when the run trained the image path, the
  * tower's adapters ("...vision_tower..." keys, the text adapters' rank and scaling, as the trainer
@@ -383,13 +399,14 @@ static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, 
     int n = 0;
     GM_TRY(gm_h5_list(f, group, &ch, &n, err));
     size_t cap = (size_t)(n > 0 ? n : 1);
-    const char **modules = gm_calloc(2 * cap, sizeof *modules);
-    char (*keys)[192] = gm_calloc(2 * cap, sizeof *keys);
+    const char **modules = gm_calloc(3 * cap, sizeof *modules);
+    char (*keys)[192] = gm_calloc(3 * cap, sizeof *keys);
     gm_status s = modules && keys ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     /* [0] the text decoder's modules, [1] the vision tower's (the same "layers.N.<module>" tails:
      * kept apart) */
-    mod_set sets[2] = {{&a->lora, m->arch, &m->cfg, m->peft_prefix, modules, keys, 0},
-                       {&a->vision_lora, NULL, NULL, GM_VISION_TOWER_PREFIX, modules + cap, keys + cap, 0}};
+    mod_set sets[3] = {{&a->lora, m->arch, &m->cfg, m->peft_prefix, modules, keys, 0},
+                       {&a->vision_lora, NULL, NULL, GM_VISION_TOWER_PREFIX, modules + cap, keys + cap, 0},
+                       {&a->audio_lora, NULL, NULL, GM_AUDIO_TOWER_PREFIX, modules + 2 * cap, keys + 2 * cap, 0}};
     int proj_seen[2] = {0, 0};
     int64_t rank = 0;
     /* the modules: every "<key>.lora_A.weight" (module = key without PEFT's "base_model.model.") */
@@ -405,7 +422,7 @@ static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, 
             continue;
         }
         if (!ends_with(name, A_SUFFIX)) continue;
-        mod_set *ms = &sets[strstr(name, "vision_tower.") ? 1 : 0];
+        mod_set *ms = &sets[strstr(name, "vision_tower.") ? 1 : strstr(name, "audio_tower.") ? 2 : 0];
         snprintf(ms->keys[ms->n], sizeof ms->keys[0], "%.*s", (int)(strlen(name) - strlen(A_SUFFIX)), name);
         const char *key = ms->keys[ms->n];
         ms->modules[ms->n] = strncmp(key, PEFT_PREFIX, strlen(PEFT_PREFIX)) == 0 ? key + strlen(PEFT_PREFIX) : key;
@@ -430,7 +447,8 @@ static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, 
         s = gm_error_set(err, GM_ERR_INVALID, "%s: %s trained the image path (%s), which this model lacks: %s has no vision "
                          "tower\n  hint: use the multimodal checkpoint the adapter was trained on", path, group,
                          image_parts(sets[1].n, a->has_proj), m->path);
-    if (s == GM_OK && sets[0].n + sets[1].n == 0)
+    if (s == GM_OK && sets[2].n > 0) s = audio_set(m, a, &sets[2], path, err);
+    if (s == GM_OK && sets[0].n + sets[1].n + sets[2].n == 0)
         s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: %s holds no LoRA tensors (*%s)", path, group, A_SUFFIX);
     if (s == GM_OK && m->vision) sets[1].arch = m->vision->arch, sets[1].cfg = &m->vision->cfg;
     gm_lora_config lc = gm_lora_config_default();
@@ -440,7 +458,7 @@ static gm_status read_adapter(const gm_model *m, gm_backend *be, gm_h5_file *f, 
     if (s == GM_OK) s = scaling_of(f, config_obj, cfg, path, &lc, err);
     gm_free(cfg);
     h5_src src = {f, group};
-    if (s == GM_OK) s = load_modules(m, be, &lc, sets, 2, h5_fetch, &src, a, err);
+    if (s == GM_OK) s = load_modules(m, be, &lc, sets, 3, h5_fetch, &src, a, err);
     gm_free(modules), gm_free(keys);
     return s;
 }
@@ -574,7 +592,8 @@ static gm_status check_selected(const peft_sel *p, const gm_arch_def *arch, cons
                              "exclude_modules leaves out (PEFT would ignore its tensors)", w_path, modules[i]);
             break;
         }
-        long layer = strtol(strstr(modules[i], "layers.") + 7, NULL, 10);
+        const char *word = gm_lora_layer_word(arch), *at = strstr(modules[i], word);
+        long layer = at ? strtol(at + strlen(word), NULL, 10) : 0;
         if (!found && layer >= mc->n_layers)
             s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, but this model has %lld layers (an adapter "
                              "for another base model?)", w_path, modules[i], (long long)mc->n_layers);
@@ -701,6 +720,11 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
     const char **vmodules = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *vmodules) : NULL;
     char (*vkeys)[192] = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *vkeys) : NULL;
     if (s == GM_OK && (!vmodules || !vkeys)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    /* and the audio encoder's ("conformer.N.<module>") */
+    int na = 0;
+    const char **amodules = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *amodules) : NULL;
+    char (*akeys)[192] = s == GM_OK ? gm_calloc((size_t)(nt > 0 ? nt : 1), sizeof *akeys) : NULL;
+    if (s == GM_OK && (!amodules || !akeys)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     /* every tensor must be a LoRA A or B under PEFT's prefix, in pairs, or the projector's */
     for (int64_t i = 0; i < nt && s == GM_OK; i++) {
         const char *name = gm_safetensors_tensor_at(st, i)->name;
@@ -729,6 +753,19 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
         /* only the text decoder's modules, in one of its layouts, with canonical layer numbers:
          * PEFT would load nothing else onto this model (a vision tower's layers.0 is not ours) */
         const char *mod = name + strlen(PEFT_PREFIX), *tail = NULL;
+        if (strncmp(mod, GM_AUDIO_TOWER_PREFIX "conformer.", strlen(GM_AUDIO_TOWER_PREFIX "conformer.")) == 0) {
+            if (is_a) { /* the audio encoder's (its model and layer range checked below) */
+                snprintf(akeys[na], sizeof akeys[na], "%.*s", (int)(strlen(name) - strlen(A_SUFFIX)), name);
+                amodules[na] = akeys[na] + strlen(PEFT_PREFIX);
+                na++;
+            }
+            continue;
+        }
+        if (strstr(mod, "audio_tower.")) {
+            s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is LoRA on the audio encoder in another module layout than "
+                             "transformers 5's (%sconformer.<N>...)", w_path, name, GM_AUDIO_TOWER_PREFIX);
+            break;
+        }
         static const char *const layouts[] = {"model.", "model.language_model.", "language_model.model."};
         for (int k = 0; k < 3 && !tail; k++) {
             size_t n = strlen(layouts[k]);
@@ -784,7 +821,9 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
                          "would fail to load it)", w_path, proj_names[proj_seen[0] ? 1 : 0]);
     /* PEFT puts adapters on the modules its config selects and loads the tensors of those only:
      * the file's modules must be selected, the decoder's and the tower's */
-    peft_sel ps = {cfg_path, w_path, &lc, targets, exclude, layers_sel, init_zero_b, m->vision != NULL};
+    mod_set aset = {&a->audio_lora, NULL, NULL, GM_AUDIO_TOWER_PREFIX, amodules, akeys, na};
+    if (s == GM_OK && na > 0) s = audio_set(m, a, &aset, dir, err);
+    peft_sel ps = {cfg_path, w_path, &lc, targets, exclude, layers_sel, init_zero_b, m->vision != NULL || na > 0};
     if (s == GM_OK && nm > 0 && targets[0]) {
         char prefix[64];
         snprintf(prefix, sizeof prefix, "%.*s", (int)(strstr(modules[0], "layers.") - modules[0]), modules[0]);
@@ -792,13 +831,15 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
     }
     if (s == GM_OK && nv > 0 && targets[0])
         s = check_selected(&ps, m->vision->arch, &m->vision->cfg, GM_VISION_TOWER_PREFIX, vmodules, nv, err);
-    if (s == GM_OK && nm + nv == 0) s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no LoRA tensors in it", w_path);
+    if (s == GM_OK && na > 0 && targets[0]) s = check_selected(&ps, aset.arch, aset.cfg, GM_AUDIO_TOWER_PREFIX, amodules, na, err);
+    if (s == GM_OK && nm + nv + na == 0) s = gm_error_set(err, GM_ERR_NOT_FOUND, "%s: no LoRA tensors in it", w_path);
     st_src src = {st, w_path};
-    mod_set sets[2] = {{&a->lora, m->arch, &m->cfg, m->peft_prefix, modules, keys, nm},
+    mod_set sets[3] = {{&a->lora, m->arch, &m->cfg, m->peft_prefix, modules, keys, nm},
                        {&a->vision_lora, m->vision ? m->vision->arch : NULL, m->vision ? &m->vision->cfg : NULL,
-                        GM_VISION_TOWER_PREFIX, vmodules, vkeys, nv}};
-    if (s == GM_OK) s = load_modules(m, be, &lc, sets, 2, st_fetch, &src, a, err);
-    gm_free(modules), gm_free(keys), gm_free(vmodules), gm_free(vkeys);
+                        GM_VISION_TOWER_PREFIX, vmodules, vkeys, nv},
+                       aset};
+    if (s == GM_OK) s = load_modules(m, be, &lc, sets, 3, st_fetch, &src, a, err);
+    gm_free(modules), gm_free(keys), gm_free(vmodules), gm_free(vkeys), gm_free(amodules), gm_free(akeys);
     gm_safetensors_free(st);
     return s;
 }
@@ -917,17 +958,17 @@ gm_status gm_adapter_load(const gm_model *m, gm_backend *be, const char *path, c
 
 /* ---- writing a PEFT adapter folder --------------------------------------------------------- */
 
-/* The module's name below "layers.N." ("self_attn.q_proj"). */
-static const char *sub_name(const gm_lora_adapter *ad) {
-    const char *t = strstr(ad->module, "layers.");
-    t = t ? strchr(t + 7, '.') : NULL;
+/* The module's name below "<layer word>N." ("self_attn.q_proj"). */
+static const char *sub_name(const gm_arch_def *arch, const gm_lora_adapter *ad) {
+    const char *word = gm_lora_layer_word(arch), *t = strstr(ad->module, word);
+    t = t ? strchr(t + strlen(word), '.') : NULL;
     return t ? t + 1 : ad->module;
 }
 
 /* The name target_modules lists for the module: its last component ("q_proj") when no other
  * targetable weight of the architecture ends the same, else its name below the layer. */
 static const char *target_name(const gm_arch_def *arch, const gm_lora_adapter *ad) {
-    const char *sub = sub_name(ad), *last = strrchr(sub, '.');
+    const char *sub = sub_name(arch, ad), *last = strrchr(sub, '.');
     last = last ? last + 1 : sub;
     int same = 0;
     for (int i = 0; i < arch->n_layer; i++) {
@@ -979,14 +1020,15 @@ static gm_status targets_of(const gm_lora *lo, const gm_arch_def *arch, int64_t 
         /* a regular expression full-matched against module names: exactly these modules (a list
          * would also match e.g. a vision tower's q_proj in a multimodal checkpoint) */
         rx_append(rx, cap, prefix);
-        strcat(rx, "layers\\.(?:");
+        rx_append(rx, cap, gm_lora_layer_word(arch));
+        strcat(rx, "(?:");
         bool first = true;
         for (int l = 0; l < n_model_layers; l++)
             if (layers[l]) snprintf(rx + strlen(rx), cap - strlen(rx), "%s%d", first ? "" : "|", l), first = false;
         strcat(rx, ")\\.(?:");
         for (int i = 0; i < lo->n && lo->ad[i].layer == lo->ad[0].layer; i++) {
             if (i) strcat(rx, "|");
-            rx_append(rx, cap, sub_name(&lo->ad[i]));
+            rx_append(rx, cap, sub_name(arch, &lo->ad[i]));
         }
         strcat(rx, ")");
     } else {
@@ -999,7 +1041,8 @@ static gm_status targets_of(const gm_lora *lo, const gm_arch_def *arch, int64_t 
             if (!first_slot) strcat(rx, "|");
             first_slot = false;
             rx_append(rx, cap, prefix);
-            strcat(rx, "layers\\.(?:");
+            rx_append(rx, cap, gm_lora_layer_word(arch));
+            strcat(rx, "(?:");
             bool first = true;
             for (int i = 0; i < lo->n; i++) {
                 if (lo->ad[i].slot != sl) continue;
@@ -1007,7 +1050,7 @@ static gm_status targets_of(const gm_lora *lo, const gm_arch_def *arch, int64_t 
                 any = &lo->ad[i];
             }
             strcat(rx, ")\\.");
-            rx_append(rx, cap, sub_name(any));
+            rx_append(rx, cap, sub_name(arch, any));
         }
     }
     *out = rx;
@@ -1053,12 +1096,46 @@ gm_status gm_adapter_vision_targets(const gm_adapter *a, const gm_model *m, char
     return GM_OK;
 }
 
+gm_status gm_adapter_audio_targets(const gm_adapter *a, const gm_model *m, char **out, gm_error *err) {
+    const gm_lora *al = &a->audio_lora;
+    *out = NULL;
+    (void)m;
+    if (al->n == 0) {
+        *out = gm_malloc(5);
+        if (!*out) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        memcpy(*out, "none", 5);
+        return GM_OK;
+    }
+    const gm_arch_def *arch = gm_arch_get(GM_ARCH_GEMMA3N_AUDIO);
+    bool list, layers[GM_MAX_LAYERS];
+    int n_layers = 0, n_slots = 0;
+    GM_TRY(targets_of(al, arch, a->audio_cfg.n_layers, GM_AUDIO_TOWER_PREFIX, false, &list, out, layers, &n_layers, err));
+    for (int sl = 0; sl < GM_MAX_LAYER_WEIGHTS; sl++) n_slots += al->slot_used[sl];
+    if (n_layers == a->audio_cfg.n_layers && al->n == n_layers * n_slots) {
+        /* the same modules on every block: their names (matched on the encoder's modules only) */
+        size_t cap = 1;
+        for (int i = 0; i < al->n; i++) cap += strlen(al->ad[i].module) + 1;
+        char *names = gm_calloc(cap, 1);
+        if (!names) {
+            gm_free(*out), *out = NULL;
+            return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+        }
+        for (int i = 0; i < al->n && al->ad[i].layer == al->ad[0].layer; i++) {
+            if (i) strcat(names, ",");
+            strcat(names, target_name(arch, &al->ad[i]));
+        }
+        gm_free(*out);
+        *out = names;
+    }
+    return GM_OK;
+}
+
 gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_model *m, const char *dir, const char *base_model,
                                gm_error *err) {
-    const gm_lora *lo = &a->lora, *vl = &a->vision_lora;
-    if (lo->n + vl->n < 1) return gm_error_set(err, GM_ERR_INVALID, "the adapter has no modules");
-    const gm_lora_config *lcfg = lo->n ? &lo->cfg : &vl->cfg; /* one rank and scaling for both */
-    bool image_path = vl->n > 0 || a->has_proj;
+    const gm_lora *lo = &a->lora, *vl = &a->vision_lora, *al = &a->audio_lora;
+    if (lo->n + vl->n + al->n < 1) return gm_error_set(err, GM_ERR_INVALID, "the adapter has no modules");
+    const gm_lora_config *lcfg = lo->n ? &lo->cfg : vl->n ? &vl->cfg : &al->cfg; /* one rank and scaling for all */
+    bool image_path = vl->n > 0 || a->has_proj || al->n > 0; /* another part than the decoder: a regular expression */
     struct stat sb;
     if (stat(dir, &sb) == 0 && !S_ISDIR(sb.st_mode))
         return gm_error_set(err, GM_ERR_INVALID, "%s exists and is not a folder: give a folder to write the PEFT adapter into", dir);
@@ -1084,6 +1161,23 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         bool tl, tused[GM_MAX_LAYERS];
         int tn;
         s = targets_of(vl, m->vision->arch, m->vision->cfg.n_layers, GM_VISION_TOWER_PREFIX, false, &tl, &tower, tused, &tn, err);
+    }
+    if (s == GM_OK && al->n > 0) { /* the audio encoder's, joined as the tower's */
+        bool tl, tused[GM_MAX_LAYERS];
+        int tn;
+        char *aud = NULL;
+        s = targets_of(al, gm_arch_get(GM_ARCH_GEMMA3N_AUDIO), a->audio_cfg.n_layers, GM_AUDIO_TOWER_PREFIX, false, &tl, &aud,
+                       tused, &tn, err);
+        if (s == GM_OK && tower) {
+            size_t k = strlen(tower);
+            char *both = gm_malloc(k + strlen(aud) + 2);
+            if (!both) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+            else snprintf(both, k + strlen(aud) + 2, "%s|%s", tower, aud);
+            gm_free(tower), gm_free(aud);
+            tower = both;
+        } else if (s == GM_OK) {
+            tower = aud;
+        }
     }
     if (s == GM_OK && tower) {
         size_t k = targets ? strlen(targets) : 0;
@@ -1145,11 +1239,11 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         cJSON_AddBoolToObject(c, "use_rslora", lcfg->rslora);
     }
     /* the tensors, on the host: the decoder's adapters, the tower's, the projector */
-    const gm_lora *parts[2] = {lo, vl};
-    int n_wt = 2 * (lo->n + vl->n) + (a->has_proj ? 2 : 0);
+    const gm_lora *parts[3] = {lo, vl, al};
+    int n_wt = 2 * (lo->n + vl->n + al->n) + (a->has_proj ? 2 : 0);
     gm_st_write_tensor *wt = s == GM_OK ? gm_calloc((size_t)n_wt, sizeof *wt) : NULL;
     size_t total = 0;
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         for (int i = 0; i < parts[k]->n; i++) total += (size_t)(lcfg->rank * (parts[k]->ad[i].in + parts[k]->ad[i].out));
     int64_t C = a->has_proj ? m->vision->cfg.hidden_size : 0, Ct = a->has_proj ? m->vision->cfg.vision.out_hidden_size : 0;
     total += (size_t)(C * Ct + C);
@@ -1157,7 +1251,7 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
     if (s == GM_OK && (!wt || !host)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     float *p = host;
     int w = 0;
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         for (int i = 0; s == GM_OK && i < parts[k]->n; i++) {
             const gm_lora_adapter *ad = &parts[k]->ad[i];
             int64_t r = lcfg->rank;
@@ -1201,6 +1295,10 @@ gm_status gm_adapter_save_gguf(const gm_adapter *a, gm_backend *be, const gm_mod
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s trained the image path (%s): a llama.cpp LoRA adapter carries no "
                             "vision tower or projector, and without them it would be another model than the one trained\n"
                             "  hint: export it with --format peft", a->source, image_parts(a->vision_lora.n, a->has_proj));
+    if (a->audio_lora.n > 0)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s trained the audio encoder (LoRA on %d of its modules): a llama.cpp "
+                            "LoRA adapter carries no audio encoder, and without it it would be another model than the one "
+                            "trained\n  hint: export it with --format peft", a->source, a->audio_lora.n);
     if (lo->n < 1) return gm_error_set(err, GM_ERR_INVALID, "the adapter has no modules");
     gm_gguf_writer *w = gm_gguf_writer_new();
     size_t total = 0;
@@ -1241,20 +1339,24 @@ gm_status gm_adapter_save_gguf(const gm_adapter *a, gm_backend *be, const gm_mod
     return s;
 }
 
-/* The buffer of a's image path under PEFT key `name` (*n floats), or NULL. */
+/* The buffer of a's image path or audio encoder under PEFT key `name` (*n floats), or NULL. */
 static const float *image_buffer(const gm_adapter *a, const char *name, int64_t *n) {
-    const gm_lora *vl = &a->vision_lora;
-    for (int i = 0; i < vl->n; i++) {
-        const gm_lora_adapter *ad = &vl->ad[i];
-        if (strcmp(name, ad->name_A) == 0) return *n = vl->cfg.rank * ad->in, ad->A;
-        if (strcmp(name, ad->name_B) == 0) return *n = ad->out * vl->cfg.rank, ad->B;
-    }
+    const gm_lora *parts[2] = {&a->vision_lora, &a->audio_lora};
+    for (int k = 0; k < 2; k++)
+        for (int i = 0; i < parts[k]->n; i++) {
+            const gm_lora_adapter *ad = &parts[k]->ad[i];
+            if (strcmp(name, ad->name_A) == 0) return *n = parts[k]->cfg.rank * ad->in, ad->A;
+            if (strcmp(name, ad->name_B) == 0) return *n = ad->out * parts[k]->cfg.rank, ad->B;
+        }
     if (a->has_proj && strcmp(name, proj_names[0]) == 0) return *n = a->proj_C * a->proj_C_text, a->vision.proj_w;
     if (a->has_proj && strcmp(name, proj_names[1]) == 0) return *n = a->proj_C, a->vision.proj_norm_w;
     return NULL;
 }
 
-static bool image_key(const char *name) { return strstr(name, "vision_tower.") || strstr(name, "multi_modal_projector."); }
+/* A trained tensor outside the decoder's adapters: the image path's, the audio encoder's. */
+static bool image_key(const char *name) {
+    return strstr(name, "vision_tower.") || strstr(name, "multi_modal_projector.") || strstr(name, "audio_tower.");
+}
 
 gm_status gm_adapter_to_trainer(const gm_adapter *a, gm_backend *a_be, gm_trainer *tr, gm_error *err) {
     const gm_lora *src = &a->lora, *dst = gm_trainer_lora(tr);
@@ -1263,23 +1365,28 @@ gm_status gm_adapter_to_trainer(const gm_adapter *a, gm_backend *a_be, gm_traine
     int np = 0, n_image = 0;
     const gm_train_param *pp = gm_trainer_params(tr, &np);
     int64_t image_max = 1;
-    bool has_image = a->vision_lora.n > 0 || a->has_proj;
+    bool has_image = a->vision_lora.n > 0 || a->has_proj || a->audio_lora.n > 0;
     for (int i = 0; i < np && has_image; i++) {
         if (!image_key(pp[i].name)) continue;
         int64_t n = 0;
         if (!image_buffer(a, pp[i].name, &n))
-            return gm_error_set(err, GM_ERR_INVALID, "the run trains %s, which %s has not (vision_targets / modules_to_save "
-                                "select more than it trained)", pp[i].name, a->source);
+            return gm_error_set(err, GM_ERR_INVALID, "the run trains %s, which %s has not (%s select more than it trained)",
+                                pp[i].name, a->source,
+                                strstr(pp[i].name, "audio_tower.") ? "audio_targets" : "vision_targets / modules_to_save");
         if (n != pp[i].n)
             return gm_error_set(err, GM_ERR_INVALID, "%s: %s holds %lld values, the run's %lld", a->source, pp[i].name,
                                 (long long)n, (long long)pp[i].n);
         image_max = n > image_max ? n : image_max;
         n_image++;
     }
-    if (has_image && n_image != 2 * a->vision_lora.n + (a->has_proj ? 2 : 0))
+    if (has_image && n_image != 2 * (a->vision_lora.n + a->audio_lora.n) + (a->has_proj ? 2 : 0)) {
+        if (a->audio_lora.n > 0)
+            return gm_error_set(err, GM_ERR_INVALID, "%s trained the audio encoder (LoRA on %d of its modules), which the run "
+                                "does not train as it did: set audio_targets as it was trained", a->source, a->audio_lora.n);
         return gm_error_set(err, GM_ERR_INVALID, "%s trained the image path (%s), which the run does not train as it did: set "
                             "vision_targets / modules_to_save as it was trained", a->source,
                             image_parts(a->vision_lora.n, a->has_proj));
+    }
     if (src->cfg.rank != dst->cfg.rank)
         return gm_error_set(err, GM_ERR_INVALID, "%s has rank %d, the run %d: set train.rank = %d", a->source, src->cfg.rank,
                             dst->cfg.rank, src->cfg.rank);
@@ -1334,5 +1441,6 @@ void gm_adapter_free(gm_adapter *a) {
     gm_arena_free(&a->arena);
     gm_lora_free(&a->lora);
     gm_lora_free(&a->vision_lora);
+    gm_lora_free(&a->audio_lora);
     gm_free(a);
 }

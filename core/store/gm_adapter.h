@@ -27,6 +27,9 @@
  * gm_vision_new_adapted); a model without a vision tower refuses them (GM_ERR_INVALID). A PEFT
  * folder may hold them too: LoRA on "model.vision_tower.encoder." modules, the projector with
  * modules_to_save ["multi_modal_projector"] (any other modules_to_save is refused).
+ * A run that trained Gemma 3n's audio encoder (audio_targets) stores its conformer's adapters
+ * ("...audio_tower.conformer.N...", the text adapters' rank and scaling) the same way: read into
+ * audio_lora (for gm_audio_encoder_new_adapted); a model without an audio encoder refuses them.
  * The tensors are named by PEFT keys ("base_model.model.<module>.lora_A.weight", formats.md §6);
  * the modules present say where the adapters go, their shapes give the rank, and the stored
  * configuration gives the scaling: the attributes lora_alpha / lora_rslora a trainer writes into its
@@ -61,6 +64,8 @@ extern "C" {
 typedef struct gm_adapter {
     gm_lora lora;            /* the text decoder's adapters (A, B on the backend) */
     gm_lora vision_lora;     /* the vision tower's (n = 0: none) */
+    gm_lora audio_lora;      /* Gemma 3n's audio encoder's (n = 0: none) */
+    gm_config audio_cfg;     /* the audio conformer's config (gm_config_audio_tower) when the model has one */
     bool has_proj;           /* the run trained the projector (modules_to_save) */
     int64_t proj_C, proj_C_text; /* its sizes: the tower's width, the text width */
     gm_vision_adapter vision; /* the image path's trained parts for gm_vision_new_adapted: tower =
@@ -93,6 +98,12 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
  * a regular expression full-matched against "model.vision_tower.encoder.layers.N.<module>" that
  * selects exactly them. *out is gm_malloc'd. Errors: GM_ERR_NOMEM. */
 gm_status gm_adapter_vision_targets(const gm_adapter *a, const gm_model *m, char **out, gm_error *err);
+
+/* The audio_targets that select exactly a's audio-encoder adapters on Gemma 3n model m, as train.
+ * audio_targets reads them: "none" when a has none; the module names when they are the same
+ * modules on every block; else a regular expression full-matched against
+ * "model.audio_tower.conformer.N.<module>". *out is gm_malloc'd. Errors: GM_ERR_NOMEM. */
+gm_status gm_adapter_audio_targets(const gm_adapter *a, const gm_model *m, char **out, gm_error *err);
 
 struct gm_trainer;
 /* Starts trainer tr from adapter `a` (loaded on backend a_be for the trainer's model): each of the

@@ -236,15 +236,21 @@ static void module_names(const gm_arch_def *arch, char *buf, size_t cap) {
         /* the last component before ".weight" */
         for (const char *p = hf; p < dot; p++)
             if (*p == '.') start = p + 1;
+        /* once each (Gemma 3n's audio blocks have two ffw_layer_1) */
+        bool seen = false;
+        for (int t = 0; t < s && !seen; t++) {
+            const char *h2 = arch->layer[t].hf, *d2 = strrchr(h2, '.'), *s2 = h2;
+            for (const char *p = h2; p < d2; p++)
+                if (*p == '.') s2 = p + 1;
+            seen = arch->layer[t].lora_id >= 0 && d2 - s2 == dot - start && strncmp(s2, start, (size_t)(dot - start)) == 0;
+        }
+        if (seen) continue;
         int w = snprintf(buf + k, cap - k, "%s%.*s", k ? ", " : "", (int)(dot - start), start);
         if (w > 0) k += (size_t)w;
     }
 }
 
-/* The word before a layer's index in module names: the last part of the architecture's
- * layers_prefix ("layers." for the decoders and SigLIP's "encoder.layers.", "conformer." for
- * Gemma 3n's audio encoder). */
-static const char *layer_word(const gm_arch_def *a) {
+const char *gm_lora_layer_word(const gm_arch_def *a) {
     const char *p = a->layers_prefix ? a->layers_prefix : "layers.";
     size_t n = strlen(p);
     const char *w = p;
@@ -268,7 +274,7 @@ static bool entry_matches_none(const char *e, size_t n, const void *u) {
         const gm_weight_spec *w = &c->arch->layer[s];
         if (w->lora_id < 0) continue;
         /* any layer gives the same suffixes: check layer 0's name */
-        snprintf(module, sizeof module, "%s%s0.%.*s", c->prefix, layer_word(c->arch), (int)(strlen(w->hf) - strlen(".weight")),
+        snprintf(module, sizeof module, "%s%s0.%.*s", c->prefix, gm_lora_layer_word(c->arch), (int)(strlen(w->hf) - strlen(".weight")),
                  w->hf);
         if (suffix_match(e, n, module)) return false;
     }
@@ -308,9 +314,9 @@ static gm_status describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_d
             lo->index[l * lo->n_slots + s] = -1;
             if (w->lora_id < 0 || w->kind != GM_W_LINEAR || !gm_weight_present(w, mc, l)) continue;
             char module[128];
-            snprintf(module, sizeof module, "%s%s%lld.%.*s", prefix, layer_word(arch), (long long)l,
+            snprintf(module, sizeof module, "%s%s%lld.%.*s", prefix, gm_lora_layer_word(arch), (long long)l,
                      (int)(strlen(w->hf) - strlen(".weight")), w->hf);
-            if (!wanted(lc, layer_word(arch), module, l, only, n_only)) continue;
+            if (!wanted(lc, gm_lora_layer_word(arch), module, l, only, n_only)) continue;
             gm_lora_adapter *ad = &lo->ad[lo->n];
             snprintf(ad->module, sizeof ad->module, "%s", module);
             ad->layer = (int)l;
@@ -334,9 +340,9 @@ static gm_status describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_d
                 const gm_weight_spec *w = &arch->layer[s];
                 if (w->lora_id < 0 || w->kind != GM_W_LINEAR || gm_weight_present(w, mc, l) || mc->kv_source[l] == l) continue;
                 char module[128];
-                snprintf(module, sizeof module, "%s%s%lld.%.*s", prefix, layer_word(arch), (long long)l,
+                snprintf(module, sizeof module, "%s%s%lld.%.*s", prefix, gm_lora_layer_word(arch), (long long)l,
                          (int)(strlen(w->hf) - strlen(".weight")), w->hf);
-                if (wanted(lc, layer_word(arch), module, l, only, n_only))
+                if (wanted(lc, gm_lora_layer_word(arch), module, l, only, n_only))
                     snprintf(why, sizeof why, "; layer %lld reads layer %d's keys and values (KV sharing): it has no k_proj "
                              "or v_proj", (long long)l, mc->kv_source[l]);
             }
@@ -348,7 +354,7 @@ static gm_status describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_d
                 break;
             }
         return gm_error_set(err, GM_ERR_INVALID, "targets '%s' select no module of this model (modules: %s; e.g. %s%s0.%.*s)%s",
-                            lc->targets, names, prefix, layer_word(arch), (int)(strlen(eg) - strlen(".weight")), eg, why);
+                            lc->targets, names, prefix, gm_lora_layer_word(arch), (int)(strlen(eg) - strlen(".weight")), eg, why);
     }
     return GM_OK;
 }
@@ -366,7 +372,7 @@ gm_status gm_lora_describe_modules(gm_lora *lo, const gm_lora_config *lc, const 
     GM_TRY(gm_lora_config_validate(&all, mc, err));
     /* every listed module must be one this model has */
     for (int i = 0; i < n_modules; i++) {
-        const char *word = layer_word(arch), *t = strstr(modules[i], word);
+        const char *word = gm_lora_layer_word(arch), *t = strstr(modules[i], word);
         long long layer = -1;
         int off = 0;
         bool ok = t && sscanf(t + strlen(word), "%lld.%n", &layer, &off) == 1 && off > 0 && layer >= 0 && layer < mc->n_layers;

@@ -123,6 +123,11 @@ gm_status gm_lora_describe_modules(gm_lora *lo, const gm_lora_config *lc, const 
  * optimizer state). */
 void gm_lora_layout(gm_lora *lo, gm_arena *a, bool train);
 
+/* The word before a layer's index in the module names of architecture a: the last part of its
+ * layers_prefix - "layers." (the Gemma decoders, SigLIP's "encoder.layers.") or "conformer."
+ * (Gemma 3n's audio encoder: "model.audio_tower.conformer.3.attention.attn.q_proj"). */
+const char *gm_lora_layer_word(const gm_arch_def *a);
+
 /* The adapter on layer l's weight in `slot`, or NULL. */
 static inline gm_lora_adapter *gm_lora_at(const gm_lora *lo, int64_t l, int slot) {
     if (!lo || !lo->index) return NULL;

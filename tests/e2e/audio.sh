@@ -11,6 +11,12 @@
 #     clip that is not audio rejects its example by name while the run goes on;
 #   - audio data with a Gemma 3 model is refused by the dry run, naming the clip;
 #   - `gemmarun plan` of the tiny model with audio_seconds: exact, with its audio tower item;
+#   - LoRA on the audio encoder (audio_targets) beside the decoder's: trains; exported as a PEFT
+#     folder that PeftModel applies to transformers' Gemma3nForConditionalGeneration with the same
+#     logits for a prompt with a real clip (TOL_ADAPTER_PEER_TINY_ABS), the encoder's adapters
+#     moving them; read back (the trial, the PEFT folder) with bit-identical logits; generate
+#     --audio runs it; GGUF and merged exports, and audio_targets without audio or naming a module
+#     the encoder lacks, refused by name;
 #   - experiments/pronunciation.lua (data.speech + transcribe{}): trains on the real prompts and
 #     reports word and phone error rates, in its table and its results file.
 set -u
@@ -74,6 +80,57 @@ print('ok', n)"
 else
   skip_unless_ci "the trial file's loss and memory (h5py: run ./setup.sh)"
 fi
+# LoRA on the audio encoder (audio_targets) beside the decoder's q_proj / v_proj
+TGT="q_proj,k_proj,v_proj,post,ffw_layer_1,ffw_layer_2,linear_start,linear_end"
+sed -e 's/name = "au"/name = "aua"/' -e "s/max_length = 320 }/max_length = 320, targets = \"q_proj,v_proj\", audio_targets = \"$TGT\" }/" \
+    au.lua > aua.lua
+expect_run "audio_targets: LoRA on the audio encoder's conformer trains beside the decoder's (16 steps)" 0 \
+  "trial 1/1  16 steps, final loss.*written: results/aua.md" -- "$GM" aua.lua
+expect_run "its dry run plans the encoder's adapters and records in the audio tower item" 0 "audio tower [0-9.]+ MiB" -- "$GM" aua.lua --dry-run
+if [ -n "$PY" ]; then
+  expect_run "its peak memory is within $(tol TOL_PLAN_PEAK_REL) of its plan" 0 "^ok$" -- "$PY" -c "
+import glob, h5py, os
+p = [x for x in glob.glob('results/aua/trial-*.h5') if not x.endswith('.ckpt.h5')][0]
+m = h5py.File(p, 'r')['memory'].attrs
+pl, r = float(m['planned_total']), float(m['measured_peak_rss'])
+assert os.environ.get('GM_SANITIZE') or abs(r - pl) <= $(tol TOL_PLAN_PEAK_REL) * pl, (p, r, pl)
+print('ok')"
+fi
+expect_run "export: a PEFT folder, the encoder's adapters in it" 0 \
+  "30 LoRA modules \(20 on the audio encoder\).*Gemma3nForConditionalGeneration" -- "$GM" export results/aua aua_peft
+IDS="2,431$(printf ',471%.0s' $(seq 188)),470,45,77,3"
+peers_python
+if [ -n "$PEERS" ]; then
+  # the clip at 16 kHz (the 8 kHz recording interpolated): both sides read the same samples, no resampling
+  "$PEERS" -c "
+import wave, numpy as np
+w = wave.open('$A/hello-world.wav'); x = np.frombuffer(w.readframes(w.getnframes()), dtype='<i2').astype(np.float64)
+y = np.interp(np.arange(2 * len(x)) / 2.0, np.arange(len(x)), x).round().astype('<i2')
+o = wave.open('hello16k.wav', 'wb'); o.setnchannels(1); o.setsampwidth(2); o.setframerate(16000); o.writeframes(y.tobytes()); o.close()"
+  MODEL=$M IDS=$IDS OUT=results/aua.txt ADAPTER=results/aua AUDIO=hello16k.wav "$GM" "$SRC/tests/peers/logits.lua" >/dev/null 2>&1
+  expect_run "PEFT applies the exported adapter to transformers' Gemma 3n with the same logits for a real clip" 0 \
+    "ok    40 audio-encoder LoRA tensors.*ok    logits with the clip and the adapter.*ok    its audio-encoder adapters move" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" audio --base "$M" --adapter aua_peft --ids "$IDS" --audio hello16k.wav \
+       --ours results/aua.txt --tol "$(tol TOL_ADAPTER_PEER_TINY_ABS)"
+  MODEL=$M IDS=$IDS OUT=results/aua_peft.txt ADAPTER=aua_peft AUDIO=hello16k.wav "$GM" "$SRC/tests/peers/logits.lua" >/dev/null 2>&1
+  expect_run "the PEFT folder read back: the trial's logits, bit for bit" 0 "^same$" -- bash -c "cmp -s results/aua.txt results/aua_peft.txt && echo same"
+else
+  skip_unless_ci "the PEFT round trip of the audio encoder's adapters (the peers venv: tests/peers/setup.sh)"
+fi
+expect_run "generate --audio with the trained adapter: its encoder's adapters run" 0 "audio encoder's included.*4 new tokens" \
+  -- "$GM" generate "$M" --adapter results/aua --audio "$A/hello-world.wav" "Transcribe." --max-tokens 4
+expect_run "a GGUF export of it: refused, naming the audio encoder" 2 "trained the audio encoder \(LoRA on 20 of its modules\): a llama.cpp LoRA adapter carries no audio encoder" \
+  -- "$GM" export results/aua --format gguf aua.gguf
+expect_run "a merged export of it: refused, not dropped" 2 "trained the audio encoder .*which a merged export does not merge yet" \
+  -- "$GM" export results/aua --format merged aua_merged
+printf '{"messages": [{"role": "user", "content": "T"}, {"role": "assistant", "content": "x"}]}\n' > text.jsonl
+sed -e 's/name = "aua"/name = "aut"/' -e 's/train.jsonl/text.jsonl/' -e 's/test.jsonl/text.jsonl/' aua.lua > aut.lua
+expect_run "audio_targets on data without audio: refused by the dry run" 2 "train.audio_targets is set, but the data has no audio" \
+  -- "$GM" aut.lua --dry-run
+sed -e 's/name = "aua"/name = "aub"/' -e 's/linear_end/pos_proj/' aua.lua > aub.lua
+expect_run "audio_targets naming pos_proj (derived once, not targetable): refused with the encoder's module names" 2 \
+  "audio_targets.*pos_proj.*linear_start" -- "$GM" aub.lua --dry-run
+
 expect_run "its dry run plans the audio tower (the encoder's own layout)" 0 "plan [0-9.]+ MiB \(.*audio tower [0-9.]+ MiB.*audio [0-9.]+ MiB\)" \
   -- "$GM" au.lua --dry-run
 sed -e 's/name = "au"/name = "au3"/' -e "s|$M|$SRC/tests/ref/tiny_gemma3_chat|" -e 's/max_length = 320/max_length = 100/' au.lua > au3.lua

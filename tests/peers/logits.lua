@@ -5,7 +5,8 @@
 -- TRIAL, LAST=1 (only the logits after the last token), GREEDY=N (also OUT.greedy: the N token ids
 -- a greedy continuation of IDS takes, one per line, each the argmax of a full forward), PIXELS (a
 -- file of preprocessed pixel values, one number per line, for the image-token runs of IDS: a
--- multimodal model's images, m:logits' pixels).
+-- multimodal model's images, m:logits' pixels), AUDIO (comma-separated audio files for the runs of
+-- audio soft tokens of IDS: Gemma 3n's clips, m:logits' audio).
 local m <close> = gm.load_model((assert(os.getenv("MODEL"), "set MODEL")))
 local ids = {}
 local text = os.getenv("TEXT")
@@ -26,7 +27,13 @@ if pix_file and pix_file ~= "" then
   pixels = {}
   for x in gm.read_text(pix_file):gmatch("%S+") do pixels[#pixels + 1] = tonumber(x) end
 end
-local l = m:logits(ids, { adapter = adapter, trial = trial, all = os.getenv("LAST") ~= "1", pixels = pixels })
+local audio
+local aud = os.getenv("AUDIO")
+if aud and aud ~= "" then
+  audio = {}
+  for f in aud:gmatch("[^,]+") do audio[#audio + 1] = f end
+end
+local l = m:logits(ids, { adapter = adapter, trial = trial, all = os.getenv("LAST") ~= "1", pixels = pixels, audio = audio })
 local lines = {}
 for i = 1, #l do lines[i] = string.format("%.9g", l[i]) end
 gm.write_text(out, table.concat(lines, "\n") .. "\n")

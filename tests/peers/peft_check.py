@@ -43,6 +43,14 @@
       (token_type_ids marking them: each image seen whole) its logits equal --ours within X, and
       the adapter moves PEFT's own logits, and those of its image path alone (the same ids with
       the text adapters only), by more than EFFECT_FACTOR * X.
+  peft_check.py audio --base BASE --adapter DIR --ids 2,431,471,...,470,7 --audio WAV --ours FILE --tol X
+      An adapter that trained Gemma 3n's audio encoder (LoRA on its conformer, audio_targets) on a
+      Gemma3nForConditionalGeneration base (its MobileNet-V5 vision tower not built: timm is not
+      needed, no image is given): PeftModel.from_pretrained loads it with no missing or unexpected
+      key; the clip WAV (16 kHz mono 16-bit: no resampling on either side) through
+      Gemma3nAudioFeatureExtractor for the ids' run of audio soft tokens; its logits equal --ours
+      within X, and the adapter moves PEFT's own logits, and so do its audio-encoder adapters alone
+      (the same adapter with their B zeroed), by more than EFFECT_FACTOR * X.
   peft_check.py tokenizer --model DIR --cases FILE [--gguf FILE] [--chat TEXT --chat-ids FILE]
       AutoTokenizer.from_pretrained(DIR) encodes every text of FILE (tests/peers/tokens.lua: a
       JSON list of {text, ids}) to gemmarun's ids and decodes them back to the text; with --gguf
@@ -384,6 +392,79 @@ def cmd_make(a):
     return 0
 
 
+def load_gemma3n(path):
+    """Gemma3nForConditionalGeneration from a folder whose vision_config needs timm's MobileNet-V5:
+    an empty stand-in for the tower (never called: no image is given), as make_gemma3n_audio_ref.py
+    builds the fixture."""
+    from transformers import Gemma3nForConditionalGeneration
+    from transformers.models.gemma3n import modeling_gemma3n
+
+    class NoVisionTower(torch.nn.Module):
+        pass
+
+    real = modeling_gemma3n.AutoModel.from_config
+
+    def from_config(cfg, **kw):
+        return NoVisionTower() if getattr(cfg, "model_type", "") == "gemma3n_vision" else real(cfg, **kw)
+
+    modeling_gemma3n.AutoModel.from_config = from_config
+    try:
+        return Gemma3nForConditionalGeneration.from_pretrained(path, dtype=torch.float32, attn_implementation="eager").eval()
+    finally:
+        modeling_gemma3n.AutoModel.from_config = real
+
+
+def cmd_audio(a):
+    import warnings
+    import wave
+    from safetensors.torch import load_file
+    from transformers import Gemma3nAudioFeatureExtractor
+    torch.manual_seed(0)
+    torch.set_num_threads(2)
+    fails = 0
+    ids = torch.tensor([[int(x) for x in a.ids.split(",")]], dtype=torch.long)
+    with wave.open(a.audio, "rb") as w:
+        assert w.getframerate() == 16000 and w.getnchannels() == 1 and w.getsampwidth() == 2, "a 16 kHz mono 16-bit WAV"
+        x = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768.0
+    fx = Gemma3nAudioFeatureExtractor()([x], return_tensors="pt")
+    feats, mask = fx["input_features"], fx["input_features_mask"]
+
+    def run(model):
+        with torch.no_grad():
+            return model(input_ids=ids, input_features=feats, input_features_mask=mask).logits[0].float().numpy().reshape(-1)
+
+    plain = run(load_gemma3n(a.base))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = PeftModel.from_pretrained(load_gemma3n(a.base), a.adapter).eval()
+    bad = [str(w.message) for w in caught if "missing" in str(w.message).lower() or "unexpected" in str(w.message).lower()]
+    fails += report(not bad, "PeftModel.from_pretrained: no missing or unexpected key" + ("" if not bad else ": " + bad[0][:300]))
+    saved = load_file(os.path.join(a.adapter, "adapter_model.safetensors"))
+    sd = model.state_dict()
+    audio = [k for k in saved if ".audio_tower." in k]
+    placed = sum(1 for k in audio if k.replace(".weight", ".default.weight") in sd
+                 and torch.equal(sd[k.replace(".weight", ".default.weight")], saved[k]))
+    fails += report(len(audio) > 0 and placed == len(audio),
+                    f"{len(audio)} audio-encoder LoRA tensors of {len(saved)}, {placed} loaded in place")
+    theirs = run(model)
+    # the audio encoder's share: the same adapter with its encoder adapters' B zeroed
+    with torch.no_grad():
+        for k, p in model.named_parameters():
+            if ".audio_tower." in k and "lora_B" in k:
+                p.zero_()
+    audio_effect = float(np.max(np.abs(theirs - run(model))))
+    ours = np.loadtxt(a.ours, dtype=np.float64).reshape(-1)
+    if ours.shape != theirs.shape:
+        print(f"FAIL  {a.ours}: {ours.size} logits, PEFT gives {theirs.size}")
+        return 1
+    fails += check_logits("logits with the clip and the adapter: max |gemmarun - PEFT|", ours, theirs.astype(np.float64),
+                          theirs - plain, "PEFT's logits", a.tol, model.config.text_config.vocab_size)
+    moves = audio_effect > EFFECT_FACTOR * a.tol
+    fails += report(moves, f"its audio-encoder adapters move PEFT's logits by up to {audio_effect:.3g} "
+                    f"({'>' if moves else 'not >'} {EFFECT_FACTOR:g} x the tolerance)")
+    return 1 if fails else 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -427,6 +508,13 @@ def main():
     v.add_argument("--pixels", required=True)
     v.add_argument("--ours", required=True)
     v.add_argument("--tol", type=float, required=True)
+    au = sub.add_parser("audio")
+    au.add_argument("--base", required=True)
+    au.add_argument("--adapter", required=True)
+    au.add_argument("--ids", required=True)
+    au.add_argument("--audio", required=True)
+    au.add_argument("--ours", required=True)
+    au.add_argument("--tol", type=float, required=True)
     t = sub.add_parser("tokenizer")
     t.add_argument("--model", required=True)
     t.add_argument("--cases", required=True)
@@ -435,7 +523,7 @@ def main():
     t.add_argument("--chat-ids", default="")
     a = p.parse_args()
     return {"compare": cmd_compare, "make": cmd_make, "merged": cmd_merged, "tower": cmd_tower, "tokenizer": cmd_tokenizer,
-            "vision": cmd_vision}[a.cmd](a)
+            "vision": cmd_vision, "audio": cmd_audio}[a.cmd](a)
 
 
 if __name__ == "__main__":
