@@ -735,7 +735,9 @@ static int cmd_plan(int argc, char **argv) {
         printf("images per example: %lld\n", (long long)in.images);
     if (in.images && (strcmp(o.vision_targets, "none") != 0 || o.train_projector))
         printf("vision tower: LoRA on %s%s\n", o.vision_targets, o.train_projector ? ", the projector trained (modules_to_save)" : "");
-    if (in.audio_seconds > 0) printf("audio per example: %.1f s\n", in.audio_seconds);
+    if (in.audio_seconds > 0)
+        printf("audio per example: %.1f s%s%s\n", in.audio_seconds, strcmp(o.audio_targets, "none") != 0 ? "; audio encoder: LoRA on " : "",
+               strcmp(o.audio_targets, "none") != 0 ? o.audio_targets : "");
     char table[4096];
     gm_plan_format(&p, table, sizeof table);
     fputs(table, stdout);

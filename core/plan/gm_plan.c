@@ -213,9 +213,10 @@ gm_status gm_plan_audio(const gm_config *cfg, int64_t max_clips, int64_t frames,
         /* the matrices read in place on a host-visible backend (the plan's), its f32 vectors and
          * derived tables in the arena */
         out->weights = e.alias_bytes + a.by_kind[GM_MEM_WEIGHTS];
-        out->activations = a.used - a.by_kind[GM_MEM_WEIGHTS];
+        out->trained = a.by_kind[GM_MEM_ADAPTERS] + a.by_kind[GM_MEM_GRADS] + a.by_kind[GM_MEM_OPTIMIZER];
+        out->activations = a.used - a.by_kind[GM_MEM_WEIGHTS] - out->trained;
         out->staging = h.used;
-        out->total = out->weights + out->activations + out->staging;
+        out->total = out->weights + out->trained + out->activations + out->staging;
     }
     gm_audio_encoder_release(&e);
     gm_arena_free(&a);
@@ -333,10 +334,14 @@ void gm_plan_format(const gm_plan *p, char *buf, size_t cap) {
     }
     if (p->audio.total > 0) {
         const gm_plan_tower *a = &p->audio;
+        char tr[96] = ", frozen";
+        if (a->trained > 0)
+            snprintf(tr, sizeof tr, ", LoRA with gradients and optimizer state %.1f MiB", (double)a->trained / 1048576.0);
         PUT("  %-18s %10.1f MiB   (%lld clip%s of up to %lld feature frames per micro-batch: weights %s %.1f MiB (memory-mapped), "
-            "activations %.1f MiB, frozen)\n",
+            "activations %.1f MiB%s)\n",
             "audio tower", (double)a->total / 1048576.0, (long long)a->max_images, a->max_images == 1 ? "" : "s",
-            (long long)a->frames, gm_dtype_name(a->stored), (double)a->weights / 1048576.0, (double)(a->activations + a->staging) / 1048576.0);
+            (long long)a->frames, gm_dtype_name(a->stored), (double)a->weights / 1048576.0, (double)(a->activations + a->staging) / 1048576.0,
+            tr);
     }
     PUT("  %-18s %10.1f MiB   (code, libraries, tokenizer, BLAS buffers)\n", "runtime", (double)p->runtime / 1048576.0);
     PUT("  %-18s %10.1f MiB   (%.2f GiB)%s\n", "total", (double)p->total / 1048576.0, (double)p->total / 1073741824.0,

@@ -374,7 +374,7 @@ static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, g
     } else if (strcmp(tr->o.audio_targets, "none") != 0) {
         return gm_error_set(err, GM_ERR_INVALID, "audio_targets is set, but the data has no audio: the audio encoder only "
                             "learns from audio\n  hint: leave audio_targets out for data without audio (gemmarun plan: "
-                            "give audio=N)");
+                            "give audio_seconds=S)");
     }
     tr->has_hard = c->arch == GM_ARCH_GEMMA3N && (c->audio.vocab_size > 0 || c->vision.hard_vocab > 0);
     GM_TRY(gm_weights_init(&tr->w, c, tr->o.quant, err));

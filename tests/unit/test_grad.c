@@ -563,7 +563,125 @@ static void test_gemma3n_grads(void) {
     gm_free(c.x), gm_free(c.cf), gm_free(c.dy), gm_free(c.act), gm_free(c.t);
 }
 
+/* ---- Gemma 3n's audio encoder: the backward kernels LoRA on its conformer runs ------------ */
+
+typedef struct {
+    int which; /* 0 attention, 1 causal convolution, 2 GLU, 3 SiLU, 4 clamp */
+    int64_t B, T, H, D, W, Lc, R, C, K, n;
+    double cap, limit;
+    double *q, *k, *v, *pos, *x, *w, *dy;
+    const uint8_t *valid;
+} audio_case;
+
+static double audio_loss(void *u) {
+    audio_case *c = u;
+    double L = 0;
+    if (c->which == 0) { /* kernels.h audio_attention_fwd, in double */
+        int64_t B = c->B, T = c->T, H = c->H, D = c->D, Cx = c->W + c->Lc + c->R;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t h = 0; h < H; h++) {
+                    const double *qr = c->q + ((b * T + t) * H + h) * D, *dyr = c->dy + ((b * T + t) * H + h) * D;
+                    double lg[64], m = -INFINITY, z = 0;
+                    int64_t lo = t - c->Lc, hi = t + c->R, any = 0;
+                    for (int64_t s = lo; s <= hi; s++) {
+                        lg[s - lo] = -INFINITY;
+                        if (s < 0 || s >= T || !c->valid[b * T + s]) continue;
+                        double a = 0;
+                        for (int64_t d = 0; d < D; d++)
+                            a += qr[d] * (c->k[((b * T + s) * H + h) * D + d] + c->pos[((s - t + c->Lc) * H + h) * D + d]);
+                        lg[s - lo] = c->cap * tanh(a / c->cap);
+                        m = fmax(m, lg[s - lo]), any = 1;
+                    }
+                    if (!any) { /* the block context's plain average */
+                        int64_t u0 = (t / c->W) * c->W - c->Lc;
+                        for (int64_t s = u0 < 0 ? 0 : u0; s <= u0 + Cx - 1 && s < T; s++)
+                            for (int64_t d = 0; d < D; d++) L += dyr[d] * c->v[((b * T + s) * H + h) * D + d] / (double)Cx;
+                        continue;
+                    }
+                    for (int64_t s = lo; s <= hi; s++)
+                        if (lg[s - lo] != -INFINITY) z += exp(lg[s - lo] - m);
+                    for (int64_t s = lo; s <= hi; s++) {
+                        if (lg[s - lo] == -INFINITY) continue;
+                        double p = exp(lg[s - lo] - m) / z;
+                        for (int64_t d = 0; d < D; d++) L += dyr[d] * p * c->v[((b * T + s) * H + h) * D + d];
+                    }
+                }
+    } else if (c->which == 1) {
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t t = 0; t < c->T; t++)
+                for (int64_t ch = 0; ch < c->C; ch++) {
+                    double acc = 0;
+                    for (int64_t j = 0; j < c->K; j++) {
+                        int64_t ti = t - c->K + 1 + j;
+                        if (ti >= 0) acc += c->w[ch * c->K + j] * c->x[(b * c->T + ti) * c->C + ch];
+                    }
+                    L += c->dy[(b * c->T + t) * c->C + ch] * acc;
+                }
+    } else if (c->which == 2) {
+        for (int64_t n = 0; n < c->n; n++)
+            for (int64_t ch = 0; ch < c->C; ch++)
+                L += c->dy[n * c->C + ch] * c->x[n * 2 * c->C + ch] / (1.0 + exp(-c->x[n * 2 * c->C + c->C + ch]));
+    } else if (c->which == 3) {
+        for (int64_t i = 0; i < c->n; i++) L += c->dy[i] * c->x[i] / (1.0 + exp(-c->x[i]));
+    } else {
+        for (int64_t i = 0; i < c->n; i++) L += c->dy[i] * fmin(fmax(c->x[i], -c->limit), c->limit);
+    }
+    return L;
+}
+
+static void test_audio_grads(void) {
+    gm_kctx k = ctx_with(0);
+    /* the chunked attention: 2 clips of 20 frames, blocks of 4, 5 frames back, 1 ahead, a logit cap
+     * of 2 (its tanh curved at these magnitudes); the second clip's frames 6.. are padding, so its
+     * later queries see no key and average their block's context */
+    int64_t B = 2, T = 20, H = 2, D = 4;
+    uint8_t valid[40];
+    for (int64_t t = 0; t < T; t++) valid[t] = t != 3, valid[T + t] = t < 6;
+    audio_case c = {.which = 0, .B = B, .T = T, .H = H, .D = D, .W = 4, .Lc = 5, .R = 1, .cap = 2.0, .valid = valid};
+    int64_t n = B * T * H * D, span = c.Lc + c.R + 1;
+    float *q = rnd2(n, 1.0f, &c.q), *kk = rnd2(n, 1.0f, &c.k), *v = rnd2(n, 1.0f, &c.v), *pos = rnd2(span * H * D, 0.5f, &c.pos);
+    float *dy = rnd2(n, 1.0f, &c.dy), *dq = gm_malloc((size_t)n * 4), *dk = gm_malloc((size_t)n * 4), *dv = gm_malloc((size_t)n * 4);
+    float *work = gm_malloc((size_t)(B * T * H * 2) * 4), *out = gm_malloc((size_t)n * 4);
+    gm_k_audio_attention_fwd_cpu(&k, out, q, kk, v, pos, valid, B, T, H, D, c.W, c.Lc, c.R, (float)c.cap);
+    double Lk = 0, Lr = audio_loss(&c);
+    for (int64_t i = 0; i < n; i++) Lk += (double)out[i] * c.dy[i];
+    CHECK(fabs(Lk - Lr) < TOL_GRAD_ATTN_LOSS_REL * fmax(1.0, fabs(Lr)), "audio_attention_fwd: L %.9g vs reference %.9g", Lk, Lr);
+    gm_k_audio_attention_bwd_cpu(&k, dq, dk, dv, dy, q, kk, v, pos, valid, work, B, T, H, D, c.W, c.Lc, c.R, (float)c.cap);
+    fd_check("audio_attention dq", c.q, n, dq, audio_loss, &c);
+    fd_check("audio_attention dk", c.k, n, dk, audio_loss, &c);
+    fd_check("audio_attention dv (averaging queries too)", c.v, n, dv, audio_loss, &c);
+    /* the causal depthwise convolution */
+    audio_case cv = {.which = 1, .B = 2, .T = 9, .C = 6, .K = 5};
+    int64_t nx = cv.B * cv.T * cv.C;
+    float *x = rnd2(nx, 1.0f, &cv.x), *w = rnd2(cv.C * cv.K, 1.0f, &cv.w), *dyc = rnd2(nx, 1.0f, &cv.dy), *dx = gm_malloc((size_t)nx * 4);
+    gm_k_conv1d_causal_bwd_cpu(&k, dx, dyc, w, cv.B, cv.T, cv.C, cv.K);
+    fd_check("conv1d_causal dx", cv.x, nx, dx, audio_loss, &cv);
+    /* GLU, SiLU, clamp (no value within the step of the clamp's bounds) */
+    audio_case g = {.which = 2, .n = 5, .C = 8};
+    float *gx = rnd2(5 * 16, 3.0f, &g.x), *gdy = rnd2(5 * 8, 1.0f, &g.dy), *gdx = gm_malloc(5 * 16 * 4);
+    gm_k_glu_bwd_cpu(&k, gdx, gdy, gx, g.n, g.C);
+    fd_check("glu dx", g.x, 5 * 16, gdx, audio_loss, &g);
+    audio_case si = {.which = 3, .n = 64};
+    float *sx = rnd2(64, 4.0f, &si.x), *sdy = rnd2(64, 1.0f, &si.dy), *sdx = gm_malloc(64 * 4);
+    gm_k_silu_bwd_cpu(&k, sdx, sdy, sx, si.n);
+    fd_check("silu dx", si.x, 64, sdx, audio_loss, &si);
+    audio_case cl = {.which = 4, .n = 64, .limit = 0.5};
+    float *cx = rnd2(64, 1.0f, &cl.x), *cdy = rnd2(64, 1.0f, &cl.dy), *cdx = gm_malloc(64 * 4);
+    for (int i = 0; i < 64; i++)
+        if (fabs(fabs(cx[i]) - 0.5) < 0.01) cx[i] *= 1.1f, cl.x[i] = cx[i];
+    gm_k_clamp_bwd_cpu(&k, cdx, cdy, cx, cl.n, (float)cl.limit);
+    fd_check("clamp dx", cl.x, 64, cdx, audio_loss, &cl);
+    gm_free(q), gm_free(kk), gm_free(v), gm_free(pos), gm_free(dy), gm_free(dq), gm_free(dk), gm_free(dv), gm_free(work);
+    gm_free(out), gm_free(c.q), gm_free(c.k), gm_free(c.v), gm_free(c.pos), gm_free(c.dy);
+    gm_free(x), gm_free(w), gm_free(dyc), gm_free(dx), gm_free(cv.x), gm_free(cv.w), gm_free(cv.dy);
+    gm_free(gx), gm_free(gdy), gm_free(gdx), gm_free(g.x), gm_free(g.dy);
+    gm_free(sx), gm_free(sdy), gm_free(sdx), gm_free(si.x), gm_free(si.dy);
+    gm_free(cx), gm_free(cdy), gm_free(cdx), gm_free(cl.x), gm_free(cl.dy);
+}
+
 int main(void) {
+    test_audio_grads();
     test_gemma3n_grads();
     test_rmsnorm(1.0f);
     test_rmsnorm(100.0f);
