@@ -859,7 +859,8 @@ static int l_ple_resident(lua_State *L) {
  * example's greedy continuation of its prompt (its ids before the response: the chat up to and
  * including "<start_of_turn>model\n", its images and audio clips) with the trainer's current
  * adapters, forward only, no dropout: the whole sequence runs again for each new token
- * (gm_trainer_logits at each sequence's last position), o.batch examples at a time, within the
+ * (gm_trainer_logits at each sequence's last position; its images and clips encoded once,
+ * gm_batch.same_media), o.batch examples at a time, within the
  * trainer's plan (max_length bounds prompt + new tokens). A continuation ends at a stop id (not
  * included), after max_tokens, or at max_length. What the runner's transcription evaluation reads
  * (word and phone error rates). */
@@ -920,6 +921,7 @@ static int l_tr_generate(lua_State *L) {
                 rows[b] = b * T + len[b] - 1;
             }
             bt.T = T, bt.ids = t->ids, bt.targets = t->targets;
+            bt.same_media = k > 0; /* the encoders ran on this chunk's media in its first pass */
             if (gm_lua_interrupted) st = gm_error_set(&err, GM_ERR_INTERRUPTED, "interrupted during generation");
             if (st == GM_OK) st = gm_trainer_logits(t->tr, &bt, rows, B, logits, &err);
             for (int64_t b = 0; st == GM_OK && b < B; b++) {

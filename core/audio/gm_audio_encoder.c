@@ -467,6 +467,7 @@ gm_status gm_audio_encoder_run(gm_audio_encoder *e, const float *features, const
                             "%lld positions a clip has in the prompt (audio_soft_tokens_per_image)\n  hint: cut the clip "
                             "(the feature extractor keeps 30 s)", (long long)T, (long long)T3, (long long)d->soft_tokens);
     e->B = B, e->T2 = T2, e->T3 = T3;
+    e->n_encoded += B;
     gm_backend *be = e->be;
     const gm_kernel_table *k = be->k;
     gm_kctx ctx = gm_backend_kctx(be, e->scratch, e->scratch_floats);

@@ -119,6 +119,7 @@ typedef struct gm_audio_encoder {
     uint8_t *h_valid2, *h_valid3;
     int32_t *h_rows;
     int64_t B, T2, T3;                   /* the last run's batch */
+    int64_t n_encoded;                   /* clips run through the encoder so far (for tests and reports) */
 } gm_audio_encoder;
 
 /* Plans and allocates the encoder of model m (its config's audio tower, its checkpoint's

@@ -46,6 +46,9 @@ struct gm_trainer {
     gm_audio_encoder aud;     /* the audio path (o.max_audio > 0): Gemma 3n's encoder, frozen */
     bool has_aud;
     int32_t *aud_rows;        /* (N) backend: rows of X[0] the clips' soft tokens replace */
+    bool media_kept;          /* the encoders' soft tokens are those of the last forward without
+                                 dropout, with no training step since (gm_batch.same_media) */
+    int64_t kept_n_run;       /* that forward's distinct images */
     int32_t *h_aud_rows;      /* (N) host staging */
     gm_mm_hard hard;          /* Gemma 3n's hard multimodal tokens (a loaded model's; n = 0 otherwise) */
     bool has_hard;            /* the config has embedders: the rows below are planned */
@@ -617,6 +620,7 @@ const gm_train_param *gm_trainer_params(const gm_trainer *tr, int *n) {
 }
 bool gm_trainer_trains_vision(const gm_trainer *tr) { return tr->vis_trains; }
 int64_t gm_trainer_images_encoded(const gm_trainer *tr) { return tr->has_vis ? tr->vis.n_encoded : 0; }
+int64_t gm_trainer_clips_encoded(const gm_trainer *tr) { return tr->has_aud ? tr->aud.n_encoded : 0; }
 gm_backend *gm_trainer_backend(const gm_trainer *tr) { return tr->be; }
 const gm_train_opts *gm_trainer_opts(const gm_trainer *tr) { return &tr->o; }
 int64_t gm_trainer_step_count(const gm_trainer *tr) { return tr->step; }
@@ -636,11 +640,13 @@ void gm_trainer_write_adapter(gm_trainer *tr, int i, char which, const float *sr
     int64_t r = tr->o.lora.rank;
     if (which == 'A') gm_backend_upload(tr->be, ad->A, src, (size_t)(r * ad->in) * sizeof(float));
     else gm_backend_upload(tr->be, ad->B, src, (size_t)(ad->out * r) * sizeof(float));
+    tr->media_kept = false;
 }
 
 void gm_trainer_write_param(gm_trainer *tr, int i, const float *src) {
     gm_backend_upload(tr->be, tr->params[i].p, src, (size_t)tr->params[i].n * sizeof(float));
     if (tr->vis_trains) gm_vision_params_updated(&tr->vis);
+    tr->media_kept = false; /* an encoder's parameters may have changed */
 }
 
 void gm_trainer_zero_grad(gm_trainer *tr) {
@@ -776,6 +782,10 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
     g->dropout_micro = (uint64_t)tr->micro;
     gm_graph_input in = {.B = b->B, .T = b->T, .ids = b->ids, .pos0 = 0};
     int64_t R = 0, n_run = 0;
+    /* the encoders' soft tokens of the previous call, when its media were these and nothing has
+     * trained since (generation); a training forward always encodes (its backward needs it) */
+    bool reuse = b->same_media && tr->media_kept && !dropout;
+    tr->media_kept = false;
     if (b->n_images > 0) { /* the images' soft tokens, and their tokens' attention ends */
         for (int64_t i = 0; i < N; i++) {
             tr->h_ids[i] = b->ids[i] == img ? 0 : b->ids[i]; /* replaced below, as Hugging Face does */
@@ -788,7 +798,9 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
          * candidate; a training step through a learning tower keeps every pass (its backward
          * runs per occurrence) */
         n_run = b->n_images;
-        if (!(dropout && tr->vis_trains)) {
+        if (reuse) {
+            n_run = tr->kept_n_run;
+        } else if (!(dropout && tr->vis_trains)) {
             size_t px = (size_t)(3 * tr->vis.image_size * tr->vis.image_size);
             n_run = 0;
             for (int64_t j = 0; j < b->n_images; j++) {
@@ -799,7 +811,8 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
                 tr->h_of[j] = u;
             }
         }
-        GM_TRY(gm_vision_run_some(&tr->vis, b->pixels, n_run < b->n_images ? tr->h_uniq : NULL, n_run, err));
+        if (!reuse) GM_TRY(gm_vision_run_some(&tr->vis, b->pixels, n_run < b->n_images ? tr->h_uniq : NULL, n_run, err));
+        tr->kept_n_run = n_run;
         gm_mm_kv_end(b->ids, b->B, b->T, img, 0, tr->h_kv_end);
         gm_backend_upload(tr->be, tr->img_rows, tr->h_img_rows, (size_t)R * sizeof(int32_t));
         in.ids = tr->h_ids;
@@ -813,8 +826,9 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
         tr->aud.g.dropout = dropout;
         tr->aud.g.dropout_step = (uint64_t)tr->step;
         tr->aud.g.dropout_micro = (uint64_t)tr->micro;
-        GM_TRY(gm_audio_encoder_run(&tr->aud, b->audio_features, b->audio_valid, b->n_audio, b->audio_frames, NULL, NULL,
-                                    err));
+        if (!reuse)
+            GM_TRY(gm_audio_encoder_run(&tr->aud, b->audio_features, b->audio_valid, b->n_audio, b->audio_frames, NULL, NULL,
+                                        err));
         int64_t R2 = 0;
         for (int64_t i = 0; i < N; i++)
             if (b->ids[i] == aud) tr->h_aud_rows[R2++] = (int32_t)i;
@@ -822,6 +836,7 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
         in.dev_embeds = tr->aud.soft, in.dev_rows = tr->aud_rows, in.n_dev_embeds = R2;
     }
     GM_TRY(gm_graph_begin(g, &in, err));
+    tr->media_kept = !dropout;
     int64_t C = tr->cfg->hidden_size, tok = tr->cfg->vision.tokens;
     if (R > 0 && n_run == b->n_images) g->k->scatter_rows(&g->kc, g->X[0], tr->vis.head.out, tr->img_rows, R, C);
     for (int64_t j = 0; R > 0 && n_run < b->n_images && j < b->n_images; j++) /* image j's run of rows */
@@ -976,6 +991,7 @@ gm_status gm_trainer_step(gm_trainer *tr, const gm_batch *micro, int n_micro, gm
      * same step instead of blocking in the next all-reduce. */
     bool dist = tr->dist != NULL;
     int64_t total = 0;
+    tr->media_kept = false; /* the adapters change */
     gm_status local = GM_OK;
     for (int i = 0; i < n_micro; i++) {
         int64_t n;
@@ -1128,6 +1144,7 @@ gm_status gm_trainer_load(gm_trainer *tr, const char *path, int64_t *epoch, int6
     gm_ckpt_tensor *t = ckpt_tensors(tr, &n, &stage);
     if (!t) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     gm_ckpt c = {.n_tensors = n, .tensors = t};
+    tr->media_kept = false;
     gm_status s = gm_ckpt_load(path, &c, err);
     if (s == GM_OK && c.rng_seed != tr->o.lora.seed)
         s = gm_error_set(err, GM_ERR_INVALID, "%s: checkpoint was made with seed %llu, this run uses seed %llu", path,

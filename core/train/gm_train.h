@@ -194,11 +194,15 @@ typedef struct gm_batch {
      * (n_audio, audio_frames; 1 = a frame of the clip), host, as Gemma3nAudioFeatureExtractor
      * gives a batch of clips (gm_audio_features_compute), in the order their soft-token runs appear
      * in ids. Each clip fills one run of the config's audio_soft_tokens_per_image
-     * <audio_soft_token> ids (causal attention, as every Gemma 3n token). The audio encoder is
-     * frozen. */
+     * <audio_soft_token> ids (causal attention, as every Gemma 3n token). The audio encoder
+     * learns what audio_targets says (frozen by default). */
     const float *audio_features;
     const uint8_t *audio_valid;
     int64_t n_audio, audio_frames;
+    /* The same images and clips as the previous call's (generation: the sequences grow, their
+     * media stay): an evaluation, scoring or logits call reuses the encoders' soft tokens of the
+     * previous one when no training step ran in between, instead of encoding them again. */
+    bool same_media;
 } gm_batch;
 
 typedef struct gm_step_stats {
@@ -285,6 +289,8 @@ const gm_train_param *gm_trainer_params(const gm_trainer *tr, int *n);
 /* Images the trainer has run through the vision tower so far (a batch's repeated image runs once
  * outside a training step through a learning tower). */
 int64_t gm_trainer_images_encoded(const gm_trainer *tr);
+/* Audio clips the trainer has run through the audio encoder so far. */
+int64_t gm_trainer_clips_encoded(const gm_trainer *tr);
 /* True when anything outside the language model's adapters trains (tower adapters, projector):
  * such a run's adapter is not a plain language-model LoRA. */
 bool gm_trainer_trains_vision(const gm_trainer *tr);

@@ -3,7 +3,8 @@
 # tests/bench/make_random_gemma3n.py) with real audio clips, max_length 1024, batch 1, checkpointing
 # on, 4 steps, in two example orders; prints each trial's planned and measured peak memory
 # (docs/memory.md, "A random-weight E2B, measured here"). About 10 GiB of disk and 9 GiB of memory;
-# ~15 minutes on 2 cores.
+# ~15 minutes on 2 cores. AUDIO_TARGETS=all-linear (or module names) also puts LoRA on the audio
+# encoder's conformer (its trials are named e2b_a<seed>).
 #   tests/bench/gemma3n_e2b_memory.sh [WORKDIR]      (default /tmp/e2b; run from the repository)
 set -eu
 SRC=$(pwd)
@@ -31,16 +32,19 @@ with open("train.jsonl", "w") as f:
 with open("test.jsonl", "w") as f:
     f.write(json.dumps(ex("vm-goodbye", 20)) + "\n")
 PYEOF
+AT=${AUDIO_TARGETS:-none}
 for s in 1 2; do
-  cat > e2b_$s.lua <<EOT
+  n=e2b_$s
+  [ "$AT" = none ] || n=e2b_a$s
+  cat > $n.lua <<EOT
 return experiment {
-  name = "e2b_$s", model = "$W/model",
+  name = "$n", model = "$W/model",
   task = sft { data = data.jsonl { train = "train.jsonl", test = "test.jsonl" } },
   train = { epochs = 1, batch = 1, lr = 1e-4, rank = 16, alpha = 16, targets = "all-linear", max_length = 1024,
-            checkpointing = true, quant = "stored" },
+            checkpointing = true, quant = "stored", audio_targets = "$AT" },
   seeds = { $s },
 }
 EOT
-  rm -rf "results/e2b_$s"
-  "$GM" e2b_$s.lua | grep -A3 "Peak memory"
+  rm -rf "results/$n"
+  "$GM" $n.lua | grep -A3 "Peak memory"
 done

@@ -155,6 +155,27 @@ static void check_trainer(const gm_model *m, const float *feat, const uint8_t *v
         }
         CHECK(st == GM_OK && last < first, "5 steps with audio: loss %.4f -> %.4f (%s)", first, last,
               st == GM_OK ? "" : err.msg);
+        /* generation's passes (gm_batch.same_media): the clips are encoded once, the logits the
+         * same bits as encoding them again; after a training step they are encoded again */
+        {
+            int64_t rows[2] = {T - 1, 2 * T - 1}, V2 = 2 * V;
+            float *l1 = gm_malloc((size_t)V2 * 4), *l2 = gm_malloc((size_t)V2 * 4), *l3 = gm_malloc((size_t)V2 * 4);
+            gm_batch g = bt;
+            CHECK_OK(gm_trainer_logits(tr, &g, rows, 2, l1, &err), &err);
+            int64_t n0 = gm_trainer_clips_encoded(tr);
+            g.same_media = true;
+            CHECK_OK(gm_trainer_logits(tr, &g, rows, 2, l2, &err), &err);
+            int64_t n1 = gm_trainer_clips_encoded(tr);
+            gm_step_stats ss;
+            CHECK_OK(gm_trainer_step(tr, &bt, 1, &ss, &err), &err);
+            int64_t n2 = gm_trainer_clips_encoded(tr);
+            CHECK_OK(gm_trainer_logits(tr, &g, rows, 2, l3, &err), &err);
+            CHECK(n1 == n0 && gm_trainer_clips_encoded(tr) == n2 + 2 && memcmp(l1, l2, (size_t)V2 * 4) == 0,
+                  "same_media: clips encoded %lld -> %lld (none), logits %s; after a step %lld -> %lld (2)", (long long)n0,
+                  (long long)n1, memcmp(l1, l2, (size_t)V2 * 4) == 0 ? "the same" : "differ", (long long)n2,
+                  (long long)gm_trainer_clips_encoded(tr));
+            gm_free(l1), gm_free(l2), gm_free(l3);
+        }
         /* a batch whose clip count disagrees with its audio tokens is refused */
         gm_batch bad = bt;
         bad.n_audio = 1;
