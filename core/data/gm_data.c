@@ -248,7 +248,7 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
                                 "%lld..%lld (its prompt: %lld tokens)\n  hint: raise max_length to at least %lld, or shorten the text",
                                 (long long)(ds->n + ds->n_rejected - 1), (long long)max_length, what_of(mm), (long long)(img + 1), images[img],
                                 crops && crops[img] > 0 ? ", with its pan & scan crops" : "", (long long)i, (long long)end,
-                                (long long)start, (long long)(end + 2));
+                                (long long)start, (long long)((end > start ? end : start) + 2)); /* the media and a response */
         }
     }
     if (start >= max_length) {

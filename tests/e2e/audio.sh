@@ -155,6 +155,13 @@ expect_run "audio in a model turn: its example refused, named; a 31 s clip: said
   "long31.wav is 31.0 s long; Gemma 3n's feature extractor keeps its first 30 s.*train2.jsonl:1: message 2: an assistant turn holds an audio part; images and audio are read in user and system turns only" \
   -- "$GM" au2.lua --dry-run
 
+sed -e 's/name = "au"/name = "au4"/' -e 's/max_length = 320/max_length = 150/' au.lua > au4.lua
+expect_run "max_length cutting into every clip: the hint names a max_length that fits the clip and a response" 2 \
+  "cuts into audio clip 1 .*whose tokens span positions 6\.\.195 \(its prompt: 213 tokens\).*raise max_length to at least 215" \
+  -- "$GM" au4.lua --dry-run
+sed -e 's/name = "au"/name = "au5"/' -e 's/max_length = 320/max_length = 215/' au.lua > au5.lua
+expect_run "... and that max_length takes them" 0 "data: 8 training and 4 test examples" -- "$GM" au5.lua --dry-run
+
 # data.speech on a folder of its own: a transcripts file with a byte-order mark, Kaldi lines (one
 # with a colon in its text), a clip without a line, one with an empty text, a link back up (read once)
 mkdir -p sp/sub && cp "$A/hello-world.wav" "$A/goodbye.wav" "$A/added.wav" "$A/activated.wav" sp/ && cp "$A/beep.wav" sp/sub/x.wav
