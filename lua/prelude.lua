@@ -416,6 +416,8 @@ function M.apply_overrides(e, sets)
       if k == "seeds" and type(val) ~= "table" then val = { val } end
       e[k] = val
     elseif TRAIN[key] then
+      -- one layer is a list of one, as `seeds=1` is (`layers=0,3` is the list)
+      if key == "layers" and math.type(val) == "integer" then val = { val } end
       e.train = e.train or {}
       e.train[key] = val
       if e.sweep then e.sweep[key] = nil end

@@ -23,7 +23,7 @@ bad() { # NAME PATTERN SED-EXPRESSION
   expect_run "invalid: $1" 2 "$2" -- "$GM" bad.lua
 }
 bad "unknown top-level key" "bad.lua:8: experiment: unknown key 'modle' \(did you mean 'model'\?\) \(allowed: name, model," 's/  seeds = {1, 2},/  seeds = {1, 2}, modle = 1,/'
-bad "unknown training key" "bad.lua:5: train.rnak: unknown key \(did you mean 'rank'\?\) \(allowed: alpha, batch," 's/rank = 4,/rnak = 4,/'
+bad "unknown training key" "bad.lua:5: train.rnak: unknown key \(did you mean 'rank'\?\) \(allowed: alpha, audio_targets, batch," 's/rank = 4,/rnak = 4,/'
 bad "wrong type" "bad.lua:5: train.lr = \"fast\" \(a string\): must be a number >= 0" 's/lr = 1e-2, rank/lr = "fast", rank/'
 bad "rank 0" "bad.lua:5: train.rank = 0: must be an integer 1..4096" 's/rank = 4,/rank = 0,/'
 bad "negative lr in the sweep" "bad.lua:7: train.lr = -0.003: must be a number >= 0" 's/lr = {1e-2, 3e-3}/lr = {1e-2, -3e-3}/'
@@ -68,6 +68,10 @@ expect_run "invalid: a list for one value" 2 "--set lr=1e-4,2e-4: train.lr = \{0
 expect_run "a built-in size plans in the dry run, with a note" 0 "note: model gemma3-1b is a built-in size .*trial  1 .* plan [0-9.]+ GiB" -- "$GM" tiny.lua --set model=gemma3-1b --dry-run
 expect_run "invalid: a built-in size cannot train" 2 "--set model=gemma3-1b: model gemma3-1b is a built-in size .* training needs its weights" -- "$GM" tiny.lua --set model=gemma3-1b --trial 1
 bad "a grid value listed twice (1e-2 and 0.01: one trial id)" "bad.lua:7: trials 1 and 5 are the same trial \(lr=0.01 seed=1\): a value is listed twice in the sweep" 's/lr = {1e-2, 3e-3}/lr = {1e-2, 3e-3, 0.01}/'
+sed 's/max_length = 64,/max_length = 64, layers = {3},/' tiny.lua > tinyl.lua
+l1=$("$GM" tiny.lua --dry-run --set layers=3 2>&1 | grep ' trial '); l2=$("$GM" tinyl.lua --dry-run 2>&1 | grep ' trial ')
+[ -n "$l1" ] && [ "$l1" = "$l2" ] && { pass=$((pass + 1)); echo "ok    --set layers=3 is the list {3} (the same trials as layers = {3} in the file)"; } \
+  || { fail=$((fail + 1)); echo "FAIL  --set layers=3: $l1 / $l2"; }
 sed 's/sweep = grid { lr = {1e-2, 3e-3} }/sweep = random { n = 6, lr = {1e-2, 3e-3} }/' tiny.lua > rnd2.lua
 expect_run "a random search that draws a point twice runs it once, and says so" 0 \
   "note: the random search drew some points more than once: each distinct trial runs once \(4 trials, not 12\).*trial  4  [0-9a-f]{12}  lr=" -- "$GM" rnd2.lua --dry-run
