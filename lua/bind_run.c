@@ -281,42 +281,34 @@ static int l_lora_count(lua_State *L) {
     gm_lora_free(&lo);
     bool vis = strcmp(o.vision_targets, "none") != 0, aud = strcmp(o.audio_targets, "none") != 0;
     if (!vis && !aud) return 2;
-    /* the tower's adapters (vision_targets), on its own config and module names */
-    if (vis) {
+    /* the vision tower's adapters (vision_targets) and the audio encoder's (audio_targets), each on
+     * its own config and module names, every block */
+    for (int part = 0; part < 2; part++) {
+        bool on = part == 0 ? vis : aud;
+        if (!on) {
+            lua_pushinteger(L, 0);
+            lua_pushinteger(L, 0);
+            continue;
+        }
         gm_config tc;
-        gm_lora_config vl;
-        gm_vision_train vt = gm_train_vision_selection(&o, &vl);
-        for (int l = 0; l < GM_MAX_LAYERS; l++) vl.layers[l] = true;
-        gm_status s = gm_config_vision_tower(&cfg, &tc, &err);
-        if (s == GM_OK) s = gm_lora_describe(&lo, vt.lora, gm_arch_get(GM_ARCH_SIGLIP), &tc, GM_VISION_TOWER_PREFIX, &err);
+        gm_lora_config lc;
+        const gm_lora_config *lp = part == 0 ? gm_train_vision_selection(&o, &lc).lora : gm_train_audio_selection(&o, &lc);
+        for (int l = 0; l < GM_MAX_LAYERS; l++) lc.layers[l] = true;
+        gm_status s = part == 0 ? gm_config_vision_tower(&cfg, &tc, &err)
+                      : cfg.arch == GM_ARCH_GEMMA3N ? gm_config_audio_tower(&cfg, &tc, &err)
+                                                    : gm_error_set(&err, GM_ERR_INVALID, "%s has no audio encoder", cfg.name);
+        if (s == GM_OK)
+            s = gm_lora_describe(&lo, lp, gm_arch_get(part == 0 ? GM_ARCH_SIGLIP : GM_ARCH_GEMMA3N_AUDIO), &tc,
+                                 part == 0 ? GM_VISION_TOWER_PREFIX : GM_AUDIO_TOWER_PREFIX, &err);
         if (s != GM_OK) {
-            gm_error_prefix(&err, "vision_targets");
+            gm_error_prefix(&err, part == 0 ? "vision_targets" : "audio_targets");
             return gm_bind_raise(L, &err);
         }
         lua_pushinteger(L, lo.n);
         lua_pushinteger(L, lo.n_params);
         gm_lora_free(&lo);
-    } else {
-        lua_pushinteger(L, 0);
-        lua_pushinteger(L, 0);
     }
-    if (!aud) return 4;
-    /* Gemma 3n's audio encoder's (audio_targets), on its conformer's config and module names */
-    gm_config ac;
-    gm_lora_config al;
-    const gm_lora_config *alp = gm_train_audio_selection(&o, &al);
-    for (int l = 0; l < GM_MAX_LAYERS; l++) al.layers[l] = true;
-    gm_status s = cfg.arch == GM_ARCH_GEMMA3N ? gm_config_audio_tower(&cfg, &ac, &err)
-                                             : gm_error_set(&err, GM_ERR_INVALID, "%s has no audio encoder", cfg.name);
-    if (s == GM_OK) s = gm_lora_describe(&lo, alp, gm_arch_get(GM_ARCH_GEMMA3N_AUDIO), &ac, GM_AUDIO_TOWER_PREFIX, &err);
-    if (s != GM_OK) {
-        gm_error_prefix(&err, "audio_targets");
-        return gm_bind_raise(L, &err);
-    }
-    lua_pushinteger(L, lo.n);
-    lua_pushinteger(L, lo.n_params);
-    gm_lora_free(&lo);
-    return 6;
+    return aud ? 6 : 4;
 }
 
 static int l_plan(lua_State *L) {

@@ -382,23 +382,7 @@ void gm_audio_encoder_release(gm_audio_encoder *e) {
 }
 
 gm_status gm_audio_encoder_init_params(gm_audio_encoder *e, gm_error *err) {
-    int64_t r = e->lora.cfg.rank;
-    size_t cap = 1;
-    for (int i = 0; i < e->lora.n; i++)
-        if ((size_t)(r * e->lora.ad[i].in) > cap) cap = (size_t)(r * e->lora.ad[i].in);
-    float *h = gm_malloc(cap * sizeof(float));
-    if (!h) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    for (int i = 0; e->train_tower && i < e->lora.n; i++) {
-        gm_lora_adapter *ad = &e->lora.ad[i];
-        size_t na = (size_t)(r * ad->in) * sizeof(float), nb = (size_t)(ad->out * r) * sizeof(float);
-        gm_lora_init_A(&e->lora.cfg, ad, h);
-        gm_backend_upload(e->be, ad->A, h, na);
-        gm_backend_memset(e->be, ad->B, 0, nb);
-        float *z[6] = {ad->dA, ad->mA, ad->vA, ad->dB, ad->mB, ad->vB};
-        for (int q = 0; q < 6; q++) gm_backend_memset(e->be, z[q], 0, q < 3 ? na : nb);
-    }
-    gm_free(h);
-    return gm_backend_status(e->be, err);
+    return e->train_tower ? gm_lora_init_train(&e->lora, e->be, err) : gm_backend_status(e->be, err);
 }
 
 gm_status gm_audio_encoder_new(const gm_model *m, const gm_mm_hard *hard, int64_t max_clips, int64_t max_frames,

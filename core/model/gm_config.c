@@ -291,6 +291,17 @@ static gm_status vision_from_json(const cJSON *root, const char *label, gm_visio
     return GM_OK;
 }
 
+/* An encoder tower's layers: all full attention, no RoPE, its own keys and values, one MLP width. */
+static void encoder_layers(gm_config *t) {
+    for (int64_t i = 0; i < t->n_layers; i++) {
+        t->layer_type[i] = GM_LAYER_FULL;
+        t->rope_theta[i] = 1.0f;
+        t->rope_pos_scale[i] = 1.0f;
+        t->ffn_dim[i] = t->intermediate_size;
+        t->kv_source[i] = (int32_t)i;
+    }
+}
+
 gm_status gm_config_vision_tower(const gm_config *mm, gm_config *t, gm_error *err) {
     const gm_vision_config *v = &mm->vision;
     memset(t, 0, sizeof *t);
@@ -334,13 +345,7 @@ gm_status gm_config_vision_tower(const gm_config *mm, gm_config *t, gm_error *er
     t->norm_convention = mm->norm_convention;      /* the projector's RMSNorm (1 + w in HF files) */
     t->vision = *v;
     t->vision.out_hidden_size = mm->hidden_size;
-    for (int64_t i = 0; i < t->n_layers; i++) {
-        t->layer_type[i] = GM_LAYER_FULL;
-        t->rope_theta[i] = 1.0f;
-        t->rope_pos_scale[i] = 1.0f;
-        t->ffn_dim[i] = t->intermediate_size;
-        t->kv_source[i] = (int32_t)i;
-    }
+    encoder_layers(t);
     return GM_OK;
 }
 
@@ -369,13 +374,7 @@ gm_status gm_config_audio_tower(const gm_config *mm, gm_config *t, gm_error *err
     t->tie_word_embeddings = true;
     t->norm_convention = GM_NORM_DIRECT; /* Gemma3nRMSNorm scales by w itself */
     t->audio = *a;
-    for (int64_t i = 0; i < t->n_layers; i++) {
-        t->layer_type[i] = GM_LAYER_FULL;
-        t->rope_theta[i] = 1.0f;
-        t->rope_pos_scale[i] = 1.0f;
-        t->ffn_dim[i] = t->intermediate_size;
-        t->kv_source[i] = (int32_t)i;
-    }
+    encoder_layers(t);
     return GM_OK;
 }
 

@@ -141,22 +141,10 @@ void gm_vision_release(gm_vision *v) {
 }
 
 gm_status gm_vision_init_params(gm_vision *v, gm_error *err) {
-    int64_t r = v->lora.cfg.rank;
-    gm_status s = GM_OK;
+    gm_status s = v->train_tower ? gm_lora_init_train(&v->lora, v->be, err) : GM_OK;
     size_t cap = (size_t)(v->C * v->C_text);
-    for (int i = 0; i < v->lora.n; i++)
-        if ((size_t)(r * v->lora.ad[i].in) > cap) cap = (size_t)(r * v->lora.ad[i].in);
-    float *h = gm_malloc(cap * sizeof(float)), *t = gm_malloc(cap * sizeof(float));
-    if (!h || !t) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    for (int i = 0; s == GM_OK && v->train_tower && i < v->lora.n; i++) {
-        gm_lora_adapter *ad = &v->lora.ad[i];
-        size_t na = (size_t)(r * ad->in) * sizeof(float), nb = (size_t)(ad->out * r) * sizeof(float);
-        gm_lora_init_A(&v->lora.cfg, ad, h);
-        gm_backend_upload(v->be, ad->A, h, na);
-        gm_backend_memset(v->be, ad->B, 0, nb);
-        float *z[6] = {ad->dA, ad->mA, ad->vA, ad->dB, ad->mB, ad->vB};
-        for (int q = 0; q < 6; q++) gm_backend_memset(v->be, z[q], 0, q < 3 ? na : nb);
-    }
+    float *h = s == GM_OK ? gm_malloc(cap * sizeof(float)) : NULL, *t = s == GM_OK ? gm_malloc(cap * sizeof(float)) : NULL;
+    if (s == GM_OK && (!h || !t)) s = gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     if (s == GM_OK && v->train_proj) {
         /* the weights hold the projection transposed (C_text, C) and the norm as its scale 1 + w */
         int64_t C = v->C, Ct = v->C_text;

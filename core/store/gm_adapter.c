@@ -1062,33 +1062,36 @@ gm_status gm_adapter_targets(const gm_lora *lo, const gm_model *m, bool *list, c
     return targets_of(lo, m->arch, m->cfg.n_layers, m->peft_prefix, true, list, out, layers, n_layers, err);
 }
 
-gm_status gm_adapter_vision_targets(const gm_adapter *a, const gm_model *m, char **out, gm_error *err) {
-    const gm_lora *vl = &a->vision_lora;
+/* The targets text of a tower's adapters lo (architecture arch, n_layers blocks, module prefix
+ * `prefix`), as train.vision_targets / audio_targets read it (every block): "none" without
+ * adapters; the module names when they are the same modules on every block; else a regular
+ * expression that selects exactly them. */
+static gm_status tower_targets(const gm_lora *lo, const gm_arch_def *arch, int64_t n_layers, const char *prefix,
+                               char **out, gm_error *err) {
     *out = NULL;
-    if (vl->n == 0 || !m->vision) {
+    if (lo->n == 0 || !arch) {
         *out = gm_malloc(5);
         if (!*out) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
         memcpy(*out, "none", 5);
         return GM_OK;
     }
-    const gm_model *t = m->vision;
     bool list, layers[GM_MAX_LAYERS];
-    int n_layers = 0, n_slots = 0;
-    GM_TRY(targets_of(vl, t->arch, t->cfg.n_layers, GM_VISION_TOWER_PREFIX, false, &list, out, layers, &n_layers, err));
-    for (int sl = 0; sl < GM_MAX_LAYER_WEIGHTS; sl++) n_slots += vl->slot_used[sl];
-    if (n_layers == t->cfg.n_layers && vl->n == n_layers * n_slots) {
-        /* the same modules on every layer (vision_targets selects no layers): their names, which
-         * a regex-free list matches on the tower's module names only */
+    int n_used = 0, n_slots = 0;
+    GM_TRY(targets_of(lo, arch, n_layers, prefix, false, &list, out, layers, &n_used, err));
+    for (int sl = 0; sl < GM_MAX_LAYER_WEIGHTS; sl++) n_slots += lo->slot_used[sl];
+    if (n_used == n_layers && lo->n == n_used * n_slots) {
+        /* the same modules on every block: their names, which a regex-free list matches on the
+         * tower's module names only */
         size_t cap = 1;
-        for (int i = 0; i < vl->n; i++) cap += strlen(vl->ad[i].module) + 1;
+        for (int i = 0; i < lo->n; i++) cap += strlen(lo->ad[i].module) + 1;
         char *names = gm_calloc(cap, 1);
         if (!names) {
             gm_free(*out), *out = NULL;
             return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
         }
-        for (int i = 0; i < vl->n && vl->ad[i].layer == vl->ad[0].layer; i++) {
+        for (int i = 0; i < lo->n && lo->ad[i].layer == lo->ad[0].layer; i++) {
             if (i) strcat(names, ",");
-            strcat(names, target_name(t->arch, &vl->ad[i]));
+            strcat(names, target_name(arch, &lo->ad[i]));
         }
         gm_free(*out);
         *out = names;
@@ -1096,38 +1099,15 @@ gm_status gm_adapter_vision_targets(const gm_adapter *a, const gm_model *m, char
     return GM_OK;
 }
 
+gm_status gm_adapter_vision_targets(const gm_adapter *a, const gm_model *m, char **out, gm_error *err) {
+    const gm_model *t = m->vision;
+    return tower_targets(&a->vision_lora, t ? t->arch : NULL, t ? t->cfg.n_layers : 0, GM_VISION_TOWER_PREFIX, out, err);
+}
+
 gm_status gm_adapter_audio_targets(const gm_adapter *a, const gm_model *m, char **out, gm_error *err) {
-    const gm_lora *al = &a->audio_lora;
-    *out = NULL;
     (void)m;
-    if (al->n == 0) {
-        *out = gm_malloc(5);
-        if (!*out) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-        memcpy(*out, "none", 5);
-        return GM_OK;
-    }
-    const gm_arch_def *arch = gm_arch_get(GM_ARCH_GEMMA3N_AUDIO);
-    bool list, layers[GM_MAX_LAYERS];
-    int n_layers = 0, n_slots = 0;
-    GM_TRY(targets_of(al, arch, a->audio_cfg.n_layers, GM_AUDIO_TOWER_PREFIX, false, &list, out, layers, &n_layers, err));
-    for (int sl = 0; sl < GM_MAX_LAYER_WEIGHTS; sl++) n_slots += al->slot_used[sl];
-    if (n_layers == a->audio_cfg.n_layers && al->n == n_layers * n_slots) {
-        /* the same modules on every block: their names (matched on the encoder's modules only) */
-        size_t cap = 1;
-        for (int i = 0; i < al->n; i++) cap += strlen(al->ad[i].module) + 1;
-        char *names = gm_calloc(cap, 1);
-        if (!names) {
-            gm_free(*out), *out = NULL;
-            return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-        }
-        for (int i = 0; i < al->n && al->ad[i].layer == al->ad[0].layer; i++) {
-            if (i) strcat(names, ",");
-            strcat(names, target_name(arch, &al->ad[i]));
-        }
-        gm_free(*out);
-        *out = names;
-    }
-    return GM_OK;
+    return tower_targets(&a->audio_lora, gm_arch_get(GM_ARCH_GEMMA3N_AUDIO), a->audio_cfg.n_layers, GM_AUDIO_TOWER_PREFIX,
+                         out, err);
 }
 
 gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_model *m, const char *dir, const char *base_model,

@@ -465,3 +465,20 @@ void gm_lora_init_A(const gm_lora_config *lc, const gm_lora_adapter *ad, float *
     int64_t n = (int64_t)lc->rank * ad->in;
     for (int64_t i = 0; i < n; i++) A_host[i] = (2.0f * gm_rng_uniform_at(key, (uint64_t)i) - 1.0f) * bound;
 }
+
+gm_status gm_lora_init_train(const gm_lora *lo, gm_backend *be, gm_error *err) {
+    int64_t r = lo->cfg.rank;
+    float *stage = gm_malloc((size_t)(r * lo->in_max > 0 ? r * lo->in_max : 1) * sizeof(float));
+    if (!stage) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < lo->n; i++) {
+        const gm_lora_adapter *ad = &lo->ad[i];
+        size_t na = (size_t)(r * ad->in) * sizeof(float), nb = (size_t)(ad->out * r) * sizeof(float);
+        gm_lora_init_A(&lo->cfg, ad, stage);
+        gm_backend_upload(be, ad->A, stage, na);
+        gm_backend_memset(be, ad->B, 0, nb);
+        float *zero[6] = {ad->dA, ad->mA, ad->vA, ad->dB, ad->mB, ad->vB};
+        for (int q = 0; q < 6; q++) gm_backend_memset(be, zero[q], 0, q < 3 ? na : nb);
+    }
+    gm_free(stage);
+    return gm_backend_status(be, err);
+}

@@ -43,6 +43,7 @@
 
 #include "gm_arch.h"
 #include "gm_arena.h"
+#include "gm_backend.h"
 #include "gm_config.h"
 #include "gm_status.h"
 
@@ -147,6 +148,11 @@ bool gm_lora_target_matches(const char *targets, const char *module);
 
 /* True when a targets text is a regular expression (not "all-linear", not a list of names). */
 bool gm_lora_targets_is_regex(const char *targets);
+
+/* Starts every adapter of lo for training on backend be (its buffers laid out with train = true):
+ * PEFT's initial A (gm_lora_init_A), B zero, zero gradients and AdamW moments. GM_ERR_NOMEM for the
+ * host staging; the backend's sticky error. */
+gm_status gm_lora_init_train(const gm_lora *lo, gm_backend *be, gm_error *err);
 
 /* PEFT's initial A of one adapter into A_host (rank x in floats, host memory): uniform in
  * +-1/sqrt(in), deterministic in (seed, layer, lora_id). B starts at zero. */

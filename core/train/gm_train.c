@@ -539,21 +539,7 @@ gm_status gm_train_plan(const gm_config *cfg, const gm_train_opts *o, gm_dtype s
 
 /* PEFT's initial adapters (A uniform, B zero), zero gradients and moments, uploaded. */
 static gm_status init_adapters(gm_trainer *tr, gm_error *err) {
-    int64_t r = tr->o.lora.rank;
-    float *stage = gm_malloc((size_t)(r * tr->lora.in_max) * sizeof(float));
-    if (!stage) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < tr->lora.n; i++) {
-        gm_lora_adapter *ad = &tr->lora.ad[i];
-        size_t na = (size_t)(r * ad->in) * sizeof(float), nb = (size_t)(ad->out * r) * sizeof(float);
-        gm_lora_init_A(&tr->o.lora, ad, stage);
-        gm_backend_upload(tr->be, ad->A, stage, na);
-        gm_backend_memset(tr->be, ad->B, 0, nb);
-        gm_backend_memset(tr->be, ad->dA, 0, na), gm_backend_memset(tr->be, ad->mA, 0, na);
-        gm_backend_memset(tr->be, ad->vA, 0, na);
-        gm_backend_memset(tr->be, ad->dB, 0, nb), gm_backend_memset(tr->be, ad->mB, 0, nb);
-        gm_backend_memset(tr->be, ad->vB, 0, nb);
-    }
-    gm_free(stage);
+    GM_TRY(gm_lora_init_train(&tr->lora, tr->be, err));
     if (tr->vis_trains) GM_TRY(gm_vision_init_params(&tr->vis, err));
     if (tr->has_aud && tr->aud.train_tower) GM_TRY(gm_audio_encoder_init_params(&tr->aud, err));
     return gm_backend_status(tr->be, err);
