@@ -304,7 +304,8 @@ static int l_set_eval(lua_State *L) {
     // known keys below; any other key must be a number and becomes one more f64 attribute
     static const char *const known_keys[] = {
         "accuracy",      "loss",        "n_examples", "labels", "per_class", "confusion",
-        "example_index", "predictions", "references", NULL};
+        "example_index", "predictions", "references", "example_word_errors", "example_words",
+        "example_phone_errors", "example_phones", NULL};
     lua_pushnil(L);
     while (lua_next(L, 3)) {
         bool known = false;
@@ -314,7 +315,8 @@ static int l_set_eval(lua_State *L) {
             luaL_error(L,
                        "results:set_eval: '%s' must be a number (known keys: accuracy, loss, "
                        "n_examples, labels, per_class, confusion, example_index, predictions, "
-                       "references; others are stored as numbers)",
+                       "references, example_word_errors, example_words, example_phone_errors, example_phones; "
+                       "others are stored as numbers)",
                        lua_type(L, -2) == LUA_TSTRING ? lua_tostring(L, -2) : luaL_typename(L, -2));
         lua_pop(L, 1);
     }
@@ -383,10 +385,10 @@ static int l_set_eval(lua_State *L) {
     e.per_class = per_class;
     e.confusion = conf;
     // per-example lists: one length
-    int64_t *ex[3] = {NULL, NULL, NULL};
-    const char *const ex_names[] = {"example_index", "predictions", "references"};
+    int64_t *ex[GM_RESULTS_EX_LISTS] = {NULL};
+    const char *const *ex_names = gm_results_ex_names;
     lua_Integer n_ex = -1;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < GM_RESULTS_EX_LISTS; i++) {
         lua_Integer n = opt_list(L, 3, ex_names[i], true, (void **)&ex[i], "results:set_eval");
         if (n >= 0 && n_ex >= 0 && n != n_ex)
             luaL_error(L, "results:set_eval: %s has %d entries, %s %d", ex_names[i], (int)n,
@@ -394,11 +396,12 @@ static int l_set_eval(lua_State *L) {
         if (n >= 0) n_ex = n;
     }
     if (n_ex >= 0 && !ex[0])
-        luaL_error(L, "results:set_eval: predictions and references need example_index");
+        luaL_error(L, "results:set_eval: per-example lists need example_index");
     e.n_per_example = n_ex > 0 ? n_ex : 0;
     e.example_index = ex[0];
     e.predictions = ex[1];
     e.references = ex[2];
+    e.word_errors = ex[3], e.words = ex[4], e.phone_errors = ex[5], e.phones = ex[6];
     gm_error err = {0};
     raise_if(L, gm_results_set_eval(u->r, phase, &e, &err), &err);
     lua_pushnil(L);
@@ -678,16 +681,17 @@ static void push_trial(lua_State *L, const gm_results_trial *t) {
             }
             lua_setfield(L, -2, "confusion");
         }
-        const int64_t *const ex_vals[] = {e->example_index, e->predictions, e->references};
-        const char *const ex_names[] = {"example_index", "predictions", "references"};
-        for (int k = 0; k < 3; k++) {
-            if (!ex_vals[k]) continue;
+        const int64_t *vals[GM_RESULTS_EX_LISTS];
+        gm_results_eval_read_values(e, vals);
+        for (int k = 0; k < GM_RESULTS_EX_LISTS; k++) {
+            const int64_t *v = vals[k];
+            if (!v) continue;
             lua_createtable(L, (int)e->n_per_example, 0);
             for (int64_t j = 0; j < e->n_per_example; j++) {
-                lua_pushinteger(L, (lua_Integer)ex_vals[k][j]);
+                lua_pushinteger(L, (lua_Integer)v[j]);
                 lua_rawseti(L, -2, (lua_Integer)j + 1);
             }
-            lua_setfield(L, -2, ex_names[k]);
+            lua_setfield(L, -2, gm_results_ex_names[k]);
         }
         lua_setfield(L, -2, e->phase);
     }

@@ -2,8 +2,10 @@
  * bind_stats.c - the statistics of core/stats/gm_stats.h for lua/report.lua and scripts.
  *
  *   gm.t95(df)                                   -> t_{0.975, df} (nil for df < 1)
- *   gm.bootstrap_mean(x, {resamples=, seed=})    -> lo, hi: the percentile 95% interval of mean(x)
- *   gm.paired_bootstrap(a, b, {resamples=, seed=}) -> p: two-sided p-value of mean(a - b) = 0
+ *   gm.bootstrap_mean(x, {resamples=, seed=, weights=}) -> lo, hi: the percentile 95% interval of
+ *       mean(x), or with weights w of sum(x) / sum(w) (a corpus-level rate: errors over words)
+ *   gm.paired_bootstrap(a, b, {resamples=, seed=, weights=}) -> p: two-sided p-value of
+ *       mean(a - b) = 0, or with weights of sum(a) / sum(w) = sum(b) / sum(w)
  *
  * x, a, b are lists of numbers (a and b of one length, paired by position); resamples defaults
  * to GM_STATS_RESAMPLES (10,000), seed to 0. Ownership: the arrays are copied into userdata for
@@ -36,7 +38,7 @@ static int64_t push_numbers(lua_State *L, int idx, const char *fn, const char *w
 }
 
 static void read_opts(lua_State *L, int idx, const char *fn, int64_t *resamples, uint64_t *seed) {
-    static const char *const allowed[] = {"resamples", "seed", NULL};
+    static const char *const allowed[] = {"resamples", "seed", "weights", NULL};
     gm_bind_check_opts(L, idx, fn, allowed);
     *resamples = GM_STATS_RESAMPLES;
     *seed = 0;
@@ -46,6 +48,21 @@ static void read_opts(lua_State *L, int idx, const char *fn, int64_t *resamples,
     }
     if (*resamples < 1 || *resamples > 100000000)
         luaL_error(L, "%s: resamples must be in [1, 1e8]", fn);
+}
+
+/* The options' weights = {...} (n numbers, pushed as userdata like the data), or NULL. */
+static double *opt_weights(lua_State *L, int idx, const char *fn, int64_t n) {
+    if (!lua_istable(L, idx)) return NULL;
+    double *w = NULL;
+    if (lua_getfield(L, idx, "weights") == LUA_TNIL) {
+        lua_pop(L, 1);
+        return NULL;
+    }
+    int at = lua_gettop(L);
+    int64_t nw = push_numbers(L, at, fn, "weights", &w);
+    if (nw != n) luaL_error(L, "%s: weights has %d values, the data %d (they pair by position)", fn, (int)nw, (int)n);
+    lua_remove(L, at); /* the userdata stays on the stack, anchoring w */
+    return w;
 }
 
 static int l_t95(lua_State *L) {
@@ -61,9 +78,10 @@ static int l_bootstrap_mean(lua_State *L) {
     uint64_t seed;
     read_opts(L, 2, "gm.bootstrap_mean", &resamples, &seed);
     int64_t n = push_numbers(L, 1, "gm.bootstrap_mean", "x", &x);
+    double *w = opt_weights(L, 2, "gm.bootstrap_mean", n);
     double lo, hi;
     gm_error err = {0};
-    if (gm_stats_bootstrap_mean(x, n, resamples, seed, &lo, &hi, &err) != GM_OK)
+    if (gm_stats_bootstrap_ratio(x, w, n, resamples, seed, &lo, &hi, &err) != GM_OK)
         return gm_bind_raise(L, &err);
     lua_pushnumber(L, lo);
     lua_pushnumber(L, hi);
@@ -80,9 +98,10 @@ static int l_paired_bootstrap(lua_State *L) {
     if (na != nb)
         luaL_error(L, "gm.paired_bootstrap: a has %d values, b %d (they pair by position)",
                    (int)na, (int)nb);
+    double *w = opt_weights(L, 3, "gm.paired_bootstrap", na);
     double p;
     gm_error err = {0};
-    if (gm_stats_paired_bootstrap(a, b, na, resamples, seed, &p, &err) != GM_OK)
+    if (gm_stats_paired_bootstrap_ratio(a, b, w, na, resamples, seed, &p, &err) != GM_OK)
         return gm_bind_raise(L, &err);
     lua_pushnumber(L, p);
     return 1;

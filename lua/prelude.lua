@@ -837,6 +837,7 @@ end
 --- the image path trains, pan & scan, the GPU's GEMM precision; issue 15: the audio encoder's LoRA).
 local LATER_OPTIONS = { vision_targets = "none", modules_to_save = "none", pan_and_scan = false, compute = "auto",
   audio_targets = "none" }
+M.LATER_OPTIONS = LATER_OPTIONS
 
 function M.expand(e, max_trials)
   max_trials = max_trials or M.MAX_TRIALS

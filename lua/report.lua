@@ -341,6 +341,14 @@ local MIB = 1048576
 --- spec plus the fields the trials differ in that it does not name), cols, split_note, metric,
 --- phase, better, percent, scale, label and all_fields (rows then cols).
 local function settings(trials, spec)
+  -- a trial stored before an option existed ran at its default: say so, rather than split rows
+  -- between "n/a" and the default (prelude's LATER_OPTIONS)
+  local later = GM_PRELUDE and GM_PRELUDE.LATER_OPTIONS or {}
+  for _, t in ipairs(trials) do
+    if type(t.config) == "table" then
+      for k, v in pairs(later) do if t.config[k] == nil then t.config[k] = v end end
+    end
+  end
   local m = {trials = trials}
   m.rows = {}
   for _, f in ipairs(spec.rows or {}) do m.rows[#m.rows + 1] = f end
@@ -507,27 +515,44 @@ end
 --              α = 0.05: the cell against its own trials' baseline evaluation (mark †: differs)
 --              and against the best cell (mark ≈: does not differ from the best)
 -- Per-example results exist for accuracy (predictions and references, runner.lua's
--- eval_classify); other metrics get the t interval only, and no tests.
+-- eval_classify) and for the word and phone error rates (each example's edit count and
+-- reference length, eval_transcribe: a rate is a ratio of sums, resampled as one, Koehn 2004);
+-- other metrics get the t interval only, and no tests.
 local ALPHA = 0.05
-local PER_EXAMPLE = {accuracy = true}
+-- metric -> the per-example lists that score it: {errors, reference lengths} for a rate; true:
+-- a classifier's predictions and references
+local PER_EXAMPLE = {accuracy = true, word_error_rate = {"example_word_errors", "example_words"},
+  phone_error_rate = {"example_phone_errors", "example_phones"}}
 
---- Per-example scores of `trials` in `phase`: a[i] = fraction of the trials right on example i,
---- and the examples' identity (their test-set positions as one string); nil when a trial did
---- not store predictions or the trials scored different examples.
-local function example_scores(trials, phase, bad)
-  local key, sum
+--- Per-example scores of `trials` in `phase` for `metric`: a[i] = fraction of the trials right on
+--- example i (accuracy) or their mean edit count on it (an error rate, with w[i] its reference
+--- length: the rate is sum(a) / sum(w)), and the examples' identity (their test-set positions as
+--- one string); nil when a trial did not store the lists or the trials scored different examples.
+local function example_scores(trials, phase, bad, metric)
+  local lists = PER_EXAMPLE[metric or "accuracy"]
+  local key, sum, w
   for _, t in ipairs(trials) do
     local e = t.eval and t.eval[phase]
-    if not (e and e.example_index and e.predictions and e.references and #e.example_index > 0) then return nil end
-    -- lists that contradict the stored accuracy, or score an example twice, are not used
-    -- (a hand-written or damaged file): `bad` collects the trial for the note under the table
-    local right, seen, dup = 0, {}, false
+    if not (e and e.example_index and #e.example_index > 0) then return nil end
+    local num, den
+    if lists == true then
+      if not (e.predictions and e.references) then return nil end
+    else
+      num, den = e[lists[1]], e[lists[2]]
+      if not (num and den) then return nil end
+    end
+    -- lists that contradict the stored value, or score an example twice, are not used (a
+    -- hand-written or damaged file): `bad` collects the trial for the note under the table
+    local right, errs, words, seen, dup = 0, 0, 0, {}, false
     for i = 1, #e.example_index do
-      right = right + (e.predictions[i] == e.references[i] and 1 or 0)
+      if lists == true then right = right + (e.predictions[i] == e.references[i] and 1 or 0)
+      else errs, words = errs + num[i], words + den[i] end
       dup = dup or seen[e.example_index[i]] ~= nil
       seen[e.example_index[i]] = true
     end
-    if dup or (type(e.accuracy) == "number" and math.abs(right / #e.example_index - e.accuracy) > 1e-9) then
+    local stored = e[metric or "accuracy"]
+    local value = lists == true and right / #e.example_index or (words > 0 and errs / words or nil)
+    if dup or not value or (type(stored) == "number" and math.abs(value - stored) > 1e-9) then
       if bad then bad[tostring(t.trial_id or t.trial_index)] = true end
       return nil
     end
@@ -535,12 +560,23 @@ local function example_scores(trials, phase, bad)
     if key and k ~= key then return nil end
     key, sum = k, sum or {}
     for i = 1, #e.example_index do
-      sum[i] = (sum[i] or 0) + (e.predictions[i] == e.references[i] and 1 or 0)
+      if lists == true then
+        sum[i] = (sum[i] or 0) + (e.predictions[i] == e.references[i] and 1 or 0)
+      else
+        -- the same references (the same example's length) in every trial; a resampled rate
+        -- needs every length > 0
+        if den[i] <= 0 or (w and w[i] ~= den[i]) then return nil end
+        sum[i] = (sum[i] or 0) + num[i]
+      end
+    end
+    if lists ~= true and not w then
+      w = {}
+      for i = 1, #den do w[i] = den[i] end
     end
   end
   if not sum then return nil end
   for i = 1, #sum do sum[i] = sum[i] / #trials end
-  return sum, key
+  return sum, key, w
 end
 
 --- Uncertainty: takes m (cells, base_rows, is_best); sets on every cell's stats ci = {lo, hi,
@@ -557,15 +593,15 @@ local function uncertainty(m)
     if not per_example or s.n == 0 then return nil end
     local c = cache[s]
     if not c then
-      local a, key = example_scores(s.trials, phase, m.bad_lists)
+      local a, key, w = example_scores(s.trials, phase, m.bad_lists, m.metric)
       if a then
         if n_ex and n_ex ~= #a then n_ex_mixed = true end
         n_ex = n_ex or #a
       end
-      c = {a, key}
+      c = {a, key, w}
       cache[s] = c
     end
-    return c[1], c[2]
+    return c[1], c[2], c[3]
   end
   local function interval(s, phase)
     if s.n == 0 then return end
@@ -576,9 +612,9 @@ local function uncertainty(m)
       -- near 0 would otherwise reach below it)
       if m.metric:find("accuracy") then s.ci.lo, s.ci.hi = math.max(0, s.ci.lo), math.min(m.scale, s.ci.hi) end
     else
-      local a = scores(s, phase)
+      local a, _, w = scores(s, phase)
       if not a then return end
-      local lo, hi = gm.bootstrap_mean(a)
+      local lo, hi = gm.bootstrap_mean(a, w and { weights = w } or nil)
       s.ci = {lo = lo * m.scale, hi = hi * m.scale, method = "bootstrap"}
     end
     used[s.ci.method] = true
@@ -599,11 +635,13 @@ local function uncertainty(m)
   for i = 1, #m.row_combos do
     for j = 1, #m.col_combos do
       local s = m.cells[i][j]
-      local a, key = scores(s, m.phase)
+      local a, key, w = scores(s, m.phase)
       if a then
-        local b, bkey = example_scores(s.trials, "baseline", m.bad_lists)
-        if b and bkey == key then s.p_base = gm.paired_bootstrap(a, b); tested = true end
-        if best_a and s ~= best and best_key == key then s.p_best = gm.paired_bootstrap(a, best_a); tested = true end
+        -- the same references on both sides of a test (the same lengths): a rate's weights
+        local wo = w and { weights = w } or nil
+        local b, bkey = example_scores(s.trials, "baseline", m.bad_lists, m.metric)
+        if b and bkey == key then s.p_base = gm.paired_bootstrap(a, b, wo); tested = true end
+        if best_a and s ~= best and best_key == key then s.p_best = gm.paired_bootstrap(a, best_a, wo); tested = true end
       end
     end
   end
@@ -627,8 +665,11 @@ local function uncertainty_notes(m)
   local ways = {}
   if m.ci_used.t then ways[#ways + 1] = "Student t over the seeds (fine-tuned cells with 3 or more)" end
   if m.ci_used.bootstrap then
+    local scored = type(PER_EXAMPLE[m.metric]) == "table"
+      and "the rate resampled as a ratio of sums: each example's edit count, averaged over the cell's seeds, over its reference length"
+      or "each example scored by the fraction of the cell's seeds right on it"
     ways[#ways + 1] = "percentile bootstrap over " .. ex .. " (" .. (m.ci_used.t and "the other cells; " or "") ..
-      "10,000 resamples, each example scored by the fraction of the cell's seeds right on it)"
+      "10,000 resamples, " .. scored .. ")"
   end
   if #ways > 0 then out[#out + 1] = "[a, b]: 95% interval, " .. table.concat(ways, "; ") end
   if m.tested then
@@ -639,7 +680,8 @@ local function uncertainty_notes(m)
   for id in pairs(m.bad_lists or {}) do bad[#bad + 1] = id end
   table.sort(bad)
   if #bad > 0 then
-    out[#out + 1] = "per-example results not used (they disagree with the stored accuracy or list an example twice) in trial" ..
+    out[#out + 1] = "per-example results not used (they disagree with the stored " .. (type(PER_EXAMPLE[m.metric]) == "table" and m.metric or "accuracy") ..
+      " or list an example twice) in trial" ..
       (#bad > 1 and "s " or " ") .. table.concat(bad, ", ") .. ": no bootstrap interval or test where they take part"
   end
   return out

@@ -837,7 +837,8 @@ end
 --- first line against the transcript's words, normalized as words_of) and, when the references
 --- have phones, phone error rate (its second line against theirs), each the summed edit distances
 --- over the summed reference lengths (corpus level); with the totals word_errors, words,
---- phone_errors, phones.
+--- phone_errors, phones, and per example (example_index, example_word_errors, example_words,
+--- example_phone_errors, example_phones: the report's intervals and tests resample them).
 local function eval_transcribe(model, tr, test, refs, limit, batch, max_new)
   local r = eval_sft(tr, test, limit, batch)
   local idx = indices(test:size(), limit)
@@ -847,6 +848,7 @@ local function eval_transcribe(model, tr, test, refs, limit, batch, max_new)
     if #ids == 1 then stop[#stop + 1] = ids[1] end
   end
   local we, wn, pe, pn = 0, 0, 0, 0
+  local ex_index, ex_we, ex_wn, ex_pe, ex_pn = {}, {}, {}, {}, {}
   local has_phones = refs and refs[1] and refs[1].phones ~= nil
   for s0 = 1, #idx, EVAL_CHUNK do
     if gm.interrupted() then error({ interrupted = true }, 0) end
@@ -864,16 +866,22 @@ local function eval_transcribe(model, tr, test, refs, limit, batch, max_new)
       local hw, rw = words_of(first or ""), split_ws(ref.words)
       local e1 = edit_distance(hw, rw)
       we, wn = we + e1, wn + #rw
+      local n = #ex_index + 1
+      ex_index[n], ex_we[n], ex_wn[n] = i - 1, e1, #rw
       if has_phones then
         local hp, rp = split_ws((second or ""):upper()), split_ws(ref.phones)
-        pe, pn = pe + edit_distance(hp, rp), pn + #rp
+        local e2 = edit_distance(hp, rp)
+        pe, pn = pe + e2, pn + #rp
+        ex_pe[n], ex_pn[n] = e2, #rp
       end
     end
   end
-  -- totals only: the per-example counts have no place in the results format yet (its per-example
-  -- lists are a classifier's predictions and references)
   r.word_error_rate, r.word_errors, r.words = wn > 0 and we / wn or 0 / 0, we, wn
   if has_phones then r.phone_error_rate, r.phone_errors, r.phones = pn > 0 and pe / pn or 0 / 0, pe, pn end
+  if #ex_index > 0 then
+    r.example_index, r.example_word_errors, r.example_words = ex_index, ex_we, ex_wn
+    if has_phones then r.example_phone_errors, r.example_phones = ex_pe, ex_pn end
+  end
   return r
 end
 

@@ -79,18 +79,35 @@ static gm_status check_args(const double *x, int64_t n, int64_t resamples, const
     return GM_OK;
 }
 
+/* Weights must be finite and > 0 (a ratio's denominators: every resample's sum is then > 0). */
+static gm_status check_weights(const double *w, int64_t n, const char *what, gm_error *err) {
+    for (int64_t i = 0; w && i < n; i++)
+        if (!(isfinite(w[i]) && w[i] > 0))
+            return gm_error_set(err, GM_ERR_INVALID, "%s: weight %lld is not a positive number", what, (long long)i);
+    return GM_OK;
+}
+
 gm_status gm_stats_bootstrap_mean(const double *x, int64_t n, int64_t resamples, uint64_t seed,
                                   double *lo, double *hi, gm_error *err) {
+    return gm_stats_bootstrap_ratio(x, NULL, n, resamples, seed, lo, hi, err);
+}
+
+gm_status gm_stats_bootstrap_ratio(const double *x, const double *w, int64_t n, int64_t resamples, uint64_t seed,
+                                   double *lo, double *hi, gm_error *err) {
     GM_TRY(check_args(x, n, resamples, "bootstrap interval", err));
+    GM_TRY(check_weights(w, n, "bootstrap interval", err));
     double *means = gm_malloc((size_t)resamples * sizeof *means);
     if (!means)
         return gm_error_set(err, GM_ERR_NOMEM, "bootstrap interval: out of memory (%lld resamples)",
                             (long long)resamples);
     draws d = {.key = seed};
     for (int64_t b = 0; b < resamples; b++) {
-        double s = 0;
-        for (int64_t i = 0; i < n; i++) s += x[draw_index(&d, n)];
-        means[b] = s / (double)n;
+        double s = 0, sw = 0;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t j = draw_index(&d, n);
+            s += x[j], sw += w ? w[j] : 1.0;
+        }
+        means[b] = s / sw;
     }
     qsort(means, (size_t)resamples, sizeof *means, cmp_double);
     *lo = quantile7(means, resamples, 0.025);
@@ -101,24 +118,33 @@ gm_status gm_stats_bootstrap_mean(const double *x, int64_t n, int64_t resamples,
 
 gm_status gm_stats_paired_bootstrap(const double *a, const double *b, int64_t n,
                                     int64_t resamples, uint64_t seed, double *p, gm_error *err) {
+    return gm_stats_paired_bootstrap_ratio(a, b, NULL, n, resamples, seed, p, err);
+}
+
+gm_status gm_stats_paired_bootstrap_ratio(const double *a, const double *b, const double *w, int64_t n,
+                                          int64_t resamples, uint64_t seed, double *p, gm_error *err) {
     GM_TRY(check_args(a, n, resamples, "paired bootstrap test", err));
     GM_TRY(check_args(b, n, resamples, "paired bootstrap test", err));
+    GM_TRY(check_weights(w, n, "paired bootstrap test", err));
     double *diff = gm_malloc((size_t)n * sizeof *diff);
     if (!diff)
         return gm_error_set(err, GM_ERR_NOMEM, "paired bootstrap test: out of memory (%lld examples)",
                             (long long)n);
-    double D = 0;
-    for (int64_t i = 0; i < n; i++) D += (diff[i] = a[i] - b[i]);
-    D /= (double)n;
+    double D = 0, W = 0;
+    for (int64_t i = 0; i < n; i++) D += (diff[i] = a[i] - b[i]), W += w ? w[i] : 1.0;
+    D /= W;
     // |mean(d*) - D| >= |D| with a tolerance of rounding: sums of the same values in another
     // order may differ in the last bits, and a tie must count (identical systems: p = 1)
     const double tol = 1e-12 * (1 + fabs(D));
     draws d = {.key = seed};
     int64_t extreme = 0;
     for (int64_t r = 0; r < resamples; r++) {
-        double s = 0;
-        for (int64_t i = 0; i < n; i++) s += diff[draw_index(&d, n)];
-        if (fabs(s / (double)n - D) >= fabs(D) - tol) extreme++;
+        double s = 0, sw = 0;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t j = draw_index(&d, n);
+            s += diff[j], sw += w ? w[j] : 1.0;
+        }
+        if (fabs(s / sw - D) >= fabs(D) - tol) extreme++;
     }
     gm_free(diff);
     *p = (double)(1 + extreme) / (double)(resamples + 1);

@@ -48,12 +48,25 @@ double gm_stats_t95(int64_t df);
 gm_status gm_stats_bootstrap_mean(const double *x, int64_t n, int64_t resamples, uint64_t seed,
                                   double *lo, double *hi, gm_error *err);
 
+/* The same for a ratio of sums, sum(x) / sum(w) (w > 0 per example: a corpus-level rate such as
+ * the word error rate, errors over reference words, Koehn 2004's resampling of test sentences):
+ * each resample draws n examples and takes sum(x*) / sum(w*). w NULL: every weight 1, the mean
+ * (gm_stats_bootstrap_mean). GM_ERR_INVALID also for a weight that is not a positive number. */
+gm_status gm_stats_bootstrap_ratio(const double *x, const double *w, int64_t n, int64_t resamples, uint64_t seed,
+                                   double *lo, double *hi, gm_error *err);
+
 /* Paired bootstrap test of H0: mean(a - b) = 0, two-sided. With d = a - b (per example, the
  * same examples in the same order) and D = mean(d): `resamples` times, n differences are drawn
  * with replacement; *p = (1 + #{|mean(d*) - D| >= |D|}) / (resamples + 1) (the +1s make it a
  * valid p-value, never 0). Identical a and b give p = 1. Deterministic like the above. */
 gm_status gm_stats_paired_bootstrap(const double *a, const double *b, int64_t n,
                                     int64_t resamples, uint64_t seed, double *p, gm_error *err);
+
+/* The same test for ratios of sums over shared weights w (both systems scored against the same
+ * references: H0: sum(a) / sum(w) = sum(b) / sum(w)); D = sum(a - b) / sum(w) and each resample's
+ * sum(a* - b*) / sum(w*). w NULL: gm_stats_paired_bootstrap. */
+gm_status gm_stats_paired_bootstrap_ratio(const double *a, const double *b, const double *w, int64_t n,
+                                          int64_t resamples, uint64_t seed, double *p, gm_error *err);
 
 #ifdef __cplusplus
 }

@@ -44,6 +44,11 @@
 
 #define RESULTS_CREATED_BY "gemmarun " GM_VERSION
 
+
+const char *const gm_results_ex_names[GM_RESULTS_EX_LISTS] = {"example_index", "predictions", "references",
+                                                             "example_word_errors", "example_words",
+                                                             "example_phone_errors", "example_phones"};
+
 /* Groups every trial file has (created empty, so readers and users find them). */
 static const char *const GROUPS[] = {"/config", "/metrics", "/eval",       "/memory",
                                      "/data",   "/adapter", "/provenance"};
@@ -771,10 +776,13 @@ gm_status gm_results_set_eval(gm_results *r, const char *phase, const gm_results
                                                        e->predictions[i] >= K)) ||
                                    (e->references && (e->references[i] < 0 ||
                                                       e->references[i] >= K)));
-        if (e->example_index[i] < 0 || bad_class)
+        bool bad_count = (e->word_errors && e->word_errors[i] < 0) || (e->words && e->words[i] < 0) ||
+                         (e->phone_errors && e->phone_errors[i] < 0) || (e->phones && e->phones[i] < 0);
+        if (e->example_index[i] < 0 || bad_class || bad_count)
             return gm_error_set(err, GM_ERR_INVALID,
-                                "%s: eval '%s': example %lld: %s out of range", r->path, phase,
-                                (long long)i, bad_class ? "class" : "example_index");
+                                "%s: eval '%s': example %lld: %s", r->path, phase,
+                                (long long)i, bad_class ? "class out of range" : bad_count ? "a negative count"
+                                                                               : "example_index out of range");
     }
     char g[400], p[600];
     snprintf(g, sizeof g, "/eval/%s", phase);
@@ -783,11 +791,11 @@ gm_status gm_results_set_eval(gm_results *r, const char *phase, const gm_results
     if (!isnan(e->accuracy)) GM_TRY(gm_h5_attr_set_f64(r->f, g, "accuracy", e->accuracy, err));
     if (!isnan(e->loss)) GM_TRY(gm_h5_attr_set_f64(r->f, g, "loss", e->loss, err));
     if (e->n_examples >= 0) GM_TRY(gm_h5_attr_set_i64(r->f, g, "n_examples", e->n_examples, err));
-    const char *const ex_names[] = {"example_index", "predictions", "references"};
-    const int64_t *const ex_vals[] = {e->example_index, e->predictions, e->references};
-    for (int i = 0; i < 3 && n > 0; i++) {
+    const int64_t *ex_vals[GM_RESULTS_EX_LISTS];
+    gm_results_eval_lists(e, ex_vals);
+    for (int i = 0; i < GM_RESULTS_EX_LISTS && n > 0; i++) {
         if (!ex_vals[i]) continue;
-        snprintf(p, sizeof p, "%s/%s", g, ex_names[i]);
+        snprintf(p, sizeof p, "%s/%s", g, gm_results_ex_names[i]);
         GM_TRY(gm_h5_write(r->f, p, GM_I64, 1, &n, ex_vals[i], err));
     }
     if (K == 0) return GM_OK;
@@ -957,9 +965,9 @@ static void trial_free(gm_results_trial *t) {
         gm_free(e->labels);
         gm_free(e->per_class);
         gm_free(e->confusion);
-        gm_free(e->example_index);
-        gm_free(e->predictions);
-        gm_free(e->references);
+        int64_t **lists[GM_RESULTS_EX_LISTS];
+        gm_results_eval_read_lists(e, lists);
+        for (int k = 0; k < GM_RESULTS_EX_LISTS; k++) gm_free(*lists[k]);
     }
     gm_free(t->evals);
     for (int i = 0; i < t->n_adapter; i++) gm_free(t->adapter[i].name);
@@ -999,10 +1007,10 @@ static gm_status read_eval(gm_h5_file *f, const char *g, const char *phase, gm_r
         if (nd != 1)
             return gm_error_set(err, GM_ERR_FORMAT, "%s: %s is not a list", gm_h5_path(f), p);
         int64_t n = shape[0];
-        int64_t **dst[] = {&e->example_index, &e->predictions, &e->references};
-        const char *const ex_names[] = {"example_index", "predictions", "references"};
-        for (int i = 0; i < 3; i++) {
-            snprintf(p, sizeof p, "%s/%s", g, ex_names[i]);
+        int64_t **dst[GM_RESULTS_EX_LISTS];
+        gm_results_eval_read_lists(e, dst);
+        for (int i = 0; i < GM_RESULTS_EX_LISTS; i++) {
+            snprintf(p, sizeof p, "%s/%s", g, gm_results_ex_names[i]);
             if (!gm_h5_exists(f, p)) continue;
             if (!(*dst[i] = gm_malloc((size_t)(n > 0 ? n : 1) * sizeof(int64_t))))
                 return gm_error_set(err, GM_ERR_NOMEM, "%s: out of memory", gm_h5_path(f));

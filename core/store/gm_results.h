@@ -147,7 +147,19 @@ typedef struct gm_results_eval {
     const int64_t *example_index; /* (n) 0-based position of the example in the test set */
     const int64_t *predictions;   /* (n) predicted class, 0-based in [0, K); may be NULL */
     const int64_t *references;    /* (n) true class, 0-based in [0, K); may be NULL */
+    /* (n) a generation evaluation's edit counts per example (transcription): word-level edit
+     * distance of the answer to its reference and the reference's words; the same for phones.
+     * Each may be NULL; counts are >= 0. */
+    const int64_t *word_errors, *words, *phone_errors, *phones;
 } gm_results_eval;
+
+/* The per-example lists of an evaluation, each (n_per_example) int64 in /eval/<phase>/<name>,
+ * in this order: example_index first (the others need it); the edit counts are named
+ * example_word_errors, example_words, example_phone_errors, example_phones (the group's
+ * attributes word_errors, words, ... are their totals). One table for the writer, the reader and
+ * the Lua binding. */
+#define GM_RESULTS_EX_LISTS 7
+extern const char *const gm_results_ex_names[GM_RESULTS_EX_LISTS];
 
 /* Writes (or replaces whole) the evaluation `phase` ("baseline", "final", ...). Per-example
  * lists need example_index (n_per_example > 0); a class outside [0, K) (K > 0), a negative
@@ -224,7 +236,25 @@ typedef struct gm_results_eval_read {
     int64_t *example_index; /* (n) or NULL */
     int64_t *predictions;   /* (n) or NULL */
     int64_t *references;    /* (n) or NULL */
+    int64_t *word_errors, *words, *phone_errors, *phones; /* (n) or NULL */
 } gm_results_eval_read;
+
+/* The addresses of e's per-example lists in gm_results_ex_names' order. */
+static inline void gm_results_eval_lists(const gm_results_eval *e, const int64_t *out[GM_RESULTS_EX_LISTS]) {
+    const int64_t *v[GM_RESULTS_EX_LISTS] = {e->example_index, e->predictions, e->references, e->word_errors,
+                                             e->words, e->phone_errors, e->phones};
+    for (int i = 0; i < GM_RESULTS_EX_LISTS; i++) out[i] = v[i];
+}
+static inline void gm_results_eval_read_values(const gm_results_eval_read *e, const int64_t *out[GM_RESULTS_EX_LISTS]) {
+    const int64_t *v[GM_RESULTS_EX_LISTS] = {e->example_index, e->predictions, e->references, e->word_errors,
+                                             e->words, e->phone_errors, e->phones};
+    for (int i = 0; i < GM_RESULTS_EX_LISTS; i++) out[i] = v[i];
+}
+static inline void gm_results_eval_read_lists(gm_results_eval_read *e, int64_t **out[GM_RESULTS_EX_LISTS]) {
+    int64_t **v[GM_RESULTS_EX_LISTS] = {&e->example_index, &e->predictions, &e->references, &e->word_errors,
+                                        &e->words, &e->phone_errors, &e->phones};
+    for (int i = 0; i < GM_RESULTS_EX_LISTS; i++) out[i] = v[i];
+}
 
 typedef struct gm_results_tensor_info {
     char *name;

@@ -185,15 +185,20 @@ expect_run "data.speech: a phones file that is not a CMU dictionary stops the ru
 # the pronunciation experiment, small: 8 training and 3 test recordings
 cp -r "$SRC/tests" "$TMP/" 2>/dev/null || true
 expect_run "experiments/pronunciation.lua: transcription of real prompts, word and phone error rates in its tables" 0 \
-  "final loss [0-9.]+, word error rate [0-9.]+%, phone error rate [0-9.]+%.*word_error_rate \(%\).*phone_error_rate \(%\).*written: results/pronunciation.md" \
+  "final loss [0-9.]+, word error rate [0-9.]+%, phone error rate [0-9.]+%.*word_error_rate \(%\), final eval, single seed \[95% interval\].* [0-9.]+ \[[0-9.]+, [0-9.]+\].*the rate resampled as a ratio of sums.*phone_error_rate \(%\).*written: results/pronunciation.md" \
   -- env PRON_TRAIN=8 PRON_TEST=3 "$GM" "$SRC/experiments/pronunciation.lua" --set lr=1e-2
 if [ -n "$PY" ]; then
-  expect_run "its results file holds both rates and the counts they come from" 0 "^ok$" -- "$PY" -c "
+  expect_run "its results file holds both rates, the counts they come from, and those counts per test example" 0 "^ok$" -- "$PY" -c "
 import glob, h5py
 p = [x for x in glob.glob('results/pronunciation/trial-*.h5') if not x.endswith('.ckpt.h5')][0]
-a = h5py.File(p, 'r')['eval/final'].attrs
+g = h5py.File(p, 'r')['eval/final']
+a = g.attrs
 assert abs(a['word_error_rate'] - a['word_errors'] / a['words']) < 1e-12 and a['words'] > 0, dict(a)
 assert abs(a['phone_error_rate'] - a['phone_errors'] / a['phones']) < 1e-12 and a['phones'] > a['words'], dict(a)
+assert list(g['example_index'][:]) == [0, 1, 2], g['example_index'][:]
+for k in ['word_errors', 'words', 'phone_errors', 'phones']:
+    assert g['example_' + k][:].sum() == a[k] and (g['example_' + k][:] >= 0).all(), k
+assert (g['example_words'][:] > 0).all()
 print('ok')"
 fi
 finish

@@ -156,9 +156,48 @@ static void test_paired(void) {
               gm_test_contains(err.msg, "resamples"), "0 resamples: %s", err.msg);
 }
 
+/* Ratios of sums (gm_stats_bootstrap_ratio, gm_stats_paired_bootstrap_ratio: word error rates,
+ * errors over reference words): equal weights k give the mean's interval / k and the mean's
+ * p-value (the same draws); a constant per-example ratio gives the point; every resample is a
+ * weighted average of the examples' ratios, so the interval lies between their extremes, and a
+ * heavy example pulls it to its own ratio where the mean of ratios would not; weights that are
+ * not positive are refused by name. */
+static void test_ratio(void) {
+    gm_error err = {0};
+    enum { N = 30 };
+    double x[N], w[N], k[N], a[N], b[N];
+    for (int i = 0; i < N; i++) x[i] = (i * 7) % 5, w[i] = 3, k[i] = 1 + (i * 5) % 9, a[i] = (i * 3) % 4, b[i] = (i * 5) % 3;
+    double lo, hi, lo1, hi1, p, p1;
+    CHECK_OK(gm_stats_bootstrap_ratio(x, w, N, 2000, 3, &lo, &hi, &err), &err);
+    CHECK_OK(gm_stats_bootstrap_mean(x, N, 2000, 3, &lo1, &hi1, &err), &err);
+    CHECK(fabs(lo - lo1 / 3) <= 1e-15 && fabs(hi - hi1 / 3) <= 1e-15, "equal weights 3: [%.17g, %.17g] vs the mean's / 3 "
+          "[%.17g, %.17g]", lo, hi, lo1 / 3, hi1 / 3);
+    CHECK_OK(gm_stats_paired_bootstrap_ratio(a, b, w, N, 2000, 3, &p, &err), &err);
+    CHECK_OK(gm_stats_paired_bootstrap(a, b, N, 2000, 3, &p1, &err), &err);
+    CHECK(p == p1, "equal weights: p %.6f, the mean's %.6f", p, p1);
+    CHECK_OK(gm_stats_paired_bootstrap_ratio(a, a, k, N, 2000, 3, &p, &err), &err);
+    CHECK(p == 1.0, "identical systems: p %g", p);
+    for (int i = 0; i < N; i++) x[i] = 0.25 * k[i];
+    CHECK_OK(gm_stats_bootstrap_ratio(x, k, N, 1000, 1, &lo, &hi, &err), &err);
+    CHECK(fabs(lo - 0.25) < 1e-15 && fabs(hi - 0.25) < 1e-15, "constant ratio 0.25: [%.17g, %.17g]", lo, hi);
+    /* one example of 100 words with 50 errors, 29 of 1 word without error: the ratio 50/129 = 0.39,
+     * the mean of ratios 0.5/30 = 0.017 */
+    for (int i = 0; i < N; i++) x[i] = i == 0 ? 50 : 0, k[i] = i == 0 ? 100 : 1;
+    CHECK_OK(gm_stats_bootstrap_ratio(x, k, N, GM_STATS_RESAMPLES, 0, &lo, &hi, &err), &err);
+    CHECK(lo >= 0 && hi <= 0.5 && lo < 50.0 / 129 && hi > 50.0 / 129 && hi > 0.3,
+          "a heavy example: [%.4f, %.4f] around 50/129 = %.4f, within its ratios' range [0, 0.5]", lo, hi, 50.0 / 129);
+    printf("  ratio of sums 50/129 = %.4f: bootstrap [%.4f, %.4f]\n", 50.0 / 129, lo, hi);
+    k[4] = 0;
+    CHECK(gm_stats_bootstrap_ratio(x, k, N, 10, 0, &lo, &hi, &err) == GM_ERR_INVALID &&
+              gm_test_contains(err.msg, "weight 4 is not a positive number"), "weight 0: %s", err.msg);
+    CHECK(gm_stats_paired_bootstrap_ratio(a, b, k, N, 10, 0, &p, &err) == GM_ERR_INVALID &&
+              gm_test_contains(err.msg, "weight 4"), "weight 0 (paired): %s", err.msg);
+}
+
 int main(void) {
     test_t95();
     test_bootstrap();
     test_paired();
+    test_ratio();
     return gm_test_finish();
 }
