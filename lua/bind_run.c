@@ -296,7 +296,8 @@ static int l_lora_count(lua_State *L) {
         for (int l = 0; l < GM_MAX_LAYERS; l++) lc.layers[l] = true;
         gm_status s = part == 0 ? gm_config_vision_tower(&cfg, &tc, &err)
                       : cfg.arch == GM_ARCH_GEMMA3N ? gm_config_audio_tower(&cfg, &tc, &err)
-                                                    : gm_error_set(&err, GM_ERR_INVALID, "%s has no audio encoder", cfg.name);
+                                                    : gm_error_set(&err, GM_ERR_INVALID, "%s has no audio encoder to train "
+                                                                   "(audio_targets is for Gemma 3n)", cfg.name);
         if (s == GM_OK)
             s = gm_lora_describe(&lo, lp, gm_arch_get(part == 0 ? GM_ARCH_SIGLIP : GM_ARCH_GEMMA3N_AUDIO), &tc,
                                  part == 0 ? GM_VISION_TOWER_PREFIX : GM_AUDIO_TOWER_PREFIX, &err);

@@ -359,7 +359,8 @@ local function settings(trials, spec)
   m.split_note = #split > 0 and ("Rows also split by " .. table.concat(split, ", ") ..
     ": the trials differ in " .. (#split > 1 and "these fields" or "this field") ..
     ", which the report's rows and columns do not name (never pooled as seeds)") or nil
-  m.metric = spec.metric or "accuracy"
+  -- a spec without a metric: the trials' own (accuracy for classifiers, loss for sft, ...)
+  m.metric = spec.metric or report.default_spec(trials).metric
   m.phase = spec.phase or "final"
   local lower = m.metric:find("loss") or m.metric:find("perplexity") or m.metric:find("error")
   m.better = spec.better or (lower and "min" or "max")
@@ -1184,7 +1185,7 @@ function report.plots(trials, spec, dir, name)
   check_spec(spec)
   trials = in_order(trials)
   local rows, cols = spec.rows or {}, spec.cols or {}
-  local metric, phase = spec.metric or "accuracy", spec.phase or "final"
+  local metric, phase = spec.metric or report.default_spec(trials).metric, spec.phase or "final"
   local percent = spec.percent
   if percent == nil then percent = metric:find("accuracy") ~= nil end
   local scale = percent and 100 or 1

@@ -939,6 +939,15 @@ local RUNNER_STATE_BYTES = 7 * 2 ^ 20
 -- process, 2026-12-03); more peers map more segments, hence the margin.
 local MPI_STATE_BYTES = 16 * 2 ^ 20
 
+-- Reading audio keeps state resident that no buffer of ours holds: libsndfile's and its codecs'
+-- pages, libsamplerate's sinc coefficient tables (SRC_SINC_BEST_QUALITY: 1.3 MB of static data),
+-- FFTW's plan and twiddles, the extractor's filter bank (0.5 MiB). Measured 2026-12-05 with the
+-- tiny Gemma 3n: `generate` peaks at 17 MiB without a clip, 22 MiB with a 16 kHz clip and 24 MiB
+-- with an 8 kHz one (resampled) - the clip's encoder buffers are under 1 MiB of that; the
+-- pronunciation.lua trial measured 3-5 MiB over its plan without this item (frozen encoder, LoRA
+-- on it, with checkpointing), its sft trials on chat JSONL 2-4 MiB.
+local AUDIO_LIBS_BYTES = 4 * 2 ^ 20
+
 --- A trial's plan: the trainer's (gm.plan) plus the runner's own state, as item "runner" (and
 --- MPI's, as item "mpi", in a data-parallel run).
 local function trial_plan(model, opts, items, device)
@@ -971,7 +980,8 @@ local function trial_plan(model, opts, items, device)
   -- audio: a batch's features (grad_accum x max_audio x frames x 128 f32 and the frame mask, what
   -- the trainer's binding collates into), and while one micro-batch is read: its clips decoded at
   -- 16 kHz (f32), the extractor's output before it is copied over, and the decoder's and
-  -- resampler's chunk buffers (64 Ki frames: a stereo chunk in, its mono, the converter's out)
+  -- resampler's chunk buffers (64 Ki frames: a stereo chunk in, its mono, the converter's out);
+  -- and the audio libraries' own resident state (AUDIO_LIBS_BYTES)
   if (opts.max_audio or 0) > 0 and items and items.audio_samples then
     -- the clips of the worst micro-batch: the data's max_audio longest, decoded at once
     local lens = {}
@@ -982,7 +992,7 @@ local function trial_plan(model, opts, items, device)
     local cells = opts.max_audio * opts.max_audio_frames
     local batch = (opts.grad_accum or 1) * cells * (128 * 4 + 1)
     local decode = longest * 4 + cells * (128 * 4 + 1) + 3 * 65536 * 2 * 4
-    plan.audio = math.tointeger(batch + decode)
+    plan.audio = math.tointeger(batch + decode + AUDIO_LIBS_BYTES)
     plan.total = plan.total + plan.audio
   end
   return plan
@@ -1173,7 +1183,8 @@ local function resolve_model_adapter(ctx, e, trials)
   end
   if info.audio_targets ~= "none" and ((ctx.items or {}).max_audio or 0) == 0 then
     P.usage(P.where_of("model_adapter"), "model_adapter %s trained the audio encoder (audio_targets = %s), which continues "
-      .. "training only on data with audio; this data has none", e.model_adapter, info.audio_targets)
+      .. "training only on data with audio; this data has none\n  hint: train on data with audio clips, or start from "
+      .. "the base model (without model_adapter)", e.model_adapter, info.audio_targets)
   end
 end
 
@@ -1368,6 +1379,10 @@ local function run_trial(ctx, e, trial, n_trials)
     return validate_root()
   end
   local t0, tokens, last_loss = gm.clock(), 0, 0 / 0
+  -- resumed at (or near) the end: the last step's loss as the trial file logged it (a resume at
+  -- the last step runs none here)
+  local logged = ctx.prior and ctx.prior.metrics and ctx.prior.metrics.loss
+  if step > 0 and type(logged) == "table" and type(logged[step]) == "number" then last_loss = logged[step] end
   ctx.last_elapsed = 0
   local order = permutation(st_tr.n, cfg.seed, epoch)
   while step < total do
@@ -1679,6 +1694,14 @@ local function preflight(e, selected, dry_run, no_device)
       end
     end
   end
+  -- an encoder learns only from its training examples' media: which splits have them
+  local function train_has(key)
+    for _, it in ipairs(items.train or {}) do
+      if type(it[key]) == "table" and #it[key] > 0 then return true end
+    end
+    return false
+  end
+  local train_images, train_audio = train_has("images"), train_has("audio")
   -- what of the image path trains needs images, and a tower whose modules the targets select
   local vis_ok = {}
   for _, t in ipairs(selected) do
@@ -1689,6 +1712,10 @@ local function preflight(e, selected, dry_run, no_device)
       if (items.max_images or 0) == 0 then
         P.usage(P.where_of(key), "train.%s is set, but the data has no images: the vision tower and projector only learn "
           .. "from images (leave vision_targets and modules_to_save out for text-only data)", key)
+      end
+      if not train_images then
+        P.usage(P.where_of(key), "train.%s is set, but only the test data has images: the vision tower and projector only "
+          .. "learn from training images\n  hint: put images in the training data, or leave %s out", key, key)
       end
       if not (cfgs[c.model] and cfgs[c.model].vision) then
         P.usage(P.where_of(key), "train.%s: %s has no vision tower to train", key, c.model)
@@ -1707,15 +1734,20 @@ local function preflight(e, selected, dry_run, no_device)
     local c = t.config
     local at = c.audio_targets or "none"
     if at ~= "none" then
-      if (items.max_audio or 0) == 0 then
-        P.usage(P.where_of("audio_targets"), "train.audio_targets is set, but the data has no audio: the audio encoder only "
-          .. "learns from audio (leave audio_targets out for data without audio)")
-      end
+      -- the model first: one without an audio encoder has nothing to train, whatever the data
       local akey = c.model .. "\0" .. at
       if not aud_ok[akey] then
         local ok, msg = pcall(gm.lora_count, c.model, { audio_targets = at, rank = c.rank })
         if not ok then P.usage(P.where_of("audio_targets"), "train.%s", clean_msg(msg)) end
         aud_ok[akey] = true
+      end
+      if (items.max_audio or 0) == 0 then
+        P.usage(P.where_of("audio_targets"), "train.audio_targets is set, but the data has no audio: the audio encoder only "
+          .. "learns from audio (leave audio_targets out for data without audio)")
+      end
+      if not train_audio then
+        P.usage(P.where_of("audio_targets"), "train.audio_targets is set, but only the test data has audio: the audio "
+          .. "encoder only learns from training clips\n  hint: put clips in the training data, or leave audio_targets out")
       end
     end
   end

@@ -10,6 +10,9 @@
 
 #include <stdatomic.h>
 #include <stdio.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -137,6 +140,9 @@ uint64_t gm_process_peak_rss(void) { return status_kib("VmHWM:"); }
 uint64_t gm_process_rss(void) { return status_kib("VmRSS:"); }
 
 bool gm_process_reset_peak_rss(void) {
+#ifdef __GLIBC__
+    malloc_trim(0); /* the heap's free pages back to the kernel first: not the next phase's */
+#endif
     FILE *f = fopen("/proc/self/clear_refs", "w");
     if (!f) return false;
     bool ok = fputs("5", f) >= 0;

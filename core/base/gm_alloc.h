@@ -59,8 +59,10 @@ uint64_t gm_process_peak_rss(void);
 /* Current resident set size in bytes (Linux VmRSS), or 0 if unknown. */
 uint64_t gm_process_rss(void);
 /* Resets the peak-RSS mark to the current RSS (Linux: "5" into /proc/self/clear_refs), so a
- * trial measures its own peak in a process that ran others before. Returns false if the kernel
- * does not allow it (the peak then stays the process's). */
+ * trial measures its own peak in a process that ran others before; first returns the heap's free
+ * pages to the kernel (glibc's malloc_trim: what an earlier phase freed - a data set's text, a
+ * previous trial's buffers - stops being resident). Returns false if the kernel does not allow
+ * the reset (the peak then stays the process's). */
 bool gm_process_reset_peak_rss(void);
 
 #ifdef __cplusplus

@@ -374,6 +374,10 @@ static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, g
         GM_TRY(gm_audio_encoder_init_train(&tr->aud, c, tr->m, tr->m ? &tr->hard : NULL, tr->o.max_audio,
                                            tr->o.max_audio_frames, alp, tr->o.checkpointing, tr->o.n_threads, tr->be, err));
         tr->has_aud = true;
+    } else if (strcmp(tr->o.audio_targets, "none") != 0 && (c->audio.hidden_size <= 0 || c->arch != GM_ARCH_GEMMA3N)) {
+        return gm_error_set(err, GM_ERR_INVALID, "audio_targets is set, but %s has no audio encoder to train\n  hint: "
+                            "audio_targets is for Gemma 3n checkpoints (Gemma3nForConditionalGeneration); leave it out",
+                            tr->m ? tr->m->path : c->name);
     } else if (strcmp(tr->o.audio_targets, "none") != 0) {
         return gm_error_set(err, GM_ERR_INVALID, "audio_targets is set, but the data has no audio: the audio encoder only "
                             "learns from audio\n  hint: leave audio_targets out for data without audio (gemmarun plan: "

@@ -127,6 +127,17 @@ printf '{"messages": [{"role": "user", "content": "T"}, {"role": "assistant", "c
 sed -e 's/name = "aua"/name = "aut"/' -e 's/train.jsonl/text.jsonl/' -e 's/test.jsonl/text.jsonl/' aua.lua > aut.lua
 expect_run "audio_targets on data without audio: refused by the dry run" 2 "train.audio_targets is set, but the data has no audio" \
   -- "$GM" aut.lua --dry-run
+sed -e 's/name = "aua"/name = "auc"/' -e 's/train = "train.jsonl"/train = "text.jsonl"/' aua.lua > auc.lua
+expect_run "audio_targets with clips in the test data only: refused (the encoder would not learn)" 2 \
+  "only the test data has audio: the audio encoder only learns from training clips" -- "$GM" auc.lua --dry-run
+sed -e 's/name = "aut"/name = "aug"/' -e "s|$M|$SRC/tests/ref/tiny_gemma3_chat|" -e 's/max_length = 320/max_length = 100/' aut.lua > aug.lua
+expect_run "audio_targets on a Gemma 3 model: refused, naming the model's lack" 2 "audio_targets: gemma3_text has no audio encoder to train" \
+  -- "$GM" aug.lua --dry-run
+# a report that names rows but no metric: the task's own (loss, for sft)
+sed -e 's/name = "au"/name = "aur"/' -e 's/epochs = 4/epochs = 1/' \
+    -e 's/max_length = 320 }/max_length = 320 }, sweep = grid { lr = {1e-2, 1e-3} }, report = table { rows = {"lr"} }/' au.lua > aur.lua
+expect_run "a report with rows and no metric shows the task's own (loss), both trials" 0 \
+  "aur: loss, final eval, single seed.*0\.001 +[0-9.]+.*0\.01 +[0-9.]+" -- "$GM" aur.lua
 sed -e 's/name = "aua"/name = "aub"/' -e 's/linear_end/pos_proj/' aua.lua > aub.lua
 expect_run "audio_targets naming pos_proj (derived once, not targetable): refused with the encoder's module names" 2 \
   "audio_targets.*pos_proj.*linear_start" -- "$GM" aub.lua --dry-run
