@@ -131,6 +131,6 @@ for i, c in ipairs(cases) do
 end
 EOF
 expect_run "per-example lists: refused with what is wrong" 0 \
-  "1	.*predictions and references need example_index.*2	.*predictions has 3 entries, example_index 2.*3	.*eval 'final': example 1: class out of range.*4	.*example 1: example_index out of range.*5	.*example_index\[2\] must be an integer" \
+  "1	.*per-example lists need example_index.*2	.*predictions has 3 entries, example_index 2.*3	.*eval 'final': example 1: class out of range.*4	.*example 1: example_index out of range.*5	.*example_index\[2\] must be an integer" \
   -- "$GM" bad.lua
 finish
