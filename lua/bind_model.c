@@ -471,23 +471,26 @@ static int l_logits(lua_State *L) {
     gm_error err = {0};
     gm_infer *st = NULL;
     gm_vision *v = NULL;
-    gm_mm_hard hard = {0};
     const float **hptr = NULL;
     int64_t *hrows = NULL, n_hard = 0;
     gm_status s = gm_generate_check(c, T, 1, &err);
     if (s == GM_OK) s = use_adapter(lm, adapter, trial, &err);
-    if (s == GM_OK && c->arch == GM_ARCH_GEMMA3N) { /* the hard multimodal tokens' rows */
-        s = gm_mm_hard_load(lm->m, &hard, &err);
+    if (s == GM_OK && c->arch == GM_ARCH_GEMMA3N) { /* the hard multimodal tokens' rows (tables kept) */
+        if (!lm->hard) {
+            lm->hard = gm_calloc(1, sizeof *lm->hard);
+            s = lm->hard ? gm_mm_hard_load(lm->m, lm->hard, &err) : gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
+            if (s != GM_OK) gm_free(lm->hard), lm->hard = NULL;
+        }
         hptr = gm_malloc((size_t)T * sizeof *hptr), hrows = gm_malloc((size_t)T * sizeof *hrows);
         if (s == GM_OK && (!hptr || !hrows)) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
-        if (s == GM_OK) n_hard = gm_mm_hard_place(&hard, ids, T, hptr, hrows, T);
+        if (s == GM_OK) n_hard = gm_mm_hard_place(lm->hard, ids, T, hptr, hrows, T);
     }
     if (s == GM_OK && n_clips > 0) {
 #ifdef GM_HAVE_AUDIO
         int64_t C = c->hidden_size;
         soft = gm_malloc((size_t)(n_clips * c->audio.soft_tokens * C) * sizeof *soft);
         rows = gm_malloc((size_t)T * sizeof *rows);
-        s = soft && rows ? gm_audio_encode_files(lm->m, &hard, clips, n_clips, lm->n_threads, lm->be,
+        s = soft && rows ? gm_audio_encode_files(lm->m, lm->hard, clips, n_clips, lm->n_threads, lm->be,
                                                  lm->ad ? &lm->ad->audio_lora : NULL, soft, NULL, &err)
                          : gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
         for (int64_t t = 0; s == GM_OK && t < T; t++)
@@ -511,7 +514,6 @@ static int l_logits(lua_State *L) {
     bool inputs = pixels || n_clips > 0 || n_hard > 0;
     if (s == GM_OK) s = inputs ? gm_decoder_forward_input(st, &in, all, &err) : gm_decoder_forward(st, ids, T, all, &err);
     gm_free(ids), gm_free(pixels), gm_free(soft), gm_free(rows), gm_free(kv_end), gm_free(hptr), gm_free(hrows);
-    gm_mm_hard_free(&hard);
     if (s != GM_OK) {
         gm_infer_free(st);
         return gm_bind_raise(L, &err);
@@ -952,6 +954,9 @@ static int l_release_weight_pages(lua_State *L) {
 
 static int l_close(lua_State *L) {
     lmodel *lm = luaL_checkudata(L, 1, GM_MODEL_MT);
+    if (lm->hard) gm_mm_hard_free(lm->hard);
+    gm_free(lm->hard);
+    lm->hard = NULL;
     gm_infer_free(lm->st);
     gm_adapter_free(lm->ad);
     gm_backend_free(lm->be);

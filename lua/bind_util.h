@@ -31,6 +31,8 @@ typedef struct lmodel {
     char device[16];          /* "cpu", "cuda", "cuda:N" (gm_backend_open) */
     struct gm_adapter *ad;    /* the adapter of the last generate{adapter = ...}, or NULL */
     char ad_key[1300];        /* its "path|trial" */
+    struct gm_mm_hard *hard;  /* Gemma 3n's hard multimodal tokens' tables, loaded at the first
+                                 m:logits that needs them (gm_mm_hard_load: ~1 s for E2B), or NULL */
 } lmodel;
 
 /* The open model at stack index idx (raises if it is not a model or was closed). */

@@ -130,7 +130,8 @@ static gm_status linear(lay *l, const char *module, const char *name, int64_t ro
 /* The graph's view of block i's weight `hf` (its name below conformer.i.). */
 static gm_wview *slot(gm_audio_encoder *e, int64_t i, const char *hf) {
     int s = gm_arch_slot(e->w.arch, hf);
-    return &e->w.layer[i * e->w.n_slots + (s >= 0 ? s : 0)];
+    GM_ASSERT(s >= 0); /* the names below are the spec's (core/arch/gemma3n_audio.c) */
+    return &e->w.layer[i * e->w.n_slots + s];
 }
 
 /* An f32 vector of block i as the graph's (1, n) view. */
@@ -513,7 +514,6 @@ gm_status gm_audio_encoder_run(gm_audio_encoder *e, const float *features, const
 void gm_audio_encoder_backward(gm_audio_encoder *e) {
     if (!e->train_tower) return;
     const gm_audio_encoder_dims *d = &e->d;
-    const gm_audio_config *c = &e->cfg;
     gm_graph *g = &e->g;
     const gm_kernel_table *k = e->be->k;
     gm_kctx ctx = gm_backend_kctx(e->be, e->scratch, e->scratch_floats);
@@ -532,8 +532,5 @@ void gm_audio_encoder_backward(gm_audio_encoder *e) {
     /* the reduction kept every red-th frame: the others' gradient is zero */
     k->fill(&ctx, g->g, g->N * d->D, 0.0f);
     k->scatter_rows(&ctx, g->g, e->dred, e->rows, N3, d->D);
-    for (int64_t l = c->n_layers - 1; l >= 0; l--) {
-        if (g->o.checkpointing) g->arch->layer_fwd(g, l); /* recompute this block's record */
-        g->arch->layer_bwd(g, l);
-    }
+    gm_graph_backward(g);
 }

@@ -172,10 +172,7 @@ void gm_vision_backward(gm_vision *v) {
     gm_graph *g = &v->g;
     gm_siglip_head_bwd(g, &v->head, v->train_tower);
     if (!v->train_tower) return;
-    for (int64_t l = g->cfg->n_layers - 1; l >= 0; l--) {
-        if (g->o.checkpointing) g->arch->layer_fwd(g, l); /* recompute this layer's record */
-        g->arch->layer_bwd(g, l);
-    }
+    gm_graph_backward(g);
 }
 
 /* norm_scale = 1 + w: what the projector's RMSNorm multiplies by. */
