@@ -22,6 +22,9 @@
  *                  Statistics in f32 (gemma_architecture.md §1.4). out may alias x.
  *   rope_fwd       out (N, NH, D) = rotate_half RoPE of x at positions pos[n] * pos_scale with
  *                  inv_freq[i] = theta^(-2i/D) (NeoX half-split layout, §1.5). out may alias x.
+ *                  Only the first n_rot frequency pairs rotate (inv_freq[i] = 0 for i >= n_rot:
+ *                  Gemma 4's "proportional" RoPE on full layers, §4.3: 64 of 256); n_rot = D/2
+ *                  is the whole head.
  *   attention_fwd  out (B, T, H, D) = softmax(q k^T * scale + mask) v, with q (B, T, H, D)
  *                  at absolute positions pos0 .. pos0+T-1 and keys/values in caches
  *                  (B, S, KVH, D) where position p lives in slot p % S. Query head h uses kv

@@ -95,13 +95,13 @@ static void layer_fwd(gm_graph *g, int64_t l) {
     k->rmsnorm_fwd(kc, a[A_XN1], a[A_RSTD1], x, gm_graph_norm(g, l, W_ATTN_NORM), N, C, eps);
     gm_graph_linear(g, l, W_Q, a[A_QPRE], a[A_XN1]);
     k->rmsnorm_fwd(kc, a[A_Q], a[A_RSTDQ], a[A_QPRE], gm_graph_norm(g, l, W_Q_NORM), N * H, D, eps);
-    k->rope_fwd(kc, a[A_Q], a[A_Q], g->pos, N, H, D, theta, pscale);
+    k->rope_fwd(kc, a[A_Q], a[A_Q], g->pos, N, H, D, gm_config_rope_pairs(c, l), theta, pscale);
     const float *kk = NULL, *vv = NULL;
     if (own_kv) {
         gm_graph_linear(g, l, W_K, a[A_KPRE], a[A_XN1]);
         gm_graph_linear(g, l, W_V, a[A_V], a[A_XN1]);
         k->rmsnorm_fwd(kc, a[A_K], a[A_RSTDK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), N * KVH, D, eps);
-        k->rope_fwd(kc, a[A_K], a[A_K], g->pos, N, KVH, D, theta, pscale);
+        k->rope_fwd(kc, a[A_K], a[A_K], g->pos, N, KVH, D, gm_config_rope_pairs(c, l), theta, pscale);
         kk = a[A_K], vv = a[A_V];
     } else if (g->o.mode == GM_GRAPH_TRAIN) {
         float **src = gm_graph_record(g, c->kv_source[l]); /* the source layer's record */
@@ -147,8 +147,8 @@ static void layer_bwd(gm_graph *g, int64_t l) {
     k->attention_bwd(kc, d[G_DQ], d[G_DK], d[G_DV], d[G_DATT], a[A_Q], a[A_K], a[A_V], a[A_ATT], a[A_LSE],
                      g->has_kv_end ? g->kv_end : NULL, B, T, H, KVH, D,
                      window, attn_scale(c));
-    k->rope_bwd(kc, d[G_DQ], d[G_DQ], g->pos, N, H, D, theta, pscale);
-    k->rope_bwd(kc, d[G_DK], d[G_DK], g->pos, N, KVH, D, theta, pscale);
+    k->rope_bwd(kc, d[G_DQ], d[G_DQ], g->pos, N, H, D, gm_config_rope_pairs(c, l), theta, pscale);
+    k->rope_bwd(kc, d[G_DK], d[G_DK], g->pos, N, KVH, D, gm_config_rope_pairs(c, l), theta, pscale);
     /* QK-norm backward in place: d q_pre = rmsnorm_bwd(d q) */
     k->rmsnorm_bwd(kc, d[G_DQ], NULL, d[G_DQ], a[A_QPRE], gm_graph_norm(g, l, W_Q_NORM), a[A_RSTDQ], N * H, D, 0.0f);
     k->rmsnorm_bwd(kc, d[G_DK], NULL, d[G_DK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), a[A_RSTDK], N * KVH, D, 0.0f);

@@ -201,17 +201,10 @@ static void front(gm_graph *g) {
     const gm_kernel_table *k = g->k;
     const gm_kctx *kc = &g->kc;
     const gm_weights *w = g->w;
-    int64_t N = g->N, C = c->hidden_size, S = c->altup_inputs, L = c->n_layers, P = c->ple_dim;
+    int64_t N = g->N, C = c->hidden_size, S = c->altup_inputs;
     float *x0 = g->X[0];
     /* per-layer inputs: projection of x0, scaled and normed per layer, plus the table's rows */
-    float *work = g->mrec[M_PLE_WORK], *ple = g->mrec[M_PLE];
-    k->matmul_fwd(kc, work, x0, &w->global[G_PLE_PROJ], N, 0.0f);
-    k->scale_fwd(kc, work, work, N * L * P, 1.0f / sqrtf((float)C));
-    k->rmsnorm_fwd(kc, work, g->mrec[M_PLE_RSTD], work, (const float *)w->global[G_PLE_NORM].data, N * L, P, c->rms_norm_eps);
-    k->embed_fwd(kc, ple, g->ple_ids, &w->global[G_PLE_EMBED], N, sqrtf((float)P));
-    k->add_fwd(kc, work, ple, N * L * P);
-    k->scale_fwd(kc, work, work, N * L * P, 1.0f / sqrtf(2.0f));
-    k->gather_rows(kc, ple, work, g->ple_sel, L * N, P); /* (N, L, P) -> (L, N, P) */
+    gm_ple_fwd(g, G_PLE_PROJ, G_PLE_NORM, G_PLE_EMBED, g->mrec[M_PLE_WORK], g->mrec[M_PLE], g->mrec[M_PLE_RSTD]);
     /* the other AltUp streams: projections of x0 at x0's magnitude */
     for (int64_t i = 1; i < S; i++) {
         float *xi = x0 + i * N * C;
@@ -228,7 +221,7 @@ static void front_bwd(gm_graph *g) {
     const gm_kernel_table *k = g->k;
     const gm_kctx *kc = &g->kc;
     const gm_weights *w = g->w;
-    int64_t N = g->N, C = c->hidden_size, S = c->altup_inputs, L = c->n_layers, P = c->ple_dim;
+    int64_t N = g->N, C = c->hidden_size, S = c->altup_inputs;
     const float *x0 = g->X[0];
     float *gx = g->g;
     /* the other streams: x_i = rms_match(x0 W_i^T, x0) */
@@ -240,16 +233,7 @@ static void front_bwd(gm_graph *g) {
         k->matmul_bwd_input(kc, gx, du, W, N, 1.0f);
     }
     /* the per-layer inputs: ((RMSNorm(x0 Wple^T C^-1/2) + table) 2^-1/2), layer-major */
-    float *dple = g->mrec[M_PLE], *dwork = g->mrec[M_PLE_WORK];
-    k->scatter_rows(kc, dwork, dple, g->ple_sel, L * N, P); /* (L, N, P) -> (N, L, P) */
-    k->scale_fwd(kc, dwork, dwork, N * L * P, 1.0f / sqrtf(2.0f));
-    float *y = dple; /* free now: the projection before its norm, recomputed */
-    k->matmul_fwd(kc, y, x0, &w->global[G_PLE_PROJ], N, 0.0f);
-    k->scale_fwd(kc, y, y, N * L * P, 1.0f / sqrtf((float)C));
-    k->rmsnorm_bwd(kc, dwork, NULL, dwork, y, (const float *)w->global[G_PLE_NORM].data, g->mrec[M_PLE_RSTD], N * L, P,
-                   0.0f);
-    k->scale_fwd(kc, dwork, dwork, N * L * P, 1.0f / sqrtf((float)C));
-    k->matmul_bwd_input(kc, gx, dwork, &w->global[G_PLE_PROJ], N, 1.0f);
+    gm_ple_bwd(g, G_PLE_PROJ, G_PLE_NORM, g->mrec[M_PLE], g->mrec[M_PLE_WORK], g->mrec[M_PLE_RSTD], gx);
 }
 
 static void head(gm_graph *g, float *out) {
@@ -361,13 +345,13 @@ static void layer_fwd(gm_graph *g, int64_t l) {
     /* attention: scale 1, v normed without weight */
     gm_graph_linear(g, l, W_Q, a[A_QPRE], a[A_XN1]);
     k->rmsnorm_fwd(kc, a[A_Q], a[A_RSTDQ], a[A_QPRE], gm_graph_norm(g, l, W_Q_NORM), N * H, D, eps);
-    k->rope_fwd(kc, a[A_Q], a[A_Q], g->pos, N, H, D, theta, pscale);
+    k->rope_fwd(kc, a[A_Q], a[A_Q], g->pos, N, H, D, gm_config_rope_pairs(c, l), theta, pscale);
     const float *kk = NULL, *vv = NULL;
     if (c->kv_source[l] == l) {
         gm_graph_linear(g, l, W_K, a[A_KPRE], a[A_XN1]);
         gm_graph_linear(g, l, W_V, a[A_VPRE], a[A_XN1]);
         k->rmsnorm_fwd(kc, a[A_K], a[A_RSTDK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), N * KVH, D, eps);
-        k->rope_fwd(kc, a[A_K], a[A_K], g->pos, N, KVH, D, theta, pscale);
+        k->rope_fwd(kc, a[A_K], a[A_K], g->pos, N, KVH, D, gm_config_rope_pairs(c, l), theta, pscale);
         k->rmsnorm_fwd(kc, a[A_V], a[A_RSTDV], a[A_VPRE], NULL, N * KVH, D, eps);
         kk = a[A_K], vv = a[A_V];
         if (g->o.mode == GM_GRAPH_TRAIN && g->n_rec == 1 && shared_later(c, l)) { /* kept for the shared layers */
@@ -499,13 +483,13 @@ static void layer_bwd(gm_graph *g, int64_t l) {
             k->add_fwd(kc, d[G_DK], dks, N * KW);
             k->add_fwd(kc, d[G_DV], dvs, N * KW);
         }
-        k->rope_bwd(kc, d[G_DK], d[G_DK], g->pos, N, KVH, D, theta, pscale);
+        k->rope_bwd(kc, d[G_DK], d[G_DK], g->pos, N, KVH, D, gm_config_rope_pairs(c, l), theta, pscale);
         k->rmsnorm_bwd(kc, d[G_DK], NULL, d[G_DK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), a[A_RSTDK], N * KVH, D, 0.0f);
         k->rmsnorm_bwd(kc, d[G_DV], NULL, d[G_DV], a[A_VPRE], NULL, a[A_RSTDV], N * KVH, D, 0.0f);
         gm_graph_linear_bwd(g, l, W_K, d[G_DXN], d[G_DK], a[A_XN1], 1.0f);
         gm_graph_linear_bwd(g, l, W_V, d[G_DXN], d[G_DV], a[A_XN1], 1.0f);
     }
-    k->rope_bwd(kc, d[G_DQ], d[G_DQ], g->pos, N, H, D, theta, pscale);
+    k->rope_bwd(kc, d[G_DQ], d[G_DQ], g->pos, N, H, D, gm_config_rope_pairs(c, l), theta, pscale);
     k->rmsnorm_bwd(kc, d[G_DQ], NULL, d[G_DQ], a[A_QPRE], gm_graph_norm(g, l, W_Q_NORM), a[A_RSTDQ], N * H, D, 0.0f);
     gm_graph_linear_bwd(g, l, W_Q, d[G_DXN], d[G_DQ], a[A_XN1], 1.0f);
     k->rmsnorm_bwd(kc, d[G_DPRED], NULL, d[G_DXN], a[A_PRED], gm_graph_norm(g, l, W_ATTN_NORM), a[A_RSTD1], N, C, 1.0f);

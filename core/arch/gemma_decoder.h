@@ -61,4 +61,17 @@
     [G_DUP] = {"dup", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN},                                                         \
     [G_DH] = {"dh", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN}
 
+/* ---- per-layer inputs (core/arch/gemma_ple.c) ----------------------------------------------
+ * Gemma 3n's and Gemma 4's per-layer embeddings (gemma_architecture.md §3.3 steps 2-4, §4.2;
+ * transformers' get_per_layer_inputs / project_per_layer_inputs), from x0 (N, C) = the input
+ * embeddings in X[0] and the graph's ple_ids:
+ *   ple (L, N, P) = ((RMSNorm_P(x0 Wproj^T C^-1/2)) + E[ple_id] sqrt(P)) 2^-1/2, layer-major,
+ * with the model-level weights at `globals` indices proj (L P, C), norm (P), table (PV, L P);
+ * work (N, L P) and rstd (N L) are the caller's model activations. */
+struct gm_graph;
+void gm_ple_fwd(struct gm_graph *g, int proj, int norm, int table, float *work, float *ple, float *rstd);
+/* Backward of gm_ple_fwd into gx (N, C, accumulated: dL/dx0): dple (L, N, P) in (overwritten, the
+ * projection is recomputed there), dwork (N, L P) workspace, rstd as the forward saved it. */
+void gm_ple_bwd(struct gm_graph *g, int proj, int norm, float *dple, float *dwork, const float *rstd, float *gx);
+
 #endif /* GM_GEMMA_DECODER_H */

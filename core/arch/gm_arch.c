@@ -33,6 +33,9 @@ int64_t gm_dim_value(const gm_config *c, int64_t layer, gm_dim d, int64_t rank) 
     case GM_DIM_SC: return c->altup_inputs * c->hidden_size;
     case GM_DIM_L: return c->n_layers;
     case GM_DIM_C2: return 2 * c->hidden_size;
+    case GM_DIM_KWF:
+        return (c->n_kv_heads_full > 0 ? c->n_kv_heads_full : c->n_kv_heads) *
+               (c->head_dim_full > 0 ? c->head_dim_full : c->head_dim);
     default: return 0;
     }
 }
@@ -44,6 +47,11 @@ bool gm_weight_present(const gm_weight_spec *w, const gm_config *c, int64_t laye
         return layer >= 0 && c->kv_source[layer] == layer && !(c->k_eq_v_full && c->layer_type[layer] == GM_LAYER_FULL);
     case GM_WHEN_UNTIED: return !c->tie_word_embeddings;
     case GM_WHEN_SPARSE: return layer >= 0 && c->act_sparsity[layer] > 0.0f;
+    case GM_WHEN_PLE: return c->ple_dim > 0;
+    case GM_WHEN_KV_SHARED:
+        for (int64_t l = 0; l < c->n_layers; l++)
+            if (c->kv_source[l] != l) return true;
+        return false;
     default: return true;
     }
 }
@@ -60,7 +68,8 @@ const gm_arch_def *gm_arch_get(gm_arch a) {
     case GM_ARCH_GEMMA3N: return &gm_arch_gemma3n;
     case GM_ARCH_SIGLIP: return &gm_arch_siglip;
     case GM_ARCH_GEMMA3N_AUDIO: return &gm_arch_gemma3n_audio;
-    default: return NULL; /* Gemma 4: presets and memory estimates only, so far */
+    case GM_ARCH_GEMMA4: return &gm_arch_gemma4;
+    default: return NULL;
     }
 }
 

@@ -59,6 +59,8 @@ typedef enum gm_dim {
     GM_DIM_SC,       /* S x C (all AltUp streams of a token) */
     GM_DIM_L,        /* n_layers (one value per layer per token: the per-layer inputs' 1/rms) */
     GM_DIM_C2,       /* 2 C (a GLU's input: Gemma 3n's audio light convolution) */
+    GM_DIM_KWF,      /* KVH x D of a full-attention layer (Gemma 4's wider full layers), whatever
+                        layer asks */
     GM_DIM_COUNT
 } gm_dim;
 
@@ -82,6 +84,8 @@ typedef enum gm_wcond {
     GM_WHEN_OWN_V,   /* ... and its own values (not a k_eq_v full layer of Gemma 4: V = K) */
     GM_WHEN_UNTIED,  /* the LM head is not the embedding */
     GM_WHEN_SPARSE,  /* the layer's FFN gate has activation sparsity (Gemma 3n's first layers) */
+    GM_WHEN_PLE,     /* the model has per-layer embeddings (ple_dim > 0: Gemma 4's E-models) */
+    GM_WHEN_KV_SHARED, /* the model has KV-shared layers (some kv_source[l] != l) */
 } gm_wcond;
 
 typedef struct gm_weight_spec {
@@ -174,7 +178,7 @@ typedef struct gm_arch_def {
 } gm_arch_def;
 
 /* The definition of an architecture, or NULL when gemmarun has its presets and memory estimates
- * but no forward yet (Gemma 3n, Gemma 4). */
+ * but no forward for it. */
 const gm_arch_def *gm_arch_get(gm_arch a);
 
 /* True when the weight exists in layer l (layer < 0: a model-level weight) of config c. */
@@ -188,6 +192,7 @@ extern const gm_arch_def gm_arch_gemma3;
 extern const gm_arch_def gm_arch_gemma3n;
 extern const gm_arch_def gm_arch_siglip;
 extern const gm_arch_def gm_arch_gemma3n_audio;
+extern const gm_arch_def gm_arch_gemma4;
 
 /* The width of the residual stream X[l] per token: C, or S x C for an AltUp architecture. */
 int64_t gm_arch_residual_width(const gm_arch_def *a, const gm_config *c);

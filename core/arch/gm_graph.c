@@ -83,7 +83,10 @@ void gm_graph_free(gm_graph *g) {
 static int64_t record_width(const gm_graph *g, const gm_act_spec *s, int64_t l0, int64_t l1) {
     if (s->use == GM_ACT_TRAIN && g->o.mode != GM_GRAPH_TRAIN) return 0;
     int64_t w = 0;
-    if (l0 < 0) return gm_dim_value(g->cfg, -1, s->width, g->o.rank); /* a model-level activation */
+    if (l0 < 0) { /* a model-level activation */
+        gm_weight_spec cond = {.when = s->when};
+        return gm_weight_present(&cond, g->cfg, -1) ? gm_dim_value(g->cfg, -1, s->width, g->o.rank) : 0;
+    }
     for (int64_t l = l0; l < l1; l++) {
         gm_weight_spec cond = {.when = s->when};
         if (!gm_weight_present(&cond, g->cfg, l)) continue;

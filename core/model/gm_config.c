@@ -69,6 +69,8 @@ gm_status gm_config_validate(const gm_config *c, const char *src, gm_error *err)
          (long long)c->n_heads, (long long)c->n_kv_heads);
     NEED(c->head_dim > 0 && c->head_dim % 2 == 0 && c->head_dim <= 1024,
          "%s: head_dim = %lld must be even and in 2..1024", src, (long long)c->head_dim);
+    NEED(c->head_dim_full == 0 || (c->head_dim_full % 2 == 0 && c->head_dim_full <= 1024),
+         "%s: the full layers' head_dim = %lld must be even and in 2..1024", src, (long long)c->head_dim_full);
     NEED(c->intermediate_size > 0, "%s: intermediate_size = %lld must be positive", src,
          (long long)c->intermediate_size);
     NEED(c->sliding_window > 0, "%s: sliding_window = %lld must be positive", src, (long long)c->sliding_window);
@@ -206,7 +208,10 @@ static gm_status jfloat(const cJSON *o, const char *key, float *dst, const char 
 
 /* Reads {"rope_type": "default"|"linear", "factor": f, "rope_theta": t} (either the new
  * per-layer-type rope_parameters entries or the old rope_scaling object). */
-static gm_status parse_rope(const cJSON *o, float *theta, float *pos_scale, const char *label,
+/* One rope_parameters entry: its base, linear factor (as a position scale) and, for Gemma 4's
+ * "proportional" type, the fraction of frequency pairs that rotate (into *partial when not NULL;
+ * the type is refused where partial is NULL). */
+static gm_status parse_rope(const cJSON *o, float *theta, float *pos_scale, float *partial, const char *label,
                             const char *where, gm_error *err) {
     if (!o) return GM_OK;
     if (!cJSON_IsObject(o))
@@ -221,10 +226,19 @@ static gm_status parse_rope(const cJSON *o, float *theta, float *pos_scale, cons
             if (!(f > 0))
                 return gm_error_set(err, GM_ERR_INVALID, "%s: %s.factor must be positive", label, where);
             *pos_scale = 1.0f / f;
+        } else if (strcmp(type->valuestring, "proportional") == 0 && partial) {
+            float f = 1.0f, pr = 1.0f;
+            GM_TRY(jfloat(o, "factor", &f, label, err));
+            GM_TRY(jfloat(o, "partial_rotary_factor", &pr, label, err));
+            if (!(f > 0) || !(pr > 0 && pr <= 1))
+                return gm_error_set(err, GM_ERR_INVALID, "%s: %s: factor must be positive and partial_rotary_factor in (0, 1]",
+                                    label, where);
+            *pos_scale = 1.0f / f;
+            *partial = pr;
         } else if (strcmp(type->valuestring, "default") != 0) {
             return gm_error_set(err, GM_ERR_UNSUPPORTED,
-                                "%s: %s.rope_type '%s' is not supported (default and linear are)",
-                                label, where, type->valuestring);
+                                "%s: %s.rope_type '%s' is not supported (default and linear are%s)",
+                                label, where, type->valuestring, partial ? ", and proportional" : "");
         }
     }
     return GM_OK;
@@ -417,6 +431,85 @@ static gm_status gemma3n_text_json(const cJSON *root, const char *label, gm_conf
     return gm_config_kv_sharing(cfg, shared, label, err);
 }
 
+/* Gemma 4's own text fields (Gemma4TextConfig, gemma_architecture.md §4.1-4.4): per-layer
+ * embeddings (hidden_size_per_layer_input, 0 / null: none), the full layers' head width and kv heads
+ * (per_layer_config as transformers writes it, or global_head_dim / num_global_key_value_heads as
+ * the converter's configs say), keys as values on full layers (attention_k_eq_v), KV sharing and the
+ * double-wide MLP of the shared layers. Runs after the layer types and FFN widths are known. */
+static gm_status gemma4_text_json(const cJSON *root, const char *label, gm_config *cfg, gm_error *err) {
+    const cJSON *act = jget(root, "hidden_activation"), *moe = jget(root, "enable_moe_block");
+    const cJSON *bidi = jget(root, "use_bidirectional_attention");
+    if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "gelu_pytorch_tanh") != 0))
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: hidden_activation must be gelu_pytorch_tanh (every published Gemma 4)",
+                            label);
+    if (moe && cJSON_IsTrue(moe))
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: enable_moe_block (Gemma 4 26B-A4B's mixture of experts) has no forward "
+                            "in gemmarun yet: `gemmarun plan` plans it (gemma4-26b-a4b)", label);
+    if (bidi && cJSON_IsString(bidi) && strcmp(bidi->valuestring, "all") == 0)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: use_bidirectional_attention 'all' (an encoder-style Gemma 4) is not "
+                            "supported: gemmarun runs the causal decoder", label);
+    const cJSON *ple = jget(root, "hidden_size_per_layer_input");
+    cfg->ple_dim = 256, cfg->ple_vocab = 262144, cfg->altup_inputs = 1;
+    if (ple && cJSON_IsNull(ple)) cfg->ple_dim = 0;
+    else GM_TRY(jint(root, "hidden_size_per_layer_input", &cfg->ple_dim, false, label, err));
+    GM_TRY(jint(root, "vocab_size_per_layer_input", &cfg->ple_vocab, false, label, err));
+    if (cfg->ple_dim < 0 || (cfg->ple_dim > 0 && cfg->ple_vocab < 1))
+        return gm_error_set(err, GM_ERR_INVALID, "%s: hidden_size_per_layer_input %lld, vocab_size_per_layer_input %lld: "
+                            "the width may be 0 (no per-layer embeddings), neither negative", label, (long long)cfg->ple_dim,
+                            (long long)cfg->ple_vocab);
+    if (cfg->ple_dim == 0) cfg->ple_vocab = 0;
+    const cJSON *kv = jget(root, "attention_k_eq_v");
+    cfg->k_eq_v_full = kv && cJSON_IsTrue(kv);
+    /* the full layers' geometry: per_layer_config {"<layer>": {"head_dim": .., "num_key_value_heads": ..}}
+     * on exactly the full layers, one geometry for all of them (every published size) */
+    const cJSON *plc = jget(root, "per_layer_config");
+    int64_t hd = 512, kvh = 0;
+    if (plc && cJSON_IsObject(plc)) {
+        hd = 0, kvh = 0;
+        for (int64_t i = 0; i < cfg->n_layers; i++) {
+            char key[24];
+            snprintf(key, sizeof key, "%lld", (long long)i);
+            const cJSON *e = jget(plc, key);
+            bool full = cfg->layer_type[i] == GM_LAYER_FULL;
+            if (!e && !full) continue;
+            if (!e || !full || !cJSON_IsObject(e))
+                return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: per_layer_config %s layer %lld, a %s layer: gemmarun reads "
+                                    "overrides on exactly the full-attention layers", label, e ? "overrides" : "leaves out",
+                                    (long long)i, full ? "full" : "sliding");
+            int64_t h = cfg->head_dim, k = 0;
+            for (const cJSON *f = e->child; f; f = f->next) {
+                if (strcmp(f->string, "head_dim") != 0 && strcmp(f->string, "num_key_value_heads") != 0)
+                    return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: per_layer_config[%lld].%s: gemmarun reads head_dim and "
+                                        "num_key_value_heads there", label, (long long)i, f->string);
+            }
+            GM_TRY(jint(e, "head_dim", &h, false, label, err));
+            GM_TRY(jint(e, "num_key_value_heads", &k, false, label, err));
+            if ((hd && h != hd) || (kvh && k != kvh))
+                return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: per_layer_config gives full layers different geometries "
+                                    "(layer %lld: head_dim %lld, num_key_value_heads %lld): gemmarun needs one", label,
+                                    (long long)i, (long long)h, (long long)k);
+            hd = h, kvh = k;
+        }
+    } else {
+        GM_TRY(jint(root, "global_head_dim", &hd, false, label, err));
+        if (cfg->k_eq_v_full) GM_TRY(jint(root, "num_global_key_value_heads", &kvh, false, label, err));
+    }
+    cfg->head_dim_full = hd > 0 ? hd : cfg->head_dim;
+    cfg->n_kv_heads_full = kvh > 0 ? kvh : cfg->n_kv_heads;
+    if (cfg->head_dim_full % 2 != 0 || cfg->n_heads % cfg->n_kv_heads_full != 0)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: full layers' head_dim %lld must be even and their num_key_value_heads "
+                            "%lld divide num_attention_heads %lld", label, (long long)cfg->head_dim_full,
+                            (long long)cfg->n_kv_heads_full, (long long)cfg->n_heads);
+    int64_t shared = 0;
+    GM_TRY(jint(root, "num_kv_shared_layers", &shared, false, label, err));
+    GM_TRY(gm_config_kv_sharing(cfg, shared, label, err));
+    const cJSON *wide = jget(root, "use_double_wide_mlp");
+    if (wide && cJSON_IsTrue(wide))
+        for (int64_t i = 0; i < cfg->n_layers; i++)
+            if (cfg->kv_source[i] != i) cfg->ffn_dim[i] = 2 * cfg->ffn_dim[i]; /* intermediate_size stays the config's */
+    return GM_OK;
+}
+
 /* intermediate_size: one width for all layers, or (Gemma 3n) a list with one per layer; F is then
  * the widest. */
 static gm_status ffn_widths(const cJSON *root, const char *label, gm_config *cfg, gm_error *err) {
@@ -446,23 +539,25 @@ static gm_status config_from_text_json(const cJSON *root, const char *label, gm_
                                        gm_error *err) {
     defaults_gemma3(cfg);
     const cJSON *mt = jget(root, "model_type");
-    bool g3n = false;
+    bool g3n = false, g4 = false;
     if (mt && cJSON_IsString(mt)) {
         const char *m = mt->valuestring;
         g3n = strcmp(m, "gemma3n_text") == 0 || strcmp(m, "gemma3n") == 0;
-        if (strcmp(m, "gemma3_text") != 0 && strcmp(m, "gemma3") != 0 && !g3n)
+        g4 = strcmp(m, "gemma4_text") == 0 || strcmp(m, "gemma4") == 0;
+        if (strcmp(m, "gemma3_text") != 0 && strcmp(m, "gemma3") != 0 && !g3n && !g4)
             return gm_error_set(err, GM_ERR_UNSUPPORTED,
-                                "%s: model_type '%s' is not supported (gemmarun reads Gemma 3 and Gemma 3n text decoders: "
-                                "model_type gemma3_text / gemma3n_text, or gemma3 / gemma3n with a text_config)",
+                                "%s: model_type '%s' is not supported (gemmarun reads Gemma 3, 3n and 4 text decoders: "
+                                "model_type gemma3_text / gemma3n_text / gemma4_text, or gemma3 / gemma3n / gemma4 with a "
+                                "text_config)",
                                 label, m);
         snprintf(cfg->name, sizeof cfg->name, "%s", m);
     } else {
         snprintf(cfg->name, sizeof cfg->name, "gemma3_text");
     }
-    if (g3n) { /* §3.2: weights used directly as norm scales, attention scaling 1, logits capped at 30 */
-        cfg->arch = GM_ARCH_GEMMA3N;
+    if (g3n || g4) { /* §3.2, §4.2: weights used directly as norm scales, attention scaling 1, logits capped at 30 */
+        cfg->arch = g4 ? GM_ARCH_GEMMA4 : GM_ARCH_GEMMA3N;
         cfg->query_pre_attn_scalar = 1.0f;
-        cfg->final_logit_softcap = 30.0f;
+        cfg->final_logit_softcap = g4 ? 0.0f : 30.0f; /* Gemma4TextConfig: None unless stated (every published: 30) */
     }
     GM_TRY(jint(root, "vocab_size", &cfg->vocab_size, true, label, err));
     GM_TRY(jint(root, "hidden_size", &cfg->hidden_size, true, label, err));
@@ -476,7 +571,7 @@ static gm_status config_from_text_json(const cJSON *root, const char *label, gm_
     GM_TRY(jint(root, "sliding_window", &cfg->sliding_window, false, label, err));
     GM_TRY(jint(root, "max_position_embeddings", &cfg->max_position_embeddings, false, label, err));
     GM_TRY(jfloat(root, "rms_norm_eps", &cfg->rms_norm_eps, label, err));
-    if (!g3n) GM_TRY(jfloat(root, "query_pre_attn_scalar", &cfg->query_pre_attn_scalar, label, err));
+    if (!g3n && !g4) GM_TRY(jfloat(root, "query_pre_attn_scalar", &cfg->query_pre_attn_scalar, label, err));
     GM_TRY(jfloat(root, "final_logit_softcapping", &cfg->final_logit_softcap, label, err));
     GM_TRY(jfloat(root, "attn_logit_softcapping", &cfg->attn_logit_softcap, label, err));
     const cJSON *tie = jget(root, "tie_word_embeddings");
@@ -491,28 +586,34 @@ static gm_status config_from_text_json(const cJSON *root, const char *label, gm_
     const cJSON *eos = jget(root, "eos_token_id");
     if (eos && cJSON_IsArray(eos) && cJSON_GetArraySize(eos) > 0) eos = cJSON_GetArrayItem(eos, 0);
     if (eos && cJSON_IsNumber(eos)) cfg->eos_id = (int32_t)eos->valueint;
-    cfg->norm_convention = g3n ? GM_NORM_DIRECT : GM_NORM_ONE_PLUS_W;
+    cfg->norm_convention = g3n || g4 ? GM_NORM_DIRECT : GM_NORM_ONE_PLUS_W;
 
     /* Old field names: rope_theta (global), rope_local_base_freq, rope_scaling (global only),
      * sliding_window_pattern. New: layer_types + rope_parameters per layer type. Both are read;
      * the new ones win where present (gemma_architecture.md §0 caveat). */
     float theta_global = 1e6f, theta_local = 1e4f, scale_global = 1.0f, scale_local = 1.0f;
+    /* Gemma 4 without rope_parameters: Gemma4TextConfig's defaults (proportional 0.25 on full layers) */
+    float partial_global = g4 ? 0.25f : 0.0f, partial_local = 0.0f;
     GM_TRY(jfloat(root, "rope_theta", &theta_global, label, err));
     GM_TRY(jfloat(root, "rope_local_base_freq", &theta_local, label, err));
-    GM_TRY(parse_rope(jget(root, "rope_scaling"), NULL, &scale_global, label, "rope_scaling", err));
+    GM_TRY(parse_rope(jget(root, "rope_scaling"), NULL, &scale_global, NULL, label, "rope_scaling", err));
     const cJSON *rp = jget(root, "rope_parameters");
     if (rp) {
         const cJSON *full = jget(rp, "full_attention"), *slide = jget(rp, "sliding_attention");
         if (full || slide) {
-            GM_TRY(parse_rope(full, &theta_global, &scale_global, label, "rope_parameters.full_attention", err));
-            GM_TRY(parse_rope(slide, &theta_local, &scale_local, label, "rope_parameters.sliding_attention", err));
+            GM_TRY(parse_rope(full, &theta_global, &scale_global, g4 ? &partial_global : NULL, label,
+                              "rope_parameters.full_attention", err));
+            GM_TRY(parse_rope(slide, &theta_local, &scale_local, g4 ? &partial_local : NULL, label,
+                              "rope_parameters.sliding_attention", err));
         } else {
-            GM_TRY(parse_rope(rp, &theta_global, &scale_global, label, "rope_parameters", err));
+            GM_TRY(parse_rope(rp, &theta_global, &scale_global, NULL, label, "rope_parameters", err));
         }
     }
     int64_t pattern = g3n ? 5 : 6; /* Gemma 3n: full iff (i + 1) % 5 == 0 (Gemma3nTextConfig) */
     GM_TRY(jint(root, "sliding_window_pattern", &pattern, false, label, err));
     gm_config_gemma3_layers(cfg, (int)pattern, theta_local, theta_global, scale_global);
+    /* Gemma 4: the last layer is full attention whatever the pattern or layer_types say
+     * (Gemma4TextConfig.__post_init__ forces it, with a warning) - applied after both below */
     GM_TRY(ffn_widths(root, label, cfg, err)); /* after: it sets every layer's width */
     const cJSON *lt = jget(root, "layer_types");
     if (lt) {
@@ -532,12 +633,15 @@ static gm_status config_from_text_json(const cJSON *root, const char *label, gm_
                                     label, (long long)i, e->valuestring);
         }
     }
+    if (g4) cfg->layer_type[cfg->n_layers - 1] = GM_LAYER_FULL;
     for (int64_t i = 0; i < cfg->n_layers; i++) {
         bool full = cfg->layer_type[i] == GM_LAYER_FULL;
         cfg->rope_theta[i] = full ? theta_global : theta_local;
         cfg->rope_pos_scale[i] = full ? scale_global : scale_local;
+        cfg->rope_partial[i] = full ? partial_global : partial_local;
     }
     if (g3n) GM_TRY(gemma3n_text_json(root, label, cfg, err));
+    if (g4) GM_TRY(gemma4_text_json(root, label, cfg, err));
     return gm_config_validate(cfg, label, err);
 }
 
@@ -890,6 +994,7 @@ static void preset_ext_fill(const preset_ext *p, gm_config *c) {
          * frequency mask, not a position scale) */
         c->rope_theta[i] = full ? 1e6f : 1e4f;
         c->rope_pos_scale[i] = 1.0f;
+        c->rope_partial[i] = full && p->arch == GM_ARCH_GEMMA4 ? 0.25f : 0.0f;
         c->ffn_dim[i] = (i >= first_shared && p->wide_shared_ffn) ? p->wide_shared_ffn : p->F;
         /* Gemma 3n: gaussian top-k at 0.95 on the first 10 layers (§3.1) */
         c->act_sparsity[i] = p->arch == GM_ARCH_GEMMA3N && i < 10 ? 0.95f : 0.0f;
@@ -935,6 +1040,13 @@ gm_status gm_config_preset(const char *name, gm_config *cfg, gm_error *err) {
         strncat(known, presets_ext[i].name, sizeof known - strlen(known) - 1);
     }
     return gm_error_set(err, GM_ERR_NOT_FOUND, "unknown model name '%s' (known: %s)", name, known);
+}
+
+int64_t gm_config_rope_pairs(const gm_config *c, int64_t l) {
+    int64_t D = (c->layer_type[l] == GM_LAYER_FULL && c->head_dim_full > 0) ? c->head_dim_full : c->head_dim;
+    if (!(c->rope_partial[l] > 0.0f)) return D / 2;
+    int64_t n = (int64_t)floor((double)c->rope_partial[l] * (double)D / 2.0);
+    return n < D / 2 ? n : D / 2;
 }
 
 /* Per-layer attention geometry: Gemma 4 full layers have their own head width and KV heads

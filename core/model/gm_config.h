@@ -139,6 +139,9 @@ typedef struct gm_config {
     gm_layer_type layer_type[GM_MAX_LAYERS];
     float rope_theta[GM_MAX_LAYERS];      /* 10,000 sliding / 1,000,000 full */
     float rope_pos_scale[GM_MAX_LAYERS];  /* 1/factor for linear RoPE scaling, else 1 */
+    float rope_partial[GM_MAX_LAYERS];    /* fraction of the head's frequency pairs that rotate
+                                             (Gemma 4's proportional RoPE on full layers: 0.25,
+                                             partial_rotary_factor); 0 = all (every other model) */
     int64_t ffn_dim[GM_MAX_LAYERS];       /* F per layer (Gemma 3: all = intermediate_size) */
     int32_t kv_source[GM_MAX_LAYERS];     /* layer whose K/V this layer uses (itself for Gemma 3;
                                              Gemma 3n/4 KV sharing points later layers back) */
@@ -152,6 +155,11 @@ typedef struct gm_config {
  * (sliding / full); the others their own. Uses cfg->layer_type; GM_ERR_INVALID (naming `label`)
  * when a shared layer's type has no earlier layer or n_shared is outside 0..n_layers - 1. */
 gm_status gm_config_kv_sharing(gm_config *cfg, int64_t n_shared, const char *label, gm_error *err);
+
+/* Frequency pairs that rotate in layer l's RoPE: floor(rope_partial[l] * D / 2) with D the
+ * layer's head width, all D / 2 when rope_partial[l] is 0 (transformers'
+ * _compute_proportional_rope_parameters: int(partial_rotary_factor * head_dim // 2)). */
+int64_t gm_config_rope_pairs(const gm_config *cfg, int64_t l);
 
 /* Fills the per-layer arrays from the scalar fields for a Gemma 3 model: layer i is full iff
  * (i+1) % pattern == 0 (pattern 6 for Gemma 3), RoPE bases, kv_source[i] = i. */

@@ -136,19 +136,21 @@ static void test_bad_inputs(void) {
     CHECK(s == GM_ERR_IO && strstr(err.msg, "no_such_model"), "missing path: %s", err.msg);
 }
 
-/* Gemma 3n (tests/ref/make_gemma3n_ref.py: every part of the architecture at toy sizes, ids past
- * the per-layer table, two KV-shared layers): the logits of a whole-sequence forward, then of a
+/* A Gemma 3n / 4 fixture (tests/ref/make_gemma3n_ref.py, make_gemma4_ref.py: every part of the
+ * architecture at toy sizes, KV-shared layers): the logits of a whole-sequence forward, then of a
  * 7-token prompt and one token at a time through the KV caches (the shared layers reading their
- * source layers' caches), against transformers' uncached and cached logits. */
-static void test_gemma3n(void) {
-    const char *ref = gm_test_path("tests/ref/tiny_gemma3n_ref.h5");
+ * source layers' caches), against transformers' uncached and cached logits. mm_dir, when not NULL:
+ * the same decoder in the multimodal layout (model.language_model., stand-in towers beside it). */
+static void check_fixture(const char *label, const char *dir, const char *ref_path, const char *mm_dir) {
+    const char *ref = gm_test_path(ref_path);
     gm_error err = {0};
     gm_model *m = NULL;
     size_t n;
     int32_t *ids = gm_test_h5_read(ref, "/ids", 1, &n, NULL, NULL);
     float *want = gm_test_h5_read(ref, "/logits", 0, &n, NULL, NULL);
     float *want_cached = gm_test_h5_read(ref, "/logits_cached", 0, &n, NULL, NULL);
-    CHECK_OK(gm_model_load(gm_test_path("tests/ref/tiny_gemma3n"), NULL, &m, &err), &err);
+    char what[160];
+    CHECK_OK(gm_model_load(gm_test_path(dir), NULL, &m, &err), &err);
     if (!m || !ids || !want || !want_cached) goto done;
     int64_t B = 2, T = 20, V = m->cfg.vocab_size, PROMPT = 7;
     gm_infer *st = NULL;
@@ -156,25 +158,23 @@ static void test_gemma3n(void) {
     CHECK_OK(gm_infer_new(m, &io, &st, &err), &err);
     if (!st) goto done;
     CHECK_OK(gm_decoder_forward(st, ids, T, true, &err), &err);
-    gm_check_close("gemma3n: logits of 2 x 20 positions in one call", st->logits, want, (size_t)(B * T * V),
-                   TOL_TINY_LOGITS_ABS, 0);
+    snprintf(what, sizeof what, "%s: logits of 2 x 20 positions in one call", label);
+    gm_check_close(what, st->logits, want, (size_t)(B * T * V), TOL_TINY_LOGITS_ABS, 0);
     gm_infer_free(st);
-    /* the same decoder in Gemma3nForConditionalGeneration's layout (model.language_model., stand-in
-     * towers beside it): the text decoder loads alone, the same logits, PEFT's multimodal names */
-    {
+    if (mm_dir) {
         gm_model *mm = NULL;
-        CHECK_OK(gm_model_load(gm_test_path("tests/ref/tiny_gemma3n_mm"), NULL, &mm, &err), &err);
+        CHECK_OK(gm_model_load(gm_test_path(mm_dir), NULL, &mm, &err), &err);
         if (mm) {
             CHECK(mm->vision == NULL && gm_model_no_images(mm) && strstr(gm_model_no_images(mm), "MobileNet-V5"),
-                  "gemma3n multimodal: no tower loaded, images refused naming the vision encoder");
-            CHECK(strcmp(mm->prefix, "model.language_model.") == 0, "gemma3n multimodal: text prefix %s", mm->prefix);
+                  "%s multimodal: no tower loaded, images refused naming the vision encoder", label);
+            CHECK(strcmp(mm->prefix, "model.language_model.") == 0, "%s multimodal: text prefix %s", label, mm->prefix);
             st = NULL;
             io = (gm_infer_opts){.batch = B, .ctx = T, .max_tokens = T, .logit_rows = B * T, .n_threads = 2};
             CHECK_OK(gm_infer_new(mm, &io, &st, &err), &err);
             if (st) {
                 CHECK_OK(gm_decoder_forward(st, ids, T, true, &err), &err);
-                gm_check_close("gemma3n in Gemma3nForConditionalGeneration's layout: logits", st->logits, want,
-                               (size_t)(B * T * V), TOL_TINY_LOGITS_ABS, 0);
+                snprintf(what, sizeof what, "%s in the multimodal layout: logits", label);
+                gm_check_close(what, st->logits, want, (size_t)(B * T * V), TOL_TINY_LOGITS_ABS, 0);
                 gm_infer_free(st);
             }
             gm_model_free(mm);
@@ -202,8 +202,9 @@ static void test_gemma3n(void) {
         p += tn;
     }
     CHECK(worst <= TOL_TINY_LOGITS_ABS && worst_c <= TOL_TINY_LOGITS_ABS,
-          "gemma3n: a 7-token prompt then single tokens through the KV caches: %g from transformers' uncached logits, "
-          "%g from its cached ones (bound %g)", worst, worst_c, TOL_TINY_LOGITS_ABS);
+          "%s: a 7-token prompt then single tokens through the KV caches: %g from transformers' uncached logits, "
+          "%g from its cached ones (bound %g)", label, worst, worst_c, TOL_TINY_LOGITS_ABS);
+    printf("%s: cached decoding %.3g from transformers' uncached logits, %.3g from its cached ones\n", label, worst, worst_c);
     gm_infer_free(st);
 done:
     gm_free(ids), gm_free(want), gm_free(want_cached);
@@ -211,7 +212,12 @@ done:
 }
 
 int main(void) {
-    test_gemma3n();
+    check_fixture("gemma3n", "tests/ref/tiny_gemma3n", "tests/ref/tiny_gemma3n_ref.h5", "tests/ref/tiny_gemma3n_mm");
+    /* Gemma 4 (make_gemma4_ref.py): the E family (per-layer inputs, KV sharing with double-wide
+     * MLPs, wide full-layer heads with proportional RoPE, layer scalars) and the 31B family (keys
+     * as values on full layers, one global kv head) */
+    check_fixture("gemma4", "tests/ref/tiny_gemma4", "tests/ref/tiny_gemma4_ref.h5", NULL);
+    check_fixture("gemma4 k_eq_v", "tests/ref/tiny_gemma4_kv", "tests/ref/tiny_gemma4_kv_ref.h5", NULL);
     check_variant("tests/ref/tiny_gemma3", "tiny");
     check_variant("tests/ref/tiny_gemma3_legacy", "tiny_legacy");
     test_bad_inputs();

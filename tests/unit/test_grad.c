@@ -110,7 +110,7 @@ static void test_rmsnorm(float mag) {
 }
 
 /* ---- RoPE --------------------------------------------------------------------------------- */
-typedef struct { int64_t N, NH, D; double *x, *dy; int32_t *pos; float theta, ps; } rope_case;
+typedef struct { int64_t N, NH, D, n_rot; double *x, *dy; int32_t *pos; float theta, ps; } rope_case;
 
 static double rope_loss(void *u) {
     rope_case *c = u;
@@ -119,7 +119,7 @@ static double rope_loss(void *u) {
     for (int64_t n = 0; n < c->N; n++)
         for (int64_t h = 0; h < c->NH; h++)
             for (int64_t i = 0; i < half; i++) {
-                float inv = 1.0f / powf(c->theta, (float)(2 * i) / (float)c->D);
+                float inv = i < c->n_rot ? 1.0f / powf(c->theta, (float)(2 * i) / (float)c->D) : 0.0f;
                 double a = (double)(((float)c->pos[n] * c->ps) * inv);
                 const double *x = c->x + (n * c->NH + h) * c->D;
                 const double *g = c->dy + (n * c->NH + h) * c->D;
@@ -130,12 +130,15 @@ static double rope_loss(void *u) {
 
 static void test_rope(void) {
     int32_t pos[3] = {0, 5, 300};
-    rope_case c = {3, 2, 8, NULL, NULL, pos, 10000.0f, 0.125f};
+    rope_case c = {3, 2, 8, 4, NULL, NULL, pos, 10000.0f, 0.125f};
     float *x = rnd2(48, 1.0f, &c.x), *dy = rnd2(48, 1.0f, &c.dy);
     float *dx = gm_malloc(48 * 4);
     gm_kctx k = ctx_with(0);
-    gm_k_rope_bwd_cpu(&k, dx, dy, pos, c.N, c.NH, c.D, c.theta, c.ps);
+    gm_k_rope_bwd_cpu(&k, dx, dy, pos, c.N, c.NH, c.D, c.n_rot, c.theta, c.ps);
     fd_check("rope", c.x, 48, dx, rope_loss, &c);
+    c.n_rot = 1; /* proportional RoPE: 1 of 4 pairs rotates */
+    gm_k_rope_bwd_cpu(&k, dx, dy, pos, c.N, c.NH, c.D, c.n_rot, c.theta, c.ps);
+    fd_check("rope, 1 of 4 pairs", c.x, 48, dx, rope_loss, &c);
     gm_free(c.x), gm_free(c.dy), gm_free(x), gm_free(dy), gm_free(dx);
 }
 

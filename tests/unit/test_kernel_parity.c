@@ -354,11 +354,15 @@ static void rope_case(dev *d, bool bwd) {
     float *x = host_rand(n, 1), *r = gm_malloc(n * 4);
     float *dx = up(d, x, n * 4), *o = dalloc(d, n * 4);
     int32_t *dpos = up(d, pos, sizeof pos);
-    for (int k = 0; k < 2; k++) { /* local (10k) and global (1M, linear scaling 1/8) layers */
-        float theta = k ? 1e6f : 1e4f, ps = k ? 0.125f : 1.0f;
-        (bwd ? cpu->rope_bwd : cpu->rope_fwd)(&hc, r, x, pos, N, NH, D, theta, ps);
-        (bwd ? d->be->k->rope_bwd : d->be->k->rope_fwd)(&d->ctx, o, dx, dpos, N, NH, D, theta, ps);
-        cmp(d, bwd ? (k ? "rope_bwd global" : "rope_bwd local") : (k ? "rope_fwd global" : "rope_fwd local"), o, r, n);
+    /* local (10k), global (1M, linear scaling 1/8) and Gemma 4 proportional (1M, 8 of 32 pairs) */
+    static const char *names[2][3] = {{"rope_fwd local", "rope_fwd global", "rope_fwd partial"},
+                                      {"rope_bwd local", "rope_bwd global", "rope_bwd partial"}};
+    for (int k = 0; k < 3; k++) {
+        float theta = k ? 1e6f : 1e4f, ps = k == 1 ? 0.125f : 1.0f;
+        int64_t n_rot = k == 2 ? 8 : D / 2;
+        (bwd ? cpu->rope_bwd : cpu->rope_fwd)(&hc, r, x, pos, N, NH, D, n_rot, theta, ps);
+        (bwd ? d->be->k->rope_bwd : d->be->k->rope_fwd)(&d->ctx, o, dx, dpos, N, NH, D, n_rot, theta, ps);
+        cmp(d, names[bwd][k], o, r, n);
     }
     gm_free(x), gm_free(r), dfree(d, dx), dfree(d, o), dfree(d, dpos);
 }

@@ -51,21 +51,23 @@ static void test_rope(void) {
     float *x = rnd(N * NH * D, 1.0f), *out = gm_malloc((size_t)(N * NH * D) * 4), *ref = gm_malloc((size_t)(N * NH * D) * 4);
     int32_t pos[5] = {0, 1, 7, 100, 4000};
     gm_kctx k = make_ctx(1, 0);
-    for (int variant = 0; variant < 2; variant++) {
-        float theta = variant ? 1e6f : 1e4f, ps = variant ? 0.125f : 1.0f;
-        gm_k_rope_fwd_cpu(&k, out, x, pos, N, NH, D, theta, ps);
+    /* variant 2: Gemma 4's proportional RoPE, 2 of 8 pairs rotating (inv_freq 0 past them) */
+    for (int variant = 0; variant < 3; variant++) {
+        float theta = variant ? 1e6f : 1e4f, ps = variant == 1 ? 0.125f : 1.0f;
+        int64_t n_rot = variant == 2 ? 2 : D / 2;
+        gm_k_rope_fwd_cpu(&k, out, x, pos, N, NH, D, n_rot, theta, ps);
         for (int64_t n = 0; n < N; n++)
             for (int64_t h = 0; h < NH; h++)
                 for (int64_t i = 0; i < D / 2; i++) {
                     /* f32 angle as HF computes it (inv_freq in f32, product in f32), then exact trig */
-                    float inv = 1.0f / powf(theta, (float)(2 * i) / (float)D);
+                    float inv = i < n_rot ? 1.0f / powf(theta, (float)(2 * i) / (float)D) : 0.0f;
                     float ang = ((float)pos[n] * ps) * inv;
                     double c = cos((double)ang), s = sin((double)ang);
                     const float *xr = x + (n * NH + h) * D;
                     ref[(n * NH + h) * D + i] = (float)(xr[i] * c - xr[i + D / 2] * s);
                     ref[(n * NH + h) * D + i + D / 2] = (float)(xr[i + D / 2] * c + xr[i] * s);
                 }
-        gm_check_close(variant ? "rope (1e6, linear x8)" : "rope (1e4)", out, ref, (size_t)(N * NH * D),
+        gm_check_close(variant == 2 ? "rope (1e6, 2 of 8 pairs)" : variant ? "rope (1e6, linear x8)" : "rope (1e4)", out, ref, (size_t)(N * NH * D),
                        TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
     }
     gm_free(x), gm_free(out), gm_free(ref);

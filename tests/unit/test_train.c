@@ -26,7 +26,7 @@
 #include <string.h>
 #include <unistd.h>
 
-/* the fixture file the helpers read (test_gemma3n switches it) */
+/* the fixture file the helpers read (check_lora_fixture switches it) */
 static const char *REF = "tests/ref/lora_ref.h5";
 #define B_ 4
 #define T_ 16
@@ -376,16 +376,19 @@ static void test_properties(gm_model *m) {
     CHECK(s == GM_ERR_INVALID && strstr(err.msg, "rank = 0"), "rank 0: %s", err.msg);
 }
 
-/* Gemma 3n (tests/ref/make_gemma3n_ref.py, /lora): the loss of two 20-token sequences and all 76
- * LoRA gradients (38 modules: the KV-shared layers have no k / v) at PEFT's drawn A and B, f32
- * base: the backward through AltUp, LAuReL, the per-layer inputs, the gaussian top-k, the
- * soft-capped head and the KV-shared layers' keys and values into their source layers. */
-static void test_gemma3n(void) {
-    REF = "tests/ref/tiny_gemma3n_ref.h5";
+/* A Gemma 3n / 4 fixture (tests/ref/make_gemma3n_ref.py, make_gemma4_ref.py, /lora): the loss of
+ * two 20-token sequences and every LoRA gradient at PEFT's drawn A and B, f32 base, against PEFT's
+ * f32 and f64 numbers; then the same under activation checkpointing, bit for bit. Gemma 3n: the
+ * backward through AltUp, LAuReL, the per-layer inputs, the gaussian top-k, the soft-capped head
+ * and the KV-shared layers' keys and values into their source layers; Gemma 4: the per-layer
+ * inputs, layer scalars, proportional RoPE on wide full-layer heads, KV sharing with double-wide
+ * MLPs, keys as values. n_modules: the adapted linears (none on absent k / v). */
+static void check_lora_fixture(const char *label, const char *dir, const char *ref, int n_modules, double tol) {
+    REF = ref;
     gm_error err = {0};
     gm_model *m = NULL;
     gm_trainer *tr = NULL;
-    CHECK_OK(gm_model_load(gm_test_path("tests/ref/tiny_gemma3n"), NULL, &m, &err), &err);
+    CHECK_OK(gm_model_load(gm_test_path(dir), NULL, &m, &err), &err);
     size_t n;
     int32_t *in = gm_test_h5_read(gm_test_path(REF), "/ids", 1, &n, NULL, NULL);
     int32_t *lab = gm_test_h5_read(gm_test_path(REF), "/lora/labels", 1, &n, NULL, NULL);
@@ -404,19 +407,23 @@ static void test_gemma3n(void) {
     if (!tr) goto done;
     int n_ad;
     gm_trainer_adapters(tr, &n_ad);
-    CHECK(n_ad == 38, "gemma3n: %d adapters, expected 38 (6 layers x 7 linears, none on the 2 shared layers' k / v)", n_ad);
+    CHECK(n_ad == n_modules, "%s: %d adapters, expected %d (6 layers x 7 linears less the absent k / v)", label, n_ad,
+          n_modules);
     set_adapters(tr, "/lora/weights");
     gm_trainer_zero_grad(tr);
     gm_batch b = {.B = 2, .T = 20, .ids = gids, .targets = gtg, .example_index = NULL};
     double loss_sum = 0;
     CHECK_OK(gm_trainer_forward_backward(tr, &b, (float)(1.0 / (double)n_sup), &loss_sum, &err), &err);
     double want = h5_scalar("/lora/loss"), got = loss_sum / (double)n_sup;
-    CHECK(fabs(got - want) <= TOL_LOSS_REL * fabs(want), "gemma3n loss %.9g vs PEFT %.9g", got, want);
-    printf("gemma3n loss %.9g, PEFT %.9g\n", got, want);
+    CHECK(fabs(got - want) <= TOL_LOSS_REL * fabs(want), "%s loss %.9g vs PEFT %.9g", label, got, want);
+    printf("%s loss %.9g, PEFT %.9g\n", label, got, want);
     double want64 = h5_scalar("/lora/loss64");
-    CHECK(fabs(got - want64) <= TOL_LOSS_REL * fabs(want64), "gemma3n loss %.9g vs PEFT in float64 %.9g", got, want64);
-    compare_adapters(tr, "/lora/grads", true, TOL_GEMMA3N_GRAD_REL, "gemma3n: all 76 LoRA gradients vs PEFT");
-    compare_adapters(tr, "/lora/grads64", true, TOL_GEMMA3N_GRAD_REL, "gemma3n: ... vs PEFT in float64");
+    CHECK(fabs(got - want64) <= TOL_LOSS_REL * fabs(want64), "%s loss %.9g vs PEFT in float64 %.9g", label, got, want64);
+    char what[160];
+    snprintf(what, sizeof what, "%s: all %d LoRA gradients vs PEFT", label, 2 * n_modules);
+    compare_adapters(tr, "/lora/grads", true, tol, what);
+    snprintf(what, sizeof what, "%s: ... vs PEFT in float64", label);
+    compare_adapters(tr, "/lora/grads64", true, tol, what);
     /* activation checkpointing: the KV-shared layers read their source's keys and values from the
      * copies it keeps; the same loss and gradients, bit for bit */
     {
@@ -448,7 +455,7 @@ static void test_gemma3n(void) {
                 same = same && memcmp(p, ad1[i].dB, (size_t)(ad1[i].out * 4) * 4) == 0;
                 p += ad1[i].out * 4;
             }
-            CHECK(same, "gemma3n: checkpointing on gives another loss (%.9g vs %.9g) or other gradients", ls, loss_sum);
+            CHECK(same, "%s: checkpointing on gives another loss (%.9g vs %.9g) or other gradients", label, ls, loss_sum);
         }
         gm_trainer_free(tc);
         gm_free(keep);
@@ -461,7 +468,10 @@ done:
 }
 
 int main(void) {
-    test_gemma3n();
+    check_lora_fixture("gemma3n", "tests/ref/tiny_gemma3n", "tests/ref/tiny_gemma3n_ref.h5", 38, TOL_GEMMA3N_GRAD_REL);
+    check_lora_fixture("gemma4", "tests/ref/tiny_gemma4", "tests/ref/tiny_gemma4_ref.h5", 38, TOL_GEMMA4_GRAD_REL);
+    check_lora_fixture("gemma4 k_eq_v", "tests/ref/tiny_gemma4_kv", "tests/ref/tiny_gemma4_kv_ref.h5", 40,
+                       TOL_GEMMA4_GRAD_REL);
     gm_model *m = load_tiny();
     if (!m) return gm_test_finish();
     load_batch();

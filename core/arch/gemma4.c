@@ -1,0 +1,337 @@
+/*
+ * gemma4.c - Gemma 4 text decoder (Gemma4ForCausalLM, and the text part of
+ * Gemma4ForConditionalGeneration): its spec, its front (the per-layer inputs), its layer, forward
+ * and backward (the chain rule through the same steps in reverse, with the kernels' formulas,
+ * kernels.h; the KV-shared layers' key / value gradients are held until their source layer's
+ * backward adds them to its own, as in gemma3n.c).
+ *
+ * Sources: transformers' modeling_gemma4.py (Gemma4TextModel, Gemma4TextDecoderLayer,
+ * Gemma4TextAttention, Gemma4TextMLP) and gemma_architecture.md §4.1-4.4. One residual stream of
+ * width C; RMSNorm multiplies by the stored weight (no 1 + w); v_norm has no weight.
+ *
+ * Front: the per-layer inputs ple (L, N, P) of the E-models, as Gemma 3n's (gemma_ple.c); none on
+ * the large models (hidden_size_per_layer_input 0).
+ * Layer l, on x (N, C), D and KVH the layer's own (full layers: global_head_dim, and on k_eq_v
+ * models num_global_key_value_heads):
+ *   xn1 = RMSNorm_in(x); q = RoPE(RMSNorm_q(xn1 Wq^T)) per head;
+ *   own keys: k_pre = xn1 Wk^T; v_pre = k_pre on a k_eq_v full layer, else xn1 Wv^T;
+ *             k = RoPE(RMSNorm_k(k_pre)); v = RMSNorm(v_pre) without weight, unrotated;
+ *   KV-shared layers (the last num_kv_shared_layers) read kv_source[l]'s k and v;
+ *   RoPE: theta 10k over the whole head on sliding layers, 1M on full layers with only the first
+ *   partial_rotary_factor of the pairs rotating ("proportional", §4.3);
+ *   att = attention(q, k, v; causal, window on sliding layers, scale 1: no 1/sqrt(d));
+ *   x_mid = x + RMSNorm_post_attn(att Wo^T);
+ *   x_ffn = x_mid + RMSNorm_post_ffw(((gelu_tanh(xn2 Wgate^T) * (xn2 Wup^T)) Wdown^T), xn2 =
+ *   RMSNorm_pre_ffw(x_mid) (the KV-shared layers' MLP twice as wide on E2B: the config's ffn_dim);
+ *   with per-layer inputs: x_ple = x_ffn + RMSNorm_ppl((gelu_tanh(x_ffn Wgate_pl^T) * ple_l) Wproj_pl^T);
+ *   y = layer_scalar * x_ple.
+ * Head: the final norm and the soft-capped LM head as every Gemma (gm_graph, gm_decoder).
+ *
+ * What gemmarun leaves out here: the mixture-of-experts block of 26B-A4B (the config reader
+ * refuses enable_moe_block by name), LoRA on the per-layer-input linears (the targets are the
+ * attention and MLP linears, as on Gemma 3 and 3n).
+ */
+#include "gemma_decoder.h"
+#include "gm_arch.h"
+#include "gm_graph.h"
+
+#include <math.h>
+
+/* ---- spec --------------------------------------------------------------------------------- */
+
+enum { GM_GEMMA_DECODER_SLOTS, W_PL_GATE, W_PL_PROJ, W_PL_NORM, W_LAYER_SCALAR, W_COUNT };
+
+/* The attention and MLP weights as Gemma 3's (gemma_decoder.h: v only where the layer computes its
+ * own values, not on a k_eq_v full layer), then the per-layer-input branch and the layer's output
+ * scalar (a buffer of one value: transformers' Gemma4TextDecoderLayer.layer_scalar). No GGUF
+ * names for these: gemmarun reads Gemma 4 from Hugging Face folders. */
+#define N4(hf, kind, r, c, when) {hf, NULL, kind, r, c, when, -1, false}
+static const gm_weight_spec layer_weights[W_COUNT] = {
+    GM_GEMMA_DECODER_WEIGHTS,
+    [W_PL_GATE] = N4("per_layer_input_gate.weight", GM_W_LINEAR, GM_DIM_P, GM_DIM_C, GM_WHEN_PLE),
+    [W_PL_PROJ] = N4("per_layer_projection.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_P, GM_WHEN_PLE),
+    [W_PL_NORM] = N4("post_per_layer_input_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_PLE),
+    [W_LAYER_SCALAR] = N4("layer_scalar", GM_W_VEC, GM_DIM_1, GM_DIM_NONE, GM_WHEN_ALWAYS),
+};
+
+/* Model-level weights: GM_GLOBAL_* first, then the per-layer-input table, its projection and norm
+ * (E-models only). */
+enum { G_PLE_EMBED = 3, G_PLE_PROJ, G_PLE_NORM, N_GLOBALS };
+#define GG(hf, kind, r, c) {hf, NULL, kind, r, c, GM_WHEN_PLE, -1, false}
+static const gm_weight_spec global_weights[N_GLOBALS] = {
+    GM_GEMMA_DECODER_GLOBALS,
+    [G_PLE_EMBED] = GG("embed_tokens_per_layer.weight", GM_W_EMBED, GM_DIM_PV, GM_DIM_LP),
+    [G_PLE_PROJ] = GG("per_layer_model_projection.weight", GM_W_LINEAR, GM_DIM_LP, GM_DIM_C),
+    [G_PLE_NORM] = GG("per_layer_projection_norm.weight", GM_W_NORM, GM_DIM_P, GM_DIM_NONE),
+};
+
+/* One layer's record (widths per token). */
+enum {
+    A_XN1, A_RSTD1, A_QPRE, A_RSTDQ, A_KPRE, A_RSTDK, A_Q, A_K, A_VPRE, A_RSTDV, A_V, A_ATT, A_LSE, A_OPRE, A_RSTDPA,
+    A_XMID, A_XN2, A_RSTD2, A_GATE, A_UP, A_H, A_DPRE, A_RSTDPF, A_XFFN, A_PG, A_PH, A_PP, A_RSTDPP, A_COUNT
+};
+
+static const gm_act_spec acts[A_COUNT] = {
+    [A_XN1] = {"xn1", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTD1] = {"rstd1", GM_DIM_1, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_QPRE] = {"q_pre", GM_DIM_QW, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTDQ] = {"rstd_q", GM_DIM_H, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_KPRE] = {"k_pre", GM_DIM_KW, GM_WHEN_OWN_KV, GM_ACT_BOTH},   /* also v_pre on a k_eq_v layer */
+    [A_RSTDK] = {"rstd_k", GM_DIM_KVH, GM_WHEN_OWN_KV, GM_ACT_TRAIN},
+    [A_Q] = {"q", GM_DIM_QW, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_K] = {"k", GM_DIM_KW, GM_WHEN_OWN_KV, GM_ACT_BOTH},
+    [A_VPRE] = {"v_pre", GM_DIM_KW, GM_WHEN_OWN_V, GM_ACT_BOTH},
+    [A_RSTDV] = {"rstd_v", GM_DIM_KVH, GM_WHEN_OWN_KV, GM_ACT_TRAIN},
+    [A_V] = {"v", GM_DIM_KW, GM_WHEN_OWN_KV, GM_ACT_BOTH},
+    [A_ATT] = {"att", GM_DIM_QW, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_LSE] = {"lse", GM_DIM_H, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_OPRE] = {"o_pre", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTDPA] = {"rstd_pa", GM_DIM_1, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_XMID] = {"x_mid", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_XN2] = {"xn2", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTD2] = {"rstd2", GM_DIM_1, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_GATE] = {"gate", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_UP] = {"up", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_H] = {"h", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_DPRE] = {"d_pre", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_BOTH},
+    [A_RSTDPF] = {"rstd_pf", GM_DIM_1, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    [A_XFFN] = {"x_ffn", GM_DIM_C, GM_WHEN_PLE, GM_ACT_BOTH},   /* residual after the MLP (the branch's input) */
+    [A_PG] = {"pl_gate", GM_DIM_P, GM_WHEN_PLE, GM_ACT_BOTH},
+    [A_PH] = {"pl_h", GM_DIM_P, GM_WHEN_PLE, GM_ACT_BOTH},      /* gelu(pl_gate) * ple_l */
+    [A_PP] = {"pl_proj", GM_DIM_C, GM_WHEN_PLE, GM_ACT_BOTH},
+    [A_RSTDPP] = {"rstd_pl", GM_DIM_1, GM_WHEN_PLE, GM_ACT_TRAIN},
+};
+
+/* Model-level activations: the per-layer inputs (token-major work buffer, then layer-major), and
+ * under activation checkpointing, where one record serves every layer, the keys and values the
+ * KV-shared layers read, kept from their source layers (sliding, full). */
+enum { M_PLE_WORK, M_PLE, M_PLE_RSTD, M_KS, M_VS, M_KF, M_VF, M_COUNT };
+static const gm_act_spec model_acts[M_COUNT] = {
+    [M_PLE_WORK] = {"ple_work", GM_DIM_LP, GM_WHEN_PLE, GM_ACT_BOTH},
+    [M_PLE] = {"ple", GM_DIM_LP, GM_WHEN_PLE, GM_ACT_BOTH},
+    [M_PLE_RSTD] = {"ple_rstd", GM_DIM_L, GM_WHEN_PLE, GM_ACT_TRAIN},
+    [M_KS] = {"k_shared_sliding", GM_DIM_KW, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
+    [M_VS] = {"v_shared_sliding", GM_DIM_KW, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
+    [M_KF] = {"k_shared_full", GM_DIM_KWF, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
+    [M_VF] = {"v_shared_full", GM_DIM_KWF, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
+};
+
+/* The backward's workspace (one layer at a time), and the KV-shared layers' key / value gradients
+ * waiting for their source layer (one pair per layer type). */
+enum { G_DTMP, G_DXN, G_DQ, G_DATT, G_DK, G_DV, G_DGATE, G_DUP, G_DH, G_DP1, G_DP2, G_DP3, G_DKS, G_DVS, G_DKF, G_DVF,
+       G_COUNT };
+
+static const gm_act_spec grads[G_COUNT] = {
+    [G_DTMP] = {"dtmp", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
+    GM_GEMMA_DECODER_GRADS,
+    [G_DP1] = {"dpl", GM_DIM_P, GM_WHEN_PLE, GM_ACT_TRAIN},
+    [G_DP2] = {"dpl2", GM_DIM_P, GM_WHEN_PLE, GM_ACT_TRAIN},
+    [G_DP3] = {"dple", GM_DIM_P, GM_WHEN_PLE, GM_ACT_TRAIN}, /* the per-layer input's (read by the front's backward) */
+    [G_DKS] = {"dk_shared_sliding", GM_DIM_KW, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
+    [G_DVS] = {"dv_shared_sliding", GM_DIM_KW, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
+    [G_DKF] = {"dk_shared_full", GM_DIM_KWF, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
+    [G_DVF] = {"dv_shared_full", GM_DIM_KWF, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
+};
+
+/* transformers' Gemma4TextScaledWordEmbedding: rows times sqrt(hidden_size), the scale in the
+ * weights' dtype (f32 here; a bf16 run rounds it: §4.2). */
+static float embed_scale(const gm_config *c) { return sqrtf((float)c->hidden_size); }
+
+/* ---- front -------------------------------------------------------------------------------- */
+
+static void front(gm_graph *g) {
+    if (g->cfg->ple_dim <= 0) return;
+    gm_ple_fwd(g, G_PLE_PROJ, G_PLE_NORM, G_PLE_EMBED, g->mrec[M_PLE_WORK], g->mrec[M_PLE], g->mrec[M_PLE_RSTD]);
+}
+
+/* g->g (N, C) = dL/dX[0] in; += what the per-layer inputs owe x0 (layer_bwd left their gradients
+ * in mrec[M_PLE]). */
+static void front_bwd(gm_graph *g) {
+    if (g->cfg->ple_dim <= 0) return;
+    gm_ple_bwd(g, G_PLE_PROJ, G_PLE_NORM, g->mrec[M_PLE], g->mrec[M_PLE_WORK], g->mrec[M_PLE_RSTD], g->g);
+}
+
+/* ---- forward ------------------------------------------------------------------------------ */
+
+/* Whether a layer after l reads the keys and values l reads (its own, or its source's). */
+static bool shared_later(const gm_config *c, int64_t l) {
+    int32_t src = c->kv_source[l];
+    for (int64_t m = l + 1; m < c->n_layers; m++)
+        if (c->kv_source[m] == src && m != src) return true;
+    return false;
+}
+
+/* The keys and values layer l attends to in training: its own record's, its source layer's
+ * record's, or - under checkpointing - the copies its source layer kept. */
+static void train_kv(gm_graph *g, int64_t l, float **k, float **v) {
+    const gm_config *c = g->cfg;
+    bool full = c->layer_type[l] == GM_LAYER_FULL;
+    if (g->n_rec == 1 && (c->kv_source[l] != l || shared_later(c, l))) {
+        *k = g->mrec[full ? M_KF : M_KS], *v = g->mrec[full ? M_VF : M_VS];
+        return;
+    }
+    float **src = gm_graph_record(g, c->kv_source[l]);
+    *k = src[A_K], *v = src[A_V];
+}
+
+/* On a k_eq_v full layer the values are the raw key projection (transformers: value_states =
+ * key_states before k_norm). */
+static bool k_eq_v(const gm_config *c, int64_t l) { return c->k_eq_v_full && c->layer_type[l] == GM_LAYER_FULL; }
+
+static const float *layer_scalar(const gm_graph *g, int64_t l) {
+    return (const float *)gm_graph_weight(g, l, W_LAYER_SCALAR)->data;
+}
+
+static void layer_fwd(gm_graph *g, int64_t l) {
+    const gm_config *c = g->cfg;
+    const gm_kernel_table *k = g->k;
+    const gm_kctx *kc = &g->kc;
+    float **a = gm_graph_record(g, l);
+    int64_t N = g->N, C = c->hidden_size, H = c->n_heads, P = c->ple_dim;
+    int64_t KVH = gm_dim_value(c, l, GM_DIM_KVH, 0), D = gm_dim_value(c, l, GM_DIM_D, 0), F = gm_dim_value(c, l, GM_DIM_F, 0);
+    int64_t rot = gm_config_rope_pairs(c, l);
+    float eps = c->rms_norm_eps, theta = c->rope_theta[l], pscale = c->rope_pos_scale[l];
+    const float *x = g->X[l];
+    float *y = g->X[l + 1]; /* at inference the same buffer as x, read no more once x_mid is formed */
+    /* attention: scale 1, v normed without weight */
+    k->rmsnorm_fwd(kc, a[A_XN1], a[A_RSTD1], x, gm_graph_norm(g, l, W_ATTN_NORM), N, C, eps);
+    gm_graph_linear(g, l, W_Q, a[A_QPRE], a[A_XN1]);
+    k->rmsnorm_fwd(kc, a[A_Q], a[A_RSTDQ], a[A_QPRE], gm_graph_norm(g, l, W_Q_NORM), N * H, D, eps);
+    k->rope_fwd(kc, a[A_Q], a[A_Q], g->pos, N, H, D, rot, theta, pscale);
+    const float *kk = NULL, *vv = NULL;
+    if (c->kv_source[l] == l) {
+        gm_graph_linear(g, l, W_K, a[A_KPRE], a[A_XN1]);
+        const float *vpre = a[A_KPRE];
+        if (!k_eq_v(c, l)) {
+            gm_graph_linear(g, l, W_V, a[A_VPRE], a[A_XN1]);
+            vpre = a[A_VPRE];
+        }
+        k->rmsnorm_fwd(kc, a[A_V], a[A_RSTDV], vpre, NULL, N * KVH, D, eps);
+        k->rmsnorm_fwd(kc, a[A_K], a[A_RSTDK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), N * KVH, D, eps);
+        k->rope_fwd(kc, a[A_K], a[A_K], g->pos, N, KVH, D, rot, theta, pscale);
+        kk = a[A_K], vv = a[A_V];
+        if (g->o.mode == GM_GRAPH_TRAIN && g->n_rec == 1 && shared_later(c, l)) { /* kept for the shared layers */
+            float *ks, *vs;
+            train_kv(g, l, &ks, &vs);
+            k->scale_fwd(kc, ks, kk, N * KVH * D, 1.0f);
+            k->scale_fwd(kc, vs, vv, N * KVH * D, 1.0f);
+        }
+    } else if (g->o.mode == GM_GRAPH_TRAIN) {
+        float *ks, *vs;
+        train_kv(g, l, &ks, &vs);
+        kk = ks, vv = vs;
+    }
+    gm_graph_attention(g, l, a[A_ATT], a[A_LSE], a[A_Q], kk, vv, 1.0f);
+    gm_graph_linear(g, l, W_O, a[A_OPRE], a[A_ATT]);
+    k->rmsnorm_fwd(kc, a[A_XMID], a[A_RSTDPA], a[A_OPRE], gm_graph_norm(g, l, W_POST_ATTN_NORM), N, C, eps);
+    k->add_fwd(kc, a[A_XMID], x, N * C);
+    /* MLP */
+    k->rmsnorm_fwd(kc, a[A_XN2], a[A_RSTD2], a[A_XMID], gm_graph_norm(g, l, W_FFN_NORM), N, C, eps);
+    gm_graph_linear(g, l, W_GATE, a[A_GATE], a[A_XN2]);
+    gm_graph_linear(g, l, W_UP, a[A_UP], a[A_XN2]);
+    k->geglu_fwd(kc, a[A_H], a[A_GATE], a[A_UP], N * F);
+    gm_graph_linear(g, l, W_DOWN, a[A_DPRE], a[A_H]);
+    float *xf = P > 0 ? a[A_XFFN] : y;
+    k->rmsnorm_fwd(kc, xf, a[A_RSTDPF], a[A_DPRE], gm_graph_norm(g, l, W_POST_FFW_NORM), N, C, eps);
+    k->add_fwd(kc, xf, a[A_XMID], N * C);
+    /* the per-layer input */
+    if (P > 0) {
+        gm_graph_linear(g, l, W_PL_GATE, a[A_PG], xf);
+        k->geglu_fwd(kc, a[A_PH], a[A_PG], g->mrec[M_PLE] + l * N * P, N * P);
+        gm_graph_linear(g, l, W_PL_PROJ, a[A_PP], a[A_PH]);
+        k->rmsnorm_fwd(kc, y, a[A_RSTDPP], a[A_PP], gm_graph_norm(g, l, W_PL_NORM), N, C, eps);
+        k->add_fwd(kc, y, xf, N * C);
+    }
+    k->mul_cols_fwd(kc, y, y, layer_scalar(g, l), N * C, 1); /* every value times the one scalar */
+}
+
+/* ---- backward ----------------------------------------------------------------------------- */
+
+static void layer_bwd(gm_graph *g, int64_t l) {
+    const gm_config *c = g->cfg;
+    const gm_kernel_table *k = g->k;
+    const gm_kctx *kc = &g->kc;
+    float **a = gm_graph_record(g, l), **d = g->grad;
+    int64_t B = g->B, T = g->T, N = g->N, C = c->hidden_size, H = c->n_heads, P = c->ple_dim;
+    int64_t KVH = gm_dim_value(c, l, GM_DIM_KVH, 0), D = gm_dim_value(c, l, GM_DIM_D, 0), F = gm_dim_value(c, l, GM_DIM_F, 0);
+    int64_t rot = gm_config_rope_pairs(c, l);
+    float theta = c->rope_theta[l], pscale = c->rope_pos_scale[l];
+    float *gy = g->g; /* dL/dX[l+1] on entry, dL/dX[l] on exit */
+    k->mul_cols_fwd(kc, gy, gy, layer_scalar(g, l), N * C, 1); /* the scalar is frozen */
+    /* the per-layer input: x_ple = x_ffn + RMSNorm_ppl(proj(gelu(gate(x_ffn)) * ple_l)) */
+    if (P > 0) {
+        const float *ple = g->mrec[M_PLE] + l * N * P;
+        k->rmsnorm_bwd(kc, d[G_DTMP], NULL, gy, a[A_PP], gm_graph_norm(g, l, W_PL_NORM), a[A_RSTDPP], N, C, 0.0f);
+        gm_graph_linear_bwd(g, l, W_PL_PROJ, d[G_DP1], d[G_DTMP], a[A_PH], 0.0f);
+        k->geglu_bwd(kc, d[G_DP2], d[G_DP3], d[G_DP1], a[A_PG], ple, N * P);
+        /* the front's backward reads dL/d(this layer's input) where it was (no later layer reads it) */
+        if (g->front_grad) k->scale_fwd(kc, g->mrec[M_PLE] + l * N * P, d[G_DP3], N * P, 1.0f);
+        gm_graph_linear_bwd(g, l, W_PL_GATE, gy, d[G_DP2], a[A_XFFN], 1.0f); /* gy: now dL/dx_ffn */
+    }
+    /* MLP: x_ffn = x_mid + RMSNorm_post_ffw(d_pre) */
+    k->rmsnorm_bwd(kc, d[G_DTMP], NULL, gy, a[A_DPRE], gm_graph_norm(g, l, W_POST_FFW_NORM), a[A_RSTDPF], N, C, 0.0f);
+    gm_graph_linear_bwd(g, l, W_DOWN, d[G_DH], d[G_DTMP], a[A_H], 0.0f);
+    k->geglu_bwd(kc, d[G_DGATE], d[G_DUP], d[G_DH], a[A_GATE], a[A_UP], N * F);
+    gm_graph_linear_bwd(g, l, W_GATE, d[G_DXN], d[G_DGATE], a[A_XN2], 0.0f);
+    gm_graph_linear_bwd(g, l, W_UP, d[G_DXN], d[G_DUP], a[A_XN2], 1.0f);
+    k->rmsnorm_bwd(kc, gy, NULL, d[G_DXN], a[A_XMID], gm_graph_norm(g, l, W_FFN_NORM), a[A_RSTD2], N, C, 1.0f);
+    /* attention: x_mid = x + RMSNorm_post_attn(o_pre) */
+    k->rmsnorm_bwd(kc, d[G_DTMP], NULL, gy, a[A_OPRE], gm_graph_norm(g, l, W_POST_ATTN_NORM), a[A_RSTDPA], N, C, 0.0f);
+    gm_graph_linear_bwd(g, l, W_O, d[G_DATT], d[G_DTMP], a[A_ATT], 0.0f);
+    bool own = c->kv_source[l] == l, full = c->layer_type[l] == GM_LAYER_FULL;
+    float *kk, *vv;
+    train_kv(g, l, &kk, &vv);
+    int64_t window = full ? 0 : c->sliding_window, KW = KVH * D;
+    k->attention_bwd(kc, d[G_DQ], d[G_DK], d[G_DV], d[G_DATT], a[A_Q], kk, vv, a[A_ATT], a[A_LSE],
+                     g->has_kv_end ? g->kv_end : NULL, B, T, H, KVH, D, window, 1.0f);
+    k->rope_bwd(kc, d[G_DQ], d[G_DQ], g->pos, N, H, D, rot, theta, pscale);
+    k->rmsnorm_bwd(kc, d[G_DQ], NULL, d[G_DQ], a[A_QPRE], gm_graph_norm(g, l, W_Q_NORM), a[A_RSTDQ], N * H, D, 0.0f);
+    gm_graph_linear_bwd(g, l, W_Q, d[G_DXN], d[G_DQ], a[A_XN1], 0.0f);
+    if (!own) {
+        /* keys and values belong to the source layer: its backward (later in this pass) takes them */
+        float *dks = d[full ? G_DKF : G_DKS], *dvs = d[full ? G_DVF : G_DVS];
+        if (shared_later(c, l)) {
+            k->add_fwd(kc, dks, d[G_DK], N * KW);
+            k->add_fwd(kc, dvs, d[G_DV], N * KW);
+        } else {
+            k->scale_fwd(kc, dks, d[G_DK], N * KW, 1.0f);
+            k->scale_fwd(kc, dvs, d[G_DV], N * KW, 1.0f);
+        }
+    } else {
+        if (shared_later(c, l)) {
+            k->add_fwd(kc, d[G_DK], d[full ? G_DKF : G_DKS], N * KW);
+            k->add_fwd(kc, d[G_DV], d[full ? G_DVF : G_DVS], N * KW);
+        }
+        bool kv = k_eq_v(c, l);
+        k->rope_bwd(kc, d[G_DK], d[G_DK], g->pos, N, KVH, D, rot, theta, pscale);
+        k->rmsnorm_bwd(kc, d[G_DK], NULL, d[G_DK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), a[A_RSTDK], N * KVH, D, 0.0f);
+        /* k_eq_v: the values' gradient joins the keys' on the one projection */
+        k->rmsnorm_bwd(kc, kv ? d[G_DK] : d[G_DV], NULL, d[G_DV], kv ? a[A_KPRE] : a[A_VPRE], NULL, a[A_RSTDV], N * KVH, D,
+                       kv ? 1.0f : 0.0f);
+        gm_graph_linear_bwd(g, l, W_K, d[G_DXN], d[G_DK], a[A_XN1], 1.0f);
+        if (!kv) gm_graph_linear_bwd(g, l, W_V, d[G_DXN], d[G_DV], a[A_XN1], 1.0f);
+    }
+    k->rmsnorm_bwd(kc, gy, NULL, d[G_DXN], g->X[l], gm_graph_norm(g, l, W_ATTN_NORM), a[A_RSTD1], N, C, 1.0f);
+}
+
+const gm_arch_def gm_arch_gemma4 = {
+    .id = GM_ARCH_GEMMA4,
+    .name = "gemma4",
+    .layers_prefix = "layers.",
+    .globals = global_weights,
+    .n_globals = N_GLOBALS,
+    .layer = layer_weights,
+    .n_layer = W_COUNT,
+    .acts = acts,
+    .n_acts = A_COUNT,
+    .grads = grads,
+    .n_grads = G_COUNT,
+    .embed_scale = embed_scale,
+    .model_acts = model_acts,
+    .n_model_acts = M_COUNT,
+    .front = front,
+    .front_bwd = front_bwd,
+    .layer_fwd = layer_fwd,
+    .layer_bwd = layer_bwd,
+    .kv_sharing_bwd = true,
+};
