@@ -171,6 +171,19 @@
  *   xent_lse_finish  lse (R) = run_max + log(run_sum) in f32, closing xent_lse_update's online
  *                  log-sum-exp.
  *
+ * Gemma 4's mixture of experts (gemma_architecture.md §4.4; transformers' Gemma4TextRouter,
+ * Gemma4TextExperts), E experts, K per token, a token's K choices in "slots" that the caller
+ * orders by expert (slot[n K + k] is the row of choice k of token n in the expert-sorted (N K) rows):
+ *   moe_route_fwd  probs (N, E): the router's logits in, softmax (f32) out; idx (N, K) int32: the K
+ *                  largest probabilities' experts, largest first (a tie: the lower expert); w (N, K) =
+ *                  p[idx] / sum_k p[idx_k] * per_expert_scale[idx] (renormalized, then scaled).
+ *   moe_route_bwd  dlogits (N, E) from dw (N, K): through the scale, the renormalization and the
+ *                  softmax (the choice itself is piecewise constant: no gradient). Assigns.
+ *   moe_combine_fwd  y (N, C) = sum_k w[n, k] ys[slot[n K + k]] (w NULL: weights 1, the sum of a
+ *                  token's slots - the backward of gathering its row into them). Assigns.
+ *   moe_combine_bwd  dw[n, k] = dy[n] . ys[slot] (assigned; dw may be NULL: not wanted), then
+ *                  dys[slot] = w[n, k] dy[n]. dys may alias ys (each slot is read before written).
+ *
  * Gradient convention: parameter gradients accumulate (+=, beta = 1); activation gradients are
  * assigned (=, beta = 0) except on the residual stream, where two paths meet and they
  * accumulate.
@@ -211,6 +224,17 @@ typedef struct gm_wview {
     float absmax_offset;             /* NF4 only */
     const float *row_scale;          /* GM_I8 only */
 } gm_wview;
+
+/* Rows [r0, r0 + n) of a weight view (a block of a stacked matrix: Gemma 4's experts). Any type
+ * whose rows are self-contained (float types, GGUF block types, int8 with its row scales); not NF4,
+ * whose block statistics run across rows (gm_weight_spec.stacked keeps such weights as stored). */
+static inline gm_wview gm_wview_rows(const gm_wview *w, int64_t r0, int64_t n) {
+    gm_wview v = *w;
+    v.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+    v.rows = n;
+    if (w->row_scale) v.row_scale = w->row_scale + r0;
+    return v;
+}
 
 /* A plain contiguous f32 matrix (N, K) as a weight view (LoRA A/B, tests). */
 static inline gm_wview gm_wview_f32(const float *data, int64_t rows, int64_t cols) {

@@ -304,13 +304,13 @@ static int l_detokenize(lua_State *L) {
     return 1;
 }
 
-/* Pushes Gemma's chat template around one user turn (gemma_architecture.md §2.5); BOS is
- * added by the encoder. */
-static void push_chat_prompt(lua_State *L, const char *prompt) {
+/* Pushes Gemma's chat template (tok's format) around one user turn (gemma_architecture.md §2.5,
+ * §4.7); BOS is added by the encoder. */
+static void push_chat_prompt(lua_State *L, const gm_tokenizer *tok, const char *prompt) {
     gm_chat_msg msg = {"user", prompt};
     char *text = NULL;
     gm_error err = {0};
-    if (gm_chat_render(&msg, 1, true, &text, NULL, &err) != GM_OK) gm_bind_raise(L, &err);
+    if (gm_chat_render(gm_chat_format_of(tok), &msg, 1, true, &text, NULL, &err) != GM_OK) gm_bind_raise(L, &err);
     lua_pushstring(L, text);
     gm_free(text);
 }
@@ -794,7 +794,7 @@ static int l_generate(lua_State *L) {
     if (!(top_p > 0 && top_p <= 1)) return luaL_error(L, "generate: top_p must be in (0, 1]");
     if (top_k < 0) return luaL_error(L, "generate: top_k must be >= 0 (0 = off)");
     if (chat) {
-        push_chat_prompt(L, prompt);
+        push_chat_prompt(L, lm->m->tok, prompt);
         prompt = lua_tolstring(L, -1, &prompt_len);
     }
     int64_t n_prompt = 0;

@@ -393,7 +393,7 @@ static int cmd_generate(int argc, char **argv) {
     char *text = NULL;
     if (chat) { /* Gemma's chat template around one user turn (gemma_architecture.md §2.5) */
         gm_chat_msg msg = {"user", user};
-        s = gm_chat_render(&msg, 1, true, &text, NULL, &err);
+        s = gm_chat_render(gm_chat_format_of(m->tok), &msg, 1, true, &text, NULL, &err);
         if (s != GM_OK) {
             gm_free(user);
             gm_backend_free(be);

@@ -27,9 +27,17 @@
  *   y = layer_scalar * x_ple.
  * Head: the final norm and the soft-capped LM head as every Gemma (gm_graph, gm_decoder).
  *
- * What gemmarun leaves out here: the mixture-of-experts block of 26B-A4B (the config reader
- * refuses enable_moe_block by name), LoRA on the per-layer-input linears (the targets are the
- * attention and MLP linears, as on Gemma 3 and 3n).
+ * 26B-A4B's mixture of experts (enable_moe_block): beside the dense MLP, on x_mid,
+ *   router: p = softmax(((RMSNorm(x_mid) * scale) C^-1/2) Wr^T) over E; the top K, renormalized to
+ *   sum 1, times per_expert_scale; the experts' GeGLU MLPs (stacked gate_up [E, 2 Fe, C], down
+ *   [E, C, Fe]) on RMSNorm_pre_ffw_2(x_mid), their weighted sum y;
+ *   x_ffn = x_mid + RMSNorm_post_ffw(RMSNorm_post_ffw_1(d_pre) + RMSNorm_post_ffw_2(y)).
+ * A token's K choices are "slots" grouped by expert on the host (gm_graph_moe_group) so that each
+ * expert multiplies its rows at once; the experts are frozen (no LoRA on them), but gradients run
+ * through them and through the router's weights to x_mid.
+ *
+ * What gemmarun leaves out here: LoRA on the per-layer-input linears, the router and the experts
+ * (the targets are the attention and MLP linears, as on Gemma 3 and 3n).
  */
 #include "gemma_decoder.h"
 #include "gm_arch.h"
@@ -39,7 +47,11 @@
 
 /* ---- spec --------------------------------------------------------------------------------- */
 
-enum { GM_GEMMA_DECODER_SLOTS, W_PL_GATE, W_PL_PROJ, W_PL_NORM, W_LAYER_SCALAR, W_COUNT };
+enum {
+    GM_GEMMA_DECODER_SLOTS, W_PL_GATE, W_PL_PROJ, W_PL_NORM, W_LAYER_SCALAR,
+    W_ROUTER, W_ROUTER_SCALE, W_EXPERT_SCALE, W_EXPERTS_GU, W_EXPERTS_DOWN, W_FFN_NORM_2, W_POST_FFW_NORM_1,
+    W_POST_FFW_NORM_2, W_COUNT
+};
 
 /* The attention and MLP weights as Gemma 3's (gemma_decoder.h: v only where the layer computes its
  * own values, not on a k_eq_v full layer), then the per-layer-input branch and the layer's output
@@ -52,6 +64,16 @@ static const gm_weight_spec layer_weights[W_COUNT] = {
     [W_PL_PROJ] = N4("per_layer_projection.weight", GM_W_LINEAR, GM_DIM_C, GM_DIM_P, GM_WHEN_PLE),
     [W_PL_NORM] = N4("post_per_layer_input_norm.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_PLE),
     [W_LAYER_SCALAR] = N4("layer_scalar", GM_W_VEC, GM_DIM_1, GM_DIM_NONE, GM_WHEN_ALWAYS),
+    /* the mixture of experts beside the MLP (26B-A4B): router, per-expert scales, the experts'
+     * stacked [E, 2 Fe, C] gate-and-up and [E, C, Fe] down matrices, three more norms */
+    [W_ROUTER] = N4("router.proj.weight", GM_W_LINEAR, GM_DIM_E, GM_DIM_C, GM_WHEN_MOE),
+    [W_ROUTER_SCALE] = N4("router.scale", GM_W_VEC, GM_DIM_C, GM_DIM_NONE, GM_WHEN_MOE),
+    [W_EXPERT_SCALE] = N4("router.per_expert_scale", GM_W_VEC, GM_DIM_E, GM_DIM_NONE, GM_WHEN_MOE),
+    [W_EXPERTS_GU] = {"experts.gate_up_proj", NULL, GM_W_LINEAR, GM_DIM_E2FE, GM_DIM_C, GM_WHEN_MOE, -1, false, false, true},
+    [W_EXPERTS_DOWN] = {"experts.down_proj", NULL, GM_W_LINEAR, GM_DIM_EC, GM_DIM_FE, GM_WHEN_MOE, -1, false, false, true},
+    [W_FFN_NORM_2] = N4("pre_feedforward_layernorm_2.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_MOE),
+    [W_POST_FFW_NORM_1] = N4("post_feedforward_layernorm_1.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_MOE),
+    [W_POST_FFW_NORM_2] = N4("post_feedforward_layernorm_2.weight", GM_W_NORM, GM_DIM_C, GM_DIM_NONE, GM_WHEN_MOE),
 };
 
 /* Model-level weights: GM_GLOBAL_* first, then the per-layer-input table, its projection and norm
@@ -68,7 +90,9 @@ static const gm_weight_spec global_weights[N_GLOBALS] = {
 /* One layer's record (widths per token). */
 enum {
     A_XN1, A_RSTD1, A_QPRE, A_RSTDQ, A_KPRE, A_RSTDK, A_Q, A_K, A_VPRE, A_RSTDV, A_V, A_ATT, A_LSE, A_OPRE, A_RSTDPA,
-    A_XMID, A_XN2, A_RSTD2, A_GATE, A_UP, A_H, A_DPRE, A_RSTDPF, A_XFFN, A_PG, A_PH, A_PP, A_RSTDPP, A_COUNT
+    A_XMID, A_XN2, A_RSTD2, A_GATE, A_UP, A_H, A_DPRE, A_RSTDPF, A_XFFN, A_PG, A_PH, A_PP, A_RSTDPP,
+    A_D1, A_RSTDP1, A_RN, A_RSTDR, A_PROBS, A_RIDX, A_RW, A_SLOT, A_SEL, A_XE, A_RSTDE, A_EG, A_EU, A_EH, A_Y2, A_RSTDP2,
+    A_DSUM, A_COUNT
 };
 
 static const gm_act_spec acts[A_COUNT] = {
@@ -100,12 +124,30 @@ static const gm_act_spec acts[A_COUNT] = {
     [A_PH] = {"pl_h", GM_DIM_P, GM_WHEN_PLE, GM_ACT_BOTH},      /* gelu(pl_gate) * ple_l */
     [A_PP] = {"pl_proj", GM_DIM_C, GM_WHEN_PLE, GM_ACT_BOTH},
     [A_RSTDPP] = {"rstd_pl", GM_DIM_1, GM_WHEN_PLE, GM_ACT_TRAIN},
+    /* the mixture of experts: int32 routing tables live in float-sized slots (same width) */
+    [A_D1] = {"dense_out", GM_DIM_C, GM_WHEN_MOE, GM_ACT_BOTH},      /* RMSNorm_post_ffw_1(d_pre) */
+    [A_RSTDP1] = {"rstd_pf1", GM_DIM_1, GM_WHEN_MOE, GM_ACT_TRAIN},
+    [A_RN] = {"router_in", GM_DIM_C, GM_WHEN_MOE, GM_ACT_BOTH},
+    [A_RSTDR] = {"rstd_router", GM_DIM_1, GM_WHEN_MOE, GM_ACT_TRAIN},
+    [A_PROBS] = {"router_probs", GM_DIM_E, GM_WHEN_MOE, GM_ACT_BOTH},
+    [A_RIDX] = {"expert_idx", GM_DIM_K, GM_WHEN_MOE, GM_ACT_BOTH},   /* int32 */
+    [A_RW] = {"expert_weights", GM_DIM_K, GM_WHEN_MOE, GM_ACT_BOTH},
+    [A_SLOT] = {"expert_slot", GM_DIM_K, GM_WHEN_MOE, GM_ACT_BOTH},  /* int32 */
+    [A_SEL] = {"slot_token", GM_DIM_K, GM_WHEN_MOE, GM_ACT_BOTH},    /* int32 */
+    [A_XE] = {"experts_in", GM_DIM_C, GM_WHEN_MOE, GM_ACT_BOTH},     /* RMSNorm_pre_ffw_2(x_mid) */
+    [A_RSTDE] = {"rstd_experts_in", GM_DIM_1, GM_WHEN_MOE, GM_ACT_TRAIN},
+    [A_EG] = {"experts_gate", GM_DIM_KFE, GM_WHEN_MOE, GM_ACT_BOTH}, /* per slot, expert-sorted */
+    [A_EU] = {"experts_up", GM_DIM_KFE, GM_WHEN_MOE, GM_ACT_BOTH},
+    [A_EH] = {"experts_h", GM_DIM_KFE, GM_WHEN_MOE, GM_ACT_BOTH},
+    [A_Y2] = {"experts_out", GM_DIM_C, GM_WHEN_MOE, GM_ACT_BOTH},    /* the weighted sum */
+    [A_RSTDP2] = {"rstd_pf2", GM_DIM_1, GM_WHEN_MOE, GM_ACT_TRAIN},
+    [A_DSUM] = {"ffw_sum", GM_DIM_C, GM_WHEN_MOE, GM_ACT_BOTH},      /* dense + experts, into post_ffw */
 };
 
 /* Model-level activations: the per-layer inputs (token-major work buffer, then layer-major), and
  * under activation checkpointing, where one record serves every layer, the keys and values the
  * KV-shared layers read, kept from their source layers (sliding, full). */
-enum { M_PLE_WORK, M_PLE, M_PLE_RSTD, M_KS, M_VS, M_KF, M_VF, M_COUNT };
+enum { M_PLE_WORK, M_PLE, M_PLE_RSTD, M_KS, M_VS, M_KF, M_VF, M_SLOTS, M_COUNT };
 static const gm_act_spec model_acts[M_COUNT] = {
     [M_PLE_WORK] = {"ple_work", GM_DIM_LP, GM_WHEN_PLE, GM_ACT_BOTH},
     [M_PLE] = {"ple", GM_DIM_LP, GM_WHEN_PLE, GM_ACT_BOTH},
@@ -114,12 +156,14 @@ static const gm_act_spec model_acts[M_COUNT] = {
     [M_VS] = {"v_shared_sliding", GM_DIM_KW, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
     [M_KF] = {"k_shared_full", GM_DIM_KWF, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
     [M_VF] = {"v_shared_full", GM_DIM_KWF, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
+    /* the experts' inputs and outputs per slot, one layer at a time (recomputed by the backward) */
+    [M_SLOTS] = {"expert_slots", GM_DIM_KC, GM_WHEN_MOE, GM_ACT_BOTH},
 };
 
 /* The backward's workspace (one layer at a time), and the KV-shared layers' key / value gradients
  * waiting for their source layer (one pair per layer type). */
 enum { G_DTMP, G_DXN, G_DQ, G_DATT, G_DK, G_DV, G_DGATE, G_DUP, G_DH, G_DP1, G_DP2, G_DP3, G_DKS, G_DVS, G_DKF, G_DVF,
-       G_COUNT };
+       G_DM1, G_DM2, G_DE, G_DKW, G_DKF1, G_DKF2, G_DKF3, G_COUNT };
 
 static const gm_act_spec grads[G_COUNT] = {
     [G_DTMP] = {"dtmp", GM_DIM_C, GM_WHEN_ALWAYS, GM_ACT_TRAIN},
@@ -131,6 +175,13 @@ static const gm_act_spec grads[G_COUNT] = {
     [G_DVS] = {"dv_shared_sliding", GM_DIM_KW, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
     [G_DKF] = {"dk_shared_full", GM_DIM_KWF, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
     [G_DVF] = {"dv_shared_full", GM_DIM_KWF, GM_WHEN_KV_SHARED, GM_ACT_TRAIN},
+    [G_DM1] = {"dmoe", GM_DIM_C, GM_WHEN_MOE, GM_ACT_TRAIN},
+    [G_DM2] = {"dmoe2", GM_DIM_C, GM_WHEN_MOE, GM_ACT_TRAIN},
+    [G_DE] = {"drouter_logits", GM_DIM_E, GM_WHEN_MOE, GM_ACT_TRAIN},
+    [G_DKW] = {"dexpert_weights", GM_DIM_K, GM_WHEN_MOE, GM_ACT_TRAIN},
+    [G_DKF1] = {"dexperts_h", GM_DIM_KFE, GM_WHEN_MOE, GM_ACT_TRAIN},
+    [G_DKF2] = {"dexperts_gate", GM_DIM_KFE, GM_WHEN_MOE, GM_ACT_TRAIN},
+    [G_DKF3] = {"dexperts_up", GM_DIM_KFE, GM_WHEN_MOE, GM_ACT_TRAIN},
 };
 
 /* transformers' Gemma4TextScaledWordEmbedding: rows times sqrt(hidden_size), the scale in the
@@ -182,6 +233,110 @@ static const float *layer_scalar(const gm_graph *g, int64_t l) {
     return (const float *)gm_graph_weight(g, l, W_LAYER_SCALAR)->data;
 }
 
+/* Expert e's rows of a stacked matrix in `slot`: rows [r0, r0 + n) of the layer's (E rows_e, cols) view. */
+static gm_wview expert_rows(const gm_graph *g, int64_t l, int slot, int64_t r0, int64_t n) {
+    return gm_wview_rows(gm_graph_weight(g, l, slot), r0, n);
+}
+
+/* The experts' MLPs on the expert-sorted slots: g (S, Fe), u (S, Fe) = xs (S, C) through each expert's
+ * gate and up rows, for every expert with slots (moe_off[l]). */
+static void experts_gate_up(gm_graph *g, int64_t l, float *gt, float *up, const float *xs) {
+    const gm_config *c = g->cfg;
+    int64_t E = c->n_experts, C = c->hidden_size, Fe = c->expert_ffn;
+    const int64_t *off = g->moe_off + l * (E + 1);
+    for (int64_t e = 0; e < E; e++) {
+        int64_t n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        gm_wview wg = expert_rows(g, l, W_EXPERTS_GU, e * 2 * Fe, Fe), wu = expert_rows(g, l, W_EXPERTS_GU, e * 2 * Fe + Fe, Fe);
+        g->k->matmul_fwd(&g->kc, gt + off[e] * Fe, xs + off[e] * C, &wg, n, 0.0f);
+        g->k->matmul_fwd(&g->kc, up + off[e] * Fe, xs + off[e] * C, &wu, n, 0.0f);
+    }
+}
+
+/* ys (S, C) = h (S, Fe) through each expert's down matrix. */
+static void experts_down(gm_graph *g, int64_t l, float *ys, const float *h) {
+    const gm_config *c = g->cfg;
+    int64_t E = c->n_experts, C = c->hidden_size, Fe = c->expert_ffn;
+    const int64_t *off = g->moe_off + l * (E + 1);
+    for (int64_t e = 0; e < E; e++) {
+        int64_t n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        gm_wview wd = expert_rows(g, l, W_EXPERTS_DOWN, e * C, C);
+        g->k->matmul_fwd(&g->kc, ys + off[e] * C, h + off[e] * Fe, &wd, n, 0.0f);
+    }
+}
+
+/* The mixture of experts of layer l on x_mid (gemma_architecture.md §4.4): the router's choice and
+ * weights, the chosen experts' GeGLU MLPs on RMSNorm_pre_ffw_2(x_mid), their weighted sum, normed
+ * into a[A_Y2] -> the layer's a[A_DSUM] = RMSNorm_post_ffw_1(d_pre) + RMSNorm_post_ffw_2(sum). */
+static void moe_fwd(gm_graph *g, int64_t l, float **a) {
+    const gm_config *c = g->cfg;
+    const gm_kernel_table *k = g->k;
+    const gm_kctx *kc = &g->kc;
+    int64_t N = g->N, C = c->hidden_size, E = c->n_experts, K = c->experts_top_k, Fe = c->expert_ffn;
+    float eps = c->rms_norm_eps, *xs = g->mrec[M_SLOTS];
+    int32_t *idx = (int32_t *)a[A_RIDX], *slot = (int32_t *)a[A_SLOT], *sel = (int32_t *)a[A_SEL];
+    k->rmsnorm_fwd(kc, a[A_D1], a[A_RSTDP1], a[A_DPRE], gm_graph_norm(g, l, W_POST_FFW_NORM_1), N, C, eps);
+    /* router: softmax(((RMSNorm(x_mid) * scale) C^-1/2) Wr^T), top K, renormalized, per-expert scaled */
+    k->rmsnorm_fwd(kc, a[A_RN], a[A_RSTDR], a[A_XMID], NULL, N, C, eps);
+    k->mul_cols_fwd(kc, a[A_RN], a[A_RN], (const float *)gm_graph_weight(g, l, W_ROUTER_SCALE)->data, N, C);
+    k->scale_fwd(kc, a[A_RN], a[A_RN], N * C, 1.0f / sqrtf((float)C));
+    gm_graph_linear(g, l, W_ROUTER, a[A_PROBS], a[A_RN]);
+    k->moe_route_fwd(kc, idx, a[A_RW], a[A_PROBS], (const float *)gm_graph_weight(g, l, W_EXPERT_SCALE)->data, N, E, K);
+    gm_graph_moe_group(g, l, idx, slot, sel);
+    /* the experts on their slots */
+    k->rmsnorm_fwd(kc, a[A_XE], a[A_RSTDE], a[A_XMID], gm_graph_norm(g, l, W_FFN_NORM_2), N, C, eps);
+    k->gather_rows(kc, xs, a[A_XE], sel, N * K, C);
+    experts_gate_up(g, l, a[A_EG], a[A_EU], xs);
+    k->geglu_fwd(kc, a[A_EH], a[A_EG], a[A_EU], N * K * Fe);
+    experts_down(g, l, xs, a[A_EH]);
+    k->moe_combine_fwd(kc, a[A_Y2], xs, a[A_RW], slot, N, K, C);
+    k->rmsnorm_fwd(kc, a[A_DSUM], a[A_RSTDP2], a[A_Y2], gm_graph_norm(g, l, W_POST_FFW_NORM_2), N, C, eps);
+    k->add_fwd(kc, a[A_DSUM], a[A_D1], N * C);
+}
+
+/* Backward of moe_fwd: dsum (N, C) = dL/d a[A_DSUM] in; dL/dx_mid from the router and the experts
+ * += into gx; dL/d d_pre (the dense MLP's output) into ddpre (may alias dsum). */
+static void moe_bwd(gm_graph *g, int64_t l, float **a, float *gx, float *dsum, float *ddpre) {
+    const gm_config *c = g->cfg;
+    const gm_kernel_table *k = g->k;
+    const gm_kctx *kc = &g->kc;
+    float **d = g->grad;
+    int64_t N = g->N, C = c->hidden_size, E = c->n_experts, K = c->experts_top_k, Fe = c->expert_ffn;
+    const int64_t *off = g->moe_off + l * (E + 1);
+    float *xs = g->mrec[M_SLOTS];
+    const int32_t *idx = (const int32_t *)a[A_RIDX], *slot = (const int32_t *)a[A_SLOT];
+    /* the experts' weighted sum: dw from the recomputed outputs, then each slot's gradient */
+    k->rmsnorm_bwd(kc, d[G_DM1], NULL, dsum, a[A_Y2], gm_graph_norm(g, l, W_POST_FFW_NORM_2), a[A_RSTDP2], N, C, 0.0f);
+    experts_down(g, l, xs, a[A_EH]);
+    k->moe_combine_bwd(kc, xs, d[G_DKW], d[G_DM1], xs, a[A_RW], slot, N, K, C);
+    for (int64_t e = 0; e < E; e++) { /* dh = dys Wd */
+        int64_t n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        gm_wview wd = expert_rows(g, l, W_EXPERTS_DOWN, e * C, C);
+        k->matmul_bwd_input(kc, d[G_DKF1] + off[e] * Fe, xs + off[e] * C, &wd, n, 0.0f);
+    }
+    k->geglu_bwd(kc, d[G_DKF2], d[G_DKF3], d[G_DKF1], a[A_EG], a[A_EU], N * K * Fe);
+    for (int64_t e = 0; e < E; e++) { /* dxs = dgate Wg + dup Wu */
+        int64_t n = off[e + 1] - off[e];
+        if (n == 0) continue;
+        gm_wview wg = expert_rows(g, l, W_EXPERTS_GU, e * 2 * Fe, Fe), wu = expert_rows(g, l, W_EXPERTS_GU, e * 2 * Fe + Fe, Fe);
+        k->matmul_bwd_input(kc, xs + off[e] * C, d[G_DKF2] + off[e] * Fe, &wg, n, 0.0f);
+        k->matmul_bwd_input(kc, xs + off[e] * C, d[G_DKF3] + off[e] * Fe, &wu, n, 1.0f);
+    }
+    k->moe_combine_fwd(kc, d[G_DM1], xs, NULL, slot, N, K, C); /* each token's slots summed: dL/d experts_in */
+    k->rmsnorm_bwd(kc, gx, NULL, d[G_DM1], a[A_XMID], gm_graph_norm(g, l, W_FFN_NORM_2), a[A_RSTDE], N, C, 1.0f);
+    /* the router: through the weights' renormalization and softmax, the projection, the scales, the norm */
+    k->moe_route_bwd(kc, d[G_DE], d[G_DKW], a[A_PROBS], idx, (const float *)gm_graph_weight(g, l, W_EXPERT_SCALE)->data, N,
+                     E, K);
+    gm_graph_linear_bwd(g, l, W_ROUTER, d[G_DM2], d[G_DE], a[A_RN], 0.0f);
+    k->mul_cols_fwd(kc, d[G_DM2], d[G_DM2], (const float *)gm_graph_weight(g, l, W_ROUTER_SCALE)->data, N, C);
+    k->scale_fwd(kc, d[G_DM2], d[G_DM2], N * C, 1.0f / sqrtf((float)C));
+    k->rmsnorm_bwd(kc, gx, NULL, d[G_DM2], a[A_XMID], NULL, a[A_RSTDR], N, C, 1.0f);
+    /* the dense MLP's share */
+    k->rmsnorm_bwd(kc, ddpre, NULL, dsum, a[A_DPRE], gm_graph_norm(g, l, W_POST_FFW_NORM_1), a[A_RSTDP1], N, C, 0.0f);
+}
+
 static void layer_fwd(gm_graph *g, int64_t l) {
     const gm_config *c = g->cfg;
     const gm_kernel_table *k = g->k;
@@ -231,8 +386,13 @@ static void layer_fwd(gm_graph *g, int64_t l) {
     gm_graph_linear(g, l, W_UP, a[A_UP], a[A_XN2]);
     k->geglu_fwd(kc, a[A_H], a[A_GATE], a[A_UP], N * F);
     gm_graph_linear(g, l, W_DOWN, a[A_DPRE], a[A_H]);
+    const float *ffw = a[A_DPRE];
+    if (c->n_experts > 0) {
+        moe_fwd(g, l, a);
+        ffw = a[A_DSUM];
+    }
     float *xf = P > 0 ? a[A_XFFN] : y;
-    k->rmsnorm_fwd(kc, xf, a[A_RSTDPF], a[A_DPRE], gm_graph_norm(g, l, W_POST_FFW_NORM), N, C, eps);
+    k->rmsnorm_fwd(kc, xf, a[A_RSTDPF], ffw, gm_graph_norm(g, l, W_POST_FFW_NORM), N, C, eps);
     k->add_fwd(kc, xf, a[A_XMID], N * C);
     /* the per-layer input */
     if (P > 0) {
@@ -268,8 +428,11 @@ static void layer_bwd(gm_graph *g, int64_t l) {
         if (g->front_grad) k->scale_fwd(kc, g->mrec[M_PLE] + l * N * P, d[G_DP3], N * P, 1.0f);
         gm_graph_linear_bwd(g, l, W_PL_GATE, gy, d[G_DP2], a[A_XFFN], 1.0f); /* gy: now dL/dx_ffn */
     }
-    /* MLP: x_ffn = x_mid + RMSNorm_post_ffw(d_pre) */
-    k->rmsnorm_bwd(kc, d[G_DTMP], NULL, gy, a[A_DPRE], gm_graph_norm(g, l, W_POST_FFW_NORM), a[A_RSTDPF], N, C, 0.0f);
+    /* MLP: x_ffn = x_mid + RMSNorm_post_ffw(d_pre), or of d_pre's norm plus the experts' (moe_fwd) */
+    bool moe = c->n_experts > 0;
+    k->rmsnorm_bwd(kc, d[G_DTMP], NULL, gy, moe ? a[A_DSUM] : a[A_DPRE], gm_graph_norm(g, l, W_POST_FFW_NORM), a[A_RSTDPF],
+                   N, C, 0.0f);
+    if (moe) moe_bwd(g, l, a, gy, d[G_DTMP], d[G_DTMP]);
     gm_graph_linear_bwd(g, l, W_DOWN, d[G_DH], d[G_DTMP], a[A_H], 0.0f);
     k->geglu_bwd(kc, d[G_DGATE], d[G_DUP], d[G_DH], a[A_GATE], a[A_UP], N * F);
     gm_graph_linear_bwd(g, l, W_GATE, d[G_DXN], d[G_DGATE], a[A_XN2], 0.0f);

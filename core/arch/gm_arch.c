@@ -33,6 +33,13 @@ int64_t gm_dim_value(const gm_config *c, int64_t layer, gm_dim d, int64_t rank) 
     case GM_DIM_SC: return c->altup_inputs * c->hidden_size;
     case GM_DIM_L: return c->n_layers;
     case GM_DIM_C2: return 2 * c->hidden_size;
+    case GM_DIM_E: return c->n_experts;
+    case GM_DIM_K: return c->experts_top_k;
+    case GM_DIM_FE: return c->expert_ffn;
+    case GM_DIM_KC: return c->experts_top_k * c->hidden_size;
+    case GM_DIM_KFE: return c->experts_top_k * c->expert_ffn;
+    case GM_DIM_E2FE: return c->n_experts * 2 * c->expert_ffn;
+    case GM_DIM_EC: return c->n_experts * c->hidden_size;
     case GM_DIM_KWF:
         return (c->n_kv_heads_full > 0 ? c->n_kv_heads_full : c->n_kv_heads) *
                (c->head_dim_full > 0 ? c->head_dim_full : c->head_dim);
@@ -48,6 +55,7 @@ bool gm_weight_present(const gm_weight_spec *w, const gm_config *c, int64_t laye
     case GM_WHEN_UNTIED: return !c->tie_word_embeddings;
     case GM_WHEN_SPARSE: return layer >= 0 && c->act_sparsity[layer] > 0.0f;
     case GM_WHEN_PLE: return c->ple_dim > 0;
+    case GM_WHEN_MOE: return c->n_experts > 0;
     case GM_WHEN_KV_SHARED:
         for (int64_t l = 0; l < c->n_layers; l++)
             if (c->kv_source[l] != l) return true;

@@ -61,6 +61,14 @@ typedef enum gm_dim {
     GM_DIM_C2,       /* 2 C (a GLU's input: Gemma 3n's audio light convolution) */
     GM_DIM_KWF,      /* KVH x D of a full-attention layer (Gemma 4's wider full layers), whatever
                         layer asks */
+    /* Gemma 4's mixture of experts (26B-A4B): E experts of FFN width Fe, K of them per token */
+    GM_DIM_E,        /* n_experts */
+    GM_DIM_K,        /* experts_top_k */
+    GM_DIM_FE,       /* expert_ffn */
+    GM_DIM_KC,       /* K x C (a token's K expert slots of width C) */
+    GM_DIM_KFE,      /* K x Fe */
+    GM_DIM_E2FE,     /* E x 2 Fe: the experts' stacked gate-and-up matrices, as rows */
+    GM_DIM_EC,       /* E x C: the experts' stacked down matrices, as rows */
     GM_DIM_COUNT
 } gm_dim;
 
@@ -86,6 +94,7 @@ typedef enum gm_wcond {
     GM_WHEN_SPARSE,  /* the layer's FFN gate has activation sparsity (Gemma 3n's first layers) */
     GM_WHEN_PLE,     /* the model has per-layer embeddings (ple_dim > 0: Gemma 4's E-models) */
     GM_WHEN_KV_SHARED, /* the model has KV-shared layers (some kv_source[l] != l) */
+    GM_WHEN_MOE,     /* the model has a mixture of experts beside each MLP (n_experts > 0) */
 } gm_wcond;
 
 typedef struct gm_weight_spec {
@@ -102,6 +111,10 @@ typedef struct gm_weight_spec {
                          tower's projector: gm_model.root) */
     bool transposed;  /* a linear the checkpoint stores as (in, out) - Gemma 3's
                          mm_input_projection_weight: copied to f32 as (out, in) at load */
+    bool stacked;     /* a stack of matrices [E, out, in] viewed as (E out, in) and multiplied by
+                         blocks of rows (Gemma 4's experts, gm_wview_rows): kept as stored where
+                         the run's format cannot be cut by rows (NF4, int8) - as bitsandbytes,
+                         which quantizes nn.Linear modules only, leaves them */
 } gm_weight_spec;
 
 /* How training and inference use an activation. */

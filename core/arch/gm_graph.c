@@ -167,6 +167,11 @@ void gm_graph_layout(gm_graph *g, gm_arena *a, gm_arena *host) {
     g->host_kv_end = (int32_t *)gm_arena_alloc(host, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
     g->host_ple_ids = ple ? (int32_t *)gm_arena_alloc(host, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE) : NULL;
     g->host_ple_sel = ple ? (int32_t *)gm_arena_alloc(host, (size_t)(N * L) * sizeof(int32_t), GM_MEM_WORKSPACE) : NULL;
+    int64_t E = c->n_experts, K = c->experts_top_k;
+    g->host_moe = E > 0 ? (int32_t *)gm_arena_alloc(host, (size_t)(3 * N * K) * sizeof(int32_t), GM_MEM_WORKSPACE) : NULL;
+    g->moe_off = E > 0 ? (int64_t *)gm_arena_alloc(host, (size_t)(L * (E + 1)) * sizeof(int64_t), GM_MEM_WORKSPACE) : NULL;
+    g->moe_load = E > 0 ? (int64_t *)gm_arena_alloc(host, (size_t)(L * E) * sizeof(int64_t), GM_MEM_WORKSPACE) : NULL;
+    if (g->moe_load && host->committed) memset(g->moe_load, 0, (size_t)(L * E) * sizeof(int64_t));
     if (g->be) g->kc = gm_backend_kctx(g->be, g->scratch, g->scratch_floats);
 }
 
@@ -279,10 +284,39 @@ void gm_graph_hidden_rows(gm_graph *g, float *out, const int32_t *rows, int64_t 
 
 void gm_graph_backward(gm_graph *g) {
     for (int64_t l = g->cfg->n_layers - 1; l >= 0; l--) {
-        if (g->o.checkpointing) g->arch->layer_fwd(g, l); /* recompute this layer's record */
+        if (g->o.checkpointing) { /* recompute this layer's record */
+            g->recomputing = true;
+            g->arch->layer_fwd(g, l);
+            g->recomputing = false;
+        }
         g->arch->layer_bwd(g, l);
     }
     if (g->front_grad && g->arch->front_bwd) g->arch->front_bwd(g);
+}
+
+/* ---- mixture of experts ------------------------------------------------------------------- */
+
+void gm_graph_moe_group(gm_graph *g, int64_t l, const int32_t *idx, int32_t *slot, int32_t *sel) {
+    const gm_config *c = g->cfg;
+    int64_t N = g->N, E = c->n_experts, K = c->experts_top_k, NK = N * K;
+    int32_t *hi = g->host_moe, *hs = hi + NK, *hn = hs + NK;
+    int64_t *off = g->moe_off + l * (E + 1);
+    gm_backend_download(g->be, hi, idx, (size_t)NK * sizeof(int32_t));
+    for (int64_t e = 0; e <= E; e++) off[e] = 0;
+    for (int64_t i = 0; i < NK; i++) off[hi[i] + 1]++;
+    if (g->o.mode == GM_GRAPH_TRAIN && !g->recomputing)
+        for (int64_t e = 0; e < E; e++) g->moe_load[l * E + e] += off[e + 1];
+    for (int64_t e = 0; e < E; e++) off[e + 1] += off[e];
+    /* tokens in order within an expert: a stable counting sort */
+    for (int64_t i = 0; i < NK; i++) {
+        int64_t s = off[hi[i]]++;
+        hs[i] = (int32_t)s;
+        hn[s] = (int32_t)(i / K);
+    }
+    for (int64_t e = E; e > 0; e--) off[e] = off[e - 1];
+    off[0] = 0;
+    gm_backend_upload(g->be, slot, hs, (size_t)NK * sizeof(int32_t));
+    gm_backend_upload(g->be, sel, hn, (size_t)NK * sizeof(int32_t));
 }
 
 /* ---- linear with adapter ------------------------------------------------------------------ */

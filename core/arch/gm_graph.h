@@ -131,6 +131,14 @@ typedef struct gm_graph {
     /* host staging */
     int32_t *host_ids, *host_pos, *host_kv_end, *host_ple_ids; /* (N) */
     int32_t *host_ple_sel;      /* (L, N) */
+    /* a mixture of experts (Gemma 4 26B-A4B; NULL without): the routing read back to group each
+     * layer's token slots by expert (gm_graph_moe_group) */
+    int32_t *host_moe;          /* (3, N K): chosen experts, then slot of each choice, token of each slot */
+    int64_t *moe_off;           /* (L, E + 1): layer l's slots of expert e are [off[e], off[e + 1]) */
+    int64_t *moe_load;          /* (L, E): slots each expert took since the owner last cleared it
+                                   (training forwards only, recomputes not counted): the router load
+                                   statistics */
+    bool recomputing;           /* inside gm_graph_backward's checkpointing recompute */
 } gm_graph;
 
 /* ---- create / layout / destroy ------------------------------------------------------------ */
@@ -188,6 +196,12 @@ void gm_graph_linear_bwd(gm_graph *g, int64_t l, int slot, float *dx, const floa
  * attention reads the cache. Training: whole sequences; lse (B, H, T) is saved. */
 void gm_graph_attention(gm_graph *g, int64_t l, float *out, float *lse, const float *q, const float *k,
                         const float *v, float scale);
+
+/* Groups layer l's routing by expert: idx (N K) int32 in backend memory (moe_route_fwd's) is read
+ * back; slot (N K) gets the row of each (token, choice) in the expert-sorted order and sel (N K) the
+ * token of each row (both backend int32); the offsets go to moe_off[l]. Counts into moe_load in a
+ * training forward. */
+void gm_graph_moe_group(gm_graph *g, int64_t l, const int32_t *idx, int32_t *slot, int32_t *sel);
 
 /* ---- backward ---------------------------------------------------------------------------- */
 

@@ -148,7 +148,7 @@ static gm_status encode_mm(const gm_tokenizer *tok, const gm_chat_msg *msgs, int
                            int64_t n_images, const int64_t *crops, int64_t ex_index, int32_t **ids_out, int64_t *n_out,
                            gm_error *err) {
     char *text = NULL;
-    GM_TRY(gm_chat_render(msgs, n_msgs, false, &text, NULL, err));
+    GM_TRY(gm_chat_render(gm_chat_format_of(tok), msgs, n_msgs, false, &text, NULL, err));
     gm_status s = gm_mm_encode_text(tok, text, mm, n_images, crops, ex_index, ids_out, n_out, err);
     gm_free(text);
     return s;

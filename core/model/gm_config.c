@@ -10,6 +10,7 @@
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *gm_arch_name(gm_arch a) {
@@ -442,9 +443,16 @@ static gm_status gemma4_text_json(const cJSON *root, const char *label, gm_confi
     if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "gelu_pytorch_tanh") != 0))
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: hidden_activation must be gelu_pytorch_tanh (every published Gemma 4)",
                             label);
-    if (moe && cJSON_IsTrue(moe))
-        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: enable_moe_block (Gemma 4 26B-A4B's mixture of experts) has no forward "
-                            "in gemmarun yet: `gemmarun plan` plans it (gemma4-26b-a4b)", label);
+    if (moe && cJSON_IsTrue(moe)) { /* 26B-A4B's experts beside every MLP (§4.4) */
+        GM_TRY(jint(root, "num_experts", &cfg->n_experts, true, label, err));
+        GM_TRY(jint(root, "top_k_experts", &cfg->experts_top_k, true, label, err));
+        GM_TRY(jint(root, "moe_intermediate_size", &cfg->expert_ffn, true, label, err));
+        if (cfg->n_experts < 1 || cfg->n_experts > 4096 || cfg->experts_top_k < 1 || cfg->experts_top_k > cfg->n_experts ||
+            cfg->expert_ffn < 1)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: num_experts %lld (1..4096), top_k_experts %lld (1..num_experts), "
+                                "moe_intermediate_size %lld (positive)", label, (long long)cfg->n_experts,
+                                (long long)cfg->experts_top_k, (long long)cfg->expert_ffn);
+    }
     if (bidi && cJSON_IsString(bidi) && strcmp(bidi->valuestring, "all") == 0)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: use_bidirectional_attention 'all' (an encoder-style Gemma 4) is not "
                             "supported: gemmarun runs the causal decoder", label);
@@ -465,11 +473,19 @@ static gm_status gemma4_text_json(const cJSON *root, const char *label, gm_confi
     const cJSON *plc = jget(root, "per_layer_config");
     int64_t hd = 512, kvh = 0;
     if (plc && cJSON_IsObject(plc)) {
+        /* keys are layer numbers, as transformers writes them ("5", or "05" in a model of 10+ layers) */
+        const cJSON *at[GM_MAX_LAYERS] = {0};
+        for (const cJSON *e = plc->child; e; e = e->next) {
+            char *end = NULL;
+            long i = strtol(e->string, &end, 10);
+            if (!e->string[0] || *end || i < 0 || i >= cfg->n_layers)
+                return gm_error_set(err, GM_ERR_FORMAT, "%s: per_layer_config key '%s' is not a layer number (0..%lld)", label,
+                                    e->string, (long long)(cfg->n_layers - 1));
+            at[i] = e;
+        }
         hd = 0, kvh = 0;
         for (int64_t i = 0; i < cfg->n_layers; i++) {
-            char key[24];
-            snprintf(key, sizeof key, "%lld", (long long)i);
-            const cJSON *e = jget(plc, key);
+            const cJSON *e = at[i];
             bool full = cfg->layer_type[i] == GM_LAYER_FULL;
             if (!e && !full) continue;
             if (!e || !full || !cJSON_IsObject(e))
@@ -496,7 +512,7 @@ static gm_status gemma4_text_json(const cJSON *root, const char *label, gm_confi
     }
     cfg->head_dim_full = hd > 0 ? hd : cfg->head_dim;
     cfg->n_kv_heads_full = kvh > 0 ? kvh : cfg->n_kv_heads;
-    if (cfg->head_dim_full % 2 != 0 || cfg->n_heads % cfg->n_kv_heads_full != 0)
+    if (cfg->head_dim_full < 2 || cfg->head_dim_full % 2 != 0 || cfg->n_kv_heads_full < 1 || cfg->n_heads % cfg->n_kv_heads_full != 0)
         return gm_error_set(err, GM_ERR_INVALID, "%s: full layers' head_dim %lld must be even and their num_key_value_heads "
                             "%lld divide num_attention_heads %lld", label, (long long)cfg->head_dim_full,
                             (long long)cfg->n_kv_heads_full, (long long)cfg->n_heads);

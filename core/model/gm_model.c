@@ -65,7 +65,8 @@ static void shape_str(const int64_t *sh, int nd, char *buf, size_t cap) {
 /* Builds the view of one weight, checking its shape against the config. Norms and vectors are
  * converted into `f32_dst` (f32; a norm as its effective scale), and a transposed linear is
  * copied into it as (rows, cols), when it is not NULL (second arena pass). A convolution stored
- * with more dimensions (SigLIP's patch embedding [C, 3, p, p]) is viewed as (rows, the rest). */
+ * with more dimensions (SigLIP's patch embedding [C, 3, p, p]) is viewed as (rows, the rest), a stack
+ * of matrices [E, out, in] as (E out, in). */
 static gm_status bind_weight(gm_model *m, const char *file_name, const char *hf_name, gm_wkind kind, bool transposed,
                              int64_t rows, int64_t cols, gm_tensor *dst, float *f32_dst, gm_error *err) {
     raw_tensor r;
@@ -80,6 +81,8 @@ static gm_status bind_weight(gm_model *m, const char *file_name, const char *hf_
         for (int i = 1; i < r.ndim; i++) inner *= r.shape[i];
         ok = inner == want[1];
     }
+    if (!ok && want_nd == 2 && r.ndim == 3 && r.shape[0] * r.shape[1] == want[0] && r.shape[2] == want[1])
+        ok = true; /* a stack of matrices [E, out, in] (Gemma 4's experts) viewed as (E out, in) */
     if (!ok) {
         char got_s[96], want_s[96];
         shape_str(r.shape, r.ndim, got_s, sizeof got_s);

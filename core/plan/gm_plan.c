@@ -227,12 +227,14 @@ gm_status gm_plan_audio(const gm_config *cfg, int64_t max_clips, int64_t frames,
 gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtype stored, gm_dtype stored_embed,
                            const gm_plan_inputs *inputs, gm_plan *out, gm_error *err) {
     memset(out, 0, sizeof *out);
-    /* exact where gemmarun trains the model: Gemma 3, and Gemma 3n's text decoder with its audio
+    /* exact where gemmarun trains the model: Gemma 3, Gemma 3n's text decoder with its audio
      * encoder (its MobileNet-V5 vision tower is not in gemmarun: with images the plan is the
-     * estimate) */
+     * estimate), Gemma 4's text decoders, 26B-A4B's experts included (its towers: the estimate) */
     bool images = (inputs && inputs->images > 0) || o->max_images > 0;
-    if (cfg->arch != GM_ARCH_GEMMA3 && !(cfg->arch == GM_ARCH_GEMMA3N && !images))
-        return gm_plan_estimate(cfg, o, stored, stored_embed, inputs, out, err);
+    bool audio = (inputs && inputs->audio_seconds > 0) || o->max_audio > 0;
+    bool exact = cfg->arch == GM_ARCH_GEMMA3 || (cfg->arch == GM_ARCH_GEMMA3N && !images) ||
+                 (cfg->arch == GM_ARCH_GEMMA4 && !images && !audio);
+    if (!exact) return gm_plan_estimate(cfg, o, stored, stored_embed, inputs, out, err);
     GM_TRY(gm_lora_config_validate(&o->lora, cfg, err));
     /* before the trainer's layout multiplies batch x max_length into byte counts */
     GM_TRY(gm_plan_check_size(cfg, o, inputs, err));

@@ -312,9 +312,10 @@ static gm_status save_hf(const gm_model *m, const gm_config *cfg, const out_list
         GM_TRY(copy_tokenizer(m, dir, &n, err));
         if (n) info->tokenizer = "copied";
         if (n && !has_chat_template(dir)) {
-            /* no template of its own: Gemma 3's, the one gemmarun trained and generates with */
-            GM_TRY(write_text(dir, "chat_template.jinja", gm_chat_gemma3_jinja, err));
-            info->tokenizer = "copied (with Gemma 3's chat template)";
+            /* no template of its own: the one gemmarun trained and generates with (its tokenizer's format) */
+            bool g4 = gm_chat_format_of(m->tok) == GM_CHAT_GEMMA4;
+            GM_TRY(write_text(dir, "chat_template.jinja", g4 ? gm_chat_gemma4_jinja : gm_chat_gemma3_jinja, err));
+            info->tokenizer = g4 ? "copied (with gemmarun's Gemma 4 chat template)" : "copied (with Gemma 3's chat template)";
         }
     } else if (m->tok) {
         gm_strref tmpl;

@@ -3,7 +3,8 @@
  *
  * The renderer is a direct transcription of the Gemma 3 Jinja template rather than a Jinja
  * interpreter: the template is fixed for the Gemma family, and a transcription is checked
- * against transformers' apply_chat_template output in tests/unit/test_tokenizer_model.c.
+ * against transformers' apply_chat_template output in tests/unit/test_tokenizer_model.c. Gemma 4's
+ * turns differ only in their markers and in the system message being a turn (gm_chat.h).
  * Two passes (measure, then write) so the output is one exact allocation.
  */
 #include "gm_chat.h"
@@ -12,9 +13,24 @@
 
 #include <string.h>
 
-static const char START[] = "<start_of_turn>";
-static const char END[] = "<end_of_turn>\n";
-static const char GEN[] = "<start_of_turn>model\n";
+/* The turn markers of each format (gm_chat.h). */
+typedef struct chat_marks {
+    const char *start, *end, *gen;
+    bool system_turn; /* a system message is a turn of its own (else folded into the first user turn) */
+} chat_marks;
+
+static const chat_marks MARKS[2] = {
+    [GM_CHAT_GEMMA3] = {"<start_of_turn>", "<end_of_turn>\n", "<start_of_turn>model\n", false},
+    [GM_CHAT_GEMMA4] = {"<|turn>", "<turn|>\n", "<|turn>model\n", true},
+};
+
+static const chat_marks *marks(gm_chat_format f) { return &MARKS[f == GM_CHAT_GEMMA4 ? 1 : 0]; }
+
+gm_chat_format gm_chat_format_of(const gm_tokenizer *tok) {
+    if (tok && gm_tokenizer_find(tok, "<|turn>", 7) >= 0 && gm_tokenizer_find(tok, "<turn|>", 7) >= 0)
+        return GM_CHAT_GEMMA4;
+    return GM_CHAT_GEMMA3;
+}
 
 typedef enum role { ROLE_SYSTEM, ROLE_USER, ROLE_MODEL, ROLE_BAD } role;
 
@@ -42,8 +58,9 @@ static void put(char *buf, size_t *o, const char *s, size_t n) {
 }
 
 /* Validates and renders into buf (NULL: only measure). Returns the length via *len. */
-static gm_status render(const gm_chat_msg *msgs, int64_t n, bool gen, char *buf, size_t *len,
+static gm_status render(gm_chat_format fmt, const gm_chat_msg *msgs, int64_t n, bool gen, char *buf, size_t *len,
                         gm_error *err) {
+    const chat_marks *mk = marks(fmt);
     size_t o = 0;
     int64_t first = 0;
     const char *system = NULL;
@@ -52,6 +69,16 @@ static gm_status render(const gm_chat_msg *msgs, int64_t n, bool gen, char *buf,
             return gm_error_set(err, GM_ERR_INVALID, "chat: message 0 (system) has no content");
         system = msgs[0].content;
         first = 1;
+        if (mk->system_turn) { /* its own turn, trimmed like every other */
+            const char *c;
+            size_t cn;
+            trimmed(system, &c, &cn);
+            put(buf, &o, mk->start, strlen(mk->start));
+            put(buf, &o, "system\n", 7);
+            put(buf, &o, c, cn);
+            put(buf, &o, mk->end, strlen(mk->end));
+            system = NULL;
+        }
         if (n == 1 || parse_role(msgs[1].role) != ROLE_USER)
             return gm_error_set(err, GM_ERR_INVALID,
                                 "chat: message 0 is a system message, so message 1 must be a user "
@@ -79,7 +106,7 @@ static gm_status render(const gm_chat_msg *msgs, int64_t n, bool gen, char *buf,
         if (!msgs[i].content)
             return gm_error_set(err, GM_ERR_INVALID, "chat: message %lld has no content", (long long)i);
         const char *name = r == ROLE_USER ? "user\n" : "model\n";
-        put(buf, &o, START, sizeof START - 1);
+        put(buf, &o, mk->start, strlen(mk->start));
         put(buf, &o, name, strlen(name));
         if (i == first && system) {
             put(buf, &o, system, strlen(system));
@@ -89,25 +116,25 @@ static gm_status render(const gm_chat_msg *msgs, int64_t n, bool gen, char *buf,
         size_t cn;
         trimmed(msgs[i].content, &c, &cn);
         put(buf, &o, c, cn);
-        put(buf, &o, END, sizeof END - 1);
+        put(buf, &o, mk->end, strlen(mk->end));
     }
-    if (gen) put(buf, &o, GEN, sizeof GEN - 1);
+    if (gen) put(buf, &o, mk->gen, strlen(mk->gen));
     if (buf) buf[o] = '\0';
     *len = o;
     return GM_OK;
 }
 
-gm_status gm_chat_render(const gm_chat_msg *msgs, int64_t n, bool add_generation_prompt,
+gm_status gm_chat_render(gm_chat_format fmt, const gm_chat_msg *msgs, int64_t n, bool add_generation_prompt,
                          char **out, size_t *len_out, gm_error *err) {
     *out = NULL;
     if (len_out) *len_out = 0;
     if (n < 0 || (n > 0 && !msgs))
         return gm_error_set(err, GM_ERR_INVALID, "gm_chat_render: invalid arguments");
     size_t len;
-    GM_TRY(render(msgs, n, add_generation_prompt, NULL, &len, err));
+    GM_TRY(render(fmt, msgs, n, add_generation_prompt, NULL, &len, err));
     char *buf = gm_malloc(len + 1);
     if (!buf) return gm_error_set(err, GM_ERR_NOMEM, "chat: out of memory (%zu bytes)", len + 1);
-    render(msgs, n, add_generation_prompt, buf, &len, err);
+    render(fmt, msgs, n, add_generation_prompt, buf, &len, err);
     *out = buf;
     if (len_out) *len_out = len;
     return GM_OK;
@@ -120,7 +147,7 @@ gm_status gm_chat_encode(const gm_tokenizer *tok, const gm_chat_msg *msgs, int64
     if (n_ids) *n_ids = 0;
     char *text;
     size_t len;
-    GM_TRY(gm_chat_render(msgs, n, add_generation_prompt, &text, &len, err));
+    GM_TRY(gm_chat_render(gm_chat_format_of(tok), msgs, n, add_generation_prompt, &text, &len, err));
     gm_status st = gm_tokenizer_encode_alloc(tok, text, len, true, true, ids, n_ids, err);
     gm_free(text);
     return st;
@@ -136,10 +163,11 @@ int64_t gm_chat_find_after_last(const int32_t *ids, int64_t n, const int32_t *pa
 gm_status gm_chat_earlier_model_turns(const gm_tokenizer *tok, const int32_t *ids, int64_t n, int64_t (**spans)[2],
                                       int64_t *n_spans, gm_error *err) {
     *spans = NULL, *n_spans = 0;
+    const chat_marks *mk = marks(gm_chat_format_of(tok));
     int32_t pat[16], sot[4];
     int64_t m = 0, ms = 0;
-    GM_TRY(gm_tokenizer_encode(tok, GEN, sizeof GEN - 1, false, true, pat, 16, &m, err));
-    GM_TRY(gm_tokenizer_encode(tok, "<start_of_turn>", 15, false, true, sot, 4, &ms, err));
+    GM_TRY(gm_tokenizer_encode(tok, mk->gen, strlen(mk->gen), false, true, pat, 16, &m, err));
+    GM_TRY(gm_tokenizer_encode(tok, mk->start, strlen(mk->start), false, true, sot, 4, &ms, err));
     int64_t last = gm_chat_find_after_last(ids, n, pat, m), count = 0;
     for (int64_t i = 0; m > 0 && i + m < last; i++)
         if (ids[i] == pat[0] && memcmp(ids + i, pat, (size_t)m * sizeof *pat) == 0) count++;
@@ -161,16 +189,17 @@ gm_status gm_chat_earlier_model_turns(const gm_tokenizer *tok, const int32_t *id
 gm_status gm_chat_response_start(const gm_tokenizer *tok, const int32_t *ids, int64_t n,
                                  int64_t *start, gm_error *err) {
     *start = -1;
+    const chat_marks *mk = marks(gm_chat_format_of(tok));
     int32_t pat[16];
     int64_t m = 0;
-    GM_TRY(gm_tokenizer_encode(tok, GEN, sizeof GEN - 1, false, true, pat, 16, &m, err));
+    GM_TRY(gm_tokenizer_encode(tok, mk->gen, strlen(mk->gen), false, true, pat, 16, &m, err));
     *start = gm_chat_find_after_last(ids, n, pat, m);
     if (*start < 0)
         return gm_error_set(err, GM_ERR_NOT_FOUND,
-                            "chat: no model turn (\"<start_of_turn>model\\n\") in a sequence of "
+                            "chat: no model turn (\"%.*smodel\\n\") in a sequence of "
                             "%lld tokens\n  hint: render the conversation with gm_chat_render and "
                             "encode with parse_special = true",
-                            (long long)n);
+                            (int)strlen(mk->start), mk->start, (long long)n);
     return GM_OK;
 }
 
@@ -223,4 +252,32 @@ const char gm_chat_gemma3_jinja[] =
     "{%- if add_generation_prompt -%}\n"
     "    {{'<start_of_turn>model\n"
     "'}}\n"
+    "{%- endif -%}\n";
+
+/* gm_chat_render's GM_CHAT_GEMMA4 format as Jinja (written by gemmarun, not Google's template:
+ * gm_chat.h says why), in the Gemma 3 template's style. */
+const char gm_chat_gemma4_jinja[] =
+    "{{ bos_token }}\n"
+    "{%- for message in messages -%}\n"
+    "    {%- if message['role'] == 'assistant' -%}\n"
+    "        {%- set role = 'model' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<|turn>' + role + '\n' }}\n"
+    "    {%- if message['content'] is string -%}\n"
+    "        {{ message['content'] | trim }}\n"
+    "    {%- else -%}\n"
+    "        {%- for item in message['content'] -%}\n"
+    "            {%- if item['type'] == 'image' -%}\n"
+    "                {{ '<|image>' }}\n"
+    "            {%- elif item['type'] == 'text' -%}\n"
+    "                {{ item['text'] | trim }}\n"
+    "            {%- endif -%}\n"
+    "        {%- endfor -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<turn|>\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{ '<|turn>model\n' }}\n"
     "{%- endif -%}\n";

@@ -354,6 +354,8 @@ static gm_status tok_finish(gm_tokenizer *t, gm_error *err, const char *label) {
     }
     t->special.start_of_turn = gm_tokenizer_find(t, "<start_of_turn>", 15);
     t->special.end_of_turn = gm_tokenizer_find(t, "<end_of_turn>", 13);
+    if (t->special.start_of_turn < 0) t->special.start_of_turn = gm_tokenizer_find(t, "<|turn>", 7); /* Gemma 4 */
+    if (t->special.end_of_turn < 0) t->special.end_of_turn = gm_tokenizer_find(t, "<turn|>", 7);
     char *buf = NULL;
     size_t buf_cap = 0;
     gm_status st = GM_OK;

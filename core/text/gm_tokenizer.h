@@ -59,7 +59,8 @@ typedef struct gm_tokenizer gm_tokenizer;
 /* Special ids; -1 when the vocabulary has none. */
 typedef struct gm_special_ids {
     int32_t bos, eos, unk, pad;
-    int32_t start_of_turn, end_of_turn; /* looked up by text: "<start_of_turn>", "<end_of_turn>" */
+    int32_t start_of_turn, end_of_turn; /* looked up by text: "<start_of_turn>", "<end_of_turn>"
+                                           (Gemma 4's tokenizer: "<|turn>", "<turn|>") */
 } gm_special_ids;
 
 /* Builds from parallel arrays (as stored in GGUF). tokens[i] has length lens[i] (not

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The first story's run, measured here: LoRA on a random-weight Gemma 3n E2B (its real shapes,
-# tests/bench/make_random_gemma3n.py) with real audio clips, max_length 1024, batch 1, checkpointing
+# tests/bench/make_random_gemma.py) with real audio clips, max_length 1024, batch 1, checkpointing
 # on, 4 steps, in two example orders; prints each trial's planned and measured peak memory
 # (docs/memory.md, "A random-weight E2B, measured here"). About 10 GiB of disk and 9 GiB of memory;
 # ~15 minutes on 2 cores. AUDIO_TARGETS=all-linear (or module names) also puts LoRA on the audio
@@ -12,7 +12,7 @@ W=${1:-/tmp/e2b}
 GM=${GM:-$SRC/build/gemmarun}
 PY=${PY:-$HOME/.cache/gemmarun/peers-venv/bin/python}
 mkdir -p "$W"
-[ -f "$W/model/model.safetensors.index.json" ] || "$PY" "$SRC/tests/bench/make_random_gemma3n.py" "$W/model"
+[ -f "$W/model/model.safetensors.index.json" ] || "$PY" "$SRC/tests/bench/make_random_gemma.py" "$W/model"
 cd "$W"
 python3 - <<'PYEOF'
 import gzip, json

@@ -15,6 +15,10 @@ published sizes (gemma_architecture.md §4):
                               attention_k_eq_v (full layers have no v_proj: V is the raw K
                               projection, RMS-normed without weight, unrotated) with 1 global kv head
                               against 2 on sliding layers
+  tests/ref/tiny_gemma4_moe/  the 26B-A4B family: tiny_gemma4_kv with a mixture of experts beside
+                              every dense MLP (4 experts of width 32, top 2; router, per-expert
+                              scales, the three extra norms); /router_counts (6, 4) int32: per layer,
+                              how many top-k slots each expert took
 
 and for each, tests/ref/<name>_ref.h5:
 
@@ -32,8 +36,19 @@ and for each, tests/ref/<name>_ref.h5:
               instead of a quarter: the partial rotation is visible), max_abs_diff_unit_scalar
               (layer_scalar all 1: visible)
 
+tests/ref/tiny_gemma4_chat/: tiny_gemma4 (links) with a tokenizer.json in Gemma 4's chat format: the
+tiny test tokenizer of tests/ref/tiny_gemma3_chat with its turn markers renamed (<start_of_turn> ->
+<|turn>, <end_of_turn> -> <turn|>, same ids), so gemmarun renders Gemma 4's turns for it.
+
+tests/ref/gemma4_e2b_config.json, gemma4_e4b_config.json: the config.json transformers writes for the
+E2B and E4B text decoders at their real sizes (tests/bench/make_random_gemma.py's gemma4_config, the
+random-weight checkpoints measured in docs/memory.md), compared in test_plan_arch with the
+gemma4-e2b / gemma4-e4b presets.
+
 Every parameter and the layer_scalar buffers are drawn, from torch.Generator seeded SEED, in
-named_parameters order then the scalars: linears N(0, 0.08^2), norm weights 1 + N(0, 0.1^2)
+named_parameters order then the scalars: linears N(0, 0.08^2) (the router's N(0, 1): logits of spread ~1,
+no near ties - the smallest gap between a token's 2nd and 3rd probability is asserted above 1e-4, also
+with the adapters), norm weights and router.scale 1 + N(0, 0.1^2), per_expert_scale 1 + N(0, 0.2^2)
 (Gemma 4 uses them directly), embeddings N(0, 0.25^2), layer_scalar U(0.5, 1.5).
 
 Needs torch, transformers 5.24, peft 0.21 and h5py, e.g. the peers venv (tests/peers/setup.sh):
@@ -68,6 +83,10 @@ def config(variant, full_rope_factor=0.25):
     if variant == "e":
         return Gemma4TextConfig(**common, vocab_size_per_layer_input=512, hidden_size_per_layer_input=16,
                                 num_kv_shared_layers=2, use_double_wide_mlp=True)
+    if variant == "moe":
+        return Gemma4TextConfig(**common, hidden_size_per_layer_input=0, attention_k_eq_v=True,
+                                num_global_key_value_heads=1, enable_moe_block=True, num_experts=4, top_k_experts=2,
+                                moe_intermediate_size=32)
     return Gemma4TextConfig(**common, hidden_size_per_layer_input=0, attention_k_eq_v=True,
                             num_global_key_value_heads=1)
 
@@ -76,8 +95,12 @@ def randomize(model):
     g = torch.Generator().manual_seed(SEED)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or name.endswith("router.scale"):
                 p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=g))
+            elif name.endswith("router.proj.weight"):  # logits of spread ~1: a clear top-k
+                p.copy_(1.0 * torch.randn(p.shape, generator=g))
+            elif name.endswith("per_expert_scale"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=g))
             elif "embed_tokens" in name:
                 p.copy_(0.25 * torch.randn(p.shape, generator=g))
             else:
@@ -88,7 +111,9 @@ def randomize(model):
 
 
 def make(variant, **kw):
-    m = Gemma4ForCausalLM(config(variant, **kw)).eval()
+    cfg = config(variant, **kw)
+    cfg._experts_implementation = "eager"  # the reference loop over experts (grouped_mm has no float64)
+    m = Gemma4ForCausalLM(cfg).eval()
     randomize(m)
     return m
 
@@ -112,6 +137,19 @@ def logits_cached(model, ids):
     return torch.cat(rows, dim=0).float()
 
 
+def router_counts(model, ids):
+    """Per layer, how many of the tokens' top-k slots each expert took, and the smallest gap between
+    a token's k-th and (k+1)-th router probability (a near tie would make the choice fragile)."""
+    with torch.no_grad():
+        out = model(input_ids=ids, output_router_logits=True, use_cache=False)
+    k, counts, gap = model.config.top_k_experts, [], 1.0
+    for p in out.router_logits:
+        v = p.sort(-1, descending=True).values
+        gap = min(gap, float((v[:, k - 1] - v[:, k]).min()))
+        counts.append(torch.nn.functional.one_hot(p.topk(k, -1).indices, p.shape[-1]).sum((0, 1)))
+    return torch.stack(counts).numpy().astype(np.int32), gap
+
+
 def lora_grads(model, ids):
     """PEFT LoRA (rank 4, alpha 8, the attention and MLP linears) at drawn A and B on a copy of the
     model: the loss (labels -100 on each sequence's first 5 tokens) and every adapter's gradient."""
@@ -127,6 +165,9 @@ def lora_grads(model, ids):
             if "lora_" in name:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
                 weights[name.replace(".default", "")] = p.detach().clone()
+    if model.config.enable_moe_block:
+        _, gap = router_counts(pm, ids)
+        assert gap > 1e-4, f"near tie in the adapted model's routing: {gap}"
     labels = ids.clone()
     labels[:, :5] = -100
     out = pm(input_ids=ids, labels=labels, use_cache=False)
@@ -153,6 +194,10 @@ def write(variant, name):
             if n_.endswith("layer_scalar"):
                 b.fill_(1.0)
     attrs["max_abs_diff_unit_scalar"] = float((full - logits_of(unit, ids)).abs().max())
+    if variant == "moe":
+        counts, gap = router_counts(model, ids)
+        assert gap > 1e-4, f"near tie in the routing: {gap}"
+        attrs["min_topk_gap"] = gap
     if variant == "e":
         no_ple = make(variant)
         with torch.no_grad():
@@ -164,6 +209,8 @@ def write(variant, name):
         f.create_dataset("ids", data=ids.numpy().astype(np.int32))
         f.create_dataset("logits", data=full.numpy().astype(np.float32))
         f.create_dataset("logits_cached", data=cached.numpy().astype(np.float32))
+        if variant == "moe":
+            f.create_dataset("router_counts", data=counts)
         for k, v in attrs.items():
             f.attrs[k] = v
         loss, labels, weights, grads = lora_grads(model, ids)
@@ -188,11 +235,41 @@ def write(variant, name):
             print(f"{hashlib.sha256(fh.read()).hexdigest()}  {os.path.relpath(p, HERE)}")
 
 
+def write_chat():
+    import json
+    out = os.path.join(HERE, "tiny_gemma4_chat")
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(HERE, "tiny_gemma3_chat", "tokenizer.json")) as f:
+        tok = json.load(f)
+    rename = {"<start_of_turn>": "<|turn>", "<end_of_turn>": "<turn|>"}
+    for a in tok["added_tokens"]:
+        a["content"] = rename.get(a["content"], a["content"])
+    tok["model"]["vocab"] = {rename.get(k, k): v for k, v in tok["model"]["vocab"].items()}
+    with open(os.path.join(out, "tokenizer.json"), "w") as f:
+        json.dump(tok, f, ensure_ascii=False, indent=1)
+    for fn in ("config.json", "model.safetensors"):
+        link = os.path.join(out, fn)
+        if not os.path.islink(link):
+            os.symlink(os.path.join("..", "tiny_gemma4", fn), link)
+
+
+def write_real_configs():
+    import sys
+    sys.path.insert(0, os.path.join(HERE, "..", "bench"))
+    from make_random_gemma import gemma4_config
+    for e4b, name in ((False, "gemma4_e2b_config.json"), (True, "gemma4_e4b_config.json")):
+        with open(os.path.join(HERE, name), "w") as f:
+            f.write(gemma4_config(e4b).to_json_string())
+
+
 def main():
     torch.manual_seed(0)
     torch.set_num_threads(1)
     write("e", "tiny_gemma4")
     write("kv", "tiny_gemma4_kv")
+    write("moe", "tiny_gemma4_moe")
+    write_chat()
+    write_real_configs()
 
 
 if __name__ == "__main__":

@@ -218,6 +218,8 @@ int main(void) {
      * as values on full layers, one global kv head) */
     check_fixture("gemma4", "tests/ref/tiny_gemma4", "tests/ref/tiny_gemma4_ref.h5", NULL);
     check_fixture("gemma4 k_eq_v", "tests/ref/tiny_gemma4_kv", "tests/ref/tiny_gemma4_kv_ref.h5", NULL);
+    /* ... and the 26B-A4B family: a mixture of experts beside every MLP */
+    check_fixture("gemma4 moe", "tests/ref/tiny_gemma4_moe", "tests/ref/tiny_gemma4_moe_ref.h5", NULL);
     check_variant("tests/ref/tiny_gemma3", "tiny");
     check_variant("tests/ref/tiny_gemma3_legacy", "tiny_legacy");
     test_bad_inputs();

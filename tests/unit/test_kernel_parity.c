@@ -1015,6 +1015,75 @@ static void parity_kv_store(dev *d) {
     gm_free(x), gm_free(r), dfree(d, dx), dfree(d, o);
 }
 
+/* Gemma 4's mixture of experts: N tokens, E experts, K choices; a routing made on the CPU feeds
+ * both sides of the combination cases (the same slots). */
+enum { MOE_N = 37, MOE_E = 12, MOE_K = 4, MOE_C = 72 };
+
+static void moe_case_route(dev *d, bool bwd) {
+    int64_t N = MOE_N, E = MOE_E, K = MOE_K;
+    float *logits = host_rand((size_t)(N * E), 3), *pes = host_rand((size_t)E, 1), *w = gm_malloc((size_t)(N * K) * 4);
+    int32_t *idx = gm_malloc((size_t)(N * K) * 4);
+    float *dl = up(d, logits, (size_t)(N * E) * 4), *dpes = up(d, pes, (size_t)E * 4), *dw = dalloc(d, (size_t)(N * K) * 4);
+    int32_t *didx = dalloc(d, (size_t)(N * K) * 4);
+    cpu->moe_route_fwd(&hc, idx, w, logits, pes, N, E, K);
+    d->be->k->moe_route_fwd(&d->ctx, didx, dw, dl, dpes, N, E, K);
+    if (!bwd) {
+        int32_t *got = gm_malloc((size_t)(N * K) * 4);
+        down(d, got, didx, (size_t)(N * K) * 4);
+        CHECK(memcmp(got, idx, (size_t)(N * K) * 4) == 0, "%s: moe_route_fwd: the same experts chosen", d->be->name);
+        gm_free(got);
+        cmp(d, "moe_route_fwd probs", dl, logits, (size_t)(N * E));
+        cmp(d, "moe_route_fwd weights", dw, w, (size_t)(N * K));
+    } else {
+        float *dwin = host_rand((size_t)(N * K), 1), *r = gm_malloc((size_t)(N * E) * 4);
+        float *ddwin = up(d, dwin, (size_t)(N * K) * 4), *o = dalloc(d, (size_t)(N * E) * 4);
+        cpu->moe_route_bwd(&hc, r, dwin, logits, idx, pes, N, E, K);
+        d->be->k->moe_route_bwd(&d->ctx, o, ddwin, dl, didx, dpes, N, E, K);
+        cmp(d, "moe_route_bwd", o, r, (size_t)(N * E));
+        gm_free(dwin), gm_free(r), dfree(d, ddwin), dfree(d, o);
+    }
+    gm_free(logits), gm_free(pes), gm_free(w), gm_free(idx);
+    dfree(d, dl), dfree(d, dpes), dfree(d, dw), dfree(d, didx);
+}
+static void parity_moe_route_fwd(dev *d) { moe_case_route(d, false); }
+static void parity_moe_route_bwd(dev *d) { moe_case_route(d, true); }
+
+/* a permutation of the N K slots (as grouping by expert makes one) */
+static void moe_slots(int32_t *slot) {
+    int64_t n = MOE_N * MOE_K;
+    for (int64_t i = 0; i < n; i++) slot[i] = (int32_t)((i * 7 + 3) % n); /* 7 is prime to n = 148 */
+}
+
+static void moe_case_combine(dev *d, bool bwd) {
+    int64_t N = MOE_N, K = MOE_K, C = MOE_C, S = N * K;
+    int32_t slot[MOE_N * MOE_K];
+    moe_slots(slot);
+    float *ys = host_rand((size_t)(S * C), 1), *w = host_rand((size_t)S, 1), *dy = host_rand((size_t)(N * C), 1);
+    float *dys = up(d, ys, (size_t)(S * C) * 4), *dw = up(d, w, (size_t)S * 4), *ddy = up(d, dy, (size_t)(N * C) * 4);
+    int32_t *dslot = up(d, slot, sizeof slot);
+    if (!bwd) {
+        float *r = gm_malloc((size_t)(N * C) * 4), *o = dalloc(d, (size_t)(N * C) * 4);
+        for (int weighted = 0; weighted < 2; weighted++) {
+            cpu->moe_combine_fwd(&hc, r, ys, weighted ? w : NULL, slot, N, K, C);
+            d->be->k->moe_combine_fwd(&d->ctx, o, dys, weighted ? dw : NULL, dslot, N, K, C);
+            cmp(d, weighted ? "moe_combine_fwd weighted" : "moe_combine_fwd sum", o, r, (size_t)(N * C));
+        }
+        gm_free(r), dfree(d, o);
+    } else {
+        /* in place (dys aliases ys), as the layer calls it */
+        float *rdw = gm_malloc((size_t)S * 4), *odw = dalloc(d, (size_t)S * 4);
+        cpu->moe_combine_bwd(&hc, ys, rdw, dy, ys, w, slot, N, K, C);
+        d->be->k->moe_combine_bwd(&d->ctx, dys, odw, ddy, dys, dw, dslot, N, K, C);
+        cmp(d, "moe_combine_bwd dw", odw, rdw, (size_t)S);
+        cmp(d, "moe_combine_bwd dys", dys, ys, (size_t)(S * C));
+        gm_free(rdw), dfree(d, odw);
+    }
+    gm_free(ys), gm_free(w), gm_free(dy);
+    dfree(d, dys), dfree(d, dw), dfree(d, ddy), dfree(d, dslot);
+}
+static void parity_moe_combine_fwd(dev *d) { moe_case_combine(d, false); }
+static void parity_moe_combine_bwd(dev *d) { moe_case_combine(d, true); }
+
 /* ---- the list, from kernels.def ------------------------------------------------------------- */
 
 static const struct {

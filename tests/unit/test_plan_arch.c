@@ -385,9 +385,14 @@ static void test_inputs_and_errors(void) {
     CHECK(gm_plan_training(&c, &shortl, GM_BF16, GM_BF16, &au, &q, &err) == GM_ERR_INVALID &&
               strstr(err.msg, "leaves no room for text beside 2 audio clips"),
           "max_length 380 with 2 clips of 190 positions: %s", err.msg);
+    /* Gemma 4's text decoders train: the trainer's layout; with images (its vision tower is not in
+     * gemmarun yet) the estimate */
     CHECK_OK(gm_plan_training(&g4, &o, GM_BF16, GM_BF16, NULL, &q, &err), &err);
-    CHECK_OK(gm_plan_estimate(&g4, &o, GM_BF16, GM_BF16, NULL, &p, &err), &err);
-    CHECK(q.total == p.total && !q.exact, "gm_plan_training: Gemma 4 -> estimate");
+    CHECK(q.exact, "gm_plan_training: Gemma 4 text -> the trainer's layout");
+    gm_plan_inputs img4 = {.images = 1};
+    CHECK_OK(gm_plan_training(&g4, &o, GM_BF16, GM_BF16, &img4, &q, &err), &err);
+    CHECK_OK(gm_plan_estimate(&g4, &o, GM_BF16, GM_BF16, &img4, &p, &err), &err);
+    CHECK(q.total == p.total && !q.exact, "gm_plan_training: Gemma 4 with an image -> estimate");
 }
 
 /* Options too large to count in size_t are refused (GM_ERR_INVALID), never wrapped into a small
@@ -597,6 +602,75 @@ static void test_gemma3n_config_json(void) {
               "bad Gemma 3n config %zu: %s (want '%s')", i, err.msg, bad_cases[i].want);
 }
 
+/* Gemma 4 config.json files (transformers 5.24, tests/ref/make_gemma4_ref.py): the tiny decoders'
+ * per-layer arrays as Gemma4TextConfig derives them (full layers' head width and kv heads from
+ * per_layer_config, proportional RoPE, KV sharing, double-wide MLPs), the E2B / E4B text decoders at
+ * their real sizes against the gemma4-e2b / gemma4-e4b presets, and the variations gemmarun
+ * refuses. */
+static void test_gemma4_config_json(void) {
+    gm_config c, p;
+    gm_error err = {0};
+    CHECK_OK(gm_config_from_json_file(gm_test_path("tests/ref/tiny_gemma4/config.json"), &c, &err), &err);
+    static const int32_t src[6] = {0, 1, 2, 3, 3, 2};
+    int bad = 0;
+    for (int l = 0; l < 6; l++) {
+        bool full = l == 2 || l == 5;
+        bad += c.kv_source[l] != src[l] || c.ffn_dim[l] != (l >= 4 ? 192 : 96) || c.rope_theta[l] != (full ? 1e6f : 1e4f) ||
+               gm_config_rope_pairs(&c, l) != (full ? 4 : 8) || c.layer_type[l] != (full ? GM_LAYER_FULL : GM_LAYER_SLIDING);
+    }
+    CHECK(c.arch == GM_ARCH_GEMMA4 && bad == 0 && c.ple_dim == 16 && c.ple_vocab == 512 && c.altup_inputs == 1 &&
+              c.head_dim == 16 && c.head_dim_full == 32 && c.n_kv_heads_full == 2 && !c.k_eq_v_full &&
+              c.norm_convention == GM_NORM_DIRECT && c.final_logit_softcap == 30.0f && c.query_pre_attn_scalar == 1.0f &&
+              c.intermediate_size == 96,
+          "tiny Gemma 4 config.json: arch %d, %d layers differ, head_dim %lld / %lld, kv heads %lld, ple %lld", (int)c.arch, bad,
+          (long long)c.head_dim, (long long)c.head_dim_full, (long long)c.n_kv_heads_full, (long long)c.ple_dim);
+    CHECK_OK(gm_config_from_json_file(gm_test_path("tests/ref/tiny_gemma4_kv/config.json"), &c, &err), &err);
+    bad = 0;
+    for (int l = 0; l < 6; l++) bad += c.kv_source[l] != l || c.ffn_dim[l] != 96;
+    CHECK(c.arch == GM_ARCH_GEMMA4 && bad == 0 && c.ple_dim == 0 && c.ple_vocab == 0 && c.k_eq_v_full &&
+              c.n_kv_heads_full == 1 && c.n_kv_heads == 2 && c.head_dim_full == 32,
+          "tiny Gemma 4 k_eq_v config.json: %d layers differ, ple %lld, k_eq_v %d, kv heads %lld / %lld", bad,
+          (long long)c.ple_dim, (int)c.k_eq_v_full, (long long)c.n_kv_heads, (long long)c.n_kv_heads_full);
+    static const char *const real[2][2] = {{"tests/ref/gemma4_e2b_config.json", "gemma4-e2b"},
+                                           {"tests/ref/gemma4_e4b_config.json", "gemma4-e4b"}};
+    for (int i = 0; i < 2; i++) {
+        CHECK_OK(gm_config_from_json_file(gm_test_path(real[i][0]), &c, &err), &err);
+        CHECK_OK(gm_config_preset(real[i][1], &p, &err), &err);
+        bad = 0;
+        for (int l = 0; l < p.n_layers; l++)
+            bad += c.kv_source[l] != p.kv_source[l] || c.ffn_dim[l] != p.ffn_dim[l] || c.layer_type[l] != p.layer_type[l] ||
+                   c.rope_theta[l] != p.rope_theta[l] || gm_config_rope_pairs(&c, l) != gm_config_rope_pairs(&p, l);
+        /* the presets count the towers too: the text decoder's parameters are compared */
+        gm_config pt = p;
+        memset(&pt.vision, 0, sizeof pt.vision);
+        memset(&pt.audio, 0, sizeof pt.audio);
+        CHECK(c.arch == p.arch && c.n_layers == p.n_layers && c.hidden_size == p.hidden_size && c.vocab_size == p.vocab_size &&
+                  c.ple_vocab == p.ple_vocab && c.ple_dim == p.ple_dim && c.head_dim_full == p.head_dim_full &&
+                  c.n_kv_heads_full == p.n_kv_heads_full && bad == 0 && gm_config_n_params(&c) == gm_config_n_params(&pt),
+              "transformers' %s text config reads as the %s preset: %d layers differ, %lld vs %lld parameters", real[i][1],
+              real[i][1], bad, (long long)gm_config_n_params(&c), (long long)gm_config_n_params(&pt));
+        printf("%s text decoder (transformers' config.json): %lld parameters\n", real[i][1], (long long)gm_config_n_params(&c));
+    }
+    /* refused variations, each naming its key */
+#define G4 "{\"model_type\": \"gemma4_text\", \"vocab_size\": 512, \"hidden_size\": 64, \"num_hidden_layers\": 6, " \
+           "\"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 16, \"intermediate_size\": 96, "
+    static const struct {
+        const char *json, *want;
+    } bad_cases[] = {
+        {G4 "\"enable_moe_block\": true}", "num_experts"},
+        {G4 "\"use_bidirectional_attention\": \"all\"}", "use_bidirectional_attention 'all'"},
+        {G4 "\"hidden_activation\": \"silu\"}", "hidden_activation"},
+        {G4 "\"per_layer_config\": {\"1\": {\"head_dim\": 32}, \"5\": {\"head_dim\": 32}}}", "overrides layer 1, a sliding layer"},
+        {G4 "\"per_layer_config\": {\"5\": {\"head_dim\": 32, \"sliding_window\": 8}}}", "per_layer_config[5].sliding_window"},
+        {G4 "\"per_layer_config\": {\"x5\": {\"head_dim\": 32}}}", "key 'x5' is not a layer number"},
+        {G4 "\"rope_parameters\": {\"full_attention\": {\"rope_type\": \"yarn\"}}}", "rope_type 'yarn'"},
+    };
+#undef G4
+    for (size_t i = 0; i < sizeof bad_cases / sizeof bad_cases[0]; i++)
+        CHECK(gm_config_from_json(bad_cases[i].json, "case", &c, &err) != GM_OK && strstr(err.msg, bad_cases[i].want),
+              "bad Gemma 4 config %zu: %s (want '%s')", i, err.msg, bad_cases[i].want);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--table") == 0) {
         print_table();
@@ -616,5 +690,6 @@ int main(int argc, char **argv) {
     test_lora_counts();
     test_config_json();
     test_gemma3n_config_json();
+    test_gemma4_config_json();
     return gm_test_finish();
 }

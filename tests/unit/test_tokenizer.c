@@ -468,20 +468,24 @@ static void test_gguf(void) {
 
 /* ---- chat template ----------------------------------------------------------------------- */
 
-static void expect_render(const gm_chat_msg *m, int64_t n, bool gen, const char *want) {
+static void expect_render_fmt(gm_chat_format fmt, const gm_chat_msg *m, int64_t n, bool gen, const char *want) {
     char *s = NULL;
     size_t len = 0;
     gm_error err = {0};
-    CHECK_OK(gm_chat_render(m, n, gen, &s, &len, &err), &err);
+    CHECK_OK(gm_chat_render(fmt, m, n, gen, &s, &len, &err), &err);
     CHECK(s && strcmp(s, want) == 0 && len == strlen(want), "render gave \"%s\"\n    want \"%s\"",
           s ? s : "(null)", want);
     gm_free(s);
 }
 
+static void expect_render(const gm_chat_msg *m, int64_t n, bool gen, const char *want) {
+    expect_render_fmt(GM_CHAT_GEMMA3, m, n, gen, want);
+}
+
 static void expect_render_error(const gm_chat_msg *m, int64_t n, const char *needle) {
     char *s = NULL;
     gm_error err = {0};
-    gm_status st = gm_chat_render(m, n, true, &s, NULL, &err);
+    gm_status st = gm_chat_render(GM_CHAT_GEMMA3, m, n, true, &s, NULL, &err);
     CHECK(st == GM_ERR_INVALID && !s && strstr(err.msg, needle), "render error: %s: %s (want \"%s\")",
           gm_status_name(st), err.msg, needle);
     gm_free(s);
@@ -562,6 +566,50 @@ static void test_chat(void) {
     CHECK(start == n, "generation prompt: response starts at the end (%lld of %lld)", (long long)start, (long long)n);
     gm_free(ids);
     gm_tokenizer_free(tok);
+}
+
+/* Gemma 4's turns (gm_chat.h): its own markers, the system message a turn of its own; the format
+ * follows the tokenizer (tests/ref/tiny_gemma4_chat: the tiny tokenizer with Gemma 4's markers),
+ * and the response start, earlier model turns and turn-end stop token with it. */
+static void test_chat_gemma4(void) {
+    const gm_chat_msg sys[] = {{"system", " Be brief. "}, {"user", "  Q?\n"}, {"assistant", "\tA.  "}};
+    expect_render_fmt(GM_CHAT_GEMMA4, sys, 3, false,
+                      "<|turn>system\nBe brief.<turn|>\n<|turn>user\nQ?<turn|>\n<|turn>model\nA.<turn|>\n");
+    const gm_chat_msg one[] = {{"user", "Hi"}};
+    expect_render_fmt(GM_CHAT_GEMMA4, one, 1, true, "<|turn>user\nHi<turn|>\n<|turn>model\n");
+    gm_tokenizer *t3 = NULL, *t4 = NULL;
+    gm_error err = {0};
+    CHECK_OK(gm_tokenizer_from_hf_json(gm_test_path("tests/ref/tiny_tokenizer.json"), NULL, &t3, &err), &err);
+    CHECK_OK(gm_tokenizer_from_hf_json(gm_test_path("tests/ref/tiny_gemma4_chat/tokenizer.json"), NULL, &t4, &err), &err);
+    if (!t3 || !t4) goto done;
+    CHECK(gm_chat_format_of(t3) == GM_CHAT_GEMMA3 && gm_chat_format_of(t4) == GM_CHAT_GEMMA4 &&
+              gm_chat_format_of(NULL) == GM_CHAT_GEMMA3,
+          "chat format by the tokenizer's markers");
+    gm_special_ids sp = gm_tokenizer_special(t4);
+    CHECK(sp.start_of_turn == 4 && sp.end_of_turn == 5, "Gemma 4 turn tokens %d %d (want 4 5)", sp.start_of_turn,
+          sp.end_of_turn);
+    const gm_chat_msg conv[] = {{"user", "say model"}, {"assistant", "model\nmodel"}, {"user", "again"},
+                                {"assistant", "The answer."}};
+    int32_t *ids = NULL;
+    int64_t n = 0, start = -1;
+    CHECK_OK(gm_chat_encode(t4, conv, 4, false, &ids, &n, &err), &err);
+    CHECK_OK(gm_chat_response_start(t4, ids, n, &start, &err), &err);
+    char *s = NULL;
+    if (start > 0) CHECK_OK(gm_tokenizer_decode(t4, ids + start, n - start, true, &s, &err), &err);
+    CHECK(s && strcmp(s, "The answer.<turn|>\n") == 0, "Gemma 4 response from %lld: \"%s\"", (long long)start, s ? s : "");
+    gm_free(s);
+    s = NULL;
+    int64_t(*spans)[2] = NULL, n_spans = 0;
+    CHECK_OK(gm_chat_earlier_model_turns(t4, ids, n, &spans, &n_spans, &err), &err);
+    if (n_spans == 1) CHECK_OK(gm_tokenizer_decode(t4, ids + spans[0][0], spans[0][1] - spans[0][0], true, &s, &err), &err);
+    CHECK(n_spans == 1 && s && strcmp(s, "model\nmodel<turn|>\n") == 0, "Gemma 4 earlier model turn: %lld, \"%s\"",
+          (long long)n_spans, s ? s : "");
+    gm_free(s);
+    gm_free(spans);
+    gm_free(ids);
+done:
+    gm_tokenizer_free(t3);
+    gm_tokenizer_free(t4);
 }
 
 /* A GGUF-vocabulary tokenizer written as tokenizer.json + tokenizer_config.json
@@ -697,6 +745,7 @@ int main(void) {
     test_hand_vocab();
     test_gguf();
     test_chat();
+    test_chat_gemma4();
     test_save_hf();
     test_random();
     test_alloc_failures();

@@ -208,7 +208,7 @@ static void test_reference(const gm_tokenizer *tok) {
         bool gen = cJSON_IsTrue(cJSON_GetObjectItem(c, "add_generation_prompt"));
         char *text = NULL;
         size_t tl = 0;
-        CHECK_OK(gm_chat_render(msgs, nm, gen, &text, &tl, &err), &err);
+        CHECK_OK(gm_chat_render(GM_CHAT_GEMMA3, msgs, nm, gen, &text, &tl, &err), &err);
         const char *want_text = cJSON_GetObjectItem(c, "text")->valuestring;
         CHECK(text && strcmp(text, want_text) == 0, "chat %d renders \"%s\", HF \"%s\"", n_chats,
               text ? text : "", want_text);

@@ -472,6 +472,8 @@ int main(void) {
     check_lora_fixture("gemma4", "tests/ref/tiny_gemma4", "tests/ref/tiny_gemma4_ref.h5", 38, TOL_GEMMA4_GRAD_REL);
     check_lora_fixture("gemma4 k_eq_v", "tests/ref/tiny_gemma4_kv", "tests/ref/tiny_gemma4_kv_ref.h5", 40,
                        TOL_GEMMA4_GRAD_REL);
+    check_lora_fixture("gemma4 moe", "tests/ref/tiny_gemma4_moe", "tests/ref/tiny_gemma4_moe_ref.h5", 40,
+                       TOL_GEMMA4_GRAD_REL);
     gm_model *m = load_tiny();
     if (!m) return gm_test_finish();
     load_batch();

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# End-to-end: Gemma 4 through gemmarun, on the tiny random Gemma 4 decoders of make_gemma4_ref.py
+# (tiny_gemma4: per-layer inputs, KV sharing with double-wide MLPs, wide full-layer heads with
+# proportional RoPE, layer scalars; tiny_gemma4_kv: keys as values on full layers) with the tiny
+# test tokenizer in Gemma 4's chat format (tests/ref/tiny_gemma4_chat):
+#   - generate: a chat prompt, then new tokens through the KV caches, stopping at <turn|>;
+#   - an experiment (2 learning rates) trains LoRA on chat data rendered in Gemma 4's turns (its
+#     response start found by them), evaluates and writes its table; the loss falls; each trial's
+#     measured peak memory within TOL_PLAN_PEAK_REL of its (exact) plan;
+#   - activation checkpointing on gives the same trial bit for bit (the KV-shared layers read the
+#     keys and values their source layer kept);
+#   - the k_eq_v decoder trains too;
+#   - the trained adapter exported as a PEFT folder, loaded by PEFT on transformers'
+#     Gemma4ForCausalLM: the same logits within TOL_ADAPTER_PEER_TINY_ABS.
+set -u
+source "$(dirname "$0")/lib.bash"
+SRC=$(pwd)
+cd "$TMP"
+BASE=$SRC/tests/ref/tiny_gemma4_chat
+TOL=$(tol TOL_ADAPTER_PEER_TINY_ABS)
+IDS=2,15,27,100,31,7,300,450
+
+expect_run "generate --chat on Gemma 4: a prompt in its turns, then tokens through the KV caches" 0 \
+  "[0-9]+ prompt tokens .* [0-9]+ new tokens" -- "$GM" generate "$BASE" --chat "hello world" --max-tokens 6
+
+# chat data: a system turn, a question and its answer (the answers' tokens are the loss)
+mkdir -p data
+for i in 1 2 3 4 5 6 7 8 9 10 11 12; do
+  case $((i % 3)) in 0) a="apple" ;; 1) a="berry" ;; *) a="cherry" ;; esac
+  printf '{"messages": [{"role": "system", "content": "Answer with one word."}, {"role": "user", "content": "a short note %d: which fruit?"}, {"role": "assistant", "content": "the %s"}]}\n' "$i" "$a"
+done > data/chat.jsonl
+cat > g4.lua <<EOF
+return experiment {
+  name = "g4", model = "$BASE",
+  task = sft { data = data.jsonl { train = "data/chat.jsonl", test_fraction = 0.25 } },
+  train = { epochs = 2, batch = 2, lr = 1e-2, rank = 4, alpha = 8, max_length = 64 },
+  sweep = grid { lr = {1e-2, 3e-3} },
+  seeds = {1},
+}
+EOF
+expect_run "an experiment on Gemma 4 trains LoRA on chat data in its turns (2 trials), evaluates and writes its table" 0 \
+  "trial 2/2 .* final loss.*written: results/g4.md" -- "$GM" g4.lua
+PY=""
+find_python h5py
+if [ -n "$PY" ]; then
+  expect_run "each trial's loss falls (last step below the first) and its peak memory is within $(tol TOL_PLAN_PEAK_REL) of its plan" 0 "^ok 2$" -- "$PY" -c "
+import glob, h5py, os
+n = 0
+for p in glob.glob('results/g4/trial-*.h5'):
+    if p.endswith('.ckpt.h5'): continue
+    f = h5py.File(p, 'r')
+    loss = f['metrics/loss'][:]
+    assert loss[-1] < loss[0], (p, loss[0], loss[-1])
+    m = f['memory'].attrs
+    pl, r = float(m['planned_total']), float(m['measured_peak_rss'])
+    assert os.environ.get('GM_SANITIZE') or abs(r - pl) <= $(tol TOL_PLAN_PEAK_REL) * pl, (p, r, pl)
+    n += 1
+print('ok', n)"
+else
+  skip_unless_ci "the trial files' loss and memory (h5py: run ./setup.sh)"
+fi
+
+# the plan is the trainer's own layout (exact: no estimate's note), for both decoders
+for m in "$BASE" "$SRC/tests/ref/tiny_gemma4_kv"; do
+  out=$("$GM" plan "$m" max_length=64 batch=2 rank=4 2>&1) && rc=0 || rc=$?
+  if [ "$rc" = 0 ] && printf '%s' "$out" | grep -q 'total' && ! printf '%s' "$out" | grep -q '^note:'; then
+    pass=$((pass + 1)); echo "ok    plan of $(basename "$m"): the trainer's exact layout"
+  else
+    fail=$((fail + 1)); echo "FAIL  plan of $(basename "$m") (exit $rc) is not the exact layout:"; printf '%s\n' "$out" | head -20 | sed 's/^/      /'
+  fi
+done
+
+# activation checkpointing: the lr=1e-2 trial again with it on gives the same series and adapter
+sed -e 's/name = "g4"/name = "g4_ckpt"/' -e 's/sweep = grid { lr = {1e-2, 3e-3} },//' \
+    -e 's/max_length = 64 }/max_length = 64, checkpointing = true }/' g4.lua > g4_ckpt.lua
+expect_run "the same trial with activation checkpointing trains" 0 "written: results/g4_ckpt.md" -- "$GM" g4_ckpt.lua
+plain=""
+for f in results/g4/trial-*.h5; do
+  case "$f" in *.ckpt.h5) continue ;; esac
+  h5dump -a /config_json "$f" 2>/dev/null | grep -q 'lr.:0.01[^0-9]' && plain=$f
+done
+ck=$(ls results/g4_ckpt/trial-*.h5 | grep -v '\.ckpt\.h5' | head -1)
+differ=""
+for obj in /metrics/loss /metrics/grad_norm /adapter /eval/final; do
+  h5diff -q "$plain" "$ck" "$obj" "$obj" > /dev/null 2>&1 || differ="$differ $obj"
+done
+[ -n "$plain" ] && [ -n "$ck" ] && [ -z "$differ" ] \
+  && { pass=$((pass + 1)); echo "ok    checkpointing on == off: loss and grad-norm series, adapter, final evaluation bit for bit"; } \
+  || { fail=$((fail + 1)); echo "FAIL  checkpointing on vs off ($plain vs $ck) differ in:${differ:- (no trial file)}"; }
+
+# the 31B family's decoder (keys as values on full layers; the Gemma 3 test tokenizer: its turns)
+sed -e 's/name = "g4"/name = "g4_kv"/' -e 's/sweep = grid { lr = {1e-2, 3e-3} },//' \
+    -e "s|tests/ref/tiny_gemma4_chat|tests/ref/tiny_gemma4_kv|" g4.lua > g4_kv.lua
+mkdir -p kv && ln -sf "$SRC/tests/ref/tiny_gemma4_kv/config.json" "$SRC/tests/ref/tiny_gemma4_kv/model.safetensors" kv/ \
+  && ln -sf "$SRC/tests/ref/tiny_gemma4_chat/tokenizer.json" kv/
+sed -i "s|$SRC/tests/ref/tiny_gemma4_kv|$(pwd)/kv|" g4_kv.lua
+expect_run "the k_eq_v decoder (31B family) trains on the same data" 0 "trial 1/1 .* final loss.*written: results/g4_kv.md" \
+  -- "$GM" g4_kv.lua
+
+# the adapter through PEFT
+expect_run "export --trial 2 as a PEFT folder: 38 modules (no k / v on the 2 KV-shared layers)" 0 \
+  "38 LoRA modules, rank 4, alpha 8, as a PEFT adapter" -- "$GM" export results/g4 --trial 2 out2
+MODEL=$BASE IDS=$IDS OUT=results/ours.txt ADAPTER=results/g4 TRIAL=2 "$GM" "$SRC/tests/peers/logits.lua" > /dev/null 2>&1
+peers_python
+if [ -z "$PEERS" ]; then
+  skip_unless_ci "PEFT round trip: no Python with torch, transformers and peft (tests/peers/setup.sh installs them)"
+else
+  expect_run "PEFT loads it on transformers' Gemma4ForCausalLM: the same logits within $TOL" 0 \
+    "ok +logits with the adapter.*ok +the adapter moves.*ok +same next token" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$BASE" --adapter out2 --ids $IDS --ours results/ours.txt --tol "$TOL"
+fi
+finish
