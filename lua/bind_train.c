@@ -24,7 +24,8 @@
  *                                              plus seed, steps, threads, max_images: images per
  *                                              micro-batch, max_audio / max_audio_frames: clips per
  *                                              micro-batch and the longest clip's frames, from the data)
- *   trainer:step(dataset, {i, ...})        -> {loss, tokens, grad_norm, lr, step}
+ *   trainer:step(dataset, {i, ...})        -> {loss, tokens, grad_norm, lr, step [, router_max_load,
+ *                                              router_load_cv (a mixture of experts: gm_step_stats)]}
  *       the indices (1-based) are split into micro-batches of opts.batch (gradient accumulation);
  *       under data parallelism (gm.dist_info().world_size > 1, lua/bind_dist.c) the trainer
  *       joins the world when made, each rank passes its share of the step (possibly none) and
@@ -785,6 +786,12 @@ static int l_tr_step(lua_State *L) {
     lua_setfield(L, -2, "lr");
     lua_pushinteger(L, st.step);
     lua_setfield(L, -2, "step");
+    if (gm_trainer_config(t->tr)->n_experts > 0) { /* a mixture of experts: the router's load this step */
+        lua_pushnumber(L, st.router_max_load);
+        lua_setfield(L, -2, "router_max_load");
+        lua_pushnumber(L, st.router_load_cv);
+        lua_setfield(L, -2, "router_load_cv");
+    }
     return 1;
 }
 

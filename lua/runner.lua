@@ -1408,7 +1408,9 @@ local function run_trial(ctx, e, trial, n_trials)
     tokens = tokens + step_tokens
     local elapsed = gm.clock() - t0
     local row = { step = step, loss = st.loss, lr = st.lr, grad_norm = st.grad_norm, supervised_tokens = st.tokens,
-      tokens_per_s = step_tokens / math.max(1e-9, elapsed - (ctx.last_elapsed or 0)), elapsed_s = elapsed, rss_mib = gm.peak_rss() / 2 ^ 20 }
+      tokens_per_s = step_tokens / math.max(1e-9, elapsed - (ctx.last_elapsed or 0)), elapsed_s = elapsed, rss_mib = gm.peak_rss() / 2 ^ 20,
+      -- a mixture of experts: how evenly the router spread the step's tokens (nil otherwise: no column)
+      router_max_load = st.router_max_load, router_load_cv = st.router_load_cv }
     if val then
       row[val_name] = 0 / 0
       if step % val.eval_steps == 0 or step == total then

@@ -613,6 +613,7 @@ int64_t gm_trainer_images_encoded(const gm_trainer *tr) { return tr->has_vis ? t
 int64_t gm_trainer_clips_encoded(const gm_trainer *tr) { return tr->has_aud ? tr->aud.n_encoded : 0; }
 gm_backend *gm_trainer_backend(const gm_trainer *tr) { return tr->be; }
 const gm_train_opts *gm_trainer_opts(const gm_trainer *tr) { return &tr->o; }
+const gm_config *gm_trainer_config(const gm_trainer *tr) { return tr->cfg; }
 int64_t gm_trainer_step_count(const gm_trainer *tr) { return tr->step; }
 void gm_trainer_set_step(gm_trainer *tr, int64_t step) { tr->step = step; }
 const gm_arena *gm_trainer_arena(const gm_trainer *tr) { return &tr->arena; }
@@ -974,6 +975,27 @@ gm_status gm_trainer_set_dist(gm_trainer *tr, gm_dist *d, gm_error *err) {
     return GM_OK;
 }
 
+/* The step's router load statistics (gm_step_stats) from the graph's per-layer expert counts. */
+static void router_load(const gm_trainer *tr, double *max_load, double *cv) {
+    *max_load = *cv = 0.0;
+    const int64_t *load = tr->g.moe_load;
+    int64_t L = tr->cfg->n_layers, E = tr->cfg->n_experts;
+    if (!load || E < 1) return;
+    double cv_sum = 0.0;
+    for (int64_t l = 0; l < L; l++) {
+        double sum = 0.0, sq = 0.0, mx = 0.0;
+        for (int64_t e = 0; e < E; e++) {
+            double v = (double)load[l * E + e];
+            sum += v, sq += v * v, mx = v > mx ? v : mx;
+        }
+        if (sum <= 0) continue;
+        double mean = sum / (double)E, var = sq / (double)E - mean * mean;
+        cv_sum += sqrt(var > 0 ? var : 0) / mean;
+        if (mx / mean > *max_load) *max_load = mx / mean;
+    }
+    *cv = cv_sum / (double)L;
+}
+
 gm_status gm_trainer_step(gm_trainer *tr, const gm_batch *micro, int n_micro, gm_step_stats *st, gm_error *err) {
     /* Data parallel (tr->dist): this rank's micro-batches are the step's rank*A .. rank*A+A-1
      * (A = grad_accum), possibly none in a short last step. Every rank runs every collective
@@ -1006,6 +1028,7 @@ gm_status gm_trainer_step(gm_trainer *tr, const gm_batch *micro, int n_micro, gm
     if ((n_micro < 1 && !dist) || total == 0)
         return gm_error_set(err, GM_ERR_INVALID, "step %lld has no supervised token", (long long)tr->step + 1);
     gm_trainer_zero_grad(tr);
+    if (tr->g.moe_load) memset(tr->g.moe_load, 0, (size_t)(tr->cfg->n_layers * tr->cfg->n_experts) * sizeof(int64_t));
     /* dropout keys: the micro-batch's index in the whole step, as in one process */
     tr->micro = dist ? (int64_t)gm_dist_rank(tr->dist) * tr->o.grad_accum : 0;
     double loss_sum = 0;
@@ -1065,6 +1088,7 @@ gm_status gm_trainer_step(gm_trainer *tr, const gm_batch *micro, int n_micro, gm
         st->grad_norm = norm;
         st->lr = lr;
         st->step = t;
+        router_load(tr, &st->router_max_load, &st->router_load_cv);
     }
     return GM_OK;
 }

@@ -211,6 +211,12 @@ typedef struct gm_step_stats {
     double grad_norm;        /* total L2 norm of the adapter gradients before clipping */
     double lr;               /* learning rate used for this step */
     int64_t step;            /* optimizer steps completed after this one */
+    /* a mixture of experts (Gemma 4 26B-A4B; both 0 without): how evenly this step's token slots
+     * went to the experts (this rank's, gm_graph.moe_load), per layer then over layers -
+     * router_max_load: the largest share an expert took relative to an even one (1: balanced, E:
+     * one expert took every slot), the worst layer's; router_load_cv: the coefficient of variation
+     * (std / mean) of the experts' slot counts, the layers' mean (0: balanced) */
+    double router_max_load, router_load_cv;
 } gm_step_stats;
 
 typedef struct gm_trainer gm_trainer;
@@ -306,6 +312,8 @@ void gm_trainer_write_adapter(gm_trainer *tr, int i, char which, const float *sr
  * from it (a trained projector's norm scale). */
 void gm_trainer_write_param(gm_trainer *tr, int i, const float *src);
 const gm_train_opts *gm_trainer_opts(const gm_trainer *tr);
+/* The configuration of the model it trains (borrowed from the model). */
+const gm_config *gm_trainer_config(const gm_trainer *tr);
 int64_t gm_trainer_step_count(const gm_trainer *tr);
 /* Sets the step counter (restoring a checkpoint). */
 void gm_trainer_set_step(gm_trainer *tr, int64_t step);

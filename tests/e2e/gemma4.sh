@@ -9,7 +9,8 @@
 #     measured peak memory within TOL_PLAN_PEAK_REL of its (exact) plan;
 #   - activation checkpointing on gives the same trial bit for bit (the KV-shared layers read the
 #     keys and values their source layer kept);
-#   - the k_eq_v decoder trains too;
+#   - the k_eq_v decoder trains too, and the mixture-of-experts one, its router's load per step
+#     in the trial's metrics; its adapter loads in PEFT too;
 #   - the trained adapter exported as a PEFT folder, loaded by PEFT on transformers'
 #     Gemma4ForCausalLM: the same logits within TOL_ADAPTER_PEER_TINY_ABS.
 set -u
@@ -60,8 +61,8 @@ else
   skip_unless_ci "the trial files' loss and memory (h5py: run ./setup.sh)"
 fi
 
-# the plan is the trainer's own layout (exact: no estimate's note), for both decoders
-for m in "$BASE" "$SRC/tests/ref/tiny_gemma4_kv"; do
+# the plan is the trainer's own layout (exact: no estimate's note), for the three decoders
+for m in "$BASE" "$SRC/tests/ref/tiny_gemma4_kv" "$SRC/tests/ref/tiny_gemma4_moe"; do
   out=$("$GM" plan "$m" max_length=64 batch=2 rank=4 2>&1) && rc=0 || rc=$?
   if [ "$rc" = 0 ] && printf '%s' "$out" | grep -q 'total' && ! printf '%s' "$out" | grep -q '^note:'; then
     pass=$((pass + 1)); echo "ok    plan of $(basename "$m"): the trainer's exact layout"
@@ -97,6 +98,29 @@ sed -i "s|$SRC/tests/ref/tiny_gemma4_kv|$(pwd)/kv|" g4_kv.lua
 expect_run "the k_eq_v decoder (31B family) trains on the same data" 0 "trial 1/1 .* final loss.*written: results/g4_kv.md" \
   -- "$GM" g4_kv.lua
 
+# the 26B-A4B family's decoder (a mixture of experts beside every MLP): trains, with the router's
+# load per step in the trial's metrics
+mkdir -p moe && ln -sf "$SRC/tests/ref/tiny_gemma4_moe/config.json" "$SRC/tests/ref/tiny_gemma4_moe/model.safetensors" moe/ \
+  && ln -sf "$SRC/tests/ref/tiny_gemma4_chat/tokenizer.json" moe/
+sed -e 's/name = "g4_kv"/name = "g4_moe"/' -e "s|$(pwd)/kv|$(pwd)/moe|" g4_kv.lua > g4_moe.lua
+expect_run "the mixture-of-experts decoder (26B-A4B family) trains on the same data" 0 \
+  "trial 1/1 .* final loss.*written: results/g4_moe.md" -- "$GM" g4_moe.lua
+if [ -n "$PY" ]; then
+  expect_run "its trial file has the router's load per step (max share 1..4 of an even one, cv >= 0)" 0 "^ok [0-9]+$" -- "$PY" -c "
+import glob, h5py
+p = [f for f in glob.glob('results/g4_moe/trial-*.h5') if not f.endswith('.ckpt.h5')][0]
+f = h5py.File(p, 'r')
+mx, cv, loss = f['metrics/router_max_load'][:], f['metrics/router_load_cv'][:], f['metrics/loss'][:]
+assert len(mx) == len(loss) and len(cv) == len(loss), (len(mx), len(cv), len(loss))
+assert ((mx >= 1) & (mx <= 4)).all() and (cv >= 0).all() and (cv > 0).any(), (mx, cv)
+print('ok', len(mx))"
+  expect_run "a dense Gemma 4 trial has no router columns" 0 "^ok$" -- "$PY" -c "
+import glob, h5py
+p = [f for f in glob.glob('results/g4_kv/trial-*.h5') if not f.endswith('.ckpt.h5')][0]
+assert 'router_max_load' not in h5py.File(p, 'r')['metrics']
+print('ok')"
+fi
+
 # the adapter through PEFT
 expect_run "export --trial 2 as a PEFT folder: 38 modules (no k / v on the 2 KV-shared layers)" 0 \
   "38 LoRA modules, rank 4, alpha 8, as a PEFT adapter" -- "$GM" export results/g4 --trial 2 out2
@@ -108,5 +132,10 @@ else
   expect_run "PEFT loads it on transformers' Gemma4ForCausalLM: the same logits within $TOL" 0 \
     "ok +logits with the adapter.*ok +the adapter moves.*ok +same next token" \
     -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$BASE" --adapter out2 --ids $IDS --ours results/ours.txt --tol "$TOL"
+  "$GM" export results/g4_moe --trial 1 out_moe > /dev/null 2>&1
+  MODEL=$(pwd)/moe IDS=$IDS OUT=results/ours_moe.txt ADAPTER=results/g4_moe TRIAL=1 "$GM" "$SRC/tests/peers/logits.lua" > /dev/null 2>&1
+  expect_run "... and the mixture of experts' adapter on transformers' Gemma4ForCausalLM with experts: the same logits within $TOL" 0 \
+    "ok +logits with the adapter.*ok +the adapter moves.*ok +same next token" \
+    -- "$PEERS" "$SRC/tests/peers/peft_check.py" compare --base "$(pwd)/moe" --adapter out_moe --ids $IDS --ours results/ours_moe.txt --tol "$TOL"
 fi
 finish

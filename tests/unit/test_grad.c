@@ -683,7 +683,63 @@ static void test_audio_grads(void) {
     gm_free(cx), gm_free(cdy), gm_free(cdx), gm_free(cl.x), gm_free(cl.dy);
 }
 
+/* ---- mixture of experts (kernels.h moe_*) --------------------------------------------------- */
+/* routing: L = sum dw[n, k] w[n, k](z), the choice held (logits spread 3: no choice flips within
+ * the differences' steps); combination: L = sum dy[n] . sum_k w[n, k] ys[slot[n K + k]] */
+enum { MG_N = 5, MG_E = 6, MG_K = 3, MG_C = 7 };
+typedef struct { double *z, *dw, *pes; int32_t idx[MG_N * MG_K]; } route_case;
+
+static double route_loss(void *u) {
+    route_case *c = u;
+    double L = 0;
+    for (int64_t n = 0; n < MG_N; n++) {
+        double mx = c->z[n * MG_E], sum = 0, s = 0;
+        for (int64_t e = 1; e < MG_E; e++) mx = fmax(mx, c->z[n * MG_E + e]);
+        for (int64_t e = 0; e < MG_E; e++) sum += exp(c->z[n * MG_E + e] - mx);
+        for (int64_t k = 0; k < MG_K; k++) s += exp(c->z[n * MG_E + c->idx[n * MG_K + k]] - mx) / sum;
+        for (int64_t k = 0; k < MG_K; k++) {
+            int32_t e = c->idx[n * MG_K + k];
+            L += c->dw[n * MG_K + k] * exp(c->z[n * MG_E + e] - mx) / sum / s * c->pes[e];
+        }
+    }
+    return L;
+}
+
+typedef struct { double *ys, *w, *dy; int32_t slot[MG_N * MG_K]; } combine_case;
+
+static double combine_loss(void *u) {
+    combine_case *c = u;
+    double L = 0;
+    for (int64_t n = 0; n < MG_N; n++)
+        for (int64_t k = 0; k < MG_K; k++)
+            for (int64_t j = 0; j < MG_C; j++)
+                L += c->dy[n * MG_C + j] * c->w[n * MG_K + k] * c->ys[(int64_t)c->slot[n * MG_K + k] * MG_C + j];
+    return L;
+}
+
+static void test_moe(void) {
+    gm_kctx k = ctx_with(0);
+    route_case r;
+    float *z = rnd2(MG_N * MG_E, 3.0f, &r.z), *dw = rnd2(MG_N * MG_K, 1.0f, &r.dw), *pes = rnd2(MG_E, 1.0f, &r.pes);
+    float *probs = gm_malloc(MG_N * MG_E * 4), *w = gm_malloc(MG_N * MG_K * 4), *dz = gm_malloc(MG_N * MG_E * 4);
+    memcpy(probs, z, MG_N * MG_E * 4);
+    gm_k_moe_route_fwd_cpu(&k, r.idx, w, probs, pes, MG_N, MG_E, MG_K);
+    gm_k_moe_route_bwd_cpu(&k, dz, dw, probs, r.idx, pes, MG_N, MG_E, MG_K);
+    fd_check("moe_route (softmax, top-k renormalized, scaled)", r.z, MG_N * MG_E, dz, route_loss, &r);
+    combine_case c;
+    for (int64_t i = 0; i < MG_N * MG_K; i++) c.slot[i] = (int32_t)((i * 4 + 1) % (MG_N * MG_K)); /* 4 is prime to 15 */
+    float *ys = rnd2(MG_N * MG_K * MG_C, 1.0f, &c.ys), *cw = rnd2(MG_N * MG_K, 1.0f, &c.w), *dy = rnd2(MG_N * MG_C, 1.0f, &c.dy);
+    float *dys = gm_malloc(MG_N * MG_K * MG_C * 4), *dcw = gm_malloc(MG_N * MG_K * 4);
+    gm_k_moe_combine_bwd_cpu(&k, dys, dcw, dy, ys, cw, c.slot, MG_N, MG_K, MG_C);
+    fd_check("moe_combine: the slots' outputs", c.ys, MG_N * MG_K * MG_C, dys, combine_loss, &c);
+    fd_check("moe_combine: the routing weights", c.w, MG_N * MG_K, dcw, combine_loss, &c);
+    gm_free(z), gm_free(dw), gm_free(pes), gm_free(probs), gm_free(w), gm_free(dz), gm_free(ys), gm_free(cw), gm_free(dy),
+        gm_free(dys), gm_free(dcw);
+    gm_free(r.z), gm_free(r.dw), gm_free(r.pes), gm_free(c.ys), gm_free(c.w), gm_free(c.dy);
+}
+
 int main(void) {
+    test_moe();
     test_audio_grads();
     test_gemma3n_grads();
     test_rmsnorm(1.0f);

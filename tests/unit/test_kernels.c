@@ -608,7 +608,60 @@ static void test_audio_attention(void) {
     gm_free(q), gm_free(kk), gm_free(v), gm_free(pos), gm_free(out), gm_free(ref), gm_free(w), gm_free(x2);
 }
 
+/* Gemma 4's routing and combination (kernels.h moe_*) against a double-precision reference:
+ * softmax, the K largest (largest first), renormalized and scaled weights; the weighted and plain
+ * sums of a token's slots. */
+static void test_moe(void) {
+    enum { N = 9, E = 8, K = 3, C = 20 };
+    gm_kctx k = make_ctx(2, 0);
+    float *z = rnd(N * E, 3.0f), *pes = rnd(E, 1.0f), *probs = gm_malloc(N * E * 4), *w = gm_malloc(N * K * 4);
+    float *rp = gm_malloc(N * E * 4), *rw = gm_malloc(N * K * 4);
+    int32_t idx[N * K];
+    memcpy(probs, z, N * E * 4);
+    gm_k_moe_route_fwd_cpu(&k, idx, w, probs, pes, N, E, K);
+    int bad_idx = 0;
+    for (int n = 0; n < N; n++) {
+        double mx = z[n * E], sum = 0;
+        for (int e = 1; e < E; e++) mx = fmax(mx, z[n * E + e]);
+        for (int e = 0; e < E; e++) sum += exp((double)z[n * E + e] - mx);
+        for (int e = 0; e < E; e++) rp[n * E + e] = (float)(exp((double)z[n * E + e] - mx) / sum);
+        int chosen[K];
+        double s = 0;
+        for (int j = 0; j < K; j++) { /* the j-th largest */
+            int best = -1;
+            for (int e = 0; e < E; e++) {
+                bool taken = false;
+                for (int i = 0; i < j; i++) taken = taken || chosen[i] == e;
+                if (!taken && (best < 0 || z[n * E + e] > z[n * E + best])) best = e;
+            }
+            chosen[j] = best;
+            s += exp((double)z[n * E + best] - mx) / sum;
+            bad_idx += idx[n * K + j] != best;
+        }
+        for (int j = 0; j < K; j++) rw[n * K + j] = (float)(exp((double)z[n * E + chosen[j]] - mx) / sum / s * pes[chosen[j]]);
+    }
+    CHECK(bad_idx == 0, "moe_route_fwd: %d choices differ from the reference's top %d", bad_idx, K);
+    gm_check_close("moe_route_fwd probabilities", probs, rp, N * E, TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
+    gm_check_close("moe_route_fwd weights", w, rw, N * K, TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
+    int32_t slot[N * K];
+    for (int i = 0; i < N * K; i++) slot[i] = (i * 5 + 2) % (N * K); /* 5 is prime to 27 */
+    float *ys = rnd(N * K * C, 1.0f), *y = gm_malloc(N * C * 4), *ry = gm_malloc(N * C * 4);
+    for (int weighted = 0; weighted < 2; weighted++) {
+        gm_k_moe_combine_fwd_cpu(&k, y, ys, weighted ? w : NULL, slot, N, K, C);
+        for (int n = 0; n < N; n++)
+            for (int c = 0; c < C; c++) {
+                double a = 0;
+                for (int j = 0; j < K; j++) a += (weighted ? (double)w[n * K + j] : 1.0) * ys[slot[n * K + j] * C + c];
+                ry[n * C + c] = (float)a;
+            }
+        gm_check_close(weighted ? "moe_combine_fwd weighted" : "moe_combine_fwd sum", y, ry, N * C, TOL_KERNEL_F32_ABS,
+                       TOL_KERNEL_F32_REL);
+    }
+    gm_free(z), gm_free(pes), gm_free(probs), gm_free(w), gm_free(rp), gm_free(rw), gm_free(ys), gm_free(y), gm_free(ry);
+}
+
 int main(void) {
+    test_moe();
     test_audio_attention();
     test_gemma3n_kernels();
     test_movement();

@@ -467,7 +467,54 @@ done:
     REF = "tests/ref/lora_ref.h5";
 }
 
+/* The router load statistics of a step (gm_step_stats) on the tiny mixture of experts: with fresh
+ * adapters (B = 0: the base model's routing) the per-layer expert counts are transformers' top-k
+ * choices for the same two sequences (tests/ref/tiny_gemma4_moe_ref.h5 /router_counts), and the two
+ * statistics are their max share and coefficient of variation. */
+static void test_router_stats(void) {
+    const char *ref = gm_test_path("tests/ref/tiny_gemma4_moe_ref.h5");
+    gm_error err = {0};
+    gm_model *m = NULL;
+    gm_trainer *tr = NULL;
+    size_t n;
+    int32_t *in = gm_test_h5_read(ref, "/ids", 1, &n, NULL, NULL), *want = gm_test_h5_read(ref, "/router_counts", 1, &n, NULL, NULL);
+    CHECK_OK(gm_model_load(gm_test_path("tests/ref/tiny_gemma4_moe"), NULL, &m, &err), &err);
+    if (!m || !in || !want) goto done;
+    int64_t L = m->cfg.n_layers, E = m->cfg.n_experts;
+    CHECK(n == (size_t)(L * E), "router_counts: %zu values for %lld layers x %lld experts", n, (long long)L, (long long)E);
+    gm_train_opts o = ref_opts(GM_QUANT_STORED, 2);
+    o.max_length = 20;
+    CHECK_OK(gm_trainer_new(m, &o, &tr, &err), &err);
+    if (!tr) goto done;
+    int32_t tg[2 * 20];
+    for (int i = 0; i < 2 * 20; i++) tg[i] = i % 20 < 19 ? in[i + 1] : -1;
+    gm_batch b = {.B = 2, .T = 20, .ids = in, .targets = tg, .example_index = NULL};
+    gm_step_stats st;
+    CHECK_OK(gm_trainer_step(tr, &b, 1, &st, &err), &err);
+    double max_load = 0, cv = 0;
+    for (int64_t l = 0; l < L; l++) {
+        double sum = 0, sq = 0, mx = 0;
+        for (int64_t e = 0; e < E; e++) {
+            double v = want[l * E + e];
+            sum += v, sq += v * v, mx = v > mx ? v : mx;
+        }
+        double mean = sum / (double)E;
+        cv += sqrt(sq / (double)E - mean * mean) / mean / (double)L;
+        if (mx / mean > max_load) max_load = mx / mean;
+    }
+    CHECK(fabs(st.router_max_load - max_load) < 1e-12 && fabs(st.router_load_cv - cv) < 1e-12,
+          "router load of the step: max %.6f cv %.6f, from transformers' choices %.6f %.6f", st.router_max_load,
+          st.router_load_cv, max_load, cv);
+    printf("gemma4 moe: router max load %.4f, load cv %.4f (transformers' choices: %.4f, %.4f)\n", st.router_max_load,
+           st.router_load_cv, max_load, cv);
+done:
+    gm_trainer_free(tr);
+    gm_model_free(m);
+    gm_free(in), gm_free(want);
+}
+
 int main(void) {
+    test_router_stats();
     check_lora_fixture("gemma3n", "tests/ref/tiny_gemma3n", "tests/ref/tiny_gemma3n_ref.h5", 38, TOL_GEMMA3N_GRAD_REL);
     check_lora_fixture("gemma4", "tests/ref/tiny_gemma4", "tests/ref/tiny_gemma4_ref.h5", 38, TOL_GEMMA4_GRAD_REL);
     check_lora_fixture("gemma4 k_eq_v", "tests/ref/tiny_gemma4_kv", "tests/ref/tiny_gemma4_kv_ref.h5", 40,
