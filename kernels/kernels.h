@@ -226,12 +226,22 @@ typedef struct gm_wview {
 } gm_wview;
 
 /* Rows [r0, r0 + n) of a weight view (a block of a stacked matrix: Gemma 4's experts). Any type
- * whose rows are self-contained (float types, GGUF block types, int8 with its row scales); not NF4,
- * whose block statistics run across rows (gm_weight_spec.stacked keeps such weights as stored). */
+ * whose rows are self-contained (float types, GGUF block types, int8 with its row scales), and NF4
+ * when the block starts on a group of its double-quantized statistics (r0 x cols a multiple of
+ * GM_NF4_ROWS_ALIGN elements: 256 blocks of 64 - true of every expert of 26B-A4B; the one absmax
+ * offset is the whole tensor's, as quantized). */
+#define GM_NF4_ROWS_ALIGN (64 * 256)
 static inline gm_wview gm_wview_rows(const gm_wview *w, int64_t r0, int64_t n) {
     gm_wview v = *w;
-    v.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
     v.rows = n;
+    if (w->type == GM_NF4) {
+        int64_t e0 = r0 * w->cols; /* the caller checked e0 % GM_NF4_ROWS_ALIGN == 0 */
+        v.data = (const uint8_t *)w->data + e0 / 2;
+        v.absmax_code = w->absmax_code + e0 / 64;
+        v.absmax2 = w->absmax2 + e0 / GM_NF4_ROWS_ALIGN;
+        return v;
+    }
+    v.data = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
     if (w->row_scale) v.row_scale = w->row_scale + r0;
     return v;
 }

@@ -111,10 +111,10 @@ typedef struct gm_weight_spec {
                          tower's projector: gm_model.root) */
     bool transposed;  /* a linear the checkpoint stores as (in, out) - Gemma 3's
                          mm_input_projection_weight: copied to f32 as (out, in) at load */
-    bool stacked;     /* a stack of matrices [E, out, in] viewed as (E out, in) and multiplied by
-                         blocks of rows (Gemma 4's experts, gm_wview_rows): kept as stored where
-                         the run's format cannot be cut by rows (NF4, int8) - as bitsandbytes,
-                         which quantizes nn.Linear modules only, leaves them */
+    bool stacked;     /* a stack of n_experts matrices [E, out, in] viewed as (E out, in) and
+                         multiplied by blocks of rows (Gemma 4's experts, gm_wview_rows); under NF4
+                         kept as stored when one matrix is not a whole number of the format's
+                         statistics groups (GM_NF4_ROWS_ALIGN elements: every published expert is) */
 } gm_weight_spec;
 
 /* How training and inference use an activation. */

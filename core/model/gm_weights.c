@@ -117,12 +117,17 @@ static size_t view_bytes(const gm_wview *v) {
     return t;
 }
 
+/* A stack of expert matrices that stays as stored: under NF4, when one expert's matrix does not
+ * start its statistics groups afresh (gm_arch.h: gm_weight_spec.stacked). */
+static bool stack_kept(const gm_weights *w, const gm_weight_spec *s, const gm_wview *v) {
+    if (!s->stacked || w->quant != GM_QUANT_NF4 || w->cfg->n_experts < 1) return false;
+    return ((v->rows / w->cfg->n_experts) * v->cols) % GM_NF4_ROWS_ALIGN != 0;
+}
+
 /* Places one weight (alias, re-encode or upload). */
 static gm_status place(gm_weights *w, const gm_weight_spec *s, const gm_wview *src, gm_wview *dst, bool host,
                        gm_backend *be, gm_arena *a, gm_quant_work *work, bool from_model, gm_error *err) {
-    /* a stack cut by rows stays as stored where the run's format cannot be cut so (gm_arch.h) */
-    bool keep = s->stacked && (w->quant == GM_QUANT_NF4 || w->quant == GM_QUANT_INT8);
-    if (s->kind == GM_W_LINEAR && !keep && !gm_quant_is_alias(w->quant, src->type)) {
+    if (s->kind == GM_W_LINEAR && !stack_kept(w, s, src) && !gm_quant_is_alias(w->quant, src->type)) {
         size_t used = a->used;
         GM_TRY(reencode(src, dst, w->quant, host, be, a, work, from_model, err));
         w->kind_bytes[s->kind] += a->used - used;
@@ -157,8 +162,9 @@ gm_status gm_weights_layout(gm_weights *w, const gm_model *m, gm_dtype stored, g
         for (int64_t l = 0; l < c->n_layers; l++)
             for (int s = 0; s < ar->n_layer; s++) {
                 const gm_tensor *t = gm_model_weight(m, l, s);
-                bool keep = ar->layer[s].stacked && (w->quant == GM_QUANT_NF4 || w->quant == GM_QUANT_INT8);
-                if (ar->layer[s].kind == GM_W_LINEAR && !keep && t->data && !gm_quant_is_alias(w->quant, t->dtype))
+                gm_wview v = gm_wview_of(t);
+                if (ar->layer[s].kind == GM_W_LINEAR && t->data && !stack_kept(w, &ar->layer[s], &v) &&
+                    !gm_quant_is_alias(w->quant, t->dtype))
                     gm_quant_work_size(&work, t->shape[0], t->shape[1]);
             }
         GM_TRY(gm_quant_work_alloc(&work, err));

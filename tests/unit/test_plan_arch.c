@@ -493,6 +493,15 @@ static void print_table(void) {
     gm_plan_inputs image = {1, 0.0};
     for (int64_t B = 1; B <= 4; B *= 4)
         for (int ck = 0; ck < 2; ck++) table_row("gemma4-31b", "nf4", GM_QUANT_NF4, GM_BF16, 64, 256, B, ck, &image, "1 image");
+    /* Gemma 4's text decoders at the story's LoRA (rank 64, all linear): the trainer's own layout */
+    const char *g4[] = {"gemma4-e2b", "gemma4-e4b"};
+    for (int m = 0; m < 2; m++)
+        for (int qi = 0; qi < 2; qi++)
+            for (int ck = 0; ck < 2; ck++)
+                table_row(g4[m], qi ? "nf4" : "bf16", qi ? GM_QUANT_NF4 : GM_QUANT_BF16, GM_BF16, 64, 1024, 1, ck, NULL, "text");
+    const char *big[] = {"gemma4-31b", "gemma4-26b-a4b"};
+    for (int m = 0; m < 2; m++)
+        for (int ck = 0; ck < 2; ck++) table_row(big[m], "nf4", GM_QUANT_NF4, GM_BF16, 64, 514, 1, ck, NULL, "text");
     printf("\nnotes:\n");
     gm_config c = preset("gemma4-31b");
     gm_train_opts o = opts(64, 256, 1, false, GM_QUANT_NF4);

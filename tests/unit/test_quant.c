@@ -384,6 +384,46 @@ static void test_int8(void) {
     gm_free(x), gm_free(q), gm_free(s), gm_free(row);
 }
 
+/* A stack of expert matrices cut by rows (kernels.h gm_wview_rows: Gemma 4's experts): E = 3
+ * matrices of 128 x 128 (each GM_NF4_ROWS_ALIGN elements) quantized as one NF4 tensor; expert e's
+ * view decodes its rows bit for bit as the whole tensor does (data, block absmax codes and the
+ * double-quantized groups all offset), and likewise an int8 stack's rows (row scales offset). */
+static void test_stack_rows(void) {
+    enum { E = 3, R = 128, K = 128 };
+    gm_wview f = {0}, q = {0};
+    float *x = gm_malloc(E * R * K * 4), *a = gm_malloc(K * 4), *b = gm_malloc(K * 4);
+    uint64_t st = 99;
+    for (int i = 0; i < E * R * K; i++) x[i] = gm_test_rand(&st) * (1.0f + (float)(i / (R * K)));
+    f = gm_wview_f32(x, E * R, K);
+    for (int qi = 0; qi < 2; qi++) {
+        gm_quant fmt = qi ? GM_QUANT_INT8 : GM_QUANT_NF4;
+        gm_arena ar;
+        gm_error err = {0};
+        gm_arena_init(&ar, "stack", GM_DEVICE_CPU);
+        gm_quant_reserve(fmt, E * R, K, &ar, &q);
+        CHECK_OK(gm_arena_commit(&ar, &err), &err);
+        gm_quant_reserve(fmt, E * R, K, &ar, &q);
+        gm_quant_work work;
+        gm_quant_work_init(&work, fmt, 1);
+        gm_quant_work_size(&work, E * R, K);
+        CHECK_OK(gm_quant_work_alloc(&work, &err), &err);
+        gm_quant_encode(&f, &q, &work);
+        bool same = true;
+        for (int e = 0; e < E; e++) {
+            gm_wview v = gm_wview_rows(&q, (int64_t)e * R, R);
+            for (int r = 0; r < R; r += 17) {
+                gm_dequant_wrow(&v, r, a);
+                gm_dequant_wrow(&q, (int64_t)e * R + r, b);
+                same = same && memcmp(a, b, K * 4) == 0;
+            }
+        }
+        CHECK(same, "%s stack: an expert's rows decode as the whole tensor's", qi ? "int8" : "nf4");
+        gm_quant_work_free(&work);
+        gm_arena_free(&ar);
+    }
+    gm_free(x), gm_free(a), gm_free(b);
+}
+
 /* ---- names ---- */
 
 static void test_names(void) {
@@ -694,6 +734,7 @@ static void test_nf4_model_vs_bnb(void) {
 }
 
 int main(void) {
+    test_stack_rows();
     snprintf(REF, sizeof REF, "%s", gm_test_path("tests/ref/nf4_ref.h5"));
     test_nf4_model_vs_bnb();
     test_tables();
