@@ -288,27 +288,9 @@ static float normal_quantile(float p) {
     return (float)x;
 }
 
-/* Whether a layer after l reads the keys and values l reads (its own, or its source's). */
-static bool shared_later(const gm_config *c, int64_t l) {
-    int32_t src = c->kv_source[l];
-    for (int64_t m = l + 1; m < c->n_layers; m++)
-        if (c->kv_source[m] == src && m != src) return true;
-    return false;
-}
+/* KV sharing in training (gemma_decoder.h): this file's record and buffers */
+static const gm_kv_share KV_SHARE = {A_K, A_V, M_KS, G_DKS};
 
-/* The keys and values layer l attends to in training: its own record's, its source layer's
- * record's, or - under checkpointing, where one record serves every layer - the copies its source
- * layer kept (model activations M_KS .. M_VF). */
-static void train_kv(gm_graph *g, int64_t l, float **k, float **v) {
-    const gm_config *c = g->cfg;
-    bool full = c->layer_type[l] == GM_LAYER_FULL;
-    if (g->n_rec == 1 && (c->kv_source[l] != l || shared_later(c, l))) {
-        *k = g->mrec[full ? M_KF : M_KS], *v = g->mrec[full ? M_VF : M_VS];
-        return;
-    }
-    float **src = gm_graph_record(g, c->kv_source[l]);
-    *k = src[A_K], *v = src[A_V];
-}
 
 /* AltUp's router: mod (N, S) = tanh((RMSNorm_router(v) / C) Wrouter^T); rn (N, C) and rstd
  * its intermediates. */
@@ -354,15 +336,10 @@ static void layer_fwd(gm_graph *g, int64_t l) {
         k->rope_fwd(kc, a[A_K], a[A_K], g->pos, N, KVH, D, gm_config_rope_pairs(c, l), theta, pscale);
         k->rmsnorm_fwd(kc, a[A_V], a[A_RSTDV], a[A_VPRE], NULL, N * KVH, D, eps);
         kk = a[A_K], vv = a[A_V];
-        if (g->o.mode == GM_GRAPH_TRAIN && g->n_rec == 1 && shared_later(c, l)) { /* kept for the shared layers */
-            float *ks, *vs;
-            train_kv(g, l, &ks, &vs);
-            k->scale_fwd(kc, ks, kk, N * KVH * D, 1.0f);
-            k->scale_fwd(kc, vs, vv, N * KVH * D, 1.0f);
-        }
+        gm_kv_keep(g, l, &KV_SHARE, kk, vv, N * KVH * D); /* kept apart for the shared layers */
     } else if (g->o.mode == GM_GRAPH_TRAIN) {
         float *ks, *vs;
-        train_kv(g, l, &ks, &vs);
+        gm_kv_train_source(g, l, &KV_SHARE, &ks, &vs);
         kk = ks, vv = vs;
     }
     gm_graph_attention(g, l, a[A_ATT], a[A_LSE], a[A_Q], kk, vv, 1.0f);
@@ -462,27 +439,13 @@ static void layer_bwd(gm_graph *g, int64_t l) {
     /* attention */
     k->rmsnorm_bwd(kc, d[G_DC1], NULL, d[G_DXL], a[A_OPRE], gm_graph_norm(g, l, W_POST_ATTN_NORM), a[A_RSTDPA], N, C, 0.0f);
     gm_graph_linear_bwd(g, l, W_O, d[G_DATT], d[G_DC1], a[A_ATT], 0.0f);
-    bool own = c->kv_source[l] == l, full = c->layer_type[l] == GM_LAYER_FULL;
+    bool full = c->layer_type[l] == GM_LAYER_FULL;
     float *kk, *vv;
-    train_kv(g, l, &kk, &vv);
+    gm_kv_train_source(g, l, &KV_SHARE, &kk, &vv);
     int64_t window = full ? 0 : c->sliding_window, KW = KVH * D;
     k->attention_bwd(kc, d[G_DQ], d[G_DK], d[G_DV], d[G_DATT], a[A_Q], kk, vv, a[A_ATT], a[A_LSE],
                      g->has_kv_end ? g->kv_end : NULL, B, T, H, KVH, D, window, 1.0f);
-    float *dks = d[full ? G_DKF : G_DKS], *dvs = d[full ? G_DVF : G_DVS];
-    if (!own) {
-        /* keys and values belong to the source layer: its backward (later in this pass) takes them */
-        if (shared_later(c, l)) {
-            k->add_fwd(kc, dks, d[G_DK], N * KW);
-            k->add_fwd(kc, dvs, d[G_DV], N * KW);
-        } else {
-            k->scale_fwd(kc, dks, d[G_DK], N * KW, 1.0f);
-            k->scale_fwd(kc, dvs, d[G_DV], N * KW, 1.0f);
-        }
-    } else {
-        if (shared_later(c, l)) {
-            k->add_fwd(kc, d[G_DK], dks, N * KW);
-            k->add_fwd(kc, d[G_DV], dvs, N * KW);
-        }
+    if (gm_kv_grads(g, l, &KV_SHARE, d[G_DK], d[G_DV], N * KW)) { /* a source layer: on into its projections */
         k->rope_bwd(kc, d[G_DK], d[G_DK], g->pos, N, KVH, D, gm_config_rope_pairs(c, l), theta, pscale);
         k->rmsnorm_bwd(kc, d[G_DK], NULL, d[G_DK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), a[A_RSTDK], N * KVH, D, 0.0f);
         k->rmsnorm_bwd(kc, d[G_DV], NULL, d[G_DV], a[A_VPRE], NULL, a[A_RSTDV], N * KVH, D, 0.0f);

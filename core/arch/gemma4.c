@@ -204,26 +204,9 @@ static void front_bwd(gm_graph *g) {
 
 /* ---- forward ------------------------------------------------------------------------------ */
 
-/* Whether a layer after l reads the keys and values l reads (its own, or its source's). */
-static bool shared_later(const gm_config *c, int64_t l) {
-    int32_t src = c->kv_source[l];
-    for (int64_t m = l + 1; m < c->n_layers; m++)
-        if (c->kv_source[m] == src && m != src) return true;
-    return false;
-}
+/* KV sharing in training (gemma_decoder.h): this file's record and buffers */
+static const gm_kv_share KV_SHARE = {A_K, A_V, M_KS, G_DKS};
 
-/* The keys and values layer l attends to in training: its own record's, its source layer's
- * record's, or - under checkpointing - the copies its source layer kept. */
-static void train_kv(gm_graph *g, int64_t l, float **k, float **v) {
-    const gm_config *c = g->cfg;
-    bool full = c->layer_type[l] == GM_LAYER_FULL;
-    if (g->n_rec == 1 && (c->kv_source[l] != l || shared_later(c, l))) {
-        *k = g->mrec[full ? M_KF : M_KS], *v = g->mrec[full ? M_VF : M_VS];
-        return;
-    }
-    float **src = gm_graph_record(g, c->kv_source[l]);
-    *k = src[A_K], *v = src[A_V];
-}
 
 /* On a k_eq_v full layer the values are the raw key projection (transformers: value_states =
  * key_states before k_norm). */
@@ -365,15 +348,10 @@ static void layer_fwd(gm_graph *g, int64_t l) {
         k->rmsnorm_fwd(kc, a[A_K], a[A_RSTDK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), N * KVH, D, eps);
         k->rope_fwd(kc, a[A_K], a[A_K], g->pos, N, KVH, D, rot, theta, pscale);
         kk = a[A_K], vv = a[A_V];
-        if (g->o.mode == GM_GRAPH_TRAIN && g->n_rec == 1 && shared_later(c, l)) { /* kept for the shared layers */
-            float *ks, *vs;
-            train_kv(g, l, &ks, &vs);
-            k->scale_fwd(kc, ks, kk, N * KVH * D, 1.0f);
-            k->scale_fwd(kc, vs, vv, N * KVH * D, 1.0f);
-        }
+        gm_kv_keep(g, l, &KV_SHARE, kk, vv, N * KVH * D); /* kept apart for the shared layers */
     } else if (g->o.mode == GM_GRAPH_TRAIN) {
         float *ks, *vs;
-        train_kv(g, l, &ks, &vs);
+        gm_kv_train_source(g, l, &KV_SHARE, &ks, &vs);
         kk = ks, vv = vs;
     }
     gm_graph_attention(g, l, a[A_ATT], a[A_LSE], a[A_Q], kk, vv, 1.0f);
@@ -441,30 +419,16 @@ static void layer_bwd(gm_graph *g, int64_t l) {
     /* attention: x_mid = x + RMSNorm_post_attn(o_pre) */
     k->rmsnorm_bwd(kc, d[G_DTMP], NULL, gy, a[A_OPRE], gm_graph_norm(g, l, W_POST_ATTN_NORM), a[A_RSTDPA], N, C, 0.0f);
     gm_graph_linear_bwd(g, l, W_O, d[G_DATT], d[G_DTMP], a[A_ATT], 0.0f);
-    bool own = c->kv_source[l] == l, full = c->layer_type[l] == GM_LAYER_FULL;
+    bool full = c->layer_type[l] == GM_LAYER_FULL;
     float *kk, *vv;
-    train_kv(g, l, &kk, &vv);
+    gm_kv_train_source(g, l, &KV_SHARE, &kk, &vv);
     int64_t window = full ? 0 : c->sliding_window, KW = KVH * D;
     k->attention_bwd(kc, d[G_DQ], d[G_DK], d[G_DV], d[G_DATT], a[A_Q], kk, vv, a[A_ATT], a[A_LSE],
                      g->has_kv_end ? g->kv_end : NULL, B, T, H, KVH, D, window, 1.0f);
     k->rope_bwd(kc, d[G_DQ], d[G_DQ], g->pos, N, H, D, rot, theta, pscale);
     k->rmsnorm_bwd(kc, d[G_DQ], NULL, d[G_DQ], a[A_QPRE], gm_graph_norm(g, l, W_Q_NORM), a[A_RSTDQ], N * H, D, 0.0f);
     gm_graph_linear_bwd(g, l, W_Q, d[G_DXN], d[G_DQ], a[A_XN1], 0.0f);
-    if (!own) {
-        /* keys and values belong to the source layer: its backward (later in this pass) takes them */
-        float *dks = d[full ? G_DKF : G_DKS], *dvs = d[full ? G_DVF : G_DVS];
-        if (shared_later(c, l)) {
-            k->add_fwd(kc, dks, d[G_DK], N * KW);
-            k->add_fwd(kc, dvs, d[G_DV], N * KW);
-        } else {
-            k->scale_fwd(kc, dks, d[G_DK], N * KW, 1.0f);
-            k->scale_fwd(kc, dvs, d[G_DV], N * KW, 1.0f);
-        }
-    } else {
-        if (shared_later(c, l)) {
-            k->add_fwd(kc, d[G_DK], d[full ? G_DKF : G_DKS], N * KW);
-            k->add_fwd(kc, d[G_DV], d[full ? G_DVF : G_DVS], N * KW);
-        }
+    if (gm_kv_grads(g, l, &KV_SHARE, d[G_DK], d[G_DV], N * KW)) { /* a source layer: on into its projections */
         bool kv = k_eq_v(c, l);
         k->rope_bwd(kc, d[G_DK], d[G_DK], g->pos, N, KVH, D, rot, theta, pscale);
         k->rmsnorm_bwd(kc, d[G_DK], NULL, d[G_DK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), a[A_RSTDK], N * KVH, D, 0.0f);

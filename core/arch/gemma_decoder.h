@@ -1,6 +1,8 @@
 /*
  * gemma_decoder.h - the weights every Gemma decoder layer has, written once for the architecture
- * files that share them (gemma3.c, gemma3n.c). Private to core/arch.
+ * files that share them (gemma3.c, gemma3n.c, gemma4.c), and what Gemma 3n and Gemma 4 share
+ * beyond them (core/arch/gemma_decoder.c): the per-layer inputs and KV sharing in training.
+ * Private to core/arch.
  *
  * An including file starts its layer-slot enum with GM_GEMMA_DECODER_SLOTS (the attention and MLP
  * weights, in this order: also the order of adapters in checkpoints and results) and its tables
@@ -61,7 +63,7 @@
     [G_DUP] = {"dup", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN},                                                         \
     [G_DH] = {"dh", GM_DIM_F, GM_WHEN_ALWAYS, GM_ACT_TRAIN}
 
-/* ---- per-layer inputs (core/arch/gemma_ple.c) ----------------------------------------------
+/* ---- per-layer inputs (core/arch/gemma_decoder.c) ------------------------------------------
  * Gemma 3n's and Gemma 4's per-layer embeddings (gemma_architecture.md §3.3 steps 2-4, §4.2;
  * transformers' get_per_layer_inputs / project_per_layer_inputs), from x0 (N, C) = the input
  * embeddings in X[0] and the graph's ple_ids:
@@ -73,5 +75,29 @@ void gm_ple_fwd(struct gm_graph *g, int proj, int norm, int table, float *work, 
 /* Backward of gm_ple_fwd into gx (N, C, accumulated: dL/dx0): dple (L, N, P) in (overwritten, the
  * projection is recomputed there), dwork (N, L P) workspace, rstd as the forward saved it. */
 void gm_ple_bwd(struct gm_graph *g, int proj, int norm, float *dple, float *dwork, const float *rstd, float *gx);
+
+/* ---- KV sharing in training (core/arch/gemma_decoder.c) ------------------------------------
+ * The last layers of Gemma 3n / 4 attend to an earlier layer's keys and values (kv_source). In
+ * training they read the source layer's record - or, under activation checkpointing, where one
+ * record serves every layer, copies the source keeps apart - and their key / value gradients wait
+ * in a buffer per layer type until the source layer's backward adds them to its own. An
+ * architecture names where these live: its record's keys and values (a_k, a_v), the first of four
+ * consecutive model activations for the copies (sliding k, sliding v, full k, full v: m_kv) and the
+ * first of four consecutive backward buffers for the waiting gradients in the same order (g_dkv). */
+typedef struct gm_kv_share {
+    int a_k, a_v, m_kv, g_dkv;
+} gm_kv_share;
+
+/* Whether a layer after l reads the keys and values l reads (its own, or its source's). */
+bool gm_kv_shared_later(const gm_config *c, int64_t l);
+/* The keys and values layer l attends to in training (see above). */
+void gm_kv_train_source(struct gm_graph *g, int64_t l, const gm_kv_share *s, float **k, float **v);
+/* After a source layer l computed its keys and values k, v (n floats each) in a training forward:
+ * the copies its sharing layers read under checkpointing (nothing otherwise). */
+void gm_kv_keep(struct gm_graph *g, int64_t l, const gm_kv_share *s, const float *k, const float *v, int64_t n);
+/* The backward's keys and values gradients dk, dv (n floats each) of layer l's attention: a sharing
+ * layer hands them to its source (returns false: the layer has no projections to run them
+ * through); a source adds what its sharing layers left (returns true: on into its projections). */
+bool gm_kv_grads(struct gm_graph *g, int64_t l, const gm_kv_share *s, float *dk, float *dv, int64_t n);
 
 #endif /* GM_GEMMA_DECODER_H */

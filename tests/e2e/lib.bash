@@ -121,3 +121,45 @@ same_trials() {
 # acc_table FILE.md: the accuracy table of a rendered results file (the memory table below it holds
 # measurements)
 acc_table() { sed '/^Peak memory/,$d' "$1"; }
+
+# trials_fall_and_fit DIR [W]: with $PY (find_python h5py), checks every trial file of results
+# folder DIR: the mean loss of its last W logged steps below that of its first W (W = 1: the last
+# step below the first), and its measured peak memory within TOL_PLAN_PEAK_REL of its plan (not
+# compared in sanitizer builds, GM_SANITIZE). Prints "ok N" (N trials), or the first failure.
+trials_fall_and_fit() {
+  "$PY" - "$1" "${2:-1}" "$(tol TOL_PLAN_PEAK_REL)" <<'PYEOF'
+import glob, h5py, os, sys
+d, w, tol = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+n = 0
+for p in sorted(glob.glob(d + '/trial-*.h5')):
+    if p.endswith('.ckpt.h5'): continue
+    f = h5py.File(p, 'r')
+    loss = f['metrics/loss'][:]
+    assert loss[-w:].mean() < loss[:w].mean(), (p, loss)
+    m = f['memory'].attrs
+    pl, r = float(m['planned_total']), float(m['measured_peak_rss'])
+    assert os.environ.get('GM_SANITIZE') or abs(r - pl) <= tol * pl, (p, r, pl)
+    n += 1
+print('ok', n)
+PYEOF
+}
+
+# same_ckpt_trial DIR CKPT_DIR LR: the trial of results folder DIR trained at learning rate LR and
+# the only trial of CKPT_DIR (the same one with activation checkpointing on) have the same loss and
+# grad-norm series, adapter and final evaluation, bit for bit; counts one check.
+same_ckpt_trial() {
+  local f plain="" ck differ=""
+  for f in "$1"/trial-*.h5; do
+    case "$f" in *.ckpt.h5) continue ;; esac
+    h5dump -a /config_json "$f" 2>/dev/null | grep -q "lr.:$3[^0-9]" && plain=$f
+  done
+  ck=$(ls "$2"/trial-*.h5 2>/dev/null | grep -v '\.ckpt\.h5' | head -1)
+  for obj in /metrics/loss /metrics/grad_norm /adapter /eval/final; do
+    h5diff -q "$plain" "$ck" "$obj" "$obj" > /dev/null 2>&1 || differ="$differ $obj"
+  done
+  if [ -n "$plain" ] && [ -n "$ck" ] && [ -z "$differ" ]; then
+    pass=$((pass + 1)); echo "ok    checkpointing on == off: loss and grad-norm series, adapter, final evaluation bit for bit"
+  else
+    fail=$((fail + 1)); echo "FAIL  checkpointing on vs off ($plain vs $ck) differ in:${differ:- (no trial file)}"
+  fi
+}

@@ -101,10 +101,11 @@ def logits_cached(model, ids):
     return torch.cat(rows, dim=0).float()
 
 
-def lora_grads(model, ids):
-    """PEFT LoRA (rank 4, alpha 8, the attention and MLP linears) at drawn A and B on a copy of the
-    model: the loss of the two sequences (labels -100 on each one's first 5 tokens) and every
-    adapter's gradient, under PEFT's saved names."""
+def lora_grads(model, ids, seed=SEED + 2, check=None):
+    """PEFT LoRA (rank 4, alpha 8, the attention and MLP linears) at A and B drawn from `seed` on a
+    copy of the model: the loss of the two sequences (labels -100 on each one's first 5 tokens) and
+    every adapter's gradient, under PEFT's saved names. check(peft_model), when given, runs on the
+    adapted model before the loss (make_gemma4_ref.py: its routing has no near tie)."""
     import copy
 
     from peft import LoraConfig, get_peft_model
@@ -112,13 +113,15 @@ def lora_grads(model, ids):
         r=4, lora_alpha=8, lora_dropout=0.0,
         target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
     pm.eval()  # no dropout, no coefficient clamp (published weights lie far inside it anyway)
-    g = torch.Generator().manual_seed(SEED + 2)
+    g = torch.Generator().manual_seed(seed)
     weights = {}
     with torch.no_grad():
         for name, p in pm.named_parameters():
             if "lora_" in name:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g))
                 weights[name.replace(".default", "")] = p.detach().clone()
+    if check:
+        check(pm)
     labels = ids.clone()
     labels[:, :5] = -100
     out = pm(input_ids=ids, labels=labels, use_cache=False)

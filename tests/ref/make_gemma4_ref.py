@@ -55,7 +55,7 @@ Needs torch, transformers 5.24, peft 0.21 and h5py, e.g. the peers venv (tests/p
   pip install --target /tmp/h5 h5py
   PYTHONPATH=/tmp/h5 ~/.cache/gemmarun/peers-venv/bin/python tests/ref/make_gemma4_ref.py
 """
-import copy
+
 import hashlib
 import os
 
@@ -64,9 +64,12 @@ import numpy as np
 import torch
 from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
+import make_gemma3n_ref as g3n  # the same logits (one call, and through the cache) and PEFT gradients
+from make_gemma3n_ref import logits_cached, logits_of
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 SEED = 4
-T, PROMPT = 20, 7
+T = 20
 LAYER_TYPES = ["sliding_attention", "sliding_attention", "full_attention", "sliding_attention", "sliding_attention",
                "full_attention"]
 
@@ -118,25 +121,6 @@ def make(variant, **kw):
     return m
 
 
-def logits_of(model, ids):
-    with torch.no_grad():
-        return model(input_ids=ids, use_cache=False).logits.float()
-
-
-def logits_cached(model, ids):
-    rows = []
-    with torch.no_grad():
-        for b in range(ids.shape[0]):
-            out = model(input_ids=ids[b:b + 1, :PROMPT], use_cache=True)
-            parts, cache = [out.logits], out.past_key_values
-            for t in range(PROMPT, ids.shape[1]):
-                out = model(input_ids=ids[b:b + 1, t:t + 1], past_key_values=cache, use_cache=True)
-                parts.append(out.logits)
-                cache = out.past_key_values
-            rows.append(torch.cat(parts, dim=1))
-    return torch.cat(rows, dim=0).float()
-
-
 def router_counts(model, ids):
     """Per layer, how many of the tokens' top-k slots each expert took, and the smallest gap between
     a token's k-th and (k+1)-th router probability (a near tie would make the choice fragile)."""
@@ -151,29 +135,14 @@ def router_counts(model, ids):
 
 
 def lora_grads(model, ids):
-    """PEFT LoRA (rank 4, alpha 8, the attention and MLP linears) at drawn A and B on a copy of the
-    model: the loss (labels -100 on each sequence's first 5 tokens) and every adapter's gradient."""
-    from peft import LoraConfig, get_peft_model
-    pm = get_peft_model(copy.deepcopy(model), LoraConfig(
-        r=4, lora_alpha=8, lora_dropout=0.0,
-        target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]))
-    pm.eval()
-    g = torch.Generator().manual_seed(SEED + 2)
-    weights = {}
-    with torch.no_grad():
-        for name, p in pm.named_parameters():
-            if "lora_" in name:
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
-                weights[name.replace(".default", "")] = p.detach().clone()
-    if model.config.enable_moe_block:
-        _, gap = router_counts(pm, ids)
-        assert gap > 1e-4, f"near tie in the adapted model's routing: {gap}"
-    labels = ids.clone()
-    labels[:, :5] = -100
-    out = pm(input_ids=ids, labels=labels, use_cache=False)
-    out.loss.backward()
-    grads = {name.replace(".default", ""): p.grad.detach().clone() for name, p in pm.named_parameters() if "lora_" in name}
-    return float(out.loss), labels, weights, grads
+    """PEFT LoRA on a copy of the model (make_gemma3n_ref.lora_grads: rank 4, alpha 8, the attention and
+    MLP linears at drawn A and B), this file's seed; with experts, the adapted model's routing has no
+    near tie."""
+    def no_near_tie(pm):
+        if model.config.enable_moe_block:
+            _, gap = router_counts(pm, ids)
+            assert gap > 1e-4, f"near tie in the adapted model's routing: {gap}"
+    return g3n.lora_grads(model, ids, seed=SEED + 2, check=no_near_tie)
 
 
 def write(variant, name):
