@@ -918,7 +918,8 @@ void gm_bind_push_config(lua_State *L, const gm_config *c) {
 }
 
 /* model:config(): the config's fields; `vision` only when the model can read images (a loaded
- * SigLIP tower: Gemma 3n's config names a tower gemmarun does not have), else `no_images`, why. */
+ * SigLIP tower: Gemma 3n's and Gemma 4's configs name towers gemmarun does not have), else
+ * `no_images`, why; `no_audio`, why the model reads no audio (absent when it does). */
 static int l_config(lua_State *L) {
     lmodel *lm = gm_bind_check_model(L, 1);
     gm_bind_push_config(L, &lm->m->cfg);
@@ -928,6 +929,10 @@ static int l_config(lua_State *L) {
         lua_setfield(L, -2, "vision");
         lua_pushstring(L, why);
         lua_setfield(L, -2, "no_images");
+    }
+    if ((why = gm_model_no_audio(lm->m)) != NULL) {
+        lua_pushstring(L, why);
+        lua_setfield(L, -2, "no_audio");
     }
     return 1;
 }

@@ -202,10 +202,9 @@ static int l_ds_add_chat(lua_State *L) {
                           "are not read)");
         return 2;
     }
-    if (n_audio > 0 && (d->m->cfg.arch != GM_ARCH_GEMMA3N || d->m->cfg.audio.hidden_size <= 0)) {
+    if (n_audio > 0 && gm_model_no_audio(d->m)) {
         lua_pushboolean(L, 0);
-        lua_pushfstring(L, "it has an audio clip (%s), but %s has no audio encoder (audio needs a Gemma 3n checkpoint of "
-                           "Gemma3nForConditionalGeneration)", audio[0], d->m->path);
+        lua_pushfstring(L, "it has an audio clip (%s), but %s: %s", audio[0], d->m->path, gm_model_no_audio(d->m));
         return 2;
     }
     if (n_images > 0 && gm_model_no_images(d->m)) {

@@ -358,16 +358,14 @@ static int cmd_generate(int argc, char **argv) {
         return 2;
     }
     if (n_images > 0 && gm_model_no_images(m)) {
-        fprintf(stderr, "gemmarun: error: --image %s: %s: %s\n"
-                        "  hint: use a multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration, e.g. gemma-3-4b)\n",
-                images[0], path, gm_model_no_images(m));
+        fprintf(stderr, "gemmarun: error: --image %s: %s: %s\n%s", images[0], path, gm_model_no_images(m),
+                m->cfg.arch == GM_ARCH_GEMMA3 ? "  hint: use a multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration, "
+                                                "e.g. gemma-3-4b)\n" : "");
         gm_model_free(m);
         return 2;
     }
-    if (n_audio > 0 && (m->cfg.arch != GM_ARCH_GEMMA3N || m->cfg.audio.hidden_size <= 0)) {
-        fprintf(stderr, "gemmarun: error: --audio %s: %s has no audio encoder\n"
-                        "  hint: audio needs a Gemma 3n checkpoint of Gemma3nForConditionalGeneration (gemma-3n-E2B-it, "
-                        "gemma-3n-E4B-it)\n", audio[0], path);
+    if (n_audio > 0 && gm_model_no_audio(m)) {
+        fprintf(stderr, "gemmarun: error: --audio %s: %s: %s\n", audio[0], path, gm_model_no_audio(m));
         gm_model_free(m);
         return 2;
     }

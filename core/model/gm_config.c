@@ -456,7 +456,8 @@ static gm_status gemma4_text_json(const cJSON *root, const char *label, gm_confi
     if (bidi && cJSON_IsString(bidi) && strcmp(bidi->valuestring, "all") == 0)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: use_bidirectional_attention 'all' (an encoder-style Gemma 4) is not "
                             "supported: gemmarun runs the causal decoder", label);
-    const cJSON *ple = jget(root, "hidden_size_per_layer_input");
+    /* null (transformers: falsy, no per-layer inputs) is not "absent" (the default 256) */
+    const cJSON *ple = cJSON_GetObjectItemCaseSensitive(root, "hidden_size_per_layer_input");
     cfg->ple_dim = 256, cfg->ple_vocab = 262144, cfg->altup_inputs = 1;
     if (ple && cJSON_IsNull(ple)) cfg->ple_dim = 0;
     else GM_TRY(jint(root, "hidden_size_per_layer_input", &cfg->ple_dim, false, label, err));
@@ -472,6 +473,9 @@ static gm_status gemma4_text_json(const cJSON *root, const char *label, gm_confi
      * on exactly the full layers, one geometry for all of them (every published size) */
     const cJSON *plc = jget(root, "per_layer_config");
     int64_t hd = 512, kvh = 0;
+    if (plc && !cJSON_IsObject(plc) && !cJSON_IsNull(plc))
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: 'per_layer_config' must be an object of layer numbers (as transformers "
+                            "writes it: {\"5\": {\"head_dim\": 512}})", label);
     if (plc && cJSON_IsObject(plc)) {
         /* keys are layer numbers, as transformers writes them ("5", or "05" in a model of 10+ layers) */
         const cJSON *at[GM_MAX_LAYERS] = {0};
@@ -500,6 +504,9 @@ static gm_status gemma4_text_json(const cJSON *root, const char *label, gm_confi
             }
             GM_TRY(jint(e, "head_dim", &h, false, label, err));
             GM_TRY(jint(e, "num_key_value_heads", &k, false, label, err));
+            if (h < 2 || h % 2 != 0 || h > 1024 || (jget(e, "num_key_value_heads") && k < 1))
+                return gm_error_set(err, GM_ERR_INVALID, "%s: per_layer_config[%lld]: head_dim %lld must be even in 2..1024 "
+                                    "and num_key_value_heads %lld positive", label, (long long)i, (long long)h, (long long)k);
             if ((hd && h != hd) || (kvh && k != kvh))
                 return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: per_layer_config gives full layers different geometries "
                                     "(layer %lld: head_dim %lld, num_key_value_heads %lld): gemmarun needs one", label,
@@ -550,6 +557,7 @@ static gm_status ffn_widths(const cJSON *root, const char *label, gm_config *cfg
 }
 
 static gm_status gemma3n_towers_json(const cJSON *root, const char *label, gm_config *cfg, gm_error *err);
+static gm_status gemma4_towers_json(const cJSON *root, const char *label, gm_config *cfg, gm_error *err);
 
 static gm_status config_from_text_json(const cJSON *root, const char *label, gm_config *cfg,
                                        gm_error *err) {
@@ -674,7 +682,9 @@ gm_status gm_config_from_json(const char *json, const char *label, gm_config *cf
     } else {
         const cJSON *text = jget(root, "text_config");
         s = config_from_text_json(text ? text : root, label, cfg, err);
-        if (s == GM_OK && text && cfg->arch == GM_ARCH_GEMMA3N) {
+        if (s == GM_OK && text && cfg->arch == GM_ARCH_GEMMA4) {
+            s = gemma4_towers_json(root, label, cfg, err);
+        } else if (s == GM_OK && text && cfg->arch == GM_ARCH_GEMMA3N) {
             s = gemma3n_towers_json(root, label, cfg, err);
         } else if (s == GM_OK && text) {
             s = vision_from_json(root, label, &cfg->vision, err);
@@ -866,6 +876,58 @@ static void set_towers(gm_config *c, int tower) {
         break;
     default: break;
     }
+}
+
+/* Gemma4ForConditionalGeneration's towers, for planning (gemmarun reads neither yet: the model
+ * loads its text decoder and refuses images and audio by name): vision_config's width, layers, MLP
+ * width and head width (Gemma4VisionConfig's defaults: the E-models' 16 x 768 tower), its
+ * standardization and clipped linears, the parameter count of §4.5, 256 soft tokens per image (a
+ * square photo at the default budget of 280), the image token ids (Gemma4Config's defaults);
+ * audio_config's conformer as the presets count it (§4.6). */
+static gm_status gemma4_towers_json(const cJSON *root, const char *label, gm_config *cfg, gm_error *err) {
+    const cJSON *vc = jget(root, "vision_config"), *ac = jget(root, "audio_config");
+    char where[160];
+    int64_t D = cfg->hidden_size;
+    if (vc && cJSON_IsObject(vc)) {
+        int64_t dv = 768, layers = 16, fv = 3072, hd = 64, id = 258880;
+        snprintf(where, sizeof where, "%s (vision_config)", label);
+        GM_TRY(jint(vc, "hidden_size", &dv, false, where, err));
+        GM_TRY(jint(vc, "num_hidden_layers", &layers, false, where, err));
+        GM_TRY(jint(vc, "intermediate_size", &fv, false, where, err));
+        GM_TRY(jint(vc, "head_dim", &hd, false, where, err));
+        if (dv < 1 || dv > 65536 || layers < 1 || layers > GM_MAX_LAYERS || fv < 1 || fv > (1 << 20) || hd < 1 || hd > dv)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: hidden_size %lld, num_hidden_layers %lld, intermediate_size %lld, "
+                                "head_dim %lld: out of range", where, (long long)dv, (long long)layers, (long long)fv,
+                                (long long)hd);
+        const cJSON *st = jget(vc, "standardize"), *cl = jget(vc, "use_clipped_linears");
+        gm_vision_config *v = &cfg->vision;
+        v->params = gemma4_vision_params(dv, layers, fv, hd, st && cJSON_IsTrue(st), cl && cJSON_IsTrue(cl), D);
+        v->tokens = 256;
+        v->hidden_size = dv;
+        v->n_layers = layers;
+        v->intermediate_size = fv;
+        v->patch_size = 16;
+        v->patches = 48 * 48;
+        GM_TRY(jint(root, "image_token_id", &id, false, label, err));
+        v->image_token_id = (int32_t)id;
+        v->boi_id = 255999, v->eoi_id = 258882;
+    }
+    if (ac && cJSON_IsObject(ac)) {
+        int64_t da = 1024, layers = 12, out = 1536;
+        snprintf(where, sizeof where, "%s (audio_config)", label);
+        GM_TRY(jint(ac, "hidden_size", &da, false, where, err));
+        GM_TRY(jint(ac, "num_hidden_layers", &layers, false, where, err));
+        GM_TRY(jint(ac, "output_proj_dims", &out, false, where, err));
+        if (da < 8 || da > 65536 || layers < 1 || layers > GM_MAX_LAYERS || out < 1 || out > 65536)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: hidden_size %lld, num_hidden_layers %lld, output_proj_dims %lld: "
+                                "out of range", where, (long long)da, (long long)layers, (long long)out);
+        cfg->audio.params = conformer_params(da, layers, da / 8) + 11 * 4 * layers + da * out + out + out * D;
+        cfg->audio.tokens_per_s = 25.0;
+        cfg->audio.hidden_size = da;
+        cfg->audio.n_layers = layers;
+        cfg->audio.frames_per_s = 25.0;
+    }
+    return GM_OK;
 }
 
 /* An integer of a tower's config (or the top level) in lo..hi, or GM_ERR_FORMAT naming it. */

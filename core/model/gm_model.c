@@ -20,6 +20,7 @@
 #include <math.h>
 #include <openssl/evp.h>
 
+#include <stdlib.h>
 #include <errno.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -90,8 +91,11 @@ static gm_status bind_weight(gm_model *m, const char *file_name, const char *hf_
         return gm_error_set(err, GM_ERR_FORMAT,
                             "%s: tensor '%s' has shape %s, but the config implies %s\n"
                             "  hint: the weights and the config (hidden_size, heads, head_dim, "
-                            "intermediate_size) do not belong together",
-                            m->path, file_name, got_s, want_s);
+                            "intermediate_size%s) do not belong together",
+                            m->path, file_name, got_s, want_s,
+                            m->cfg.arch == GM_ARCH_GEMMA4 ? "; Gemma 4: per_layer_config or global_head_dim (full layers' "
+                                                            "head_dim, default 512), hidden_size_per_layer_input, "
+                                                            "num_experts, moe_intermediate_size" : "");
     }
     if (kind == GM_W_NORM || kind == GM_W_VEC || transposed) {
         if (!gm_dtype_get(r.dtype)->is_float)
@@ -248,6 +252,46 @@ static void dirname_of(const char *path, char *out, size_t cap) {
     else snprintf(out, cap, ".");
 }
 
+/* A tensor of the decoder's spec that the file holds but the config leaves unused (an
+ * enable_moe_block, attention_k_eq_v or hidden_size_per_layer_input that contradicts the weights)
+ * means the config and the weights do not belong together: refused, naming the tensor, rather than
+ * running another model than the file's. KV-shared layers' own key / value weights are the
+ * exception transformers makes too (_keys_to_ignore_on_load_unexpected): present in published
+ * files, never read. Names the spec does not know are left alone. */
+static gm_status check_unused(const gm_model *m, const char *prefix, gm_error *err) {
+    const gm_arch_def *ar = m->arch;
+    const gm_config *c = &m->cfg;
+    size_t np = strlen(prefix), nl = strlen(ar->layers_prefix);
+    for (int64_t i = 0; i < gm_safetensors_n_tensors(m->st); i++) {
+        const char *name = gm_safetensors_tensor_at(m->st, i)->name;
+        if (strncmp(name, prefix, np) != 0) continue;
+        const char *rest = name + np;
+        const gm_weight_spec *w = NULL;
+        int64_t layer = -1;
+        if (strncmp(rest, ar->layers_prefix, nl) == 0) {
+            char *end = NULL;
+            long l = strtol(rest + nl, &end, 10);
+            if (end == rest + nl || *end != '.' || l < 0 || l >= c->n_layers) continue;
+            int slot = gm_arch_slot(ar, end + 1);
+            if (slot < 0) continue;
+            w = &ar->layer[slot], layer = l;
+            if ((w->when == GM_WHEN_OWN_KV || w->when == GM_WHEN_OWN_V) && c->kv_source[l] != l) continue;
+        } else {
+            for (int gi = 0; gi < ar->n_globals && !w; gi++)
+                if (!ar->globals[gi].top_level && strcmp(ar->globals[gi].hf, rest) == 0) w = &ar->globals[gi];
+            if (!w) continue;
+        }
+        if (gm_weight_present(w, c, layer)) continue;
+        return gm_error_set(err, GM_ERR_FORMAT,
+                            "%s: tensor '%s' is in the checkpoint, but its config.json leaves it unused\n"
+                            "  hint: the config and the weights do not belong together (check what it says of the "
+                            "model's parts: enable_moe_block, attention_k_eq_v, hidden_size_per_layer_input, "
+                            "num_kv_shared_layers, layer_types)",
+                            m->path, name);
+    }
+    return GM_OK;
+}
+
 /* The text decoder's module prefix in a Hugging Face checkpoint: Gemma3ForCausalLM uses
  * "model."; multimodal checkpoints "language_model.model." (legacy) or "model.language_model."
  * (transformers >= 4.52), gemma_architecture.md §5.2. NULL when no embedding tensor is found. */
@@ -375,6 +419,7 @@ static gm_status load_hf(gm_model *m, const char *path, const gm_model_opts *o, 
     GM_TRY(setup_arch(m, err));
     gm_arena_init(&m->arena, "norm weights", GM_DEVICE_CPU);
     GM_TRY(bind_all(m, prefix, err));
+    GM_TRY(check_unused(m, prefix, err));
     GM_TRY(gm_arena_commit(&m->arena, err));
     GM_TRY(bind_all(m, prefix, err));
     /* Gemma 3's SigLIP tower; Gemma 3n's (MobileNet-V5) is not in gemmarun: its text decoder
@@ -501,7 +546,17 @@ const char *gm_model_no_images(const gm_model *m) {
     if (m->vision) return NULL;
     if (m->cfg.arch == GM_ARCH_GEMMA3N)
         return "Gemma 3n's vision encoder (MobileNet-V5) is not in gemmarun yet: its text decoder runs, its images are not read";
+    if (m->cfg.arch == GM_ARCH_GEMMA4)
+        return "Gemma 4's vision tower is not in gemmarun yet: its text decoder runs, its images are not read";
     return "it has no vision tower (a text-only model cannot read images)";
+}
+
+const char *gm_model_no_audio(const gm_model *m) {
+    if (m->cfg.arch == GM_ARCH_GEMMA3N && m->cfg.audio.hidden_size > 0) return NULL;
+    if (m->cfg.arch == GM_ARCH_GEMMA4)
+        return "Gemma 4's audio tower is not in gemmarun yet: its text decoder runs, its audio is not read";
+    return "it has no audio encoder (audio needs a Gemma 3n checkpoint of Gemma3nForConditionalGeneration, e.g. "
+           "gemma-3n-E2B-it)";
 }
 
 void gm_model_free(gm_model *m) {

@@ -95,6 +95,9 @@ void gm_model_free(gm_model *m);
  * vision encoder not being in gemmarun), or NULL when it can (a loaded SigLIP tower). Static
  * storage. */
 const char *gm_model_no_images(const gm_model *m);
+/* The same for audio: NULL when model m reads audio (Gemma 3n with its audio encoder), else why
+ * (Gemma 4's tower not being in gemmarun, or no encoder at all, with what to use). Static storage. */
+const char *gm_model_no_audio(const gm_model *m);
 
 /* The PEFT module prefix (gm_model.peft_prefix) of the checkpoint at `path` without loading it:
  * "model." for GGUF files, from the safetensors header's names for Hugging Face checkpoints (no

@@ -346,14 +346,18 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
                             strcmp(o->vision_targets, "none") != 0 ? "vision_targets" : "modules_to_save");
     /* inputs the config has no tower for are refused, not planned as text (a Gemma3nForCausalLM
      * folder has neither tower; Gemma 3's own check is gm_plan_max_images) */
+    static const char *const sizes[GM_ARCH_COUNT] = {[GM_ARCH_GEMMA3N] = "gemma3n-e2b, gemma3n-e4b",
+                                                      [GM_ARCH_GEMMA4] = "gemma4-e2b, gemma4-e4b (audio), gemma4-31b"};
+    const char *named = sizes[c->arch] ? sizes[c->arch] : "a multimodal size";
     if (c->arch != GM_ARCH_GEMMA3 && in && in->images > 0 && c->vision.params <= 0)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s takes no image inputs: its config has no vision tower\n"
-                            "  hint: plan a %s size by name, or give its Gemma3nForConditionalGeneration / multimodal "
-                            "config", c->name, gm_arch_name(c->arch));
+                            "  hint: plan a size that has one by name (%s), or give a multimodal config (%s)", c->name,
+                            named, c->arch == GM_ARCH_GEMMA4 ? "Gemma4ForConditionalGeneration" : "Gemma3nForConditionalGeneration");
     if (in && in->audio_seconds > 0 && c->audio.params <= 0)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s takes no audio inputs: its config has no audio tower\n"
-                            "  hint: plan a %s size by name, or give its Gemma3nForConditionalGeneration / multimodal "
-                            "config", c->name, gm_arch_name(c->arch));
+                            "  hint: plan a size that has one by name (%s), or give a multimodal config (%s)", c->name,
+                            c->arch == GM_ARCH_GEMMA4 ? "gemma4-e2b, gemma4-e4b" : named,
+                            c->arch == GM_ARCH_GEMMA4 ? "Gemma4ForConditionalGeneration" : "Gemma3nForConditionalGeneration");
     GM_TRY(gm_plan_check_size(c, o, in, err));
     int64_t T = gm_plan_sequence_length(c, o->max_length, in);
     GM_TRY(validate(c, o, T, err));

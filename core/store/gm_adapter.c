@@ -594,9 +594,19 @@ static gm_status check_selected(const peft_sel *p, const gm_arch_def *arch, cons
         }
         const char *word = gm_lora_layer_word(arch), *at = strstr(modules[i], word);
         long layer = at ? strtol(at + strlen(word), NULL, 10) : 0;
+        char why[256] = "", hf[200];
+        const char *after = at ? strchr(at + strlen(word), '.') : NULL;
+        int slot = -1;
+        if (after) {
+            snprintf(hf, sizeof hf, "%s.weight", after + 1);
+            slot = gm_arch_slot(arch, hf);
+        }
         if (!found && layer >= mc->n_layers)
             s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, but this model has %lld layers (an adapter "
                              "for another base model?)", w_path, modules[i], (long long)mc->n_layers);
+        else if (!found && slot >= 0 && gm_lora_absent_why(arch, mc, slot, layer, why, sizeof why))
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, but %s (an adapter for another base "
+                             "model?)", w_path, modules[i], why);
         else if (!found)
             s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, which adapter_config.json's target_modules "
                              "/ layers_to_transform do not select (PEFT would ignore its tensors)", w_path, modules[i]);
@@ -1280,6 +1290,11 @@ gm_status gm_adapter_save_gguf(const gm_adapter *a, gm_backend *be, const gm_mod
                             "LoRA adapter carries no audio encoder, and without it it would be another model than the one "
                             "trained\n  hint: export it with --format peft", a->source, a->audio_lora.n);
     if (lo->n < 1) return gm_error_set(err, GM_ERR_INVALID, "the adapter has no modules");
+    if (m->cfg.arch != GM_ARCH_GEMMA3)
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s is a %s model: gemmarun writes llama.cpp LoRA files for Gemma 3 bases "
+                            "(the ones checked against llama.cpp, tests/e2e/generate_real.sh); llama.cpp's %s tensor names "
+                            "and adapter support are unverified here\n  hint: export it with --format peft",
+                            m->path, gm_arch_name(m->cfg.arch), gm_arch_name(m->cfg.arch));
     gm_gguf_writer *w = gm_gguf_writer_new();
     size_t total = 0;
     for (int i = 0; i < lo->n; i++) total += (size_t)(lo->cfg.rank * (lo->ad[i].in + lo->ad[i].out));

@@ -360,6 +360,24 @@ static gm_status describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_d
 }
 
 
+const char *gm_lora_absent_why(const gm_arch_def *arch, const gm_config *mc, int slot, int64_t layer, char *buf, size_t cap) {
+    if (slot < 0 || slot >= arch->n_layer || layer < 0 || layer >= mc->n_layers) return NULL;
+    const gm_weight_spec *w = &arch->layer[slot];
+    if (gm_weight_present(w, mc, layer)) return NULL;
+    int n = (int)strcspn(w->hf, ".") + 1; /* "self_attn.k_proj.weight": the module after the block's name */
+    const char *mod = w->hf + (strchr(w->hf, '.') ? n : 0);
+    int ml = (int)(strstr(mod, ".weight") ? strstr(mod, ".weight") - mod : (ptrdiff_t)strlen(mod));
+    if ((w->when == GM_WHEN_OWN_KV || w->when == GM_WHEN_OWN_V) && mc->kv_source[layer] != layer)
+        snprintf(buf, cap, "layer %lld of this model reads layer %d's keys and values (KV sharing: num_kv_shared_layers) and "
+                 "has no %.*s", (long long)layer, mc->kv_source[layer], ml, mod);
+    else if (w->when == GM_WHEN_OWN_V)
+        snprintf(buf, cap, "layer %lld of this model is a full-attention layer whose values are its keys "
+                 "(attention_k_eq_v) and has no %.*s", (long long)layer, ml, mod);
+    else
+        snprintf(buf, cap, "layer %lld of this model has no %.*s", (long long)layer, ml, mod);
+    return buf;
+}
+
 gm_status gm_lora_describe_modules(gm_lora *lo, const gm_lora_config *lc, const gm_arch_def *arch, const gm_config *mc,
                                    const char *prefix, const char *const *modules, int n_modules, gm_error *err) {
     memset(lo, 0, sizeof *lo);
@@ -383,6 +401,10 @@ gm_status gm_lora_describe_modules(gm_lora *lo, const gm_lora_config *lc, const 
             snprintf(hf, sizeof hf, "%s.weight", t + off);
             slot = gm_arch_slot(arch, hf);
         }
+        char why[256];
+        if (ok && slot >= 0 && arch->layer[slot].lora_id >= 0 && gm_lora_absent_why(arch, mc, slot, layer, why, sizeof why))
+            return gm_error_set(err, GM_ERR_INVALID, "adapter module '%s': %s (an adapter for another base model?)", modules[i],
+                                why);
         if (!ok || slot < 0 || arch->layer[slot].lora_id < 0 || !gm_weight_present(&arch->layer[slot], mc, layer))
             return gm_error_set(err, GM_ERR_INVALID,
                                 "adapter module '%s' is not a LoRA-targetable module of this model (%lld layers; modules: %s)",

@@ -111,6 +111,11 @@ gm_status gm_lora_describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_
                            const char *prefix, gm_error *err);
 void gm_lora_free(gm_lora *lo);
 
+/* Why layer `layer` of a model with config mc has no weight in `slot` (the slot is in arch's spec):
+ * a KV-shared layer's keys and values, a k_eq_v full layer's values, or plainly absent - a clause
+ * written into buf (cap bytes) and returned; NULL when the layer has the weight. */
+const char *gm_lora_absent_why(const gm_arch_def *arch, const gm_config *mc, int slot, int64_t layer, char *buf, size_t cap);
+
 /* Describes exactly the adapters on the given modules (e.g. read from an adapter file), each
  * named "<any prefix>layers.N.<module>" with <module> a LoRA-targetable weight of the spec without
  * ".weight" ("self_attn.q_proj"); lc gives rank, alpha, dropout, rslora (its targets and layers

@@ -98,6 +98,32 @@ assert 'router_max_load' not in h5py.File(p, 'r')['metrics']
 print('ok')"
 fi
 
+# what a user gets wrong, each refused by name before any work
+mkdir -p moe_off && ln -sf "$SRC/tests/ref/tiny_gemma4_moe/model.safetensors" "$SRC/tests/ref/tiny_gemma4_chat/tokenizer.json" moe_off/ \
+  && sed 's/"enable_moe_block": true/"enable_moe_block": false/' "$SRC/tests/ref/tiny_gemma4_moe/config.json" > moe_off/config.json
+expect_run "a config that leaves the file's experts unused (enable_moe_block false): refused naming a tensor" 2 \
+  "tensor 'model.layers.0.experts.down_proj' is in the checkpoint, but its config.json leaves it unused" \
+  -- "$GM" generate moe_off "hi" --max-tokens 2
+"$GM" export results/g4_kv --trial 1 out_kv > /dev/null 2>&1
+expect_run "the 31B-family adapter on the E-family model: refused, naming the KV-shared layer" 2 \
+  "adapter on model.layers.4.self_attn.k_proj, but layer 4 of this model reads layer 3's keys and values \(KV sharing" \
+  -- "$GM" generate "$BASE" --adapter out_kv "hi" --max-tokens 2
+expect_run "a GGUF LoRA export of a Gemma 4 adapter: refused (llama.cpp's Gemma 4 unverified)" 2 \
+  "is a gemma4 model: gemmarun writes llama.cpp LoRA files for Gemma 3 bases.*--format peft" \
+  -- "$GM" export results/g4 --trial 1 --format gguf g4.gguf
+mkdir -p imgs && cp "$SRC/tests/ref/images/chelsea.png" imgs/
+expect_run "an image on Gemma 4: refused, its vision tower not being in gemmarun yet" 2 \
+  "chelsea.png: .*Gemma 4's vision tower is not in gemmarun yet" -- "$GM" generate "$BASE" --chat --image imgs/chelsea.png "What is it?"
+# Gemma4ForConditionalGeneration's layout of the config (text_config beside vision / audio configs): the text decoder runs
+mkdir -p mm && ln -sf "$SRC/tests/ref/tiny_gemma4/model.safetensors" "$SRC/tests/ref/tiny_gemma4_chat/tokenizer.json" mm/
+"${PY:-python3}" -c "
+import json, sys
+t = json.load(open(sys.argv[1]))
+json.dump({'model_type': 'gemma4', 'text_config': t, 'vision_config': {'model_type': 'gemma4_vision'},
+           'audio_config': {'model_type': 'gemma4_audio'}}, open('mm/config.json', 'w'))" "$SRC/tests/ref/tiny_gemma4/config.json"
+expect_run "a gemma4 (multimodal) config: its text decoder generates" 0 "[0-9]+ prompt tokens .* 3 new tokens" \
+  -- "$GM" generate mm "hello world" --max-tokens 3
+
 # the adapter through PEFT
 expect_run "export --trial 2 as a PEFT folder: 38 modules (no k / v on the 2 KV-shared layers)" 0 \
   "38 LoRA modules, rank 4, alpha 8, as a PEFT adapter" -- "$GM" export results/g4 --trial 2 out2
