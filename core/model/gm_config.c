@@ -494,8 +494,9 @@ static gm_status gemma4_text_json(const cJSON *root, const char *label, gm_confi
             if (!e && !full) continue;
             if (!e || !full || !cJSON_IsObject(e))
                 return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: per_layer_config %s layer %lld, a %s layer: gemmarun reads "
-                                    "overrides on exactly the full-attention layers", label, e ? "overrides" : "leaves out",
-                                    (long long)i, full ? "full" : "sliding");
+                                    "overrides on exactly the full-attention layers of layer_types (the last layer is full "
+                                    "whatever layer_types says, as transformers forces it)", label,
+                                    e ? "overrides" : "leaves out", (long long)i, full ? "full" : "sliding");
             int64_t h = cfg->head_dim, k = 0;
             for (const cJSON *f = e->child; f; f = f->next) {
                 if (strcmp(f->string, "head_dim") != 0 && strcmp(f->string, "num_key_value_heads") != 0)

@@ -368,9 +368,10 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
     /* the Gemma 3 part: the trainer's own layout, on T = text + soft-token positions; a Gemma 3
      * config with images also gets the trainer's SigLIP tower (gm_plan_vision's item below) */
     bool g3_tower = c->arch == GM_ARCH_GEMMA3;
-    /* Gemma 3n: the decoder part is its own trainer's layout (core/arch/gemma3n.c: AltUp streams,
-     * per-layer inputs, LAuReL, KV sharing, their weights); only the towers are estimated */
-    bool own = c->arch == GM_ARCH_GEMMA3N;
+    /* Gemma 3n and Gemma 4: the decoder part is its own trainer's layout (core/arch/gemma3n.c,
+     * gemma4.c: AltUp streams, per-layer inputs, LAuReL, KV sharing, experts, their weights); only
+     * the towers are estimated */
+    bool own = c->arch == GM_ARCH_GEMMA3N || c->arch == GM_ARCH_GEMMA4;
     gm_config g3 = *c;
     if (!own) g3.arch = GM_ARCH_GEMMA3;
     gm_train_opts o3 = *o;
@@ -385,7 +386,8 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
 #define F32(n, kind) gm_arena_alloc(&a, (size_t)(n) * sizeof(float), kind)
 #define I32(n, kind) gm_arena_alloc(&a, (size_t)(n) * sizeof(int32_t), kind)
     int64_t Fmax = 1;
-    if (!own) { /* the Gemma 3 part's missing pieces (Gemma 4) */
+    if (!own) { /* the Gemma 3 part's missing pieces (a Gemma 3n / 4 config viewed as Gemma 3: no longer
+                 * planned so, kept for an architecture whose decoder does not train yet) */
     /* block inputs of all AltUp streams: the part keeps one stream per block input */
     if (A > 1)
         for (int64_t l = 0; l <= L; l++) F32(N * C * (A - 1), GM_MEM_ACTIVATIONS);
@@ -496,10 +498,11 @@ gm_status gm_plan_estimate(const gm_config *c, const gm_train_opts *o, gm_dtype 
     out->n_params = gm_config_n_params(c);
     if (own)
         snprintf(out->note, sizeof out->note,
-                 "estimate: the decoder is the Gemma 3n trainer's own layout (exact) on T = %lld positions (%lld text + "
+                 "estimate: the decoder is the %s trainer's own layout (exact) on T = %lld positions (%lld text + "
                  "%lld image/audio); the towers (which gemmarun does not run yet) frozen, forward in f32 one item at a "
                  "time, their weights as stored (linears in %s)",
-                 (long long)T, (long long)o->max_length, (long long)(T - o->max_length), lf);
+                 c->arch == GM_ARCH_GEMMA4 ? "Gemma 4" : "Gemma 3n", (long long)T, (long long)o->max_length,
+                 (long long)(T - o->max_length), lf);
     else
         snprintf(out->note, sizeof out->note,
                  "estimate: the Gemma 3 trainer's own layout on T = %lld positions (%lld text + %lld image/audio)%s; "
