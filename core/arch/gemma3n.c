@@ -291,7 +291,6 @@ static float normal_quantile(float p) {
 /* KV sharing in training (gemma_decoder.h): this file's record and buffers */
 static const gm_kv_share KV_SHARE = {A_K, A_V, M_KS, G_DKS};
 
-
 /* AltUp's router: mod (N, S) = tanh((RMSNorm_router(v) / C) Wrouter^T); rn (N, C) and rstd
  * its intermediates. */
 static void router(gm_graph *g, int64_t l, float *rn, float *rstd, float *mod, const float *v) {

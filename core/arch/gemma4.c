@@ -207,7 +207,6 @@ static void front_bwd(gm_graph *g) {
 /* KV sharing in training (gemma_decoder.h): this file's record and buffers */
 static const gm_kv_share KV_SHARE = {A_K, A_V, M_KS, G_DKS};
 
-
 /* On a k_eq_v full layer the values are the raw key projection (transformers: value_states =
  * key_states before k_norm). */
 static bool k_eq_v(const gm_config *c, int64_t l) { return c->k_eq_v_full && c->layer_type[l] == GM_LAYER_FULL; }
