@@ -7,9 +7,12 @@ MODEL=$(real_model) || { echo "0 passed, 1 failed"; exit 1; }
 # Greedy text of the reference (transformers, tests/ref/gemma3_270m_ref.h5 /p0 greedy_text).
 expect_run "generate greedy" 0 "The capital of France is the capital of the country of France\. It is the largest city in France" \
   -- "$GM" generate gemma3-270m "The capital of France is" --max-tokens 16
-# the opt-in int8 dots (kernels.h): other numbers, the same greedy words here (every x86 CPU runs
-# the same bits: the AVX2 and baseline twins agree, test_kernels), and it says how fast
-expect_run "generate --int8-dot: the same greedy text" 0 "The capital of France is the capital of the country of France\. It is the largest city in France.*new tokens at [0-9.]+ tokens/s" \
+# the opt-in int8 dots (kernels.h): other numbers, the same first ten greedy words (the AVX2 and
+# baseline int8 twins agree bit for bit, test_kernels; the f32 GEMMs around them run in OpenBLAS,
+# which picks its kernels for the CPU at run time, and their rounding moves the 11th word where the
+# margin is thin: all 16 words agree on AMD EPYC (AVX2), " capital of the country of" replaces
+# " largest city in France" on an AVX-512 Xeon, 2026-12-05), and it says how fast
+expect_run "generate --int8-dot: the same first ten greedy words" 0 "The capital of France is the capital of the country of France\. It is the .*new tokens at [0-9.]+ tokens/s" \
   -- "$GM" generate gemma3-270m "The capital of France is" --max-tokens 16 --int8-dot
 # sampled generation: the text (stdout) and the report (stderr) apart; the text is the prompt and
 # a continuation of the requested 12 tokens, the same for the same seed (with 2 threads or 1),
