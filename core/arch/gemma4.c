@@ -215,36 +215,19 @@ static const float *layer_scalar(const gm_graph *g, int64_t l) {
     return (const float *)gm_graph_weight(g, l, W_LAYER_SCALAR)->data;
 }
 
-/* Expert e's rows of a stacked matrix in `slot`: rows [r0, r0 + n) of the layer's (E rows_e, cols) view. */
-static gm_wview expert_rows(const gm_graph *g, int64_t l, int slot, int64_t r0, int64_t n) {
-    return gm_wview_rows(gm_graph_weight(g, l, slot), r0, n);
-}
-
-/* The experts' MLPs on the expert-sorted slots: g (S, Fe), u (S, Fe) = xs (S, C) through each expert's
- * gate and up rows, for every expert with slots (moe_off[l]). */
-static void experts_gate_up(gm_graph *g, int64_t l, float *gt, float *up, const float *xs) {
-    const gm_config *c = g->cfg;
-    int64_t E = c->n_experts, C = c->hidden_size, Fe = c->expert_ffn;
+/* One product per expert with slots (moe_off[l]), on its block of the stacked matrix in `slot`: rows
+ * [e per + r0, + rows) of the (E per, in) view. Forward (bwd false): y (S, rows) = x (S, in) W_e^T;
+ * backward: y (S, in) = beta y + x (S, rows) W_e. y and x have ycols and xcols floats per slot. */
+static void experts_mm(gm_graph *g, int64_t l, int slot, int64_t per, int64_t r0, int64_t rows, float *y, int64_t ycols,
+                       const float *x, int64_t xcols, bool bwd, float beta) {
+    int64_t E = g->cfg->n_experts;
     const int64_t *off = g->moe_off + l * (E + 1);
     for (int64_t e = 0; e < E; e++) {
         int64_t n = off[e + 1] - off[e];
         if (n == 0) continue;
-        gm_wview wg = expert_rows(g, l, W_EXPERTS_GU, e * 2 * Fe, Fe), wu = expert_rows(g, l, W_EXPERTS_GU, e * 2 * Fe + Fe, Fe);
-        g->k->matmul_fwd(&g->kc, gt + off[e] * Fe, xs + off[e] * C, &wg, n, 0.0f);
-        g->k->matmul_fwd(&g->kc, up + off[e] * Fe, xs + off[e] * C, &wu, n, 0.0f);
-    }
-}
-
-/* ys (S, C) = h (S, Fe) through each expert's down matrix. */
-static void experts_down(gm_graph *g, int64_t l, float *ys, const float *h) {
-    const gm_config *c = g->cfg;
-    int64_t E = c->n_experts, C = c->hidden_size, Fe = c->expert_ffn;
-    const int64_t *off = g->moe_off + l * (E + 1);
-    for (int64_t e = 0; e < E; e++) {
-        int64_t n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        gm_wview wd = expert_rows(g, l, W_EXPERTS_DOWN, e * C, C);
-        g->k->matmul_fwd(&g->kc, ys + off[e] * C, h + off[e] * Fe, &wd, n, 0.0f);
+        gm_wview w = gm_wview_rows(gm_graph_weight(g, l, slot), e * per + r0, rows);
+        if (bwd) g->k->matmul_bwd_input(&g->kc, y + off[e] * ycols, x + off[e] * xcols, &w, n, beta);
+        else g->k->matmul_fwd(&g->kc, y + off[e] * ycols, x + off[e] * xcols, &w, n, 0.0f);
     }
 }
 
@@ -269,9 +252,11 @@ static void moe_fwd(gm_graph *g, int64_t l, float **a) {
     /* the experts on their slots */
     k->rmsnorm_fwd(kc, a[A_XE], a[A_RSTDE], a[A_XMID], gm_graph_norm(g, l, W_FFN_NORM_2), N, C, eps);
     k->gather_rows(kc, xs, a[A_XE], sel, N * K, C);
-    experts_gate_up(g, l, a[A_EG], a[A_EU], xs);
+    /* per expert: gate = rows [0, Fe) of its [2 Fe, C] block, up = rows [Fe, 2 Fe); down (C, Fe) */
+    experts_mm(g, l, W_EXPERTS_GU, 2 * Fe, 0, Fe, a[A_EG], Fe, xs, C, false, 0.0f);
+    experts_mm(g, l, W_EXPERTS_GU, 2 * Fe, Fe, Fe, a[A_EU], Fe, xs, C, false, 0.0f);
     k->geglu_fwd(kc, a[A_EH], a[A_EG], a[A_EU], N * K * Fe);
-    experts_down(g, l, xs, a[A_EH]);
+    experts_mm(g, l, W_EXPERTS_DOWN, C, 0, C, xs, C, a[A_EH], Fe, false, 0.0f);
     k->moe_combine_fwd(kc, a[A_Y2], xs, a[A_RW], slot, N, K, C);
     k->rmsnorm_fwd(kc, a[A_DSUM], a[A_RSTDP2], a[A_Y2], gm_graph_norm(g, l, W_POST_FFW_NORM_2), N, C, eps);
     k->add_fwd(kc, a[A_DSUM], a[A_D1], N * C);
@@ -285,27 +270,16 @@ static void moe_bwd(gm_graph *g, int64_t l, float **a, float *gx, float *dsum, f
     const gm_kctx *kc = &g->kc;
     float **d = g->grad;
     int64_t N = g->N, C = c->hidden_size, E = c->n_experts, K = c->experts_top_k, Fe = c->expert_ffn;
-    const int64_t *off = g->moe_off + l * (E + 1);
     float *xs = g->mrec[M_SLOTS];
     const int32_t *idx = (const int32_t *)a[A_RIDX], *slot = (const int32_t *)a[A_SLOT];
     /* the experts' weighted sum: dw from the recomputed outputs, then each slot's gradient */
     k->rmsnorm_bwd(kc, d[G_DM1], NULL, dsum, a[A_Y2], gm_graph_norm(g, l, W_POST_FFW_NORM_2), a[A_RSTDP2], N, C, 0.0f);
-    experts_down(g, l, xs, a[A_EH]);
+    experts_mm(g, l, W_EXPERTS_DOWN, C, 0, C, xs, C, a[A_EH], Fe, false, 0.0f);
     k->moe_combine_bwd(kc, xs, d[G_DKW], d[G_DM1], xs, a[A_RW], slot, N, K, C);
-    for (int64_t e = 0; e < E; e++) { /* dh = dys Wd */
-        int64_t n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        gm_wview wd = expert_rows(g, l, W_EXPERTS_DOWN, e * C, C);
-        k->matmul_bwd_input(kc, d[G_DKF1] + off[e] * Fe, xs + off[e] * C, &wd, n, 0.0f);
-    }
+    experts_mm(g, l, W_EXPERTS_DOWN, C, 0, C, d[G_DKF1], Fe, xs, C, true, 0.0f); /* dh = dys Wd */
     k->geglu_bwd(kc, d[G_DKF2], d[G_DKF3], d[G_DKF1], a[A_EG], a[A_EU], N * K * Fe);
-    for (int64_t e = 0; e < E; e++) { /* dxs = dgate Wg + dup Wu */
-        int64_t n = off[e + 1] - off[e];
-        if (n == 0) continue;
-        gm_wview wg = expert_rows(g, l, W_EXPERTS_GU, e * 2 * Fe, Fe), wu = expert_rows(g, l, W_EXPERTS_GU, e * 2 * Fe + Fe, Fe);
-        k->matmul_bwd_input(kc, xs + off[e] * C, d[G_DKF2] + off[e] * Fe, &wg, n, 0.0f);
-        k->matmul_bwd_input(kc, xs + off[e] * C, d[G_DKF3] + off[e] * Fe, &wu, n, 1.0f);
-    }
+    experts_mm(g, l, W_EXPERTS_GU, 2 * Fe, 0, Fe, xs, C, d[G_DKF2], Fe, true, 0.0f); /* dxs = dgate Wg + dup Wu */
+    experts_mm(g, l, W_EXPERTS_GU, 2 * Fe, Fe, Fe, xs, C, d[G_DKF3], Fe, true, 1.0f);
     k->moe_combine_fwd(kc, d[G_DM1], xs, NULL, slot, N, K, C); /* each token's slots summed: dL/d experts_in */
     k->rmsnorm_bwd(kc, gx, NULL, d[G_DM1], a[A_XMID], gm_graph_norm(g, l, W_FFN_NORM_2), a[A_RSTDE], N, C, 1.0f);
     /* the router: through the weights' renormalization and softmax, the projection, the scales, the norm */

@@ -804,6 +804,27 @@ static int64_t conformer_params(int64_t da, int64_t layers, int64_t hd) {
     return layers * per + (1 * 128 * 9 + 128) + (128 * 32 * 9 + 32) + 1024 * da;
 }
 
+/* Gemma 4's towers as the planner counts them (§4.5-4.6), for the presets and for config.json:
+ * the vision tower of width dv (layers, MLP width fv, head width hd, standardization, clipped
+ * linears), 256 soft tokens per image (a square photo at budget 280), 48 x 48 patches; the audio
+ * conformer of width da (layers, output_proj width out, 8 heads). */
+static void gemma4_vision(gm_config *c, int64_t dv, int64_t layers, int64_t fv, int64_t hd, bool standardize, bool clipped) {
+    c->vision.params = gemma4_vision_params(dv, layers, fv, hd, standardize, clipped, c->hidden_size);
+    c->vision.tokens = 256;
+    c->vision.hidden_size = dv;
+    c->vision.n_layers = layers;
+    c->vision.patches = 48 * 48;
+}
+
+static void gemma4_audio(gm_config *c, int64_t da, int64_t layers, int64_t out) {
+    /* the conformer, output_proj Linear(da -> out, bias), LM embedder out -> D (§4.6) */
+    c->audio.params = conformer_params(da, layers, da / 8) + 11 * 4 * layers + da * out + out + out * c->hidden_size;
+    c->audio.tokens_per_s = 25.0; /* 40 ms per token, no reduction (§4.6) */
+    c->audio.hidden_size = da;
+    c->audio.n_layers = layers;
+    c->audio.frames_per_s = 25.0;
+}
+
 static void set_towers(gm_config *c, int tower) {
     int64_t D = c->hidden_size;
     switch (tower) {
@@ -856,24 +877,11 @@ static void set_towers(gm_config *c, int tower) {
         c->audio.eoa_id = 262272;
         break;
     case TOWERS_4_SMALL:
-        c->vision.params = gemma4_vision_params(768, 16, 3072, 64, false, true, D);
-        c->vision.tokens = 256;      /* budget 280: a square photo -> 768 x 768 -> 256 tokens (§4.5) */
-        c->vision.hidden_size = 768;
-        c->vision.n_layers = 16;
-        c->vision.patches = 48 * 48; /* 16-pixel patches of 768 x 768 */
-        /* 12 x 1024 conformer, output_proj Linear(1024 -> 1536, bias), LM embedder 1536 -> D (§4.6) */
-        c->audio.params = conformer_params(1024, 12, 128) + 11 * 4 * 12 + 1024 * 1536 + 1536 + 1536 * D;
-        c->audio.tokens_per_s = 25.0; /* 40 ms per token, no reduction (§4.6) */
-        c->audio.hidden_size = 1024;
-        c->audio.n_layers = 12;
-        c->audio.frames_per_s = 25.0;
+        gemma4_vision(c, 768, 16, 3072, 64, false, true);
+        gemma4_audio(c, 1024, 12, 1536);
         break;
     case TOWERS_4_LARGE:
-        c->vision.params = gemma4_vision_params(1152, 27, 4304, 72, true, false, D);
-        c->vision.tokens = 256;
-        c->vision.hidden_size = 1152;
-        c->vision.n_layers = 27;
-        c->vision.patches = 48 * 48;
+        gemma4_vision(c, 1152, 27, 4304, 72, true, false);
         break;
     default: break;
     }
@@ -888,7 +896,6 @@ static void set_towers(gm_config *c, int tower) {
 static gm_status gemma4_towers_json(const cJSON *root, const char *label, gm_config *cfg, gm_error *err) {
     const cJSON *vc = jget(root, "vision_config"), *ac = jget(root, "audio_config");
     char where[160];
-    int64_t D = cfg->hidden_size;
     if (vc && cJSON_IsObject(vc)) {
         int64_t dv = 768, layers = 16, fv = 3072, hd = 64, id = 258880;
         snprintf(where, sizeof where, "%s (vision_config)", label);
@@ -902,13 +909,9 @@ static gm_status gemma4_towers_json(const cJSON *root, const char *label, gm_con
                                 (long long)hd);
         const cJSON *st = jget(vc, "standardize"), *cl = jget(vc, "use_clipped_linears");
         gm_vision_config *v = &cfg->vision;
-        v->params = gemma4_vision_params(dv, layers, fv, hd, st && cJSON_IsTrue(st), cl && cJSON_IsTrue(cl), D);
-        v->tokens = 256;
-        v->hidden_size = dv;
-        v->n_layers = layers;
+        gemma4_vision(cfg, dv, layers, fv, hd, st && cJSON_IsTrue(st), cl && cJSON_IsTrue(cl));
         v->intermediate_size = fv;
         v->patch_size = 16;
-        v->patches = 48 * 48;
         GM_TRY(jint(root, "image_token_id", &id, false, label, err));
         v->image_token_id = (int32_t)id;
         v->boi_id = 255999, v->eoi_id = 258882;
@@ -922,11 +925,7 @@ static gm_status gemma4_towers_json(const cJSON *root, const char *label, gm_con
         if (da < 8 || da > 65536 || layers < 1 || layers > GM_MAX_LAYERS || out < 1 || out > 65536)
             return gm_error_set(err, GM_ERR_INVALID, "%s: hidden_size %lld, num_hidden_layers %lld, output_proj_dims %lld: "
                                 "out of range", where, (long long)da, (long long)layers, (long long)out);
-        cfg->audio.params = conformer_params(da, layers, da / 8) + 11 * 4 * layers + da * out + out + out * D;
-        cfg->audio.tokens_per_s = 25.0;
-        cfg->audio.hidden_size = da;
-        cfg->audio.n_layers = layers;
-        cfg->audio.frames_per_s = 25.0;
+        gemma4_audio(cfg, da, layers, out);
     }
     return GM_OK;
 }

@@ -592,15 +592,9 @@ static gm_status check_selected(const peft_sel *p, const gm_arch_def *arch, cons
                              "exclude_modules leaves out (PEFT would ignore its tensors)", w_path, modules[i]);
             break;
         }
-        const char *word = gm_lora_layer_word(arch), *at = strstr(modules[i], word);
-        long layer = at ? strtol(at + strlen(word), NULL, 10) : 0;
-        char why[256] = "", hf[200];
-        const char *after = at ? strchr(at + strlen(word), '.') : NULL;
-        int slot = -1;
-        if (after) {
-            snprintf(hf, sizeof hf, "%s.weight", after + 1);
-            slot = gm_arch_slot(arch, hf);
-        }
+        int64_t layer;
+        int slot = gm_lora_module_slot(arch, modules[i], &layer);
+        char why[256] = "";
         if (!found && layer >= mc->n_layers)
             s = gm_error_set(err, GM_ERR_INVALID, "%s: the file has an adapter on %s, but this model has %lld layers (an adapter "
                              "for another base model?)", w_path, modules[i], (long long)mc->n_layers);

@@ -360,6 +360,18 @@ static gm_status describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_d
 }
 
 
+int gm_lora_module_slot(const gm_arch_def *arch, const char *module, int64_t *layer) {
+    const char *word = gm_lora_layer_word(arch), *t = strstr(module, word);
+    long long l = -1;
+    int off = 0;
+    *layer = -1;
+    if (!t || sscanf(t + strlen(word), "%lld.%n", &l, &off) != 1 || off <= 0 || l < 0) return -1;
+    *layer = (int64_t)l;
+    char hf[200];
+    snprintf(hf, sizeof hf, "%s.weight", t + strlen(word) + off);
+    return gm_arch_slot(arch, hf);
+}
+
 const char *gm_lora_absent_why(const gm_arch_def *arch, const gm_config *mc, int slot, int64_t layer, char *buf, size_t cap) {
     if (slot < 0 || slot >= arch->n_layer || layer < 0 || layer >= mc->n_layers) return NULL;
     const gm_weight_spec *w = &arch->layer[slot];
@@ -390,17 +402,9 @@ gm_status gm_lora_describe_modules(gm_lora *lo, const gm_lora_config *lc, const 
     GM_TRY(gm_lora_config_validate(&all, mc, err));
     /* every listed module must be one this model has */
     for (int i = 0; i < n_modules; i++) {
-        const char *word = gm_lora_layer_word(arch), *t = strstr(modules[i], word);
-        long long layer = -1;
-        int off = 0;
-        bool ok = t && sscanf(t + strlen(word), "%lld.%n", &layer, &off) == 1 && off > 0 && layer >= 0 && layer < mc->n_layers;
-        if (ok) off += (int)strlen(word);
-        int slot = -1;
-        if (ok) {
-            char hf[160];
-            snprintf(hf, sizeof hf, "%s.weight", t + off);
-            slot = gm_arch_slot(arch, hf);
-        }
+        int64_t layer = -1;
+        int slot = gm_lora_module_slot(arch, modules[i], &layer);
+        bool ok = layer >= 0 && layer < mc->n_layers;
         char why[256];
         if (ok && slot >= 0 && arch->layer[slot].lora_id >= 0 && gm_lora_absent_why(arch, mc, slot, layer, why, sizeof why))
             return gm_error_set(err, GM_ERR_INVALID, "adapter module '%s': %s (an adapter for another base model?)", modules[i],

@@ -111,6 +111,11 @@ gm_status gm_lora_describe(gm_lora *lo, const gm_lora_config *lc, const gm_arch_
                            const char *prefix, gm_error *err);
 void gm_lora_free(gm_lora *lo);
 
+/* The spec slot of a PEFT module name ("...layers.4.self_attn.k_proj": the slot of
+ * "self_attn.k_proj.weight") and its layer number into *layer; -1 when the name has no layer number
+ * (*layer -1) or names no weight of arch's spec (*layer still set). */
+int gm_lora_module_slot(const gm_arch_def *arch, const char *module, int64_t *layer);
+
 /* Why layer `layer` of a model with config mc has no weight in `slot` (the slot is in arch's spec):
  * a KV-shared layer's keys and values, a k_eq_v full layer's values, or plainly absent - a clause
  * written into buf (cap bytes) and returned; NULL when the layer has the weight. */
