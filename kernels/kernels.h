@@ -120,6 +120,22 @@
  *                  grid in row-major order (torch AvgPool2d(K, K) on the channel-first view:
  *                  Gemma 3's projector, §2.2). avgpool_bwd: dx (B, P*P, C) = dy of the window
  *                  / K^2 (assigned).
+ * Gemma 4's vision tower (transformers' modeling_gemma4.py: Gemma4ClippableLinear,
+ * Gemma4VisionRotaryEmbedding and apply_multidimensional_rope):
+ *   clip_fwd       out (n) = min(max(x, *lo), *hi) (torch.clamp(x, lo, hi): a clipped linear's
+ *                  input_min / input_max, output_min / output_max); lo and hi point to ONE float
+ *                  each in the table's device memory (the checkpoint's buffers, read there: no
+ *                  host copy), either may be -inf / +inf. NaN stays NaN; *lo > *hi gives *hi
+ *                  everywhere, as torch's. out may alias x.
+ *   clip_bwd       dx (n) = dy where *lo <= x <= *hi, else 0 (torch.clamp's gradient: the bounds
+ *                  pass it); dx may alias dy.
+ *   rope2d_fwd     out (N, NH, D) = the 2-D RoPE of x (N, NH, D), D a multiple of 4: the first
+ *                  half [0, D/2) of every head is rope_fwd's rotate_half rotation of width D/2 at
+ *                  position pos_x[n], the second half [D/2, D) the same at pos_y[n]: pairs
+ *                  (j, j + D/4) of a half, inv_freq[i] = theta^(-2i/(D/2)) for i < D/4, the angle
+ *                  computed as rope_fwd computes it (a half equals rope_fwd of head width D/2,
+ *                  n_rot D/4, pos_scale 1). out may alias x.
+ *   rope2d_bwd     dx = rotation of dy by -angle (the transpose of rope2d_fwd); dx may alias dy.
  *
  *
  * Training kernels (whole sequences, no cache; row n = b*T + t):

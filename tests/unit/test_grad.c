@@ -683,6 +683,64 @@ static void test_audio_grads(void) {
     gm_free(cx), gm_free(cdy), gm_free(cdx), gm_free(cl.x), gm_free(cl.dy);
 }
 
+/* ---- Gemma 4's vision tower (kernels.h clip_*, rope2d_*) ------------------------------------ */
+/* which 0: L = sum dy clamp(x, lo, hi); which 1: L = sum dy rope2d(x), the angles in f32 as the
+ * kernel computes them (a half-head: rope of width D/2 at pos_x, then at pos_y) */
+typedef struct {
+    int which;
+    int64_t n, N, NH, D;
+    double lo, hi, *x, *dy;
+    const int32_t *px, *py;
+    float theta;
+} vis4_case;
+
+static double vis4_loss(void *u) {
+    vis4_case *c = u;
+    double L = 0;
+    if (c->which == 0) {
+        for (int64_t i = 0; i < c->n; i++) L += c->dy[i] * fmin(fmax(c->x[i], c->lo), c->hi);
+        return L;
+    }
+    int64_t half = c->D / 2, q = c->D / 4;
+    for (int64_t n = 0; n < c->N; n++)
+        for (int64_t h = 0; h < c->NH; h++)
+            for (int64_t part = 0; part < 2; part++)
+                for (int64_t i = 0; i < q; i++) {
+                    float inv = 1.0f / powf(c->theta, (float)(2 * i) / (float)half);
+                    double a = (double)((float)(part ? c->py[n] : c->px[n]) * inv);
+                    const double *x = c->x + (n * c->NH + h) * c->D + part * half;
+                    const double *g = c->dy + (n * c->NH + h) * c->D + part * half;
+                    L += g[i] * (x[i] * cos(a) - x[i + q] * sin(a)) + g[i + q] * (x[i + q] * cos(a) + x[i] * sin(a));
+                }
+    return L;
+}
+
+static void test_vision4_grads(void) {
+    gm_kctx k = ctx_with(0);
+    /* the clamp between asymmetric bounds, no value within the differences' steps of a bound */
+    vis4_case cl = {.which = 0, .n = 64, .lo = -0.7, .hi = 1.3};
+    const float lo = -0.7f, hi = 1.3f;
+    cl.lo = lo, cl.hi = hi; /* the f32 bounds the kernel compares with */
+    float *x = rnd2(64, 2.0f, &cl.x), *dy = rnd2(64, 1.0f, &cl.dy), *dx = gm_malloc(64 * 4);
+    int inside = 0;
+    for (int i = 0; i < 64; i++) {
+        if (fabs(x[i] - cl.lo) < 0.01 || fabs(x[i] - cl.hi) < 0.01) x[i] += 0.05f, cl.x[i] = x[i];
+        inside += x[i] >= lo && x[i] <= hi;
+    }
+    CHECK(inside > 0 && inside < 64, "clip: values inside and outside the bounds (%d of 64 inside)", inside);
+    gm_k_clip_bwd_cpu(&k, dx, dy, x, cl.n, &lo, &hi);
+    fd_check("clip dx [-0.7, 1.3]", cl.x, 64, dx, vis4_loss, &cl);
+    /* the 2-D RoPE: 5 tokens on a grid, 2 heads of 12 */
+    const int32_t px[5] = {0, 1, 2, 0, 7}, py[5] = {0, 0, 3, 5, 2};
+    vis4_case r = {.which = 1, .N = 5, .NH = 2, .D = 12, .px = px, .py = py, .theta = 100.0f};
+    int64_t nr = r.N * r.NH * r.D;
+    float *rx = rnd2(nr, 1.0f, &r.x), *rdy = rnd2(nr, 1.0f, &r.dy), *rdx = gm_malloc((size_t)nr * 4);
+    gm_k_rope2d_bwd_cpu(&k, rdx, rdy, px, py, r.N, r.NH, r.D, r.theta);
+    fd_check("rope2d dx", r.x, nr, rdx, vis4_loss, &r);
+    gm_free(x), gm_free(dy), gm_free(dx), gm_free(cl.x), gm_free(cl.dy);
+    gm_free(rx), gm_free(rdy), gm_free(rdx), gm_free(r.x), gm_free(r.dy);
+}
+
 /* ---- mixture of experts (kernels.h moe_*) --------------------------------------------------- */
 /* routing: L = sum dw[n, k] w[n, k](z), the choice held (logits spread 3: no choice flips within
  * the differences' steps); combination: L = sum dy[n] . sum_k w[n, k] ys[slot[n K + k]] */
@@ -739,6 +797,7 @@ static void test_moe(void) {
 }
 
 int main(void) {
+    test_vision4_grads();
     test_moe();
     test_audio_grads();
     test_gemma3n_grads();

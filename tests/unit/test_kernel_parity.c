@@ -882,6 +882,54 @@ static void avgpool_case(dev *d, bool bwd) {
 static void parity_avgpool_fwd(dev *d) { avgpool_case(d, false); }
 static void parity_avgpool_bwd(dev *d) { avgpool_case(d, true); }
 
+/* ---- Gemma 4's vision tower: clipped linears' clamps, 2-D RoPE ------------------------------ */
+
+/* the bounds are one float each in the backend's memory: asymmetric, then infinite (the identity);
+ * the backward with values exactly on the bounds (they pass the gradient) */
+static void clip_case(dev *d, bool bwd) {
+    static const float bounds[2][2] = {{-0.7f, 1.3f}, {-INFINITY, INFINITY}};
+    float *x = host_rand(EW_N, 3), *dy = host_rand(EW_N, 1), *r = gm_malloc(EW_N * 4);
+    x[0] = -0.7f, x[1] = 1.3f;
+    float *dx = up(d, x, EW_N * 4), *o = dalloc(d, EW_N * 4);
+    for (int b = 0; b < 2; b++) {
+        const float *lo = &bounds[b][0], *hi = &bounds[b][1];
+        float *dlo = up(d, lo, 4), *dhi = up(d, hi, 4);
+        gm_backend_upload(d->be, o, bwd ? dy : x, EW_N * 4); /* in place */
+        if (bwd) {
+            cpu->clip_bwd(&hc, r, dy, x, EW_N, lo, hi);
+            d->be->k->clip_bwd(&d->ctx, o, o, dx, EW_N, dlo, dhi);
+        } else {
+            cpu->clip_fwd(&hc, r, x, EW_N, lo, hi);
+            d->be->k->clip_fwd(&d->ctx, o, o, EW_N, dlo, dhi);
+        }
+        cmp(d, bwd ? (b ? "clip_bwd (-inf, inf), in place" : "clip_bwd [-0.7, 1.3], in place")
+                   : (b ? "clip_fwd (-inf, inf), in place" : "clip_fwd [-0.7, 1.3], in place"),
+            o, r, EW_N);
+        dfree(d, dlo), dfree(d, dhi);
+    }
+    gm_free(x), gm_free(dy), gm_free(r), dfree(d, dx), dfree(d, o);
+}
+static void parity_clip_fwd(dev *d) { clip_case(d, false); }
+static void parity_clip_bwd(dev *d) { clip_case(d, true); }
+
+/* heads of 72 (18 pairs a half), theta 100, a patch grid's positions, the larger ones past a full turn */
+static void rope2d_case(dev *d, bool bwd) {
+    int64_t N = 9, NH = 4, D = 72;
+    size_t n = (size_t)(N * NH * D);
+    int32_t px[9] = {0, 1, 2, 0, 1, 2, 47, 0, 63}, py[9] = {0, 0, 0, 1, 1, 1, 3, 47, 63};
+    float *x = host_rand(n, 1), *r = gm_malloc(n * 4);
+    float *dx = up(d, x, n * 4), *o = dalloc(d, n * 4);
+    int32_t *dpx = up(d, px, sizeof px), *dpy = up(d, py, sizeof py);
+    (bwd ? cpu->rope2d_bwd : cpu->rope2d_fwd)(&hc, r, x, px, py, N, NH, D, 100.0f);
+    (bwd ? d->be->k->rope2d_bwd : d->be->k->rope2d_fwd)(&d->ctx, o, dx, dpx, dpy, N, NH, D, 100.0f);
+    cmp(d, bwd ? "rope2d_bwd" : "rope2d_fwd", o, r, n);
+    (bwd ? d->be->k->rope2d_bwd : d->be->k->rope2d_fwd)(&d->ctx, dx, dx, dpx, dpy, N, NH, D, 100.0f);
+    cmp(d, bwd ? "rope2d_bwd (in place)" : "rope2d_fwd (in place)", dx, r, n);
+    gm_free(x), gm_free(r), dfree(d, dx), dfree(d, o), dfree(d, dpx), dfree(d, dpy);
+}
+static void parity_rope2d_fwd(dev *d) { rope2d_case(d, false); }
+static void parity_rope2d_bwd(dev *d) { rope2d_case(d, true); }
+
 /* ---- loss and optimizer --------------------------------------------------------------------- */
 
 /* the chunked cross-entropy over two vocabulary chunks, soft-capped and not: running statistics,

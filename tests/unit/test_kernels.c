@@ -608,6 +608,57 @@ static void test_audio_attention(void) {
     gm_free(q), gm_free(kk), gm_free(v), gm_free(pos), gm_free(out), gm_free(ref), gm_free(w), gm_free(x2);
 }
 
+/* Gemma 4's vision tower (kernels.h clip_*, rope2d_*): the clipped linears' clamp against a plain
+ * loop, asymmetric bounds and infinite ones (the identity), in place too; the 2-D RoPE against
+ * rope_fwd applied to each half-head apart (head width D/2, n_rot D/4, pos_scale 1) at its own
+ * position - x for the first half, y for the second. */
+static void test_vision4(void) {
+    gm_kctx k = make_ctx(2, 0);
+    int64_t n = 300;
+    float *x = rnd(n, 2.0f), *out = gm_malloc((size_t)n * 4), *ref = gm_malloc((size_t)n * 4);
+    x[0] = -0.7f, x[1] = 1.3f, x[2] = -5.0f, x[3] = 5.0f;
+    const float bounds[2][2] = {{-0.7f, 1.3f}, {-INFINITY, INFINITY}};
+    for (int b = 0; b < 2; b++) {
+        const float lo = bounds[b][0], hi = bounds[b][1];
+        gm_k_clip_fwd_cpu(&k, out, x, n, &lo, &hi);
+        int64_t below = 0, above = 0;
+        for (int64_t i = 0; i < n; i++) {
+            ref[i] = x[i] < lo ? lo : x[i] > hi ? hi : x[i];
+            below += x[i] < lo, above += x[i] > hi;
+        }
+        gm_check_close(b ? "clip_fwd (-inf, inf): the identity" : "clip_fwd [-0.7, 1.3]", out, ref, (size_t)n, 0, 0);
+        if (!b) CHECK(below > 0 && above > 0, "clip_fwd: values on both sides of [-0.7, 1.3] (%lld below, %lld above)",
+                      (long long)below, (long long)above);
+        memcpy(out, x, (size_t)n * 4);
+        gm_k_clip_fwd_cpu(&k, out, out, n, &lo, &hi);
+        gm_check_close(b ? "clip_fwd (-inf, inf) in place" : "clip_fwd [-0.7, 1.3] in place", out, ref, (size_t)n, 0, 0);
+    }
+    gm_free(x), gm_free(out), gm_free(ref);
+
+    enum { N = 7, NH = 3, D = 16, HD = D / 2 };
+    const float theta = 100.0f;
+    const int32_t px[N] = {0, 1, 2, 3, 0, 5, 11}, py[N] = {0, 0, 4, 1, 6, 2, 9};
+    float *xr = rnd(N * NH * D, 1.0f), *o = gm_malloc(N * NH * D * 4), *want = gm_malloc(N * NH * D * 4);
+    float *hx = gm_malloc(N * NH * HD * 4), *ho = gm_malloc(N * NH * HD * 4);
+    for (int part = 0; part < 2; part++) {
+        for (int r = 0; r < N * NH; r++) memcpy(hx + r * HD, xr + r * D + part * HD, HD * 4);
+        /* (N NH, 1, D/2): row r = n NH + h sits at the position of token n */
+        int32_t pos[N * NH];
+        for (int r = 0; r < N * NH; r++) pos[r] = part ? py[r / NH] : px[r / NH];
+        gm_k_rope_fwd_cpu(&k, ho, hx, pos, N * NH, 1, HD, HD / 2, theta, 1.0f);
+        for (int r = 0; r < N * NH; r++) memcpy(want + r * D + part * HD, ho + r * HD, HD * 4);
+    }
+    gm_k_rope2d_fwd_cpu(&k, o, xr, px, py, N, NH, D, theta);
+    gm_check_close("rope2d_fwd vs rope_fwd on each half-head", o, want, N * NH * D, 1e-6, 0);
+    memcpy(o, xr, N * NH * D * 4);
+    gm_k_rope2d_fwd_cpu(&k, o, o, px, py, N, NH, D, theta);
+    gm_check_close("rope2d_fwd in place", o, want, N * NH * D, 1e-6, 0);
+    /* the backward undoes the forward (the rotation is orthogonal) */
+    gm_k_rope2d_bwd_cpu(&k, o, o, px, py, N, NH, D, theta);
+    gm_check_close("rope2d_bwd(rope2d_fwd(x)) = x", o, xr, N * NH * D, TOL_KERNEL_F32_ABS, TOL_KERNEL_F32_REL);
+    gm_free(xr), gm_free(o), gm_free(want), gm_free(hx), gm_free(ho);
+}
+
 /* Gemma 4's routing and combination (kernels.h moe_*) against a double-precision reference:
  * softmax, the K largest (largest first), renormalized and scaled weights; the weighted and plain
  * sums of a token's slots. */
@@ -661,6 +712,7 @@ static void test_moe(void) {
 }
 
 int main(void) {
+    test_vision4();
     test_moe();
     test_audio_attention();
     test_gemma3n_kernels();
