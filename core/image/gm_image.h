@@ -6,7 +6,8 @@
  * `PIL.Image.open(path)`, `PIL.ImageOps.exif_transpose`, then the processor's
  * `image_transforms.convert_to_rgb` (any image with an alpha band or a tRNS transparency goes
  * through RGBA and `PIL.Image.alpha_composite` onto opaque white; the rest through
- * `Image.convert("RGB")`), `Image.resize((S, S), BILINEAR)`, rescale by 1/255, normalize with
+ * `Image.convert("RGB")`), `Image.resize((S, S), BILINEAR)` (or BICUBIC, Gemma 4's resample:
+ * gm_image_opts.filter), rescale by 1/255, normalize with
  * mean 0.5 and std 0.5, channels first. Every step is reproduced bit for bit: decoded pixels equal
  * PIL's, resized pixels equal PIL's Resample.c, the f32 values equal the processor's
  * (tests/unit/test_image.c against tests/ref/image_ref.h5). Files are decoded by libpng and
@@ -76,6 +77,12 @@ typedef struct gm_image_rect {
     int64_t x, y, w, h;
 } gm_image_rect;
 
+/* The resampling filter of gm_image_resize: Pillow's Image.BILINEAR or Image.BICUBIC. */
+typedef enum gm_image_filter {
+    GM_IMAGE_BILINEAR = 0, /* triangle filter, support 1 (Gemma 3's processor) */
+    GM_IMAGE_BICUBIC = 1,  /* cubic convolution, a = -0.5, support 2 (Gemma 4's processor) */
+} gm_image_filter;
+
 /* The preprocessing of transformers' Gemma3ImageProcessorPil (its __call__ arguments). */
 typedef struct gm_image_opts {
     int64_t size;            /* output side S: every image (and crop) is resized to S x S (896) */
@@ -85,6 +92,9 @@ typedef struct gm_image_opts {
     int64_t pas_min_crop_size;  /* pan_and_scan_min_crop_size (256) */
     int64_t pas_max_num_crops;  /* pan_and_scan_max_num_crops (4); >= 1 */
     double pas_min_ratio;       /* pan_and_scan_min_ratio_to_activate (1.2) */
+    gm_image_filter filter;     /* resample of every resize: GM_IMAGE_BILINEAR (zero, Gemma 3's
+                                   PILImageResampling.BILINEAR, what gm_image_opts_gemma3 sets) or
+                                   GM_IMAGE_BICUBIC (Gemma 4's processor resamples with BICUBIC) */
 } gm_image_opts;
 
 /* The most crops gm_image_preprocess makes (opts.pas_max_num_crops above it is GM_ERR_INVALID). */
@@ -171,15 +181,22 @@ gm_status gm_image_load_ref(const char *ref, const gm_image_limits *limits, gm_i
  * and be non-empty (else GM_ERR_INVALID). GM_ERR_NOMEM. */
 gm_status gm_image_crop(const gm_image *in, gm_image_rect r, gm_image *out, gm_error *err);
 
-/* Resizes `in` to w x h pixels as Pillow 13's `Image.resize((w, h), Image.BILINEAR)` does on an RGB
- * image, bit for bit (libImaging/Resample.c, ImagingResample with a full box): the triangle
- * filter's support is scaled by the reduction factor when shrinking (antialiasing), each output
- * pixel's weights over input pixels [xmin, xmin + xmax) are normalized to sum 1 in double, turned
+/* Resizes `in` to w x h pixels as Pillow 13's `Image.resize((w, h), Image.BILINEAR)` (f =
+ * GM_IMAGE_BILINEAR) or `Image.resize((w, h), Image.BICUBIC)` (f = GM_IMAGE_BICUBIC) does on an RGB
+ * image, bit for bit (libImaging/Resample.c, ImagingResample with a full box). The two differ only
+ * in the filter: Resample.c's bilinear_filter (triangle, support 1) or bicubic_filter (Keys' cubic
+ * convolution with a = -0.5, support 2; its negative lobes can over- and undershoot, and the
+ * results are clipped to 0..255). The filter's support is scaled by the reduction factor when
+ * shrinking (antialiasing), each output pixel's weights over input pixels [xmin, xmin + xmax) are
+ * normalized to sum 1 in double, turned
  * into fixed point with 22 fraction bits (PRECISION_BITS = 32 - 8 - 2) rounding half away from
  * zero, and two separable passes each round and clip to 8 bits: horizontal then vertical, except
  * that the vertical pass comes first when the height shrinks by more than twice as many pixels as
  * the width (2 * (in.w - w) < in.h - h; Pillow 13, PR #9549). Same size: a copy. w, h and the input
- * sides must be 1..2^24 (else GM_ERR_INVALID); GM_ERR_NOMEM. */
+ * sides must be 1..2^24 and f one of the enum's values (else GM_ERR_INVALID); GM_ERR_NOMEM. */
+gm_status gm_image_resize(const gm_image *in, int64_t w, int64_t h, gm_image_filter f, gm_image *out, gm_error *err);
+
+/* gm_image_resize(in, w, h, GM_IMAGE_BILINEAR, out, err). */
 gm_status gm_image_resize_bilinear(const gm_image *in, int64_t w, int64_t h, gm_image *out, gm_error *err);
 
 /* ---- the processor ----------------------------------------------------------------------------- */
@@ -206,9 +223,10 @@ int64_t gm_image_pan_and_scan_crops(int64_t w, int64_t h, const gm_image_opts *o
                                     int64_t max);
 
 /* Gemma3ImageProcessorPil's pixel_values for one decoded image: the image itself, then (with
- * opts->pan_and_scan) its crops, each resized to S x S (gm_image_resize_bilinear) and normalized
- * (gm_image_normalize) into out->data (n, 3, S, S). GM_ERR_INVALID for bad options (size < 1 or
- * above 16384, pan & scan parameters < 1, more than GM_IMAGE_MAX_CROPS crops), GM_ERR_NOMEM. */
+ * opts->pan_and_scan) its crops, each resized to S x S (gm_image_resize with opts->filter) and
+ * normalized (gm_image_normalize) into out->data (n, 3, S, S). GM_ERR_INVALID for bad options
+ * (size < 1 or above 16384, pan & scan parameters < 1, more than GM_IMAGE_MAX_CROPS crops, an
+ * unknown filter), GM_ERR_NOMEM. */
 gm_status gm_image_preprocess(const gm_image *img, const gm_image_opts *opts, gm_image_pixels *out, gm_error *err);
 
 /* gm_image_load_ref then gm_image_preprocess: `ref` is a file or a region of one. */

@@ -1,13 +1,15 @@
 /*
- * gm_image_proc.c - Gemma3ImageProcessorPil in C: Pillow's bilinear resize, the numpy rescale and
- * normalization, pan & scan.
+ * gm_image_proc.c - Gemma3ImageProcessorPil in C: Pillow's bilinear and bicubic resize, the numpy
+ * rescale and normalization, pan & scan.
  *
  * The resize is Pillow 13's libImaging/Resample.c for 8-bit images restricted to what
- * `Image.resize(size, BILINEAR)` of an RGB image reaches (a full source box, the triangle filter),
- * statement for statement where the arithmetic is concerned: the filter weights are computed in
- * double with the same expressions in the same order, normalized by their sum, converted to
- * fixed point (22 fraction bits), and each pass accumulates `pixel * weight` in a 32-bit int
- * that starts at one half and is shifted and clipped to 8 bits. Any other order or precision
+ * `Image.resize(size, BILINEAR)` and `Image.resize(size, BICUBIC)` of an RGB image reach (a full
+ * source box; the triangle filter, support 1, or the cubic convolution filter with a = -0.5,
+ * support 2 - Gemma 4's processor resamples with BICUBIC), statement for statement where the
+ * arithmetic is concerned: the filter weights are computed in double with the same expressions
+ * in the same order, normalized by their sum, converted to fixed point (22 fraction bits), and
+ * each pass accumulates `pixel * weight` in a 32-bit int that starts at one half and is shifted
+ * and clipped to 8 bits. Any other order or precision
  * (floats, a 2D kernel, a single rounding) moves some pixels by one unit, and the point of this
  * file is the same bytes as PIL. fp contraction is off so that no FMA changes a weight.
  *
@@ -36,12 +38,33 @@
 #define PRECISION_BITS (32 - 8 - 2)
 
 /* Resample.c bilinear_filter, support 1.0. */
-static inline double bilinear_filter(double x) {
+static double bilinear_filter(double x) {
     if (x < 0.0) x = -x;
     if (x < 1.0) return 1.0 - x;
     return 0.0;
 }
-#define BILINEAR_SUPPORT 1.0
+
+/* Resample.c bicubic_filter, support 2.0: Keys' cubic convolution with a = -0.5
+ * (https://en.wikipedia.org/wiki/Bicubic_interpolation#Bicubic_convolution_algorithm), the same
+ * expressions in the same order. Its lobes are negative, so weights and sums can leave 0..1. */
+static double bicubic_filter(double x) {
+    const double a = -0.5;
+    if (x < 0.0) x = -x;
+    if (x < 1.0) return ((a + 2.0) * x - (a + 3.0)) * x * x + 1;
+    if (x < 2.0) return (((x - 5) * x + 8) * x - 4) * a;
+    return 0.0;
+}
+
+/* Resample.c struct filter: the function and its support at scale 1. */
+typedef struct resample_filter {
+    double (*filter)(double x);
+    double support;
+} resample_filter;
+
+static const resample_filter FILTERS[] = {
+    [GM_IMAGE_BILINEAR] = {bilinear_filter, 1.0},
+    [GM_IMAGE_BICUBIC] = {bicubic_filter, 2.0},
+};
 
 /* Resample.c clip8: the accumulator's integer part clamped to 0..255 (its lookup table covers
  * -640..639 and saturates the same way). */
@@ -65,14 +88,15 @@ static void coeffs_free(coeffs *c) {
 
 /* Resample.c precompute_coeffs + normalize_coeffs_8bpc for source interval [in0, in1) of an axis
  * of in_size pixels mapped onto out_size pixels. */
-static gm_status precompute_coeffs(int in_size, float in0, float in1, int out_size, coeffs *c, gm_error *err) {
+static gm_status precompute_coeffs(int in_size, float in0, float in1, int out_size, const resample_filter *filterp, coeffs *c,
+                                   gm_error *err) {
     double support, scale, filterscale;
     int xx, x, ksize, xmin, xmax;
     /* prepare for horizontal stretch */
     filterscale = scale = (double)(in1 - in0) / out_size;
     if (filterscale < 1.0) filterscale = 1.0;
     /* determine support size (length of resampling filter) */
-    support = BILINEAR_SUPPORT * filterscale;
+    support = filterp->support * filterscale;
     /* maximum number of coeffs */
     ksize = (int)ceil(support) * 2 + 1;
     if (out_size > INT_MAX / (ksize * (int)sizeof(double)))
@@ -97,7 +121,7 @@ static gm_status precompute_coeffs(int in_size, float in0, float in1, int out_si
         xmax -= xmin;
         double *k = &kk[xx * ksize];
         for (x = 0; x < xmax; x++) {
-            double w = bilinear_filter((x + xmin - center + 0.5) * inv_filterscale);
+            double w = filterp->filter((x + xmin - center + 0.5) * inv_filterscale);
             k[x] = w;
             ww += w;
         }
@@ -158,14 +182,14 @@ static void resample_vertical(uint8_t *out, int out_h, const uint8_t *in, int w,
  * output on 16,000 random cases, the C source of that release not being at hand), else the
  * horizontal pass first, over only the rows the vertical pass will read. The first pass rounds to
  * 8 bits, so the order changes pixels by one unit here and there. */
-static gm_status resample(const gm_image *in, int w, int h, gm_image *out, gm_error *err) {
+static gm_status resample(const gm_image *in, int w, int h, const resample_filter *filterp, gm_image *out, gm_error *err) {
     const int in_w = (int)in->w, in_h = (int)in->h;
     const bool need_h = w != in_w, need_v = h != in_h;
     const bool vertical_first = need_h && need_v && h < in_h && 2 * ((int64_t)in_w - w) < (int64_t)in_h - h;
     coeffs cv = {0}, ch = {0};
     uint8_t *tmp = NULL, *dst = NULL;
-    gm_status s = precompute_coeffs(in_h, 0.0f, (float)in_h, h, &cv, err);
-    if (s == GM_OK && need_h) s = precompute_coeffs(in_w, 0.0f, (float)in_w, w, &ch, err);
+    gm_status s = precompute_coeffs(in_h, 0.0f, (float)in_h, h, filterp, &cv, err);
+    if (s == GM_OK && need_h) s = precompute_coeffs(in_w, 0.0f, (float)in_w, w, filterp, &ch, err);
     if (s != GM_OK) goto done;
     if (!need_h && !need_v) {
         dst = gm_malloc((size_t)w * (size_t)h * 3);
@@ -207,13 +231,19 @@ done:
     return s;
 }
 
-gm_status gm_image_resize_bilinear(const gm_image *in, int64_t w, int64_t h, gm_image *out, gm_error *err) {
+gm_status gm_image_resize(const gm_image *in, int64_t w, int64_t h, gm_image_filter f, gm_image *out, gm_error *err) {
     GM_ASSERT(in && in->rgb && out);
+    if ((unsigned)f >= sizeof FILTERS / sizeof *FILTERS)
+        return gm_error_set(err, GM_ERR_INVALID, "image resize: unknown filter %d\nhint: use GM_IMAGE_BILINEAR or GM_IMAGE_BICUBIC", (int)f);
     const int64_t cap = 1 << 24; /* Resample.c works in int; 2^24 also keeps every float box edge exact */
     if (w < 1 || h < 1 || w > cap || h > cap || in->w < 1 || in->h < 1 || in->w > cap || in->h > cap)
         return gm_error_set(err, GM_ERR_INVALID, "image resize: %lld x %lld -> %lld x %lld: sizes must be 1..%lld\nhint: check the size",
                             (long long)in->w, (long long)in->h, (long long)w, (long long)h, (long long)cap);
-    return resample(in, (int)w, (int)h, out, err);
+    return resample(in, (int)w, (int)h, &FILTERS[f], out, err);
+}
+
+gm_status gm_image_resize_bilinear(const gm_image *in, int64_t w, int64_t h, gm_image *out, gm_error *err) {
+    return gm_image_resize(in, w, h, GM_IMAGE_BILINEAR, out, err);
 }
 
 gm_status gm_image_crop(const gm_image *in, gm_image_rect r, gm_image *out, gm_error *err) {
@@ -241,6 +271,7 @@ gm_image_opts gm_image_opts_gemma3(int64_t size) {
         .pas_min_crop_size = GM_IMAGE_PAS_MIN_CROP_SIZE,
         .pas_max_num_crops = GM_IMAGE_PAS_MAX_NUM_CROPS,
         .pas_min_ratio = GM_IMAGE_PAS_MIN_RATIO,
+        .filter = GM_IMAGE_BILINEAR, /* PILImageResampling.BILINEAR */
     };
 }
 
@@ -300,6 +331,9 @@ gm_status gm_image_preprocess(const gm_image *img, const gm_image_opts *opts, gm
                             "hint: size 1..16384, min crop >= 1, max crops 1..%d, min ratio > 0",
                             (long long)S, (long long)opts->pas_min_crop_size, (long long)opts->pas_max_num_crops, opts->pas_min_ratio,
                             GM_IMAGE_MAX_CROPS);
+    if ((unsigned)opts->filter > GM_IMAGE_BICUBIC)
+        return gm_error_set(err, GM_ERR_INVALID, "image preprocessing: unknown filter %d\nhint: GM_IMAGE_BILINEAR or GM_IMAGE_BICUBIC",
+                            (int)opts->filter);
     gm_image_pixels px = {.size = S};
     if (opts->pan_and_scan) px.n_crops = gm_image_pan_and_scan_crops(img->w, img->h, opts, px.crops, GM_IMAGE_MAX_CROPS);
     for (int64_t i = 0; i < px.n_crops; i++)
@@ -317,7 +351,7 @@ gm_status gm_image_preprocess(const gm_image *img, const gm_image_opts *opts, gm
     for (int64_t i = 0; i < px.n; i++) {
         gm_image crop = {0}, sized = {0};
         gm_status s = i == 0 ? GM_OK : gm_image_crop(img, px.crops[i - 1], &crop, err);
-        if (s == GM_OK) s = gm_image_resize_bilinear(i == 0 ? img : &crop, S, S, &sized, err);
+        if (s == GM_OK) s = gm_image_resize(i == 0 ? img : &crop, S, S, opts->filter, &sized, err);
         if (s == GM_OK) gm_image_normalize(&sized, opts->rescale, opts->mean, opts->std, px.data + per * (size_t)i);
         gm_image_free(&crop), gm_image_free(&sized);
         if (s != GM_OK) {

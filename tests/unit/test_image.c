@@ -1,7 +1,7 @@
 /*
  * test_image.c - core/image against Pillow 13 and transformers 5.24, bit for bit: decoded RGB of
  * every good fixture (PNG modes, JPEG colour spaces, EXIF/XMP orientations), Image.resize
- * BILINEAR at many sizes, Gemma3ImageProcessorPil's pixel_values (with and without pan & scan),
+ * BILINEAR at many sizes and BICUBIC (Gemma 4's resample) at a few, Gemma3ImageProcessorPil's pixel_values (with and without pan & scan),
  * the pan & scan rectangles; the distance to the default torchvision processor (a measured bound);
  * every bad file's error (message names the file and the reason, nothing leaks), the pixel limit
  * checked before allocation, and allocation failures at every point. Image references: the
@@ -11,7 +11,7 @@
  * OpenCV's digits.png when opencv-doc is installed).
  *
  * Reference: tests/ref/image_ref.h5 and tests/ref/images/, written by tests/ref/make_image_ref.py
- * (tests/ref/README.md). Large references are stored as the sha256 of their bytes; small ones as
+ * (tests/ref/README.md); tests/ref/image_bicubic_ref.h5 by tests/ref/make_image_bicubic_ref.py. Large references are stored as the sha256 of their bytes; small ones as
  * arrays too, so a failure shows the first differing pixel.
  */
 #include "test_util.h"
@@ -55,10 +55,10 @@ static herr_t collect(hid_t g, const char *name, const H5L_info_t *info, void *o
     return 0;
 }
 
-static int list_group(const char *grp, char (*out)[128], int cap) {
+static int list_group_in(const char *file, const char *grp, char (*out)[128], int cap) {
     H5Eset_auto2(H5E_DEFAULT, NULL, NULL);
     names ns = {0, cap, out};
-    hid_t f = H5Fopen(REF, H5F_ACC_RDONLY, H5P_DEFAULT);
+    hid_t f = H5Fopen(file, H5F_ACC_RDONLY, H5P_DEFAULT);
     if (f < 0) return 0;
     hid_t g = H5Gopen2(f, grp, H5P_DEFAULT);
     if (g >= 0) {
@@ -67,9 +67,11 @@ static int list_group(const char *grp, char (*out)[128], int cap) {
         H5Gclose(g);
     }
     H5Fclose(f);
-    CHECK(ns.n > 0, "%s: group %s is missing or empty (regenerate with tests/ref/make_image_ref.py)", REF, grp);
+    CHECK(ns.n > 0, "%s: group %s is missing or empty (regenerate with its tests/ref/make_image*_ref.py)", file, grp);
     return ns.n;
 }
+
+static int list_group(const char *grp, char (*out)[128], int cap) { return list_group_in(REF, grp, out, cap); }
 
 static void sha256(const void *p, size_t n, uint8_t out[32]) {
     unsigned len = 0;
@@ -205,6 +207,94 @@ static void test_resize(void) {
     CHECK(gm_image_resize_bilinear(&one, 0, 5, &out, &err) == GM_ERR_INVALID && out.rgb == NULL, "resize to width 0 accepted");
     CHECK(gm_test_contains(err.msg, "0 x 5") && gm_test_contains(err.msg, "hint:"), "message: %s", err.msg);
     CHECK(gm_image_resize_bilinear(&one, 5, (int64_t)1 << 40, &out, &err) == GM_ERR_INVALID, "resize to 2^40 rows accepted");
+}
+
+/* Image.resize((w, h), Image.BICUBIC) (Gemma 4's resample) against tests/ref/image_bicubic_ref.h5
+ * (tests/ref/make_image_bicubic_ref.py): per input file, the output sizes and the sha256 of each
+ * output, the small outputs themselves. Up, down, non-square, one axis up and one down, one axis
+ * only, the vertical-first order, 1 x 1, a copy. Then gm_image_preprocess with opts.filter =
+ * GM_IMAGE_BICUBIC resizes with it, and an unknown filter is refused. */
+static void test_resize_bicubic(void) {
+    char ref[1024];
+    snprintf(ref, sizeof ref, "%s", gm_test_path("tests/ref/image_bicubic_ref.h5"));
+    CHECK(gm_test_file_exists(ref), "missing %s (tests/ref/make_image_bicubic_ref.py)", ref);
+    char srcs[8][128];
+    int nsrc = gm_test_file_exists(ref) ? list_group_in(ref, "/resize_bicubic", srcs, 8) : 0, checked = 0, differs_from_bilinear = 0;
+    for (int i = 0; i < nsrc; i++) {
+        char path[512];
+        size_t ns = 0, nh = 0;
+        snprintf(path, sizeof path, "/resize_bicubic/%.127s/sizes", srcs[i]);
+        int32_t *sizes = gm_test_h5_read(ref, path, 1, &ns, NULL, NULL);
+        snprintf(path, sizeof path, "/resize_bicubic/%.127s/sha256", srcs[i]);
+        int32_t *hashes = gm_test_h5_read(ref, path, 1, &nh, NULL, NULL);
+        gm_error err = {0};
+        gm_image in = {0};
+        gm_status s = gm_image_load(img_path(srcs[i]), NULL, &in, &err);
+        CHECK(s == GM_OK, "%s: %s", srcs[i], err.msg);
+        CHECK(sizes && hashes && ns % 2 == 0 && nh == ns / 2 * 32, "%s: bad sizes/sha256 in %s", srcs[i], ref);
+        for (size_t c = 0; s == GM_OK && sizes && hashes && nh == ns / 2 * 32 && c < ns / 2; c++) {
+            int64_t w = sizes[2 * c], h = sizes[2 * c + 1];
+            char what[256];
+            snprintf(what, sizeof what, "bicubic resize %.127s (%lld x %lld -> %lld x %lld)", srcs[i], (long long)in.w, (long long)in.h, (long long)w,
+                     (long long)h);
+            gm_image out = {0}, bil = {0};
+            gm_status r = gm_image_resize(&in, w, h, GM_IMAGE_BICUBIC, &out, &err);
+            CHECK(r == GM_OK && out.w == w && out.h == h, "%s: %s", what, err.msg);
+            if (r != GM_OK) continue;
+            const size_t n = (size_t)(w * h * 3);
+            /* the stored pixels, when small: the first differing byte */
+            snprintf(path, sizeof path, "/resize_bicubic/%.127s/rgb_%lldx%lld", srcs[i], (long long)w, (long long)h);
+            if (gm_test_h5_exists(ref, path)) {
+                size_t m = 0, bad = 0, first = SIZE_MAX;
+                int32_t *want = gm_test_h5_read(ref, path, 1, &m, NULL, NULL);
+                for (size_t j = 0; want && j < m && j < n; j++)
+                    if (out.rgb[j] != (uint8_t)want[j]) bad++, first = first == SIZE_MAX ? j : first;
+                CHECK(want && m == n && bad == 0, "%s: %zu of %zu bytes differ from PIL; first at byte %zu (pixel %zu, %zu): ours %d, PIL %d", what,
+                      bad, n, first, first / 3 % (size_t)w, first / 3 / (size_t)w, first < n ? out.rgb[first] : -1,
+                      want && first < m ? want[first] : -1);
+                gm_free(want);
+            }
+            /* every case: sha256 of the bytes */
+            uint8_t hsh[32];
+            sha256(out.rgb, n, hsh);
+            bool ok = true;
+            for (int j = 0; j < 32; j++) ok = ok && hsh[j] == (uint8_t)hashes[c * 32 + j];
+            CHECK(ok, "%s: sha256 of our %zu bytes differs from Pillow's Image.BICUBIC", what, n);
+            checked++;
+            /* and the filter is not bilinear's */
+            CHECK_OK(gm_image_resize(&in, w, h, GM_IMAGE_BILINEAR, &bil, &err), &err);
+            differs_from_bilinear += bil.rgb && memcmp(bil.rgb, out.rgb, n) != 0;
+            gm_image_free(&out), gm_image_free(&bil);
+        }
+        gm_free(sizes), gm_free(hashes);
+        gm_image_free(&in);
+    }
+    CHECK(checked >= 12 && differs_from_bilinear >= 11, "only %d bicubic cases checked (%d differ from bilinear)", checked, differs_from_bilinear);
+
+    /* the processor with opts.filter: pixel_values = normalize(resize bicubic); the default (zero)
+     * is bilinear */
+    gm_error err = {0};
+    gm_image img = {0}, sized = {0};
+    CHECK_OK(gm_image_load(img_path("small.jpg"), NULL, &img, &err), &err);
+    gm_image_opts o = gm_image_opts_gemma3(48);
+    CHECK(o.filter == GM_IMAGE_BILINEAR, "Gemma 3's options resize bilinear");
+    o.filter = GM_IMAGE_BICUBIC;
+    gm_image_pixels px = {0};
+    float *want = malloc(3 * 48 * 48 * sizeof(float));
+    if (img.rgb) CHECK_OK(gm_image_preprocess(&img, &o, &px, &err), &err);
+    if (img.rgb) CHECK_OK(gm_image_resize(&img, 48, 48, GM_IMAGE_BICUBIC, &sized, &err), &err);
+    if (sized.rgb) gm_image_normalize(&sized, o.rescale, o.mean, o.std, want);
+    CHECK(px.data && sized.rgb && memcmp(px.data, want, 3 * 48 * 48 * sizeof(float)) == 0, "preprocess with GM_IMAGE_BICUBIC");
+    gm_image_pixels_free(&px), gm_image_free(&sized);
+    /* unknown filters */
+    o.filter = (gm_image_filter)2;
+    gm_status s = img.rgb ? gm_image_preprocess(&img, &o, &px, &err) : GM_ERR_INVALID;
+    CHECK(s == GM_ERR_INVALID && px.data == NULL && gm_test_contains(err.msg, "unknown filter 2"), "preprocess, filter 2: %s", err.msg);
+    s = img.rgb ? gm_image_resize(&img, 4, 4, (gm_image_filter)-1, &sized, &err) : GM_ERR_INVALID;
+    CHECK(s == GM_ERR_INVALID && sized.rgb == NULL && gm_test_contains(err.msg, "unknown filter -1") && gm_test_contains(err.msg, "hint:"),
+          "resize, filter -1: %s", err.msg);
+    free(want);
+    gm_image_free(&img);
 }
 
 /* ---- the processor ------------------------------------------------------------------------------ */
@@ -722,6 +812,7 @@ int main(void) {
     double t0 = gm_test_now_s();
     test_decoded();
     test_resize();
+    test_resize_bicubic();
     test_normalize_lut();
     test_pixel_values();
     test_pan_and_scan_rects();
