@@ -299,7 +299,7 @@ static int l_lora_count(lua_State *L) {
                                                     : gm_error_set(&err, GM_ERR_INVALID, "%s has no audio encoder to train "
                                                                    "(audio_targets is for Gemma 3n)", cfg.name);
         if (s == GM_OK)
-            s = gm_lora_describe(&lo, lp, gm_arch_get(part == 0 ? GM_ARCH_SIGLIP : GM_ARCH_GEMMA3N_AUDIO), &tc,
+            s = gm_lora_describe(&lo, lp, gm_arch_get(tc.arch), &tc,
                                  part == 0 ? GM_VISION_TOWER_PREFIX : GM_AUDIO_TOWER_PREFIX, &err);
         if (s != GM_OK) {
             gm_error_prefix(&err, part == 0 ? "vision_targets" : "audio_targets");

@@ -228,8 +228,7 @@ static int l_ds_add_chat(lua_State *L) {
         lua_pop(L, 3); /* strings stay referenced by the message tables */
     }
     gm_error err = {0};
-    const gm_vision_config *v = &d->m->cfg.vision;
-    gm_mm_spec mm = {.boi_id = v->boi_id, .eoi_id = v->eoi_id, .image_token_id = v->image_token_id, .tokens = v->tokens};
+    gm_mm_spec mm = gm_mm_spec_image(&d->m->cfg);
     gm_mm_spec as = gm_mm_spec_audio(&d->m->cfg);
     gm_status s = n_audio > 0 ? gm_dataset_add_chat_audio(&d->ds, d->tok, msgs, n, max_length, (int32_t)label, &as, audio,
                                                           audio_sha, n_audio, &err)

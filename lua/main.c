@@ -357,6 +357,12 @@ static int cmd_generate(int argc, char **argv) {
         gm_model_free(m);
         return 2;
     }
+    if (pan_and_scan && m->cfg.arch != GM_ARCH_GEMMA3) {
+        fprintf(stderr, "gemmarun: error: --pan-and-scan: %s: pan & scan crops are Gemma 3's processor's; this model's resizes "
+                        "each image whole\n  hint: leave --pan-and-scan out\n", path);
+        gm_model_free(m);
+        return 2;
+    }
     if (n_images > 0 && gm_model_no_images(m)) {
         fprintf(stderr, "gemmarun: error: --image %s: %s: %s\n%s", images[0], path, gm_model_no_images(m),
                 m->cfg.arch == GM_ARCH_GEMMA3 ? "  hint: use a multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration, "
@@ -421,11 +427,12 @@ static int cmd_generate(int argc, char **argv) {
     s = s_ad;
     if (s == GM_OK && n_images > 0) { /* expanded as the processor does; the images through the tower */
         const gm_vision_config *vc = &m->cfg.vision;
-        gm_mm_spec mm = {.boi_id = vc->boi_id, .eoi_id = vc->eoi_id, .image_token_id = vc->image_token_id, .tokens = vc->tokens};
+        gm_mm_spec mm = gm_mm_spec_image(&m->cfg);
         int64_t S = vc->image_size, C = m->cfg.hidden_size;
         /* the images first (with pan & scan their crop counts shape the prompt), each followed by
          * its crops: (views, 3, S, S) */
         gm_image_opts io = gm_image_opts_gemma3(S);
+        io.filter = mm.filter;
         io.pan_and_scan = pan_and_scan;
         int64_t crops[16] = {0}, views = 0;
         float *pixels = gm_malloc((size_t)(n_images * (1 + GM_IMAGE_MAX_CROPS) * 3 * S * S) * sizeof(float));

@@ -145,7 +145,7 @@ static void layer_bwd(gm_graph *g, int64_t l) {
     gm_graph_linear_bwd(g, l, W_O, d[G_DATT], d[G_DTMP], a[A_ATT], 0.0f);
     int64_t window = c->layer_type[l] == GM_LAYER_SLIDING ? c->sliding_window : 0;
     k->attention_bwd(kc, d[G_DQ], d[G_DK], d[G_DV], d[G_DATT], a[A_Q], a[A_K], a[A_V], a[A_ATT], a[A_LSE],
-                     g->has_kv_end ? g->kv_end : NULL, B, T, H, KVH, D,
+                     gm_graph_kv_end(g, l), B, T, H, KVH, D,
                      window, attn_scale(c));
     k->rope_bwd(kc, d[G_DQ], d[G_DQ], g->pos, N, H, D, gm_config_rope_pairs(c, l), theta, pscale);
     k->rope_bwd(kc, d[G_DK], d[G_DK], g->pos, N, KVH, D, gm_config_rope_pairs(c, l), theta, pscale);

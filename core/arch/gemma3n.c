@@ -443,7 +443,7 @@ static void layer_bwd(gm_graph *g, int64_t l) {
     gm_kv_train_source(g, l, &KV_SHARE, &kk, &vv);
     int64_t window = full ? 0 : c->sliding_window, KW = KVH * D;
     k->attention_bwd(kc, d[G_DQ], d[G_DK], d[G_DV], d[G_DATT], a[A_Q], kk, vv, a[A_ATT], a[A_LSE],
-                     g->has_kv_end ? g->kv_end : NULL, B, T, H, KVH, D, window, 1.0f);
+                     gm_graph_kv_end(g, l), B, T, H, KVH, D, window, 1.0f);
     if (gm_kv_grads(g, l, &KV_SHARE, d[G_DK], d[G_DV], N * KW)) { /* a source layer: on into its projections */
         k->rope_bwd(kc, d[G_DK], d[G_DK], g->pos, N, KVH, D, gm_config_rope_pairs(c, l), theta, pscale);
         k->rmsnorm_bwd(kc, d[G_DK], NULL, d[G_DK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), a[A_RSTDK], N * KVH, D, 0.0f);

@@ -397,7 +397,7 @@ static void layer_bwd(gm_graph *g, int64_t l) {
     gm_kv_train_source(g, l, &KV_SHARE, &kk, &vv);
     int64_t window = full ? 0 : c->sliding_window, KW = KVH * D;
     k->attention_bwd(kc, d[G_DQ], d[G_DK], d[G_DV], d[G_DATT], a[A_Q], kk, vv, a[A_ATT], a[A_LSE],
-                     g->has_kv_end ? g->kv_end : NULL, B, T, H, KVH, D, window, 1.0f);
+                     gm_graph_kv_end(g, l), B, T, H, KVH, D, window, 1.0f);
     k->rope_bwd(kc, d[G_DQ], d[G_DQ], g->pos, N, H, D, rot, theta, pscale);
     k->rmsnorm_bwd(kc, d[G_DQ], NULL, d[G_DQ], a[A_QPRE], gm_graph_norm(g, l, W_Q_NORM), a[A_RSTDQ], N * H, D, 0.0f);
     gm_graph_linear_bwd(g, l, W_Q, d[G_DXN], d[G_DQ], a[A_XN1], 0.0f);

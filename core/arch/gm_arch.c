@@ -40,6 +40,7 @@ int64_t gm_dim_value(const gm_config *c, int64_t layer, gm_dim d, int64_t rank) 
     case GM_DIM_KFE: return c->experts_top_k * c->expert_ffn;
     case GM_DIM_E2FE: return c->n_experts * 2 * c->expert_ffn;
     case GM_DIM_EC: return c->n_experts * c->hidden_size;
+    case GM_DIM_2: return 2;
     case GM_DIM_KWF:
         return (c->n_kv_heads_full > 0 ? c->n_kv_heads_full : c->n_kv_heads) *
                (c->head_dim_full > 0 ? c->head_dim_full : c->head_dim);
@@ -56,6 +57,9 @@ bool gm_weight_present(const gm_weight_spec *w, const gm_config *c, int64_t laye
     case GM_WHEN_SPARSE: return layer >= 0 && c->act_sparsity[layer] > 0.0f;
     case GM_WHEN_PLE: return c->ple_dim > 0;
     case GM_WHEN_MOE: return c->n_experts > 0;
+    case GM_WHEN_CLIPPED: return c->vision.clipped;
+    case GM_WHEN_STANDARDIZE: return c->vision.standardize;
+    case GM_WHEN_ABSENT: return false;
     case GM_WHEN_KV_SHARED:
         for (int64_t l = 0; l < c->n_layers; l++)
             if (c->kv_source[l] != l) return true;
@@ -77,6 +81,7 @@ const gm_arch_def *gm_arch_get(gm_arch a) {
     case GM_ARCH_SIGLIP: return &gm_arch_siglip;
     case GM_ARCH_GEMMA3N_AUDIO: return &gm_arch_gemma3n_audio;
     case GM_ARCH_GEMMA4: return &gm_arch_gemma4;
+    case GM_ARCH_GEMMA4_VISION: return &gm_arch_gemma4_vision;
     default: return NULL;
     }
 }

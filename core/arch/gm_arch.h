@@ -69,6 +69,7 @@ typedef enum gm_dim {
     GM_DIM_KFE,      /* K x Fe */
     GM_DIM_E2FE,     /* E x 2 Fe: the experts' stacked gate-and-up matrices, as rows */
     GM_DIM_EC,       /* E x C: the experts' stacked down matrices, as rows */
+    GM_DIM_2,        /* two values per token: a patch's (x, y) grid position (Gemma 4's tower) */
     GM_DIM_COUNT
 } gm_dim;
 
@@ -95,6 +96,10 @@ typedef enum gm_wcond {
     GM_WHEN_PLE,     /* the model has per-layer embeddings (ple_dim > 0: Gemma 4's E-models) */
     GM_WHEN_KV_SHARED, /* the model has KV-shared layers (some kv_source[l] != l) */
     GM_WHEN_MOE,     /* the model has a mixture of experts beside each MLP (n_experts > 0) */
+    GM_WHEN_CLIPPED, /* Gemma 4's vision tower clamps its linears' inputs and outputs
+                        (use_clipped_linears: the Gemma4ClippableLinear buffers) */
+    GM_WHEN_STANDARDIZE, /* Gemma 4's vision tower standardizes its soft tokens (standardize) */
+    GM_WHEN_ABSENT,  /* a common slot the architecture lacks (Gemma 4's tower: no final norm) */
 } gm_wcond;
 
 typedef struct gm_weight_spec {
@@ -135,7 +140,7 @@ typedef struct gm_act_spec {
  * tied "head" that is never read). */
 enum { GM_GLOBAL_EMBED = 0, GM_GLOBAL_FINAL_NORM = 1, GM_GLOBAL_LM_HEAD = 2 };
 #define GM_MAX_GLOBALS 16 /* SigLIP has 8, Gemma 3n 12 */
-#define GM_MAX_LAYER_WEIGHTS 32
+#define GM_MAX_LAYER_WEIGHTS 48 /* Gemma 4's vision tower: 13 + 28 clip bounds */
 
 struct gm_graph;
 
@@ -206,6 +211,7 @@ extern const gm_arch_def gm_arch_gemma3n;
 extern const gm_arch_def gm_arch_siglip;
 extern const gm_arch_def gm_arch_gemma3n_audio;
 extern const gm_arch_def gm_arch_gemma4;
+extern const gm_arch_def gm_arch_gemma4_vision;
 
 /* The width of the residual stream X[l] per token: C, or S x C for an AltUp architecture. */
 int64_t gm_arch_residual_width(const gm_arch_def *a, const gm_config *c);
@@ -231,6 +237,7 @@ enum {
  * dpost (N, C) workspace; dproj (C, C_text) and dnorm (C) accumulate when not NULL. */
 typedef struct gm_siglip_head_bufs {
     float *post, *mean, *rstd, *pooled, *normed, *rstd_mm, *out;
+    float *std_nbias; /* Gemma 4 (standardize): -std_bias (C), what the head adds before scaling */
     const float *proj, *norm_scale;
     float *dout, *dnormed, *dpooled, *dpost, *dproj, *dnorm;
 } gm_siglip_head_bufs;
@@ -245,6 +252,30 @@ void gm_siglip_head(struct gm_graph *g, const gm_siglip_head_bufs *b);
  * (accumulated, each when not NULL) and, when `into_tower`, dL/dX[L] into the graph's residual
  * gradient g->g (assigned) for the tower's layer_bwd. The post-layernorm is frozen. */
 void gm_siglip_head_bwd(struct gm_graph *g, const gm_siglip_head_bufs *b, bool into_tower);
+
+/* ---- Gemma 4's vision tower (core/arch/gemma4_vision.c): extra globals, front, head ---------- */
+
+enum {
+    GM_G4V_PATCH = 3,   /* patch_embedder.input_proj (C, 3 p p), on patches in (y, x, channel) order */
+    GM_G4V_STD_BIAS,    /* std_bias (C), standardize only */
+    GM_G4V_STD_SCALE,   /* std_scale (C) */
+    GM_G4V_PROJ,        /* embed_vision.embedding_projection (C_text, C) */
+    GM_G4V_GLOBALS
+};
+
+/* X[0] (N, C) of an encoder graph begun with gm_graph_begin_encoder (T = patches per image) from
+ * patches (N, 3 p p) in backend memory, already 2 (x - 0.5) (the model's own rescale: what Gemma 3's
+ * processor normalization gives), and each patch's grid column and row xy (2, N) host int32
+ * (x's first): input_proj(patches) + table[0][x] + table[1][y] (Gemma4VisionPatchEmbedder). */
+void gm_gemma4_vision_embed(struct gm_graph *g, const float *patches, const int32_t *xy);
+/* The soft tokens b->out (images x tokens, C_text) from X[L] of square grids: k x k average
+ * pooling (Gemma4VisionPooler on an unpadded grid), times sqrt(C), standardized when the config
+ * says, RMSNorm without weight, embedding_projection (Gemma4MultimodalEmbedder). b->pooled holds
+ * the standardized pooled rows (the RMSNorm's input); b->post is not used. */
+void gm_gemma4_vision_head(struct gm_graph *g, const gm_siglip_head_bufs *b);
+/* Backward of gm_gemma4_vision_head from b->dout into g->g = dL/dX[L] (assigned); the embedder
+ * is frozen. */
+void gm_gemma4_vision_head_bwd(struct gm_graph *g, const gm_siglip_head_bufs *b);
 
 #ifdef __cplusplus
 }

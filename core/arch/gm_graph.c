@@ -234,6 +234,13 @@ gm_status gm_graph_begin(gm_graph *g, const gm_graph_input *in, gm_error *err) {
          * (get_per_layer_inputs runs on the input ids before any merge): ids past the table (every
          * multimodal id of the published models) take row 0 */
         for (int64_t i = 0; i < N; i++) g->host_ple_ids[i] = in->ids[i] >= 0 && in->ids[i] < c->ple_vocab ? in->ids[i] : 0;
+        /* Gemma 4 (Gemma4Model.forward) puts the pad id in the media tokens' place first: its image
+         * and audio ids lie inside the table */
+        if (c->arch == GM_ARCH_GEMMA4)
+            for (int64_t i = 0; i < N; i++)
+                if ((c->vision.hidden_size > 0 && in->ids[i] == c->vision.image_token_id) ||
+                    (c->audio.hidden_size > 0 && in->ids[i] == c->audio.audio_token_id))
+                    g->host_ple_ids[i] = c->pad_id;
         gm_backend_upload(g->be, g->ple_ids, g->host_ple_ids, (size_t)N * sizeof(int32_t));
         int64_t L = c->n_layers;
         for (int64_t l = 0; l < L; l++)
@@ -247,8 +254,12 @@ gm_status gm_graph_begin(gm_graph *g, const gm_graph_input *in, gm_error *err) {
     for (int64_t i = 0; i < in->n_ptr_embeds; i++)
         gm_backend_upload(g->be, g->X[0] + in->ptr_rows[i] * C, in->ptr_embeds[i], (size_t)C * sizeof(float));
     if (in->n_dev_embeds > 0) g->k->scatter_rows(&g->kc, g->X[0], in->dev_embeds, in->dev_rows, in->n_dev_embeds, C);
-    if (g->arch->front) g->arch->front(g);
+    if (!in->late_rows) gm_graph_front(g);
     return GM_OK;
+}
+
+void gm_graph_front(gm_graph *g) {
+    if (g->arch->front) g->arch->front(g);
 }
 
 gm_status gm_graph_begin_encoder(gm_graph *g, int64_t B, int64_t T, gm_error *err) {
@@ -375,13 +386,24 @@ void gm_graph_linear_bwd(gm_graph *g, int64_t l, int slot, float *dx, const floa
 
 /* ---- attention ---------------------------------------------------------------------------- */
 
+const int32_t *gm_graph_kv_end(const gm_graph *g, int64_t l) {
+    if (!g->has_kv_end) return NULL;
+    if (g->arch->encoder) return g->kv_end;
+    const gm_config *c = g->cfg;
+    switch (c->image_mask) {
+    case GM_IMAGE_MASK_ALL: return g->kv_end;
+    case GM_IMAGE_MASK_SLIDING: return c->layer_type[l] == GM_LAYER_SLIDING ? g->kv_end : NULL;
+    default: return NULL;
+    }
+}
+
 void gm_graph_attention(gm_graph *g, int64_t l, float *out, float *lse, const float *q, const float *k,
                         const float *v, float scale) {
     const gm_config *c = g->cfg;
     int64_t B = g->B, T = g->T, H = c->n_heads, KVH = gm_dim_value(c, l, GM_DIM_KVH, 0), D = gm_dim_value(c, l, GM_DIM_D, 0);
     int64_t window = c->layer_type[l] == GM_LAYER_SLIDING ? c->sliding_window : 0;
     int64_t src = c->kv_source[l];
-    const int32_t *kv_end = g->has_kv_end ? g->kv_end : NULL;
+    const int32_t *kv_end = gm_graph_kv_end(g, l);
     if (g->o.mode == GM_GRAPH_INFER && !g->arch->encoder) {
         if (src == l) {
             int64_t S = g->cache_slots[l], KW = KVH * D;

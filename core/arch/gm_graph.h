@@ -84,6 +84,10 @@ typedef struct gm_graph_input {
      * image tokens that see their whole image (gm_mm_kv_end, gemma_architecture.md §2.4);
      * NULL: causal. */
     const int32_t *kv_end;
+    /* The caller writes more rows of X[0] after gm_graph_begin (the trainer's images, straight
+     * from the tower's output), then calls gm_graph_front: the front must read them (Gemma 4's
+     * per-layer inputs project every row of X[0], soft tokens included). */
+    bool late_rows;
 } gm_graph_input;
 
 typedef struct gm_graph {
@@ -160,6 +164,8 @@ void gm_graph_layout(gm_graph *g, gm_arena *a, gm_arena *host);
  * given). GM_ERR_INVALID (id outside the vocabulary, T over the layout, past the cache, soft row
  * outside the input). */
 gm_status gm_graph_begin(gm_graph *g, const gm_graph_input *in, gm_error *err);
+/* The architecture's front on X[0] (gm_graph_begin runs it, unless its input had late_rows). */
+void gm_graph_front(gm_graph *g);
 
 /* For an encoder architecture (arch->encoder: a vision tower): sets up a call of B sequences of
  * T positions, every position seeing every other; the caller's front (e.g. gm_siglip_embed)
@@ -187,6 +193,11 @@ void gm_graph_linear(gm_graph *g, int64_t l, int slot, float *y, const float *x)
 /* Backward of gm_graph_linear: dx (N, in) = beta * dx + dy W (+ the adapter's input gradient);
  * the adapter's dA, dB accumulate. x is the forward input. */
 void gm_graph_linear_bwd(gm_graph *g, int64_t l, int slot, float *dx, const float *dy, const float *x, float beta);
+
+/* The key ends layer l's attention uses: the call's kv_end (gm_graph_input) where the config lets
+ * an image's tokens see each other on this layer (gm_config.image_mask; an encoder: always), else
+ * NULL (causal). */
+const int32_t *gm_graph_kv_end(const gm_graph *g, int64_t l);
 
 /* Attention of layer l: out (N, H*D) from q (N, H*D, normed and rotated), with causal masking (or
  * the call's kv_end: images seen whole; an encoder sees everything) and the layer's sliding

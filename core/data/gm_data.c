@@ -33,9 +33,20 @@ static void free_images(gm_example *e) {
     gm_free(e->audio_sha);
 }
 
+gm_mm_spec gm_mm_spec_image(const gm_config *c) {
+    const gm_vision_config *v = &c->vision;
+    gm_mm_spec s = {.boi_id = v->boi_id, .eoi_id = v->eoi_id, .image_token_id = v->image_token_id, .tokens = v->tokens};
+    if (c->arch == GM_ARCH_GEMMA4) { /* Gemma4Processor: boi + n x image_token + eoi, nothing around */
+        s.boi_text = "<|image>", s.close_text = "<image|>", s.soft_text = "<|image|>";
+        s.bare = true, s.filter = GM_IMAGE_BICUBIC;
+    }
+    return s;
+}
+
 gm_mm_spec gm_mm_spec_audio(const gm_config *c) {
-    gm_mm_spec s = {c->audio.boa_id, c->audio.eoa_id, c->audio.audio_token_id, c->audio.soft_tokens,
-                    "<start_of_audio>", "<end_of_audio>", "<audio_soft_token>", "audio clip"};
+    gm_mm_spec s = {.boi_id = c->audio.boa_id, .eoi_id = c->audio.eoa_id, .image_token_id = c->audio.audio_token_id,
+                    .tokens = c->audio.soft_tokens, .open_text = "<start_of_audio>", .close_text = "<end_of_audio>",
+                    .soft_text = "<audio_soft_token>", .what = "audio clip"};
     return s;
 }
 
@@ -68,8 +79,9 @@ gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_
      * crops: Gemma3Processor.replace_image_token's sentence around its block and its crops'.
      * Audio (Gemma3nProcessor): "\n\n<start_of_audio><end_of_audio>\n\n" the same way. */
     const char *open = open_of(mm), *close = close_of(mm), *what = what_of(mm);
+    const char *boi = mm->boi_text ? mm->boi_text : open;
     char rep[96];
-    snprintf(rep, sizeof rep, "\n\n%s%s\n\n", open, close);
+    snprintf(rep, sizeof rep, mm->bare ? "%s%s" : "\n\n%s%s\n\n", boi, close);
     size_t rep_len = strlen(rep), open_len = strlen(open);
     static const char pas_head[] = "Here is the original image ";
     static const char pas_mid[] = " and here are some crops to help you see better ";
@@ -124,7 +136,7 @@ gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_
         return gm_error_set(err, GM_ERR_INVALID,
                             "example %lld: the tokenizer does not turn %s / %s into the model's ids %d / %d (found %lld / %lld "
                             "of %lld)\n  hint: the tokenizer and config.json belong to different models",
-                            (long long)ex_index, open, close, mm->boi_id, mm->eoi_id, (long long)nb, (long long)ne,
+                            (long long)ex_index, mm->boi_text ? mm->boi_text : open, close, mm->boi_id, mm->eoi_id, (long long)nb, (long long)ne,
                             (long long)views);
     }
     int32_t *out = gm_malloc((size_t)(n + views * mm->tokens) * sizeof *out);
@@ -179,6 +191,12 @@ gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, co
                                      const char *const *image_sha, int64_t n_images, const int64_t *crops,
                                      gm_error *err) {
     if (!mm) return gm_dataset_add_chat(ds, tok, msgs, n_msgs, max_length, label, err);
+    if (crops && mm->bare)
+        for (int64_t i = 0; i < n_images; i++)
+            if (crops[i] > 0)
+                return gm_error_set(err, GM_ERR_INVALID, "pan & scan crops are Gemma 3's processor's; Gemma 4 resizes each "
+                                    "image whole\n  hint: turn pan_and_scan off");
+    ds->image_filter = mm->filter;
     return add_chat_media(ds, tok, msgs, n_msgs, max_length, label, mm, images, image_sha, n_images, crops, false, err);
 }
 
@@ -385,6 +403,7 @@ gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, i
                           float *pixels, int64_t *n_images, gm_error *err) {
     *n_images = 0;
     gm_image_opts o = gm_image_opts_gemma3(S), o_pas = o;
+    o.filter = o_pas.filter = ds->image_filter;
     o_pas.pan_and_scan = true;
     /* the last decoded file: the cells of one sheet in a batch decode it once (measured on
      * OpenCV's 2000 x 1000 digits.png: docs/experiments.md, "Images") */

@@ -22,6 +22,7 @@
 #define GM_DATA_H
 
 #include "gm_chat.h"
+#include "gm_image.h"
 #include "gm_status.h"
 #include "gm_tokenizer.h"
 
@@ -69,9 +70,19 @@ typedef struct gm_mm_spec {
      * closing it ("<end_of_image>"), its soft token's text ("<image_soft_token>") and its name in
      * messages ("image"). gm_mm_spec_audio makes the audio spec of a Gemma 3n config. */
     const char *open_text, *close_text, *soft_text, *what;
+    /* Gemma 4 (Gemma4Processor.replace_image_token): the placeholder becomes boi_text + close_text
+     * with no "\n\n" around (bare); boi_text NULL: open_text is also the opening token's text.
+     * filter: the resample of the model's image processor (Gemma 4: bicubic). */
+    const char *boi_text;
+    bool bare;
+    gm_image_filter filter;
 } gm_mm_spec;
 
 struct gm_config;
+/* The image spec of a multimodal config (its ids and soft tokens per image): Gemma 3's
+ * "\n\n<start_of_image>...<end_of_image>\n\n" blocks, Gemma 4's bare "<|image>...<image|>" with
+ * "<|image|>" soft tokens. Messages mark each image with "<start_of_image>" for both. */
+gm_mm_spec gm_mm_spec_image(const struct gm_config *c);
 /* The audio spec of a Gemma 3n config (its boa / eoa / audio soft token ids and soft tokens per
  * clip). */
 gm_mm_spec gm_mm_spec_audio(const struct gm_config *c);
@@ -81,6 +92,8 @@ typedef struct gm_dataset {
     int64_t n, cap;
     int64_t n_rejected;    /* examples refused by gm_dataset_add_chat (reason logged) */
     int64_t n_truncated;   /* examples cut to max_length (response partly kept) */
+    gm_image_filter image_filter; /* the resample gm_batch_images uses: the spec's of the last
+                                     example added with images (one model per data set) */
 } gm_dataset;
 
 void gm_dataset_init(gm_dataset *ds);

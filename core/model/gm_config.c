@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 const char *gm_arch_name(gm_arch a) {
     switch (a) {
@@ -20,6 +21,7 @@ const char *gm_arch_name(gm_arch a) {
     case GM_ARCH_GEMMA4: return "gemma4";
     case GM_ARCH_SIGLIP: return "siglip";
     case GM_ARCH_GEMMA3N_AUDIO: return "gemma3n_audio";
+    case GM_ARCH_GEMMA4_VISION: return "gemma4_vision";
     default: return "?";
     }
 }
@@ -317,7 +319,52 @@ static void encoder_layers(gm_config *t) {
     }
 }
 
+/* Gemma 4's tower (gm_config_vision_tower): Gemma4VisionConfig's widths, full attention over the
+ * image's patches, the 2-D position table's two axes as "vocabulary" rows (2 x
+ * position_embedding_size), RMSNorm on the stored weight, every layer's RoPE base the tower's. */
+static gm_status gemma4_vision_tower(const gm_config *mm, gm_config *t, gm_error *err) {
+    const gm_vision_config *v = &mm->vision;
+    if (v->n_heads <= 0 || v->n_kv_heads <= 0 || v->n_heads % v->n_kv_heads != 0 || v->head_dim < 4 || v->head_dim % 4 != 0 ||
+        v->patch_size <= 0 || v->pool <= 0 || v->image_size % (v->patch_size * v->pool) != 0 || v->tokens <= 0 ||
+        v->pos_table <= 0 || v->intermediate_size <= 0)
+        return gm_error_set(err, GM_ERR_INVALID,
+                            "%s: vision_config is incomplete or inconsistent (heads %lld, kv heads %lld, head_dim %lld, patch_size "
+                            "%lld, pooling_kernel_size %lld, image side %lld, intermediate_size %lld)", mm->name,
+                            (long long)v->n_heads, (long long)v->n_kv_heads, (long long)v->head_dim, (long long)v->patch_size,
+                            (long long)v->pool, (long long)v->image_size, (long long)v->intermediate_size);
+    int64_t side = v->image_size / v->patch_size;
+    if (side > v->pos_table)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: an image of %lld x %lld patches needs more than the %lld rows of each axis "
+                            "of the position table (position_embedding_size)\n  hint: a smaller max_soft_tokens", mm->name,
+                            (long long)side, (long long)side, (long long)v->pos_table);
+    t->arch = GM_ARCH_GEMMA4_VISION;
+    snprintf(t->name, sizeof t->name, "gemma4_vision");
+    t->vocab_size = 2 * v->pos_table;
+    t->hidden_size = v->hidden_size;
+    t->n_layers = v->n_layers;
+    t->n_heads = v->n_heads;
+    t->n_kv_heads = v->n_kv_heads;
+    t->head_dim = v->head_dim;
+    t->intermediate_size = v->intermediate_size;
+    t->max_position_embeddings = side * side;
+    t->rms_norm_eps = v->layer_norm_eps;
+    t->query_pre_attn_scalar = 1.0f; /* Gemma4VisionAttention.scaling = 1 */
+    t->tie_word_embeddings = true;
+    t->norm_convention = GM_NORM_DIRECT; /* Gemma4RMSNorm multiplies by the stored weight */
+    t->vision = *v;
+    t->vision.out_hidden_size = mm->hidden_size;
+    encoder_layers(t);
+    for (int64_t i = 0; i < t->n_layers; i++) t->rope_theta[i] = v->rope_theta;
+    return GM_OK;
+}
+
 gm_status gm_config_vision_tower(const gm_config *mm, gm_config *t, gm_error *err) {
+    if (mm->arch == GM_ARCH_GEMMA4) {
+        memset(t, 0, sizeof *t);
+        if (mm->vision.hidden_size <= 0 || mm->vision.n_layers <= 0)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: the model has no vision tower (no vision_config)", mm->name);
+        return gemma4_vision_tower(mm, t, err);
+    }
     const gm_vision_config *v = &mm->vision;
     memset(t, 0, sizeof *t);
     if (v->hidden_size <= 0 || v->n_layers <= 0)
@@ -456,6 +503,8 @@ static gm_status gemma4_text_json(const cJSON *root, const char *label, gm_confi
     if (bidi && cJSON_IsString(bidi) && strcmp(bidi->valuestring, "all") == 0)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: use_bidirectional_attention 'all' (an encoder-style Gemma 4) is not "
                             "supported: gemmarun runs the causal decoder", label);
+    cfg->image_mask = bidi && cJSON_IsString(bidi) && strcmp(bidi->valuestring, "vision") == 0 ? GM_IMAGE_MASK_SLIDING
+                                                                                              : GM_IMAGE_MASK_NONE;
     /* null (transformers: falsy, no per-layer inputs) is not "absent" (the default 256) */
     const cJSON *ple = cJSON_GetObjectItemCaseSensitive(root, "hidden_size_per_layer_input");
     cfg->ple_dim = 256, cfg->ple_vocab = 262144, cfg->altup_inputs = 1;
@@ -698,11 +747,46 @@ gm_status gm_config_from_json(const char *json, const char *label, gm_config *cf
     return s;
 }
 
+/* Gemma 4's image-token budget from the processor's files in config.json's folder dir
+ * (max_soft_tokens of preprocessor_config.json, or of processor_config.json's image_processor): the
+ * image grid gemmarun resizes to (gm_config_gemma4_image_budget); 280 without either. */
+static gm_status read_image_budget(const char *dir, gm_config *cfg, gm_error *err) {
+    static const char *const files[] = {"preprocessor_config.json", "processor_config.json"};
+    for (int i = 0; i < 2; i++) {
+        char path[1100];
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        if (access(path, F_OK) != 0) continue;
+        char *text = NULL;
+        GM_TRY(gm_read_file(path, &text, NULL, err));
+        cJSON *j = cJSON_Parse(text);
+        gm_free(text);
+        if (!j) return gm_error_set(err, GM_ERR_FORMAT, "%s: not valid JSON", path);
+        const cJSON *ip = cJSON_GetObjectItemCaseSensitive(j, "image_processor");
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(cJSON_IsObject(ip) ? ip : j, "max_soft_tokens");
+        gm_status s = GM_OK;
+        if (b && !cJSON_IsNumber(b)) s = gm_error_set(err, GM_ERR_FORMAT, "%s: max_soft_tokens must be a number", path);
+        else if (b) s = gm_config_gemma4_image_budget(cfg, (int64_t)b->valuedouble, err);
+        cJSON_Delete(j);
+        if (s != GM_OK) {
+            gm_error_prefix(err, "%s", path);
+            return s;
+        }
+        if (b) return GM_OK;
+    }
+    return GM_OK;
+}
+
 gm_status gm_config_from_json_file(const char *path, gm_config *cfg, gm_error *err) {
     char *buf = NULL;
     GM_TRY(gm_read_file(path, &buf, NULL, err));
     gm_status s = gm_config_from_json(buf, path, cfg, err);
     gm_free(buf);
+    if (s == GM_OK && cfg->arch == GM_ARCH_GEMMA4 && cfg->vision.hidden_size > 0) {
+        char dir[1024];
+        const char *slash = strrchr(path, '/');
+        snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+        s = read_image_budget(dir, cfg, err);
+    }
     return s;
 }
 
@@ -809,11 +893,41 @@ static int64_t conformer_params(int64_t da, int64_t layers, int64_t hd) {
  * linears), 256 soft tokens per image (a square photo at budget 280), 48 x 48 patches; the audio
  * conformer of width da (layers, output_proj width out, 8 heads). */
 static void gemma4_vision(gm_config *c, int64_t dv, int64_t layers, int64_t fv, int64_t hd, bool standardize, bool clipped) {
-    c->vision.params = gemma4_vision_params(dv, layers, fv, hd, standardize, clipped, c->hidden_size);
-    c->vision.tokens = 256;
-    c->vision.hidden_size = dv;
-    c->vision.n_layers = layers;
-    c->vision.patches = 48 * 48;
+    gm_vision_config *v = &c->vision;
+    v->params = gemma4_vision_params(dv, layers, fv, hd, standardize, clipped, c->hidden_size);
+    v->hidden_size = dv;
+    v->n_layers = layers;
+    v->intermediate_size = fv;
+    /* Gemma4VisionConfig's and Gemma4Config's other defaults (transformers 5.24) */
+    v->head_dim = hd, v->n_heads = v->n_kv_heads = dv / hd;
+    v->patch_size = 16, v->pool = 3, v->pos_table = 10240;
+    v->layer_norm_eps = 1e-6f, v->rope_theta = 100.0f;
+    v->standardize = standardize, v->clipped = clipped;
+    v->out_hidden_size = c->hidden_size;
+    v->image_token_id = 258880, v->boi_id = 255999, v->eoi_id = 258882;
+    gm_error e = {0};
+    (void)gm_config_gemma4_image_budget(c, 280, &e); /* 280 is supported and the patch is set: cannot fail */
+}
+
+gm_status gm_config_gemma4_image_budget(gm_config *cfg, int64_t max_soft_tokens, gm_error *err) {
+    gm_vision_config *v = &cfg->vision;
+    static const int64_t supported[] = {70, 140, 280, 560, 1120}; /* _SUPPORTED_SOFT_TOKENS */
+    bool ok = false;
+    for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++) ok |= max_soft_tokens == supported[i];
+    if (!ok)
+        return gm_error_set(err, GM_ERR_INVALID, "%s: max_soft_tokens = %lld: Gemma 4's image processor takes 70, 140, 280, "
+                            "560 or 1120 soft tokens per image", cfg->name, (long long)max_soft_tokens);
+    int64_t k = v->pool > 0 ? v->pool : 3, p = v->patch_size, mult = k * p;
+    if (p <= 0) return gm_error_set(err, GM_ERR_INVALID, "%s: the vision tower has no patch_size", cfg->name);
+    /* get_aspect_ratio_preserving_size with height = width: factor * side = sqrt(max_patches p^2) */
+    double ideal = sqrt((double)(max_soft_tokens * k * k) * (double)(p * p));
+    int64_t side = (int64_t)floor(ideal / (double)mult) * mult;
+    if (side < mult) side = mult;
+    v->max_soft_tokens = max_soft_tokens;
+    v->image_size = side;
+    v->patches = (side / p) * (side / p);
+    v->tokens = (side / mult) * (side / mult);
+    return GM_OK;
 }
 
 static void gemma4_audio(gm_config *c, int64_t da, int64_t layers, int64_t out) {
@@ -897,24 +1011,48 @@ static gm_status gemma4_towers_json(const cJSON *root, const char *label, gm_con
     const cJSON *vc = jget(root, "vision_config"), *ac = jget(root, "audio_config");
     char where[160];
     if (vc && cJSON_IsObject(vc)) {
-        int64_t dv = 768, layers = 16, fv = 3072, hd = 64, id = 258880;
+        /* Gemma4VisionConfig's defaults (transformers 5.24) where a key is absent */
+        int64_t dv = 768, layers = 16, fv = 3072, hd = 64, heads = 12, kvh = -1, patch = 16, pool = 3, table = 10240;
+        int64_t id = 258880, boi = 255999, eoi = 258882;
+        float eps = 1e-6f, theta = 100.0f;
         snprintf(where, sizeof where, "%s (vision_config)", label);
         GM_TRY(jint(vc, "hidden_size", &dv, false, where, err));
         GM_TRY(jint(vc, "num_hidden_layers", &layers, false, where, err));
         GM_TRY(jint(vc, "intermediate_size", &fv, false, where, err));
         GM_TRY(jint(vc, "head_dim", &hd, false, where, err));
-        if (dv < 1 || dv > 65536 || layers < 1 || layers > GM_MAX_LAYERS || fv < 1 || fv > (1 << 20) || hd < 1 || hd > dv)
+        GM_TRY(jint(vc, "num_attention_heads", &heads, false, where, err));
+        GM_TRY(jint(vc, "num_key_value_heads", &kvh, false, where, err));
+        GM_TRY(jint(vc, "patch_size", &patch, false, where, err));
+        GM_TRY(jint(vc, "pooling_kernel_size", &pool, false, where, err));
+        GM_TRY(jint(vc, "position_embedding_size", &table, false, where, err));
+        GM_TRY(jfloat(vc, "rms_norm_eps", &eps, where, err));
+        const cJSON *rp = jget(vc, "rope_parameters");
+        if (rp && cJSON_IsObject(rp)) GM_TRY(jfloat(rp, "rope_theta", &theta, where, err));
+        if (kvh < 0) kvh = heads;
+        if (dv < 1 || dv > 65536 || layers < 1 || layers > GM_MAX_LAYERS || fv < 1 || fv > (1 << 20) || hd < 4 ||
+            hd % 4 != 0 || heads < 1 || kvh < 1 || heads % kvh != 0 || patch < 1 || patch > 1024 || pool < 1 ||
+            pool > 64 || table < 1 || table > (1 << 24) || !(eps > 0) || !(theta > 0))
             return gm_error_set(err, GM_ERR_INVALID, "%s: hidden_size %lld, num_hidden_layers %lld, intermediate_size %lld, "
-                                "head_dim %lld: out of range", where, (long long)dv, (long long)layers, (long long)fv,
-                                (long long)hd);
+                                "head_dim %lld (a multiple of 4: the 2-D RoPE splits it in x and y halves), "
+                                "num_attention_heads %lld, num_key_value_heads %lld, patch_size %lld, pooling_kernel_size "
+                                "%lld, position_embedding_size %lld, rms_norm_eps %g, rope_theta %g: out of range", where,
+                                (long long)dv, (long long)layers, (long long)fv, (long long)hd, (long long)heads,
+                                (long long)kvh, (long long)patch, (long long)pool, (long long)table, (double)eps, (double)theta);
         const cJSON *st = jget(vc, "standardize"), *cl = jget(vc, "use_clipped_linears");
         gm_vision_config *v = &cfg->vision;
         gemma4_vision(cfg, dv, layers, fv, hd, st && cJSON_IsTrue(st), cl && cJSON_IsTrue(cl));
         v->intermediate_size = fv;
-        v->patch_size = 16;
+        v->patch_size = patch;
+        v->n_heads = heads, v->n_kv_heads = kvh, v->head_dim = hd;
+        v->pool = pool, v->pos_table = table;
+        v->layer_norm_eps = eps, v->rope_theta = theta;
+        v->standardize = st && cJSON_IsTrue(st), v->clipped = cl && cJSON_IsTrue(cl);
+        v->out_hidden_size = cfg->hidden_size;
         GM_TRY(jint(root, "image_token_id", &id, false, label, err));
-        v->image_token_id = (int32_t)id;
-        v->boi_id = 255999, v->eoi_id = 258882;
+        GM_TRY(jint(root, "boi_token_id", &boi, false, label, err));
+        GM_TRY(jint(root, "eoi_token_id", &eoi, false, label, err));
+        v->image_token_id = (int32_t)id, v->boi_id = (int32_t)boi, v->eoi_id = (int32_t)eoi;
+        GM_TRY(gm_config_gemma4_image_budget(cfg, 280, err));
     }
     if (ac && cJSON_IsObject(ac)) {
         int64_t da = 1024, layers = 12, out = 1536;

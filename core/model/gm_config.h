@@ -38,9 +38,11 @@ extern "C" {
 
 /* GM_ARCH_SIGLIP: the vision tower of a multimodal Gemma 3, run as its own graph on a config
  * made by gm_config_vision_tower; GM_ARCH_GEMMA3N_AUDIO: Gemma 3n's audio conformer, on a config
- * made by gm_config_audio_tower. */
+ * made by gm_config_audio_tower; GM_ARCH_GEMMA4_VISION: Gemma 4's vision tower (gm_config_vision_tower
+ * of a Gemma 4 config). */
 typedef enum gm_arch {
-    GM_ARCH_GEMMA3 = 0, GM_ARCH_GEMMA3N, GM_ARCH_GEMMA4, GM_ARCH_SIGLIP, GM_ARCH_GEMMA3N_AUDIO, GM_ARCH_COUNT
+    GM_ARCH_GEMMA3 = 0, GM_ARCH_GEMMA3N, GM_ARCH_GEMMA4, GM_ARCH_SIGLIP, GM_ARCH_GEMMA3N_AUDIO, GM_ARCH_GEMMA4_VISION,
+    GM_ARCH_COUNT
 } gm_arch;
 const char *gm_arch_name(gm_arch a);
 
@@ -68,6 +70,18 @@ typedef struct gm_vision_config {
     /* Gemma 3n's vision embedder: hard tokens ids hard_offset .. + hard_vocab - 1 (262,144 and 128:
      * vision_config's vocab_offset, vocab_size) of width hidden_size; 0 for Gemma 3 */
     int64_t hard_offset, hard_vocab;
+    /* Gemma 4's tower (Gemma4VisionConfig; 0 / false elsewhere): kv heads and head width, the
+     * pooling kernel (3: k x k patches per soft token), rows of each axis of the 2-D position
+     * table (position_embedding_size 10,240), RoPE base (100), clipped linears
+     * (use_clipped_linears), standardized soft tokens (standardize), and the image-token budget
+     * the image processor resizes each image into (max_soft_tokens: 70, 140, 280, 560, 1120;
+     * preprocessor_config.json, 280 without one). gemmarun resizes every image to the square
+     * grid the processor gives a square image at that budget (gm_config_gemma4_image_budget):
+     * image_size, patches and tokens follow from it. */
+    int64_t n_kv_heads, head_dim, pool, pos_table;
+    float rope_theta;
+    bool clipped, standardize;
+    int64_t max_soft_tokens;
 } gm_vision_config;
 
 /* The audio tower (audio_config). Zero: no tower. The encoder fields below `frames_per_s` are
@@ -99,6 +113,12 @@ typedef struct gm_audio_config {
     int32_t audio_token_id;       /* <audio_soft_token> 262273 */
     int32_t boa_id, eoa_id;       /* <start_of_audio> 256000, <end_of_audio> 262272 */
 } gm_audio_config;
+
+/* Where an image's soft tokens attend to each other bidirectionally (the rest stays causal):
+ * Gemma 3 on every layer (token_type_ids, §2.4); Gemma 4 with use_bidirectional_attention
+ * "vision" on its sliding layers only (create_masks_for_vision_model: full layers stay causal),
+ * without it nowhere (the E-models' configs: null). */
+typedef enum gm_image_mask { GM_IMAGE_MASK_ALL = 0, GM_IMAGE_MASK_SLIDING, GM_IMAGE_MASK_NONE } gm_image_mask;
 
 typedef struct gm_config {
     gm_arch arch;
@@ -133,6 +153,7 @@ typedef struct gm_config {
     int64_t experts_top_k;        /* experts per token (8) */
     int64_t expert_ffn;           /* FFN width of one expert (704) */
     gm_vision_config vision;      /* the image tower (Hugging Face's vision_config) */
+    gm_image_mask image_mask;     /* which layers let an image's tokens see each other */
     gm_audio_config audio;        /* the audio tower (audio_config) */
 
     /* per layer */
@@ -172,6 +193,14 @@ void gm_config_gemma3_layers(gm_config *cfg, int sliding_pattern, float theta_lo
  * `vision` copied, so the spec's patch and output widths resolve. GM_ERR_INVALID when mm has no
  * usable tower (naming the missing or inconsistent field). */
 gm_status gm_config_vision_tower(const gm_config *mm, gm_config *tower, gm_error *err);
+
+/* Gemma 4: the square image grid of budget max_soft_tokens (transformers'
+ * get_aspect_ratio_preserving_size on a square image: side = floor(sqrt(budget k^2) p / (k p)) k p
+ * pixels, k the pooling kernel, p the patch) into cfg->vision: max_soft_tokens, image_size, patches
+ * and tokens ((side / (k p))^2: 256 at budget 280, 768 x 768 pixels). GM_ERR_INVALID naming the
+ * budget when it is not one of 70, 140, 280, 560, 1120 (the processor's _SUPPORTED_SOFT_TOKENS)
+ * or the tower has no patch size. */
+gm_status gm_config_gemma4_image_budget(gm_config *cfg, int64_t max_soft_tokens, gm_error *err);
 
 /* Gemma 3n's audio conformer as a config of its own (arch GM_ARCH_GEMMA3N_AUDIO): width
  * audio_config.hidden_size C, its layers and heads (head_dim C / heads, as many kv heads), the

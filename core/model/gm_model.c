@@ -15,6 +15,7 @@
 #include "gm_mmap.h" // gm_mmap_release
 #include "gm_safetensors.h"
 #include "gm_tokenizer.h"
+
 #include "kernels.h"
 
 #include <math.h>
@@ -83,7 +84,8 @@ static gm_status bind_weight(gm_model *m, const char *file_name, const char *hf_
         ok = inner == want[1];
     }
     if (!ok && want_nd == 2 && r.ndim == 3 && r.shape[0] * r.shape[1] == want[0] && r.shape[2] == want[1])
-        ok = true; /* a stack of matrices [E, out, in] (Gemma 4's experts) viewed as (E out, in) */
+        ok = true; /* a stack of matrices [E, out, in] (Gemma 4's experts, its vision position table) as (E out, in) */
+    if (!ok && want_nd == 1 && want[0] == 1 && r.ndim == 0) ok = true; /* a 0-d buffer (Gemma 4's clip bounds) */
     if (!ok) {
         char got_s[96], want_s[96];
         shape_str(r.shape, r.ndim, got_s, sizeof got_s);
@@ -367,18 +369,20 @@ static gm_status load_vision(gm_model *m, const char *text_prefix, gm_error *err
     GM_TRY(gm_config_vision_tower(&m->cfg, &v->cfg, err));
     const char *root = strcmp(text_prefix, "model.language_model.") == 0 ? "model." : "";
     snprintf(v->root, sizeof v->root, "%s", root);
+    bool g4 = m->cfg.arch == GM_ARCH_GEMMA4;
+    /* Gemma 4 (Gemma4ForConditionalGeneration): "model.vision_tower." beside model.embed_vision */
     static const char *towers[] = {"vision_tower.vision_model.", "vision_tower."};
-    for (int i = 0; i < 2 && !v->prefix[0]; i++) {
+    const char *probe_name = g4 ? "patch_embedder.input_proj.weight" : "embeddings.patch_embedding.weight";
+    for (int i = g4 ? 1 : 0; i < 2 && !v->prefix[0]; i++) {
         char probe[256];
-        snprintf(probe, sizeof probe, "%s%sembeddings.patch_embedding.weight", root, towers[i]);
+        snprintf(probe, sizeof probe, "%s%s%s", root, towers[i], probe_name);
         if (gm_safetensors_find(m->st, probe)) snprintf(v->prefix, sizeof v->prefix, "%s%s", root, towers[i]);
     }
     if (!v->prefix[0]) {
         /* a multimodal checkpoint with its tower stripped: a text model (images are refused later,
          * naming the model) */
         GM_INFO("%s: config.json has a vision_config but the files hold no vision tower (no "
-                    "%svision_tower[.vision_model].embeddings.patch_embedding.weight): loaded as a text model",
-                    m->path, root);
+                    "%svision_tower[.vision_model].%s): loaded as a text model", m->path, root, probe_name);
         m->vision = NULL;
         gm_model_free(v);
         return GM_OK;
@@ -424,7 +428,9 @@ static gm_status load_hf(gm_model *m, const char *path, const gm_model_opts *o, 
     GM_TRY(bind_all(m, prefix, err));
     /* Gemma 3's SigLIP tower; Gemma 3n's (MobileNet-V5) is not in gemmarun: its text decoder
      * loads alone, and images on it are refused where they are planned (gm_plan_max_images) */
-    if (m->cfg.vision.hidden_size > 0 && m->cfg.arch == GM_ARCH_GEMMA3) GM_TRY(load_vision(m, prefix, err));
+    if (m->cfg.vision.hidden_size > 0 && (m->cfg.arch == GM_ARCH_GEMMA3 || m->cfg.arch == GM_ARCH_GEMMA4)) {
+        GM_TRY(load_vision(m, prefix, err));
+    }
     if (o->load_tokenizer) {
         char tj[1100], tc[1100];
         snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
@@ -546,8 +552,8 @@ const char *gm_model_no_images(const gm_model *m) {
     if (m->vision) return NULL;
     if (m->cfg.arch == GM_ARCH_GEMMA3N)
         return "Gemma 3n's vision encoder (MobileNet-V5) is not in gemmarun yet: its text decoder runs, its images are not read";
-    if (m->cfg.arch == GM_ARCH_GEMMA4)
-        return "Gemma 4's vision tower is not in gemmarun yet: its text decoder runs, its images are not read";
+    if (m->cfg.arch == GM_ARCH_GEMMA4 && m->cfg.vision.hidden_size > 0)
+        return "its files hold no vision tower (no model.vision_tower.*: a text-only export of a Gemma 4)";
     return "it has no vision tower (a text-only model cannot read images)";
 }
 

@@ -18,9 +18,14 @@ gm_status gm_vision_layout(gm_vision *v, gm_arena *a, gm_arena *host, gm_error *
     int64_t N = v->max_images * v->P, R = v->max_images * v->tokens, pd = 3 * v->patch_size * v->patch_size;
 #define F32(ar, n, kind) (float *)gm_arena_alloc(ar, (size_t)(n) * sizeof(float), kind)
     v->patches = F32(a, N * pd, GM_MEM_ACTIVATIONS);
-    v->head.post = F32(a, N * v->C, GM_MEM_ACTIVATIONS);
-    v->head.mean = F32(a, N, GM_MEM_ACTIVATIONS);
-    v->head.rstd = F32(a, N, GM_MEM_ACTIVATIONS);
+    if (!v->g4) { /* SigLIP's post-layernorm; Gemma 4 pools X[L] itself */
+        v->head.post = F32(a, N * v->C, GM_MEM_ACTIVATIONS);
+        v->head.mean = F32(a, N, GM_MEM_ACTIVATIONS);
+        v->head.rstd = F32(a, N, GM_MEM_ACTIVATIONS);
+    } else {
+        v->host_xy = (int32_t *)gm_arena_alloc(host, (size_t)(2 * N) * sizeof(int32_t), GM_MEM_ACTIVATIONS);
+        if (v->tcfg.vision.standardize) v->head.std_nbias = F32(a, v->C, GM_MEM_ACTIVATIONS);
+    }
     v->head.pooled = F32(a, R * v->C, GM_MEM_ACTIVATIONS);
     v->head.normed = F32(a, R * v->C, GM_MEM_ACTIVATIONS);
     v->head.rstd_mm = F32(a, R, GM_MEM_ACTIVATIONS);
@@ -31,7 +36,7 @@ gm_status gm_vision_layout(gm_vision *v, gm_arena *a, gm_arena *host, gm_error *
         v->head.dnormed = F32(a, R * v->C, GM_MEM_WORKSPACE);
         v->head.dpooled = F32(a, R * v->C, GM_MEM_WORKSPACE);
     }
-    if (v->train_tower) v->head.dpost = F32(a, N * v->C, GM_MEM_WORKSPACE);
+    if (v->train_tower && !v->g4) v->head.dpost = F32(a, N * v->C, GM_MEM_WORKSPACE);
     if (v->train_proj) {
         for (int i = 0; i < GM_VISION_PROJ_PARAMS; i++) {
             gm_vision_param *q = &v->proj[i];
@@ -87,6 +92,11 @@ static gm_status init_train(gm_vision *v, const gm_config *mm, const gm_model *t
         v->ad = *ad;
         if (v->ad.tower && v->ad.tower->n == 0) v->ad.tower = NULL;
     }
+    v->g4 = tc->arch == GM_ARCH_GEMMA4_VISION;
+    if (v->g4 && ((t && t->projector) || (ad && ad->proj_w)))
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: training Gemma 4's image embedder (modules_to_save = "
+                            "[\"embed_vision\"]) is not in gemmarun yet\n  hint: adapt the tower with vision_targets, or "
+                            "leave the embedder frozen", mm->name);
     v->tower = tower;
     v->be = be;
     v->max_images = max_images;
@@ -170,6 +180,12 @@ gm_status gm_vision_init_params(gm_vision *v, gm_error *err) {
 
 void gm_vision_backward(gm_vision *v) {
     gm_graph *g = &v->g;
+    if (v->g4) {
+        if (!v->train_tower) return;
+        gm_gemma4_vision_head_bwd(g, &v->head);
+        gm_graph_backward(g);
+        return;
+    }
     gm_siglip_head_bwd(g, &v->head, v->train_tower);
     if (!v->train_tower) return;
     gm_graph_backward(g);
@@ -246,6 +262,18 @@ static void patchify(const float *img, int64_t S, int64_t p, float *out) {
         }
 }
 
+/* Gemma 4's order: patch t = (py, px) row-major, values (y, x, c) (convert_image_to_patches). */
+static void patchify_yxc(const float *img, int64_t S, int64_t p, float *out) {
+    int64_t side = S / p, pd = 3 * p * p;
+    for (int64_t py = 0; py < side; py++)
+        for (int64_t px = 0; px < side; px++) {
+            float *o = out + (py * side + px) * pd;
+            for (int64_t y = 0; y < p; y++)
+                for (int64_t x = 0; x < p; x++)
+                    for (int64_t c = 0; c < 3; c++) o[(y * p + x) * 3 + c] = img[(c * S + py * p + y) * S + px * p + x];
+        }
+}
+
 gm_status gm_vision_run(gm_vision *v, const float *pixels, int64_t n, gm_error *err) {
     return gm_vision_run_some(v, pixels, NULL, n, err);
 }
@@ -256,10 +284,24 @@ gm_status gm_vision_run_some(gm_vision *v, const float *pixels, const int64_t *w
                             (long long)n, (long long)v->max_images);
     int64_t S = v->image_size, pd = 3 * v->patch_size * v->patch_size, N = n * v->P;
     for (int64_t i = 0; i < n; i++)
-        patchify(pixels + (which ? which[i] : i) * 3 * S * S, S, v->patch_size, v->host_patches + i * v->P * pd);
+        (v->g4 ? patchify_yxc : patchify)(pixels + (which ? which[i] : i) * 3 * S * S, S, v->patch_size,
+                                          v->host_patches + i * v->P * pd);
     gm_backend_upload(v->be, v->patches, v->host_patches, (size_t)(N * pd) * sizeof(float));
     GM_TRY(gm_graph_begin_encoder(&v->g, n, v->P, err));
     v->n_encoded += n;
+    if (v->g4) {
+        /* each patch's grid column, then row (the processor's image_position_ids), columns first */
+        for (int64_t t = 0; t < N; t++) {
+            v->host_xy[t] = (int32_t)((t % v->P) % v->side);
+            v->host_xy[N + t] = (int32_t)((t % v->P) / v->side);
+        }
+        if (v->head.std_nbias)
+            v->g.k->scale_fwd(&v->g.kc, v->head.std_nbias, (const float *)v->w.global[GM_G4V_STD_BIAS].data, v->C, -1.0f);
+        gm_gemma4_vision_embed(&v->g, v->patches, v->host_xy);
+        gm_graph_forward(&v->g);
+        gm_gemma4_vision_head(&v->g, &v->head);
+        return gm_backend_status(v->be, err);
+    }
     gm_siglip_embed(&v->g, v->patches);
     gm_graph_forward(&v->g);
     gm_siglip_head(&v->g, &v->head);
@@ -269,7 +311,9 @@ gm_status gm_vision_run_some(gm_vision *v, const float *pixels, const int64_t *w
 gm_status gm_vision_encode(gm_vision *v, const float *pixels, int64_t n, float *out, float *hidden, gm_error *err) {
     GM_TRY(gm_vision_run(v, pixels, n, err));
     gm_backend_download(v->be, out, v->head.out, (size_t)(n * v->tokens * v->C_text) * sizeof(float));
-    if (hidden) gm_backend_download(v->be, hidden, v->head.post, (size_t)(n * v->P * v->C) * sizeof(float));
+    if (hidden)
+        gm_backend_download(v->be, hidden, v->g4 ? v->g.X[v->tcfg.n_layers] : v->head.post,
+                            (size_t)(n * v->P * v->C) * sizeof(float));
     return gm_backend_status(v->be, err);
 }
 

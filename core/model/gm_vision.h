@@ -1,7 +1,9 @@
 /*
- * gm_vision.h - the image path of a multimodal Gemma 3: preprocessed pixels through the SigLIP
- * tower and the projector (core/arch/siglip.c) into soft tokens in the text width, and the
- * attention ends that let each image's soft tokens see their whole image.
+ * gm_vision.h - the image path of a multimodal Gemma 3 or Gemma 4: preprocessed pixels through the
+ * tower and its projector (core/arch/siglip.c: SigLIP and Gemma 3's projector; core/arch/
+ * gemma4_vision.c: Gemma 4's tower and embed_vision, picked by the tower config's arch) into soft
+ * tokens in the text width, and the attention ends that let each image's soft tokens see their
+ * whole image.
  *
  * A gm_vision runs the tower's one definition in the graph's encoder mode (gm_graph.h: no KV
  * cache, every patch of an image sees every other) on up to max_images images per call, with the
@@ -80,6 +82,8 @@ typedef struct gm_vision {
     gm_graph g;
     gm_arena arena, host;
     gm_siglip_head_bufs head;   /* backend memory */
+    bool g4;                    /* Gemma 4's tower (core/arch/gemma4_vision.c), else SigLIP */
+    int32_t *host_xy;           /* Gemma 4: (2, max_images * P) host, the patches' columns then rows */
     float *patches;             /* (max_images * P, 3 p p) backend */
     float *host_patches;        /* the same, host staging */
     int64_t max_images;
@@ -146,8 +150,10 @@ gm_status gm_vision_run(gm_vision *v, const float *pixels, int64_t n, gm_error *
 gm_status gm_vision_run_some(gm_vision *v, const float *pixels, const int64_t *which, int64_t n, gm_error *err);
 
 /* Soft tokens of n images: pixels (n, 3, S, S) host f32, preprocessed as Gemma 3's image processor
- * does (core/image: resized to S x S, rescaled, normalized to [-1, 1]); out (n, tokens, C_text)
- * host. hidden (n, P, C) host, or NULL: the tower's last_hidden_state (after post_layernorm). */
+ * does (core/image: resized to S x S, rescaled, normalized to [-1, 1]; for Gemma 4 the resize is
+ * bicubic and [-1, 1] is the model's own 2 (x - 0.5)); out (n, tokens, C_text) host. hidden (n, P, C)
+ * host, or NULL: the tower's last_hidden_state (SigLIP: after post_layernorm; Gemma 4: the encoder's
+ * output before pooling). */
 gm_status gm_vision_encode(gm_vision *v, const float *pixels, int64_t n, float *out, float *hidden, gm_error *err);
 
 /* The attention ends of a multimodal sequence (gm_graph_input.kv_end): ids (B, T) at positions

@@ -229,11 +229,12 @@ gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtyp
     memset(out, 0, sizeof *out);
     /* exact where gemmarun trains the model: Gemma 3, Gemma 3n's text decoder with its audio
      * encoder (its MobileNet-V5 vision tower is not in gemmarun: with images the plan is the
-     * estimate), Gemma 4's text decoders, 26B-A4B's experts included (its towers: the estimate) */
+     * estimate), Gemma 4's text decoders, 26B-A4B's experts included, with its vision tower (its
+     * audio tower: the estimate) */
     bool images = (inputs && inputs->images > 0) || o->max_images > 0;
     bool audio = (inputs && inputs->audio_seconds > 0) || o->max_audio > 0;
     bool exact = cfg->arch == GM_ARCH_GEMMA3 || (cfg->arch == GM_ARCH_GEMMA3N && !images) ||
-                 (cfg->arch == GM_ARCH_GEMMA4 && !images && !audio);
+                 (cfg->arch == GM_ARCH_GEMMA4 && !audio);
     if (!exact) return gm_plan_estimate(cfg, o, stored, stored_embed, inputs, out, err);
     GM_TRY(gm_lora_config_validate(&o->lora, cfg, err));
     /* before the trainer's layout multiplies batch x max_length into byte counts */

@@ -33,10 +33,10 @@
 /* Patch vector of the Gemma 4 vision encoder: 16 x 16 pixels x 3 channels (§4.5). */
 #define G4_PATCH_VEC 768
 
-/* Whether the images' soft tokens come on top of max_length: for Gemma 3, whose trainer gemmarun
- * has, max_length counts every position (the data set places each image's soft tokens and
- * markers inside it, gm_plan_max_images); for the others it counts text (gm_plan_arch.h). */
-static bool images_add_positions(const gm_config *c) { return c->arch != GM_ARCH_GEMMA3; }
+/* Whether the images' soft tokens come on top of max_length: for Gemma 3 and 4, whose image paths
+ * gemmarun trains, max_length counts every position (the data set places each image's soft tokens
+ * and markers inside it, gm_plan_max_images); for Gemma 3n it counts text (gm_plan_arch.h). */
+static bool images_add_positions(const gm_config *c) { return c->arch == GM_ARCH_GEMMA3N; }
 
 int64_t gm_plan_sequence_length(const gm_config *c, int64_t max_length, const gm_plan_inputs *in) {
     int64_t T = max_length;

@@ -23,8 +23,9 @@
  *   - max_length counts text tokens; each image adds vision_tokens soft tokens and each audio clip
  *     (<= 30 s) its soft tokens (Gemma 3n: always 188, §3.9; Gemma 4: 25 per second, §4.6), plus a
  *     begin and an end marker per item. The decoder runs on T = max_length + those positions.
- *     (A Gemma 3 config is planned as its trainer runs: max_length counts every position, images
- *     included, and the SigLIP tower is gm_plan_vision's item, as in gm_plan_training.)
+ *     (Gemma 3 and Gemma 4 configs count their images as their trainers run: inside max_length,
+ *     the tower being gm_plan_vision's item, as in gm_plan_training; Gemma 4 reaches this estimate
+ *     only with audio.)
  *   - Towers run forward in f32 on one image / one clip at a time; nothing of theirs is saved for
  *     the backward (frozen, not adapted).
  *   - Base weights: quant nf4 / int8 / bf16 / f32 re-encode every linear map of the text decoder

@@ -270,7 +270,7 @@ const char gm_chat_gemma4_jinja[] =
     "    {%- else -%}\n"
     "        {%- for item in message['content'] -%}\n"
     "            {%- if item['type'] == 'image' -%}\n"
-    "                {{ '<|image>' }}\n"
+    "                {{ '<|image|>' }}\n"
     "            {%- elif item['type'] == 'text' -%}\n"
     "                {{ item['text'] | trim }}\n"
     "            {%- endif -%}\n"

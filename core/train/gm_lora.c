@@ -233,9 +233,10 @@ static void module_names(const gm_arch_def *arch, char *buf, size_t cap) {
         if (arch->layer[s].lora_id < 0) continue;
         const char *hf = arch->layer[s].hf, *dot = strrchr(hf, '.');
         const char *start = hf;
-        /* the last component before ".weight" */
+        /* the last component before ".weight" (two when it is ".linear": Gemma 4's tower's inner
+         * linear, "q_proj.linear") */
         for (const char *p = hf; p < dot; p++)
-            if (*p == '.') start = p + 1;
+            if (*p == '.' && strncmp(p + 1, "linear.", 7) != 0) start = p + 1;
         /* once each (Gemma 3n's audio blocks have two ffw_layer_1) */
         bool seen = false;
         for (int t = 0; t < s && !seen; t++) {
@@ -442,9 +443,15 @@ gm_status gm_lora_targets_check(const char *targets, const gm_arch_def *arch, co
                             targets);
     char bad[128] = "";
     unmatched_ctx uc = {arch, prefix, bad, sizeof bad};
-    if (any_entry(targets, entry_matches_none, &uc))
+    if (any_entry(targets, entry_matches_none, &uc)) {
+        if (arch->id == GM_ARCH_GEMMA4_VISION && !strstr(bad, ".linear"))
+            return gm_error_set(err, GM_ERR_INVALID, "target module '%s': Gemma 4's vision tower wraps each linear in a "
+                                "Gemma4ClippableLinear that clamps its input and output; an adapter on '%s' itself would "
+                                "bypass the clamps\n  hint: target '%s.linear' (the inner weight, inside the clamps, as PEFT "
+                                "names it); allowed: all-linear, %s, or a regular expression", bad, bad, bad, names);
         return gm_error_set(err, GM_ERR_INVALID, "unknown target module '%s' (allowed: all-linear, %s, or a regular expression)",
                             bad, names);
+    }
     return GM_OK;
 }
 

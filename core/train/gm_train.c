@@ -221,6 +221,14 @@ gm_status gm_train_opt_targets_check(const gm_opt_spec *s, const char *text, gm_
     if ((vision || audio) && strcmp(text, "none") == 0) return GM_OK;
     gm_status st = gm_lora_targets_check(text, gm_arch_get(vision ? GM_ARCH_SIGLIP : audio ? GM_ARCH_GEMMA3N_AUDIO : GM_ARCH_GEMMA3),
                                          vision ? GM_VISION_TOWER_PREFIX : audio ? GM_AUDIO_TOWER_PREFIX : NULL, err);
+    /* the model is not known yet: a vision target may name Gemma 4's tower's modules instead
+     * (q_proj.linear); the trainer checks them against the model's own tower */
+    if (st != GM_OK && vision) {
+        gm_error e4 = {0};
+        gm_status s4 = gm_lora_targets_check(text, gm_arch_get(GM_ARCH_GEMMA4_VISION), GM_VISION_TOWER_PREFIX, &e4);
+        if (s4 == GM_OK) st = GM_OK;
+        else if (strstr(text, ".linear")) *err = e4;
+    }
     if (st != GM_OK) gm_error_prefix(err, "%s", s->name);
     return st;
 }
@@ -393,7 +401,8 @@ static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, g
     if (!tr->params) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     gm_graph_opts go = graph_opts(&tr->o);
     GM_TRY(gm_graph_init(&tr->g, c, &tr->w, &tr->lora, tr->be, &go, err));
-    tr->g.front_grad = tr->has_aud && tr->aud.train_tower; /* the clips' soft tokens learn upstream */
+    /* the clips' or images' soft tokens learn upstream: the front's share of their gradient */
+    tr->g.front_grad = (tr->has_aud && tr->aud.train_tower) || tr->vis_trains;
     return GM_OK;
 }
 
@@ -808,6 +817,7 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
         gm_backend_upload(tr->be, tr->img_rows, tr->h_img_rows, (size_t)R * sizeof(int32_t));
         in.ids = tr->h_ids;
         in.kv_end = tr->h_kv_end;
+        in.late_rows = true; /* the soft tokens are scattered below, before the front */
     }
     if (tr->has_hard && tr->hard.n > 0) { /* Gemma 3n's hard multimodal tokens, from their embedders */
         in.ptr_embeds = tr->h_hard_ptr, in.ptr_rows = tr->h_hard_rows;
@@ -832,6 +842,7 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
     if (R > 0 && n_run == b->n_images) g->k->scatter_rows(&g->kc, g->X[0], tr->vis.head.out, tr->img_rows, R, C);
     for (int64_t j = 0; R > 0 && n_run < b->n_images && j < b->n_images; j++) /* image j's run of rows */
         g->k->scatter_rows(&g->kc, g->X[0], tr->vis.head.out + tr->h_of[j] * tok * C, tr->img_rows + j * tok, tok, C);
+    if (in.late_rows) gm_graph_front(g);
     gm_graph_forward(g);
     *n_sup_out = n_sup;
     return GM_OK;

@@ -112,8 +112,8 @@ expect_run "a GGUF LoRA export of a Gemma 4 adapter: refused (llama.cpp's Gemma 
   "is a gemma4 model: gemmarun writes llama.cpp LoRA files for Gemma 3 bases.*--format peft" \
   -- "$GM" export results/g4 --trial 1 --format gguf g4.gguf
 mkdir -p imgs && cp "$SRC/tests/ref/images/chelsea.png" imgs/
-expect_run "an image on Gemma 4: refused, its vision tower not being in gemmarun yet" 2 \
-  "chelsea.png: .*Gemma 4's vision tower is not in gemmarun yet" -- "$GM" generate "$BASE" --chat --image imgs/chelsea.png "What is it?"
+expect_run "an image on a text-only Gemma 4: refused, naming the missing tower" 2 \
+  "chelsea.png: .*it has no vision tower" -- "$GM" generate "$BASE" --chat --image imgs/chelsea.png "What is it?"
 # Gemma4ForConditionalGeneration's layout of the config (text_config beside vision / audio configs): the text decoder runs
 mkdir -p mm && ln -sf "$SRC/tests/ref/tiny_gemma4/model.safetensors" "$SRC/tests/ref/tiny_gemma4_chat/tokenizer.json" mm/
 "${PY:-python3}" -c "
@@ -123,6 +123,8 @@ json.dump({'model_type': 'gemma4', 'text_config': t, 'vision_config': {'model_ty
            'audio_config': {'model_type': 'gemma4_audio'}}, open('mm/config.json', 'w'))" "$SRC/tests/ref/tiny_gemma4/config.json"
 expect_run "a gemma4 (multimodal) config: its text decoder generates" 0 "[0-9]+ prompt tokens .* 3 new tokens" \
   -- "$GM" generate mm "hello world" --max-tokens 3
+expect_run "an image on it: refused, its files holding no tower" 2 "chelsea.png: .*its files hold no vision tower" \
+  -- "$GM" generate mm --chat --image imgs/chelsea.png "What is it?"
 
 # the adapter through PEFT
 expect_run "export --trial 2 as a PEFT folder: 38 modules (no k / v on the 2 KV-shared layers)" 0 \

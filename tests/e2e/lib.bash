@@ -163,3 +163,30 @@ same_ckpt_trial() {
     fail=$((fail + 1)); echo "FAIL  checkpointing on vs off ($plain vs $ck) differ in:${differ:- (no trial file)}"
   fi
 }
+
+# A small data set in Oxford-IIIT Pet's official layout under ./pets (images/<Breed>_<n>.jpg,
+# annotations/trainval.txt and test.txt): 2 real JPEGs per breed (tests/ref/images, cycled), the
+# first of each breed for training, the second of every 9th breed for testing (5). $1: the source tree.
+pets_layout() {
+  local classes jpgs k c id name n
+  classes=(Abyssinian american_bulldog american_pit_bull_terrier basset_hound beagle Bengal Birman Bombay boxer
+    British_Shorthair chihuahua Egyptian_Mau english_cocker_spaniel english_setter german_shorthaired great_pyrenees
+    havanese japanese_chin keeshond leonberger Maine_Coon miniature_pinscher newfoundland Persian pomeranian pug Ragdoll
+    Russian_Blue saint_bernard samoyed scottish_terrier shiba_inu Siamese Sphynx staffordshire_bull_terrier
+    wheaten_terrier yorkshire_terrier)
+  jpgs=("$1"/tests/ref/images/*.jpg)
+  mkdir -p pets/images pets/annotations
+  : > pets/annotations/trainval.txt
+  : > pets/annotations/test.txt
+  k=0
+  for c in "${!classes[@]}"; do
+    id=$((c + 1)) name=${classes[$c]}
+    for n in 1 2; do
+      cp "${jpgs[$((k % ${#jpgs[@]}))]}" "pets/images/${name}_$n.jpg"
+      k=$((k + 1))
+    done
+    echo "${name}_1 $id $((c % 2 + 1)) $id" >> pets/annotations/trainval.txt
+    # a test image for every 9th breed (5 in all: 5 x 37 scored label sequences per evaluation)
+    [ $((c % 9)) -eq 0 ] && echo "${name}_2 $id $((c % 2 + 1)) $id" >> pets/annotations/test.txt
+  done
+}

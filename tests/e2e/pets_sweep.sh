@@ -10,26 +10,7 @@
 source "$(dirname "$0")/lib.bash"
 SRC=$(pwd)
 cd "$TMP"
-classes=(Abyssinian american_bulldog american_pit_bull_terrier basset_hound beagle Bengal Birman Bombay boxer
-  British_Shorthair chihuahua Egyptian_Mau english_cocker_spaniel english_setter german_shorthaired great_pyrenees
-  havanese japanese_chin keeshond leonberger Maine_Coon miniature_pinscher newfoundland Persian pomeranian pug Ragdoll
-  Russian_Blue saint_bernard samoyed scottish_terrier shiba_inu Siamese Sphynx staffordshire_bull_terrier
-  wheaten_terrier yorkshire_terrier)
-jpgs=("$SRC"/tests/ref/images/*.jpg)
-mkdir -p pets/images pets/annotations
-: > pets/annotations/trainval.txt
-: > pets/annotations/test.txt
-k=0
-for c in "${!classes[@]}"; do
-  id=$((c + 1)) name=${classes[$c]}
-  for n in 1 2; do
-    cp "${jpgs[$((k % ${#jpgs[@]}))]}" "pets/images/${name}_$n.jpg"
-    k=$((k + 1))
-  done
-  echo "${name}_1 $id $((c % 2 + 1)) $id" >> pets/annotations/trainval.txt
-  # a test image for every 9th breed (5 in all: 5 x 37 scored label sequences per evaluation)
-  [ $((c % 9)) -eq 0 ] && echo "${name}_2 $id $((c % 2 + 1)) $id" >> pets/annotations/test.txt
-done
+pets_layout "$SRC"
 export PETS_ROOT=pets GEMMA_MODEL="$SRC/tests/ref/tiny_gemma3_vision_chat"
 SET=(--set rank=4 --set alpha=8 --set lr=1e-2 --set quant=bf16 --set max_length=96 --set seeds=1)
 expect_run "pets_sweep.lua --dry-run: 37 breeds, whole-label scoring, the plan" 0 \

@@ -40,7 +40,10 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-import gguf
+try:  # only the real model's reference reads GGUF files; other scripts import the helpers below
+    import gguf
+except ImportError:
+    gguf = None
 import h5py
 import safetensors
 import transformers
@@ -101,7 +104,7 @@ def versions():
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "gguf": getattr(gguf, "__version__", None) or _dist_version("gguf"),
+        "gguf": (getattr(gguf, "__version__", None) or _dist_version("gguf")) if gguf else None,
         "safetensors": safetensors.__version__,
         "h5py": h5py.__version__,
         "numpy": np.__version__,

@@ -337,14 +337,17 @@ static void test_monotonic(const char *name) {
     CHECK(rel((double)b2.by_kind[GM_MEM_ACTIVATIONS], 2.0 * (double)a.by_kind[GM_MEM_ACTIVATIONS]) <= TOL_PLAN_BATCH_SCALING_REL,
           "%s: batch 2 activations %zu vs 2 x %zu", name, b2.by_kind[GM_MEM_ACTIVATIONS], a.by_kind[GM_MEM_ACTIVATIONS]);
     CHECK(b2.by_kind[GM_MEM_ADAPTERS] == a.by_kind[GM_MEM_ADAPTERS], "%s: batch leaves adapters", name);
-    /* an image takes vision_tokens + 2 positions and runs the tower */
+    /* an image takes vision_tokens + 2 positions and runs the tower: on top of max_length for
+     * Gemma 3n, inside it for Gemma 4 (as its data sets place them: gm_plan_max_images) */
     gm_config c = preset(name);
     gm_plan_inputs img = {1, 0.0};
     gm_plan im = plan_of(name, opts(16, 1024, 1, false, GM_QUANT_BF16), &img);
-    CHECK(gm_plan_sequence_length(&c, 1024, &img) == 1024 + c.vision.tokens + 2, "%s: image positions", name);
-    CHECK(im.by_kind[GM_MEM_ACTIVATIONS] > a.by_kind[GM_MEM_ACTIVATIONS] &&
+    bool g3n = c.arch == GM_ARCH_GEMMA3N;
+    CHECK(gm_plan_sequence_length(&c, 1024, &img) == 1024 + (g3n ? c.vision.tokens + 2 : 0), "%s: image positions", name);
+    CHECK((g3n ? im.by_kind[GM_MEM_ACTIVATIONS] > a.by_kind[GM_MEM_ACTIVATIONS]
+               : im.by_kind[GM_MEM_ACTIVATIONS] == a.by_kind[GM_MEM_ACTIVATIONS]) &&
               im.by_kind[GM_MEM_TRANSIENT] > a.by_kind[GM_MEM_TRANSIENT],
-          "%s: an image costs activations and tower buffers", name);
+          "%s: an image costs %stower buffers", name, g3n ? "activations and " : "");
     CHECK(a.note[0] && a.base_detail[0] && strstr(a.base_detail, "linear bf16"), "%s: detail '%s'", name, a.base_detail);
     CHECK(a.runtime > 0 && a.total > a.runtime, "%s: runtime", name);
 }
@@ -385,14 +388,22 @@ static void test_inputs_and_errors(void) {
     CHECK(gm_plan_training(&c, &shortl, GM_BF16, GM_BF16, &au, &q, &err) == GM_ERR_INVALID &&
               strstr(err.msg, "leaves no room for text beside 2 audio clips"),
           "max_length 380 with 2 clips of 190 positions: %s", err.msg);
-    /* Gemma 4's text decoders train: the trainer's layout; with images (its vision tower is not in
-     * gemmarun yet) the estimate */
+    /* Gemma 4 trains: the trainer's layout, with images its vision tower as an item (its matrices
+     * read in place, the forward's buffers for the micro-batch's images); with audio the estimate */
     CHECK_OK(gm_plan_training(&g4, &o, GM_BF16, GM_BF16, NULL, &q, &err), &err);
     CHECK(q.exact, "gm_plan_training: Gemma 4 text -> the trainer's layout");
+    gm_plan text4 = q;
     gm_plan_inputs img4 = {.images = 1};
     CHECK_OK(gm_plan_training(&g4, &o, GM_BF16, GM_BF16, &img4, &q, &err), &err);
-    CHECK_OK(gm_plan_estimate(&g4, &o, GM_BF16, GM_BF16, &img4, &p, &err), &err);
-    CHECK(q.total == p.total && !q.exact, "gm_plan_training: Gemma 4 with an image -> estimate");
+    CHECK(q.exact && q.vision.total > 0 && q.vision.max_images == 1 && q.total > text4.total + q.vision.total / 2,
+          "gm_plan_training: Gemma 4 with an image -> exact, the tower %.2f GiB", (double)q.vision.total / 1073741824.0);
+    CHECK_OK(gm_plan_training(&g4, &o, GM_BF16, GM_BF16, &au, &q, &err), &err);
+    CHECK_OK(gm_plan_estimate(&g4, &o, GM_BF16, GM_BF16, &au, &p, &err), &err);
+    CHECK(q.total == p.total && !q.exact, "gm_plan_training: Gemma 4 with audio -> estimate");
+    gm_train_opts short4 = opts(16, 200, 1, false, GM_QUANT_NF4);
+    CHECK(gm_plan_training(&g4, &short4, GM_BF16, GM_BF16, &img4, &q, &err) == GM_ERR_INVALID &&
+              strstr(err.msg, "leaves no room for text beside 1 image (256 soft tokens"),
+          "max_length 200 with a 256-token image: %s", err.msg);
 }
 
 /* Options too large to count in size_t are refused (GM_ERR_INVALID), never wrapped into a small
@@ -460,8 +471,8 @@ static void table_row(const char *name, const char *base, gm_quant q, gm_dtype s
     o.n_threads = 8;
     gm_plan p;
     gm_error err;
-    /* Gemma 3n: the trainer's own layout (max_length counts every position, the audio's too);
-     * others: the estimate (max_length of text, media positions added) */
+    /* Gemma 3n and 4: the trainer's own layout (max_length counts every position, the media's
+     * too); Gemma 4 with audio: the estimate (max_length of text, the clips' positions added) */
     if (gm_plan_training(&c, &o, stored, stored, in, &p, &err) != GM_OK) {
         printf("| %s | error: %s |\n", name, err.msg);
         return;
@@ -492,7 +503,7 @@ static void print_table(void) {
             table_row(g3n[m], "all f32", GM_QUANT_STORED, GM_F32, 16, T, 1, false, &audio, "30 s audio");
     gm_plan_inputs image = {1, 0.0};
     for (int64_t B = 1; B <= 4; B *= 4)
-        for (int ck = 0; ck < 2; ck++) table_row("gemma4-31b", "nf4", GM_QUANT_NF4, GM_BF16, 64, 256, B, ck, &image, "1 image");
+        for (int ck = 0; ck < 2; ck++) table_row("gemma4-31b", "nf4", GM_QUANT_NF4, GM_BF16, 64, 514, B, ck, &image, "1 image");
     /* Gemma 4's text decoders at the story's LoRA (rank 64, all linear): the trainer's own layout */
     const char *g4[] = {"gemma4-e2b", "gemma4-e4b"};
     for (int m = 0; m < 2; m++)
@@ -504,14 +515,14 @@ static void print_table(void) {
         for (int ck = 0; ck < 2; ck++) table_row(big[m], "nf4", GM_QUANT_NF4, GM_BF16, 64, 514, 1, ck, NULL, "text");
     printf("\nnotes:\n");
     gm_config c = preset("gemma4-31b");
-    gm_train_opts o = opts(64, 256, 1, false, GM_QUANT_NF4);
+    gm_train_opts o = opts(64, 514, 1, false, GM_QUANT_NF4);
     o.n_threads = 8;
     gm_plan p;
     gm_error err;
-    if (gm_plan_estimate(&c, &o, GM_BF16, GM_BF16, &image, &p, &err) == GM_OK) {
+    if (gm_plan_training(&c, &o, GM_BF16, GM_BF16, &image, &p, &err) == GM_OK) {
         char buf[2048];
         gm_plan_format(&p, buf, sizeof buf);
-        printf("gemma4-31b nf4 r64 T=256+image B=1:\n%s  %s\n  note: %s\n", buf, p.base_detail, p.note);
+        printf("gemma4-31b nf4 r64 T=514 (256 text + an image's 258) B=1:\n%s  %s\n", buf, p.base_detail);
     }
     c = preset("gemma3n-e2b");
     o = opts(16, 2048, 1, false, GM_QUANT_BF16);

@@ -56,6 +56,12 @@ double gm_test_lse(const float *row, int64_t V) {
     return mx + log(z);
 }
 
+double gm_test_rel_err(const float *got, const float *want, size_t n) {
+    double mx = 1e-12, e = 0;
+    for (size_t j = 0; j < n; j++) mx = fmax(mx, fabs(want[j])), e = fmax(e, fabs((double)got[j] - want[j]));
+    return e / mx;
+}
+
 int gm_test_skip(const char *why) {
     printf("SKIPPED: %s\n0 passed, 0 failed\n", why);
     return 77;

@@ -112,6 +112,19 @@
  * 1.07e-6 (magnitudes <= ~4); logits with 1, 2 and no images 6.56e-6. Bounds 3x. */
 #define TOL_VISION_TOWER_TINY_ABS 5e-6
 #define TOL_VISION_LOGITS_TINY_ABS 2e-5
+/* Gemma 4's tower with an image (test_gemma4_vision, tiny f32 model, transformers 5.24): its last
+ * hidden state (values up to 8.8; 5.5e-5 measured) and soft tokens (up to 3.7; 7.5e-6 measured), f32
+ * both sides in different orders; the logits with our soft tokens (3.9e-4 measured: on transformers'
+ * own soft tokens they are within TOL_TINY_LOGITS_ABS, 1.2e-4, so the rest is the tower's rounding
+ * amplified by the decoder, the soft tokens entering unscaled beside sqrt(C)-scaled text rows) */
+#define TOL_GEMMA4_VISION_HIDDEN_ABS 1e-4
+#define TOL_GEMMA4_VISION_ABS 2e-5
+#define TOL_GEMMA4_VISION_LOGITS_ABS 6e-4
+/* LoRA gradients of that model with an image vs PEFT (f32): transformers' own f32 gradients are
+ * 3.0e-4 (relative to the largest) from its ".double()" run (peft_f32_grad_rel_err_vs_f64: its
+ * norms, pooler and loss stay f32, and the tower's gradients cancel), so both f32 runs may differ
+ * by about that much */
+#define TOL_GEMMA4_VISION_GRAD_REL 5e-4
 /* Gemma 3n's audio encoder (tests/unit/test_audio_encoder.c: the tiny encoder of
  * make_gemma3n_audio_ref.py on two real clips) against transformers on CPU in f32: the same math,
  * other summation orders (double sums in the convolutions, the group norm and the attention).
@@ -374,6 +387,9 @@ void gm_test_cached_logits(const struct gm_model *m, struct gm_backend *be, cons
 /* log-sum-exp of one row of V logits, in double (an independent reference for the kernels'
  * f32 online log-sum-exp). */
 double gm_test_lse(const float *row, int64_t V);
+
+/* A gradient's error relative to the reference's largest entry: max |got - want| / max |want|. */
+double gm_test_rel_err(const float *got, const float *want, size_t n);
 
 /* A tiny deterministic PRNG for test inputs (xorshift64*): uniform in [-1, 1). */
 float gm_test_rand(uint64_t *state);

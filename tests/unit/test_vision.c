@@ -183,13 +183,6 @@ static const char *short_name(const char *peft_name, char *buf, size_t cap) {
     return buf;
 }
 
-/* A gradient's error relative to the reference's largest entry: max |got - want| / max |want|. */
-static double rel_err(const float *got, const float *want, size_t n) {
-    double mx = 1e-12, e = 0;
-    for (size_t j = 0; j < n; j++) mx = fmax(mx, fabs(want[j])), e = fmax(e, fabs((double)got[j] - want[j]));
-    return e / mx;
-}
-
 /* The /mm batch with the /lora labels as trainer targets (position t predicts t + 1, image tokens
  * never) and the reference loss at `loss_key`: what both LoRA checks train on. */
 typedef struct lora_batch {
@@ -421,7 +414,7 @@ static void check_lora_vision(const gm_model *m) {
                 gm_free(want);
                 continue;
             }
-            worst[part] = fmax(worst[part], rel_err(pp[i].d, want, n));
+            worst[part] = fmax(worst[part], gm_test_rel_err(pp[i].d, want, n));
             seen[part]++;
             gm_free(want);
         }
@@ -580,7 +573,7 @@ static void check_lora(const gm_model *m) {
                 float *want = gm_test_h5_read(gm_test_path(REF), key, 0, &n, NULL, NULL);
                 if (!want) continue;
                 const float *got = ab ? ad[i].dB : ad[i].dA;
-                worst = fmax(worst, rel_err(got, want, n));
+                worst = fmax(worst, gm_test_rel_err(got, want, n));
                 gm_free(want);
             }
         CHECK(worst <= TOL_PEFT_GRAD_REL, "LoRA gradients with images: worst relative error %.3g", worst);

@@ -1,0 +1,306 @@
+/*
+ * test_gemma4_vision.c - Gemma 4 with images against transformers 5.24 (tests/ref/
+ * make_gemma4_vision_ref.py: a tiny random Gemma4ForConditionalGeneration, E-family text decoder with
+ * per-layer inputs and KV sharing, use_bidirectional_attention "vision", a 2-layer tower with clipped
+ * linears and standardized soft tokens, 96 x 96 images = 24 x 24 patches -> 64 soft tokens):
+ *   - the image grid gemmarun derives from preprocessor_config.json's max_soft_tokens (70);
+ *   - the tower's last hidden state and the soft tokens for two images;
+ *   - the logits of two sequences with an image each, the image tokens bidirectional on sliding
+ *     layers only, and that the mask and the clamps are what the match depends on (dropping either
+ *     moves the logits as far as the fixture says);
+ *   - generation: the prompt with its image through the KV cache, then single tokens, each step's
+ *     logits the reference's (cache and no cache identical, with an image);
+ *   - PEFT LoRA on the language model and on the tower's inner linears (inside the clamps): loss and
+ *     every gradient; a target on the clamping wrapper itself refused, saying why.
+ */
+#include "test_util.h"
+
+#include "gm_alloc.h"
+#include "gm_decoder.h"
+#include "gm_generate.h"
+#include "gm_model.h"
+#include "gm_train.h"
+#include "gm_vision.h"
+
+#include <math.h>
+#include <string.h>
+
+#define MODEL "tests/ref/tiny_gemma4_vision"
+#define REF "tests/ref/tiny_gemma4_vision_ref.h5"
+
+/* The fixture's two images, as the tower takes them: 2 (x - 0.5), (2, 3, 96, 96). */
+static float *pixels(void) {
+    size_t n = 0;
+    float *p = gm_test_h5_read(gm_test_path(REF), "/vision/pixel_values01", 0, &n, NULL, NULL);
+    for (size_t i = 0; p && i < n; i++) p[i] = 2.0f * (p[i] - 0.5f);
+    return p;
+}
+
+static void check_tower(const gm_model *m) {
+    const gm_vision_config *vc = &m->cfg.vision;
+    CHECK(m->vision != NULL, "the checkpoint's vision tower is loaded");
+    CHECK(vc->max_soft_tokens == 70 && vc->image_size == 96 && vc->tokens == 64 && vc->patches == 576,
+          "budget 70 at patch 4, pooling 3: %lld soft tokens of a %lld px square image, %lld patches (want 64, 96, 576)",
+          (long long)vc->tokens, (long long)vc->image_size, (long long)vc->patches);
+    size_t n = 0;
+    float *pix = pixels(), *hid = gm_test_h5_read(gm_test_path(REF), "/vision/last_hidden_state", 0, &n, NULL, NULL);
+    float *soft = gm_test_h5_read(gm_test_path(REF), "/vision/soft_tokens", 0, &n, NULL, NULL);
+    gm_error err = {0};
+    gm_vision *v = NULL;
+    if (m->vision && pix && hid && soft) {
+        CHECK_OK(gm_vision_new(m, 2, 2, NULL, &v, &err), &err);
+        if (v) {
+            float *out = gm_malloc(2 * 64 * 64 * 4), *h = gm_malloc(2 * 576 * 32 * 4);
+            CHECK_OK(gm_vision_encode(v, pix, 2, out, h, &err), &err);
+            printf("tower last_hidden_state vs transformers: max |diff| %.2e\n",
+                   gm_check_close("tower last_hidden_state vs transformers", h, hid, 2 * 576 * 32, TOL_GEMMA4_VISION_HIDDEN_ABS,
+                                  0));
+            printf("soft tokens vs transformers: max |diff| %.2e\n",
+                   gm_check_close("soft tokens (pooled, standardized, embed_vision) vs transformers", out, soft, 2 * 64 * 64,
+                                  TOL_GEMMA4_VISION_ABS, 0));
+            gm_free(out), gm_free(h);
+        }
+    }
+    gm_vision_free(v);
+    gm_free(pix), gm_free(hid), gm_free(soft);
+}
+
+/* The two /mm sequences one at a time through the decoder with their image's soft tokens;
+ * bidirectional: kv_end from gm_mm_kv_end (the decoder applies it on sliding layers), else causal;
+ * ref_soft: transformers' soft tokens (/vision/soft_tokens) instead of our tower's. Returns the
+ * logits (2, T, V), gm_malloc'd. */
+static float *mm_logits(const gm_model *m, bool bidirectional, bool ref_soft) {
+    size_t n = 0;
+    int64_t dims[4];
+    int nd = 0;
+    int32_t *ids = gm_test_h5_read(gm_test_path(REF), "/mm/input_ids", 1, &n, dims, &nd);
+    float *pix = pixels();
+    if (!ids || !pix) return NULL;
+    int64_t B = dims[0], T = dims[1], V = m->cfg.vocab_size, C = m->cfg.hidden_size;
+    int32_t img = m->cfg.vision.image_token_id;
+    gm_error err = {0};
+    gm_vision *v = NULL;
+    gm_infer *st = NULL;
+    gm_infer_opts io = {.batch = 1, .max_tokens = T, .ctx = T, .logit_rows = T, .n_threads = 2};
+    float *out = gm_malloc((size_t)(B * T * V) * 4), *soft = gm_malloc(2 * 64 * (size_t)C * 4);
+    CHECK_OK(gm_vision_new(m, 2, 2, NULL, &v, &err), &err);
+    CHECK_OK(gm_infer_new(m, &io, &st, &err), &err);
+    if (v && st && gm_vision_encode(v, pix, 2, soft, NULL, &err) == GM_OK) {
+        if (ref_soft) {
+            float *rs = gm_test_h5_read(gm_test_path(REF), "/vision/soft_tokens", 0, &n, NULL, NULL);
+            memcpy(soft, rs, n * 4);
+            gm_free(rs);
+        }
+        for (int64_t b = 0; b < B; b++) {
+            const int32_t *row = ids + b * T;
+            int64_t rows[128], n_soft = 0;
+            for (int64_t t = 0; t < T && n_soft < 128; t++)
+                if (row[t] == img) rows[n_soft++] = t;
+            int32_t kv_end[128];
+            CHECK(gm_mm_kv_end(row, 1, T, img, 0, kv_end) == 1 && n_soft == 64, "sequence %lld: one image of 64 tokens",
+                  (long long)b);
+            gm_graph_input in = {.B = 1, .T = T, .ids = row, .embeds = soft + b * 64 * C, .embed_rows = rows,
+                                 .n_embeds = n_soft, .kv_end = bidirectional ? kv_end : NULL};
+            gm_infer_reset(st);
+            CHECK_OK(gm_decoder_forward_input(st, &in, true, &err), &err);
+            memcpy(out + b * T * V, st->logits, (size_t)(T * V) * 4);
+        }
+    }
+    gm_infer_free(st);
+    gm_vision_free(v);
+    gm_free(ids), gm_free(pix), gm_free(soft);
+    return out;
+}
+
+static void check_mm(const gm_model *m) {
+    size_t n = 0;
+    float *ref = gm_test_h5_read(gm_test_path(REF), "/mm/logits", 0, &n, NULL, NULL);
+    double causal_diff = 0;
+    if (!ref || !gm_test_h5_attr_double(gm_test_path(REF), "/mm", "max_abs_logit_diff_causal_only", &causal_diff)) {
+        CHECK(false, "fixture /mm incomplete");
+        gm_free(ref);
+        return;
+    }
+    float *got = mm_logits(m, true, false);
+    if (got)
+        printf("logits with an image vs transformers: max |diff| %.2e\n",
+               gm_check_close("logits (2 sequences, an image each) vs transformers", got, ref, n, TOL_GEMMA4_VISION_LOGITS_ABS, 0));
+    /* the decoder alone, on transformers' soft tokens: as close as the text-only models' logits */
+    float *dec = mm_logits(m, true, true);
+    if (dec)
+        printf("logits on transformers' soft tokens vs transformers: max |diff| %.2e\n",
+               gm_check_close("logits on transformers' soft tokens vs transformers", dec, ref, n, TOL_TINY_LOGITS_ABS, 0));
+    gm_free(dec);
+    float *causal = mm_logits(m, false, false);
+    if (causal) {
+        double d = 0;
+        for (size_t i = 0; i < n; i++) d = fmax(d, fabs((double)causal[i] - ref[i]));
+        CHECK_NEAR(d, causal_diff, TOL_GEMMA4_VISION_LOGITS_ABS, "causal-only logits: max diff to the reference");
+        printf("causal-only logits: %.4f from the reference (transformers' causal run: %.4f)\n", d, causal_diff);
+    }
+    gm_free(got), gm_free(causal), gm_free(ref);
+}
+
+/* Sequence 0's first 80 tokens (its image inside) as a prompt through the cache, then its last 4
+ * one at a time: each step's logits are transformers' one-call logits there. */
+static void check_cached(const gm_model *m) {
+    size_t n = 0;
+    int64_t dims[4];
+    int nd = 0;
+    int32_t *ids = gm_test_h5_read(gm_test_path(REF), "/mm/input_ids", 1, &n, dims, &nd);
+    float *ref = gm_test_h5_read(gm_test_path(REF), "/mm/logits", 0, &n, NULL, NULL), *pix = pixels();
+    if (!ids || !ref || !pix) {
+        gm_free(ids), gm_free(ref), gm_free(pix);
+        return;
+    }
+    int64_t T = dims[1], V = m->cfg.vocab_size, C = m->cfg.hidden_size, P = 80;
+    int32_t img = m->cfg.vision.image_token_id;
+    gm_error err = {0};
+    gm_vision *v = NULL;
+    gm_infer *st = NULL;
+    gm_infer_opts io = {.batch = 1, .max_tokens = P, .ctx = T, .logit_rows = P, .n_threads = 2};
+    float *soft = gm_malloc(64 * (size_t)C * 4);
+    CHECK_OK(gm_vision_new(m, 1, 2, NULL, &v, &err), &err);
+    CHECK_OK(gm_infer_new(m, &io, &st, &err), &err);
+    if (v && st && gm_vision_encode(v, pix, 1, soft, NULL, &err) == GM_OK) {
+        int64_t rows[64], n_soft = 0;
+        for (int64_t t = 0; t < P && n_soft < 64; t++)
+            if (ids[t] == img) rows[n_soft++] = t;
+        int32_t kv_end[80];
+        gm_mm_kv_end(ids, 1, P, img, 0, kv_end);
+        gm_graph_input in = {.B = 1, .T = P, .ids = ids, .embeds = soft, .embed_rows = rows, .n_embeds = n_soft, .kv_end = kv_end};
+        CHECK_OK(gm_decoder_forward_input(st, &in, true, &err), &err);
+        double worst = 0;
+        for (int64_t t = 0; t < P; t++)
+            for (int64_t j = 0; j < V; j++) worst = fmax(worst, fabs((double)st->logits[t * V + j] - ref[t * V + j]));
+        for (int64_t t = P; t < T; t++) {
+            CHECK_OK(gm_decoder_forward(st, ids + t, 1, false, &err), &err);
+            for (int64_t j = 0; j < V; j++) worst = fmax(worst, fabs((double)st->logits[j] - ref[t * V + j]));
+        }
+        CHECK(worst <= TOL_GEMMA4_VISION_LOGITS_ABS, "prompt with an image, then 4 cached steps: max |diff| %.3g to the "
+              "one-call reference", worst);
+        printf("through the KV cache (image prompt + 4 steps) vs transformers' one call: max |diff| %.2e\n", worst);
+    }
+    gm_infer_free(st);
+    gm_vision_free(v);
+    gm_free(ids), gm_free(ref), gm_free(pix), gm_free(soft);
+}
+
+/* "layers.3.self_attn.q_proj.A" / "vision.layers.0.self_attn.q_proj.linear.B" of a PEFT name. */
+static const char *vt_key(const char *peft_name, char *buf, size_t cap) {
+    const char *p = strstr(peft_name, "layers."), *e = strstr(peft_name, ".lora_");
+    snprintf(buf, cap, "%s%.*s.%s", strstr(peft_name, "vision_tower") ? "vision." : "", p && e ? (int)(e - p) : 0, p ? p : "",
+             strstr(peft_name, ".lora_A.") ? "A" : "B");
+    return buf;
+}
+
+static void check_lora(const gm_model *m) {
+    size_t n = 0;
+    int64_t dims[4];
+    int nd = 0;
+    int32_t *ids = gm_test_h5_read(gm_test_path(REF), "/mm/input_ids", 1, &n, dims, &nd);
+    int32_t *labels = gm_test_h5_read(gm_test_path(REF), "/lora_vt/labels", 1, &n, NULL, NULL);
+    double *loss_ref = gm_test_h5_read(gm_test_path(REF), "/lora_vt/loss", 2, &n, NULL, NULL);
+    char *peft_keys = gm_test_h5_attr_string(gm_test_path(REF), "/lora_vt", "peft_keys");
+    float *pix = pixels();
+    if (!ids || !labels || !loss_ref || !peft_keys || !pix) {
+        CHECK(false, "fixture /lora_vt incomplete");
+        gm_free(ids), gm_free(labels), gm_free(loss_ref), gm_free(peft_keys), gm_free(pix);
+        return;
+    }
+    int64_t B = dims[0], T = dims[1], n_sup = 0;
+    int32_t *tg = gm_malloc((size_t)(B * T) * 4);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t t = 0; t < T; t++) {
+            int32_t next = t + 1 < T ? labels[b * T + t + 1] : -100;
+            tg[b * T + t] = next >= 0 ? next : -1;
+            n_sup += next >= 0;
+        }
+    gm_train_opts o = gm_train_opts_default();
+    o.lora.rank = 4, o.lora.alpha = 8;
+    o.batch = B, o.max_length = T, o.max_images = 2, o.n_threads = 2;
+    snprintf(o.lora.targets, sizeof o.lora.targets, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj");
+    snprintf(o.vision_targets, sizeof o.vision_targets, "all-linear");
+    gm_error err = {0};
+    gm_trainer *tr = NULL;
+    CHECK_OK(gm_trainer_new(m, &o, &tr, &err), &err);
+    if (tr) {
+        int np = 0;
+        const gm_train_param *pp = gm_trainer_params(tr, &np);
+        CHECK(np == 2 * (38 + 14), "%d trained tensors (38 text + 14 tower modules, A and B each)", np);
+        char key[400], name[256];
+        int unnamed = 0;
+        for (int i = 0; i < np; i++) {
+            const char *hit = strstr(peft_keys, pp[i].name);
+            size_t ln = strlen(pp[i].name);
+            if (!hit || (hit != peft_keys && hit[-1] != '\n') || (hit[ln] != '\n' && hit[ln] != '\0'))
+                if (unnamed++ < 3) CHECK(false, "%s is not one of PEFT's keys", pp[i].name);
+            snprintf(name, sizeof name, "%s", pp[i].name);
+            snprintf(key, sizeof key, "/lora_vt/%s", vt_key(name, key + 200, 200));
+            float *v = gm_test_h5_read(gm_test_path(REF), key, 0, &n, NULL, NULL);
+            CHECK(v && (int64_t)n == pp[i].n, "%s: %zu values for %lld", key, n, (long long)pp[i].n);
+            if (v && (int64_t)n == pp[i].n) gm_backend_upload(gm_trainer_backend(tr), pp[i].p, v, n * sizeof(float));
+            gm_free(v);
+        }
+        CHECK(unnamed == 0, "%d trained tensors named unlike PEFT", unnamed);
+        gm_batch bt = {.B = B, .T = T, .ids = ids, .targets = tg, .pixels = pix, .n_images = 2};
+        double loss_sum = 0;
+        gm_trainer_zero_grad(tr);
+        CHECK_OK(gm_trainer_forward_backward(tr, &bt, (float)(1.0 / (double)n_sup), &loss_sum, &err), &err);
+        double loss = loss_sum / (double)n_sup;
+        CHECK(fabs(loss - loss_ref[0]) <= TOL_PEFT_LOSS_REL * fabs(loss_ref[0]), "loss %.9g vs PEFT %.9g", loss, loss_ref[0]);
+        printf("LoRA on the language model and the tower: loss %.7f vs PEFT %.7f\n", loss, loss_ref[0]);
+        /* against PEFT's f32 gradients and its .double() run's (f64 = 1) */
+        double worst[2][2] = {{0, 0}, {0, 0}};
+        int seen[2] = {0, 0};
+        for (int i = 0; i < np; i++) {
+            snprintf(name, sizeof name, "%s", pp[i].name);
+            int part = strstr(name, "vision_tower") != NULL;
+            for (int f64 = 0; f64 < 2; f64++) {
+                snprintf(key, sizeof key, "/lora_vt/%s_grad%s", vt_key(name, key + 200, 200), f64 ? "64" : "");
+                float *want = f64 ? NULL : gm_test_h5_read(gm_test_path(REF), key, 0, &n, NULL, NULL);
+                double *w64 = f64 ? gm_test_h5_read(gm_test_path(REF), key, 2, &n, NULL, NULL) : NULL;
+                if (w64 && (int64_t)n == pp[i].n) { /* as f32: the error to resolve is far above its rounding */
+                    want = gm_malloc(n * sizeof(float));
+                    for (size_t j = 0; want && j < n; j++) want[j] = (float)w64[j];
+                }
+                if (want && (int64_t)n == pp[i].n) worst[f64][part] = fmax(worst[f64][part], gm_test_rel_err(pp[i].d, want, n));
+                else CHECK(false, "%s: missing or %zu values", key, n);
+                seen[part] += !f64;
+                gm_free(want), gm_free(w64);
+            }
+        }
+        static const char *const part_name[2] = {"language-model LoRA", "tower LoRA (inside the clamps)"};
+        for (int k = 0; k < 2; k++)
+            for (int f64 = 0; f64 < 2; f64++) {
+                CHECK(seen[k] > 0 && worst[f64][k] <= TOL_GEMMA4_VISION_GRAD_REL,
+                      "%s gradients vs PEFT's %s: %d tensors, worst relative error %.3g", part_name[k], f64 ? "float64" : "f32",
+                      seen[k], worst[f64][k]);
+                printf("%s gradients vs PEFT's %s: %d tensors, worst relative error %.2e\n", part_name[k],
+                       f64 ? "float64" : "f32", seen[k], worst[f64][k]);
+            }
+    }
+    gm_trainer_free(tr), tr = NULL;
+    /* an adapter around the clamping wrapper would bypass the clamps: refused, naming the fix */
+    snprintf(o.vision_targets, sizeof o.vision_targets, "q_proj");
+    CHECK(gm_trainer_new(m, &o, &tr, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "bypass the clamps") &&
+              gm_test_contains(err.msg, "q_proj.linear"),
+          "vision_targets q_proj on Gemma 4's tower: %s", err.msg);
+    gm_trainer_free(tr);
+    gm_free(ids), gm_free(labels), gm_free(loss_ref), gm_free(peft_keys), gm_free(pix), gm_free(tg);
+}
+
+int main(void) {
+    gm_model *m = NULL;
+    gm_error err = {0};
+    gm_model_opts mo = {.load_tokenizer = false};
+    CHECK_OK(gm_model_load(gm_test_path(MODEL), &mo, &m, &err), &err);
+    if (m) {
+        check_tower(m);
+        check_mm(m);
+        check_cached(m);
+        check_lora(m);
+    }
+    gm_model_free(m);
+    return gm_test_finish();
+}
