@@ -121,7 +121,7 @@
  *                  Gemma 3's projector, §2.2). avgpool_bwd: dx (B, P*P, C) = dy of the window
  *                  / K^2 (assigned).
  * Gemma 4's vision tower (transformers' modeling_gemma4.py: Gemma4ClippableLinear,
- * Gemma4VisionRotaryEmbedding and apply_multidimensional_rope):
+ * Gemma4VisionRotaryEmbedding and apply_multidimensional_rope, Gemma4VisionPooler):
  *   clip_fwd       out (n) = min(max(x, *lo), *hi) (torch.clamp(x, lo, hi): a clipped linear's
  *                  input_min / input_max, output_min / output_max); lo and hi point to ONE float
  *                  each in the table's device memory (the checkpoint's buffers, read there: no
@@ -136,6 +136,17 @@
  *                  computed as rope_fwd computes it (a half equals rope_fwd of head width D/2,
  *                  n_rot D/4, pos_scale 1). out may alias x.
  *   rope2d_bwd     dx = rotation of dy by -angle (the transpose of rope2d_fwd); dx may alias dy.
+ *   pool_gather_fwd  out (R, C): out[r] = scale * sum_{j<K} x[src[r K + j]], x (N, C) rows, src
+ *                  (R, K) int32 row indices into x (each in 0..N-1); the sum runs j = 0..K-1 in
+ *                  order, in f32, then times scale (CPU and CUDA: the same operations in the same
+ *                  order). Gemma 4's vision pooler (Gemma4VisionPooler._avg_pool_by_positions):
+ *                  row r a soft token, its K = k^2 patches those of its k x k cell, scale 1/k^2;
+ *                  any grid shape, padding rows of x simply never named. Must not alias x.
+ *   pool_gather_bwd  dx (N, C) = 0 everywhere, then dx[src[r K + j]] = scale * dout[r] (R, C) for
+ *                  every r, j (assigned). Contract: each row of x appears AT MOST ONCE in src
+ *                  (true for the pooler: a patch belongs to one cell) - no accumulation, no
+ *                  atomics (the CUDA twin zeroes dx, then one thread per (r, j, c) writes); rows
+ *                  never named (padding) get 0. Must not alias dout.
  *
  *
  * Training kernels (whole sequences, no cache; row n = b*T + t):

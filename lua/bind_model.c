@@ -46,6 +46,7 @@
  *   model:sha256()                                     -> hex, "file=<12 hex> ..." (gm_model_sha256)
  *   model:close()
  */
+#include "gm_data.h" /* gm_mm_image_floats */
 #include "gm_lua.h"
 #include "bind_util.h"
 #include "write_rule.h"
@@ -900,6 +901,7 @@ void gm_bind_push_config(lua_State *L, const gm_config *c) {
         SETI("hidden_size", c->vision.hidden_size);
         SETI("num_hidden_layers", c->vision.n_layers);
         SETI("mm_tokens_per_image", c->vision.tokens);
+        SETI("image_floats", gm_mm_image_floats(c)); /* the most floats one preprocessed image takes */
         SETI("image_token_id", c->vision.image_token_id);
         SETI("n_params", c->vision.params);
         lua_setfield(L, -2, "vision");

@@ -76,8 +76,10 @@ typedef struct ldataset {
 
 typedef struct ltrainer {
     gm_trainer *tr;
-    float *pixels;          /* (grad_accum * max_images, 3, S, S) the micro-batches' images */
+    float *pixels;          /* (grad_accum * max_images * image_floats) the micro-batches' images */
+    int64_t *hw;            /* (grad_accum * max_images, 2) their sizes (Gemma 4: each its own) */
     int64_t max_images, S;  /* per micro-batch; the tower's image side */
+    int64_t image_floats;   /* the most floats one image takes (gm_mm_image_floats) */
     int32_t *ids, *targets; /* (grad_accum * batch * max_length) collation buffers */
     gm_batch *micro;        /* (grad_accum) */
     int64_t *idx;           /* (grad_accum * batch) */
@@ -123,13 +125,14 @@ static int l_dataset(lua_State *L) {
 static int l_ds_add_chat(lua_State *L) {
     ldataset *d = check_ds(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
-    static const char *const allowed[] = {"max_length", "label", "images", "image_sha", "crops", "audio", "audio_sha", NULL};
+    static const char *const allowed[] = {"max_length", "label", "images", "image_sha", "crops", "image_sizes", "audio",
+                                          "audio_sha", NULL};
     gm_bind_check_opts(L, 3, "add_chat", allowed);
     lua_Integer max_length = gm_bind_opt_int(L, 3, "max_length", 256);
     lua_Integer label = gm_bind_opt_int(L, 3, "label", -1);
     const char *images[GM_MAX_IMAGES_PER_EXAMPLE], *shas[GM_MAX_IMAGES_PER_EXAMPLE];
-    int64_t crops[GM_MAX_IMAGES_PER_EXAMPLE];
-    bool pan_and_scan = false;
+    int64_t crops[GM_MAX_IMAGES_PER_EXAMPLE], sizes[2 * GM_MAX_IMAGES_PER_EXAMPLE], tokens[GM_MAX_IMAGES_PER_EXAMPLE];
+    bool pan_and_scan = false, have_sizes = false;
     lua_Integer n_images = 0;
     if (lua_istable(L, 3)) {
         lua_getfield(L, 3, "images");
@@ -167,6 +170,26 @@ static int l_ds_add_chat(lua_State *L) {
                 if (!isnum) return luaL_error(L, "add_chat: crops[%d] must be an integer", (int)i);
             }
             pan_and_scan = true;
+        }
+        lua_pop(L, 1);
+        /* image_sizes: per image {w, h} of what it references (gm.image_check's fifth and sixth
+         * results): Gemma 4's soft tokens per image follow from them */
+        lua_getfield(L, 3, "image_sizes");
+        if (!lua_isnil(L, -1)) {
+            luaL_checktype(L, -1, LUA_TTABLE);
+            if (luaL_len(L, -1) != n_images)
+                return luaL_error(L, "add_chat: image_sizes lists %d sizes for %d images", (int)luaL_len(L, -1), (int)n_images);
+            for (lua_Integer i = 1; i <= n_images; i++) {
+                lua_rawgeti(L, -1, i);
+                luaL_checktype(L, -1, LUA_TTABLE);
+                for (int k = 0; k < 2; k++) {
+                    lua_rawgeti(L, -1, k + 1);
+                    sizes[2 * (i - 1) + k] = (int64_t)lua_tointeger(L, -1);
+                    lua_pop(L, 1);
+                }
+                lua_pop(L, 1);
+            }
+            have_sizes = true;
         }
         lua_pop(L, 1);
     }
@@ -230,11 +253,32 @@ static int l_ds_add_chat(lua_State *L) {
     gm_error err = {0};
     gm_mm_spec mm = gm_mm_spec_image(&d->m->cfg);
     gm_mm_spec as = gm_mm_spec_audio(&d->m->cfg);
+    /* Gemma 4: each image's soft tokens, from the size it is read at (given, or found here) */
+    bool per_image = n_images > 0 && d->m->vision && mm.image.max_patches > 0;
+    for (lua_Integer i = 0; per_image && i < n_images; i++) {
+        int64_t w = have_sizes ? sizes[2 * i] : 0, h = have_sizes ? sizes[2 * i + 1] : 0;
+        gm_status sz = GM_OK;
+        if (!have_sizes) {
+            char sha[65], path[GM_IMAGE_PATH_MAX];
+            gm_image_rect r;
+            bool has_rect = false;
+            sz = gm_image_check(NULL, images[i], sha, &w, &h, &err);
+            if (sz == GM_OK) sz = gm_image_ref_parse(images[i], path, sizeof path, &r, &has_rect, &err);
+            if (sz == GM_OK && has_rect) w = r.w, h = r.h;
+        }
+        if (sz == GM_OK) sz = gm_mm_image_tokens(&d->m->cfg, w, h, &tokens[i], &err);
+        if (sz != GM_OK) {
+            if (sz != GM_ERR_INVALID) return gm_bind_raise(L, &err);
+            lua_pushboolean(L, 0);
+            lua_pushfstring(L, "image %d (%s): %s", (int)i + 1, images[i], err.msg);
+            return 2;
+        }
+    }
     gm_status s = n_audio > 0 ? gm_dataset_add_chat_audio(&d->ds, d->tok, msgs, n, max_length, (int32_t)label, &as, audio,
                                                           audio_sha, n_audio, &err)
                               : gm_dataset_add_chat_images(&d->ds, d->tok, msgs, n, max_length, (int32_t)label,
                                                            d->m->vision ? &mm : NULL, images, shas, n_images,
-                                                           pan_and_scan ? crops : NULL, &err);
+                                                           pan_and_scan ? crops : NULL, per_image ? tokens : NULL, &err);
     if (s == GM_OK) {
         lua_pushboolean(L, 1);
         return 1;
@@ -289,7 +333,9 @@ static int image_check(lua_State *L, gm_image_check_cache *cache, const char *re
     lua_pushinteger(L, w);
     lua_pushinteger(L, h);
     lua_pushinteger(L, gm_image_pan_and_scan_crops(has_rect ? r.w : w, has_rect ? r.h : h, &o, crops, GM_IMAGE_MAX_CROPS));
-    return 4;
+    lua_pushinteger(L, has_rect ? r.w : w); /* the size the reference is read at (a region's own) */
+    lua_pushinteger(L, has_rect ? r.h : h);
+    return 6;
 }
 
 /* gm.image_check(ref) -> sha256 hex, the file's width, height, and the pan & scan crops Gemma 3's
@@ -694,8 +740,10 @@ static int l_trainer(lua_State *L) {
     if (o.max_images > 0) {
         t->max_images = o.max_images;
         t->S = lm->m->cfg.vision.image_size;
-        t->pixels = gm_malloc((size_t)(o.grad_accum * o.max_images * 3 * t->S * t->S) * sizeof(float));
-        if (!t->pixels) return luaL_error(L, "out of memory (%lld images' pixels)", (long long)(o.grad_accum * o.max_images));
+        t->image_floats = gm_mm_image_floats(&lm->m->cfg);
+        t->pixels = gm_malloc((size_t)(o.grad_accum * o.max_images * t->image_floats) * sizeof(float));
+        t->hw = gm_malloc((size_t)(o.grad_accum * o.max_images * 2) * sizeof(int64_t));
+        if (!t->pixels || !t->hw) return luaL_error(L, "out of memory (%lld images' pixels)", (long long)(o.grad_accum * o.max_images));
     }
     if (o.max_audio > 0) {
 #ifdef GM_HAVE_AUDIO
@@ -728,11 +776,13 @@ static void batch_audio(lua_State *L, ltrainer *t, ldataset *d, const int64_t *i
 /* The images of a micro-batch (examples idx[0..B)) into pixel slot `slot`, set on *b. */
 static void batch_images(lua_State *L, ltrainer *t, ldataset *d, const int64_t *idx, int64_t B, int slot, gm_batch *b) {
     if (t->max_images == 0) return;
-    float *px = t->pixels + (size_t)slot * (size_t)(t->max_images * 3 * t->S * t->S);
+    float *px = t->pixels + (size_t)slot * (size_t)(t->max_images * t->image_floats);
+    int64_t *hw = t->hw + (size_t)slot * (size_t)(t->max_images * 2);
     int64_t n = 0;
     gm_error err = {0};
-    if (gm_batch_images(&d->ds, idx, B, t->S, t->max_images, px, &n, &err) != GM_OK) gm_bind_raise(L, &err);
+    if (gm_batch_images(&d->ds, idx, B, t->S, t->max_images, px, hw, &n, &err) != GM_OK) gm_bind_raise(L, &err);
     b->pixels = px;
+    b->image_hw = d->ds.image_opts.max_patches > 0 ? hw : NULL;
     b->n_images = n;
 }
 
@@ -1176,7 +1226,7 @@ static int l_tr_memory(lua_State *L) {
 static int l_tr_close(lua_State *L) {
     ltrainer *t = luaL_checkudata(L, 1, TRAINER_MT);
     gm_trainer_free(t->tr);
-    gm_free(t->ids), gm_free(t->targets), gm_free(t->micro), gm_free(t->idx), gm_free(t->scan), gm_free(t->pixels);
+    gm_free(t->ids), gm_free(t->targets), gm_free(t->micro), gm_free(t->idx), gm_free(t->scan), gm_free(t->pixels), gm_free(t->hw);
     gm_free(t->audio), gm_free(t->audio_valid);
 #ifdef GM_HAVE_AUDIO
     gm_audio_fe_free(t->fe);

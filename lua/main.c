@@ -195,10 +195,11 @@ static int cmd_inspect(int argc, char **argv) {
     if (m->tok) printf("tokenizer    %lld tokens\n", (long long)gm_tokenizer_vocab_size(m->tok));
     if (m->vision) {
         const gm_vision_config *v = &m->vision->cfg.vision;
-        printf("vision tower siglip: %lld layers, width %lld, %lld heads, MLP %lld; images %lld x %lld in %lld-pixel patches "
+        printf("vision tower %s: %lld layers, width %lld, %lld heads, MLP %lld; images %lld x %lld in %lld-pixel patches "
                "(%lld), %lld soft tokens each (image token %d, between %d and %d); weights below '%s'\n",
-               (long long)v->n_layers, (long long)v->hidden_size, (long long)v->n_heads, (long long)v->intermediate_size,
-               (long long)v->image_size, (long long)v->image_size, (long long)v->patch_size, (long long)v->patches,
+               gm_arch_name(m->vision->cfg.arch), (long long)v->n_layers, (long long)v->hidden_size, (long long)v->n_heads,
+               (long long)v->intermediate_size, (long long)v->image_size, (long long)v->image_size, (long long)v->patch_size,
+               (long long)v->patches,
                (long long)v->tokens, v->image_token_id, v->boi_id, v->eoi_id, m->vision->prefix);
     }
     inspect_acc acc;
@@ -357,7 +358,7 @@ static int cmd_generate(int argc, char **argv) {
         gm_model_free(m);
         return 2;
     }
-    if (pan_and_scan && m->cfg.arch != GM_ARCH_GEMMA3) {
+    if (pan_and_scan && m->cfg.arch != GM_ARCH_GEMMA3 && !gm_model_no_images(m)) {
         fprintf(stderr, "gemmarun: error: --pan-and-scan: %s: pan & scan crops are Gemma 3's processor's; this model's resizes "
                         "each image whole\n  hint: leave --pan-and-scan out\n", path);
         gm_model_free(m);
@@ -430,29 +431,45 @@ static int cmd_generate(int argc, char **argv) {
         gm_mm_spec mm = gm_mm_spec_image(&m->cfg);
         int64_t S = vc->image_size, C = m->cfg.hidden_size;
         /* the images first (with pan & scan their crop counts shape the prompt), each followed by
-         * its crops: (views, 3, S, S) */
-        gm_image_opts io = gm_image_opts_gemma3(S);
-        io.filter = mm.filter;
+         * its crops: (views, 3, S, S); Gemma 4's each at its own size, packed */
+        gm_image_opts io = mm.image;
         io.pan_and_scan = pan_and_scan;
-        int64_t crops[16] = {0}, views = 0;
-        float *pixels = gm_malloc((size_t)(n_images * (1 + GM_IMAGE_MAX_CROPS) * 3 * S * S) * sizeof(float));
+        int64_t crops[16] = {0}, views = 0, tokens[16] = {0}, hw[2 * (1 + GM_IMAGE_MAX_CROPS) * 16], off = 0;
+        bool aspect = io.max_patches > 0;
+        int64_t per = aspect ? gm_mm_image_floats(&m->cfg) : 3 * S * S;
+        float *pixels = gm_malloc((size_t)(n_images * (1 + GM_IMAGE_MAX_CROPS) * per) * sizeof(float));
         if (!pixels) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory for %d images", n_images);
         for (int i = 0; s == GM_OK && i < n_images; i++) {
             gm_image_pixels px = {0};
             s = gm_image_preprocess_file(images[i], NULL, &io, &px, &err);
             if (s == GM_OK) {
-                memcpy(pixels + (size_t)views * 3 * S * S, px.data, (size_t)(px.n * 3 * S * S) * sizeof(float));
-                crops[i] = px.n_crops, views += px.n;
+                memcpy(pixels + off, px.data, (size_t)(px.n * 3 * px.h * px.w) * sizeof(float));
+                for (int64_t v = 0; v < px.n; v++) hw[2 * (views + v)] = px.h, hw[2 * (views + v) + 1] = px.w;
+                int64_t cell = vc->patch_size * vc->pool;
+                tokens[i] = aspect ? (px.h / cell) * (px.w / cell) : vc->tokens;
+                crops[i] = px.n_crops, views += px.n, off += px.n * 3 * px.h * px.w;
             }
             gm_image_pixels_free(&px);
         }
-        if (s == GM_OK) s = gm_mm_encode_text(m->tok, in, &mm, n_images, pan_and_scan ? crops : NULL, 0, &ids, &n_prompt, &err);
+        int64_t n_tok = 0;
+        for (int i = 0; i < n_images; i++) n_tok += tokens[i] * (1 + crops[i]);
+        if (s == GM_OK)
+            s = gm_mm_encode_text(m->tok, in, &mm, n_images, pan_and_scan ? crops : NULL, aspect ? tokens : NULL, 0, &ids,
+                                  &n_prompt, &err);
+        if (s == GM_OK && n_prompt >= m->cfg.max_position_embeddings) /* the images' share named (text cannot fix it) */
+            s = gm_error_set(&err, GM_ERR_INVALID, "the prompt takes %lld positions, %lld of them its %d image%s' soft tokens "
+                             "and markers (max_soft_tokens %lld%s): over the model's context of %lld positions\n  hint: fewer "
+                             "images, or a smaller max_soft_tokens in the checkpoint's preprocessor_config.json",
+                             (long long)n_prompt, (long long)(n_tok + 2 * views), n_images, n_images == 1 ? "" : "s",
+                             (long long)vc->max_soft_tokens, aspect ? ", each image's grid its own" : "",
+                             (long long)m->cfg.max_position_embeddings);
         gm_vision *vis = NULL;
         if (s == GM_OK) s = gm_vision_new_adapted(m, views, (int)threads, be, ad ? &ad->vision : NULL, &vis, &err);
-        soft = s == GM_OK ? gm_malloc((size_t)(views * vc->tokens * C) * sizeof(float)) : NULL;
-        soft_rows = s == GM_OK ? gm_malloc((size_t)(views * vc->tokens) * sizeof(int64_t)) : NULL;
+        soft = s == GM_OK ? gm_malloc((size_t)(n_tok * C) * sizeof(float)) : NULL;
+        soft_rows = s == GM_OK ? gm_malloc((size_t)n_tok * sizeof(int64_t)) : NULL;
         if (s == GM_OK && (!soft || !soft_rows)) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
-        if (s == GM_OK) s = gm_vision_encode(vis, pixels, views, soft, NULL, &err);
+        if (s == GM_OK) s = aspect ? gm_vision_encode_grids(vis, pixels, hw, views, soft, &err)
+                                   : gm_vision_encode(vis, pixels, views, soft, NULL, &err);
         for (int64_t t = 0; s == GM_OK && t < n_prompt; t++)
             if (ids[t] == vc->image_token_id) soft_rows[n_soft++] = t;
         gm_vision_free(vis);
@@ -472,7 +489,7 @@ static int cmd_generate(int argc, char **argv) {
             if (samples[i] > GM_AUDIO_MAX_SAMPLES)
                 fprintf(stderr, "gemmarun: warning: --audio %s is %.1f s long; Gemma 3n's feature extractor keeps its first "
                         "30 s (split it to use the rest)\n", audio[i], (double)samples[i] / GM_AUDIO_RATE);
-        if (s == GM_OK) s = gm_mm_encode_text(m->tok, in, &as, n_audio, NULL, 0, &ids, &n_prompt, &err);
+        if (s == GM_OK) s = gm_mm_encode_text(m->tok, in, &as, n_audio, NULL, NULL, 0, &ids, &n_prompt, &err);
         for (int64_t t = 0; s == GM_OK && t < n_prompt; t++)
             if (ids[t] == m->cfg.audio.audio_token_id) soft_rows[n_soft++] = t;
 #else

@@ -666,20 +666,22 @@ local function build_datasets(model, task, items, max_length, pan_and_scan)
   local shortest_rejected = { [train] = math.huge, [test] = math.huge }
   if val then shortest_rejected[val] = math.huge end
   local function add(ds, msgs, label, where, images, audio)
-    local sha, crops, asha = nil, nil, nil
+    local sha, crops, asha, sizes = nil, nil, nil, nil
     if images then
-      sha, crops = {}, pan_and_scan and {} or nil
+      sha, crops, sizes = {}, pan_and_scan and {} or nil, {}
       for i, p in ipairs(images) do
         sha[i] = items.image_sha[p]
         if crops then crops[i] = items.image_crops[p] end
+        sizes[i] = items.image_size[p]
       end
+      if #sizes ~= #images then sizes = nil end
     end
     if audio then
       asha = {}
       for i, p in ipairs(audio) do asha[i] = items.audio_sha[p] end
     end
     local okc, ok, why = pcall(ds.add_chat, ds, msgs, { max_length = max_length, label = label and (label - 1) or nil,
-      images = images, image_sha = sha, crops = crops, audio = audio, audio_sha = asha })
+      images = images, image_sha = sha, crops = crops, image_sizes = sizes, audio = audio, audio_sha = asha })
     if not okc then ok, why = false, clean_msg(ok):gsub("\n.*", "") end
     -- transcription: each example's reference, in the data set's order (rejections leave gaps)
     if ok and msgs.ref_words then
@@ -961,7 +963,7 @@ local function trial_plan(model, opts, items, device)
     plan.mpi = math.tointeger(MPI_STATE_BYTES)
     plan.total = plan.total + plan.mpi
   end
-  -- images: a batch's preprocessed pixels (grad_accum x max_images x 3 x S x S f32, what the
+  -- images: a batch's preprocessed pixels (grad_accum x max_images x image_floats f32, what the
   -- trainer's binding collates into), and decoding the largest file: its RGB (w h 3 bytes), a copy
   -- for an EXIF rotation, the resize's intermediate (longest side x S x 3) and its S x S output in
   -- u8 and f32 (core/image; interlaced 16-bit PNGs need up to 8 bytes per pixel more); with pan &
@@ -969,8 +971,11 @@ local function trial_plan(model, opts, items, device)
   if (opts.max_images or 0) > 0 and items and items.max_image_pixels then
     local ok, c = pcall(gm.model_config, model)
     local S = ok and c.vision and c.vision.image_size or 896
-    local batch = (opts.grad_accum or 1) * opts.max_images * 3 * S * S * 4
-    local decode = 6 * items.max_image_pixels + 3 * items.max_image_side * S + 3 * S * S + 12 * S * S
+    local per = ok and c.vision and c.vision.image_floats or 3 * S * S
+    local batch = (opts.grad_accum or 1) * opts.max_images * per * 4
+    -- (Gemma 4: its resized image holds at most per / 3 pixels, whatever its aspect)
+    local px = per // 3
+    local decode = 6 * items.max_image_pixels + 3 * items.max_image_side * S + 3 * px + 12 * px
     if opts.pan_and_scan and (items.max_crops or 0) > 0 then
       decode = decode + 3 * items.max_image_pixels + 12 * S * S * items.max_crops
     end
@@ -1532,6 +1537,7 @@ end
 local function check_images(items, splits)
   items.image_sha = items.image_sha or {}
   items.image_crops = items.image_crops or {}
+  items.image_size = items.image_size or {}
   items.max_images = items.max_images or 0
   items.max_views, items.max_crops = items.max_views or 0, items.max_crops or 0
   local bad = items.rejected_read or {}
@@ -1546,9 +1552,10 @@ local function check_images(items, splits)
       end
       for _, p in ipairs(why and {} or it.images or {}) do
         if not items.image_sha[p] then
-          local ok, sha, w, h, crops = pcall(checker.check, checker, p)
+          local ok, sha, w, h, crops, rw, rh = pcall(checker.check, checker, p)
           if not ok then why = clean_msg(sha); break end
           items.image_sha[p], items.image_crops[p] = sha, crops
+          items.image_size[p] = { rw, rh }
           items.max_crops = math.max(items.max_crops, crops)
           items.max_image_pixels = math.max(items.max_image_pixels or 0, w * h)
           items.max_image_side = math.max(items.max_image_side or 0, w, h)
@@ -1722,6 +1729,11 @@ local function preflight(e, selected, dry_run, no_device)
       if not (cfgs[c.model] and cfgs[c.model].vision) then
         P.usage(P.where_of(key), "train.%s: %s has no vision tower to train", key, c.model)
       end
+      if ms ~= "none" and cfgs[c.model] and cfgs[c.model].arch == "gemma4" then
+        P.usage(P.where_of("modules_to_save"), "train.modules_to_save = %s: training the image projector fully is Gemma 3's "
+          .. "(multi_modal_projector); Gemma 4's (embed_vision) is not trained in gemmarun yet\n"
+          .. "  hint: leave modules_to_save out; vision_targets adapts Gemma 4's tower (q_proj.linear, ...)", ms)
+      end
       local vkey = c.model .. "\0" .. vt
       if vt ~= "none" and not vis_ok[vkey] then
         local ok, msg = pcall(gm.lora_count, c.model, { vision_targets = vt, rank = c.rank })
@@ -1839,6 +1851,13 @@ local function check_lengths(ctx, e, selected, items)
     local m, ml = t.config.model, t.config.max_length
     local per = images_per_example(items, t.config)
     local key = m .. "|" .. ml .. (t.config.pan_and_scan and "|pan_and_scan" or "")
+    -- pan & scan is Gemma 3's processor's (Gemma 4 resizes each image whole, its aspect kept)
+    local mc = ctx.cfgs[m]
+    if t.config.pan_and_scan and mc and mc.arch ~= "gemma3" and (items.max_images or 0) > 0 then
+      P.usage((e.sweep and e.sweep.pan_and_scan) and e.sweep._where or P.where_of("pan_and_scan"),
+        "train.pan_and_scan = true: pan & scan crops are Gemma 3's image processor's; model %s (%s) resizes each image whole\n"
+        .. "  hint: leave pan_and_scan out", m, mc.arch)
+    end
     if not seen[key] and ctx.cfgs[m] and ctx.cfgs[m].preset and per > 0 then
       -- a built-in size has no tokenizer to count the prompts with, but its images' soft tokens
       -- (with pan & scan, its crops' too) alone must leave room for text: the planner's check
@@ -2408,6 +2427,8 @@ function R.export(opts)
     return 0
   end
   local ok2, info = pcall(m.save_adapter, m, opts.out, { adapter = t.path, base_model = base, format = fmt })
+  local okc, mcfg = pcall(m.config, m)
+  local g4 = okc and mcfg.arch == "gemma4"
   m:close()
   if not ok2 then P.usage(nil, "%s", clean_msg(info)) end
   local what = string.format("exported trial %s (%s) of %s: %d LoRA modules%s%s%s, rank %d, alpha %g%s", tostring(t.trial_index),
@@ -2423,7 +2444,8 @@ function R.export(opts)
     say("%s, as a PEFT adapter: %s/adapter_config.json, %s/adapter_model.safetensors", what, opts.out, opts.out)
     say("  in Python: PeftModel.from_pretrained(%s.from_pretrained(\"%s\"), \"%s\")",
       info.audio_modules > 0 and "Gemma3nForConditionalGeneration"
-        or (info.vision_modules > 0 or info.projector) and "Gemma3ForConditionalGeneration" or "AutoModelForCausalLM", base, opts.out)
+        or (info.vision_modules > 0 or info.projector) and (g4 and "Gemma4ForConditionalGeneration" or "Gemma3ForConditionalGeneration")
+        or "AutoModelForCausalLM", base, opts.out)
   end
   return 0
 end

@@ -289,14 +289,12 @@ void gm_gemma4_vision_embed(gm_graph *g, const float *patches, const int32_t *xy
     g->k->add_fwd(kc, g->X[0], g->mrec[M_TMP], N * C);
 }
 
-static int64_t grid_side(const gm_graph *g) { return (int64_t)llround(sqrt((double)g->T)); }
-
 void gm_gemma4_vision_head(gm_graph *g, const gm_siglip_head_bufs *b) {
     const gm_kctx *kc = &g->kc;
     const gm_config *c = g->cfg;
     const gm_weights *w = g->w;
-    int64_t C = c->hidden_size, R = g->B * c->vision.tokens;
-    g->k->avgpool_fwd(kc, b->pooled, g->X[c->n_layers], g->B, grid_side(g), c->vision.pool, C);
+    int64_t C = c->hidden_size, R = b->rows, kk = c->vision.pool * c->vision.pool;
+    g->k->pool_gather_fwd(kc, b->pooled, g->X[c->n_layers], b->pool_src, R, kk, C, 1.0f / (float)kk);
     g->k->scale_fwd(kc, b->pooled, b->pooled, R * C, sqrtf((float)C));
     if (c->vision.standardize) {
         g->k->bias_fwd(kc, b->pooled, b->std_nbias, R, C);
@@ -310,13 +308,13 @@ void gm_gemma4_vision_head_bwd(gm_graph *g, const gm_siglip_head_bufs *b) {
     const gm_kctx *kc = &g->kc;
     const gm_config *c = g->cfg;
     const gm_weights *w = g->w;
-    int64_t C = c->hidden_size, R = g->B * c->vision.tokens;
+    int64_t C = c->hidden_size, R = b->rows, kk = c->vision.pool * c->vision.pool;
     g->k->matmul_bwd_input(kc, b->dnormed, b->dout, &w->global[GM_G4V_PROJ], R, 0.0f);
     g->k->rmsnorm_bwd(kc, b->dpooled, NULL, b->dnormed, b->pooled, NULL, b->rstd_mm, R, C, 0.0f);
     if (c->vision.standardize)
         g->k->mul_cols_fwd(kc, b->dpooled, b->dpooled, (const float *)w->global[GM_G4V_STD_SCALE].data, R, C);
     g->k->scale_fwd(kc, b->dpooled, b->dpooled, R * C, sqrtf((float)C));
-    g->k->avgpool_bwd(kc, g->g, b->dpooled, g->B, grid_side(g), c->vision.pool, C);
+    g->k->pool_gather_bwd(kc, g->g, b->dpooled, b->pool_src, R, kk, g->N, C, 1.0f / (float)kk);
 }
 
 const gm_arch_def gm_arch_gemma4_vision = {

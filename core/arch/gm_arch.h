@@ -238,6 +238,8 @@ enum {
 typedef struct gm_siglip_head_bufs {
     float *post, *mean, *rstd, *pooled, *normed, *rstd_mm, *out;
     float *std_nbias; /* Gemma 4 (standardize): -std_bias (C), what the head adds before scaling */
+    int32_t *pool_src; /* Gemma 4: (rows, k^2) each soft token's patch rows of X[L] (backend) */
+    int64_t rows;      /* Gemma 4: soft tokens of the last call (its images' cells, packed) */
     const float *proj, *norm_scale;
     float *dout, *dnormed, *dpooled, *dpost, *dproj, *dnorm;
 } gm_siglip_head_bufs;
@@ -268,10 +270,10 @@ enum {
  * processor normalization gives), and each patch's grid column and row xy (2, N) host int32
  * (x's first): input_proj(patches) + table[0][x] + table[1][y] (Gemma4VisionPatchEmbedder). */
 void gm_gemma4_vision_embed(struct gm_graph *g, const float *patches, const int32_t *xy);
-/* The soft tokens b->out (images x tokens, C_text) from X[L] of square grids: k x k average
- * pooling (Gemma4VisionPooler on an unpadded grid), times sqrt(C), standardized when the config
- * says, RMSNorm without weight, embedding_projection (Gemma4MultimodalEmbedder). b->pooled holds
- * the standardized pooled rows (the RMSNorm's input); b->post is not used. */
+/* The soft tokens b->out (b->rows, C_text) from X[L]: each the average of its k x k patches
+ * (b->pool_src; Gemma4VisionPooler), times sqrt(C), standardized when the config says, RMSNorm
+ * without weight, embedding_projection (Gemma4MultimodalEmbedder). b->pooled holds the standardized
+ * pooled rows (the RMSNorm's input); b->post is not used. */
 void gm_gemma4_vision_head(struct gm_graph *g, const gm_siglip_head_bufs *b);
 /* Backward of gm_gemma4_vision_head from b->dout into g->g = dL/dX[L] (assigned); the embedder
  * is frozen. */

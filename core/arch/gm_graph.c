@@ -263,14 +263,22 @@ void gm_graph_front(gm_graph *g) {
 }
 
 gm_status gm_graph_begin_encoder(gm_graph *g, int64_t B, int64_t T, gm_error *err) {
+    return gm_graph_begin_encoder_lens(g, B, T, NULL, err);
+}
+
+gm_status gm_graph_begin_encoder_lens(gm_graph *g, int64_t B, int64_t T, const int64_t *lens, gm_error *err) {
     if (!g->arch->encoder || B < 1 || B > g->o.batch || T < 1 || T > g->o.max_tokens)
         return gm_error_set(err, GM_ERR_INVALID, "encoder input of %lld x %lld positions does not fit the plan (batch %lld, "
                             "%lld positions)", (long long)B, (long long)T, (long long)g->o.batch, (long long)g->o.max_tokens);
+    for (int64_t b = 0; lens && b < B; b++)
+        if (lens[b] < 1 || lens[b] > T)
+            return gm_error_set(err, GM_ERR_INVALID, "encoder item %lld of %lld positions in a call of %lld", (long long)b,
+                                (long long)lens[b], (long long)T);
     int64_t N = B * T;
     g->B = B, g->T = T, g->N = N, g->pos0 = 0;
     for (int64_t i = 0; i < N; i++) {
         g->host_pos[i] = (int32_t)(i % T);
-        g->host_kv_end[i] = (int32_t)T; /* every key visible */
+        g->host_kv_end[i] = (int32_t)(lens ? lens[i / T] : T); /* every key of the item visible */
     }
     g->has_kv_end = true;
     gm_backend_upload(g->be, g->pos, g->host_pos, (size_t)N * sizeof(int32_t));

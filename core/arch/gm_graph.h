@@ -171,6 +171,9 @@ void gm_graph_front(gm_graph *g);
  * T positions, every position seeing every other; the caller's front (e.g. gm_siglip_embed)
  * writes X[0]. GM_ERR_INVALID when B or T do not fit the layout. */
 gm_status gm_graph_begin_encoder(gm_graph *g, int64_t B, int64_t T, gm_error *err);
+/* The same with items of their own lengths, padded to T: item b's keys end at lens[b] (its
+ * positions past lens[b] are padding: they see its keys, none sees them). */
+gm_status gm_graph_begin_encoder_lens(gm_graph *g, int64_t B, int64_t T, const int64_t *lens, gm_error *err);
 
 /* Runs layers [0, L): X[0] -> X[L]. */
 void gm_graph_forward(gm_graph *g);

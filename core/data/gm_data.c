@@ -25,6 +25,7 @@ static void free_images(gm_example *e) {
     gm_free(e->images);
     gm_free(e->image_sha);
     gm_free(e->crops);
+    gm_free(e->image_tokens);
     for (int64_t i = 0; i < e->n_audio; i++) {
         if (e->audio) gm_free(e->audio[i]);
         if (e->audio_sha) gm_free(e->audio_sha[i]);
@@ -35,12 +36,46 @@ static void free_images(gm_example *e) {
 
 gm_mm_spec gm_mm_spec_image(const gm_config *c) {
     const gm_vision_config *v = &c->vision;
-    gm_mm_spec s = {.boi_id = v->boi_id, .eoi_id = v->eoi_id, .image_token_id = v->image_token_id, .tokens = v->tokens};
+    gm_mm_spec s = {.boi_id = v->boi_id, .eoi_id = v->eoi_id, .image_token_id = v->image_token_id, .tokens = v->tokens,
+                    .image = gm_mm_image_opts(c)};
     if (c->arch == GM_ARCH_GEMMA4) { /* Gemma4Processor: boi + n x image_token + eoi, nothing around */
         s.boi_text = "<|image>", s.close_text = "<image|>", s.soft_text = "<|image|>";
-        s.bare = true, s.filter = GM_IMAGE_BICUBIC;
+        s.bare = true;
     }
     return s;
+}
+
+gm_image_opts gm_mm_image_opts(const gm_config *c) {
+    const gm_vision_config *v = &c->vision;
+    gm_image_opts o = gm_image_opts_gemma3(v->image_size);
+    if (c->arch == GM_ARCH_GEMMA4) { /* Gemma4ImageProcessor: rescale only; 2 (x - 0.5) is ours (see gm_vision.h) */
+        o.filter = GM_IMAGE_BICUBIC;
+        o.max_patches = v->max_soft_tokens * v->pool * v->pool, o.patch = v->patch_size, o.pool = v->pool;
+    }
+    return o;
+}
+
+int64_t gm_mm_image_floats(const gm_config *c) {
+    const gm_vision_config *v = &c->vision;
+    if (c->arch == GM_ARCH_GEMMA4) return 3 * v->max_soft_tokens * v->pool * v->pool * v->patch_size * v->patch_size;
+    return 3 * v->image_size * v->image_size;
+}
+
+gm_status gm_mm_image_tokens(const gm_config *c, int64_t w, int64_t h, int64_t *tokens, gm_error *err) {
+    const gm_vision_config *v = &c->vision;
+    if (c->arch != GM_ARCH_GEMMA4) {
+        *tokens = v->tokens;
+        return GM_OK;
+    }
+    int64_t tw = 0, th = 0;
+    GM_TRY(gm_image_aspect_size(w, h, v->patch_size, v->max_soft_tokens * v->pool * v->pool, v->pool, &tw, &th, err));
+    if (tw / v->patch_size > v->pos_table || th / v->patch_size > v->pos_table)
+        return gm_error_set(err, GM_ERR_INVALID, "a %lld x %lld image resizes to %lld x %lld patches, more than the %lld rows "
+                            "of each axis of the model's position table (vision_config position_embedding_size)\n  hint: crop "
+                            "it nearer to square", (long long)w, (long long)h, (long long)(tw / v->patch_size),
+                            (long long)(th / v->patch_size), (long long)v->pos_table);
+    *tokens = (tw / (v->patch_size * v->pool)) * (th / (v->patch_size * v->pool));
+    return GM_OK;
 }
 
 gm_mm_spec gm_mm_spec_audio(const gm_config *c) {
@@ -70,8 +105,15 @@ void gm_dataset_free(gm_dataset *ds) {
 }
 
 /* The conversation's ids with each image expanded (see gm_dataset_add_chat_images). */
+/* Soft tokens of soft-token run `view` (0-based) of an example: its image's (tokens), or the spec's. */
+static int64_t image_of_view(int64_t view, const int64_t *crops, int64_t n_images);
+static int64_t view_tokens(const gm_mm_spec *mm, const int64_t *tokens, const int64_t *crops, int64_t n_images, int64_t view) {
+    return tokens ? tokens[image_of_view(view, crops, n_images)] : mm->tokens;
+}
+
 gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_mm_spec *mm, int64_t n_images,
-                            const int64_t *crops, int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err) {
+                            const int64_t *crops, const int64_t *tokens, int64_t ex_index, int32_t **ids_out, int64_t *n_out,
+                            gm_error *err) {
     size_t len = strlen(text);
     /* "<start_of_image>" -> "\n\n<start_of_image><end_of_image>\n\n"; the soft tokens are put
      * between the two as ids below (special tokens split the text, so the tokens around them are
@@ -139,16 +181,18 @@ gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_
                             (long long)ex_index, mm->boi_text ? mm->boi_text : open, close, mm->boi_id, mm->eoi_id, (long long)nb, (long long)ne,
                             (long long)views);
     }
-    int32_t *out = gm_malloc((size_t)(n + views * mm->tokens) * sizeof *out);
+    int64_t soft = 0;
+    for (int64_t v = 0; v < views; v++) soft += view_tokens(mm, tokens, crops, n_images, v);
+    int32_t *out = gm_malloc((size_t)(n + soft) * sizeof *out);
     if (!out) {
         gm_free(ids);
         return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
     }
     int64_t m = 0;
-    for (int64_t i = 0; i < n; i++) {
+    for (int64_t i = 0, v = 0; i < n; i++) {
         out[m++] = ids[i];
         if (ids[i] == mm->boi_id)
-            for (int64_t t = 0; t < mm->tokens; t++) out[m++] = mm->image_token_id;
+            for (int64_t t = 0, nt = view_tokens(mm, tokens, crops, n_images, v++); t < nt; t++) out[m++] = mm->image_token_id;
     }
     gm_free(ids);
     *ids_out = out;
@@ -157,11 +201,11 @@ gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_
 }
 
 static gm_status encode_mm(const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs, const gm_mm_spec *mm,
-                           int64_t n_images, const int64_t *crops, int64_t ex_index, int32_t **ids_out, int64_t *n_out,
-                           gm_error *err) {
+                           int64_t n_images, const int64_t *crops, const int64_t *tokens, int64_t ex_index, int32_t **ids_out,
+                           int64_t *n_out, gm_error *err) {
     char *text = NULL;
     GM_TRY(gm_chat_render(gm_chat_format_of(tok), msgs, n_msgs, false, &text, NULL, err));
-    gm_status s = gm_mm_encode_text(tok, text, mm, n_images, crops, ex_index, ids_out, n_out, err);
+    gm_status s = gm_mm_encode_text(tok, text, mm, n_images, crops, tokens, ex_index, ids_out, n_out, err);
     gm_free(text);
     return s;
 }
@@ -169,41 +213,42 @@ static gm_status encode_mm(const gm_tokenizer *tok, const gm_chat_msg *msgs, int
 /* Adds an example (ids owned from here on); images / image_sha copied. */
 static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t max_length, int32_t label,
                              const gm_tokenizer *tok, const gm_mm_spec *mm, const char *const *images,
-                             const char *const *image_sha, int64_t n_images, const int64_t *crops, bool audio,
-                             gm_error *err);
+                             const char *const *image_sha, int64_t n_images, const int64_t *crops, const int64_t *tokens,
+                             bool audio, gm_error *err);
 
 /* A conversation with media (images or audio clips, as mm says): encoded, then added. */
 static gm_status add_chat_media(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                 int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *files,
-                                const char *const *sha, int64_t n_files, const int64_t *crops, bool audio, gm_error *err) {
+                                const char *const *sha, int64_t n_files, const int64_t *crops, const int64_t *tokens,
+                                bool audio, gm_error *err) {
     int32_t *ids = NULL;
     int64_t n = 0;
-    gm_status s = encode_mm(tok, msgs, n_msgs, mm, n_files, crops, ds->n + ds->n_rejected, &ids, &n, err);
+    gm_status s = encode_mm(tok, msgs, n_msgs, mm, n_files, crops, tokens, ds->n + ds->n_rejected, &ids, &n, err);
     if (s != GM_OK) {
         ds->n_rejected++;
         return s;
     }
-    return add_example(ds, ids, n, max_length, label, tok, mm, files, sha, n_files, crops, audio, err);
+    return add_example(ds, ids, n, max_length, label, tok, mm, files, sha, n_files, crops, tokens, audio, err);
 }
 
 gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                      int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *images,
                                      const char *const *image_sha, int64_t n_images, const int64_t *crops,
-                                     gm_error *err) {
+                                     const int64_t *tokens, gm_error *err) {
     if (!mm) return gm_dataset_add_chat(ds, tok, msgs, n_msgs, max_length, label, err);
     if (crops && mm->bare)
         for (int64_t i = 0; i < n_images; i++)
             if (crops[i] > 0)
                 return gm_error_set(err, GM_ERR_INVALID, "pan & scan crops are Gemma 3's processor's; Gemma 4 resizes each "
                                     "image whole\n  hint: turn pan_and_scan off");
-    ds->image_filter = mm->filter;
-    return add_chat_media(ds, tok, msgs, n_msgs, max_length, label, mm, images, image_sha, n_images, crops, false, err);
+    ds->image_opts = mm->image;
+    return add_chat_media(ds, tok, msgs, n_msgs, max_length, label, mm, images, image_sha, n_images, crops, tokens, false, err);
 }
 
 gm_status gm_dataset_add_chat_audio(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                     int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *audio,
                                     const char *const *audio_sha, int64_t n_audio, gm_error *err) {
-    return add_chat_media(ds, tok, msgs, n_msgs, max_length, label, mm, audio, audio_sha, n_audio, NULL, true, err);
+    return add_chat_media(ds, tok, msgs, n_msgs, max_length, label, mm, audio, audio_sha, n_audio, NULL, NULL, true, err);
 }
 
 int64_t gm_dataset_max_audio(const gm_dataset *ds) {
@@ -221,7 +266,7 @@ gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_
         ds->n_rejected++;
         return s;
     }
-    return add_example(ds, ids, n, max_length, label, tok, NULL, NULL, NULL, 0, NULL, false, err);
+    return add_example(ds, ids, n, max_length, label, tok, NULL, NULL, NULL, 0, NULL, NULL, false, err);
 }
 
 /* The image (0-based) whose image or crop is soft-token run `view` (0-based) of an example. */
@@ -236,8 +281,8 @@ static int64_t image_of_view(int64_t view, const int64_t *crops, int64_t n_image
 
 static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t max_length, int32_t label,
                              const gm_tokenizer *tok, const gm_mm_spec *mm, const char *const *images,
-                             const char *const *image_sha, int64_t n_images, const int64_t *crops, bool audio,
-                             gm_error *err) {
+                             const char *const *image_sha, int64_t n_images, const int64_t *crops, const int64_t *tokens,
+                             bool audio, gm_error *err) {
     gm_status s;
     int64_t start = 0;
     s = gm_chat_response_start(tok, ids, n, &start, err);
@@ -256,7 +301,7 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
     for (int64_t i = 0, k = 0; mm && n > max_length && i < n; i++) {
         if (ids[i] != mm->boi_id) continue;
         k++;
-        int64_t end = i + mm->tokens + 1; /* its <end_of_image> */
+        int64_t end = i + view_tokens(mm, tokens, crops, n_images, k - 1) + 1; /* its <end_of_image> */
         if (i < max_length && end >= max_length) {
             gm_free(ids);
             ds->n_rejected++;
@@ -302,9 +347,11 @@ static gm_status add_example(gm_dataset *ds, int32_t *ids, int64_t n, int64_t ma
         *files = gm_calloc((size_t)n_images, sizeof **files);
         *shas = gm_calloc((size_t)n_images, sizeof **shas);
         e.crops = crops ? gm_malloc((size_t)n_images * sizeof *e.crops) : NULL;
-        bool ok = *files && *shas && (!crops || e.crops);
+        e.image_tokens = tokens ? gm_malloc((size_t)n_images * sizeof *e.image_tokens) : NULL;
+        bool ok = *files && *shas && (!crops || e.crops) && (!tokens || e.image_tokens);
         *(audio ? &e.n_audio : &e.n_images) = ok ? n_images : 0;
         if (ok && crops) memcpy(e.crops, crops, (size_t)n_images * sizeof *e.crops);
+        if (ok && tokens) memcpy(e.image_tokens, tokens, (size_t)n_images * sizeof *e.image_tokens);
         for (int64_t i = 0; ok && i < n_images; i++) {
             (*files)[i] = gm_strdup(images[i]);
             (*shas)[i] = gm_strdup(image_sha && image_sha[i] ? image_sha[i] : "");
@@ -400,11 +447,23 @@ int64_t gm_dataset_max_images(const gm_dataset *ds) {
 }
 
 gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, int64_t S, int64_t max_images,
-                          float *pixels, int64_t *n_images, gm_error *err) {
+                          float *pixels, int64_t *hw, int64_t *n_images, gm_error *err) {
     *n_images = 0;
-    gm_image_opts o = gm_image_opts_gemma3(S), o_pas = o;
-    o.filter = o_pas.filter = ds->image_filter;
+    gm_image_opts o = ds->image_opts, o_pas;
+    bool aspect = o.max_patches > 0;
+    if (!aspect) {
+        gm_image_filter f = o.filter;
+        o = gm_image_opts_gemma3(S);
+        o.filter = f;
+    } else if (!hw) {
+        return gm_error_set(err, GM_ERR_INVALID, "images of their own sizes (Gemma 4) need the sizes' buffer");
+    }
+    o_pas = o;
     o_pas.pan_and_scan = true;
+    /* where each view starts in pixels (views are packed: each its own size) */
+    int64_t *off = gm_malloc((size_t)(max_images + 1) * sizeof *off);
+    if (!off) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
+    off[0] = 0;
     /* the last decoded file: the cells of one sheet in a batch decode it once (measured on
      * OpenCV's 2000 x 1000 digits.png: docs/experiments.md, "Images") */
     char held[GM_IMAGE_PATH_MAX] = "", path[GM_IMAGE_PATH_MAX];
@@ -413,12 +472,12 @@ gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, i
     for (int64_t b = 0; b < B && s == GM_OK; b++) {
         const gm_example *e = &ds->ex[idx[b]];
         for (int64_t i = 0; i < e->n_images && s == GM_OK; i++) {
-            int64_t crops = e->crops ? e->crops[i] : 0, views = 1 + crops;
-            if (*n_images + views > max_images) {
+            int64_t crops = e->crops ? e->crops[i] : 0, views = 1 + crops, k0 = *n_images;
+            if (k0 + views > max_images) {
                 s = gm_error_set(err, GM_ERR_INVALID, "a batch holds more than %lld images (the plan's limit)", (long long)max_images);
                 break;
             }
-            float *dst = pixels + *n_images * 3 * S * S;
+            float *dst = pixels + off[k0];
             /* a reference already preprocessed for this batch (label scoring repeats one example's
              * images once per candidate): copied with its crops, not decoded again */
             int64_t same = -1, k = 0;
@@ -431,7 +490,11 @@ gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, i
                 }
             }
             if (same >= 0) {
-                memcpy(dst, pixels + same * 3 * S * S, (size_t)(views * 3 * S * S) * sizeof(float));
+                memcpy(dst, pixels + off[same], (size_t)(off[same + views] - off[same]) * sizeof(float));
+                for (int64_t v = 0; v < views; v++) {
+                    off[k0 + v + 1] = off[k0 + v] + (off[same + v + 1] - off[same + v]);
+                    if (hw) hw[2 * (k0 + v)] = hw[2 * (same + v)], hw[2 * (k0 + v) + 1] = hw[2 * (same + v) + 1];
+                }
                 *n_images += views;
                 continue;
             }
@@ -456,8 +519,20 @@ gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, i
             if (s == GM_OK && px.n_crops != crops) /* its tokens were made for another crop count */
                 s = gm_error_set(err, GM_ERR_INVALID, "%s: pan & scan now gives %lld crops, its tokens were made for %lld "
                                  "(the file changed since the data set was built?)", ref, (long long)px.n_crops, (long long)crops);
+            if (s == GM_OK && aspect && e->image_tokens) { /* its tokens were made for its grid */
+                int64_t cell_px = o.patch * o.pool, tok = (px.h / cell_px) * (px.w / cell_px);
+                if (tok != e->image_tokens[i])
+                    s = gm_error_set(err, GM_ERR_INVALID, "%s: it now resizes to %lld x %lld pixels, %lld soft tokens; its tokens "
+                                     "were made for %lld (the file changed since the data set was built?)", ref,
+                                     (long long)px.w, (long long)px.h, (long long)tok, (long long)e->image_tokens[i]);
+            }
             if (s == GM_OK) {
-                memcpy(dst, px.data, (size_t)(views * 3 * S * S) * sizeof(float));
+                size_t per = (size_t)(3 * px.h * px.w);
+                memcpy(dst, px.data, (size_t)views * per * sizeof(float));
+                for (int64_t v = 0; v < views; v++) {
+                    off[k0 + v + 1] = off[k0 + v] + (int64_t)per;
+                    if (hw) hw[2 * (k0 + v)] = px.h, hw[2 * (k0 + v) + 1] = px.w;
+                }
                 *n_images += views;
             }
             gm_image_pixels_free(&px);
@@ -465,6 +540,7 @@ gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, i
         }
     }
     gm_image_free(&file);
+    gm_free(off);
     return s;
 }
 

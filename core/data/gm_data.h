@@ -46,6 +46,9 @@ typedef struct gm_example {
      * more soft-token run in ids right after its image's (transformers' Gemma3Processor); NULL:
      * pan & scan off, each image one run. Owned. */
     int64_t *crops;
+    /* Gemma 4: per image its soft tokens (its aspect-preserving grid's cells, gm_mm_image_tokens);
+     * NULL: the spec's tokens each. Owned. */
+    int64_t *image_tokens;
     /* the model turns before the last (multi-turn chats; gm_chat_earlier_model_turns): [start,
      * end) token spans, supervised as the last turn is; NULL and 0 for one model turn, owned */
     int64_t (*turns)[2];
@@ -72,10 +75,10 @@ typedef struct gm_mm_spec {
     const char *open_text, *close_text, *soft_text, *what;
     /* Gemma 4 (Gemma4Processor.replace_image_token): the placeholder becomes boi_text + close_text
      * with no "\n\n" around (bare); boi_text NULL: open_text is also the opening token's text.
-     * filter: the resample of the model's image processor (Gemma 4: bicubic). */
+     * image: the model's image processor (gm_mm_image_opts; Gemma 4: bicubic, aspect kept). */
     const char *boi_text;
     bool bare;
-    gm_image_filter filter;
+    gm_image_opts image;
 } gm_mm_spec;
 
 struct gm_config;
@@ -83,6 +86,14 @@ struct gm_config;
  * "\n\n<start_of_image>...<end_of_image>\n\n" blocks, Gemma 4's bare "<|image>...<image|>" with
  * "<|image|>" soft tokens. Messages mark each image with "<start_of_image>" for both. */
 gm_mm_spec gm_mm_spec_image(const struct gm_config *c);
+/* The image processor's options of a multimodal config: Gemma 3's (Gemma3ImageProcessor at the
+ * tower's side, bilinear); Gemma 4's (Gemma4ImageProcessor: bicubic, each image at its
+ * aspect-preserving size within max_soft_tokens x pool^2 patches). */
+gm_image_opts gm_mm_image_opts(const struct gm_config *c);
+/* Soft tokens of an image of w x h pixels on config c: Gemma 4's of its aspect-preserving grid
+ * (gm_image_aspect_size; GM_ERR_INVALID where the processor raises), otherwise the config's
+ * tokens per image. */
+gm_status gm_mm_image_tokens(const struct gm_config *c, int64_t w, int64_t h, int64_t *tokens, gm_error *err);
 /* The audio spec of a Gemma 3n config (its boa / eoa / audio soft token ids and soft tokens per
  * clip). */
 gm_mm_spec gm_mm_spec_audio(const struct gm_config *c);
@@ -92,8 +103,8 @@ typedef struct gm_dataset {
     int64_t n, cap;
     int64_t n_rejected;    /* examples refused by gm_dataset_add_chat (reason logged) */
     int64_t n_truncated;   /* examples cut to max_length (response partly kept) */
-    gm_image_filter image_filter; /* the resample gm_batch_images uses: the spec's of the last
-                                     example added with images (one model per data set) */
+    gm_image_opts image_opts; /* the processor gm_batch_images runs: the spec's of the last example
+                                 added with images (one model per data set) */
 } gm_dataset;
 
 void gm_dataset_init(gm_dataset *ds);
@@ -118,11 +129,12 @@ gm_status gm_dataset_add_chat(gm_dataset *ds, const gm_tokenizer *tok, const gm_
  * the text itself holds <image_soft_token> (only images fill those), when
  * the tokenizer's <start_of_image> / <end_of_image> are not the config's ids, or when max_length
  * would cut into an image (naming the image, its tokens' span and max_length): truncation never
- * splits an image. */
+ * splits an image. tokens[i] (tokens NULL: mm->tokens each): Gemma 4's soft tokens of image i
+ * (gm_mm_image_tokens of the referenced image's size, found by the caller). */
 gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                      int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *images,
                                      const char *const *image_sha, int64_t n_images, const int64_t *crops,
-                                     gm_error *err);
+                                     const int64_t *tokens, gm_error *err);
 
 /* The same for audio clips on a Gemma 3n model (mm: gm_mm_spec_audio): msgs' text holds one
  * "<start_of_audio>" per clip, audio[i] / audio_sha[i] the i-th clip's file and its sha256
@@ -155,7 +167,8 @@ gm_status gm_batch_audio(const gm_dataset *ds, const int64_t *idx, int64_t B, co
  * first, each image expanded as mm says (see gm_dataset_add_chat_images, whose checks it makes;
  * ex_index names the example in messages). *ids_out is gm_malloc'd. */
 gm_status gm_mm_encode_text(const gm_tokenizer *tok, const char *text, const gm_mm_spec *mm, int64_t n_images,
-                            const int64_t *crops, int64_t ex_index, int32_t **ids_out, int64_t *n_out, gm_error *err);
+                            const int64_t *crops, const int64_t *tokens, int64_t ex_index, int32_t **ids_out, int64_t *n_out,
+                            gm_error *err);
 
 /* The images the vision tower sees for example e: its images and their pan & scan crops. */
 int64_t gm_example_views(const gm_example *e);
@@ -174,9 +187,15 @@ int64_t gm_dataset_max_images(const gm_dataset *ds);
  * most one decoded file is held at a time. Errors name the reference (the file may have changed
  * since the data set was built): GM_ERR_INVALID when more than max_images or a region outside its
  * file, or an image whose crop count is no longer the one its tokens were made for; the decoder's
- * errors otherwise. */
+ * errors otherwise. With the data set's Gemma 4 processor (image_opts.max_patches) each image
+ * keeps its own size: image j (3, hw[2j], hw[2j+1]) follows the one before it in pixels (room for
+ * max_images x gm_mm_image_floats), and an image whose grid no longer gives the soft tokens its
+ * example was made with is GM_ERR_INVALID; hw may be NULL for square images (then S x S each). */
 gm_status gm_batch_images(const gm_dataset *ds, const int64_t *idx, int64_t B, int64_t S, int64_t max_images,
-                          float *pixels, int64_t *n_images, gm_error *err);
+                          float *pixels, int64_t *hw, int64_t *n_images, gm_error *err);
+/* The most floats one preprocessed image of config c takes: 3 S S (Gemma 3), 3 x max_soft_tokens x
+ * pool^2 x patch^2 (Gemma 4, any aspect within the budget). */
+int64_t gm_mm_image_floats(const struct gm_config *c);
 
 /* What gm_image_check learned of each file within one validation pass, so that the 5,000 cells of
  * one sprite sheet decode and hash it once: per distinct file, its decoded size and the sha256

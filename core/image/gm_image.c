@@ -104,8 +104,9 @@ static void dec_release(dec *d) {
 static gm_status limit_error(const dec *d, int64_t w, int64_t h, gm_error *err) {
     return gm_error_set(err, GM_ERR_LIMIT,
                         "%s: %lld x %lld pixels (%lld), more than the limit of %lld pixels\n"
-                        "hint: downscale the image first (the model sees it at %d x %d); the limit is PIL's "
-                        "decompression-bomb limit, which transformers' image processors also meet",
+                        "hint: downscale the image first (the model sees it resized: Gemma 3 at %d x %d, Gemma 4 within "
+                        "its soft-token budget); the limit is PIL's decompression-bomb limit, which transformers' image "
+                        "processors also meet",
                         d->name, (long long)w, (long long)h, (long long)(w * h), (long long)d->max_pixels,
                         GM_IMAGE_GEMMA3_SIZE, GM_IMAGE_GEMMA3_SIZE);
 }

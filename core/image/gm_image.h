@@ -95,6 +95,10 @@ typedef struct gm_image_opts {
     gm_image_filter filter;     /* resample of every resize: GM_IMAGE_BILINEAR (zero, Gemma 3's
                                    PILImageResampling.BILINEAR, what gm_image_opts_gemma3 sets) or
                                    GM_IMAGE_BICUBIC (Gemma 4's processor resamples with BICUBIC) */
+    /* Gemma 4's aspect-preserving resize (Gemma4ImageProcessor), when max_patches > 0: each image
+     * keeps its own size, the largest whose sides are multiples of pool x patch pixels within
+     * max_patches patches (gm_image_aspect_size); size is then not used. No pan & scan. */
+    int64_t max_patches, patch, pool;
 } gm_image_opts;
 
 /* The most crops gm_image_preprocess makes (opts.pas_max_num_crops above it is GM_ERR_INVALID). */
@@ -103,10 +107,11 @@ typedef struct gm_image_opts {
 /* The f32 input of the vision tower: the original image, then its pan-and-scan crops. */
 typedef struct gm_image_pixels {
     int64_t n;     /* 1 + n_crops */
-    int64_t size;  /* S */
+    int64_t size;  /* S (0 with opts.max_patches: the image's own h x w below) */
+    int64_t h, w;  /* the output's rows and columns: S x S, or the aspect-preserving size */
     int64_t n_crops;
     gm_image_rect crops[GM_IMAGE_MAX_CROPS]; /* the crops' rectangles in the decoded image (n_crops of them) */
-    float *data;   /* (n, 3, S, S), gm_malloc'd */
+    float *data;   /* (n, 3, h, w), gm_malloc'd */
 } gm_image_pixels;
 
 /* ---- decoding -------------------------------------------------------------------------------- */
@@ -222,9 +227,20 @@ void gm_image_normalize(const gm_image *img, double rescale, const float mean[3]
 int64_t gm_image_pan_and_scan_crops(int64_t w, int64_t h, const gm_image_opts *opts, gm_image_rect *crops,
                                     int64_t max);
 
+/* transformers' get_aspect_ratio_preserving_size (models/gemma4/image_processing_pil_gemma4.py) for a
+ * w x h image: the largest th x tw with both sides multiples of pool x patch that holds at most
+ * max_patches patches of patch x patch pixels, the aspect kept (a side that would round to 0
+ * becomes one multiple, the other the ratio's multiples up to the budget's longest side). Into
+ * *tw, *th. GM_ERR_INVALID (naming the sizes) where the processor raises: both sides round to 0,
+ * or the result is over the budget. */
+gm_status gm_image_aspect_size(int64_t w, int64_t h, int64_t patch, int64_t max_patches, int64_t pool, int64_t *tw,
+                               int64_t *th, gm_error *err);
+
 /* Gemma3ImageProcessorPil's pixel_values for one decoded image: the image itself, then (with
  * opts->pan_and_scan) its crops, each resized to S x S (gm_image_resize with opts->filter) and
- * normalized (gm_image_normalize) into out->data (n, 3, S, S). GM_ERR_INVALID for bad options
+ * normalized (gm_image_normalize) into out->data (n, 3, S, S); with opts->max_patches, Gemma 4's:
+ * the image alone at gm_image_aspect_size (not resized when already that size, as the processor)
+ * into (1, 3, h, w). GM_ERR_INVALID for bad options
  * (size < 1 or above 16384, pan & scan parameters < 1, more than GM_IMAGE_MAX_CROPS crops, an
  * unknown filter), GM_ERR_NOMEM. */
 gm_status gm_image_preprocess(const gm_image *img, const gm_image_opts *opts, gm_image_pixels *out, gm_error *err);

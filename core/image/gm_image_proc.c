@@ -321,8 +321,72 @@ int64_t gm_image_pan_and_scan_crops(int64_t w, int64_t h, const gm_image_opts *o
     return n;
 }
 
+gm_status gm_image_aspect_size(int64_t w, int64_t h, int64_t patch, int64_t max_patches, int64_t pool, int64_t *tw,
+                               int64_t *th, gm_error *err) {
+    if (w < 1 || h < 1 || patch < 1 || pool < 1 || max_patches < pool * pool)
+        return gm_error_set(err, GM_ERR_INVALID, "aspect-preserving size of a %lld x %lld image: bad parameters (patch %lld, "
+                            "pooling %lld, %lld patches)", (long long)w, (long long)h, (long long)patch, (long long)pool,
+                            (long long)max_patches);
+    /* the processor's arithmetic, in Python floats (double) */
+    double target_px = (double)max_patches * (double)(patch * patch), total_px = (double)h * (double)w;
+    double factor = sqrt(target_px / total_px), ideal_h = factor * (double)h, ideal_w = factor * (double)w;
+    int64_t mult = pool * patch;
+    int64_t t_h = (int64_t)floor(ideal_h / (double)mult) * mult, t_w = (int64_t)floor(ideal_w / (double)mult) * mult;
+    if (t_h == 0 && t_w == 0)
+        return gm_error_set(err, GM_ERR_INVALID, "a %lld x %lld image resizes to 0 x 0 within %lld patches of %lld px (sides "
+                            "multiples of %lld px)", (long long)w, (long long)h, (long long)max_patches, (long long)patch,
+                            (long long)mult);
+    int64_t max_side = (max_patches / (pool * pool)) * mult;
+    if (t_h == 0) {
+        t_h = mult;
+        t_w = (int64_t)floor((double)w / (double)h) * mult;
+        if (t_w > max_side) t_w = max_side;
+    } else if (t_w == 0) {
+        t_w = mult;
+        t_h = (int64_t)floor((double)h / (double)w) * mult;
+        if (t_h > max_side) t_h = max_side;
+    }
+    if ((double)t_h * (double)t_w > target_px)
+        return gm_error_set(err, GM_ERR_INVALID, "a %lld x %lld image resizes to %lld x %lld, over %lld patches of %lld px",
+                            (long long)w, (long long)h, (long long)t_w, (long long)t_h, (long long)max_patches,
+                            (long long)patch);
+    *tw = t_w, *th = t_h;
+    return GM_OK;
+}
+
+/* Gemma 4's: the image alone at its aspect-preserving size (gm_image_aspect_size). */
+static gm_status preprocess_aspect(const gm_image *img, const gm_image_opts *opts, gm_image_pixels *out, gm_error *err) {
+    int64_t tw = 0, th = 0;
+    GM_TRY(gm_image_aspect_size(img->w, img->h, opts->patch, opts->max_patches, opts->pool, &tw, &th, err));
+    gm_image_pixels px = {.n = 1, .h = th, .w = tw};
+    px.data = gm_malloc((size_t)(3 * th * tw) * sizeof(float));
+    if (!px.data)
+        return gm_error_set(err, GM_ERR_NOMEM, "image preprocessing: out of memory for 3 x %lld x %lld floats", (long long)th,
+                            (long long)tw);
+    gm_image sized = {0};
+    gm_status s = GM_OK;
+    if (tw == img->w && th == img->h) gm_image_normalize(img, opts->rescale, opts->mean, opts->std, px.data); /* as is */
+    else if ((s = gm_image_resize(img, tw, th, opts->filter, &sized, err)) == GM_OK)
+        gm_image_normalize(&sized, opts->rescale, opts->mean, opts->std, px.data);
+    gm_image_free(&sized);
+    if (s != GM_OK) {
+        gm_image_pixels_free(&px);
+        return s;
+    }
+    *out = px;
+    return GM_OK;
+}
+
 gm_status gm_image_preprocess(const gm_image *img, const gm_image_opts *opts, gm_image_pixels *out, gm_error *err) {
     GM_ASSERT(img && img->rgb && opts && out);
+    if (opts->max_patches > 0) {
+        if (opts->pan_and_scan)
+            return gm_error_set(err, GM_ERR_INVALID, "image preprocessing: pan & scan crops are Gemma 3's; the aspect-preserving "
+                                "resize takes each image whole");
+        if ((unsigned)opts->filter > GM_IMAGE_BICUBIC)
+            return gm_error_set(err, GM_ERR_INVALID, "image preprocessing: unknown filter %d", (int)opts->filter);
+        return preprocess_aspect(img, opts, out, err);
+    }
     const int64_t S = opts->size;
     if (S < 1 || S > 16384 || (opts->pan_and_scan && (opts->pas_min_crop_size < 1 || opts->pas_max_num_crops < 1 ||
                                                        opts->pas_max_num_crops > GM_IMAGE_MAX_CROPS || !(opts->pas_min_ratio > 0))))
@@ -334,7 +398,7 @@ gm_status gm_image_preprocess(const gm_image *img, const gm_image_opts *opts, gm
     if ((unsigned)opts->filter > GM_IMAGE_BICUBIC)
         return gm_error_set(err, GM_ERR_INVALID, "image preprocessing: unknown filter %d\nhint: GM_IMAGE_BILINEAR or GM_IMAGE_BICUBIC",
                             (int)opts->filter);
-    gm_image_pixels px = {.size = S};
+    gm_image_pixels px = {.size = S, .h = S, .w = S};
     if (opts->pan_and_scan) px.n_crops = gm_image_pan_and_scan_crops(img->w, img->h, opts, px.crops, GM_IMAGE_MAX_CROPS);
     for (int64_t i = 0; i < px.n_crops; i++)
         if (px.crops[i].w < 1 || px.crops[i].h < 1)

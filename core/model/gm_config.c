@@ -334,9 +334,10 @@ static gm_status gemma4_vision_tower(const gm_config *mm, gm_config *t, gm_error
                             (long long)v->pool, (long long)v->image_size, (long long)v->intermediate_size);
     int64_t side = v->image_size / v->patch_size;
     if (side > v->pos_table)
-        return gm_error_set(err, GM_ERR_INVALID, "%s: an image of %lld x %lld patches needs more than the %lld rows of each axis "
-                            "of the position table (position_embedding_size)\n  hint: a smaller max_soft_tokens", mm->name,
-                            (long long)side, (long long)side, (long long)v->pos_table);
+        return gm_error_set(err, GM_ERR_INVALID, "%s: vision_config position_embedding_size = %lld: an image of %lld x %lld "
+                            "patches (max_soft_tokens %lld) needs a row per column and per row of patches\n  hint: a smaller "
+                            "max_soft_tokens", mm->name, (long long)v->pos_table, (long long)side, (long long)side,
+                            (long long)v->max_soft_tokens);
     t->arch = GM_ARCH_GEMMA4_VISION;
     snprintf(t->name, sizeof t->name, "gemma4_vision");
     t->vocab_size = 2 * v->pos_table;
@@ -762,16 +763,25 @@ static gm_status read_image_budget(const char *dir, gm_config *cfg, gm_error *er
         gm_free(text);
         if (!j) return gm_error_set(err, GM_ERR_FORMAT, "%s: not valid JSON", path);
         const cJSON *ip = cJSON_GetObjectItemCaseSensitive(j, "image_processor");
-        const cJSON *b = cJSON_GetObjectItemCaseSensitive(cJSON_IsObject(ip) ? ip : j, "max_soft_tokens");
+        const cJSON *o = cJSON_IsObject(ip) ? ip : j;
+        const cJSON *b = cJSON_GetObjectItemCaseSensitive(o, "max_soft_tokens");
         gm_status s = GM_OK;
-        if (b && !cJSON_IsNumber(b)) s = gm_error_set(err, GM_ERR_FORMAT, "%s: max_soft_tokens must be a number", path);
-        else if (b) s = gm_config_gemma4_image_budget(cfg, (int64_t)b->valuedouble, err);
-        cJSON_Delete(j);
-        if (s != GM_OK) {
-            gm_error_prefix(err, "%s", path);
-            return s;
+        /* the processor's patch and pooling must be the tower's */
+        struct { const char *key; int64_t want; } same[] = {{"patch_size", cfg->vision.patch_size},
+                                                           {"pooling_kernel_size", cfg->vision.pool}};
+        for (size_t k = 0; k < 2 && s == GM_OK; k++) {
+            const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, same[k].key);
+            if (x && (!cJSON_IsNumber(x) || x->valuedouble != (double)same[k].want))
+                s = gm_error_set(err, GM_ERR_INVALID, "%s: %s = %g, but config.json's vision_config says %lld: the processor and "
+                                 "the model belong together", path, same[k].key, cJSON_IsNumber(x) ? x->valuedouble : 0.0,
+                                 (long long)same[k].want);
         }
-        if (b) return GM_OK;
+        if (s == GM_OK && b && (!cJSON_IsNumber(b) || b->valuedouble != floor(b->valuedouble)))
+            s = gm_error_set(err, GM_ERR_FORMAT, "%s: max_soft_tokens must be an integer (70, 140, 280, 560 or 1120)", path);
+        else if (s == GM_OK && b && (s = gm_config_gemma4_image_budget(cfg, (int64_t)b->valuedouble, err)) != GM_OK)
+            gm_error_prefix(err, "%s", path);
+        cJSON_Delete(j);
+        if (s != GM_OK || b) return s;
     }
     return GM_OK;
 }
@@ -915,8 +925,8 @@ gm_status gm_config_gemma4_image_budget(gm_config *cfg, int64_t max_soft_tokens,
     bool ok = false;
     for (size_t i = 0; i < sizeof supported / sizeof supported[0]; i++) ok |= max_soft_tokens == supported[i];
     if (!ok)
-        return gm_error_set(err, GM_ERR_INVALID, "%s: max_soft_tokens = %lld: Gemma 4's image processor takes 70, 140, 280, "
-                            "560 or 1120 soft tokens per image", cfg->name, (long long)max_soft_tokens);
+        return gm_error_set(err, GM_ERR_INVALID, "max_soft_tokens = %lld: Gemma 4's image processor takes 70, 140, 280, "
+                            "560 or 1120 soft tokens per image", (long long)max_soft_tokens);
     int64_t k = v->pool > 0 ? v->pool : 3, p = v->patch_size, mult = k * p;
     if (p <= 0) return gm_error_set(err, GM_ERR_INVALID, "%s: the vision tower has no patch_size", cfg->name);
     /* get_aspect_ratio_preserving_size with height = width: factor * side = sqrt(max_patches p^2) */
@@ -1029,15 +1039,31 @@ static gm_status gemma4_towers_json(const cJSON *root, const char *label, gm_con
         const cJSON *rp = jget(vc, "rope_parameters");
         if (rp && cJSON_IsObject(rp)) GM_TRY(jfloat(rp, "rope_theta", &theta, where, err));
         if (kvh < 0) kvh = heads;
-        if (dv < 1 || dv > 65536 || layers < 1 || layers > GM_MAX_LAYERS || fv < 1 || fv > (1 << 20) || hd < 4 ||
-            hd % 4 != 0 || heads < 1 || kvh < 1 || heads % kvh != 0 || patch < 1 || patch > 1024 || pool < 1 ||
-            pool > 64 || table < 1 || table > (1 << 24) || !(eps > 0) || !(theta > 0))
-            return gm_error_set(err, GM_ERR_INVALID, "%s: hidden_size %lld, num_hidden_layers %lld, intermediate_size %lld, "
-                                "head_dim %lld (a multiple of 4: the 2-D RoPE splits it in x and y halves), "
-                                "num_attention_heads %lld, num_key_value_heads %lld, patch_size %lld, pooling_kernel_size "
-                                "%lld, position_embedding_size %lld, rms_norm_eps %g, rope_theta %g: out of range", where,
-                                (long long)dv, (long long)layers, (long long)fv, (long long)hd, (long long)heads,
-                                (long long)kvh, (long long)patch, (long long)pool, (long long)table, (double)eps, (double)theta);
+        /* each field in its range, named */
+        struct { const char *key; int64_t v, lo, hi; } rng[] = {
+            {"hidden_size", dv, 1, 65536},         {"num_hidden_layers", layers, 1, GM_MAX_LAYERS},
+            {"intermediate_size", fv, 1, 1 << 20}, {"head_dim", hd, 4, 4096},
+            {"num_attention_heads", heads, 1, 1024}, {"num_key_value_heads", kvh, 1, 1024},
+            {"patch_size", patch, 1, 1024},        {"pooling_kernel_size", pool, 1, 64},
+            {"position_embedding_size", table, 1, 1 << 24},
+        };
+        for (size_t i = 0; i < sizeof rng / sizeof rng[0]; i++)
+            if (rng[i].v < rng[i].lo || rng[i].v > rng[i].hi)
+                return gm_error_set(err, GM_ERR_INVALID, "%s: %s = %lld: must be in %lld..%lld", where, rng[i].key,
+                                    (long long)rng[i].v, (long long)rng[i].lo, (long long)rng[i].hi);
+        if (hd % 4 != 0)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: head_dim = %lld: must be a multiple of 4 (the 2-D RoPE rotates its "
+                                "halves by column and row, each in pairs)", where, (long long)hd);
+        if (heads % kvh != 0)
+            return gm_error_set(err, GM_ERR_INVALID, "%s: num_key_value_heads = %lld does not divide num_attention_heads = %lld",
+                                where, (long long)kvh, (long long)heads);
+        if (!(eps > 0) || !(theta > 0))
+            return gm_error_set(err, GM_ERR_INVALID, "%s: rms_norm_eps = %g and rope_theta = %g must be positive", where,
+                                (double)eps, (double)theta);
+        const cJSON *vact = jget(vc, "hidden_activation");
+        if (vact && (!cJSON_IsString(vact) || strcmp(vact->valuestring, "gelu_pytorch_tanh") != 0))
+            return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: hidden_activation must be gelu_pytorch_tanh (Gemma4VisionConfig's, "
+                                "every published Gemma 4)", where);
         const cJSON *st = jget(vc, "standardize"), *cl = jget(vc, "use_clipped_linears");
         gm_vision_config *v = &cfg->vision;
         gemma4_vision(cfg, dv, layers, fv, hd, st && cJSON_IsTrue(st), cl && cJSON_IsTrue(cl));

@@ -75,9 +75,9 @@ typedef struct gm_vision_config {
      * table (position_embedding_size 10,240), RoPE base (100), clipped linears
      * (use_clipped_linears), standardized soft tokens (standardize), and the image-token budget
      * the image processor resizes each image into (max_soft_tokens: 70, 140, 280, 560, 1120;
-     * preprocessor_config.json, 280 without one). gemmarun resizes every image to the square
-     * grid the processor gives a square image at that budget (gm_config_gemma4_image_budget):
-     * image_size, patches and tokens follow from it. */
+     * preprocessor_config.json, 280 without one). Each image keeps its aspect (its own grid,
+     * gm_mm_image_tokens); image_size, patches and tokens are a square image's at that budget
+     * (gm_config_gemma4_image_budget), what plans without data count per image. */
     int64_t n_kv_heads, head_dim, pool, pos_table;
     float rope_theta;
     bool clipped, standardize;

@@ -352,6 +352,23 @@ gm_status gm_model_stored_dtypes(const char *path, gm_dtype *linear, gm_dtype *e
     return GM_OK;
 }
 
+/* Gemma 4's clipped linears (Gemma4ClippableLinear): each pair of bounds (the spec's *_min slot,
+ * then its *_max) a number with min <= max - a NaN would clamp nothing, silently. */
+static gm_status check_clip_bounds(const gm_model *v, gm_error *err) {
+    const gm_arch_def *ar = v->arch;
+    for (int64_t l = 0; l < v->cfg.n_layers; l++)
+        for (int s = 0; s + 1 < ar->n_layer; s++) {
+            const gm_weight_spec *w = &ar->layer[s];
+            if (w->when != GM_WHEN_CLIPPED || !strstr(w->hf, "_min") || !gm_weight_present(w, &v->cfg, l)) continue;
+            float lo = *(const float *)v->layer[l * ar->n_layer + s].data, hi = *(const float *)v->layer[l * ar->n_layer + s + 1].data;
+            if (isnan(lo) || isnan(hi) || lo > hi)
+                return gm_error_set(err, GM_ERR_FORMAT, "%s: %s%s%lld.%s = %g and its %s = %g: a clamp needs bounds with min <= "
+                                    "max", v->path, v->prefix, ar->layers_prefix, (long long)l, w->hf, (double)lo,
+                                    ar->layer[s + 1].hf, (double)hi);
+        }
+    return GM_OK;
+}
+
 /* The tower of a multimodal checkpoint (gm_model.vision): its weights are named below the tower's
  * prefix, the projector's below the multimodal model's root. The root is what the text decoder's
  * prefix says ("language_model.model." in the hub's layout: root ""; "model.language_model.": root
@@ -391,7 +408,8 @@ static gm_status load_vision(gm_model *m, const char *text_prefix, gm_error *err
     gm_arena_init(&v->arena, "vision tower vectors", GM_DEVICE_CPU);
     GM_TRY(bind_all(v, v->prefix, err));
     GM_TRY(gm_arena_commit(&v->arena, err));
-    return bind_all(v, v->prefix, err);
+    GM_TRY(bind_all(v, v->prefix, err));
+    return check_clip_bounds(v, err);
 }
 
 static gm_status load_hf(gm_model *m, const char *path, const gm_model_opts *o, gm_error *err) {

@@ -15,7 +15,7 @@ gm_status gm_vision_layout(gm_vision *v, gm_arena *a, gm_arena *host, gm_error *
     GM_TRY(gm_weights_layout(&v->w, v->tower, v->stored, v->stored, v->be, a, v->g.o.n_threads, err));
     if (v->train_tower) gm_lora_layout(&v->lora, a, true);
     gm_graph_layout(&v->g, a, host);
-    int64_t N = v->max_images * v->P, R = v->max_images * v->tokens, pd = 3 * v->patch_size * v->patch_size;
+    int64_t N = v->max_images * v->P_max, R = v->max_images * v->tokens_max, pd = 3 * v->patch_size * v->patch_size;
 #define F32(ar, n, kind) (float *)gm_arena_alloc(ar, (size_t)(n) * sizeof(float), kind)
     v->patches = F32(a, N * pd, GM_MEM_ACTIVATIONS);
     if (!v->g4) { /* SigLIP's post-layernorm; Gemma 4 pools X[L] itself */
@@ -23,7 +23,11 @@ gm_status gm_vision_layout(gm_vision *v, gm_arena *a, gm_arena *host, gm_error *
         v->head.mean = F32(a, N, GM_MEM_ACTIVATIONS);
         v->head.rstd = F32(a, N, GM_MEM_ACTIVATIONS);
     } else {
+        int64_t kk = v->tcfg.vision.pool * v->tcfg.vision.pool;
         v->host_xy = (int32_t *)gm_arena_alloc(host, (size_t)(2 * N) * sizeof(int32_t), GM_MEM_ACTIVATIONS);
+        v->host_pool_src = (int32_t *)gm_arena_alloc(host, (size_t)(R * kk) * sizeof(int32_t), GM_MEM_ACTIVATIONS);
+        v->host_lens = (int64_t *)gm_arena_alloc(host, (size_t)v->max_images * sizeof(int64_t), GM_MEM_ACTIVATIONS);
+        v->head.pool_src = (int32_t *)gm_arena_alloc(a, (size_t)(R * kk) * sizeof(int32_t), GM_MEM_ACTIVATIONS);
         if (v->tcfg.vision.standardize) v->head.std_nbias = F32(a, v->C, GM_MEM_ACTIVATIONS);
     }
     v->head.pooled = F32(a, R * v->C, GM_MEM_ACTIVATIONS);
@@ -94,9 +98,9 @@ static gm_status init_train(gm_vision *v, const gm_config *mm, const gm_model *t
     }
     v->g4 = tc->arch == GM_ARCH_GEMMA4_VISION;
     if (v->g4 && ((t && t->projector) || (ad && ad->proj_w)))
-        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: training Gemma 4's image embedder (modules_to_save = "
-                            "[\"embed_vision\"]) is not in gemmarun yet\n  hint: adapt the tower with vision_targets, or "
-                            "leave the embedder frozen", mm->name);
+        return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: a trained image projector (modules_to_save) is Gemma 3's; Gemma 4's "
+                            "(embed_vision) is not trained in gemmarun yet\n  hint: adapt the tower with vision_targets, or "
+                            "leave the projector frozen", mm->name);
     v->tower = tower;
     v->be = be;
     v->max_images = max_images;
@@ -105,6 +109,10 @@ static gm_status init_train(gm_vision *v, const gm_config *mm, const gm_model *t
     v->side = v->image_size / v->patch_size;
     v->P = v->side * v->side;
     v->tokens = tc->vision.tokens;
+    v->g4 = tc->arch == GM_ARCH_GEMMA4_VISION;
+    /* Gemma 4: any grid within the budget (aspect kept: up to max_soft_tokens k^2 patches) */
+    v->P_max = v->g4 ? tc->vision.max_soft_tokens * tc->vision.pool * tc->vision.pool : v->P;
+    v->tokens_max = v->g4 ? tc->vision.max_soft_tokens : v->tokens;
     v->C = tc->hidden_size;
     v->C_text = tc->vision.out_hidden_size;
     /* Hugging Face checkpoints of Gemma 3 store the tower in bf16 (google/gemma-3-4b-it: 8.6 GB of
@@ -139,7 +147,7 @@ static gm_status init_train(gm_vision *v, const gm_config *mm, const gm_model *t
     /* the tower's adapters: trained here, or an adapter's in inference (as the decoder's) */
     const gm_lora *lo = v->train_tower ? &v->lora : v->ad.tower;
     gm_graph_opts go = {.mode = v->train_tower ? GM_GRAPH_TRAIN : GM_GRAPH_INFER, .batch = max_images,
-                        .max_tokens = v->P, .ctx = v->P, .checkpointing = v->train_tower && checkpointing, .lm_rows = 1,
+                        .max_tokens = v->P_max, .ctx = v->P_max, .checkpointing = v->train_tower && checkpointing, .lm_rows = 1,
                         .rank = lo ? lo->cfg.rank : 0, .n_threads = n_threads > 0 ? n_threads : 2};
     return gm_graph_init(&v->g, tc, &v->w, lo, be, &go, err);
 }
@@ -262,16 +270,98 @@ static void patchify(const float *img, int64_t S, int64_t p, float *out) {
         }
 }
 
-/* Gemma 4's order: patch t = (py, px) row-major, values (y, x, c) (convert_image_to_patches). */
-static void patchify_yxc(const float *img, int64_t S, int64_t p, float *out) {
-    int64_t side = S / p, pd = 3 * p * p;
-    for (int64_t py = 0; py < side; py++)
-        for (int64_t px = 0; px < side; px++) {
-            float *o = out + (py * side + px) * pd;
+/* Gemma 4's order of an image img (3, h, w): patch t = (py, px) row-major over its gh x gw grid,
+ * values (y, x, c) (the processor's convert_image_to_patches). */
+static void patchify_yxc(const float *img, int64_t h, int64_t w, int64_t p, float *out) {
+    int64_t gh = h / p, gw = w / p, pd = 3 * p * p;
+    for (int64_t py = 0; py < gh; py++)
+        for (int64_t px = 0; px < gw; px++) {
+            float *o = out + (py * gw + px) * pd;
             for (int64_t y = 0; y < p; y++)
                 for (int64_t x = 0; x < p; x++)
-                    for (int64_t c = 0; c < 3; c++) o[(y * p + x) * 3 + c] = img[(c * S + py * p + y) * S + px * p + x];
+                    for (int64_t c = 0; c < 3; c++) o[(y * p + x) * 3 + c] = img[(c * h + py * p + y) * w + px * p + x];
         }
+}
+
+/* Gemma 4: n images imgs[i] (3, hw[2i], hw[2i+1]) pixels, sides multiples of k p, through the tower
+ * as one batch padded to the largest grid (each image's keys end at its own patches: kv_end), then
+ * pooled cell by cell into its soft tokens, packed in order at head.out (v->n_soft rows). */
+static gm_status run_g4(gm_vision *v, const float *const *imgs, const int64_t *hw, int64_t n, gm_error *err) {
+    const gm_vision_config *vc = &v->tcfg.vision;
+    int64_t p = v->patch_size, k = vc->pool, kk = k * k, pd = 3 * p * p, T = 0, R = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t h = hw[2 * i], w = hw[2 * i + 1], P = (h / p) * (w / p);
+        if (h < k * p || w < k * p || h % (k * p) || w % (k * p) || P > v->P_max || h / p > vc->pos_table || w / p > vc->pos_table)
+            return gm_error_set(err, GM_ERR_INVALID, "image %lld of %lld x %lld pixels: Gemma 4's tower takes sides that are "
+                                "multiples of %lld px (pooling %lld x patch %lld), at most %lld patches (max_soft_tokens "
+                                "%lld) and %lld a side (its position table)", (long long)i, (long long)w, (long long)h,
+                                (long long)(k * p), (long long)k, (long long)p, (long long)v->P_max,
+                                (long long)vc->max_soft_tokens, (long long)vc->pos_table);
+        v->host_lens[i] = P;
+        T = P > T ? P : T;
+    }
+    int64_t N = n * T;
+    memset(v->host_patches, 0, (size_t)(N * pd) * sizeof(float));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t h = hw[2 * i], w = hw[2 * i + 1], gw = w / p, P = v->host_lens[i];
+        patchify_yxc(imgs[i], h, w, p, v->host_patches + i * T * pd);
+        /* each patch's grid column and row (the processor's image_position_ids), columns first; the
+         * padding's (0, 0): masked as keys, never pooled */
+        for (int64_t t = 0; t < T; t++) {
+            v->host_xy[i * T + t] = (int32_t)(t < P ? t % gw : 0);
+            v->host_xy[N + i * T + t] = (int32_t)(t < P ? t / gw : 0);
+        }
+        /* soft token (cy, cx) of the (gh / k) x (gw / k) cells, row-major: its k x k patches in
+         * patch order (Gemma4VisionPooler._avg_pool_by_positions) */
+        int64_t cw = gw / k, cells = P / kk;
+        for (int64_t r = 0; r < cells; r++)
+            for (int64_t j = 0; j < kk; j++)
+                v->host_pool_src[(R + r) * kk + j] =
+                    (int32_t)(i * T + ((r / cw) * k + j / k) * gw + (r % cw) * k + j % k);
+        v->soft_off[i] = R;
+        R += cells;
+    }
+    v->soft_off[n] = R;
+    v->n_soft = R;
+    v->head.rows = R;
+    gm_backend_upload(v->be, v->patches, v->host_patches, (size_t)(N * pd) * sizeof(float));
+    gm_backend_upload(v->be, v->head.pool_src, v->host_pool_src, (size_t)(R * kk) * sizeof(int32_t));
+    GM_TRY(gm_graph_begin_encoder_lens(&v->g, n, T, v->host_lens, err));
+    v->n_encoded += n;
+    if (v->head.std_nbias)
+        v->g.k->scale_fwd(&v->g.kc, v->head.std_nbias, (const float *)v->w.global[GM_G4V_STD_BIAS].data, v->C, -1.0f);
+    gm_gemma4_vision_embed(&v->g, v->patches, v->host_xy);
+    gm_graph_forward(&v->g);
+    gm_gemma4_vision_head(&v->g, &v->head);
+    return gm_backend_status(v->be, err);
+}
+
+gm_status gm_vision_run_images(gm_vision *v, const float *const *imgs, const int64_t *hw, int64_t n, gm_error *err) {
+    if (!v->g4) return gm_error_set(err, GM_ERR_INVALID, "images of their own sizes are Gemma 4's; this tower takes %lld x %lld",
+                                    (long long)v->image_size, (long long)v->image_size);
+    if (n < 1 || n > v->max_images || n > GM_VISION_MAX_IMAGES)
+        return gm_error_set(err, GM_ERR_INVALID, "%lld images in one call; this image path was planned for 1..%lld",
+                            (long long)n, (long long)v->max_images);
+    return run_g4(v, imgs, hw, n, err);
+}
+
+gm_status gm_vision_run_grids(gm_vision *v, const float *pixels, const int64_t *hw, int64_t n, gm_error *err) {
+    if (!v->g4) return gm_error_set(err, GM_ERR_INVALID, "images of their own sizes are Gemma 4's; this tower takes %lld x %lld",
+                                    (long long)v->image_size, (long long)v->image_size);
+    if (n < 1 || n > v->max_images)
+        return gm_error_set(err, GM_ERR_INVALID, "%lld images in one call; this image path was planned for 1..%lld",
+                            (long long)n, (long long)v->max_images);
+    const float *imgs[GM_VISION_MAX_IMAGES];
+    if (n > GM_VISION_MAX_IMAGES)
+        return gm_error_set(err, GM_ERR_INVALID, "%lld images in one call: at most %d", (long long)n, GM_VISION_MAX_IMAGES);
+    for (int64_t i = 0, off = 0; i < n; off += 3 * hw[2 * i] * hw[2 * i + 1], i++) imgs[i] = pixels + off;
+    return run_g4(v, imgs, hw, n, err);
+}
+
+gm_status gm_vision_encode_grids(gm_vision *v, const float *pixels, const int64_t *hw, int64_t n, float *out, gm_error *err) {
+    GM_TRY(gm_vision_run_grids(v, pixels, hw, n, err));
+    gm_backend_download(v->be, out, v->head.out, (size_t)(v->n_soft * v->C_text) * sizeof(float));
+    return gm_backend_status(v->be, err);
 }
 
 gm_status gm_vision_run(gm_vision *v, const float *pixels, int64_t n, gm_error *err) {
@@ -283,25 +373,21 @@ gm_status gm_vision_run_some(gm_vision *v, const float *pixels, const int64_t *w
         return gm_error_set(err, GM_ERR_INVALID, "%lld images in one call; this image path was planned for 1..%lld",
                             (long long)n, (long long)v->max_images);
     int64_t S = v->image_size, pd = 3 * v->patch_size * v->patch_size, N = n * v->P;
+    if (v->g4) { /* the square grid: every image S x S */
+        const float *imgs[GM_VISION_MAX_IMAGES];
+        int64_t hw[2 * GM_VISION_MAX_IMAGES];
+        if (n > GM_VISION_MAX_IMAGES)
+            return gm_error_set(err, GM_ERR_INVALID, "%lld images in one call: at most %d", (long long)n, GM_VISION_MAX_IMAGES);
+        for (int64_t i = 0; i < n; i++) imgs[i] = pixels + (which ? which[i] : i) * 3 * S * S, hw[2 * i] = hw[2 * i + 1] = S;
+        return run_g4(v, imgs, hw, n, err);
+    }
     for (int64_t i = 0; i < n; i++)
-        (v->g4 ? patchify_yxc : patchify)(pixels + (which ? which[i] : i) * 3 * S * S, S, v->patch_size,
-                                          v->host_patches + i * v->P * pd);
+        patchify(pixels + (which ? which[i] : i) * 3 * S * S, S, v->patch_size, v->host_patches + i * v->P * pd);
+    for (int64_t i = 0; i <= n; i++) v->soft_off[i] = i * v->tokens;
+    v->n_soft = n * v->tokens;
     gm_backend_upload(v->be, v->patches, v->host_patches, (size_t)(N * pd) * sizeof(float));
     GM_TRY(gm_graph_begin_encoder(&v->g, n, v->P, err));
     v->n_encoded += n;
-    if (v->g4) {
-        /* each patch's grid column, then row (the processor's image_position_ids), columns first */
-        for (int64_t t = 0; t < N; t++) {
-            v->host_xy[t] = (int32_t)((t % v->P) % v->side);
-            v->host_xy[N + t] = (int32_t)((t % v->P) / v->side);
-        }
-        if (v->head.std_nbias)
-            v->g.k->scale_fwd(&v->g.kc, v->head.std_nbias, (const float *)v->w.global[GM_G4V_STD_BIAS].data, v->C, -1.0f);
-        gm_gemma4_vision_embed(&v->g, v->patches, v->host_xy);
-        gm_graph_forward(&v->g);
-        gm_gemma4_vision_head(&v->g, &v->head);
-        return gm_backend_status(v->be, err);
-    }
     gm_siglip_embed(&v->g, v->patches);
     gm_graph_forward(&v->g);
     gm_siglip_head(&v->g, &v->head);

@@ -58,6 +58,8 @@ typedef struct gm_vision_param {
 } gm_vision_param;
 
 #define GM_VISION_PROJ_PARAMS 2
+/* The most images one call of the image path takes. */
+#define GM_VISION_MAX_IMAGES 256
 
 /* The projector's PEFT module prefix (transformers 5's Gemma3ForConditionalGeneration) and the
  * tower's (module names "<prefix>layers.N.self_attn.q_proj"). */
@@ -83,7 +85,14 @@ typedef struct gm_vision {
     gm_arena arena, host;
     gm_siglip_head_bufs head;   /* backend memory */
     bool g4;                    /* Gemma 4's tower (core/arch/gemma4_vision.c), else SigLIP */
-    int32_t *host_xy;           /* Gemma 4: (2, max_images * P) host, the patches' columns then rows */
+    int64_t P_max, tokens_max;  /* patches and soft tokens of the largest image planned for (Gemma 4:
+                                   any grid within max_soft_tokens; SigLIP: P, tokens) */
+    int32_t *host_xy;           /* Gemma 4: (2, max_images * P_max) host, the patches' columns then rows */
+    int32_t *host_pool_src;     /* Gemma 4: (max_images * tokens_max, k^2) host, each soft token's patch rows */
+    int64_t *host_lens;         /* Gemma 4: (max_images) host, each image's patches */
+    int64_t soft_off[GM_VISION_MAX_IMAGES + 1]; /* the last run's image i's soft tokens are rows
+                                   soft_off[i] .. soft_off[i + 1] of head.out */
+    int64_t n_soft;             /* soft-token rows of the last run */
     float *patches;             /* (max_images * P, 3 p p) backend */
     float *host_patches;        /* the same, host staging */
     int64_t max_images;
@@ -148,6 +157,17 @@ gm_status gm_vision_run(gm_vision *v, const float *pixels, int64_t n, gm_error *
 /* The same on images which[0..n) of pixels (which NULL: 0..n-1); soft tokens of which[i] at row
  * i * tokens of v->head.out. */
 gm_status gm_vision_run_some(gm_vision *v, const float *pixels, const int64_t *which, int64_t n, gm_error *err);
+
+/* Gemma 4: n images of their own sizes (the aspect-preserving grids of Gemma4ImageProcessor): image
+ * i (3, hw[2i], hw[2i+1]) pixels, normalized as gm_vision_encode's, sides multiples of pool x patch
+ * pixels and at most P_max patches, stored one after the other in pixels. Its soft tokens stay at
+ * head.out rows soft_off[i] .. soft_off[i + 1] (gm_vision_encode_grids: downloaded into out, n_soft
+ * rows of C_text). GM_ERR_INVALID naming the image for a size the tower cannot take, and for a
+ * SigLIP tower. */
+gm_status gm_vision_run_grids(gm_vision *v, const float *pixels, const int64_t *hw, int64_t n, gm_error *err);
+/* The same with image i at imgs[i] (wherever it is). */
+gm_status gm_vision_run_images(gm_vision *v, const float *const *imgs, const int64_t *hw, int64_t n, gm_error *err);
+gm_status gm_vision_encode_grids(gm_vision *v, const float *pixels, const int64_t *hw, int64_t n, float *out, gm_error *err);
 
 /* Soft tokens of n images: pixels (n, 3, S, S) host f32, preprocessed as Gemma 3's image processor
  * does (core/image: resized to S x S, rescaled, normalized to [-1, 1]; for Gemma 4 the resize is

@@ -227,7 +227,12 @@ gm_status gm_train_opt_targets_check(const gm_opt_spec *s, const char *text, gm_
         gm_error e4 = {0};
         gm_status s4 = gm_lora_targets_check(text, gm_arch_get(GM_ARCH_GEMMA4_VISION), GM_VISION_TOWER_PREFIX, &e4);
         if (s4 == GM_OK) st = GM_OK;
-        else if (strstr(text, ".linear")) *err = e4;
+        else if (strstr(e4.msg, "bypass the clamps")) *err = e4; /* a Gemma 4 wrapper's name: say so */
+        else if (strstr(err->msg, "unknown target module")) { /* name both towers' modules */
+            gm_error e3 = *err;
+            gm_error_set(err, GM_ERR_INVALID, "%s; on Gemma 4's tower: q_proj.linear, k_proj.linear, v_proj.linear, "
+                         "o_proj.linear, gate_proj.linear, up_proj.linear, down_proj.linear", e3.msg);
+        }
     }
     if (st != GM_OK) gm_error_prefix(err, "%s", s->name);
     return st;
@@ -721,7 +726,26 @@ static gm_status check_batch(const gm_trainer *tr, const gm_batch *b, int64_t *n
     int64_t img_tokens = 0;
     int32_t img = c->vision.hidden_size > 0 ? c->vision.image_token_id : -1;
     for (int64_t i = 0; img >= 0 && i < b->B * b->T; i++) img_tokens += b->ids[i] == img;
-    if (img_tokens != b->n_images * (img >= 0 ? c->vision.tokens : 0) || (b->n_images > 0 && !b->pixels))
+    if (b->image_hw && img >= 0) { /* Gemma 4: image j's run is its grid's cells, in order */
+        int64_t cell = c->vision.patch_size * c->vision.pool, j = 0;
+        for (int64_t i = 0; i < b->B * b->T;) {
+            if (b->ids[i] != img) {
+                i++;
+                continue;
+            }
+            int64_t end = i;
+            while (end < b->B * b->T && b->ids[end] == img && (end == i || end % b->T != 0)) end++;
+            int64_t want = j < b->n_images ? (b->image_hw[2 * j] / cell) * (b->image_hw[2 * j + 1] / cell) : -1;
+            if (end - i != want)
+                return gm_error_set(err, GM_ERR_INVALID, "batch's image run %lld has %lld tokens; its image (%lld of %lld) "
+                                    "fills %lld", (long long)(j + 1), (long long)(end - i), (long long)(j + 1),
+                                    (long long)b->n_images, (long long)want);
+            j++, i = end;
+        }
+        if (j != b->n_images || !b->pixels)
+            return gm_error_set(err, GM_ERR_INVALID, "batch has %lld image runs but %lld images", (long long)j,
+                                (long long)b->n_images);
+    } else if (img_tokens != b->n_images * (img >= 0 ? c->vision.tokens : 0) || (b->n_images > 0 && !b->pixels))
         return gm_error_set(err, GM_ERR_INVALID, "batch has %lld image tokens but %lld images (each fills %lld tokens)",
                             (long long)img_tokens, (long long)b->n_images, (long long)c->vision.tokens);
     if (b->n_images > (tr->has_vis ? tr->o.max_images : 0))
@@ -798,20 +822,44 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
          * candidate; a training step through a learning tower keeps every pass (its backward
          * runs per occurrence) */
         n_run = b->n_images;
+        /* each image's pixels and size (packed when each has its own: Gemma 4) */
+        const float *img_px[GM_VISION_MAX_IMAGES];
+        int64_t img_hw[2 * GM_VISION_MAX_IMAGES];
+        if (b->n_images > GM_VISION_MAX_IMAGES)
+            return gm_error_set(err, GM_ERR_INVALID, "%lld images in one micro-batch: at most %d", (long long)b->n_images,
+                                GM_VISION_MAX_IMAGES);
+        for (int64_t j = 0, off = 0; j < b->n_images; j++) {
+            int64_t h = b->image_hw ? b->image_hw[2 * j] : tr->vis.image_size, w = b->image_hw ? b->image_hw[2 * j + 1] : h;
+            img_px[j] = b->pixels + off, img_hw[2 * j] = h, img_hw[2 * j + 1] = w, off += 3 * h * w;
+        }
         if (reuse) {
             n_run = tr->kept_n_run;
         } else if (!(dropout && tr->vis_trains)) {
-            size_t px = (size_t)(3 * tr->vis.image_size * tr->vis.image_size);
             n_run = 0;
             for (int64_t j = 0; j < b->n_images; j++) {
                 int64_t u = -1;
-                for (int64_t k = 0; k < n_run && u < 0; k++)
-                    if (memcmp(b->pixels + (size_t)tr->h_uniq[k] * px, b->pixels + (size_t)j * px, px * sizeof(float)) == 0) u = k;
+                size_t px = (size_t)(3 * img_hw[2 * j] * img_hw[2 * j + 1]);
+                for (int64_t k = 0; k < n_run && u < 0; k++) {
+                    int64_t q = tr->h_uniq[k];
+                    if (img_hw[2 * q] == img_hw[2 * j] && img_hw[2 * q + 1] == img_hw[2 * j + 1] &&
+                        memcmp(img_px[q], img_px[j], px * sizeof(float)) == 0)
+                        u = k;
+                }
                 if (u < 0) tr->h_uniq[u = n_run++] = j;
                 tr->h_of[j] = u;
             }
         }
-        if (!reuse) GM_TRY(gm_vision_run_some(&tr->vis, b->pixels, n_run < b->n_images ? tr->h_uniq : NULL, n_run, err));
+        if (!reuse && b->image_hw) { /* the distinct images, each at its own size */
+            const float *run_px[GM_VISION_MAX_IMAGES];
+            int64_t run_hw[2 * GM_VISION_MAX_IMAGES];
+            for (int64_t k = 0; k < n_run; k++) {
+                int64_t q = n_run < b->n_images ? tr->h_uniq[k] : k;
+                run_px[k] = img_px[q], run_hw[2 * k] = img_hw[2 * q], run_hw[2 * k + 1] = img_hw[2 * q + 1];
+            }
+            GM_TRY(gm_vision_run_images(&tr->vis, run_px, run_hw, n_run, err));
+        } else if (!reuse) {
+            GM_TRY(gm_vision_run_some(&tr->vis, b->pixels, n_run < b->n_images ? tr->h_uniq : NULL, n_run, err));
+        }
         tr->kept_n_run = n_run;
         gm_mm_kv_end(b->ids, b->B, b->T, img, 0, tr->h_kv_end);
         gm_backend_upload(tr->be, tr->img_rows, tr->h_img_rows, (size_t)R * sizeof(int32_t));
@@ -838,10 +886,13 @@ static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, in
     }
     GM_TRY(gm_graph_begin(g, &in, err));
     tr->media_kept = !dropout;
-    int64_t C = tr->cfg->hidden_size, tok = tr->cfg->vision.tokens;
+    int64_t C = tr->cfg->hidden_size;
     if (R > 0 && n_run == b->n_images) g->k->scatter_rows(&g->kc, g->X[0], tr->vis.head.out, tr->img_rows, R, C);
-    for (int64_t j = 0; R > 0 && n_run < b->n_images && j < b->n_images; j++) /* image j's run of rows */
-        g->k->scatter_rows(&g->kc, g->X[0], tr->vis.head.out + tr->h_of[j] * tok * C, tr->img_rows + j * tok, tok, C);
+    for (int64_t j = 0, row = 0; R > 0 && n_run < b->n_images && j < b->n_images; j++) { /* image j's run of rows */
+        int64_t u = tr->h_of[j], tok = tr->vis.soft_off[u + 1] - tr->vis.soft_off[u];
+        g->k->scatter_rows(&g->kc, g->X[0], tr->vis.head.out + tr->vis.soft_off[u] * C, tr->img_rows + row, tok, C);
+        row += tok;
+    }
     if (in.late_rows) gm_graph_front(g);
     gm_graph_forward(g);
     *n_sup_out = n_sup;
@@ -862,7 +913,7 @@ gm_status gm_trainer_forward_backward(gm_trainer *tr, const gm_batch *b, float g
     gm_graph_backward(g);
     if (tr->vis_trains && b->n_images > 0) {
         /* the soft tokens replaced rows of X[0] unscaled: their gradient is dL/dX[0] there */
-        int64_t R = b->n_images * tr->cfg->vision.tokens;
+        int64_t R = tr->vis.n_soft;
         g->k->gather_rows(&g->kc, tr->vis.dsoft, g->g, tr->img_rows, R, tr->cfg->hidden_size);
         gm_vision_backward(&tr->vis);
     }

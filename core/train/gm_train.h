@@ -190,6 +190,10 @@ typedef struct gm_batch {
      * options vision_targets and modules_to_save say (frozen by default). */
     const float *pixels;
     int64_t n_images;
+    /* Gemma 4's images of their own sizes (gm_batch_images): image j (3, image_hw[2j],
+     * image_hw[2j+1]) right after image j - 1 in pixels, its run of soft tokens its grid's cells;
+     * NULL: every image S x S at pixels + j 3 S S, each the config's tokens-per-image. */
+    const int64_t *image_hw;
     /* Audio (Gemma 3n): log-mel features (n_audio, audio_frames, 128) and their frame mask
      * (n_audio, audio_frames; 1 = a frame of the clip), host, as Gemma3nAudioFeatureExtractor
      * gives a batch of clips (gm_audio_features_compute), in the order their soft-token runs appear

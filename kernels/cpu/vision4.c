@@ -14,11 +14,18 @@
  * (j, j + D/4), inv_freq[i] = theta^(-2i/(D/2)), angle in f32 exactly as rope.c computes it, so a
  * half equals gm_k_rope_fwd_cpu with D/2, n_rot D/4, pos_scale 1, bit for bit). Backward: the
  * rotation by -angle (sin negated).
+ *
+ * Pooling by positions (Gemma4VisionPooler._avg_pool_by_positions): each output row (a soft
+ * token) is scale times the sum of K rows of x named by src, summed in src's order in f32; the
+ * CUDA twin does the same operations in the same order. The backward assigns: dx zeroed, then each
+ * named row gets scale * dout of its token - each x row is named at most once (a patch belongs to
+ * one cell), so nothing accumulates.
  */
 #include "kernels.h"
 #include "gm_omp.h"
 
 #include <math.h>
+#include <string.h>
 
 void gm_k_clip_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, int64_t n, const float *lo,
                        const float *hi) {
@@ -70,4 +77,32 @@ void gm_k_rope2d_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const i
 void gm_k_rope2d_bwd_cpu(const gm_kctx *ctx, float *dx, const float *dy, const int32_t *pos_x, const int32_t *pos_y,
                          int64_t N, int64_t NH, int64_t D, float theta) {
     rope2d(ctx, dx, dy, pos_x, pos_y, N, NH, D, theta, -1.0f);
+}
+
+void gm_k_pool_gather_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const int32_t *src, int64_t R,
+                              int64_t K, int64_t C, float scale) {
+    GM_OMP_FOR(ctx->n_threads, R * K * C > 65536, schedule(static),
+    for (int64_t r = 0; r < R; r++) {
+        float *o = out + r * C;
+        for (int64_t c = 0; c < C; c++) o[c] = 0.0f;
+        for (int64_t j = 0; j < K; j++) {
+            const float *xr = x + (int64_t)src[r * K + j] * C;
+            for (int64_t c = 0; c < C; c++) o[c] += xr[c];
+        }
+        for (int64_t c = 0; c < C; c++) o[c] *= scale;
+    });
+}
+
+void gm_k_pool_gather_bwd_cpu(const gm_kctx *ctx, float *dx, const float *dout, const int32_t *src, int64_t R,
+                              int64_t K, int64_t N, int64_t C, float scale) {
+    memset(dx, 0, (size_t)(N * C) * sizeof(float));
+    /* each x row named at most once (kernels.h): rows r write disjoint rows of dx */
+    GM_OMP_FOR(ctx->n_threads, R * K * C > 65536, schedule(static),
+    for (int64_t r = 0; r < R; r++) {
+        const float *g = dout + r * C;
+        for (int64_t j = 0; j < K; j++) {
+            float *d = dx + (int64_t)src[r * K + j] * C;
+            for (int64_t c = 0; c < C; c++) d[c] = scale * g[c];
+        }
+    });
 }

@@ -50,6 +50,25 @@ computes with it:
                   Note: transformers' Gemma 4 computes RMSNorms, the vision pooler and the RoPE
                   tables in float32 even in a float64 model, so the *64 values carry ~1e-7 relative
                   rounding from those.
+        /vision_rect  non-square images through the processor and the tower, from their own
+                  torch.Generator(SEED_RECT) drawn after everything above (the model, the other
+                  groups and their inputs are what they were without this group). src_<i> uint8
+                  (h, w, 3), i = 0, 1, 2: smooth images as /vision's (sums of 4 random plane waves
+                  per channel) of w x h 50 x 130 (tall), 200 x 64 (wide), 33 x 33 (small, upscaled).
+                  Gemma4ImageProcessorPil(max_soft_tokens=70, patch_size=4, pooling_kernel_size=3)
+                  on the three at once: size (3, 2) int32, each (h, w) after its aspect-ratio-
+                  preserving resize (sides multiples of 12 px, at most 630 patches; PIL bicubic on
+                  the uint8 image, checked); num_soft_tokens (3,) int32 (the processor's
+                  num_soft_tokens_per_image); pixel_values_<i> (630, 48) f32 and
+                  image_position_ids_<i> (630, 2) int32: its output, padded to 630 patches
+                  (pixel 0, position (-1, -1)); resized_<i> (3, h_i, w_i) f32 in [0, 1]: the resized
+                  image as the processor patchifies it (rebuilt from the unpadded patches, checked
+                  equal to PIL's resize / 255). get_image_features on the batch of three (padded to
+                  630): pooled_<i> (n_i, 32) f32: the vision tower's output (pooled, scaled,
+                  standardized; before embed_vision) of image i; soft_tokens_<i> (n_i, 64) f32: its
+                  pooler_output (the soft tokens); soft_tokens_alone_<i> (n_i, 64) f32: the same for
+                  image i processed and run alone (batch of 1, padded to 630), asserted within 1e-5
+                  of soft_tokens_<i> (attribute max_abs_diff_alone); attribute seed.
 
 Config: text = make_gemma4_ref.config("e") (6 layers, 4 sliding with window 4 + 2 full,
 per-layer embeddings, the last 2 layers KV-shared, double-wide MLPs, soft-cap 30) with
@@ -110,6 +129,8 @@ SEED_WEIGHTS = 40401
 SEED_CLIP = 40402
 SEED_INPUTS = 40403
 SEED_LORA = 40404
+SEED_RECT = 40405
+RECT_WH = ((50, 130), (200, 64), (33, 33))   # (w, h): tall, wide, small square
 
 BOI, EOI, IMG = 509, 510, 511
 S, PATCH, POOL = 96, 4, 3
@@ -303,6 +324,76 @@ def check_processor(u8, patches, pos, proc):
     return pv.float(), pp.long()
 
 
+def smooth_image(g, h, w):
+    """One (h, w, 3) uint8 image made as smooth_images' (0.5 + 4 random plane waves per channel, 1 to 4
+    cycles across each side, clipped, rounded to k/255), at h x w."""
+    yy, xx = torch.meshgrid(torch.arange(h, dtype=torch.float64) / h, torch.arange(w, dtype=torch.float64) / w,
+                            indexing="ij")
+    img = torch.zeros(3, h, w, dtype=torch.float64)
+    for c in range(3):
+        acc = torch.full((h, w), 0.5, dtype=torch.float64)
+        for _ in range(4):
+            fx, fy = (torch.rand(2, generator=g, dtype=torch.float64) * 6 - 3).tolist()
+            ph, amp = torch.rand(2, generator=g, dtype=torch.float64).tolist()
+            acc += (0.1 + 0.25 * amp) * torch.sin(2 * np.pi * (fx * xx + fy * yy + ph))
+        img[c] = acc
+    return torch.round(img.clamp(0, 1) * 255).to(torch.uint8).permute(1, 2, 0).contiguous().numpy()
+
+
+def unpatchify(patches, h, w):
+    """(n, 48) patches in (py, px, c) order, row-major over the (h/4, w/4) grid -> (3, h, w)."""
+    gh, gw = h // PATCH, w // PATCH
+    return patches.reshape(gh, gw, PATCH, PATCH, 3).transpose(4, 0, 2, 1, 3).reshape(3, h, w)
+
+
+def vision_rect(model, proc):
+    """/vision_rect: non-square images through the processor and get_image_features (see the docstring)."""
+    from PIL import Image
+    g = torch.Generator().manual_seed(SEED_RECT)
+    srcs = [smooth_image(g, h, w) for w, h in RECT_WH]
+    out = proc(srcs, return_tensors="pt")
+    pv, pp = out["pixel_values"].float(), out["image_position_ids"].long()
+    ns = [int(n) for n in out["num_soft_tokens_per_image"]]
+    max_patches = 70 * POOL ** 2
+    assert pv.shape == (3, max_patches, 3 * PATCH ** 2) and pp.shape == (3, max_patches, 2), (pv.shape, pp.shape)
+    res = {"src": srcs, "ns": ns, "pv": pv, "pp": pp, "size": [], "resized": []}
+    for i, src in enumerate(srcs):
+        npch = ns[i] * POOL ** 2
+        valid = (pp[i] != -1).all(-1)
+        assert int(valid.sum()) == npch and bool(valid[:npch].all()), i
+        assert bool((pp[i, npch:] == -1).all()) and bool((pv[i, npch:] == 0).all()), i
+        gw, gh = int(pp[i, :npch, 0].max()) + 1, int(pp[i, :npch, 1].max()) + 1
+        h, w = gh * PATCH, gw * PATCH
+        assert gh * gw == npch and h % (PATCH * POOL) == 0 and w % (PATCH * POOL) == 0, (i, h, w)
+        assert h * w <= max_patches * PATCH ** 2 and (h, w) != src.shape[:2]
+        gx, gy = np.meshgrid(np.arange(gw), np.arange(gh), indexing="xy")
+        assert np.array_equal(pp[i, :npch].numpy(), np.stack([gx, gy], -1).reshape(npch, 2)), i
+        img = unpatchify(pv[i, :npch].numpy(), h, w)
+        assert np.array_equal(np.stack([convert_image_to_patches(img, PATCH)]), pv[i:i + 1, :npch].numpy())
+        pil = np.asarray(Image.fromarray(src).resize((w, h), Image.BICUBIC)).transpose(2, 0, 1)
+        assert np.array_equal(img, (pil.astype(np.float32) / np.float32(255)).astype(np.float32)) or \
+            np.array_equal(img, (pil.astype(np.float64) / 255).astype(np.float32)), i
+        res["size"].append((h, w))
+        res["resized"].append(img)
+    with torch.no_grad():
+        feats = model.model.get_image_features(pv, pp, return_dict=True)
+        pooled = feats.last_hidden_state
+        soft = list(feats.pooler_output)
+        alone = []
+        for i, src in enumerate(srcs):
+            o = proc([src], return_tensors="pt")
+            assert torch.equal(o["pixel_values"][0].float(), pv[i]) and torch.equal(o["image_position_ids"][0].long(), pp[i])
+            alone.append(model.model.get_image_features(o["pixel_values"].float(), o["image_position_ids"].long(),
+                                                        return_dict=True).pooler_output[0])
+    assert pooled.shape == (sum(ns), 32) and [t.shape for t in soft] == [(n, 64) for n in ns], (pooled.shape, ns)
+    assert torch.equal(torch.cat(soft), model.model.embed_vision(inputs_embeds=pooled))
+    res["pooled"] = list(torch.split(pooled, ns))
+    res["soft"], res["alone"] = soft, alone
+    res["diff_alone"] = max(float((a - b).abs().max()) for a, b in zip(alone, soft))
+    assert res["diff_alone"] < 1e-5, res["diff_alone"]
+    return res
+
+
 # --- reference computations ---------------------------------------------------------------------------
 
 def mm_logits(model, ids, patches, pos, tt):
@@ -471,6 +562,12 @@ def main():
             print(f"  {k}: {float((g32 - g64).abs().max() / g64.abs().max()):.3g}")
     print(f"LoRA: loss {loss:.6f} (f64 {loss64:.9f}), {len(res)} adapter tensors, f32 grads {worst:.3g} from f64")
 
+    # non-square images (their own generator, drawn last: nothing above changes)
+    rect = vision_rect(model, proc)
+    for (w0, h0), (h, w), n in zip(RECT_WH, rect["size"], rect["ns"]):
+        print(f"vision_rect: {w0} x {h0} (w x h) -> {w} x {h}, {h // PATCH * (w // PATCH)} patches, {n} soft tokens")
+    print(f"vision_rect: alone vs batched soft tokens {rect['diff_alone']:.3g}")
+
     def writer(f):
         h5_attrs(f, {"generator": "tests/ref/make_gemma4_vision_ref.py", "torch_num_threads": 1,
                      "version_torch": str(torch.__version__),
@@ -502,6 +599,19 @@ def main():
             h5_dset(lg, k + "_grad64", res64[k][1].numpy(), np.float64)
         h5_attrs(lg, {"r": 4, "lora_alpha": 8, "seed": SEED_LORA, "target_modules": LORA_TARGETS,
                       "peft_keys": "\n".join(peft_keys), "peft_f32_grad_rel_err_vs_f64": worst})
+        vr = h5_group(f, "vision_rect")
+        for i in range(len(RECT_WH)):
+            h5_dset(vr, f"src_{i}", rect["src"][i], np.uint8)
+        h5_dset(vr, "size", np.array(rect["size"]), np.int32)
+        h5_dset(vr, "num_soft_tokens", np.array(rect["ns"]), np.int32)
+        for i in range(len(RECT_WH)):
+            h5_dset(vr, f"pixel_values_{i}", rect["pv"][i].numpy(), np.float32)
+            h5_dset(vr, f"image_position_ids_{i}", rect["pp"][i].numpy(), np.int32)
+            h5_dset(vr, f"resized_{i}", rect["resized"][i], np.float32)
+            h5_dset(vr, f"pooled_{i}", rect["pooled"][i].numpy(), np.float32)
+            h5_dset(vr, f"soft_tokens_{i}", rect["soft"][i].numpy(), np.float32)
+            h5_dset(vr, f"soft_tokens_alone_{i}", rect["alone"][i].numpy(), np.float32)
+        h5_attrs(vr, {"seed": SEED_RECT, "max_abs_diff_alone": rect["diff_alone"]})
 
     write_h5_atomically(REF, writer)
     for p in [os.path.join(OUT, fn) for fn in sorted(os.listdir(OUT))] + [REF]:

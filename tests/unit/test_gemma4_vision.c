@@ -16,6 +16,8 @@
 #include "test_util.h"
 
 #include "gm_alloc.h"
+#include "gm_data.h"
+#include "gm_image.h"
 #include "gm_decoder.h"
 #include "gm_generate.h"
 #include "gm_model.h"
@@ -63,6 +65,79 @@ static void check_tower(const gm_model *m) {
     }
     gm_vision_free(v);
     gm_free(pix), gm_free(hid), gm_free(soft);
+}
+
+/* Images of their own sizes (/vision_rect: a tall 50 x 130, a wide 200 x 64 and a small 33 x 33
+ * photo): each resized as Gemma4ImageProcessorPil does at the budget (its size, its pixels), then
+ * all three through the tower at once (padded to the largest grid) and each alone: their soft
+ * tokens, 65 + 56 + 64 rows. */
+static void check_rect(const gm_model *m) {
+    const char *f = gm_test_path(REF);
+    size_t n = 0;
+    int32_t *size = gm_test_h5_read(f, "/vision_rect/size", 1, &n, NULL, NULL);
+    int32_t *ntok = gm_test_h5_read(f, "/vision_rect/num_soft_tokens", 1, &n, NULL, NULL);
+    if (!size || !ntok || !m->vision) {
+        CHECK(false, "fixture /vision_rect incomplete");
+        gm_free(size), gm_free(ntok);
+        return;
+    }
+    gm_image_opts io = gm_mm_image_opts(&m->cfg);
+    float *all = gm_malloc(3 * 630 * 48 * 4), *want = gm_malloc(3 * 70 * 64 * 4), *got = gm_malloc(3 * 70 * 64 * 4);
+    int64_t hw[6], off = 0, rows = 0;
+    gm_error err = {0};
+    for (int i = 0; i < 3; i++) {
+        char key[64];
+        int64_t dims[4];
+        int nd = 0;
+        snprintf(key, sizeof key, "/vision_rect/src_%d", i);
+        uint8_t *src = gm_test_h5_read(f, key, 3, &n, dims, &nd);
+        snprintf(key, sizeof key, "/vision_rect/resized_%d", i);
+        float *ref = gm_test_h5_read(f, key, 0, &n, NULL, NULL);
+        gm_image img = {.w = dims[1], .h = dims[0], .rgb = src};
+        gm_image_pixels px = {0};
+        int64_t tok = 0;
+        CHECK_OK(gm_image_preprocess(&img, &io, &px, &err), &err);
+        CHECK_OK(gm_mm_image_tokens(&m->cfg, img.w, img.h, &tok, &err), &err);
+        CHECK(px.h == size[2 * i] && px.w == size[2 * i + 1] && tok == ntok[i],
+              "image %d (%lld x %lld): resized to %lld x %lld, %lld soft tokens; the processor: %d x %d, %d", i, (long long)img.w,
+              (long long)img.h, (long long)px.w, (long long)px.h, (long long)tok, size[2 * i + 1], size[2 * i], ntok[i]);
+        if (px.data && ref && (size_t)(3 * px.h * px.w) == n) {
+            for (size_t j = 0; j < n; j++) ref[j] = 2.0f * (ref[j] - 0.5f); /* the model's own rescale */
+            char what[96];
+            snprintf(what, sizeof what, "image %d's pixels (bicubic, its own size) vs the processor's", i);
+            gm_check_close(what, px.data, ref, n, 0, 0);
+            memcpy(all + off, px.data, n * 4);
+            hw[2 * i] = px.h, hw[2 * i + 1] = px.w, off += (int64_t)n;
+        }
+        snprintf(key, sizeof key, "/vision_rect/soft_tokens_%d", i);
+        float *st = gm_test_h5_read(f, key, 0, &n, NULL, NULL);
+        if (st) memcpy(want + rows * 64, st, n * 4), rows += (int64_t)n / 64;
+        gm_free(src), gm_free(ref), gm_free(st);
+        gm_image_pixels_free(&px);
+    }
+    gm_vision *v = NULL;
+    CHECK_OK(gm_vision_new(m, 3, 2, NULL, &v, &err), &err);
+    if (v && rows == 65 + 56 + 64) {
+        CHECK_OK(gm_vision_encode_grids(v, all, hw, 3, got, &err), &err);
+        CHECK(v->n_soft == rows && v->soft_off[1] == 65 && v->soft_off[2] == 121, "%lld soft tokens at 0, %lld, %lld",
+              (long long)v->n_soft, (long long)v->soft_off[1], (long long)v->soft_off[2]);
+        printf("three images of their own sizes at once vs transformers: max |diff| %.2e\n",
+               gm_check_close("soft tokens of a tall, a wide and a small image, one padded batch", got, want,
+                              (size_t)(rows * 64), TOL_GEMMA4_VISION_ABS, 0));
+        /* each alone: the same rows (padding and batching change nothing) */
+        for (int i = 0, o = 0, r = 0; i < 3; o += (int)(3 * hw[2 * i] * hw[2 * i + 1]), r += ntok[i], i++) {
+            CHECK_OK(gm_vision_encode_grids(v, all + o, hw + 2 * i, 1, got, &err), &err);
+            char what[64];
+            snprintf(what, sizeof what, "image %d alone vs transformers", i);
+            gm_check_close(what, got, want + r * 64, (size_t)ntok[i] * 64, TOL_GEMMA4_VISION_ABS, 0);
+        }
+        /* a size the tower cannot take: named */
+        int64_t bad[2] = {50, 96};
+        CHECK(gm_vision_encode_grids(v, all, bad, 1, got, &err) == GM_ERR_INVALID && gm_test_contains(err.msg, "multiples of 12"),
+              "a 96 x 50 image: %s", err.msg);
+    }
+    gm_vision_free(v);
+    gm_free(size), gm_free(ntok), gm_free(all), gm_free(want), gm_free(got);
 }
 
 /* The two /mm sequences one at a time through the decoder with their image's soft tokens;
@@ -297,6 +372,7 @@ int main(void) {
     CHECK_OK(gm_model_load(gm_test_path(MODEL), &mo, &m, &err), &err);
     if (m) {
         check_tower(m);
+        check_rect(m);
         check_mm(m);
         check_cached(m);
         check_lora(m);

@@ -741,6 +741,44 @@ static void test_vision4_grads(void) {
     gm_free(rx), gm_free(rdy), gm_free(rdx), gm_free(r.x), gm_free(r.dy);
 }
 
+/* ---- Gemma 4's vision pooler (kernels.h pool_gather_*) --------------------------------------- */
+/* L = sum_r dout[r] . scale sum_j x[src[r K + j]]: a 6 x 9 grid pooled 3 x 3 (6 tokens of 9
+ * patches), its rows scattered among 60 rows of x, 6 of them padding (their gradient 0) */
+typedef struct { int64_t R, K, N, C; const int32_t *src; double scale, *x, *dout; } gather_case;
+
+static double gather_loss(void *u) {
+    gather_case *c = u;
+    double L = 0;
+    for (int64_t r = 0; r < c->R; r++)
+        for (int64_t ch = 0; ch < c->C; ch++) {
+            double acc = 0;
+            for (int64_t j = 0; j < c->K; j++) acc += c->x[(int64_t)c->src[r * c->K + j] * c->C + ch];
+            L += c->dout[r * c->C + ch] * c->scale * acc;
+        }
+    return L;
+}
+
+static void test_pool_gather_grads(void) {
+    enum { GH = 6, GW = 9, PK = 3, CW = GW / PK, R = (GH / PK) * CW, K = PK * PK, N = 60, C = 4 };
+    int32_t src[R * K];
+    for (int y = 0; y < GH; y++)
+        for (int x = 0; x < GW; x++) /* (y, x) -> row (y GW + x) 7 + 3 mod 60: distinct, 6 rows left over */
+            src[((y / PK) * CW + x / PK) * K + (y % PK) * PK + x % PK] = (int32_t)(((y * GW + x) * 7 + 3) % N);
+    const float scale = 1.0f / 9.0f;
+    gather_case c = {R, K, N, C, src, scale, NULL, NULL};
+    gm_kctx k = ctx_with(0);
+    float *x = rnd2(N * C, 1.0f, &c.x), *dout = rnd2(R * C, 1.0f, &c.dout), *y = gm_malloc(R * C * 4);
+    float *dx = rnd(N * C, 3.0f); /* garbage: the backward assigns */
+    gm_k_pool_gather_fwd_cpu(&k, y, x, src, R, K, C, scale);
+    double Lk = 0;
+    for (int64_t i = 0; i < R * C; i++) Lk += (double)y[i] * c.dout[i];
+    double Lr = gather_loss(&c);
+    CHECK(fabs(Lk - Lr) < TOL_GRAD_ATTN_LOSS_REL * fmax(1.0, fabs(Lr)), "pool_gather_fwd: L %.9g vs reference %.9g", Lk, Lr);
+    gm_k_pool_gather_bwd_cpu(&k, dx, dout, src, R, K, N, C, scale);
+    fd_check("pool_gather dx (padding rows 0)", c.x, N * C, dx, gather_loss, &c);
+    gm_free(x), gm_free(dout), gm_free(y), gm_free(dx), gm_free(c.x), gm_free(c.dout);
+}
+
 /* ---- mixture of experts (kernels.h moe_*) --------------------------------------------------- */
 /* routing: L = sum dw[n, k] w[n, k](z), the choice held (logits spread 3: no choice flips within
  * the differences' steps); combination: L = sum dy[n] . sum_k w[n, k] ys[slot[n K + k]] */
@@ -798,6 +836,7 @@ static void test_moe(void) {
 
 int main(void) {
     test_vision4_grads();
+    test_pool_gather_grads();
     test_moe();
     test_audio_grads();
     test_gemma3n_grads();

@@ -744,7 +744,7 @@ static void test_ref_batch(void) {
     ds.ex = ex, ds.n = 4;
     int64_t idx[5] = {0, 1, 2, 3, 1}, n = 0;
     float *px = calloc(5 * 3 * S * S, sizeof(float));
-    CHECK_OK(gm_batch_images(&ds, idx, 5, S, 5, px, &n, &err), &err);
+    CHECK_OK(gm_batch_images(&ds, idx, 5, S, 5, px, NULL, &n, &err), &err);
     CHECK(n == 5, "%lld images", (long long)n);
     gm_image_opts o = gm_image_opts_gemma3(S);
     for (int b = 0; b < 5; b++) {
@@ -755,7 +755,7 @@ static void test_ref_batch(void) {
     }
     /* a region outside its file: named, with the file's size */
     snprintf(refs[3], sizeof refs[3], "%s#xywh=110,0,20,20", img_path("small.jpg"));
-    gm_status s = gm_batch_images(&ds, idx, 4, S, 5, px, &n, &err);
+    gm_status s = gm_batch_images(&ds, idx, 4, S, 5, px, NULL, &n, &err);
     CHECK(s == GM_ERR_INVALID && gm_test_contains(err.msg, refs[3]) && gm_test_contains(err.msg, "120 x 80 pixels"), "batch, bad region: %s", err.msg);
     free(px);
 
@@ -790,7 +790,7 @@ static void test_ref_batch(void) {
     int64_t bidx[8] = {0, 1, 2, 3, 4, 5, 6, 7};
     float *bpx = malloc((size_t)(B * 3 * S2 * S2) * sizeof(float));
     t0 = gm_test_now_s();
-    CHECK_OK(gm_batch_images(&bds, bidx, B, S2, B, bpx, &n, &err), &err);
+    CHECK_OK(gm_batch_images(&bds, bidx, B, S2, B, bpx, NULL, &n, &err), &err);
     double t_batch = gm_test_now_s() - t0;
     gm_image sheet = {0};
     t0 = gm_test_now_s();

@@ -882,7 +882,7 @@ static void avgpool_case(dev *d, bool bwd) {
 static void parity_avgpool_fwd(dev *d) { avgpool_case(d, false); }
 static void parity_avgpool_bwd(dev *d) { avgpool_case(d, true); }
 
-/* ---- Gemma 4's vision tower: clipped linears' clamps, 2-D RoPE ------------------------------ */
+/* ---- Gemma 4's vision tower: clipped linears' clamps, 2-D RoPE, pooling by positions --------- */
 
 /* the bounds are one float each in the backend's memory: asymmetric, then infinite (the identity);
  * the backward with values exactly on the bounds (they pass the gradient) */
@@ -929,6 +929,38 @@ static void rope2d_case(dev *d, bool bwd) {
 }
 static void parity_rope2d_fwd(dev *d) { rope2d_case(d, false); }
 static void parity_rope2d_bwd(dev *d) { rope2d_case(d, true); }
+
+/* the vision pooler on a 12 x 20 grid pooled 4 x 4 (3 x 5 tokens of 16 patches) whose rows sit
+ * scattered among 257 rows, 17 of them padding; the backward over garbage (it assigns: the padding
+ * rows 0) and exact (one product per element) */
+static void pool_gather_case(dev *d, bool bwd) {
+    enum { GH = 12, GW = 20, PK = 4, CW = GW / PK, R = (GH / PK) * CW, K = PK * PK, N = 257 };
+    int64_t C = 72;
+    int32_t src[R * K];
+    for (int y = 0; y < GH; y++)
+        for (int x = 0; x < GW; x++) /* 257 is prime: distinct rows */
+            src[((y / PK) * CW + x / PK) * K + (y % PK) * PK + x % PK] = (int32_t)(((y * GW + x) * 101 + 7) % N);
+    const float scale = 1.0f / 16;
+    size_t nx = (size_t)(N * C), ny = (size_t)(R * C);
+    float *in = host_rand(bwd ? ny : nx, 1), *r = host_rand(bwd ? nx : ny, 3);
+    float *din = up(d, in, (bwd ? ny : nx) * 4), *o = up(d, r, (bwd ? nx : ny) * 4); /* o: garbage */
+    int32_t *dsrc = up(d, src, sizeof src);
+    if (bwd) {
+        cpu->pool_gather_bwd(&hc, r, in, src, R, K, N, C, scale);
+        d->be->k->pool_gather_bwd(&d->ctx, o, din, dsrc, R, K, N, C, scale);
+        bool e = d->exact;
+        d->exact = true;
+        cmp(d, "pool_gather_bwd", o, r, nx);
+        d->exact = e;
+    } else {
+        cpu->pool_gather_fwd(&hc, r, in, src, R, K, C, scale);
+        d->be->k->pool_gather_fwd(&d->ctx, o, din, dsrc, R, K, C, scale);
+        cmp(d, "pool_gather_fwd", o, r, ny);
+    }
+    gm_free(in), gm_free(r), dfree(d, din), dfree(d, o), dfree(d, dsrc);
+}
+static void parity_pool_gather_fwd(dev *d) { pool_gather_case(d, false); }
+static void parity_pool_gather_bwd(dev *d) { pool_gather_case(d, true); }
 
 /* ---- loss and optimizer --------------------------------------------------------------------- */
 

@@ -659,6 +659,74 @@ static void test_vision4(void) {
     gm_free(xr), gm_free(o), gm_free(want), gm_free(hx), gm_free(ho);
 }
 
+/* Gemma 4's vision pooler (kernels.h pool_gather_*): a non-square 6 x 9 patch grid pooled 3 x 3
+ * (2 x 3 soft tokens of 9 patches) whose rows sit scattered among N = 70 rows, 16 of them padding
+ * (a (y, x) -> row map), against a plain double loop over the cells; the padding rows hold 1000 so
+ * that naming one shows. Then a square grid (B = 2, 6 x 6, 3 x 3) against avgpool_fwd, and the
+ * backward: padding rows 0, every grid row dout / 9 of its cell, whatever dx held before. */
+static void test_pool_gather(void) {
+    gm_kctx k = make_ctx(2, 0);
+    enum { GH = 6, GW = 9, PK = 3, CH = GH / PK, CW = GW / PK, R = CH * CW, KK = PK * PK, NR = 70, C = 5 };
+    const float scale = 1.0f / 9.0f;
+    int32_t map[GH * GW], src[R * KK];
+    bool used[NR] = {false};
+    for (int i = 0; i < GH * GW; i++) map[i] = (int32_t)((i * 23 + 11) % NR), used[map[i]] = true; /* 23 prime to 70 */
+    int pad = 0;
+    for (int i = 0; i < NR; i++) pad += !used[i];
+    CHECK(pad == NR - GH * GW, "pool_gather: %d padding rows, want %d", pad, NR - GH * GW);
+    for (int cy = 0; cy < CH; cy++)
+        for (int cx = 0; cx < CW; cx++)
+            for (int dy = 0; dy < PK; dy++)
+                for (int dx = 0; dx < PK; dx++)
+                    src[(cy * CW + cx) * KK + dy * PK + dx] = map[(cy * PK + dy) * GW + cx * PK + dx];
+    float *x = rnd(NR * C, 1.0f), *out = gm_malloc(R * C * 4), *ref = gm_malloc(R * C * 4);
+    for (int i = 0; i < NR; i++)
+        if (!used[i])
+            for (int c = 0; c < C; c++) x[i * C + c] = 1000.0f;
+    for (int cy = 0; cy < CH; cy++)
+        for (int cx = 0; cx < CW; cx++)
+            for (int c = 0; c < C; c++) {
+                double acc = 0;
+                for (int y = cy * PK; y < cy * PK + PK; y++)
+                    for (int xx = cx * PK; xx < cx * PK + PK; xx++) acc += x[map[y * GW + xx] * C + c];
+                ref[(cy * CW + cx) * C + c] = (float)(acc / 9.0);
+            }
+    gm_k_pool_gather_fwd_cpu(&k, out, x, src, R, KK, C, scale);
+    gm_check_close("pool_gather_fwd: 6 x 9 grid among padding rows, 3 x 3 cells", out, ref, R * C, TOL_KERNEL_F32_ABS,
+                   TOL_KERNEL_F32_REL);
+
+    /* the backward: dx filled with garbage first (assigned) */
+    float *dout = rnd(R * C, 1.0f), *dx = rnd(NR * C, 5.0f), *want = gm_malloc(NR * C * 4);
+    for (int i = 0; i < NR * C; i++) want[i] = 0.0f;
+    for (int y = 0; y < GH; y++)
+        for (int xx = 0; xx < GW; xx++)
+            for (int c = 0; c < C; c++)
+                want[map[y * GW + xx] * C + c] = (float)(dout[((y / PK) * CW + xx / PK) * C + c] / 9.0);
+    gm_k_pool_gather_bwd_cpu(&k, dx, dout, src, R, KK, NR, C, scale);
+    int pad_nonzero = 0;
+    for (int i = 0; i < NR; i++)
+        if (!used[i])
+            for (int c = 0; c < C; c++) pad_nonzero += dx[i * C + c] != 0.0f;
+    CHECK(pad_nonzero == 0, "pool_gather_bwd: %d values of padding rows not 0", pad_nonzero);
+    gm_check_close("pool_gather_bwd: dout / 9 of each patch's cell, 0 on padding", dx, want, NR * C, 1e-7, 1e-6);
+    gm_free(x), gm_free(out), gm_free(ref), gm_free(dout), gm_free(dx), gm_free(want);
+
+    /* a square grid, two images: the same numbers as avgpool_fwd (B, P, K, C) */
+    enum { B = 2, P = 6, Q = P / PK, SR = B * Q * Q };
+    int32_t sq[SR * KK];
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < Q; i++)
+            for (int j = 0; j < Q; j++)
+                for (int dy = 0; dy < PK; dy++)
+                    for (int dx2 = 0; dx2 < PK; dx2++)
+                        sq[((b * Q + i) * Q + j) * KK + dy * PK + dx2] = (int32_t)((b * P + i * PK + dy) * P + j * PK + dx2);
+    float *xs = rnd(B * P * P * C, 1.0f), *o1 = gm_malloc(SR * C * 4), *o2 = gm_malloc(SR * C * 4);
+    gm_k_pool_gather_fwd_cpu(&k, o1, xs, sq, SR, KK, C, scale);
+    gm_k_avgpool_fwd_cpu(&k, o2, xs, B, P, PK, C);
+    gm_check_close("pool_gather_fwd vs avgpool_fwd (2 images, 6 x 6, 3 x 3)", o1, o2, SR * C, 1e-6, 0);
+    gm_free(xs), gm_free(o1), gm_free(o2);
+}
+
 /* Gemma 4's routing and combination (kernels.h moe_*) against a double-precision reference:
  * softmax, the K largest (largest first), renormalized and scaled weights; the weighted and plain
  * sums of a token's slots. */
@@ -713,6 +781,7 @@ static void test_moe(void) {
 
 int main(void) {
     test_vision4();
+    test_pool_gather();
     test_moe();
     test_audio_attention();
     test_gemma3n_kernels();

@@ -172,8 +172,8 @@ void *gm_test_h5_read(const char *file, const char *dataset, int is_int, size_t 
         if (dims && i < 4) dims[i] = (int64_t)dd[i];
     }
     if (ndim) *ndim = nd;
-    void *buf = gm_malloc(total * (is_int == 2 ? 8 : 4) + 8);
-    hid_t mem = is_int == 2 ? H5T_NATIVE_DOUBLE : is_int ? H5T_NATIVE_INT32 : H5T_NATIVE_FLOAT;
+    void *buf = gm_malloc(total * (is_int == 2 ? 8 : is_int == 3 ? 1 : 4) + 8);
+    hid_t mem = is_int == 2 ? H5T_NATIVE_DOUBLE : is_int == 3 ? H5T_NATIVE_UINT8 : is_int ? H5T_NATIVE_INT32 : H5T_NATIVE_FLOAT;
     herr_t rc = H5Dread(d, mem, H5S_ALL, H5S_ALL, H5P_DEFAULT, buf);
     H5Sclose(sp);
     H5Dclose(d);

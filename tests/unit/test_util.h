@@ -395,7 +395,7 @@ double gm_test_rel_err(const float *got, const float *want, size_t n);
 float gm_test_rand(uint64_t *state);
 
 /* Reads a whole dataset of a reference HDF5 file into a gm_malloc'd buffer converted to
- * float32 (is_int = 0), int32 (is_int = 1) or float64 (is_int = 2). *n receives the element count; dims (up to 4) the
+ * float32 (is_int = 0), int32 (is_int = 1), float64 (is_int = 2) or uint8 (is_int = 3). *n receives the element count; dims (up to 4) the
  * shape if not NULL. Returns NULL (and counts a failed check) if the file or dataset is missing. */
 void *gm_test_h5_read(const char *file, const char *dataset, int is_int, size_t *n, int64_t *dims, int *ndim);
 /* True when `path` (a group or dataset) exists in the HDF5 file (no error printed when not). */

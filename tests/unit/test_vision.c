@@ -638,7 +638,7 @@ static void check_data(void) {
     const char *imgs[2] = {"a.jpg", "b.jpg"}, *sha[2] = {"00", "11"};
     gm_dataset ds;
     gm_dataset_init(&ds);
-    CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 64, -1, &mm, imgs, sha, 1, NULL, &err) == GM_OK, "add: %s", err.msg);
+    CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 64, -1, &mm, imgs, sha, 1, NULL, NULL, &err) == GM_OK, "add: %s", err.msg);
     if (ds.n == 1) {
         const gm_example *e = &ds.ex[0];
         /* transformers' processor: the template's text with "<start_of_image>" replaced by
@@ -661,7 +661,7 @@ static void check_data(void) {
         CHECK(e->n_images == 1 && strcmp(e->images[0], "a.jpg") == 0 && gm_dataset_max_images(&ds) == 1, "the example's images");
         /* a max_length that cuts between boi and eoi: refused, naming the image and the span */
         int64_t cut = b + 3; /* between the image's boi and eoi */
-        CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, cut, -1, &mm, imgs, sha, 1, NULL, &err) == GM_ERR_INVALID &&
+        CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, cut, -1, &mm, imgs, sha, 1, NULL, NULL, &err) == GM_ERR_INVALID &&
                   gm_test_contains(err.msg, "cuts into image 1 (a.jpg)"),
               "max_length inside the image: %s", err.msg);
         /* at the image's end exactly (eoi is the last kept token): also a cut (no response left
@@ -670,10 +670,10 @@ static void check_data(void) {
     }
     /* a typed <image_soft_token> (no image to fill it): refused */
     gm_chat_msg typed[2] = {{"user", "plain <image_soft_token> text"}, {"assistant", "ok"}};
-    CHECK(gm_dataset_add_chat_images(&ds, m->tok, typed, 2, 64, -1, &mm, NULL, NULL, 0, NULL, &err) == GM_ERR_INVALID &&
+    CHECK(gm_dataset_add_chat_images(&ds, m->tok, typed, 2, 64, -1, &mm, NULL, NULL, 0, NULL, NULL, &err) == GM_ERR_INVALID &&
               gm_test_contains(err.msg, "<image_soft_token> tokens (id 511), which only images may fill"),
           "a typed soft token: %s", err.msg);
-    CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 64, -1, &mm, imgs, sha, 2, NULL, &err) == GM_ERR_INVALID &&
+    CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 64, -1, &mm, imgs, sha, 2, NULL, NULL, &err) == GM_ERR_INVALID &&
               gm_test_contains(err.msg, "1 image placeholders (<start_of_image>) but 2 images"),
           "placeholders vs images: %s", err.msg);
     gm_dataset_free(&ds);
@@ -735,7 +735,7 @@ static void check_pan_and_scan(void) {
         gm_chat_msg msgs[2] = {{"user", user}, {"assistant", model}};
         gm_dataset ds;
         gm_dataset_init(&ds);
-        CHECK_OK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 512, -1, &mm, imgs, sha, n_img, crops, &err), &err);
+        CHECK_OK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, 512, -1, &mm, imgs, sha, n_img, crops, NULL, &err), &err);
         if (ds.n != 1) {
             gm_dataset_free(&ds);
             continue;
@@ -753,7 +753,7 @@ static void check_pan_and_scan(void) {
         /* the pixels: images and crops in the processor's order */
         float *px = gm_malloc((size_t)(views * 3 * S * S) * sizeof(float));
         int64_t idx0 = 0, got = 0;
-        CHECK_OK(gm_batch_images(&ds, &idx0, 1, S, views, px, &got, &err), &err);
+        CHECK_OK(gm_batch_images(&ds, &idx0, 1, S, views, px, NULL, &got, &err), &err);
         gm_image_opts o = gm_image_opts_gemma3(S);
         o.pan_and_scan = true;
         int64_t at = 0, bad = 0;
@@ -767,14 +767,14 @@ static void check_pan_and_scan(void) {
         CHECK(got == views && bad == 0, "gm_batch_images: %lld images (want %lld), %lld differ from the preprocessed crops",
               (long long)got, (long long)views, (long long)bad);
         /* one slot short: refused, not overrun */
-        CHECK(views < 2 || gm_batch_images(&ds, &idx0, 1, S, views - 1, px, &got, &err) == GM_ERR_INVALID,
+        CHECK(views < 2 || gm_batch_images(&ds, &idx0, 1, S, views - 1, px, NULL, &got, &err) == GM_ERR_INVALID,
               "fewer slots than images and crops");
         /* max_length inside the last crop's tokens: refused, naming the image and its crops */
         if (crops[n_img - 1] > 0) {
             int64_t last_boi = -1;
             for (int64_t t = 0; t < e->n; t++)
                 if (e->ids[t] == v->boi_id) last_boi = t;
-            CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, last_boi + 2, -1, &mm, imgs, sha, n_img, crops, &err) ==
+            CHECK(gm_dataset_add_chat_images(&ds, m->tok, msgs, 2, last_boi + 2, -1, &mm, imgs, sha, n_img, crops, NULL, &err) ==
                           GM_ERR_INVALID &&
                       gm_test_contains(err.msg, "with its pan & scan crops"),
                   "max_length inside a crop: %s", err.msg);
