@@ -289,18 +289,7 @@ def make_model():
 def smooth_images(g):
     """Two (3, S, S) images in [0, 1]: per channel 0.5 + a sum of 4 random plane waves (1 to 4 cycles
     across the image), clipped, rounded to k/255."""
-    yy, xx = torch.meshgrid(torch.arange(S, dtype=torch.float64) / S, torch.arange(S, dtype=torch.float64) / S,
-                            indexing="ij")
-    imgs = torch.zeros(2, 3, S, S, dtype=torch.float64)
-    for b in range(2):
-        for c in range(3):
-            acc = torch.full((S, S), 0.5, dtype=torch.float64)
-            for _ in range(4):
-                fx, fy = (torch.rand(2, generator=g, dtype=torch.float64) * 6 - 3).tolist()
-                ph, amp = torch.rand(2, generator=g, dtype=torch.float64).tolist()
-                acc += (0.1 + 0.25 * amp) * torch.sin(2 * np.pi * (fx * xx + fy * yy + ph))
-            imgs[b, c] = acc
-    u8 = torch.round(imgs.clamp(0, 1) * 255).to(torch.uint8)
+    u8 = torch.stack([torch.from_numpy(smooth_image(g, S, S)).permute(2, 0, 1) for _ in range(2)])
     return (u8.double() / 255).float(), u8
 
 
