@@ -29,6 +29,12 @@ expect_run "a max_length without room for the longest breed name: the trial fail
 expect_run "vision_targets = q_proj on Gemma 4's tower: refused before any work, the clamps it would bypass named" 2 \
   "error: --set vision_targets=q_proj: train.vision_targets: target module 'q_proj': Gemma 4's vision tower wraps each linear in a Gemma4ClippableLinear.*target 'q_proj.linear'" \
   -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}" --set vision_targets=q_proj
+expect_run "pan_and_scan = true on Gemma 4: refused before any work (Gemma 3's processor's crops)" 2 \
+  "error: --set pan_and_scan=true: train.pan_and_scan = true: pan & scan crops are Gemma 3's image processor's" \
+  -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}" --set pan_and_scan=true --dry-run
+expect_run "modules_to_save on Gemma 4: refused before any work, quoting the value given" 2 \
+  "error: --set modules_to_save=multi_modal_projector: train.modules_to_save = multi_modal_projector: .*Gemma 4's \(embed_vision\) is not trained" \
+  -- "$GM" "$SRC/experiments/pets_sweep.lua" "${SET[@]}" --set modules_to_save=multi_modal_projector --dry-run
 rm -rf results
 expect_run "pets_sweep.lua on Gemma 4: baseline, training, final accuracy, the table" 0 \
   "baseline accuracy.*final accuracy.*pets_sweep: accuracy.*written: results/pets_sweep.md" \
