@@ -20,8 +20,12 @@
  *          Gemma4ClippableLinear bypasses the clipping);
  *          RoPE2: the first half of each head rotated by its patch's column, the second by its row
  *          (base 100, each half as a head of width D/2: the "axial" H-H-W-W layout);
- *   head:  k x k average pooling of the square grid, times sqrt(C) (f32), (pooled - std_bias) *
- *          std_scale when standardize, RMSNorm without weight, embedding_projection to C_text.
+ *   head:  each soft token the average of its k x k cell of patches (the cells of each image's own
+ *          grid, row-major: pool_gather_fwd on the caller's index table), times sqrt(C) (f32),
+ *          (pooled - std_bias) * std_scale when standardize, RMSNorm without weight,
+ *          embedding_projection to C_text.
+ * Images of different grids run as one batch padded to the largest (gm_graph_begin_encoder_lens:
+ * each image's keys end at its own patches; padding rows are never pooled, and get zero gradients).
  * RMSNorm weights are used as stored (Gemma4RMSNorm: no 1 + w). Its linears can carry LoRA adapters
  * like any other graph's; the patch embedding, tables and embedder are frozen.
  */

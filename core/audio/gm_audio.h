@@ -1,7 +1,8 @@
 /*
  * gm_audio.h - audio in: a WAV, FLAC, Ogg Vorbis/Opus (or any file libsndfile reads) decoded to
  * mono 16 kHz f32, then the log-mel features of Gemma 3n's audio encoder exactly as Hugging Face's
- * Gemma3nAudioFeatureExtractor computes them.
+ * Gemma3nAudioFeatureExtractor computes them, or of Gemma 4's as Gemma4AudioFeatureExtractor does
+ * (gm_audio_fe_new_kind; tests/ref/gemma4_audio_fe_ref.h5).
  *
  * The reference is the Python path a transformers user takes (transformers 5.24, numpy 2.4):
  * `soundfile.read(path, dtype="float32")` (libsndfile: integer PCM divided by 2^(bits-1)), the mean
@@ -123,7 +124,7 @@ void gm_audio_free(gm_audio *a);
  * not read by libsndfile)", "text", ... or NULL when unrecognised. Needs at most 12 bytes. */
 const char *gm_audio_sniff(const void *head, size_t n);
 
-/* ---- features: Gemma3nAudioFeatureExtractor ------------------------------------------------------ */
+/* ---- features: Gemma3nAudioFeatureExtractor and Gemma4AudioFeatureExtractor ---------------------- */
 
 /* The extractor's defaults (transformers' Gemma3nAudioFeatureExtractor.__init__ and __call__; the
  * values gemma_architecture.md §3.9 lists for Gemma 3n). */
@@ -134,14 +135,30 @@ const char *gm_audio_sniff(const void *head, size_t n);
 #define GM_AUDIO_MAX_SAMPLES 480000 /* __call__'s max_length (30 s), with truncation=True */
 #define GM_AUDIO_PAD_MULTIPLE 128 /* __call__'s pad_to_multiple_of */
 
-/* The extractor: window (512), mel filter bank (513 x 128, double), FFTW plan. Immutable after
- * gm_audio_fe_new; see the header for threads. */
+/* Gemma4AudioFeatureExtractor's defaults (transformers 5.24, models/gemma4/feature_extraction_gemma4.py;
+ * padding, truncation and pad_to_multiple_of are 3n's: GM_AUDIO_MAX_SAMPLES, GM_AUDIO_PAD_MULTIPLE). */
+#define GM_AUDIO4_FRAME 320    /* frame_length: 20 ms at 16 kHz */
+#define GM_AUDIO4_HOP 160      /* hop_length: 10 ms */
+#define GM_AUDIO4_FFT 512      /* 2^ceil(log2(320)), no overdrive */
+#define GM_AUDIO4_LEFT_PAD 160 /* frame_length // 2 zeros before the clip ("semicausal" padding) */
+
+/* Which transformers extractor a gm_audio_fe reproduces (each with its defaults). */
+typedef enum gm_audio_fe_kind {
+    GM_AUDIO_FE_GEMMA3N = 0, /* Gemma3nAudioFeatureExtractor: Gemma 3n's audio encoder */
+    GM_AUDIO_FE_GEMMA4 = 1,  /* Gemma4AudioFeatureExtractor: Gemma 4's audio encoder */
+} gm_audio_fe_kind;
+
+/* The extractor: its kind, window, mel filter bank (double), FFTW plan. Immutable after
+ * gm_audio_fe_new / gm_audio_fe_new_kind; see the header for threads. */
 typedef struct gm_audio_fe gm_audio_fe;
 
-/* The log-mel features of a batch of B clips: data (B, T, 128) f32, mask (B, T) with mask[b][t] = 1
- * when frame t of clip b starts inside the clip (it is the extractor's input_features_mask: the
- * padded sample mask taken every 160 samples, cut to T). Owns `data` and `mask` (gm_malloc'd;
- * NULL when B * T = 0). */
+/* The log-mel features of a batch of B clips: data (B, T, 128) f32, mask (B, T), the extractor's
+ * input_features and input_features_mask. Gemma 3n: mask[b][t] = 1 when frame t of clip b starts
+ * inside the clip (the padded sample mask taken every 160 samples, cut to T). Gemma 4: mask[b][t] =
+ * 1 when sample 160 t + 160 of the clip is inside it (the left-padded sample mask at the frame's
+ * last unfolded sample, frame_end_indices), and data[b][t] is 0 (-0 for negative values, as numpy's
+ * features * mask gives) where the mask is 0. Owns `data` and `mask` (gm_malloc'd; NULL when
+ * B * T = 0). */
 typedef struct gm_audio_features {
     int64_t B, T;
     int64_t n_mels;       /* 128 */
@@ -150,15 +167,25 @@ typedef struct gm_audio_features {
     uint8_t *mask;        /* (B, T), 0 or 1 */
 } gm_audio_features;
 
-/* Makes the extractor (window, filter bank, an FFTW_ESTIMATE double r2c plan of 1024 points, made
- * under this module's planner mutex). *out receives it. GM_ERR_NOMEM (also when FFTW cannot plan). */
+/* Makes the extractor of `kind` (window, filter bank, an FFTW_ESTIMATE double r2c plan of the
+ * kind's FFT length - 1024 points for 3n, 512 for Gemma 4 - made under this module's planner
+ * mutex). *out receives it. GM_ERR_INVALID (an unknown kind), GM_ERR_NOMEM (also when FFTW cannot
+ * plan). */
+gm_status gm_audio_fe_new_kind(gm_audio_fe_kind kind, gm_audio_fe **out, gm_error *err);
+
+/* gm_audio_fe_new_kind(GM_AUDIO_FE_GEMMA3N, out, err): Gemma 3n's extractor. */
 gm_status gm_audio_fe_new(gm_audio_fe **out, gm_error *err);
+
+/* The kind the extractor was made for. */
+gm_audio_fe_kind gm_audio_fe_get_kind(const gm_audio_fe *fe);
 
 /* Releases the extractor (its plan destroyed under the planner mutex). NULL is a no-op. */
 void gm_audio_fe_free(gm_audio_fe *fe);
 
-/* The extractor's window, GM_AUDIO_FRAME floats (borrowed, valid until gm_audio_fe_free):
- * w[n] = 0.5 (1 - cos(2 pi n / 512)) in f32 as numpy computes it (periodic Hann). */
+/* The extractor's window (borrowed, valid until gm_audio_fe_free), a periodic Hann window as numpy
+ * computes it. 3n: GM_AUDIO_FRAME floats, w[n] = 0.5 (1 - cos(2 pi n / 512)) in f32. Gemma 4:
+ * GM_AUDIO4_FRAME floats, transformers.audio_utils.window_function(320) = np.hanning(321)[:-1]
+ * (0.5 + 0.5 cos(pi (2n - 320) / 320) in f64) rounded to f32. */
 const float *gm_audio_fe_window(const gm_audio_fe *fe);
 
 /* The padded length and frame count the extractor gives a batch whose longest clip has max_len
@@ -167,9 +194,29 @@ const float *gm_audio_fe_window(const gm_audio_fe *fe);
  * The memory planner's formula: 30 s gives L = 480000, T = 2997. */
 void gm_audio_frames(int64_t max_len, int64_t *padded_len, int64_t *T);
 
-/* Gemma3nAudioFeatureExtractor()(clips) for B clips (clips[b] has lens[b] f32 samples at 16 kHz,
- * borrowed): every clip cut to 480,000 samples, all padded with zeros to the longest rounded up to
- * a multiple of 128 (gm_audio_frames), then per frame t of 513 samples starting at 160 t:
+/* gm_audio_frames for either kind: the same padded length L (truncation, padding to a multiple of
+ * 128); Gemma 3n's T as gm_audio_frames; Gemma 4's T = (L + 160 - 321) / 160 + 1 frames when
+ * L + 160 >= 321, else 0 (its clip is left-padded by 160 zeros, then unfolded into frames of 321
+ * samples every 160). 30 s gives L = 480000 and T = 2999 for Gemma 4; a clip of 1 .. 128 samples
+ * (L = 128) has no Gemma 4 frame. */
+static inline void gm_audio_frames_kind(gm_audio_fe_kind kind, int64_t max_len, int64_t *padded_len, int64_t *T) {
+    int64_t L = 0, T3 = 0;
+    gm_audio_frames(max_len, &L, &T3);
+    if (padded_len) *padded_len = L;
+    if (T) {
+        const int64_t U = GM_AUDIO4_FRAME + 1, Lp = L + GM_AUDIO4_LEFT_PAD;
+        *T = kind == GM_AUDIO_FE_GEMMA4 ? (Lp >= U ? (Lp - U) / GM_AUDIO4_HOP + 1 : 0) : T3;
+    }
+}
+
+/* The extractor of fe's kind on B clips (clips[b] has lens[b] f32 samples at 16 kHz, borrowed):
+ * every clip cut to 480,000 samples, all padded with zeros to the longest rounded up to a multiple
+ * of 128 (gm_audio_frames_kind; out->padded_len is that length, without Gemma 4's left padding),
+ * then the kind's frames and features (out->T frames of 128 log-mels each, natural log of mel
+ * energies of FFT magnitudes - not powers - of samples in [-1, 1]), and the mask as in
+ * gm_audio_features.
+ * GM_AUDIO_FE_GEMMA3N: Gemma3nAudioFeatureExtractor()(clips), per frame t of 513 samples starting
+ * at 160 t:
  *   HTK pre-emphasis: y[0] = x[0] * f32(1 - 0.97), y[n] = x[n] - f32(0.97) * x[n-1], n < 512
  *   (the 513th sample unused), in f32 as numpy does;
  *   y[n] * window[n] (f32), zero-padded to 1024, real FFT (FFTW in double, each component then
@@ -177,13 +224,22 @@ void gm_audio_frames(int64_t max_len, int64_t *padded_len, int64_t *T);
  *   mel[m] = sum_k |X[k]| fb[k][m] in double (the filter bank of create_fb_matrix: triangles on
  *   the HTK mel scale 2595 log10(1 + f / 700) between 125 and 7600 Hz, no area normalization);
  *   out = f32(log(max(mel, 1e-5))).
- * and the mask as in gm_audio_features. B >= 1, lens[b] >= 0 (a clip may be empty: it is all
+ * GM_AUDIO_FE_GEMMA4: Gemma4AudioFeatureExtractor()(clips) (its __call__ and
+ * _extract_spectrogram), per clip: 160 zeros prepended (the mask too), then per frame t of 321
+ * samples starting at 160 t of that (the clip's samples 160 t - 160 .. 160 t + 160):
+ *   no pre-emphasis: the first 320 samples, times window[n] (f32; the 321st sample unused),
+ *   zero-padded to 512, real FFT (FFTW in double rounded to f32, as numpy's rfft of f32 data),
+ *   |X[k]| (hypotf), k <= 256;
+ *   mel[m] = sum_k |X[k]| fb[k][m] in double (audio_utils.mel_filter_bank(257, 128, 0, 8000, 16000,
+ *   norm=None, mel_scale="htk"): HTK mel triangles over bins at k * 31.25 Hz, no normalization);
+ *   out = f32(log(mel + 1e-3)), then times the frame's mask (0 where it is 0).
+ * B >= 1, lens[b] >= 0 (a clip may be empty: it is all
  * padding). Errors: GM_ERR_INVALID (B < 1, a negative length, B above 2^20), GM_ERR_NOMEM. *out is
  * untouched on failure. */
 gm_status gm_audio_features_compute(const gm_audio_fe *fe, const float *const *clips, const int64_t *lens, int64_t B,
                                     gm_audio_features *out, gm_error *err);
 
-/* gm_audio_load, then gm_audio_features_compute of that one clip (B = 1). */
+/* gm_audio_load, then gm_audio_features_compute of that one clip (B = 1), by fe's kind. */
 gm_status gm_audio_features_file(const gm_audio_fe *fe, const char *path, const gm_audio_limits *limits,
                                  gm_audio_features *out, gm_error *err);
 

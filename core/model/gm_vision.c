@@ -84,7 +84,9 @@ gm_status gm_vision_init_train(gm_vision *v, const gm_config *mm, const gm_model
 static gm_status init_train(gm_vision *v, const gm_config *mm, const gm_model *tower, int64_t max_images,
                             const gm_vision_train *t, const gm_vision_adapter *ad, bool checkpointing, int n_threads,
                             gm_backend *be, gm_error *err) {
-    if (max_images < 1) return gm_error_set(err, GM_ERR_INVALID, "max_images must be at least 1");
+    if (max_images < 1 || max_images > GM_VISION_MAX_IMAGES)
+        return gm_error_set(err, GM_ERR_INVALID, "%lld images per call of the image path: 1..%d (a micro-batch's images: "
+                            "batch x images per example)", (long long)max_images, GM_VISION_MAX_IMAGES);
     GM_TRY(gm_config_vision_tower(mm, &v->tcfg, err));
     const gm_config *tc = &v->tcfg;
     if (ad) {

@@ -31,6 +31,7 @@
 #define ALLISON "/usr/share/asterisk/sounds/en_US_f_Allison"
 
 static char REF[1024];
+static char REF4[1024]; /* tests/ref/gemma4_audio_fe_ref.h5 */
 static char TMP[256];
 static bool allison_missing;
 
@@ -54,6 +55,13 @@ static int64_t attr_i(const char *obj, const char *name) {
     double v = -1;
     bool ok = gm_test_h5_attr_double(REF, obj, name, &v);
     CHECK(ok, "%s: no attribute %s on %s", REF, name, obj);
+    return (int64_t)v;
+}
+
+static int64_t attr_i4(const char *obj, const char *name) {
+    double v = -1;
+    bool ok = gm_test_h5_attr_double(REF4, obj, name, &v);
+    CHECK(ok, "%s: no attribute %s on %s", REF4, name, obj);
     return (int64_t)v;
 }
 
@@ -572,6 +580,236 @@ static void test_features_synth(gm_audio_fe *fe) {
     gm_free(long_clip), gm_free(short_clip), gm_free(edge_clip), gm_free(lens), gm_free(seeds), gm_free(Ts);
 }
 
+/* ---- features: Gemma4AudioFeatureExtractor ----------------------------------------------------- */
+
+static void sha256_hex_mem(const void *p, size_t n, char hex[65]) {
+    unsigned char md[32];
+    unsigned len = 0;
+    EVP_Digest(p, n, md, &len, EVP_sha256(), NULL);
+    for (int i = 0; i < 32; i++) snprintf(hex + 2 * i, 3, "%02x", md[i]);
+}
+
+/* n mask values against the fixture's (u8 read as int32) */
+static bool mask_equal(const uint8_t *a, const int32_t *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++)
+        if (a[i] != b[i]) return false;
+    return a || n == 0;
+}
+
+/* Gemma 4's extractor (GM_AUDIO_FE_GEMMA4) against tests/ref/gemma4_audio_fe_ref.h5
+ * (make_gemma4_audio_fe_ref.py): its window; the real clips' features (from audio_ref.h5's 16 kHz
+ * samples) as a batch and alone; generated clips around the left padding, the 321-sample unfold,
+ * the mask's boundary and truncation, alone and as a batch (the short rows' masked frames zeros);
+ * file to features. Features within TOL_AUDIO4_LOGMEL_ABS; frame counts and masks exact. */
+static void test_features_gemma4(void) {
+    snprintf(REF4, sizeof REF4, "%s", gm_test_path("tests/ref/gemma4_audio_fe_ref.h5"));
+    if (!gm_test_file_exists(REF4)) {
+        CHECK(0, "missing %s (tests/ref/make_gemma4_audio_fe_ref.py)", REF4);
+        return;
+    }
+    gm_audio_fe *fe = NULL;
+    gm_error err = {0};
+    CHECK(gm_audio_fe_new_kind((gm_audio_fe_kind)7, &fe, &err) == GM_ERR_INVALID && fe == NULL, "unknown kind accepted");
+    CHECK_OK(gm_audio_fe_new_kind(GM_AUDIO_FE_GEMMA4, &fe, &err), &err);
+    if (!fe) return;
+    CHECK(gm_audio_fe_get_kind(fe) == GM_AUDIO_FE_GEMMA4, "kind");
+    double worst = 0;
+    /* the window: np.hanning(321)[:-1] as f32 */
+    size_t nw = 0, same = 0;
+    float *win = gm_test_h5_read(REF4, "/window", 0, &nw, NULL, NULL);
+    CHECK(win && nw == GM_AUDIO4_FRAME, "gemma4 /window: %zu values", nw);
+    if (win && nw == GM_AUDIO4_FRAME) {
+        double d = max_diff(gm_audio_fe_window(fe), win, nw, &same);
+        printf("gemma4 window: max |ours - numpy| %.3g (%zu of %zu bit-identical)\n", d, same, nw);
+        gm_check_close("gemma4 periodic Hann window", gm_audio_fe_window(fe), win, nw, TOL_AUDIO_WINDOW_ABS, 0);
+    }
+    gm_free(win);
+
+    /* the real clips: the same 16 kHz samples the fixture fed (sha256 of their bytes) */
+    size_t n0 = 0, n1 = 0, nf = 0, nm = 0;
+    float *c0 = gm_test_h5_read(REF, "/clips/hello-world.wav/samples16k", 0, &n0, NULL, NULL);
+    float *c1 = gm_test_h5_read(REF, "/clips/vm-goodbye.wav/samples16k", 0, &n1, NULL, NULL);
+    int64_t dims[4] = {0};
+    int nd = 0;
+    float *feat = gm_test_h5_read(REF4, "/batch/features", 0, &nf, dims, &nd);
+    int32_t *mask = gm_test_h5_read(REF4, "/batch/mask", 1, &nm, NULL, NULL);
+    CHECK(c0 && c1 && feat && mask && nd == 3, "%s: /batch missing (or %s: /clips)", REF4, REF);
+    if (c0 && c1 && feat && mask && nd == 3) {
+        const float *clips[2] = {c0, c1};
+        int64_t len[2] = {(int64_t)n0, (int64_t)n1};
+        static const char *names[2] = {"hello-world.wav", "vm-goodbye.wav"};
+        for (int b = 0; b < 2; b++) {
+            char grp[128], hex[65];
+            snprintf(grp, sizeof grp, "/clips/%s", names[b]);
+            char *want = gm_test_h5_attr_string(REF4, grp, "sha256_samples");
+            sha256_hex_mem(clips[b], (size_t)len[b] * 4, hex);
+            CHECK(want && strcmp(want, hex) == 0, "%s: the 16 kHz samples differ from those the Gemma 4 fixture was made from", names[b]);
+            gm_free(want);
+        }
+        gm_audio_features f = {0};
+        CHECK_OK(gm_audio_features_compute(fe, clips, len, 2, &f, &err), &err);
+        int64_t L = 0, T = 0;
+        gm_audio_frames_kind(GM_AUDIO_FE_GEMMA4, n0 > n1 ? (int64_t)n0 : (int64_t)n1, &L, &T);
+        CHECK(f.B == 2 && f.T == dims[1] && T == f.T && f.padded_len == L && dims[2] == 128,
+              "gemma4 batch features (%lld, %lld, 128), gm_audio_frames_kind %lld, transformers (%lld, %lld, %lld)", (long long)f.B,
+              (long long)f.T, (long long)T, (long long)dims[0], (long long)dims[1], (long long)dims[2]);
+        if (f.T == dims[1] && f.data) {
+            size_t N = (size_t)(2 * f.T * 128);
+            double d = max_diff(f.data, feat, N, &same);
+            worst = fmax(worst, d);
+            printf("gemma4, real clips as a batch: features (2, %lld, 128), max |ours - transformers| %.3g (%zu of %zu bit-identical)\n",
+                   (long long)f.T, d, same, N);
+            gm_check_close("gemma4 real clips' log-mel features", f.data, feat, N, TOL_AUDIO4_LOGMEL_ABS, 0);
+            CHECK(mask_equal(f.mask, mask, 2 * f.T), "gemma4 batch mask differs from input_features_mask");
+            double spread = 0;
+            if (gm_test_h5_attr_double(REF4, "/batch", "max_abs_diff_default_dispatch", &spread))
+                printf("(transformers itself with numpy's SIMD loops instead of its baseline ones: %.3g from its own features)\n", spread);
+        }
+        for (int b = 0; b < 2; b++) {
+            char grp[128], ds[160];
+            snprintf(grp, sizeof grp, "/clips/%s", names[b]);
+            snprintf(ds, sizeof ds, "%s/mask", grp);
+            gm_audio_features one = {0};
+            CHECK_OK(gm_audio_features_compute(fe, clips + b, len + b, 1, &one, &err), &err);
+            int64_t Tw = attr_i4(grp, "T");
+            size_t nm1 = 0;
+            int32_t *m1 = gm_test_h5_read(REF4, ds, 1, &nm1, NULL, NULL);
+            CHECK(one.T == Tw && (int64_t)nm1 == Tw, "gemma4 %s alone: %lld frames, transformers %lld", names[b], (long long)one.T,
+                  (long long)Tw);
+            CHECK(m1 && one.T == Tw && mask_equal(one.mask, m1, Tw), "gemma4 %s alone: mask differs", names[b]);
+            CHECK(one.T == Tw && f.data && one.T <= f.T && memcmp(one.data, f.data + b * f.T * 128, (size_t)(Tw * 128) * 4) == 0,
+                  "gemma4 %s alone: its frames differ from its batch row's", names[b]);
+            gm_free(m1);
+            gm_audio_features_free(&one);
+        }
+        gm_audio_features_free(&f);
+    }
+    gm_free(c0), gm_free(c1), gm_free(feat), gm_free(mask);
+
+    /* generated clips alone */
+    size_t nl = 0, ns = 0, nt = 0;
+    int32_t *lens = gm_test_h5_read(REF4, "/synth/lens", 1, &nl, NULL, NULL);
+    int32_t *seeds = gm_test_h5_read(REF4, "/synth/seeds", 1, &ns, NULL, NULL);
+    int32_t *Ts = gm_test_h5_read(REF4, "/synth/T", 1, &nt, NULL, NULL);
+    CHECK(lens && seeds && Ts && nl == ns && nl == nt && nl > 0, "%s: /synth missing", REF4);
+    float *long_clip = NULL, *short_clip = NULL;
+    for (size_t i = 0; lens && seeds && Ts && i < nl; i++) {
+        float *x = lcg_clip(lens[i], (uint32_t)seeds[i]);
+        const float *cx = x;
+        int64_t len = lens[i];
+        gm_audio_features f = {0};
+        CHECK_OK(gm_audio_features_compute(fe, &cx, &len, 1, &f, &err), &err);
+        int64_t L = 0, T = 0;
+        gm_audio_frames_kind(GM_AUDIO_FE_GEMMA4, len, &L, &T);
+        CHECK(f.T == Ts[i] && T == Ts[i] && f.padded_len == L, "gemma4, %d samples: %lld frames (gm_audio_frames_kind %lld), transformers %d",
+              lens[i], (long long)f.T, (long long)T, Ts[i]);
+        char ds[96];
+        snprintf(ds, sizeof ds, "/synth/single_%zu/mask", i);
+        size_t nm1 = 0;
+        int32_t *m = gm_test_h5_read(REF4, ds, 1, &nm1, NULL, NULL);
+        CHECK(m && (int64_t)nm1 == f.T && mask_equal(f.mask, m, f.T), "gemma4, %d samples: mask differs from input_features_mask", lens[i]);
+        gm_free(m);
+        snprintf(ds, sizeof ds, "/synth/single_%zu/features", i);
+        if (f.T > 0 && gm_test_h5_exists(REF4, ds)) {
+            size_t nf1 = 0;
+            float *r = gm_test_h5_read(REF4, ds, 0, &nf1, NULL, NULL);
+            CHECK(r && nf1 == (size_t)(f.T * 128), "%s: %zu values for %lld frames", ds, nf1, (long long)f.T);
+            if (r && nf1 == (size_t)(f.T * 128)) {
+                worst = fmax(worst, max_diff(f.data, r, nf1, NULL));
+                gm_check_close(ds, f.data, r, nf1, TOL_AUDIO4_LOGMEL_ABS, 0);
+            }
+            gm_free(r);
+        }
+        if (lens[i] == 481000) {
+            size_t nh = 0, ntl = 0;
+            float *head = gm_test_h5_read(REF4, "/synth/long_head", 0, &nh, NULL, NULL);
+            float *tail = gm_test_h5_read(REF4, "/synth/long_tail", 0, &ntl, NULL, NULL);
+            CHECK(head && tail && nh == 8 * 128 && ntl == 4 * 128 && f.T >= 8, "gemma4 /synth/long_head or long_tail");
+            if (head && tail && nh == 8 * 128 && ntl == 4 * 128 && f.T >= 8) {
+                worst = fmax(worst, fmax(max_diff(f.data, head, nh, NULL), max_diff(f.data + (f.T - 4) * 128, tail, ntl, NULL)));
+                gm_check_close("gemma4, 481,000 samples: first 8 frames", f.data, head, nh, TOL_AUDIO4_LOGMEL_ABS, 0);
+                gm_check_close("gemma4, 481,000 samples: last 4 frames", f.data + (f.T - 4) * 128, tail, ntl, TOL_AUDIO4_LOGMEL_ABS, 0);
+            }
+            gm_free(head), gm_free(tail);
+            long_clip = x, x = NULL;
+        }
+        if (lens[i] == 1000) short_clip = x, x = NULL;
+        gm_audio_features_free(&f);
+        gm_free(x);
+    }
+    /* the batch: 481,000 samples (cut to 480,000), 1,000 and 960: the short rows' last valid frames
+     * (t = 5 and 4: sample 160 t + 160 inside the clip) and their masked frames (zeros) */
+    float *edge_clip = lcg_clip(960, 2000);
+    if (long_clip && short_clip) {
+        const float *clips[3] = {long_clip, short_clip, edge_clip};
+        int64_t len[3] = {481000, 1000, 960};
+        gm_audio_features f = {0};
+        CHECK_OK(gm_audio_features_compute(fe, clips, len, 3, &f, &err), &err);
+        int64_t T = attr_i4("/synth", "batch_T");
+        size_t nm1 = 0, nh = 0, ntl = 0;
+        int32_t *m = gm_test_h5_read(REF4, "/synth/batch_mask", 1, &nm1, NULL, NULL);
+        float *head = gm_test_h5_read(REF4, "/synth/batch_head", 0, &nh, NULL, NULL);
+        float *tail = gm_test_h5_read(REF4, "/synth/batch_tail", 0, &ntl, NULL, NULL);
+        CHECK(f.T == T && f.padded_len == GM_AUDIO_MAX_SAMPLES && T == 2999, "gemma4 batch: %lld frames, padded to %lld; transformers %lld",
+              (long long)f.T, (long long)f.padded_len, (long long)T);
+        size_t valid[3] = {0, 0, 0};
+        for (int64_t t = 0; f.mask && t < 3 * f.T; t++) valid[t / f.T] += f.mask[t];
+        CHECK(m && (int64_t)nm1 == 3 * f.T && mask_equal(f.mask, m, 3 * f.T), "gemma4 batch mask differs from input_features_mask");
+        CHECK(valid[0] == 2999 && valid[1] == 6 && valid[2] == 5, "gemma4 valid frames %zu, %zu, %zu (want 2999, 6, 5)", valid[0], valid[1],
+              valid[2]);
+        CHECK(head && tail && nh == 3 * 8 * 128 && ntl == 3 * 4 * 128 && f.T >= 8, "gemma4 /synth/batch_head or batch_tail missing");
+        if (head && tail && nh == 3 * 8 * 128 && ntl == 3 * 4 * 128 && f.T >= 8) {
+            for (int b = 0; b < 3; b++) {
+                char what[96];
+                snprintf(what, sizeof what, "gemma4 batch: clip of %lld samples, first 8 frames", (long long)len[b]);
+                worst = fmax(worst, max_diff(f.data + b * f.T * 128, head + b * 8 * 128, 8 * 128, NULL));
+                gm_check_close(what, f.data + b * f.T * 128, head + b * 8 * 128, 8 * 128, TOL_AUDIO4_LOGMEL_ABS, 0);
+                snprintf(what, sizeof what, "gemma4 batch: clip of %lld samples, last 4 frames", (long long)len[b]);
+                const float *o = f.data + (b * f.T + f.T - 4) * 128;
+                worst = fmax(worst, max_diff(o, tail + b * 4 * 128, 4 * 128, NULL));
+                gm_check_close(what, o, tail + b * 4 * 128, 4 * 128, TOL_AUDIO4_LOGMEL_ABS, 0);
+                if (b > 0) CHECK(memcmp(o, tail + b * 4 * 128, 4 * 128 * 4) == 0, "gemma4 batch: masked frames of clip %d not numpy's zeros", b);
+            }
+        }
+        gm_free(m), gm_free(head), gm_free(tail);
+        gm_audio_features_free(&f);
+    }
+    printf("gemma4, generated clips (%zu lengths, 1 .. 481,000 samples) and batches: T and masks as transformers', features max |diff| "
+           "%.3g (all, real clips included)\n", nl, worst);
+    gm_free(long_clip), gm_free(short_clip), gm_free(edge_clip), gm_free(lens), gm_free(seeds), gm_free(Ts);
+
+    /* file to features, by the extractor's kind */
+    const char *path = ALLISON "/hello-world.wav";
+    if (gm_test_file_exists(path)) {
+        gm_audio_features f = {0};
+        CHECK_OK(gm_audio_features_file(fe, path, NULL, &f, &err), &err);
+        size_t nf1 = 0;
+        int64_t d2[4] = {0};
+        int nd2 = 0;
+        float *ref = gm_test_h5_read(REF4, "/batch/features", 0, &nf1, d2, &nd2);
+        int64_t T = attr_i4("/clips/hello-world.wav", "T");
+        CHECK(ref && f.data && f.T == T && T <= d2[1], "gemma4 hello-world.wav, file to features: %lld frames, transformers %lld", (long long)f.T,
+              (long long)T);
+        if (ref && f.data && f.T == T && T <= d2[1])
+            gm_check_close("gemma4 hello-world.wav: file to features", f.data, ref, (size_t)(T * 128), TOL_AUDIO4_LOGMEL_ABS, 0);
+        gm_free(ref);
+        gm_audio_features_free(&f);
+    }
+    /* an empty clip, and no memory for the extractor */
+    {
+        const float *none = NULL;
+        int64_t len = 0;
+        gm_audio_features f = {0};
+        CHECK_OK(gm_audio_features_compute(fe, &none, &len, 1, &f, &err), &err);
+        CHECK(f.T == 0 && f.data == NULL && f.mask == NULL, "gemma4, empty clip: T %lld", (long long)f.T);
+        gm_audio_fe *fe2 = NULL;
+        gm_alloc_fail_after(1);
+        CHECK(gm_audio_fe_new_kind(GM_AUDIO_FE_GEMMA4, &fe2, &err) == GM_ERR_NOMEM && fe2 == NULL, "gemma4 extractor without memory");
+        gm_alloc_fail_after(0);
+    }
+    gm_audio_fe_free(fe);
+}
+
 /* The whole path on the real clip: file -> 16 kHz -> features, equal to the fixture's features
  * within the same bound (the conversion adds nothing when it is bit-identical). */
 static void test_file_to_features(gm_audio_fe *fe) {
@@ -689,6 +927,7 @@ int main(void) {
         test_features_real(fe);
         test_features_synth(fe);
         test_file_to_features(fe);
+        test_features_gemma4();
         test_bad_files();
         test_alloc_failures(fe);
         test_threads(fe);

@@ -300,6 +300,14 @@
  * move by up to 4.1e-3 (the fixture's /batch max_abs_diff_default_dispatch); an f32 FFT would be
  * 0.05 away. */
 #define TOL_AUDIO_LOGMEL_ABS 4e-6
+/* Log-mel features vs Gemma4AudioFeatureExtractor (numpy's baseline loops) on the same 16 kHz
+ * samples (test_audio, tests/ref/gemma4_audio_fe_ref.h5): the same f64-FFT-rounded-to-complex64
+ * path as 3n's, magnitudes, f64 mel sums in other orders, log(mel + 1e-3) in f64, then f32; the
+ * window (np.hanning in f64, then f32) is bit-identical. Measured 2026-12-05: 4.8e-7 (one f32 ulp of
+ * |values| in [4, 8): the floor is log(1e-3) = -6.9) on the real clips and on generated noise;
+ * transformers' own output with numpy's SIMD loops moves by the same 4.8e-7 (its window unchanged).
+ * Bound 2e-6, four such ulps. */
+#define TOL_AUDIO4_LOGMEL_ABS 2e-6
 /* Tokenizer, chat template, parsers: exact. */
 
 /* ---- checks ---- */
