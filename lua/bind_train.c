@@ -269,6 +269,7 @@ static int l_ds_add_chat(lua_State *L) {
         if (sz == GM_OK) sz = gm_mm_image_tokens(&d->m->cfg, w, h, &tokens[i], &err);
         if (sz != GM_OK) {
             if (sz != GM_ERR_INVALID) return gm_bind_raise(L, &err);
+            d->ds.n_rejected++; /* counted with the examples the data set refuses */
             lua_pushboolean(L, 0);
             lua_pushfstring(L, "image %d (%s): %s", (int)i + 1, images[i], err.msg);
             return 2;

@@ -442,6 +442,12 @@ static int cmd_generate(int argc, char **argv) {
         for (int i = 0; s == GM_OK && i < n_images; i++) {
             gm_image_pixels px = {0};
             s = gm_image_preprocess_file(images[i], NULL, &io, &px, &err);
+            if (s == GM_OK && aspect && (px.h / vc->patch_size > vc->pos_table || px.w / vc->patch_size > vc->pos_table))
+                s = gm_error_set(&err, GM_ERR_INVALID, "--image %s resizes to %lld x %lld pixels, %lld x %lld patches: more than "
+                                 "the %lld rows of each axis of the model's position table (vision_config "
+                                 "position_embedding_size)\n  hint: crop it nearer to square", images[i], (long long)px.w,
+                                 (long long)px.h, (long long)(px.w / vc->patch_size), (long long)(px.h / vc->patch_size),
+                                 (long long)vc->pos_table);
             if (s == GM_OK) {
                 memcpy(pixels + off, px.data, (size_t)(px.n * 3 * px.h * px.w) * sizeof(float));
                 for (int64_t v = 0; v < px.n; v++) hw[2 * (views + v)] = px.h, hw[2 * (views + v) + 1] = px.w;

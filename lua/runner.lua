@@ -1907,8 +1907,10 @@ local function check_lengths(ctx, e, selected, items)
       for _, sp in ipairs({ { "training", d.train:size(), #items.train, d.shortest_train },
                             { "test", d.test:size(), #items.test, d.shortest_test } }) do
         if sp[2] < sp[3] / 2 then
-          say("warning: train.max_length = %d keeps %d of %d %s examples (the others' prompts are longer)%s", ml, sp[2],
-            sp[3], sp[1], sp[4] < math.huge and string.format("; %d would keep the shortest rejected one", sp[4] + 2) or "")
+          local r1 = d.rejected[1]
+          say("warning: train.max_length = %d keeps %d of %d %s examples (first rejected: %s)%s", ml, sp[2],
+            sp[3], sp[1], r1 and (r1.example .. ": " .. r1.reason) or "see above",
+            sp[4] < math.huge and string.format("; %d would keep the shortest rejected one", sp[4] + 2) or "")
         end
       end
       -- classify scores each label by its first token when those differ, else each whole label

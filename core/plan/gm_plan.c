@@ -113,14 +113,17 @@ gm_status gm_plan_max_images(const gm_config *cfg, const gm_train_opts *o, const
                             "are gemma3-4b, gemma3-12b and gemma3-27b (or a Gemma3ForConditionalGeneration checkpoint)",
                             names_gemma(cfg->name) ? "" : "Gemma 3 model ", cfg->name);
     if (images > 0) {
-        /* gm_plan_check_size bounds images by the model's positions, so this cannot wrap */
-        int64_t positions = images * (cfg->vision.tokens + 2);
+        /* gm_plan_check_size bounds images by the model's positions, so this cannot wrap. Gemma 4's
+         * images each have their own grid: only what any image takes is certain (one soft token:
+         * a refusal here is never wrong; the data set checks each example's own) */
+        bool own = cfg->arch == GM_ARCH_GEMMA4;
+        int64_t per = own ? 1 : cfg->vision.tokens, positions = images * (per + 2);
         if (positions >= o->max_length)
             return gm_error_set(err, GM_ERR_INVALID,
-                                "max_length = %lld leaves no room for text beside %lld image%s (%lld soft tokens + 2 "
+                                "max_length = %lld leaves no room for text beside %lld image%s (%s%lld soft token%s + 2 "
                                 "markers each = %lld positions, counted in max_length)\n  hint: raise max_length above %lld",
-                                (long long)o->max_length, (long long)images, images == 1 ? "" : "s",
-                                (long long)cfg->vision.tokens, (long long)positions, (long long)positions);
+                                (long long)o->max_length, (long long)images, images == 1 ? "" : "s", own ? "at least " : "",
+                                (long long)per, per == 1 ? "" : "s", (long long)positions, (long long)positions);
         if (images * o->batch > *out) *out = images * o->batch;
     }
     return GM_OK;

@@ -400,10 +400,14 @@ static void test_inputs_and_errors(void) {
     CHECK_OK(gm_plan_training(&g4, &o, GM_BF16, GM_BF16, &au, &q, &err), &err);
     CHECK_OK(gm_plan_estimate(&g4, &o, GM_BF16, GM_BF16, &au, &p, &err), &err);
     CHECK(q.total == p.total && !q.exact, "gm_plan_training: Gemma 4 with audio -> estimate");
+    /* Gemma 4's images have their own grids: a square photo's 256 soft tokens do not bound a
+     * max_length (a thin image may take one), only the least any image takes does */
     gm_train_opts short4 = opts(16, 200, 1, false, GM_QUANT_NF4);
+    CHECK_OK(gm_plan_training(&g4, &short4, GM_BF16, GM_BF16, &img4, &q, &err), &err);
+    short4 = opts(16, 3, 1, false, GM_QUANT_NF4);
     CHECK(gm_plan_training(&g4, &short4, GM_BF16, GM_BF16, &img4, &q, &err) == GM_ERR_INVALID &&
-              strstr(err.msg, "leaves no room for text beside 1 image (256 soft tokens"),
-          "max_length 200 with a 256-token image: %s", err.msg);
+              strstr(err.msg, "leaves no room for text beside 1 image (at least 1 soft token + 2 markers"),
+          "max_length 3 with an image: %s", err.msg);
 }
 
 /* Options too large to count in size_t are refused (GM_ERR_INVALID), never wrapped into a small
