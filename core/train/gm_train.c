@@ -227,11 +227,11 @@ gm_status gm_train_opt_targets_check(const gm_opt_spec *s, const char *text, gm_
         gm_error e4 = {0};
         gm_status s4 = gm_lora_targets_check(text, gm_arch_get(GM_ARCH_GEMMA4_VISION), GM_VISION_TOWER_PREFIX, &e4);
         if (s4 == GM_OK) st = GM_OK;
-        else if (strstr(e4.msg, "bypass the clamps")) *err = e4; /* a Gemma 4 wrapper's name: say so */
         else if (strstr(err->msg, "unknown target module")) { /* name both towers' modules */
             gm_error e3 = *err;
             gm_error_set(err, GM_ERR_INVALID, "%s; on Gemma 4's tower: q_proj.linear, k_proj.linear, v_proj.linear, "
-                         "o_proj.linear, gate_proj.linear, up_proj.linear, down_proj.linear", e3.msg);
+                         "o_proj.linear, gate_proj.linear, up_proj.linear, down_proj.linear (its linears sit inside "
+                         "clamping wrappers: target the inner one)", e3.msg);
         }
     }
     if (st != GM_OK) gm_error_prefix(err, "%s", s->name);
