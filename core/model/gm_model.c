@@ -206,6 +206,7 @@ gm_status gm_model_weight_f32(const gm_model *m, const gm_weight_spec *w, int64_
 gm_wview gm_wview_of(const gm_tensor *t) {
     gm_wview w;
     memset(&w, 0, sizeof w);
+    if (t->ndim < 1) return w; /* a weight the layer does not have (a KV-shared layer's k / v): no view */
     w.type = t->dtype;
     w.data = t->data;
     w.rows = t->ndim == 2 ? t->shape[0] : 1;
