@@ -68,10 +68,12 @@
  * modules in modeling_gemma3n.py), forward only (the tower is frozen):
  *   conv2d_fwd     out (B, To, Fo, Co) = the convolution of x (B, T, F, Ci) (channels last) with
  *                  w (Co, Ci, KT, KF) (torch's Conv2d layout, no bias), strides (ST, SF), the time
- *                  axis zero-padded by KT - 1 at the end only ("reverse causal"), the frequency axis
- *                  by PF on both sides: out[b, t, f, o] = sum_{i, kt, kf} w[o, i, kt, kf]
- *                  x[b, t ST + kt, f SF + kf - PF, i] over the taps inside x; To = (T - 1) / ST + 1,
- *                  Fo = (F + 2 PF - KF) / SF + 1 (Gemma3nAudioSSCPConvBlock).
+ *                  axis zero-padded by PT before the first frame and as far as the taps reach after
+ *                  the last, the frequency axis by PF on both sides: out[b, t, f, o] = sum_{i, kt, kf}
+ *                  w[o, i, kt, kf] x[b, t ST + kt - PT, f SF + kf - PF, i] over the taps inside x;
+ *                  To = (T - 1) / ST + 1, Fo = (F + 2 PF - KF) / SF + 1. PT = 0: Gemma 3n's "reverse
+ *                  causal" padding (Gemma3nAudioSSCPConvBlock); PT = 1 with KT = 3, ST = 2: Conv2d's
+ *                  padding=1 (Gemma4AudioSubSampleConvProjectionLayer).
  *   cumulative_group_norm_fwd  out (B, T, G) from x (B, T, G), G a multiple of C (channel g % C):
  *                  with n_t = G (t + 1), m_t = sum_{t' <= t, g} x / n_t and
  *                  v_t = sum_{t' <= t} sum_g (x[t'] - m_{t'})^2 / n_t,

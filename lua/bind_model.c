@@ -492,7 +492,7 @@ static int l_logits(lua_State *L) {
         soft = gm_malloc((size_t)(n_clips * c->audio.soft_tokens * C) * sizeof *soft);
         rows = gm_malloc((size_t)T * sizeof *rows);
         s = soft && rows ? gm_audio_encode_files(lm->m, lm->hard, clips, n_clips, lm->n_threads, lm->be,
-                                                 lm->ad ? &lm->ad->audio_lora : NULL, soft, NULL, &err)
+                                                 lm->ad ? &lm->ad->audio_lora : NULL, soft, NULL, NULL, &err)
                          : gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
         for (int64_t t = 0; s == GM_OK && t < T; t++)
             if (ids[t] == c->audio.audio_token_id) rows[n_soft++] = t;
@@ -760,7 +760,7 @@ static int l_lora_modules(lua_State *L) {
     gm_error err = {0};
     if (vision || audio) for (int i = 0; i < GM_MAX_LAYERS; i++) lc.layers[i] = true;
     const gm_model *part = vision ? lm->m->vision : lm->m;
-    gm_status ls = audio ? gm_lora_describe(&lo, &lc, gm_arch_get(GM_ARCH_GEMMA3N_AUDIO), &acfg, GM_AUDIO_TOWER_PREFIX, &err)
+    gm_status ls = audio ? gm_lora_describe(&lo, &lc, gm_arch_get(acfg.arch), &acfg, GM_AUDIO_TOWER_PREFIX, &err)
                          : gm_lora_describe(&lo, &lc, part->arch, &part->cfg,
                                             vision ? GM_VISION_TOWER_PREFIX : lm->m->peft_prefix, &err);
     if (ls != GM_OK) {

@@ -483,19 +483,19 @@ static int cmd_generate(int argc, char **argv) {
     } else if (s == GM_OK && n_audio > 0) { /* each clip through the audio encoder, expanded as Gemma3nProcessor does */
 #ifdef GM_HAVE_AUDIO
         gm_mm_spec as = gm_mm_spec_audio(&m->cfg);
-        int64_t C = m->cfg.hidden_size, soft_tok = m->cfg.audio.soft_tokens, samples[16] = {0};
-        s = gm_mm_hard_load(m, &hard, &err);
+        int64_t C = m->cfg.hidden_size, soft_tok = m->cfg.audio.soft_tokens, samples[16] = {0}, tokens[16] = {0};
+        if (m->cfg.arch != GM_ARCH_GEMMA4) s = gm_mm_hard_load(m, &hard, &err); /* Gemma 3n's <end_of_audio>, ... */
         soft = s == GM_OK ? gm_malloc((size_t)(n_audio * soft_tok * C) * sizeof(float)) : NULL;
         soft_rows = s == GM_OK ? gm_malloc((size_t)(n_audio * soft_tok) * sizeof(int64_t)) : NULL;
         if (s == GM_OK && (!soft || !soft_rows)) s = gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
         if (s == GM_OK)
             s = gm_audio_encode_files(m, &hard, audio, n_audio, (int)threads, be,
-                                      ad ? &ad->audio_lora : NULL, soft, samples, &err);
+                                      ad ? &ad->audio_lora : NULL, soft, tokens, samples, &err);
         for (int i = 0; s == GM_OK && i < n_audio; i++)
             if (samples[i] > GM_AUDIO_MAX_SAMPLES)
-                fprintf(stderr, "gemmarun: warning: --audio %s is %.1f s long; Gemma 3n's feature extractor keeps its first "
+                fprintf(stderr, "gemmarun: warning: --audio %s is %.1f s long; the feature extractor keeps its first "
                         "30 s (split it to use the rest)\n", audio[i], (double)samples[i] / GM_AUDIO_RATE);
-        if (s == GM_OK) s = gm_mm_encode_text(m->tok, in, &as, n_audio, NULL, NULL, 0, &ids, &n_prompt, &err);
+        if (s == GM_OK) s = gm_mm_encode_text(m->tok, in, &as, n_audio, NULL, tokens, 0, &ids, &n_prompt, &err);
         for (int64_t t = 0; s == GM_OK && t < n_prompt; t++)
             if (ids[t] == m->cfg.audio.audio_token_id) soft_rows[n_soft++] = t;
 #else

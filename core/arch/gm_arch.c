@@ -57,7 +57,7 @@ bool gm_weight_present(const gm_weight_spec *w, const gm_config *c, int64_t laye
     case GM_WHEN_SPARSE: return layer >= 0 && c->act_sparsity[layer] > 0.0f;
     case GM_WHEN_PLE: return c->ple_dim > 0;
     case GM_WHEN_MOE: return c->n_experts > 0;
-    case GM_WHEN_CLIPPED: return c->vision.clipped;
+    case GM_WHEN_CLIPPED: return c->arch == GM_ARCH_GEMMA4_AUDIO ? c->audio.clipped : c->vision.clipped;
     case GM_WHEN_STANDARDIZE: return c->vision.standardize;
     case GM_WHEN_ABSENT: return false;
     case GM_WHEN_KV_SHARED:
@@ -82,6 +82,7 @@ const gm_arch_def *gm_arch_get(gm_arch a) {
     case GM_ARCH_GEMMA3N_AUDIO: return &gm_arch_gemma3n_audio;
     case GM_ARCH_GEMMA4: return &gm_arch_gemma4;
     case GM_ARCH_GEMMA4_VISION: return &gm_arch_gemma4_vision;
+    case GM_ARCH_GEMMA4_AUDIO: return &gm_arch_gemma4_audio;
     default: return NULL;
     }
 }

@@ -212,6 +212,7 @@ extern const gm_arch_def gm_arch_siglip;
 extern const gm_arch_def gm_arch_gemma3n_audio;
 extern const gm_arch_def gm_arch_gemma4;
 extern const gm_arch_def gm_arch_gemma4_vision;
+extern const gm_arch_def gm_arch_gemma4_audio;
 
 /* The width of the residual stream X[l] per token: C, or S x C for an AltUp architecture. */
 int64_t gm_arch_residual_width(const gm_arch_def *a, const gm_config *c);

@@ -14,8 +14,8 @@
 #define MAX_CLIPS 16
 
 gm_status gm_audio_encode_files(const gm_model *m, const gm_mm_hard *hard, const char *const *paths, int n,
-                                int n_threads, gm_backend *be, const gm_lora *ad, float *soft, int64_t *samples,
-                                gm_error *err) {
+                                int n_threads, gm_backend *be, const gm_lora *ad, float *soft, int64_t *tokens,
+                                int64_t *samples, gm_error *err) {
     if (n < 1 || n > MAX_CLIPS)
         return gm_error_set(err, GM_ERR_INVALID, "%d audio clips: 1 to %d per prompt", n, MAX_CLIPS);
     gm_audio clips[MAX_CLIPS];
@@ -31,15 +31,17 @@ gm_status gm_audio_encode_files(const gm_model *m, const gm_mm_hard *hard, const
         ptr[i] = clips[i].samples, lens[i] = clips[i].n;
         if (s == GM_OK && samples) samples[i] = clips[i].n;
     }
-    if (s == GM_OK) s = gm_audio_fe_new(&fe, err);
+    if (s == GM_OK)
+        s = gm_audio_fe_new_kind(m->cfg.arch == GM_ARCH_GEMMA4 ? GM_AUDIO_FE_GEMMA4 : GM_AUDIO_FE_GEMMA3N, &fe, err);
     if (s == GM_OK) s = gm_audio_features_compute(fe, ptr, lens, n, &f, err);
     if (s == GM_OK && f.T < 1)
-        s = gm_error_set(err, GM_ERR_INVALID, "%s: shorter than one 32 ms frame of the feature extractor", paths[0]);
+        s = gm_error_set(err, GM_ERR_INVALID, "%s: shorter than one frame of the feature extractor (32 ms on Gemma 3n, 20 ms on Gemma 4)", paths[0]);
     if (s == GM_OK) s = gm_audio_encoder_new_adapted(m, hard, n, f.T, n_threads, be, ad, &enc, err);
     if (s == GM_OK) s = gm_audio_encoder_run(enc, f.data, f.mask, n, f.T, NULL, NULL, err);
     if (s == GM_OK)
-        gm_backend_download(enc->be, soft, enc->soft,
-                            (size_t)((int64_t)n * enc->d.soft_tokens * enc->d.C_text) * sizeof(float));
+        gm_backend_download(enc->be, soft, enc->soft, (size_t)(enc->n_soft * enc->d.C_text) * sizeof(float));
+    for (int i = 0; s == GM_OK && tokens && i < n; i++)
+        tokens[i] = enc->g4 ? enc->soft_off[i + 1] - enc->soft_off[i] : enc->d.soft_tokens;
     if (s == GM_OK) s = gm_backend_status(enc->be, err);
     gm_audio_encoder_free(enc);
     gm_audio_features_free(&f);

@@ -14,6 +14,7 @@
 
 #include "gm_alloc.h"
 #include "gm_arch.h"
+#include "conformer.h"
 #include "gm_dtype.h"
 #include "gm_mm_embed.h"
 #include "gm_model.h"
@@ -44,7 +45,8 @@ static gm_status dims_of(const gm_config *mc, gm_audio_encoder_dims *d, gm_error
     const gm_audio_config *c = &mc->audio;
     if (c->hidden_size <= 0 || c->n_layers <= 0 || c->n_mels <= 0)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "the model has no audio encoder (its config.json has no audio_config)\n"
-                            "  hint: audio needs a Gemma 3n checkpoint of Gemma3nForConditionalGeneration (e.g. gemma-3n-E2B-it)");
+                            "  hint: audio needs a Gemma 3n or Gemma 4 E checkpoint of ...ForConditionalGeneration (e.g. "
+                            "gemma-3n-E2B-it, gemma-4-E2B-it)");
     memset(d, 0, sizeof *d);
     d->M = c->n_mels;
     d->C0 = c->sscp_channels[0], d->C1 = c->sscp_channels[1];
@@ -62,7 +64,8 @@ static gm_status dims_of(const gm_config *mc, gm_audio_encoder_dims *d, gm_error
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "audio_config: hidden_size %lld is not an even multiple of "
                             "conf_num_attention_heads %lld", (long long)d->D, (long long)d->H);
     d->Dh = d->D / d->H, d->FF = 4 * d->D;
-    d->W = c->chunk, d->L = c->context_left > 0 ? c->context_left - 1 : 0, d->R = c->context_right, d->K = c->conv_kernel;
+    d->W = c->chunk, d->K = c->conv_kernel;
+    gm_conformer_window(c, mc->arch == GM_ARCH_GEMMA4, &d->L, &d->R);
     if (d->L + d->R + 1 > GM_K_AUDIO_SPAN_MAX)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "audio_config: an attention context of %lld frames back and %lld "
                             "ahead is wider than gemmarun's %d", (long long)d->L, (long long)d->R, GM_K_AUDIO_SPAN_MAX);
@@ -70,6 +73,7 @@ static gm_status dims_of(const gm_config *mc, gm_audio_encoder_dims *d, gm_error
     d->C_text = mc->hidden_size;
     d->soft_tokens = c->soft_tokens;
     d->V = c->vocab_size;
+    d->Dout = c->out_dims > 0 ? c->out_dims : d->D;
     return GM_OK;
 }
 
@@ -127,67 +131,40 @@ static gm_status linear(lay *l, const char *module, const char *name, int64_t ro
     return GM_OK;
 }
 
-/* The graph's view of block i's weight `hf` (its name below conformer.i.). */
-static gm_wview *slot(gm_audio_encoder *e, int64_t i, const char *hf) {
-    int s = gm_arch_slot(e->w.arch, hf);
-    GM_ASSERT(s >= 0); /* the names below are the spec's (core/arch/gemma3n_audio.c) */
-    return &e->w.layer[i * e->w.n_slots + s];
-}
+/* The graph's view of block i's slot s. */
+static gm_wview *slot(gm_audio_encoder *e, int64_t i, int s) { return &e->w.layer[i * e->w.n_slots + s]; }
 
-/* An f32 vector of block i as the graph's (1, n) view. */
-static gm_status block_vec(lay *l, int64_t i, const char *hf, int nd, const int64_t *shape) {
-    char mod[64];
-    snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.", (long long)i);
-    gm_wview *v = slot(l->e, i, hf);
-    float *p;
-    GM_TRY(vec(l, mod, hf, nd, shape, &p));
-    int64_t n = 1;
-    for (int k = 0; k < nd; k++) n *= shape[k];
-    *v = gm_wview_f32(p, 1, n);
-    return GM_OK;
-}
-
-static gm_status block_linear(lay *l, int64_t i, const char *hf, int64_t rows, int64_t cols) {
-    char mod[64];
-    snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.", (long long)i);
-    return linear(l, mod, hf, rows, cols, slot(l->e, i, hf));
-}
-
+/* Block i's weights, walking its architecture's spec (core/arch/gemma3n_audio.c, gemma4_audio.c):
+ * linears as stored, the rest as f32 (1, n) views; the relative-position projection kept aside
+ * (pos_proj[i]) with the table derived from it in its slot. */
 static gm_status block_layout(lay *l, int64_t i) {
     gm_audio_encoder *e = l->e;
     const gm_audio_encoder_dims *d = &e->d;
-    int64_t vD[1] = {d->D}, vDh[1] = {d->Dh}, vconv[3] = {d->D, 1, d->K};
-    static const char *const ffw[2] = {"ffw_layer_start.", "ffw_layer_end."};
-    char n[96];
-    for (int j = 0; j < 2; j++) {
-#define NAME(x) (snprintf(n, sizeof n, "%s%s", ffw[j], x), n)
-        GM_TRY(block_vec(l, i, NAME("pre_layer_norm.weight"), 1, vD));
-        GM_TRY(block_linear(l, i, NAME("ffw_layer_1.weight"), d->FF, d->D));
-        GM_TRY(block_linear(l, i, NAME("ffw_layer_2.weight"), d->D, d->FF));
-        GM_TRY(block_vec(l, i, NAME("post_layer_norm.weight"), 1, vD));
-#undef NAME
-    }
-    GM_TRY(block_vec(l, i, "attention.pre_attn_norm.weight", 1, vD));
-    GM_TRY(block_vec(l, i, "attention.post_norm.weight", 1, vD));
-    GM_TRY(block_linear(l, i, "attention.attn.q_proj.weight", d->D, d->D));
-    GM_TRY(block_linear(l, i, "attention.attn.k_proj.weight", d->D, d->D));
-    GM_TRY(block_linear(l, i, "attention.attn.v_proj.weight", d->D, d->D));
-    GM_TRY(block_linear(l, i, "attention.post.weight", d->D, d->D));
+    const gm_arch_def *ar = e->w.arch;
     char mod[64];
-    snprintf(mod, sizeof mod, "audio_tower.conformer.%lld.", (long long)i);
-    GM_TRY(linear(l, mod, "attention.attn.relative_position_embedding.pos_proj.weight", d->D, d->D, &e->pos_proj[i]));
-    /* derived on the fill pass (gm_audio_encoder_layout's end): the q scale in per_dim_scale's
-     * slot, the projected relative-position table in pos_proj's */
-    GM_TRY(block_vec(l, i, "attention.attn.per_dim_scale", 1, vDh));
-    int64_t span = d->L + d->R + 1;
-    *slot(e, i, "attention.attn.relative_position_embedding.pos_proj.weight") =
-        gm_wview_f32(alloc_f(l, span * d->D, GM_MEM_WEIGHTS), span, d->D);
-    GM_TRY(block_vec(l, i, "lconv1d.pre_layer_norm.weight", 1, vD));
-    GM_TRY(block_linear(l, i, "lconv1d.linear_start.weight", 2 * d->D, d->D));
-    GM_TRY(block_vec(l, i, "lconv1d.depthwise_conv1d.weight", 3, vconv));
-    GM_TRY(block_vec(l, i, "lconv1d.conv_norm.weight", 1, vD));
-    GM_TRY(block_linear(l, i, "lconv1d.linear_end.weight", d->D, d->D));
-    GM_TRY(block_vec(l, i, "norm.weight", 1, vD));
+    snprintf(mod, sizeof mod, "audio_tower.%s%lld.", ar->layers_prefix, (long long)i);
+    for (int s = 0; s < ar->n_layer; s++) {
+        const gm_weight_spec *w = &ar->layer[s];
+        if (!gm_weight_present(w, &e->tcfg, i)) continue;
+        if (s == CF_W_POS) {
+            GM_TRY(linear(l, mod, w->hf, d->D, d->D, &e->pos_proj[i]));
+            int64_t span = d->L + d->R + 1;
+            *slot(e, i, s) = gm_wview_f32(alloc_f(l, span * d->D, GM_MEM_WEIGHTS), span, d->D);
+        } else if (w->kind == GM_W_LINEAR) {
+            GM_TRY(linear(l, mod, w->hf, gm_dim_value(&e->tcfg, i, w->rows, 0), gm_dim_value(&e->tcfg, i, w->cols, 0),
+                          slot(e, i, s)));
+        } else {
+            /* the depthwise kernel (C, 1, K), the per-dim scale (Dh), a clamp bound (a 0-d scalar), a norm (D) */
+            int64_t shape[3] = {d->D, 1, d->K}, n = d->D * d->K;
+            int nd = 3;
+            if (s == CF_W_QSCALE) shape[0] = n = d->Dh, nd = 1;
+            else if (s >= CF_W_CLIP0) n = 1, nd = 0;
+            else if (s != CF_W_L_CONV) n = d->D, nd = 1;
+            float *p;
+            GM_TRY(vec(l, mod, w->hf, nd, shape, &p));
+            *slot(e, i, s) = gm_wview_f32(p, 1, n);
+        }
+    }
     return GM_OK;
 }
 
@@ -196,24 +173,36 @@ static gm_status block_layout(lay *l, int64_t i) {
 static void block_derive(lay *l, int64_t i) {
     gm_audio_encoder *e = l->e;
     const gm_audio_encoder_dims *d = &e->d;
-    float *qsc = (float *)slot(e, i, "attention.attn.per_dim_scale")->data;
-    float *pos = (float *)slot(e, i, "attention.attn.relative_position_embedding.pos_proj.weight")->data;
-    /* q_scale: Dh^-0.5 / softplus(0) (Gemma3nAudioAttention.q_scale, f32) x softplus(per_dim_scale) */
+    float *qsc = (float *)slot(e, i, CF_W_QSCALE)->data;
+    float *pos = (float *)slot(e, i, CF_W_POS)->data;
+    /* q_scale: Dh^-0.5 / softplus(0) (Gemma3nAudioAttention.q_scale; Gemma4AudioAttention's
+     * Dh^-0.5 / log(2) is the same number), f32, x softplus(per_dim_scale) */
     float qs = (float)(pow((double)d->Dh, -0.5) * (double)(1.0f / log1pf(1.0f)));
     float *s = l->stage;
     gm_backend_download(e->be, s, qsc, (size_t)d->Dh * sizeof(float));
     for (int64_t j = 0; j < d->Dh; j++) s[j] = qs * (s[j] > 20.0f ? s[j] : log1pf(expf(s[j])));
     gm_backend_upload(e->be, qsc, s, (size_t)d->Dh * sizeof(float));
-    /* timing signal of the relative positions L, L-1, .., -R: [sin(p inv_i), cos(p inv_i)],
-     * inv_i = exp(-i log(1e4) / max(D/2 - 1, 1)) in f32 (Gemma3nAudioRelativePositionEmbedding) */
+    /* timing signal [sin(p inv_i), cos(p inv_i)], inv_i = exp(-i log(1e4) / max(D/2 - 1, 1)) in
+     * f32, of the position each row f of the table stands for (the key f - L frames from the
+     * query, kernels.h audio_attention_fwd; L, R: gm_conformer_window):
+     *  Gemma 3n (Gemma3nAudioRelativePositionEmbedding): L - f, the positions L, L-1, .., -R;
+     *  Gemma 4 (Gemma4AudioRelPositionalEncoding): its table has the positions P, .., 0,
+     *    P = (chunk + context_left - 1 + context_right) / 2, and Gemma4AudioAttention._rel_shift
+     *    (appendix B of Transformer-XL) gives the key at s its row s - t + context_left - 1
+     *    = f + 1 (its window is one frame narrower than its context: gm_conformer_window), zero
+     *    padding past the table: position P - 1 - f while f + 1 <= P. The real checkpoints have
+     *    chunk 12, context_left 13, context_right 0: P = 12 and the key d frames back gets position
+     *    d, as on Gemma 3n; other shapes get what transformers computes for them. */
     int64_t nt = d->D / 2, span = d->L + d->R + 1;
+    int64_t P = e->g4 ? (e->cfg.chunk + e->cfg.context_left - 1 + e->cfg.context_right) / 2 - 1 : d->L;
     float inc = (float)(log(1.0e4) / (double)(nt - 1 > 1 ? nt - 1 : 1));
     for (int64_t f = 0; f < span; f++) {
-        float p = (float)(d->L - f);
+        float p = (float)(P - f);
+        bool zero = e->g4 && f > P; /* Gemma 4: past its table */
         for (int64_t j = 0; j < nt; j++) {
             float st = p * expf((float)j * -inc);
-            s[f * d->D + j] = sinf(st);
-            s[f * d->D + nt + j] = cosf(st);
+            s[f * d->D + j] = zero ? 0.0f : sinf(st);
+            s[f * d->D + nt + j] = zero ? 0.0f : cosf(st);
         }
     }
     gm_backend_upload(e->be, e->x_in, s, (size_t)(span * d->D) * sizeof(float));
@@ -238,10 +227,12 @@ gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *ho
     e->h_valid2 = gm_arena_alloc(host, (size_t)N2, GM_MEM_WORKSPACE);
     e->h_valid3 = gm_arena_alloc(host, (size_t)N3, GM_MEM_WORKSPACE);
     e->h_rows = gm_arena_alloc(host, (size_t)N3 * sizeof(int32_t), GM_MEM_WORKSPACE);
-    /* weights: the sub-sampling, the blocks (into the graph's views), the embedder */
+    if (e->g4) e->h_valid1 = gm_arena_alloc(host, (size_t)(Bmax * T1), GM_MEM_WORKSPACE);
+    /* weights: the sub-sampling, the blocks (into the graph's views), what follows them */
     for (int i = 0; i < 2; i++) {
-        char mod[64];
-        snprintf(mod, sizeof mod, "audio_tower.subsample_conv_projection.conv_%d.", i);
+        char mod[80];
+        if (e->g4) snprintf(mod, sizeof mod, "audio_tower.subsample_conv_projection.layer%d.", i);
+        else snprintf(mod, sizeof mod, "audio_tower.subsample_conv_projection.conv_%d.", i);
         int64_t ci = i == 0 ? 1 : d->C0, co = i == 0 ? d->C0 : d->C1;
         int64_t ws[4] = {co, ci, c->sscp_kernel[i][0], c->sscp_kernel[i][1]}, gs[1] = {co};
         GM_TRY(vec(&l, mod, "conv.weight", 4, ws, &e->conv_w[i]));
@@ -250,39 +241,60 @@ gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *ho
     GM_TRY(linear(&l, "audio_tower.subsample_conv_projection.", "input_proj_linear.weight", d->D, d->F2 * d->C1,
                   &e->input_proj));
     for (int64_t i = 0; i < c->n_layers; i++) GM_TRY(block_layout(&l, i));
-    int64_t vD[1] = {d->D};
-    GM_TRY(vec(&l, "embed_audio.", "soft_embedding_norm.weight", 1, vD, &e->soft_norm));
-    GM_TRY(linear(&l, "embed_audio.", "embedding_projection.weight", d->C_text, d->D, &e->proj));
-    e->pad = alloc_f(&l, d->C_text, GM_MEM_WEIGHTS);
+    int64_t vD[1] = {d->D}, vO[1] = {d->Dout};
+    if (e->g4) {
+        GM_TRY(linear(&l, "audio_tower.", "output_proj.weight", d->Dout, d->D, &e->out_proj));
+        GM_TRY(vec(&l, "audio_tower.", "output_proj.bias", 1, vO, &e->out_bias));
+        e->zeros = alloc_f(&l, d->C0 > d->C1 ? d->C0 : d->C1, GM_MEM_WEIGHTS);
+        e->relu_b = alloc_f(&l, 2, GM_MEM_WEIGHTS);
+    } else {
+        GM_TRY(vec(&l, "embed_audio.", "soft_embedding_norm.weight", 1, vD, &e->soft_norm));
+        e->pad = alloc_f(&l, d->C_text, GM_MEM_WEIGHTS);
+    }
+    GM_TRY(linear(&l, "embed_audio.", "embedding_projection.weight", d->C_text, d->Dout, &e->proj));
     /* the adapters and the blocks' graph */
     if (e->train_tower) gm_lora_layout(&e->lora, a, true);
     gm_graph_layout(&e->g, a, host);
-    /* activations around the blocks */
-    int64_t xin = Bmax * T * d->M;
+    /* activations around the blocks; Gemma 4's rows after the blocks are the valid frames (at most
+     * N2), its soft tokens packed */
+    int64_t xin = Bmax * T * d->M, NR = e->g4 ? N2 : N3;
     if (span * d->D > xin) xin = span * d->D;
     e->x_in = alloc_f(&l, xin, GM_MEM_ACTIVATIONS);
     e->c0 = alloc_f(&l, Bmax * T1 * d->F1 * d->C0, GM_MEM_ACTIVATIONS);
     e->c1 = alloc_f(&l, N2 * d->F2 * d->C1, GM_MEM_ACTIVATIONS);
-    e->red = alloc_f(&l, N3 * d->D, GM_MEM_ACTIVATIONS);
-    e->red_n = alloc_f(&l, N3 * d->D, GM_MEM_ACTIVATIONS);
-    e->proj_out = alloc_f(&l, N3 * d->C_text, GM_MEM_ACTIVATIONS);
-    e->soft = alloc_f(&l, Bmax * d->soft_tokens * d->C_text, GM_MEM_ACTIVATIONS);
+    e->red = alloc_f(&l, NR * d->D, GM_MEM_ACTIVATIONS);
+    e->red_n = alloc_f(&l, NR * d->Dout, GM_MEM_ACTIVATIONS);
+    e->proj_out = e->g4 ? NULL : alloc_f(&l, N3 * d->C_text, GM_MEM_ACTIVATIONS);
+    e->soft = alloc_f(&l, e->g4 ? N2 * d->C_text : Bmax * d->soft_tokens * d->C_text, GM_MEM_ACTIVATIONS);
     e->valid2 = gm_arena_alloc(a, (size_t)N2, GM_MEM_ACTIVATIONS);
     e->valid3 = gm_arena_alloc(a, (size_t)N3, GM_MEM_ACTIVATIONS);
     e->rows = gm_arena_alloc(a, (size_t)N3 * sizeof(int32_t), GM_MEM_ACTIVATIONS);
+    if (e->g4) {
+        e->outp = alloc_f(&l, N2 * d->Dout, GM_MEM_ACTIVATIONS);
+        e->valid0 = gm_arena_alloc(a, (size_t)(Bmax * T), GM_MEM_ACTIVATIONS);
+        e->valid1 = gm_arena_alloc(a, (size_t)(Bmax * T1), GM_MEM_ACTIVATIONS);
+    }
     e->scratch = alloc_f(&l, (int64_t)e->scratch_floats, GM_MEM_WORKSPACE);
     if (e->train_tower) {
-        e->rstd_red = alloc_f(&l, N3, GM_MEM_ACTIVATIONS);
-        e->rstd_out = alloc_f(&l, N3, GM_MEM_ACTIVATIONS);
-        e->dsoft = alloc_f(&l, Bmax * d->soft_tokens * d->C_text, GM_MEM_WORKSPACE);
-        e->dout = alloc_f(&l, N3 * d->C_text, GM_MEM_WORKSPACE);
-        e->dred = alloc_f(&l, N3 * d->D, GM_MEM_WORKSPACE);
+        e->rstd_red = alloc_f(&l, NR, GM_MEM_ACTIVATIONS);
+        e->rstd_out = e->g4 ? NULL : alloc_f(&l, N3, GM_MEM_ACTIVATIONS);
+        e->dsoft = alloc_f(&l, e->g4 ? N2 * d->C_text : Bmax * d->soft_tokens * d->C_text, GM_MEM_WORKSPACE);
+        e->dout = alloc_f(&l, NR * (e->g4 ? d->Dout : d->C_text), GM_MEM_WORKSPACE);
+        e->dred = alloc_f(&l, NR * d->D, GM_MEM_WORKSPACE);
+        if (e->g4) e->doutp = alloc_f(&l, N2 * d->Dout, GM_MEM_WORKSPACE);
     }
     e->g.row_valid = e->valid2;
     if (l.fill) {
         for (int64_t i = 0; i < c->n_layers; i++) block_derive(&l, i);
-        gm_backend_upload(e->be, e->pad, gm_mm_hard_row(e->hard, (int32_t)(c->vocab_offset + e->pad_id)),
-                          (size_t)d->C_text * sizeof(float));
+        if (e->g4) {
+            static const float relu[2] = {0.0f, INFINITY};
+            gm_kctx ctx = gm_backend_kctx(e->be, e->scratch, e->scratch_floats);
+            e->be->k->fill(&ctx, e->zeros, d->C0 > d->C1 ? d->C0 : d->C1, 0.0f);
+            gm_backend_upload(e->be, e->relu_b, relu, sizeof relu);
+        } else {
+            gm_backend_upload(e->be, e->pad, gm_mm_hard_row(e->hard, (int32_t)(c->vocab_offset + e->pad_id)),
+                              (size_t)d->C_text * sizeof(float));
+        }
     }
     return GM_OK;
 }
@@ -303,8 +315,8 @@ static size_t scratch_of(const gm_audio_encoder *e, int n_threads) {
             dt = t->dtype;
     }
     size_t s = 0, x;
-    int64_t mats[3][2] = {{d->D, d->D}, {d->D, d->F2 * d->C1}, {d->C_text, d->D}};
-    for (int i = 0; i < 3; i++)
+    int64_t mats[4][2] = {{d->D, d->D}, {d->D, d->F2 * d->C1}, {d->C_text, d->Dout}, {d->Dout, d->D}};
+    for (int i = 0; i < 4; i++)
         if ((x = gm_k_matmul_scratch_floats(dt, mats[i][0], mats[i][1], n_threads)) > s) s = x;
     return s;
 }
@@ -321,13 +333,19 @@ static gm_status init_any(gm_audio_encoder *e, const gm_config *mm, const gm_mod
     GM_TRY(gm_config_audio_tower(mm, &e->tcfg, err));
     e->m = m, e->hard = hard, e->cfg = mm->audio, e->max_clips = max_clips, e->max_frames = max_frames, e->be = be;
     e->stored = GM_BF16;
+    e->g4 = mm->arch == GM_ARCH_GEMMA4;
+    if (e->g4 && max_clips > GM_AUDIO_MAX_CLIPS)
+        return gm_error_set(err, GM_ERR_INVALID, "audio encoder: %lld clips at once; at most %d", (long long)max_clips,
+                            GM_AUDIO_MAX_CLIPS);
     int64_t pad = mm->vocab_size - 1 - e->cfg.vocab_offset;
-    if (pad < 0 || pad >= e->d.V)
+    if (e->g4) {
+        pad = 0; /* Gemma 4 pads no clip: a clip has as many tokens as valid frames */
+    } else if (pad < 0 || pad >= e->d.V)
         return gm_error_set(err, GM_ERR_FORMAT, "%s: the audio padding token (text vocab_size - 1 = %lld) is not an audio "
                             "token (ids %lld..%lld)", m ? m->path : mm->name, (long long)(mm->vocab_size - 1),
                             (long long)e->cfg.vocab_offset, (long long)(e->cfg.vocab_offset + e->d.V - 1));
     e->pad_id = pad;
-    if (m && (!hard || !gm_mm_hard_row(hard, (int32_t)(e->cfg.vocab_offset + pad))))
+    if (m && !e->g4 && (!hard || !gm_mm_hard_row(hard, (int32_t)(e->cfg.vocab_offset + pad))))
         return gm_error_set(err, GM_ERR_INVALID, "audio encoder: the hard-token tables given hold no audio ids");
     e->pos_proj = gm_calloc((size_t)e->cfg.n_layers, sizeof *e->pos_proj);
     if (!e->pos_proj) return gm_error_set(err, GM_ERR_NOMEM, "out of memory");
@@ -437,6 +455,75 @@ static void trace_out(gm_audio_trace_fn trace, void *user, const char *stage, co
     if (trace) trace(user, stage, x, rows, cols);
 }
 
+/* Gemma 4's encoder (Gemma4AudioModel, Gemma4MultimodalEmbedder "embed_audio"; modeling_gemma4.py):
+ *   sub-sampling, twice: x * valid (the frames' mask, every 2nd frame's after the first), Conv2d
+ *     3 x 3 stride 2 padding 1 (channels last), LayerNorm over channels (weight, no bias,
+ *     rms_norm_eps), ReLU; then (B, T2, F2 C1) . input_proj^T;
+ *   the blocks (conformer.h) on the frames, frame t2 valid when feature frame 4 t2 is;
+ *   the valid frames (a prefix of each clip's), in order: output_proj (bias), RMSNorm without
+ *     weight, embedding_projection: the soft tokens, clip after clip (Gemma4Model.forward keeps
+ *     audio_features[audio_mask], one per <|audio|> token of the prompt). */
+static gm_status run_g4(gm_audio_encoder *e, const float *features, const uint8_t *valid, int64_t B, int64_t T,
+                        gm_audio_trace_fn trace, void *user, gm_error *err) {
+    const gm_audio_encoder_dims *d = &e->d;
+    const gm_audio_config *c = &e->cfg;
+    int64_t T1 = (T - 1) / 2 + 1, T2, n = 0;
+    gm_audio_encoder_frames(c, T, &T2, NULL);
+    e->soft_off[0] = 0;
+    for (int64_t b = 0; b < B; b++) {
+        for (int64_t t = 0; t < T1; t++) e->h_valid1[b * T1 + t] = valid[b * T + 2 * t] ? 1 : 0;
+        for (int64_t t = 0; t < T2; t++) {
+            e->h_valid2[b * T2 + t] = valid[b * T + 4 * t] ? 1 : 0;
+            if (e->h_valid2[b * T2 + t]) e->h_rows[n++] = (int32_t)(b * T2 + t);
+        }
+        e->soft_off[b + 1] = n;
+        if (n - e->soft_off[b] > d->soft_tokens)
+            return gm_error_set(err, GM_ERR_INVALID, "audio encoder: clip %lld gives %lld soft tokens, more than Gemma 4's "
+                                "%lld (30 s)\n  hint: cut the clip", (long long)(b + 1), (long long)(n - e->soft_off[b]),
+                                (long long)d->soft_tokens);
+    }
+    e->B = B, e->T2 = T2, e->T3 = T2, e->n_soft = n;
+    e->n_encoded += B;
+    gm_backend *be = e->be;
+    const gm_kernel_table *k = be->k;
+    gm_kctx ctx = gm_backend_kctx(be, e->scratch, e->scratch_floats);
+    GM_TRY(gm_graph_begin_encoder(&e->g, B, T2, err));
+    gm_backend_upload(be, e->x_in, features, (size_t)(B * T * d->M) * sizeof(float));
+    gm_backend_upload(be, e->valid0, valid, (size_t)(B * T));
+    gm_backend_upload(be, e->valid1, e->h_valid1, (size_t)(B * T1));
+    gm_backend_upload(be, e->valid2, e->h_valid2, (size_t)(B * T2));
+    gm_backend_upload(be, e->rows, e->h_rows, (size_t)n * sizeof(int32_t));
+    /* sub-sampling (Gemma4AudioSubSampleConvProjection), channels last: the flattening to
+     * (T2, F2 C1) is the buffer as it is (its permute(0, 2, 3, 1)) */
+    const uint8_t *vin[2] = {e->valid0, e->valid1};
+    float *in[2] = {e->x_in, e->c0}, *out[2] = {e->c0, e->c1};
+    int64_t Ts[2] = {T, T1}, Fs[2] = {d->M, d->F1}, Ci[2] = {1, d->C0}, Co[2] = {d->C0, d->C1}, Fo[2] = {d->F1, d->F2};
+    for (int i = 0; i < 2; i++) {
+        k->mask_rows_fwd(&ctx, in[i], vin[i], NULL, B * Ts[i], Fs[i] * Ci[i]);
+        k->conv2d_fwd(&ctx, out[i], in[i], e->conv_w[i], B, Ts[i], Fs[i], Ci[i], Co[i], 3, 3, 2, 2, 1, 1);
+        int64_t rows = B * ((Ts[i] - 1) / 2 + 1) * Fo[i];
+        k->layernorm_fwd(&ctx, out[i], NULL, NULL, out[i], e->gn_w[i], e->zeros, rows, Co[i], c->group_norm_eps);
+        k->clip_fwd(&ctx, out[i], out[i], rows * Co[i], e->relu_b, e->relu_b + 1);
+    }
+    gm_graph *g = &e->g;
+    k->matmul_fwd(&ctx, g->X[0], e->c1, &e->input_proj, B * T2, 0.0f);
+    trace_out(trace, user, "sscp", g->X[0], B * T2, d->D);
+    for (int64_t i = 0; i < c->n_layers; i++) {
+        g->arch->layer_fwd(g, i);
+        char name[32];
+        snprintf(name, sizeof name, "block_%lld", (long long)i);
+        trace_out(trace, user, name, g->X[i + 1], B * T2, d->D);
+    }
+    if (n == 0) return gm_backend_status(be, err);
+    k->gather_rows(&ctx, e->red, g->X[c->n_layers], e->rows, n, d->D);
+    k->matmul_fwd(&ctx, e->outp, e->red, &e->out_proj, n, 0.0f);
+    k->bias_fwd(&ctx, e->outp, e->out_bias, n, d->Dout);
+    trace_out(trace, user, "encoder", e->outp, n, d->Dout);
+    k->rmsnorm_fwd(&ctx, e->red_n, e->rstd_red, e->outp, NULL, n, d->Dout, c->rms_eps);
+    k->matmul_fwd(&ctx, e->soft, e->red_n, &e->proj, n, 0.0f);
+    return gm_backend_status(be, err);
+}
+
 gm_status gm_audio_encoder_run(gm_audio_encoder *e, const float *features, const uint8_t *valid, int64_t B, int64_t T,
                                gm_audio_trace_fn trace, void *user, gm_error *err) {
     const gm_audio_encoder_dims *d = &e->d;
@@ -445,13 +532,14 @@ gm_status gm_audio_encoder_run(gm_audio_encoder *e, const float *features, const
         return gm_error_set(err, GM_ERR_INVALID, "audio encoder: a batch of %lld clips of %lld frames; planned for up to "
                             "%lld clips of %lld frames", (long long)B, (long long)T, (long long)e->max_clips,
                             (long long)e->max_frames);
+    if (e->g4) return run_g4(e, features, valid, B, T, trace, user, err);
     int64_t T1 = (T - 1) / c->sscp_stride[0][0] + 1, T2, T3;
     gm_audio_encoder_frames(c, T, &T2, &T3);
     if (T3 > d->soft_tokens)
         return gm_error_set(err, GM_ERR_INVALID, "audio encoder: %lld feature frames give %lld soft tokens, more than the "
                             "%lld positions a clip has in the prompt (audio_soft_tokens_per_image)\n  hint: cut the clip "
                             "(the feature extractor keeps 30 s)", (long long)T, (long long)T3, (long long)d->soft_tokens);
-    e->B = B, e->T2 = T2, e->T3 = T3;
+    e->B = B, e->T2 = T2, e->T3 = T3, e->n_soft = B * d->soft_tokens;
     e->n_encoded += B;
     gm_backend *be = e->be;
     const gm_kernel_table *k = be->k;
@@ -476,10 +564,10 @@ gm_status gm_audio_encoder_run(gm_audio_encoder *e, const float *features, const
     /* sub-sampling (Gemma3nAudioSubSampleConvProjection): channels last throughout, so the
      * flattening to (T2, F2 C1) is the buffer as it is */
     k->conv2d_fwd(&ctx, e->c0, e->x_in, e->conv_w[0], B, T, d->M, 1, d->C0, c->sscp_kernel[0][0], c->sscp_kernel[0][1],
-                  c->sscp_stride[0][0], c->sscp_stride[0][1], 1);
+                  c->sscp_stride[0][0], c->sscp_stride[0][1], 0, 1);
     k->cumulative_group_norm_fwd(&ctx, e->c0, e->c0, e->gn_w[0], B, T1, d->F1 * d->C0, d->C0, c->group_norm_eps, 1);
     k->conv2d_fwd(&ctx, e->c1, e->c0, e->conv_w[1], B, T1, d->F1, d->C0, d->C1, c->sscp_kernel[1][0],
-                  c->sscp_kernel[1][1], c->sscp_stride[1][0], c->sscp_stride[1][1], 1);
+                  c->sscp_kernel[1][1], c->sscp_stride[1][0], c->sscp_stride[1][1], 0, 1);
     k->cumulative_group_norm_fwd(&ctx, e->c1, e->c1, e->gn_w[1], B, T2, d->F2 * d->C1, d->C1, c->group_norm_eps, 1);
     gm_graph *g = &e->g;
     k->matmul_fwd(&ctx, g->X[0], e->c1, &e->input_proj, B * T2, 0.0f);
@@ -517,6 +605,18 @@ void gm_audio_encoder_backward(gm_audio_encoder *e) {
     gm_graph *g = &e->g;
     const gm_kernel_table *k = e->be->k;
     gm_kctx ctx = gm_backend_kctx(e->be, e->scratch, e->scratch_floats);
+    if (e->g4) { /* run_g4 backward from the packed dsoft (n_soft, C_text) */
+        int64_t n = e->n_soft;
+        k->fill(&ctx, g->g, g->N * d->D, 0.0f);
+        if (n > 0) {
+            k->matmul_bwd_input(&ctx, e->dout, e->dsoft, &e->proj, n, 0.0f);
+            k->rmsnorm_bwd(&ctx, e->doutp, NULL, e->dout, e->outp, NULL, e->rstd_red, n, d->Dout, 0.0f);
+            k->matmul_bwd_input(&ctx, e->dred, e->doutp, &e->out_proj, n, 0.0f);
+            k->scatter_rows(&ctx, g->g, e->dred, e->rows, n, d->D);
+        }
+        gm_graph_backward(g);
+        return;
+    }
     int64_t B = e->B, T3 = e->T3, N3 = B * T3, Ct = d->C_text;
     /* the embedder: rows T3.. and padding frames hold the padding token's constant embedding */
     for (int64_t b = 0; b < B; b++)

@@ -62,6 +62,9 @@ extern "C" {
 struct gm_model;
 struct gm_mm_hard;
 
+/* The most clips one encoder runs at once (Gemma 4's per-clip offsets are a fixed table). */
+#define GM_AUDIO_MAX_CLIPS 256
+
 /* The encoder's sizes, derived from the config (gm_audio_encoder_dims). */
 typedef struct gm_audio_encoder_dims {
     int64_t M;                 /* mel bins (128) */
@@ -71,8 +74,11 @@ typedef struct gm_audio_encoder_dims {
     int64_t W, L, R, K;        /* chunk, frames back, frames ahead, light-conv taps */
     int64_t red;               /* reduction factor (4) */
     int64_t C_text;            /* the decoder's width */
-    int64_t soft_tokens;       /* positions per clip in the prompt (188) */
-    int64_t V;                 /* hard audio tokens (128) */
+    int64_t soft_tokens;       /* positions per clip in the prompt (188); Gemma 4: the most a clip
+                                  may have (750: each clip has one per valid frame after the
+                                  sub-sampling) */
+    int64_t V;                 /* hard audio tokens (128); Gemma 4: 0 */
+    int64_t Dout;              /* the embedder's input width: D (3n), output_proj_dims (Gemma 4) */
 } gm_audio_encoder_dims;
 
 /* Frames after the sub-sampling (T2) and soft tokens (T3) of T feature frames, for config c. */
@@ -119,6 +125,18 @@ typedef struct gm_audio_encoder {
     uint8_t *h_valid2, *h_valid3;
     int32_t *h_rows;
     int64_t B, T2, T3;                   /* the last run's batch */
+    /* Gemma 4 (g4): its sub-sampling (Conv2d padding 1, LayerNorm without bias, ReLU, the input
+     * masked before each convolution), output_proj, and soft tokens packed: clip b's soft_off[b + 1]
+     * - soft_off[b] tokens (its valid frames after the sub-sampling) at rows soft_off[b].. of soft */
+    bool g4;
+    float *zeros;                        /* (max(C0, C1)): the LayerNorms' absent bias */
+    float *relu_b;                       /* {0, +inf}: ReLU as a clamp (clip_fwd's device bounds) */
+    gm_wview out_proj;                   /* (Dout, D) */
+    float *out_bias;                     /* (Dout) */
+    float *outp, *doutp;                 /* (N2, Dout): output_proj's output; its gradient (training) */
+    uint8_t *valid0, *valid1, *h_valid1; /* (B, T), (B, T1): each convolution's input frames */
+    int64_t n_soft;                      /* the last run's soft tokens (Gemma 4: the sum of its clips') */
+    int64_t soft_off[GM_AUDIO_MAX_CLIPS + 1];
     int64_t n_encoded;                   /* clips run through the encoder so far (for tests and reports) */
 } gm_audio_encoder;
 
@@ -167,15 +185,18 @@ gm_status gm_audio_encoder_layout(gm_audio_encoder *e, gm_arena *a, gm_arena *ho
 
 /* Audio files to the soft tokens that stand for them in a prompt (what `generate --audio` and
  * m:logits{audio = ...} run; needs gemmarun built with audio, GM_HAVE_AUDIO): each file decoded
- * and resampled (gm_audio_load), the batch's log-mel features (gm_audio_features_compute), the
- * encoder (gm_audio_encoder_new_adapted with `ad`, NULL for none) on backend be (NULL: a CPU
- * backend of n_threads). soft (n, soft_tokens, C_text) host floats receive them; samples (n, may be
- * NULL) each clip's length at 16 kHz before the extractor's 30 s cut. hard: m's hard-token tables.
+ * and resampled (gm_audio_load), the batch's log-mel features (gm_audio_features_compute, the
+ * model's extractor: Gemma 3n's or Gemma 4's), the encoder (gm_audio_encoder_new_adapted with `ad`,
+ * NULL for none) on backend be (NULL: a CPU backend of n_threads). soft (room for n x soft_tokens x
+ * C_text host floats) receives them: Gemma 3n's soft_tokens rows a clip, Gemma 4's tokens[i] rows
+ * of clip i one after the other; tokens (n, may be NULL) each clip's count; samples (n, may be
+ * NULL) each clip's length at 16 kHz before the extractor's 30 s cut. hard: m's hard-token tables
+ * (unused on Gemma 4).
  * Errors: gm_audio_load's naming the file, GM_ERR_INVALID for a clip under one 32 ms frame or more
  * than 16 clips, the encoder's. */
 gm_status gm_audio_encode_files(const struct gm_model *m, const struct gm_mm_hard *hard, const char *const *paths, int n,
-                                int n_threads, gm_backend *be, const gm_lora *ad, float *soft, int64_t *samples,
-                                gm_error *err);
+                                int n_threads, gm_backend *be, const gm_lora *ad, float *soft, int64_t *tokens,
+                                int64_t *samples, gm_error *err);
 
 /* Called with each stage's output (backend memory, rows x cols f32): "sscp", "block_<i>",
  * "encoder" (after the reduction, padding frames zeroed). For tests and debugging. */
@@ -184,8 +205,11 @@ typedef void (*gm_audio_trace_fn)(void *user, const char *stage, const float *x,
 /* Encodes B clips: features (B, T, M) f32 and valid (B, T) (1 = a frame of the clip, the
  * extractor's mask), host memory. Afterwards e->soft holds (B, soft_tokens, C_text) soft tokens
  * (backend memory, valid until the next run) and e->h_valid3 the T3 reduced frames' validity.
- * trace may be NULL. Errors: GM_ERR_INVALID (B or T outside what was planned, a clip giving more
- * than soft_tokens tokens), the backend's sticky error. */
+ * trace may be NULL. Gemma 4 (g4): e->soft holds the n_soft soft tokens packed, clip b's at rows
+ * soft_off[b] .. soft_off[b + 1] - 1 (one per valid frame after the sub-sampling), and the trace's
+ * "encoder" stage is the tower's output (output_proj) at those frames. Errors: GM_ERR_INVALID (B or
+ * T outside what was planned, a clip giving more than soft_tokens tokens), the backend's sticky
+ * error. */
 gm_status gm_audio_encoder_run(gm_audio_encoder *e, const float *features, const uint8_t *valid, int64_t B, int64_t T,
                                gm_audio_trace_fn trace, void *user, gm_error *err);
 

@@ -82,6 +82,11 @@ gm_mm_spec gm_mm_spec_audio(const gm_config *c) {
     gm_mm_spec s = {.boi_id = c->audio.boa_id, .eoi_id = c->audio.eoa_id, .image_token_id = c->audio.audio_token_id,
                     .tokens = c->audio.soft_tokens, .open_text = "<start_of_audio>", .close_text = "<end_of_audio>",
                     .soft_text = "<audio_soft_token>", .what = "audio clip"};
+    if (c->arch == GM_ARCH_GEMMA4) { /* Gemma4Processor.replace_audio_token: boa + n x audio_token + eoa, bare;
+                                        n is each clip's own (the caller's tokens) */
+        s.boi_text = "<|audio>", s.close_text = "<audio|>", s.soft_text = "<|audio|>";
+        s.bare = true;
+    }
     return s;
 }
 

@@ -71,7 +71,8 @@ typedef struct gm_mm_spec {
      * boa + tokens x audio_soft_token + eoa "\n\n", Gemma3nProcessor's full_audio_sequence): the
      * text marking its place and opening its block (NULL: "<start_of_image>"), the token text
      * closing it ("<end_of_image>"), its soft token's text ("<image_soft_token>") and its name in
-     * messages ("image"). gm_mm_spec_audio makes the audio spec of a Gemma 3n config. */
+     * messages ("image"). gm_mm_spec_audio makes the audio spec of a Gemma 3n config (Gemma 4's:
+ * "<start_of_audio>" in messages, "<|audio>" + n x "<|audio|>" + "<audio|>" bare, n per clip). */
     const char *open_text, *close_text, *soft_text, *what;
     /* Gemma 4 (Gemma4Processor.replace_image_token): the placeholder becomes boi_text + close_text
      * with no "\n\n" around (bare); boi_text NULL: open_text is also the opening token's text.

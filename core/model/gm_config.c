@@ -22,6 +22,7 @@ const char *gm_arch_name(gm_arch a) {
     case GM_ARCH_SIGLIP: return "siglip";
     case GM_ARCH_GEMMA3N_AUDIO: return "gemma3n_audio";
     case GM_ARCH_GEMMA4_VISION: return "gemma4_vision";
+    case GM_ARCH_GEMMA4_AUDIO: return "gemma4_audio";
     default: return "?";
     }
 }
@@ -423,8 +424,8 @@ gm_status gm_config_audio_tower(const gm_config *mm, gm_config *t, gm_error *err
                             "conf_num_attention_heads = %lld must divide hidden_size = %lld into heads of 2 or more",
                             mm->name, (long long)a->n_layers, GM_MAX_LAYERS, (long long)a->n_heads,
                             (long long)a->hidden_size);
-    t->arch = GM_ARCH_GEMMA3N_AUDIO;
-    snprintf(t->name, sizeof t->name, "gemma3n_audio");
+    t->arch = mm->arch == GM_ARCH_GEMMA4 ? GM_ARCH_GEMMA4_AUDIO : GM_ARCH_GEMMA3N_AUDIO;
+    snprintf(t->name, sizeof t->name, "%s", mm->arch == GM_ARCH_GEMMA4 ? "gemma4_audio" : "gemma3n_audio");
     t->vocab_size = 1;
     t->hidden_size = a->hidden_size;
     t->n_layers = a->n_layers;
@@ -609,6 +610,8 @@ static gm_status ffn_widths(const cJSON *root, const char *label, gm_config *cfg
 
 static gm_status gemma3n_towers_json(const cJSON *root, const char *label, gm_config *cfg, gm_error *err);
 static gm_status gemma4_towers_json(const cJSON *root, const char *label, gm_config *cfg, gm_error *err);
+static gm_status tower_int(const cJSON *ac, const char *key, int64_t lo, int64_t hi, int64_t *dst, const char *label,
+                           gm_error *err);
 
 static gm_status config_from_text_json(const cJSON *root, const char *label, gm_config *cfg,
                                        gm_error *err) {
@@ -940,13 +943,29 @@ gm_status gm_config_gemma4_image_budget(gm_config *cfg, int64_t max_soft_tokens,
     return GM_OK;
 }
 
+/* Gemma4AudioConfig's defaults (transformers 5.24 configuration_gemma4.py) at width da, with
+ * Gemma4Config's token ids and Gemma4Processor's cap of 750 soft tokens per clip
+ * (audio_seq_length: 30 s at 40 ms a token). */
 static void gemma4_audio(gm_config *c, int64_t da, int64_t layers, int64_t out) {
+    gm_audio_config *a = &c->audio;
+    memset(a, 0, sizeof *a);
     /* the conformer, output_proj Linear(da -> out, bias), LM embedder out -> D (§4.6) */
-    c->audio.params = conformer_params(da, layers, da / 8) + 11 * 4 * layers + da * out + out + out * c->hidden_size;
-    c->audio.tokens_per_s = 25.0; /* 40 ms per token, no reduction (§4.6) */
-    c->audio.hidden_size = da;
-    c->audio.n_layers = layers;
-    c->audio.frames_per_s = 25.0;
+    a->params = conformer_params(da, layers, da / 8) + 11 * 4 * layers + da * out + out + out * c->hidden_size;
+    a->tokens_per_s = 25.0; /* 40 ms per token, no reduction (§4.6) */
+    a->hidden_size = da;
+    a->n_layers = layers;
+    a->frames_per_s = 25.0;
+    a->n_mels = 128; /* Gemma4AudioFeatureExtractor's feature_size */
+    a->n_heads = 8, a->chunk = 12, a->context_left = 13, a->context_right = 0;
+    a->logit_cap = 50.0f, a->conv_kernel = 5, a->reduction = 1, a->residual_weight = 0.5f;
+    a->clip = 1e10f, a->rms_eps = 1e-6f, a->group_norm_eps = 1e-6f; /* the sub-sampling's LayerNorms take rms_norm_eps */
+    a->sscp_channels[0] = 128, a->sscp_channels[1] = 32;
+    for (int i = 0; i < 2; i++) /* Gemma4AudioSubSampleConvProjectionLayer: Conv2d 3 x 3, stride 2, padding 1 */
+        a->sscp_kernel[i][0] = a->sscp_kernel[i][1] = 3, a->sscp_stride[i][0] = a->sscp_stride[i][1] = 2;
+    a->soft_tokens = 750;
+    a->audio_token_id = 258881, a->boa_id = 256000, a->eoa_id = 258883;
+    a->out_dims = out;
+    a->clipped = true;
 }
 
 static void set_towers(gm_config *c, int tower) {
@@ -1011,12 +1030,11 @@ static void set_towers(gm_config *c, int tower) {
     }
 }
 
-/* Gemma4ForConditionalGeneration's towers, for planning (gemmarun reads neither yet: the model
- * loads its text decoder and refuses images and audio by name): vision_config's width, layers, MLP
- * width and head width (Gemma4VisionConfig's defaults: the E-models' 16 x 768 tower), its
- * standardization and clipped linears, the parameter count of §4.5, 256 soft tokens per image (a
- * square photo at the default budget of 280), the image token ids (Gemma4Config's defaults);
- * audio_config's conformer as the presets count it (§4.6). */
+/* Gemma4ForConditionalGeneration's towers: vision_config's width, layers, MLP width and head
+ * width (Gemma4VisionConfig's defaults: the E-models' 16 x 768 tower), its standardization and
+ * clipped linears, the parameter count of §4.5, 256 soft tokens per image (a square photo at the
+ * default budget of 280), the image token ids (Gemma4Config's defaults); audio_config's conformer
+ * (Gemma4AudioConfig's keys, each checked and named) and the audio token ids. */
 static gm_status gemma4_towers_json(const cJSON *root, const char *label, gm_config *cfg, gm_error *err) {
     const cJSON *vc = jget(root, "vision_config"), *ac = jget(root, "audio_config");
     char where[160];
@@ -1090,6 +1108,48 @@ static gm_status gemma4_towers_json(const cJSON *root, const char *label, gm_con
             return gm_error_set(err, GM_ERR_INVALID, "%s: hidden_size %lld, num_hidden_layers %lld, output_proj_dims %lld: "
                                 "out of range", where, (long long)da, (long long)layers, (long long)out);
         gemma4_audio(cfg, da, layers, out);
+        gm_audio_config *a = &cfg->audio;
+        GM_TRY(tower_int(ac, "num_attention_heads", 1, 1024, &a->n_heads, where, err));
+        GM_TRY(tower_int(ac, "attention_chunk_size", 1, 4096, &a->chunk, where, err));
+        GM_TRY(tower_int(ac, "attention_context_left", 2, 4096, &a->context_left, where, err)); /* the frame itself and more */
+        GM_TRY(tower_int(ac, "attention_context_right", 0, 4096, &a->context_right, where, err));
+        GM_TRY(tower_int(ac, "conv_kernel_size", 1, 1024, &a->conv_kernel, where, err));
+        GM_TRY(jfloat(ac, "attention_logit_cap", &a->logit_cap, where, err));
+        GM_TRY(jfloat(ac, "residual_weight", &a->residual_weight, where, err));
+        GM_TRY(jfloat(ac, "gradient_clipping", &a->clip, where, err));
+        GM_TRY(jfloat(ac, "rms_norm_eps", &a->rms_eps, where, err));
+        a->group_norm_eps = a->rms_eps;
+        const cJSON *ch = jget(ac, "subsampling_conv_channels"), *cl = jget(ac, "use_clipped_linears"),
+                    *act = jget(ac, "hidden_act");
+        if (ch) {
+            bool ok = cJSON_IsArray(ch) && cJSON_GetArraySize(ch) == 2;
+            for (int i = 0; ok && i < 2; i++) {
+                const cJSON *x = cJSON_GetArrayItem(ch, i);
+                ok = cJSON_IsNumber(x) && x->valuedouble >= 1 && x->valuedouble <= 65536 && x->valuedouble == floor(x->valuedouble);
+                if (ok) a->sscp_channels[i] = (int64_t)x->valuedouble;
+            }
+            if (!ok)
+                return gm_error_set(err, GM_ERR_FORMAT, "%s: subsampling_conv_channels must be two integers in 1..65536 "
+                                    "(Gemma 4: [128, 32])", where);
+        }
+        /* input_proj_linear takes (channels[0] / 4) x channels[1] inputs: the 128 mel bins quartered by
+         * the two stride-2 convolutions only when channels[0] is 128 too */
+        if (a->sscp_channels[0] / 4 != a->n_mels / 4)
+            return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: subsampling_conv_channels[0] = %lld: Gemma4AudioSubSample"
+                                "ConvProjection sizes its projection by it as if it were the %lld mel bins; only %lld works",
+                                where, (long long)a->sscp_channels[0], (long long)a->n_mels, (long long)a->n_mels);
+        if (cl) a->clipped = cJSON_IsTrue(cl);
+        if (act && (!cJSON_IsString(act) || strcmp(act->valuestring, "silu") != 0))
+            return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: hidden_act must be silu (Gemma4AudioConfig's, every published "
+                                "Gemma 4)", where);
+        if (!(a->logit_cap > 0) || !(a->clip > 0) || !(a->rms_eps > 0) || da % a->n_heads != 0 || da / a->n_heads < 2)
+            return gm_error_set(err, GM_ERR_FORMAT, "%s: attention_logit_cap, gradient_clipping and rms_norm_eps must be "
+                                "positive, num_attention_heads must divide hidden_size into heads of 2 or more", where);
+        int64_t tok = a->audio_token_id, boa = a->boa_id, eoa = a->eoa_id;
+        GM_TRY(tower_int(root, "audio_token_id", 0, INT32_MAX, &tok, label, err));
+        GM_TRY(tower_int(root, "boa_token_id", 0, INT32_MAX, &boa, label, err));
+        GM_TRY(tower_int(root, "eoa_token_index", 0, INT32_MAX, &eoa, label, err));
+        a->audio_token_id = (int32_t)tok, a->boa_id = (int32_t)boa, a->eoa_id = (int32_t)eoa;
     }
     return GM_OK;
 }

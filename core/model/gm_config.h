@@ -39,10 +39,10 @@ extern "C" {
 /* GM_ARCH_SIGLIP: the vision tower of a multimodal Gemma 3, run as its own graph on a config
  * made by gm_config_vision_tower; GM_ARCH_GEMMA3N_AUDIO: Gemma 3n's audio conformer, on a config
  * made by gm_config_audio_tower; GM_ARCH_GEMMA4_VISION: Gemma 4's vision tower (gm_config_vision_tower
- * of a Gemma 4 config). */
+ * of a Gemma 4 config); GM_ARCH_GEMMA4_AUDIO: Gemma 4's audio tower (gm_config_audio_tower of one). */
 typedef enum gm_arch {
     GM_ARCH_GEMMA3 = 0, GM_ARCH_GEMMA3N, GM_ARCH_GEMMA4, GM_ARCH_SIGLIP, GM_ARCH_GEMMA3N_AUDIO, GM_ARCH_GEMMA4_VISION,
-    GM_ARCH_COUNT
+    GM_ARCH_GEMMA4_AUDIO, GM_ARCH_COUNT
 } gm_arch;
 const char *gm_arch_name(gm_arch a);
 
@@ -112,6 +112,9 @@ typedef struct gm_audio_config {
     int64_t soft_tokens;          /* audio_soft_tokens_per_image: positions per clip (188) */
     int32_t audio_token_id;       /* <audio_soft_token> 262273 */
     int32_t boa_id, eoa_id;       /* <start_of_audio> 256000, <end_of_audio> 262272 */
+    /* Gemma 4 (Gemma4AudioConfig) only */
+    int64_t out_dims;             /* output_proj_dims (1536): the tower's output projection; 0 on 3n */
+    bool clipped;                 /* use_clipped_linears: the conformer's linears clamp in and out */
 } gm_audio_config;
 
 /* Where an image's soft tokens attend to each other bidirectionally (the rest stays causal):
@@ -201,6 +204,11 @@ gm_status gm_config_vision_tower(const gm_config *mm, gm_config *tower, gm_error
  * budget when it is not one of 70, 140, 280, 560, 1120 (the processor's _SUPPORTED_SOFT_TOKENS)
  * or the tower has no patch size. */
 gm_status gm_config_gemma4_image_budget(gm_config *cfg, int64_t max_soft_tokens, gm_error *err);
+
+/* Whether the model has an audio tower gemmarun runs (Gemma 3n's, Gemma 4 E2B / E4B's). */
+static inline bool gm_config_has_audio(const gm_config *c) {
+    return c->audio.hidden_size > 0 && c->audio.n_heads > 0 && (c->arch == GM_ARCH_GEMMA3N || c->arch == GM_ARCH_GEMMA4);
+}
 
 /* Gemma 3n's audio conformer as a config of its own (arch GM_ARCH_GEMMA3N_AUDIO): width
  * audio_config.hidden_size C, its layers and heads (head_dim C / heads, as many kv heads), the

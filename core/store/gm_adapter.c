@@ -378,12 +378,12 @@ static gm_status h5_fetch(void *ctx, const char *name, int ndim, const int64_t *
  * conformer's config (into a->audio_cfg); GM_ERR_INVALID naming `source` when m has no audio
  * encoder. */
 static gm_status audio_set(const gm_model *m, gm_adapter *a, mod_set *ms, const char *source, gm_error *err) {
-    if (m->cfg.arch != GM_ARCH_GEMMA3N || m->cfg.audio.hidden_size <= 0)
+    if (!gm_config_has_audio(&m->cfg))
         return gm_error_set(err, GM_ERR_INVALID, "%s trained the audio encoder (LoRA on %d of its modules, e.g. %s), which this "
-                            "model lacks: %s has no audio encoder\n  hint: use the Gemma 3n checkpoint the adapter was "
+                            "model lacks: %s has no audio encoder\n  hint: use the checkpoint the adapter was "
                             "trained on", source, ms->n, ms->modules[0], m->path);
     GM_TRY(gm_config_audio_tower(&m->cfg, &a->audio_cfg, err));
-    ms->arch = gm_arch_get(GM_ARCH_GEMMA3N_AUDIO);
+    ms->arch = gm_arch_get(a->audio_cfg.arch); /* Gemma 3n's conformer or Gemma 4's audio tower */
     ms->cfg = &a->audio_cfg;
     return GM_OK;
 }
@@ -1110,7 +1110,7 @@ gm_status gm_adapter_vision_targets(const gm_adapter *a, const gm_model *m, char
 
 gm_status gm_adapter_audio_targets(const gm_adapter *a, const gm_model *m, char **out, gm_error *err) {
     (void)m;
-    return tower_targets(&a->audio_lora, gm_arch_get(GM_ARCH_GEMMA3N_AUDIO), a->audio_cfg.n_layers, GM_AUDIO_TOWER_PREFIX,
+    return tower_targets(&a->audio_lora, gm_arch_get(a->audio_cfg.arch), a->audio_cfg.n_layers, GM_AUDIO_TOWER_PREFIX,
                          out, err);
 }
 
@@ -1150,7 +1150,7 @@ gm_status gm_adapter_save_peft(const gm_adapter *a, gm_backend *be, const gm_mod
         bool tl, tused[GM_MAX_LAYERS];
         int tn;
         char *aud = NULL;
-        s = targets_of(al, gm_arch_get(GM_ARCH_GEMMA3N_AUDIO), a->audio_cfg.n_layers, GM_AUDIO_TOWER_PREFIX, false, &tl, &aud,
+        s = targets_of(al, gm_arch_get(a->audio_cfg.arch), a->audio_cfg.n_layers, GM_AUDIO_TOWER_PREFIX, false, &tl, &aud,
                        tused, &tn, err);
         if (s == GM_OK && tower) {
             size_t k = strlen(tower);

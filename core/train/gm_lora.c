@@ -448,11 +448,13 @@ gm_status gm_lora_targets_check(const char *targets, const gm_arch_def *arch, co
         snprintf(inner, sizeof inner, "%s.linear", bad);
         char bad2[128] = "";
         unmatched_ctx uc2 = {arch, prefix, bad2, sizeof bad2};
-        if (arch->id == GM_ARCH_GEMMA4_VISION && !strstr(bad, ".linear") && !entry_matches_none(inner, strlen(inner), &uc2))
-            return gm_error_set(err, GM_ERR_INVALID, "target module '%s': Gemma 4's vision tower wraps each linear in a "
+        if ((arch->id == GM_ARCH_GEMMA4_VISION || arch->id == GM_ARCH_GEMMA4_AUDIO) && !strstr(bad, ".linear") &&
+            !entry_matches_none(inner, strlen(inner), &uc2))
+            return gm_error_set(err, GM_ERR_INVALID, "target module '%s': Gemma 4's %s tower wraps each linear in a "
                                 "Gemma4ClippableLinear that clamps its input and output; an adapter on '%s' itself would "
                                 "bypass the clamps\n  hint: target '%s.linear' (the inner weight, inside the clamps, as PEFT "
-                                "names it); allowed: all-linear, %s, or a regular expression", bad, bad, bad, names);
+                                "names it); allowed: all-linear, %s, or a regular expression", bad,
+                                arch->id == GM_ARCH_GEMMA4_AUDIO ? "audio" : "vision", bad, bad, names);
         return gm_error_set(err, GM_ERR_INVALID, "unknown target module '%s' (allowed: all-linear, %s, or a regular expression)",
                             bad, names);
     }

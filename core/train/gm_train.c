@@ -223,6 +223,10 @@ gm_status gm_train_opt_targets_check(const gm_opt_spec *s, const char *text, gm_
                                          vision ? GM_VISION_TOWER_PREFIX : audio ? GM_AUDIO_TOWER_PREFIX : NULL, err);
     /* the model is not known yet: a vision target may name Gemma 4's tower's modules instead
      * (q_proj.linear); the trainer checks them against the model's own tower */
+    if (st != GM_OK && audio) { /* or Gemma 4's audio tower's (q_proj.linear, lconv1d.linear_start.linear, ...) */
+        gm_error e4 = {0};
+        if (gm_lora_targets_check(text, gm_arch_get(GM_ARCH_GEMMA4_AUDIO), GM_AUDIO_TOWER_PREFIX, &e4) == GM_OK) st = GM_OK;
+    }
     if (st != GM_OK && vision) {
         gm_error e4 = {0};
         gm_status s4 = gm_lora_targets_check(text, gm_arch_get(GM_ARCH_GEMMA4_VISION), GM_VISION_TOWER_PREFIX, &e4);
@@ -378,18 +382,19 @@ static gm_status setup(gm_trainer *tr, const gm_config *c, const char *prefix, g
                             tr->o.train_projector ? "modules_to_save" : "vision_targets");
     }
     if (tr->o.max_audio > 0) {
-        if (c->audio.hidden_size <= 0 || c->arch != GM_ARCH_GEMMA3N)
+        if (!gm_config_has_audio(c))
             return gm_error_set(err, GM_ERR_INVALID, "%s: the data has audio, but the model has no audio encoder\n"
-                                "  hint: use a Gemma 3n checkpoint of Gemma3nForConditionalGeneration (e.g. gemma-3n-E2B-it)",
+                                "  hint: use a Gemma 3n or Gemma 4 E checkpoint of ...ForConditionalGeneration (e.g. "
+                                "gemma-3n-E2B-it, gemma-4-E2B-it)",
                                 tr->m ? tr->m->path : c->name);
         gm_lora_config al;
         const gm_lora_config *alp = gm_train_audio_selection(&tr->o, &al);
         GM_TRY(gm_audio_encoder_init_train(&tr->aud, c, tr->m, tr->m ? &tr->hard : NULL, tr->o.max_audio,
                                            tr->o.max_audio_frames, alp, tr->o.checkpointing, tr->o.n_threads, tr->be, err));
         tr->has_aud = true;
-    } else if (strcmp(tr->o.audio_targets, "none") != 0 && (c->audio.hidden_size <= 0 || c->arch != GM_ARCH_GEMMA3N)) {
+    } else if (strcmp(tr->o.audio_targets, "none") != 0 && !gm_config_has_audio(c)) {
         return gm_error_set(err, GM_ERR_INVALID, "audio_targets is set, but %s has no audio encoder to train\n  hint: "
-                            "audio_targets is for Gemma 3n checkpoints (Gemma3nForConditionalGeneration); leave it out",
+                            "audio_targets is for checkpoints with an audio tower (Gemma 3n, Gemma 4 E2B / E4B); leave it out",
                             tr->m ? tr->m->path : c->name);
     } else if (strcmp(tr->o.audio_targets, "none") != 0) {
         return gm_error_set(err, GM_ERR_INVALID, "audio_targets is set, but the data has no audio: the audio encoder only "
@@ -752,13 +757,40 @@ static gm_status check_batch(const gm_trainer *tr, const gm_batch *b, int64_t *n
         return gm_error_set(err, GM_ERR_INVALID, "batch has %lld images; the run was planned for %lld per micro-batch",
                             (long long)b->n_images, (long long)(tr->has_vis ? tr->o.max_images : 0));
     /* audio: as many clips as the batch's soft-token runs say, within the plan */
-    int32_t aud = c->audio.hidden_size > 0 && c->arch == GM_ARCH_GEMMA3N ? c->audio.audio_token_id : -1;
+    int32_t aud = gm_config_has_audio(c) ? c->audio.audio_token_id : -1;
     int64_t aud_tokens = 0;
     for (int64_t i = 0; aud >= 0 && i < b->B * b->T; i++) aud_tokens += b->ids[i] == aud;
-    if (aud_tokens != b->n_audio * (aud >= 0 ? c->audio.soft_tokens : 0) ||
-        (b->n_audio > 0 && (!b->audio_features || !b->audio_valid)))
+    if (b->n_audio > 0 && (!b->audio_features || !b->audio_valid))
+        return gm_error_set(err, GM_ERR_INVALID, "batch has %lld clips but no features", (long long)b->n_audio);
+    if (aud >= 0 && c->arch == GM_ARCH_GEMMA4) {
+        /* each clip fills one run of tokens, one per valid frame after the sub-sampling (frame 4 t
+         * of its features: Gemma4Processor.replace_audio_token) */
+        int64_t j = 0, T2 = 0;
+        gm_audio_encoder_frames(&c->audio, b->audio_frames, &T2, NULL);
+        for (int64_t i = 0; i < b->B * b->T;) {
+            if (b->ids[i] != aud) {
+                i++;
+                continue;
+            }
+            int64_t end = i, want = -1;
+            while (end < b->B * b->T && b->ids[end] == aud && (end == i || end % b->T != 0)) end++;
+            if (j < b->n_audio) {
+                want = 0;
+                for (int64_t t = 0; t < T2; t++) want += b->audio_valid[j * b->audio_frames + 4 * t] != 0;
+            }
+            if (end - i != want)
+                return gm_error_set(err, GM_ERR_INVALID, "batch's audio run %lld has %lld tokens; its clip (%lld of %lld) "
+                                    "fills %lld", (long long)(j + 1), (long long)(end - i), (long long)(j + 1),
+                                    (long long)b->n_audio, (long long)want);
+            j++, i = end;
+        }
+        if (j != b->n_audio)
+            return gm_error_set(err, GM_ERR_INVALID, "batch has %lld audio runs but %lld clips", (long long)j,
+                                (long long)b->n_audio);
+    } else if (aud_tokens != b->n_audio * (aud >= 0 ? c->audio.soft_tokens : 0)) {
         return gm_error_set(err, GM_ERR_INVALID, "batch has %lld audio tokens but %lld clips (each fills %lld tokens)",
                             (long long)aud_tokens, (long long)b->n_audio, (long long)c->audio.soft_tokens);
+    }
     if (b->n_audio > (tr->has_aud ? tr->o.max_audio : 0) || (b->n_audio > 0 && b->audio_frames > tr->o.max_audio_frames))
         return gm_error_set(err, GM_ERR_INVALID, "batch has %lld clips of %lld frames; the run was planned for %lld of %lld "
                             "frames per micro-batch", (long long)b->n_audio, (long long)b->audio_frames,
@@ -792,7 +824,7 @@ static gm_status check_batch(const gm_trainer *tr, const gm_batch *b, int64_t *n
 static gm_status forward_all(gm_trainer *tr, const gm_batch *b, bool dropout, int64_t *n_sup_out, gm_error *err) {
     int64_t N = b->B * b->T, n_sup = 0;
     int32_t img = tr->cfg->vision.hidden_size > 0 ? tr->cfg->vision.image_token_id : -1;
-    int32_t aud = tr->cfg->audio.hidden_size > 0 && tr->cfg->arch == GM_ARCH_GEMMA3N ? tr->cfg->audio.audio_token_id : -1;
+    int32_t aud = gm_config_has_audio(tr->cfg) ? tr->cfg->audio.audio_token_id : -1;
     for (int64_t i = 0; i < N; i++)
         if (b->targets[i] >= 0 && b->targets[i] != img && b->targets[i] != aud) { /* as check_batch counts them */
             tr->h_rows[n_sup] = (int32_t)i;
@@ -919,7 +951,7 @@ gm_status gm_trainer_forward_backward(gm_trainer *tr, const gm_batch *b, float g
     }
     if (tr->has_aud && tr->aud.train_tower && b->n_audio > 0) {
         /* the clips' soft tokens, in the order they were placed: dL/d(input rows) there */
-        int64_t R2 = b->n_audio * tr->cfg->audio.soft_tokens;
+        int64_t R2 = tr->aud.n_soft; /* Gemma 3n: 188 a clip; Gemma 4: each clip's own */
         g->k->gather_rows(&g->kc, tr->aud.dsoft, g->g, tr->aud_rows, R2, tr->cfg->hidden_size);
         gm_audio_encoder_backward(&tr->aud);
     }

@@ -16,7 +16,7 @@
 
 void gm_k_conv2d_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const float *w, int64_t B, int64_t T,
                          int64_t F, int64_t Ci, int64_t Co, int64_t KT, int64_t KF, int64_t ST, int64_t SF,
-                         int64_t PF) {
+                         int64_t PT, int64_t PF) {
     int64_t To = (T - 1) / ST + 1, Fo = (F + 2 * PF - KF) / SF + 1;
     GM_OMP_FOR(ctx->n_threads, B * To * Fo * Co * Ci * KT * KF > 262144, schedule(static),
     for (int64_t bt = 0; bt < B * To; bt++) {
@@ -26,8 +26,8 @@ void gm_k_conv2d_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const f
             for (int64_t oc = 0; oc < Co; oc++) {
                 double acc = 0.0;
                 for (int64_t kt = 0; kt < KT; kt++) {
-                    int64_t ti = t * ST + kt;
-                    if (ti >= T) continue; /* the zero padding after the last frame */
+                    int64_t ti = t * ST + kt - PT;
+                    if (ti < 0 || ti >= T) continue; /* the zero padding around the frames */
                     for (int64_t kf = 0; kf < KF; kf++) {
                         int64_t fi = f * SF + kf - PF;
                         if (fi < 0 || fi >= F) continue;

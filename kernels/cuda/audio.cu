@@ -8,15 +8,15 @@
 #include "common.cuh"
 
 __global__ static void conv2d_k(float *out, const float *x, const float *w, int64_t B, int64_t T, int64_t F,
-                                int64_t Ci, int64_t Co, int64_t KT, int64_t KF, int64_t ST, int64_t SF, int64_t PF,
-                                int64_t To, int64_t Fo) {
+                                int64_t Ci, int64_t Co, int64_t KT, int64_t KF, int64_t ST, int64_t SF, int64_t PT,
+                                int64_t PF, int64_t To, int64_t Fo) {
     int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; /* over B To Fo Co */
     if (e >= B * To * Fo * Co) return;
     int64_t oc = e % Co, f = (e / Co) % Fo, t = (e / (Co * Fo)) % To, b = e / (Co * Fo * To);
     float acc = 0.0f;
     for (int64_t kt = 0; kt < KT; kt++) {
-        int64_t ti = t * ST + kt;
-        if (ti >= T) continue;
+        int64_t ti = t * ST + kt - PT;
+        if (ti < 0 || ti >= T) continue;
         for (int64_t kf = 0; kf < KF; kf++) {
             int64_t fi = f * SF + kf - PF;
             if (fi < 0 || fi >= F) continue;
@@ -141,9 +141,9 @@ __global__ static void mask_rows_k(float *x, const uint8_t *keep, const float *f
 
 extern "C" void gm_k_conv2d_fwd_cuda(const gm_kctx *ctx, float *out, const float *x, const float *w, int64_t B,
                                      int64_t T, int64_t F, int64_t Ci, int64_t Co, int64_t KT, int64_t KF, int64_t ST,
-                                     int64_t SF, int64_t PF) {
+                                     int64_t SF, int64_t PT, int64_t PF) {
     int64_t To = (T - 1) / ST + 1, Fo = (F + 2 * PF - KF) / SF + 1, n = B * To * Fo * Co;
-    if (n > 0) conv2d_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(out, x, w, B, T, F, Ci, Co, KT, KF, ST, SF, PF, To, Fo);
+    if (n > 0) conv2d_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(out, x, w, B, T, F, Ci, Co, KT, KF, ST, SF, PT, PF, To, Fo);
 }
 
 extern "C" void gm_k_cumulative_group_norm_fwd_cuda(const gm_kctx *ctx, float *out, const float *x, const float *w,

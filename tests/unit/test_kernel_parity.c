@@ -661,9 +661,11 @@ static void parity_conv2d_fwd(dev *d) {
     size_t nx = (size_t)(B * T * F * Ci), nw = (size_t)(Co * Ci * KT * KF), no = (size_t)(B * To * Fo * Co);
     float *x = host_rand(nx, 2), *w = host_rand(nw, 1), *r = gm_malloc(no * 4);
     float *dx = up(d, x, nx * 4), *dw = up(d, w, nw * 4), *o = dalloc(d, no * 4);
-    cpu->conv2d_fwd(&hc, r, x, w, B, T, F, Ci, Co, KT, KF, ST, SF, PF);
-    d->be->k->conv2d_fwd(&d->ctx, o, dx, dw, B, T, F, Ci, Co, KT, KF, ST, SF, PF);
-    cmp(d, "conv2d_fwd", o, r, no);
+    for (int64_t PT = 0; PT < 2; PT++) { /* Gemma 3n's padding after the frames; Gemma 4's on both sides */
+        cpu->conv2d_fwd(&hc, r, x, w, B, T, F, Ci, Co, KT, KF, ST, SF, PT, PF);
+        d->be->k->conv2d_fwd(&d->ctx, o, dx, dw, B, T, F, Ci, Co, KT, KF, ST, SF, PT, PF);
+        cmp(d, PT ? "conv2d_fwd (time padded on both sides)" : "conv2d_fwd", o, r, no);
+    }
     gm_free(x), gm_free(w), gm_free(r), dfree(d, dx), dfree(d, dw), dfree(d, o);
 }
 

@@ -145,6 +145,18 @@
  * decoder amplify f32 rounding). Measured 2026-12-05: ours 2.9e-5 from float64, 5.6e-5 from
  * PEFT's f32 (the encoder's post.lora_A). Bound: about twice PEFT's own f32 distance. */
 #define TOL_AUDIO_GRAD_REL 1.2e-4
+/* Gemma 4's audio tower (test_gemma4_audio: the tiny f32 model of make_gemma4_audio_ref.py on two
+ * real clips, against transformers 5.24 on CPU): the same math, other summation orders (double sums
+ * in the convolutions and the attention). Measured 2026-12-05: sub-sampling 1.9e-6, blocks 2.3e-6,
+ * tower output 1.2e-6, soft tokens 2.3e-6 (values up to 3.8): bound 4x. The logits of two prompts
+ * with a clip each, 4.1e-5 (bound 3x), and the trainer's summed loss from them, 4.8e-8 relative (the
+ * PEFT loss checks' bound). LoRA on the decoder and inside the tower's clamps vs PEFT, relative to
+ * each tensor's largest: 1.4e-5 from PEFT's f32, 2.0e-5 from its float64, with PEFT's own f32 2.8e-5
+ * from its float64 (peft_f32_grad_rel_err_vs_f64): bound about 4x PEFT's own distance. */
+#define TOL_GEMMA4_AUDIO_ABS 1e-5
+#define TOL_GEMMA4_AUDIO_LOGITS_ABS 1.2e-4
+#define TOL_GEMMA4_AUDIO_LOSS_REL 1e-6
+#define TOL_GEMMA4_AUDIO_GRAD_REL 1e-4
 /* A sequence's log-probability (a sum over its 6 supervised tokens) scored in a batch of 3 copies
  * (one tower pass for the repeated image) vs alone (batch 1): the same math, the batch's BLAS
  * blocking. Measured 2026-12-02: 1.4e-6 (log-probability about -40); bound 7x. */
