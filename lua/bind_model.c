@@ -447,7 +447,7 @@ static int l_logits(lua_State *L) {
     const char *clips[16];
     int n_clips = 0;
     if (!lua_isnoneornil(L, 3) && lua_getfield(L, 3, "audio") != LUA_TNIL) {
-        bool has = c->arch == GM_ARCH_GEMMA3N && c->audio.hidden_size > 0;
+        bool has = gm_model_no_audio(lm->m) == NULL;
         lua_Integer k = lua_istable(L, -1) ? luaL_len(L, -1) : -1;
         for (lua_Integer i = 1; has && i <= k && i <= 16; i++) {
             lua_geti(L, -1, i);
@@ -457,8 +457,9 @@ static int l_logits(lua_State *L) {
         int64_t n_tok = 0;
         for (int64_t t = 0; t < T; t++) n_tok += has && ids[t] == c->audio.audio_token_id;
         const char *bad = !has ? "the model has no audio encoder" : k < 1 || k > 16 ? "audio is not a list of 1 to 16 files"
-                          : n_tok != n_clips * c->audio.soft_tokens ? "the ids' audio soft tokens are not one run of "
-                          "audio_soft_tokens_per_image per clip" : NULL;
+                          : c->arch != GM_ARCH_GEMMA4 && n_tok != n_clips * c->audio.soft_tokens
+                              ? "the ids' audio soft tokens are not one run of audio_soft_tokens_per_image per clip"
+                              : NULL; /* Gemma 4's runs: each clip's own count, checked once encoded */
         for (int i = 0; !bad && i < n_clips; i++)
             if (!clips[i]) bad = "an entry of audio is not a file name";
         if (bad) {
@@ -488,14 +489,19 @@ static int l_logits(lua_State *L) {
     }
     if (s == GM_OK && n_clips > 0) {
 #ifdef GM_HAVE_AUDIO
-        int64_t C = c->hidden_size;
+        int64_t C = c->hidden_size, tokens[16] = {0}, total = 0;
         soft = gm_malloc((size_t)(n_clips * c->audio.soft_tokens * C) * sizeof *soft);
         rows = gm_malloc((size_t)T * sizeof *rows);
         s = soft && rows ? gm_audio_encode_files(lm->m, lm->hard, clips, n_clips, lm->n_threads, lm->be,
-                                                 lm->ad ? &lm->ad->audio_lora : NULL, soft, NULL, NULL, &err)
+                                                 lm->ad ? &lm->ad->audio_lora : NULL, soft, tokens, NULL, &err)
                          : gm_error_set(&err, GM_ERR_NOMEM, "out of memory");
         for (int64_t t = 0; s == GM_OK && t < T; t++)
             if (ids[t] == c->audio.audio_token_id) rows[n_soft++] = t;
+        for (int i = 0; s == GM_OK && i < n_clips; i++) total += tokens[i];
+        if (s == GM_OK && total != n_soft) /* Gemma 4: each clip's own count */
+            s = gm_error_set(&err, GM_ERR_INVALID, "logits: the ids hold %lld audio soft tokens, the %d clip%s give %lld (%s: "
+                             "%lld)", (long long)n_soft, (int)n_clips, n_clips == 1 ? "" : "s", (long long)total, clips[0],
+                             (long long)tokens[0]);
 #else
         s = gm_error_set(&err, GM_ERR_UNSUPPORTED, "logits: audio given, but this gemmarun was built without audio");
 #endif
@@ -906,11 +912,11 @@ void gm_bind_push_config(lua_State *L, const gm_config *c) {
         SETI("n_params", c->vision.params);
         lua_setfield(L, -2, "vision");
     }
-    if (c->arch == GM_ARCH_GEMMA3N && c->audio.hidden_size > 0) { /* Gemma 3n's audio encoder (audio_config) */
+    if (gm_config_has_audio(c)) { /* the audio encoder (audio_config): Gemma 3n's, Gemma 4's */
         lua_createtable(L, 0, 6);
         SETI("hidden_size", c->audio.hidden_size);
         SETI("conf_num_hidden_layers", c->audio.n_layers);
-        SETI("audio_soft_tokens_per_image", c->audio.soft_tokens);
+        SETI("audio_soft_tokens_per_image", c->audio.soft_tokens); /* Gemma 4: the most one clip takes (750) */
         SETI("audio_token_id", c->audio.audio_token_id);
         SETI("n_params", c->audio.params);
         lua_setfield(L, -2, "audio");

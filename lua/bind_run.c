@@ -295,9 +295,9 @@ static int l_lora_count(lua_State *L) {
         const gm_lora_config *lp = part == 0 ? gm_train_vision_selection(&o, &lc).lora : gm_train_audio_selection(&o, &lc);
         for (int l = 0; l < GM_MAX_LAYERS; l++) lc.layers[l] = true;
         gm_status s = part == 0 ? gm_config_vision_tower(&cfg, &tc, &err)
-                      : cfg.arch == GM_ARCH_GEMMA3N ? gm_config_audio_tower(&cfg, &tc, &err)
-                                                    : gm_error_set(&err, GM_ERR_INVALID, "%s has no audio encoder to train "
-                                                                   "(audio_targets is for Gemma 3n)", cfg.name);
+                      : gm_config_has_audio(&cfg) ? gm_config_audio_tower(&cfg, &tc, &err)
+                                                  : gm_error_set(&err, GM_ERR_INVALID, "%s has no audio encoder to train "
+                                                                 "(audio_targets is for Gemma 3n and Gemma 4 E2B / E4B)", cfg.name);
         if (s == GM_OK)
             s = gm_lora_describe(&lo, lp, gm_arch_get(tc.arch), &tc,
                                  part == 0 ? GM_VISION_TOWER_PREFIX : GM_AUDIO_TOWER_PREFIX, &err);

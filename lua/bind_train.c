@@ -52,6 +52,7 @@
 
 #include "gm_alloc.h"
 #include "gm_audio.h"
+#include "gm_audio_encoder.h" /* gm_audio_tokens */
 #include "gm_data.h"
 #include "gm_dist.h"
 #include "gm_image.h"
@@ -126,7 +127,7 @@ static int l_ds_add_chat(lua_State *L) {
     ldataset *d = check_ds(L, 1);
     luaL_checktype(L, 2, LUA_TTABLE);
     static const char *const allowed[] = {"max_length", "label", "images", "image_sha", "crops", "image_sizes", "audio",
-                                          "audio_sha", NULL};
+                                          "audio_sha", "audio_samples", NULL};
     gm_bind_check_opts(L, 3, "add_chat", allowed);
     lua_Integer max_length = gm_bind_opt_int(L, 3, "max_length", 256);
     lua_Integer label = gm_bind_opt_int(L, 3, "label", -1);
@@ -193,10 +194,23 @@ static int l_ds_add_chat(lua_State *L) {
         }
         lua_pop(L, 1);
     }
-    /* audio clips (Gemma 3n): their files and sha256, as images' */
+    /* audio clips: their files and sha256, as images', and their lengths (Gemma 4's soft tokens) */
     const char *audio[GM_MAX_IMAGES_PER_EXAMPLE], *audio_sha[GM_MAX_IMAGES_PER_EXAMPLE];
+    int64_t audio_samples[GM_MAX_IMAGES_PER_EXAMPLE];
     lua_Integer n_audio = 0;
+    bool have_samples = false;
     if (lua_istable(L, 3)) {
+        lua_getfield(L, 3, "audio_samples");
+        if (!lua_isnil(L, -1)) {
+            luaL_checktype(L, -1, LUA_TTABLE);
+            for (lua_Integer i = 1; i <= luaL_len(L, -1) && i <= GM_MAX_IMAGES_PER_EXAMPLE; i++) {
+                lua_rawgeti(L, -1, i);
+                audio_samples[i - 1] = (int64_t)luaL_checkinteger(L, -1);
+                lua_pop(L, 1);
+            }
+            have_samples = true;
+        }
+        lua_pop(L, 1);
         lua_getfield(L, 3, "audio");
         lua_getfield(L, 3, "audio_sha");
         if (!lua_isnil(L, -2)) {
@@ -275,8 +289,27 @@ static int l_ds_add_chat(lua_State *L) {
             return 2;
         }
     }
+    /* Gemma 4: each clip's soft tokens, from its length (given: gm.audio_check's samples, or found here) */
+    bool per_clip = n_audio > 0 && d->m->cfg.arch == GM_ARCH_GEMMA4;
+    for (lua_Integer i = 0; per_clip && i < n_audio; i++) {
+        if (!have_samples) {
+#ifdef GM_HAVE_AUDIO
+            char sha[65];
+            int64_t frames = 0;
+            if (gm_audio_check(audio[i], NULL, &audio_samples[i], &frames, sha, &err) != GM_OK) {
+                d->ds.n_rejected++;
+                lua_pushboolean(L, 0);
+                lua_pushfstring(L, "audio clip %d (%s): %s", (int)i + 1, audio[i], err.msg);
+                return 2;
+            }
+#else
+            return luaL_error(L, "add_chat: audio on Gemma 4 needs gemmarun built with audio");
+#endif
+        }
+        tokens[i] = gm_audio_tokens(&d->m->cfg, audio_samples[i]);
+    }
     gm_status s = n_audio > 0 ? gm_dataset_add_chat_audio(&d->ds, d->tok, msgs, n, max_length, (int32_t)label, &as, audio,
-                                                          audio_sha, n_audio, &err)
+                                                          audio_sha, n_audio, per_clip ? tokens : NULL, &err)
                               : gm_dataset_add_chat_images(&d->ds, d->tok, msgs, n, max_length, (int32_t)label,
                                                            d->m->vision ? &mm : NULL, images, shas, n_images,
                                                            pan_and_scan ? crops : NULL, per_image ? tokens : NULL, &err);
@@ -300,7 +333,8 @@ static int l_ds_max_audio(lua_State *L) {
     return 1;
 }
 
-/* gm.audio_check(path [, max_seconds]) -> sha256 hex, frames, samples (gm_audio_check). */
+/* gm.audio_check(path [, max_seconds]) -> sha256 hex, frames, samples, frames4 (gm_audio_check;
+ * frames: Gemma 3n's extractor's, frames4: Gemma 4's, of the clip as the extractor cuts it). */
 static int l_audio_check(lua_State *L) {
     const char *path = luaL_checkstring(L, 1);
 #ifdef GM_HAVE_AUDIO
@@ -309,10 +343,13 @@ static int l_audio_check(lua_State *L) {
     int64_t samples = 0, frames = 0;
     gm_error err = {0};
     if (gm_audio_check(path, &lim, &samples, &frames, sha, &err) != GM_OK) return gm_bind_raise(L, &err);
+    int64_t frames4 = 0;
+    gm_audio_frames_kind(GM_AUDIO_FE_GEMMA4, samples, NULL, &frames4);
     lua_pushstring(L, sha);
     lua_pushinteger(L, frames);
     lua_pushinteger(L, samples);
-    return 3;
+    lua_pushinteger(L, frames4);
+    return 4;
 #else
     return luaL_error(L, "%s: this gemmarun was built without audio (cmake -DGM_AUDIO=OFF)", path);
 #endif
@@ -753,7 +790,8 @@ static int l_trainer(lua_State *L) {
         t->audio = gm_malloc(cells * GM_AUDIO_MELS * sizeof(float));
         t->audio_valid = gm_malloc(cells);
         if (!t->audio || !t->audio_valid) return luaL_error(L, "out of memory (%lld clips' features)", (long long)(o.grad_accum * o.max_audio));
-        if (gm_audio_fe_new(&t->fe, &err) != GM_OK) return gm_bind_raise(L, &err);
+        gm_audio_fe_kind kind = lm->m->cfg.arch == GM_ARCH_GEMMA4 ? GM_AUDIO_FE_GEMMA4 : GM_AUDIO_FE_GEMMA3N;
+        if (gm_audio_fe_new_kind(kind, &t->fe, &err) != GM_OK) return gm_bind_raise(L, &err);
 #else
         return luaL_error(L, "trainer: the data has audio, but this gemmarun was built without audio (cmake -DGM_AUDIO=OFF)");
 #endif

@@ -676,12 +676,15 @@ local function build_datasets(model, task, items, max_length, pan_and_scan)
       end
       if #sizes ~= #images then sizes = nil end
     end
+    local asamples
     if audio then
-      asha = {}
-      for i, p in ipairs(audio) do asha[i] = items.audio_sha[p] end
+      asha, asamples = {}, {}
+      for i, p in ipairs(audio) do asha[i], asamples[i] = items.audio_sha[p], items.audio_samples[p] end
+      if #asamples ~= #audio then asamples = nil end
     end
     local okc, ok, why = pcall(ds.add_chat, ds, msgs, { max_length = max_length, label = label and (label - 1) or nil,
-      images = images, image_sha = sha, crops = crops, image_sizes = sizes, audio = audio, audio_sha = asha })
+      images = images, image_sha = sha, crops = crops, image_sizes = sizes, audio = audio, audio_sha = asha,
+      audio_samples = asamples })
     if not okc then ok, why = false, clean_msg(ok):gsub("\n.*", "") end
     -- transcription: each example's reference, in the data set's order (rejections leave gaps)
     if ok and msgs.ref_words then
@@ -897,12 +900,17 @@ local function images_per_example(items, cfg)
   return (cfg.pan_and_scan and items.max_views or items.max_images) or 0
 end
 
+--- Each model's architecture ("gemma3", "gemma3n", "gemma4"), as preflight reads its config: the
+--- feature extractor its audio goes through.
+local MODEL_ARCH = {}
+
 --- Training options of a trial for the trainer / planner.
 local function trainer_opts(cfg, total_steps, threads, items)
   local warmup = cfg.warmup < 1 and math.floor(cfg.warmup * total_steps + 0.5) or math.tointeger(cfg.warmup)
   return {
     max_images = images_per_example(items, cfg) * cfg.batch, pan_and_scan = cfg.pan_and_scan, compute = cfg.compute,
-    max_audio = (items and items.max_audio or 0) * cfg.batch, max_audio_frames = items and items.max_audio_frames or 0,
+    max_audio = (items and items.max_audio or 0) * cfg.batch,
+    max_audio_frames = items and (MODEL_ARCH[cfg.model] == "gemma4" and items.max_audio_frames4 or items.max_audio_frames) or 0,
     ple_resident = items and items.ple_resident and items.ple_resident[cfg.model .. "|" .. cfg.max_length] or 0,
     rank = cfg.rank, alpha = cfg.alpha, dropout = cfg.dropout, rslora = cfg.rslora, targets = cfg.targets,
     layers = cfg.layers, seed = cfg.seed, quant = cfg.quant, batch = cfg.batch, max_length = cfg.max_length,
@@ -1600,10 +1608,11 @@ local function check_audio(items, splits)
       for _, p in ipairs(why and {} or it.audio or {}) do
         if failed[p] then why = failed[p]; break end
         if not items.audio_sha[p] then
-          local ok, sha, frames, samples = pcall(gm.audio_check, p)
+          local ok, sha, frames, samples, frames4 = pcall(gm.audio_check, p)
           if not ok then why = clean_msg(sha); failed[p] = why; break end
           items.audio_sha[p], items.audio_frames[p], items.audio_samples[p] = sha, frames, samples
           items.max_audio_frames = math.max(items.max_audio_frames, frames)
+          items.max_audio_frames4 = math.max(items.max_audio_frames4 or 0, frames4) -- Gemma 4's extractor
           items.max_audio_samples = math.max(items.max_audio_samples, samples)
           if samples > 480000 then
             items.audio_cut = (items.audio_cut or 0) + 1
@@ -1647,6 +1656,7 @@ local function preflight(e, selected, dry_run, no_device)
     if not cfgs[m] then
       local ok, c = pcall(gm.model_config, m)
       if not ok then P.usage(field_where(e, "model"), "model %s: %s", m, clean_msg(c)) end
+      MODEL_ARCH[m] = c.arch
       -- a built-in size plans (the dry run) but has no weights to train
       if c.preset then
         local what = string.format("model %s is a built-in size (%s): gemmarun plans it from its config, but training needs " ..
@@ -1698,8 +1708,8 @@ local function preflight(e, selected, dry_run, no_device)
         for _, it in ipairs(items.train) do if it.audio then first = it; break end end
         P.usage(field_where(e, "model"), "the data has audio (first: %s), but model %s %s",
           first and ((first.where and first.where ~= first.audio[1]) and (first.where .. ", ") or "") .. first.audio[1] or "?",
-          t.config.model, c.arch == "gemma4" and "is a Gemma 4: its audio tower is not in gemmarun yet (its text decoder runs)"
-            or "has no audio encoder; use a Gemma 3n checkpoint of Gemma3nForConditionalGeneration (gemma-3n-E2B-it, gemma-3n-E4B-it)")
+          t.config.model, "has no audio encoder; use a checkpoint with one: Gemma 3n (gemma-3n-E2B-it, gemma-3n-E4B-it) or "
+            .. "Gemma 4 E2B / E4B (gemma-4-E2B-it, gemma-4-E4B-it)")
       end
     end
   end
@@ -2445,7 +2455,7 @@ function R.export(opts)
   else
     say("%s, as a PEFT adapter: %s/adapter_config.json, %s/adapter_model.safetensors", what, opts.out, opts.out)
     say("  in Python: PeftModel.from_pretrained(%s.from_pretrained(\"%s\"), \"%s\")",
-      info.audio_modules > 0 and "Gemma3nForConditionalGeneration"
+      info.audio_modules > 0 and (g4 and "Gemma4ForConditionalGeneration" or "Gemma3nForConditionalGeneration")
         or (info.vision_modules > 0 or info.projector) and (g4 and "Gemma4ForConditionalGeneration" or "Gemma3ForConditionalGeneration")
         or "AutoModelForCausalLM", base, opts.out)
   end

@@ -41,6 +41,14 @@ void gm_audio_encoder_frames(const gm_audio_config *c, int64_t T, int64_t *T2, i
     if (T3) *T3 = c->reduction > 0 ? (t + c->reduction - 1) / c->reduction : t;
 }
 
+int64_t gm_audio_tokens(const gm_config *c, int64_t samples) {
+    if (c->arch != GM_ARCH_GEMMA4) return c->audio.soft_tokens;
+    int64_t s = samples < GM_AUDIO_MAX_SAMPLES ? samples : GM_AUDIO_MAX_SAMPLES;
+    int64_t n = s >= GM_AUDIO4_FRAME + 1 - GM_AUDIO4_LEFT_PAD ? (s - (GM_AUDIO4_FRAME + 1 - GM_AUDIO4_LEFT_PAD)) / GM_AUDIO4_HOP + 1 : 0;
+    int64_t t = ((n + 1) / 2 + 1) / 2;
+    return t < c->audio.soft_tokens ? t : c->audio.soft_tokens;
+}
+
 static gm_status dims_of(const gm_config *mc, gm_audio_encoder_dims *d, gm_error *err) {
     const gm_audio_config *c = &mc->audio;
     if (c->hidden_size <= 0 || c->n_layers <= 0 || c->n_mels <= 0)

@@ -84,6 +84,16 @@ typedef struct gm_audio_encoder_dims {
 /* Frames after the sub-sampling (T2) and soft tokens (T3) of T feature frames, for config c. */
 void gm_audio_encoder_frames(const gm_audio_config *c, int64_t T, int64_t *T2, int64_t *T3);
 
+/* The soft tokens a clip of `samples` samples at 16 kHz takes in a prompt of multimodal config c:
+ * Gemma 3n's audio_soft_tokens_per_image (188) whatever its length; Gemma 4's one per valid frame
+ * after the sub-sampling, ceil(ceil(n / 2) / 2) of the extractor's n valid frames, n = (s - 161) /
+ * 160 + 1 of its s = min(samples, 480000) samples (a frame is valid when its whole 321-sample
+ * window after the 160 zeros of padding is audio: Gemma4AudioFeatureExtractor's mask, whatever the
+ * batch pads to), 0 under 161 samples, at most audio_seq_length (750): what
+ * Gemma4Processor.replace_audio_token and _compute_audio_num_tokens insert, and what
+ * gm_audio_encoder_run gives the clip. */
+int64_t gm_audio_tokens(const gm_config *c, int64_t samples);
+
 /* The audio tower's PEFT module prefix (transformers 5's Gemma3nForConditionalGeneration): the
  * conformer's linears are "<prefix>conformer.N.attention.attn.q_proj", ... */
 #define GM_AUDIO_TOWER_PREFIX "model.audio_tower."

@@ -252,8 +252,8 @@ gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, co
 
 gm_status gm_dataset_add_chat_audio(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                     int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *audio,
-                                    const char *const *audio_sha, int64_t n_audio, gm_error *err) {
-    return add_chat_media(ds, tok, msgs, n_msgs, max_length, label, mm, audio, audio_sha, n_audio, NULL, NULL, true, err);
+                                    const char *const *audio_sha, int64_t n_audio, const int64_t *tokens, gm_error *err) {
+    return add_chat_media(ds, tok, msgs, n_msgs, max_length, label, mm, audio, audio_sha, n_audio, NULL, tokens, true, err);
 }
 
 int64_t gm_dataset_max_audio(const gm_dataset *ds) {

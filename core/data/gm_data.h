@@ -137,13 +137,14 @@ gm_status gm_dataset_add_chat_images(gm_dataset *ds, const gm_tokenizer *tok, co
                                      const char *const *image_sha, int64_t n_images, const int64_t *crops,
                                      const int64_t *tokens, gm_error *err);
 
-/* The same for audio clips on a Gemma 3n model (mm: gm_mm_spec_audio): msgs' text holds one
- * "<start_of_audio>" per clip, audio[i] / audio_sha[i] the i-th clip's file and its sha256
- * (checked by the caller: gm_audio_check). The same checks and errors, naming clips; max_length
- * never cuts into a clip's block. */
+/* The same for audio clips on a Gemma 3n or Gemma 4 model (mm: gm_mm_spec_audio): msgs' text holds
+ * one "<start_of_audio>" per clip, audio[i] / audio_sha[i] the i-th clip's file and its sha256
+ * (checked by the caller: gm_audio_check); tokens[i] its soft tokens (gm_audio_tokens of its
+ * samples: Gemma 4's depend on the clip's length; NULL: mm->tokens each, Gemma 3n's). The same
+ * checks and errors, naming clips; max_length never cuts into a clip's block. */
 gm_status gm_dataset_add_chat_audio(gm_dataset *ds, const gm_tokenizer *tok, const gm_chat_msg *msgs, int64_t n_msgs,
                                     int64_t max_length, int32_t label, const gm_mm_spec *mm, const char *const *audio,
-                                    const char *const *audio_sha, int64_t n_audio, gm_error *err);
+                                    const char *const *audio_sha, int64_t n_audio, const int64_t *tokens, gm_error *err);
 /* What of a table read by rows (Gemma 3n's per-layer embeddings: `rows` rows of row_bytes each,
  * memory-mapped) the token ids of data sets ds[0..n) make resident: the 64 KiB blocks holding the
  * rows of every id below `rows` they use, and row 0 (what every other id reads), counted once

@@ -578,10 +578,12 @@ const char *gm_model_no_images(const gm_model *m) {
 
 const char *gm_model_no_audio(const gm_model *m) {
     if (m->cfg.arch == GM_ARCH_GEMMA3N && m->cfg.audio.hidden_size > 0) return NULL;
-    if (m->cfg.arch == GM_ARCH_GEMMA4)
-        return "Gemma 4's audio tower is not in gemmarun yet: its text decoder runs, its audio is not read";
-    return "it has no audio encoder (audio needs a Gemma 3n checkpoint of Gemma3nForConditionalGeneration, e.g. "
-           "gemma-3n-E2B-it)";
+    if (m->cfg.arch == GM_ARCH_GEMMA4 && gm_config_has_audio(&m->cfg))
+        return m->st && gm_safetensors_find(m->st, "model.audio_tower.output_proj.weight")
+                   ? NULL
+                   : "its files hold no audio tower (no model.audio_tower.*: a text-only export of a Gemma 4)";
+    return "it has no audio encoder (audio needs a checkpoint with one: Gemma 3n, e.g. gemma-3n-E2B-it, or Gemma 4 "
+           "E2B / E4B, e.g. gemma-4-E2B-it)";
 }
 
 void gm_model_free(gm_model *m) {

@@ -167,31 +167,32 @@ gm_status gm_plan_max_audio(const gm_config *cfg, const gm_train_opts *o, const 
     *clips = o->max_audio, *frames = o->max_audio_frames;
     double seconds = in ? in->audio_seconds : 0;
     if (seconds <= 0 && o->max_audio <= 0) return GM_OK;
-    if (cfg->arch != GM_ARCH_GEMMA3N)
+    if (cfg->arch == GM_ARCH_GEMMA3)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s%s takes no audio inputs (Gemma 3 has no audio tower)",
                             names_gemma(cfg->name) ? "" : "Gemma 3 model ", cfg->name);
-    if (cfg->audio.hidden_size <= 0 || cfg->audio.soft_tokens <= 0)
+    if (!gm_config_has_audio(cfg) || cfg->audio.soft_tokens <= 0)
         return gm_error_set(err, GM_ERR_UNSUPPORTED, "%s takes no audio inputs: its config has no audio tower\n"
-                            "  hint: plan a Gemma3nForConditionalGeneration config (gemma3n-e2b, gemma3n-e4b)", cfg->name);
+                            "  hint: plan a config with one (gemma3n-e2b, gemma3n-e4b, gemma4-e2b, gemma4-e4b)", cfg->name);
     if (seconds > 0) {
         /* the extractor keeps 30 s of a clip: longer audio is several clips (gm_plan_check_size
-         * bounds the seconds by the model's positions) */
+         * bounds the seconds by the model's positions); Gemma 4's clip takes a token per 40 ms */
         int64_t n = (int64_t)ceil(seconds / 30.0), T = 0;
         double longest = seconds < 30.0 ? seconds : 30.0;
-        gm_audio_frames((int64_t)ceil(longest * GM_AUDIO_RATE), NULL, &T);
-        int64_t positions = n * (cfg->audio.soft_tokens + 2);
+        int64_t samples = (int64_t)ceil(longest * GM_AUDIO_RATE), tokens = gm_audio_tokens(cfg, samples);
+        gm_audio_frames_kind(cfg->arch == GM_ARCH_GEMMA4 ? GM_AUDIO_FE_GEMMA4 : GM_AUDIO_FE_GEMMA3N, samples, NULL, &T);
+        int64_t positions = n * (tokens + 2);
         if (positions >= o->max_length)
             return gm_error_set(err, GM_ERR_INVALID,
                                 "max_length = %lld leaves no room for text beside %lld audio clip%s (%lld soft tokens + 2 "
                                 "markers each = %lld positions, counted in max_length)\n  hint: raise max_length above %lld",
-                                (long long)o->max_length, (long long)n, n == 1 ? "" : "s", (long long)cfg->audio.soft_tokens,
+                                (long long)o->max_length, (long long)n, n == 1 ? "" : "s", (long long)tokens,
                                 (long long)positions, (long long)positions);
         if (n * o->batch > *clips) *clips = n * o->batch;
         if (T > *frames) *frames = T;
     }
     if (*frames < 1)
         return gm_error_set(err, GM_ERR_INVALID, "audio_seconds = %g is shorter than the feature extractor's first frame "
-                            "(513 samples at 16 kHz: 32 ms)", seconds);
+                            "(32 ms on Gemma 3n, 20 ms on Gemma 4)", seconds);
     return GM_OK;
 }
 
@@ -232,12 +233,10 @@ gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtyp
     memset(out, 0, sizeof *out);
     /* exact where gemmarun trains the model: Gemma 3, Gemma 3n's text decoder with its audio
      * encoder (its MobileNet-V5 vision tower is not in gemmarun: with images the plan is the
-     * estimate), Gemma 4's text decoders, 26B-A4B's experts included, with its vision tower (its
-     * audio tower: the estimate) */
+     * estimate), Gemma 4's text decoders, 26B-A4B's experts included, with its vision tower or its
+     * audio tower */
     bool images = (inputs && inputs->images > 0) || o->max_images > 0;
-    bool audio = (inputs && inputs->audio_seconds > 0) || o->max_audio > 0;
-    bool exact = cfg->arch == GM_ARCH_GEMMA3 || (cfg->arch == GM_ARCH_GEMMA3N && !images) ||
-                 (cfg->arch == GM_ARCH_GEMMA4 && !audio);
+    bool exact = cfg->arch == GM_ARCH_GEMMA3 || (cfg->arch == GM_ARCH_GEMMA3N && !images) || cfg->arch == GM_ARCH_GEMMA4;
     if (!exact) return gm_plan_estimate(cfg, o, stored, stored_embed, inputs, out, err);
     GM_TRY(gm_lora_config_validate(&o->lora, cfg, err));
     /* before the trainer's layout multiplies batch x max_length into byte counts */

@@ -37,7 +37,7 @@ expect_run "generate --audio: the clip's 188 soft tokens in the prompt, then 6 n
 echo "not audio" > bad.wav
 expect_run "generate --audio with a file that is not audio: refused naming it" 2 "bad.wav: not an audio file: this looks like text" \
   -- "$GM" generate "$M" --audio bad.wav "x"
-expect_run "generate --audio on a model without an audio encoder: refused" 2 "tiny_gemma3_chat: it has no audio encoder \(audio needs a Gemma 3n checkpoint" \
+expect_run "generate --audio on a model without an audio encoder: refused" 2 "tiny_gemma3_chat: it has no audio encoder \(audio needs a checkpoint with one: Gemma 3n" \
   -- "$GM" generate "$SRC/tests/ref/tiny_gemma3_chat" --audio "$A/hello-world.wav" "x"
 
 # chat JSONL with audio parts: 8 training clips (0.7-3.3 s) and a broken one, 4 test clips

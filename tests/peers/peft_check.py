@@ -50,7 +50,9 @@
       key; the clip WAV (16 kHz mono 16-bit: no resampling on either side) through
       Gemma3nAudioFeatureExtractor for the ids' run of audio soft tokens; its logits equal --ours
       within X, and the adapter moves PEFT's own logits, and so do its audio-encoder adapters alone
-      (the same adapter with their B zeroed), by more than EFFECT_FACTOR * X.
+      (the same adapter with their B zeroed), by more than EFFECT_FACTOR * X. A Gemma 4 base
+      (config.json's model_type "gemma4"): Gemma4ForConditionalGeneration and
+      Gemma4AudioFeatureExtractor instead (its audio tower's LoRA inside the clipped linears).
   peft_check.py tokenizer --model DIR --cases FILE [--gguf FILE] [--chat TEXT --chat-ids FILE]
       AutoTokenizer.from_pretrained(DIR) encodes every text of FILE (tests/peers/tokens.lua: a
       JSON list of {text, ids}) to gemmarun's ids and decodes them back to the text; with --gguf
@@ -415,10 +417,14 @@ def load_gemma3n(path):
 
 
 def cmd_audio(a):
+    import json
     import warnings
     import wave
     from safetensors.torch import load_file
-    from transformers import Gemma3nAudioFeatureExtractor
+    from transformers import Gemma3nAudioFeatureExtractor, Gemma4AudioFeatureExtractor, Gemma4ForConditionalGeneration
+    g4 = json.load(open(os.path.join(a.base, "config.json"))).get("model_type") == "gemma4"
+    load = (lambda p: Gemma4ForConditionalGeneration.from_pretrained(p, dtype=torch.float32, attn_implementation="eager")
+            .eval()) if g4 else load_gemma3n
     torch.manual_seed(0)
     torch.set_num_threads(2)
     fails = 0
@@ -426,17 +432,17 @@ def cmd_audio(a):
     with wave.open(a.audio, "rb") as w:
         assert w.getframerate() == 16000 and w.getnchannels() == 1 and w.getsampwidth() == 2, "a 16 kHz mono 16-bit WAV"
         x = np.frombuffer(w.readframes(w.getnframes()), dtype="<i2").astype(np.float32) / 32768.0
-    fx = Gemma3nAudioFeatureExtractor()([x], return_tensors="pt")
+    fx = (Gemma4AudioFeatureExtractor() if g4 else Gemma3nAudioFeatureExtractor())([x], return_tensors="pt")
     feats, mask = fx["input_features"], fx["input_features_mask"]
 
     def run(model):
         with torch.no_grad():
             return model(input_ids=ids, input_features=feats, input_features_mask=mask).logits[0].float().numpy().reshape(-1)
 
-    plain = run(load_gemma3n(a.base))
+    plain = run(load(a.base))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        model = PeftModel.from_pretrained(load_gemma3n(a.base), a.adapter).eval()
+        model = PeftModel.from_pretrained(load(a.base), a.adapter).eval()
     bad = [str(w.message) for w in caught if "missing" in str(w.message).lower() or "unexpected" in str(w.message).lower()]
     fails += report(not bad, "PeftModel.from_pretrained: no missing or unexpected key" + ("" if not bad else ": " + bad[0][:300]))
     saved = load_file(os.path.join(a.adapter, "adapter_model.safetensors"))
