@@ -463,6 +463,20 @@ static void trace_out(gm_audio_trace_fn trace, void *user, const char *stage, co
     if (trace) trace(user, stage, x, rows, cols);
 }
 
+/* The sub-sampling's output c1 (rows frames) through input_proj into X[0], then the blocks, each
+ * stage traced. */
+static void run_blocks(gm_audio_encoder *e, const gm_kctx *ctx, int64_t rows, gm_audio_trace_fn trace, void *user) {
+    gm_graph *g = &e->g;
+    e->be->k->matmul_fwd(ctx, g->X[0], e->c1, &e->input_proj, rows, 0.0f);
+    trace_out(trace, user, "sscp", g->X[0], rows, e->d.D);
+    for (int64_t i = 0; i < e->cfg.n_layers; i++) {
+        g->arch->layer_fwd(g, i);
+        char name[32];
+        snprintf(name, sizeof name, "block_%lld", (long long)i);
+        trace_out(trace, user, name, g->X[i + 1], rows, e->d.D);
+    }
+}
+
 /* Gemma 4's encoder (Gemma4AudioModel, Gemma4MultimodalEmbedder "embed_audio"; modeling_gemma4.py):
  *   sub-sampling, twice: x * valid (the frames' mask, every 2nd frame's after the first), Conv2d
  *     3 x 3 stride 2 padding 1 (channels last), LayerNorm over channels (weight, no bias,
@@ -514,14 +528,7 @@ static gm_status run_g4(gm_audio_encoder *e, const float *features, const uint8_
         k->clip_fwd(&ctx, out[i], out[i], rows * Co[i], e->relu_b, e->relu_b + 1);
     }
     gm_graph *g = &e->g;
-    k->matmul_fwd(&ctx, g->X[0], e->c1, &e->input_proj, B * T2, 0.0f);
-    trace_out(trace, user, "sscp", g->X[0], B * T2, d->D);
-    for (int64_t i = 0; i < c->n_layers; i++) {
-        g->arch->layer_fwd(g, i);
-        char name[32];
-        snprintf(name, sizeof name, "block_%lld", (long long)i);
-        trace_out(trace, user, name, g->X[i + 1], B * T2, d->D);
-    }
+    run_blocks(e, &ctx, B * T2, trace, user);
     if (n == 0) return gm_backend_status(be, err);
     k->gather_rows(&ctx, e->red, g->X[c->n_layers], e->rows, n, d->D);
     k->matmul_fwd(&ctx, e->outp, e->red, &e->out_proj, n, 0.0f);
@@ -578,14 +585,7 @@ gm_status gm_audio_encoder_run(gm_audio_encoder *e, const float *features, const
                   c->sscp_kernel[1][1], c->sscp_stride[1][0], c->sscp_stride[1][1], 0, 1);
     k->cumulative_group_norm_fwd(&ctx, e->c1, e->c1, e->gn_w[1], B, T2, d->F2 * d->C1, d->C1, c->group_norm_eps, 1);
     gm_graph *g = &e->g;
-    k->matmul_fwd(&ctx, g->X[0], e->c1, &e->input_proj, B * T2, 0.0f);
-    trace_out(trace, user, "sscp", g->X[0], B * T2, d->D);
-    for (int64_t i = 0; i < c->n_layers; i++) {
-        g->arch->layer_fwd(g, i);
-        char name[32];
-        snprintf(name, sizeof name, "block_%lld", (long long)i);
-        trace_out(trace, user, name, g->X[i + 1], B * T2, d->D);
-    }
+    run_blocks(e, &ctx, B * T2, trace, user);
     /* reduction, padding frames zeroed (Gemma3nAudioEncoder.forward) */
     k->gather_rows(&ctx, e->red, g->X[c->n_layers], e->rows, B * T3, d->D);
     k->mask_rows_fwd(&ctx, e->red, e->valid3, NULL, B * T3, d->D);

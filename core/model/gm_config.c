@@ -612,6 +612,8 @@ static gm_status gemma3n_towers_json(const cJSON *root, const char *label, gm_co
 static gm_status gemma4_towers_json(const cJSON *root, const char *label, gm_config *cfg, gm_error *err);
 static gm_status tower_int(const cJSON *ac, const char *key, int64_t lo, int64_t hi, int64_t *dst, const char *label,
                            gm_error *err);
+static gm_status conv_channels(const cJSON *ac, const char *key, int64_t dst[2], const char *label, const char *model,
+                               gm_error *err);
 
 static gm_status config_from_text_json(const cJSON *root, const char *label, gm_config *cfg,
                                        gm_error *err) {
@@ -1119,19 +1121,8 @@ static gm_status gemma4_towers_json(const cJSON *root, const char *label, gm_con
         GM_TRY(jfloat(ac, "gradient_clipping", &a->clip, where, err));
         GM_TRY(jfloat(ac, "rms_norm_eps", &a->rms_eps, where, err));
         a->group_norm_eps = a->rms_eps;
-        const cJSON *ch = jget(ac, "subsampling_conv_channels"), *cl = jget(ac, "use_clipped_linears"),
-                    *act = jget(ac, "hidden_act");
-        if (ch) {
-            bool ok = cJSON_IsArray(ch) && cJSON_GetArraySize(ch) == 2;
-            for (int i = 0; ok && i < 2; i++) {
-                const cJSON *x = cJSON_GetArrayItem(ch, i);
-                ok = cJSON_IsNumber(x) && x->valuedouble >= 1 && x->valuedouble <= 65536 && x->valuedouble == floor(x->valuedouble);
-                if (ok) a->sscp_channels[i] = (int64_t)x->valuedouble;
-            }
-            if (!ok)
-                return gm_error_set(err, GM_ERR_FORMAT, "%s: subsampling_conv_channels must be two integers in 1..65536 "
-                                    "(Gemma 4: [128, 32])", where);
-        }
+        const cJSON *cl = jget(ac, "use_clipped_linears"), *act = jget(ac, "hidden_act");
+        GM_TRY(conv_channels(ac, "subsampling_conv_channels", a->sscp_channels, where, "Gemma 4", err));
         /* input_proj_linear takes (channels[0] / 4) x channels[1] inputs: the 128 mel bins quartered by
          * the two stride-2 convolutions only when channels[0] is 128 too */
         if (a->sscp_channels[0] / 4 != a->n_mels / 4)
@@ -1163,6 +1154,25 @@ static gm_status tower_int(const cJSON *ac, const char *key, int64_t lo, int64_t
         return gm_error_set(err, GM_ERR_FORMAT, "%s: %s = %lld is outside %lld..%lld", label, key, (long long)v,
                             (long long)lo, (long long)hi);
     *dst = v;
+    return GM_OK;
+}
+
+/* The audio sub-sampling's two channel counts (audio_config[key]: two integers in 1..65536), when
+ * stated; GM_ERR_FORMAT names the key (label: where, model: whose default [128, 32]). */
+static gm_status conv_channels(const cJSON *ac, const char *key, int64_t dst[2], const char *label, const char *model,
+                               gm_error *err) {
+    const cJSON *ch = jget(ac, key);
+    if (!ch) return GM_OK;
+    bool ok = cJSON_IsArray(ch) && cJSON_GetArraySize(ch) == 2;
+    int64_t v[2] = {0, 0};
+    for (int i = 0; ok && i < 2; i++) {
+        const cJSON *x = cJSON_GetArrayItem(ch, i);
+        ok = cJSON_IsNumber(x) && x->valuedouble >= 1 && x->valuedouble <= 65536 && x->valuedouble == floor(x->valuedouble);
+        if (ok) v[i] = (int64_t)x->valuedouble;
+    }
+    if (!ok)
+        return gm_error_set(err, GM_ERR_FORMAT, "%s: %s must be two integers in 1..65536 (%s: [128, 32])", label, key, model);
+    dst[0] = v[0], dst[1] = v[1];
     return GM_OK;
 }
 
@@ -1223,18 +1233,7 @@ static gm_status gemma3n_towers_json(const cJSON *root, const char *label, gm_co
         GM_TRY(jfloat(ac, "sscp_conv_group_norm_eps", &a->group_norm_eps, awhere, err));
         GM_TRY(audio_pairs(ac, "sscp_conv_kernel_size", a->sscp_kernel, label, err));
         GM_TRY(audio_pairs(ac, "sscp_conv_stride_size", a->sscp_stride, label, err));
-        const cJSON *ch = jget(ac, "sscp_conv_channel_size");
-        if (ch) {
-            bool ok = cJSON_IsArray(ch) && cJSON_GetArraySize(ch) == 2;
-            for (int i = 0; ok && i < 2; i++) {
-                const cJSON *x = cJSON_GetArrayItem(ch, i);
-                ok = cJSON_IsNumber(x) && x->valuedouble >= 1 && x->valuedouble <= 65536 && x->valuedouble == floor(x->valuedouble);
-                if (ok) a->sscp_channels[i] = (int64_t)x->valuedouble;
-            }
-            if (!ok)
-                return gm_error_set(err, GM_ERR_FORMAT, "%s: audio_config.sscp_conv_channel_size must be two integers in "
-                                    "1..65536 (Gemma 3n: [128, 32])", label);
-        }
+        GM_TRY(conv_channels(ac, "sscp_conv_channel_size", a->sscp_channels, awhere, "Gemma 3n", err));
         if (!(a->logit_cap > 0) || !(a->clip > 0) || !(a->rms_eps > 0) || !(a->group_norm_eps > 0))
             return gm_error_set(err, GM_ERR_FORMAT, "%s: audio_config's conf_attention_logit_cap, gradient_clipping, "
                                 "rms_norm_eps and sscp_conv_group_norm_eps must be positive", label);

@@ -66,12 +66,7 @@ expect_run "export: a PEFT folder, the tower's adapters in it" 0 \
 IDS="2,506$(printf ',508%.0s' $(seq 35)),507,45,77,3"
 peers_python
 if [ -n "$PEERS" ]; then
-  # the clip at 16 kHz (the 8 kHz recording interpolated): both sides read the same samples, no resampling
-  "$PEERS" -c "
-import wave, numpy as np
-w = wave.open('$A/hello-world.wav'); x = np.frombuffer(w.readframes(w.getnframes()), dtype='<i2').astype(np.float64)
-y = np.interp(np.arange(2 * len(x)) / 2.0, np.arange(len(x)), x).round().astype('<i2')
-o = wave.open('hello16k.wav', 'wb'); o.setnchannels(1); o.setsampwidth(2); o.setframerate(16000); o.writeframes(y.tobytes()); o.close()"
+  wav_16k "$A/hello-world.wav" hello16k.wav # both sides read the same samples, no resampling
   MODEL=$M IDS=$IDS OUT=results/g4a.txt ADAPTER=results/g4a AUDIO=hello16k.wav "$GM" "$SRC/tests/peers/logits.lua" >/dev/null 2>&1
   expect_run "PEFT applies the exported adapter to transformers' Gemma 4 with the same logits for a real clip" 0 \
     "ok    40 audio-encoder LoRA tensors.*ok    logits with the clip and the adapter.*ok    its audio-encoder adapters move" \

@@ -56,6 +56,17 @@ peers_python() {
 }
 
 # tol NAME: the tolerance NAME from the one table of tolerances (tests/unit/test_util.h).
+# wav_16k SRC DST: the 8 kHz 16-bit mono recording SRC as a 16 kHz one in DST, linearly interpolated
+# (with $PEERS: peers_python first), so that gemmarun and transformers read the same samples without
+# either resampling.
+wav_16k() {
+  "$PEERS" -c "
+import sys, wave, numpy as np
+w = wave.open(sys.argv[1]); x = np.frombuffer(w.readframes(w.getnframes()), dtype='<i2').astype(np.float64)
+y = np.interp(np.arange(2 * len(x)) / 2.0, np.arange(len(x)), x).round().astype('<i2')
+o = wave.open(sys.argv[2], 'wb'); o.setnchannels(1); o.setsampwidth(2); o.setframerate(16000); o.writeframes(y.tobytes()); o.close()" "$1" "$2"
+}
+
 tol() {
   sed -n "s/^#define $1 \([^ ]*\).*/\1/p" "$(dirname "${BASH_SOURCE[0]}")/../unit/test_util.h"
 }

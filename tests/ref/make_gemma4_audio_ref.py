@@ -27,6 +27,9 @@ toy sizes, and what transformers computes with it on real speech:
                   subsample_conv_projection's output (the conformer's input); layer_0, layer_1 (2, 35, 32):
                   each Gemma4AudioLayer's output; tower (2, 35, 24): the audio tower's last_hidden_state
                   (after output_proj; padding frames included, as transformers computes them);
+                  count_samples (26,) int32 and count_tokens (26,) int32: clip lengths around every
+                  boundary and the soft tokens Gemma4Processor gives each (_compute_audio_num_tokens,
+                  asserted equal to replace_audio_token's count from the extractor's mask, capped at 750);
                   out_mask (2, 35) uint8: the tower's output attention_mask (1 = valid); n_tokens (2,)
                   int32: valid soft tokens per clip (35, 22), asserted equal to what
                   Gemma4Processor.replace_audio_token inserts for the clip's mask (and the tokenizer
@@ -122,7 +125,6 @@ import peft  # noqa: E402
 import safetensors.torch  # noqa: E402
 import transformers  # noqa: E402
 from transformers import Gemma4AudioConfig, Gemma4Config, Gemma4ForConditionalGeneration  # noqa: E402
-from transformers.models.gemma4.modeling_gemma4 import Gemma4ClippableLinear  # noqa: E402
 from transformers.models.gemma4.processing_gemma4 import Gemma4Processor  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -209,103 +211,6 @@ def make_model():
 
 def tower_of(model):
     return model.get_base_model().model.audio_tower if hasattr(model, "get_base_model") else model.model.audio_tower
-
-
-def clipped(model):
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, Gemma4ClippableLinear)]
-
-
-def tower_values(model, feats, mask, target, io):
-    """The values clamp `target` (index into clipped()) meets in a forward of model's tower: its input
-    ("in") or its linear's output after the input clamp ("out")."""
-    n, m = clipped(model)[target]
-    got = {}
-
-    def keep(x):  # (a hook that returns None: it changes nothing)
-        got.setdefault("x", x.detach().double().flatten())
-
-    if io == "in":
-        h = m.register_forward_pre_hook(lambda mod, args: keep(args[0]))
-    else:
-        h = m.linear.register_forward_hook(lambda mod, args, out: keep(out))
-    with torch.no_grad():
-        tower_of(model)(feats, mask)
-    h.remove()
-    return got["x"]
-
-
-def set_clip_bounds(models, feats, mask, k=20, k_max=640, min_gap=1e-4):
-    """Sets every clip buffer of each of `models` (the model, and its PEFT copy with the drawn LoRA
-    adapters) to the same values, clamp after clamp in forward order: for each side a quantile u of
-    the values the model's clamp meets, u ~ U(0.01, 0.06) from SEED_CLIP, moved to the middle of the
-    widest gap, among the 2k + 1 nearest ranks, of the values that clamp meets in all of `models`
-    (so no value lies near a bound: no flip between float32 and float64 or between implementations);
-    where that gap is under 2 min_gap, among the 4k + 1, 8k + 1, ... nearest (k at most k_max); where
-    none of those is 2 min_gap wide either (the values crowd: silu's outputs piled at its minimum,
-    -0.2785, the low side of ffw_layer_2's inputs), the bound goes 10 min_gap past every value (that
-    side clips nothing). Returns the smallest distance of any value to its bound and the sides so
-    placed ("<module> input min", ...)."""
-    g = torch.Generator().manual_seed(SEED_CLIP)
-    with torch.no_grad():
-        for mm in models:
-            for _, m in clipped(mm):
-                for b, v in (("input_min", -1), ("input_max", 1), ("output_min", -1), ("output_max", 1)):
-                    getattr(m, b).fill_(v * float("inf"))
-    margin, crowded = float("inf"), []
-    for j in range(len(clipped(models[0]))):
-        for io in ("in", "out"):
-            vals = [tower_values(mm, feats, mask, j, io) for mm in models]
-            union = torch.cat(vals).sort().values
-            u = 0.01 + 0.05 * torch.rand(2, generator=g, dtype=torch.float64)
-            lo_hi = []
-            for q in (u[0], 1 - u[1]):
-                t = torch.quantile(vals[0], q)
-                i = int(torch.searchsorted(union, t))
-                kk = k
-                while True:  # widened where the values crowd (silu's outputs near its minimum, -0.278)
-                    lo, hi = max(i - kk, 0), min(i + kk, len(union) - 1)
-                    gaps = union[lo + 1:hi + 1] - union[lo:hi]
-                    w = int(gaps.argmax())
-                    if float(gaps[w]) / 2 >= min_gap or kk >= k_max:
-                        break
-                    kk *= 2
-                if float(gaps[w]) / 2 >= min_gap:
-                    lo_hi.append(float((union[lo + w] + union[lo + w + 1]) / 2))
-                    margin = min(margin, float(gaps[w]) / 2)
-                else:  # no room anywhere near: past every value, that side clips nothing
-                    lo_hi.append(float(union[0] - 10 * min_gap if q < 0.5 else union[-1] + 10 * min_gap))
-                    margin = min(margin, 10 * min_gap)
-                    crowded.append(f"{clipped(models[0])[j][0]} {io}put {'min' if q < 0.5 else 'max'}")
-            with torch.no_grad():
-                for mm in models:
-                    m = clipped(mm)[j][1]
-                    (m.input_min if io == "in" else m.output_min).fill_(lo_hi[0])
-                    (m.input_max if io == "in" else m.output_max).fill_(lo_hi[1])
-    return margin, crowded
-
-
-def clip_fractions(model, feats, mask):
-    fr, handles = {}, []
-
-    def pre(name):
-        def hook(mod, args):
-            x = args[0]
-            fr.setdefault(name, [None, None])[0] = float(((x < mod.input_min) | (x > mod.input_max)).double().mean())
-        return hook
-
-    def post(name, owner):
-        def hook(mod, args, out):
-            fr[name][1] = float(((out < owner.output_min) | (out > owner.output_max)).double().mean())
-        return hook
-
-    for n, m in clipped(model):
-        handles.append(m.register_forward_pre_hook(pre(n)))
-        handles.append(m.linear.register_forward_hook(post(n, m)))
-    with torch.no_grad():
-        tower_of(model)(feats, mask)
-    for h in handles:
-        h.remove()
-    return fr
 
 
 def gradient_clamps(model, feats, mask):
@@ -440,21 +345,24 @@ def mm_logits(model, ids, feats, mask):
 
 
 from make_vision_ref import random_lora  # noqa: E402  (A ~ U(-0.5, 0.5), B ~ N(0, 0.1^2) in state-dict order)
+import gemma4_clip_ref as clip_ref  # noqa: E402  (the clipped linears: shared with make_gemma4_vision_ref.py)
+from gemma4_clip_ref import clipped  # noqa: E402
+
+
+def tower_run(feats, mask):
+    """A forward of a model's (or its PEFT copy's) audio tower on the clips."""
+    return lambda model: tower_of(model)(feats, mask)
+
+
+def lora_model_of(model):
+    """A copy of model under PEFT LoRA at the drawn A and B."""
+    return clip_ref.lora_model_of(model, LORA_TARGETS, SEED_LORA, random_lora)
 
 
 def short(k):
     i = k.index("layers.")
     tail = k[i:].replace(".lora_A.weight", "").replace(".lora_B.weight", "")
     return ("audio." if "audio_tower" in k else "") + tail
-
-
-def lora_model_of(model):
-    """A copy of model under PEFT LoRA at the drawn A and B."""
-    lcfg = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=LORA_TARGETS)
-    pm = peft.get_peft_model(copy.deepcopy(model), lcfg)
-    pm.eval()  # dropout is 0 anyway
-    random_lora(pm, SEED_LORA)
-    return pm
 
 
 def audio_attention_in_dtype():
@@ -498,6 +406,35 @@ def lora_run(pm, ids, feats, mask, labels):
     return float(out.loss.detach()), keys, res
 
 
+# Clip lengths (samples at 16 kHz) around every boundary of the token count: no frame, the first
+# frames, the stride-2 steps, the real clips, the 30 s cut and the 750 cap.
+COUNT_LENS = [0, 1, 160, 161, 162, 320, 321, 480, 481, 640, 641, 800, 801, 960, 961, 1121, 1281, 13840, 22468,
+              160000, 479839, 479840, 479999, 480000, 480001, 600000]
+
+
+def audio_token_counts():
+    """Soft tokens per clip length, as Gemma4Processor counts them two ways: _compute_audio_num_tokens
+    (from the length) and replace_audio_token (from Gemma4AudioFeatureExtractor's mask of the clip,
+    padded in a batch with a 30 s clip so the count does not depend on the clip's own padding);
+    asserted equal, the first capped at audio_seq_length (750)."""
+    import types
+    from transformers import Gemma4AudioFeatureExtractor
+    from transformers.models.gemma4.processing_gemma4 import Gemma4Processor
+    fe = Gemma4AudioFeatureExtractor()
+    proc = types.SimpleNamespace(feature_extractor=fe, audio_seq_length=750)
+    tokens = []
+    for n in COUNT_LENS:
+        t = Gemma4Processor._compute_audio_num_tokens(proc, np.zeros(n, np.float32), 16000)
+        if 161 <= n <= 600000:
+            fx = fe([np.full(n, 0.01, np.float32), np.full(480000, 0.01, np.float32)], return_tensors="np")
+            m = fx["input_features_mask"][0]
+            for _ in range(2):
+                m = m[::2][: (len(m) + 2 - 3) // 2 + 1]
+            assert min(int(m.sum()), 750) == t, (n, int(m.sum()), t)
+        tokens.append(int(t))
+    return COUNT_LENS, tokens
+
+
 def main():
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
@@ -514,11 +451,12 @@ def main():
 
     model = make_model()
     lora_model = lora_model_of(model)
-    margin, crowded = set_clip_bounds([model, lora_model], feats, mask)
+    margin, crowded = clip_ref.set_clip_bounds([model, lora_model], tower_run(feats, mask), SEED_CLIP, k_max=640,
+                                               min_gap=1e-4)
     print(f"clip bounds: every value at least {margin:.3g} from its bound (plain and LoRA forwards); "
           f"{len(crowded)} sides past every value: " + ", ".join(crowded))
     assert margin > 1e-5, margin
-    fr = clip_fractions(model, feats, mask)
+    fr = clip_ref.clip_fractions(model, tower_run(feats, mask))
     for n, (fi, fo) in fr.items():
         print(f"clip {n}: input {fi:.4f}, output {fo:.4f}")
         assert 0.01 <= fi <= 0.20 and 0.01 <= fo <= 0.20, (n, fi, fo)
@@ -556,6 +494,7 @@ def main():
     assert out_mask.dtype == torch.bool and torch.equal(out_mask, mask[:, ::2][:, ::2])
     n_tokens = out_mask.sum(1).tolist()
     assert n_tokens == [35, 22], n_tokens
+    count_lens, count_tokens = audio_token_counts()
     assert torch.equal(feat_out.last_hidden_state, enc.last_hidden_state)
     assert torch.equal(feat_out.pooler_output, model.model.embed_audio(inputs_embeds=enc.last_hidden_state))
     soft = feat_out.pooler_output[out_mask]
@@ -663,6 +602,8 @@ def main():
         h5_dset(a, "tower", enc.last_hidden_state.numpy(), np.float32)
         h5_dset(a, "out_mask", out_mask.numpy().astype(np.uint8), np.uint8)
         h5_dset(a, "n_tokens", np.array(n_tokens), np.int32)
+        h5_dset(a, "count_samples", np.array(count_lens), np.int32)
+        h5_dset(a, "count_tokens", np.array(count_tokens), np.int32)
         h5_dset(a, "soft", soft.numpy(), np.float32)
         h5_dset(a, "clip_fractions", np.array(list(fr.values())), np.float64)
         a["clip_fractions"].attrs["modules"] = "\n".join(fr)

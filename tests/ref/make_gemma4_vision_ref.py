@@ -120,7 +120,6 @@ import transformers  # noqa: E402
 from transformers import Gemma4Config, Gemma4ForConditionalGeneration, Gemma4VisionConfig  # noqa: E402
 from transformers.models.gemma4.image_processing_pil_gemma4 import (  # noqa: E402
     Gemma4ImageProcessorPil, convert_image_to_patches)
-from transformers.models.gemma4.modeling_gemma4 import Gemma4ClippableLinear  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 OUT = os.path.join(HERE, "tiny_gemma4_vision")
@@ -193,89 +192,6 @@ def randomize(model):
                 b.copy_(0.1 * torch.randn(b.shape, generator=g))
             elif name.endswith("std_scale"):
                 b.copy_(1.0 + 0.1 * torch.randn(b.shape, generator=g))
-
-
-def clipped(model):
-    return [(n, m) for n, m in model.named_modules() if isinstance(m, Gemma4ClippableLinear)]
-
-
-def tower_values(model, pix, pos, target, io):
-    """The values clamp `target` (index into clipped()) meets in a forward of model's tower: its input
-    ("in") or its linear's output after the input clamp ("out")."""
-    n, m = clipped(model)[target]
-    got = {}
-
-    def keep(x):  # (a hook that returns None: it changes nothing)
-        got.setdefault("x", x.detach().double().flatten())
-
-    if io == "in":
-        h = m.register_forward_pre_hook(lambda mod, args: keep(args[0]))
-    else:
-        h = m.linear.register_forward_hook(lambda mod, args, out: keep(out))
-    tower = model.get_base_model().model.vision_tower if hasattr(model, "get_base_model") else model.model.vision_tower
-    with torch.no_grad():
-        tower(pixel_values=pix, pixel_position_ids=pos)
-    h.remove()
-    return got["x"]
-
-
-def set_clip_bounds(models, pix, pos, k=20):
-    """Sets every clip buffer of each of `models` (the model, and its PEFT copy with the drawn LoRA
-    adapters) to the same values, clamp after clamp in forward order: for each side a quantile u of
-    the values the model's clamp meets, u ~ U(0.01, 0.06) from SEED_CLIP, moved to the middle of the
-    widest gap, among the 2k + 1 nearest ranks, of the values that clamp meets in all of `models`
-    (so no value lies near a bound: no flip between float32 and float64 or between implementations).
-    Returns the smallest distance of any value to its bound."""
-    g = torch.Generator().manual_seed(SEED_CLIP)
-    with torch.no_grad():
-        for mm in models:
-            for _, m in clipped(mm):
-                for b, v in (("input_min", -1), ("input_max", 1), ("output_min", -1), ("output_max", 1)):
-                    getattr(m, b).fill_(v * float("inf"))
-    margin = float("inf")
-    for j in range(len(clipped(models[0]))):
-        for io in ("in", "out"):
-            vals = [tower_values(mm, pix, pos, j, io) for mm in models]
-            union = torch.cat(vals).sort().values
-            u = 0.01 + 0.05 * torch.rand(2, generator=g, dtype=torch.float64)
-            lo_hi = []
-            for q in (u[0], 1 - u[1]):
-                t = torch.quantile(vals[0], q)
-                i = int(torch.searchsorted(union, t))
-                gaps = union[i - k + 1:i + k + 1] - union[i - k:i + k]
-                w = int(gaps.argmax())
-                lo_hi.append(float((union[i - k + w] + union[i - k + w + 1]) / 2))
-                margin = min(margin, float(gaps[w]) / 2)
-            with torch.no_grad():
-                for mm in models:
-                    m = clipped(mm)[j][1]
-                    (m.input_min if io == "in" else m.output_min).fill_(lo_hi[0])
-                    (m.input_max if io == "in" else m.output_max).fill_(lo_hi[1])
-    return margin
-
-
-def clip_fractions(model, pix, pos):
-    fr, handles = {}, []
-
-    def pre(name):
-        def hook(mod, args):
-            x = args[0]
-            fr.setdefault(name, [None, None])[0] = float(((x < mod.input_min) | (x > mod.input_max)).double().mean())
-        return hook
-
-    def post(name, owner):
-        def hook(mod, args, out):
-            fr[name][1] = float(((out < owner.output_min) | (out > owner.output_max)).double().mean())
-        return hook
-
-    for n, m in clipped(model):
-        handles.append(m.register_forward_pre_hook(pre(n)))
-        handles.append(m.linear.register_forward_hook(post(n, m)))
-    with torch.no_grad():
-        model.model.vision_tower(pixel_values=pix, pixel_position_ids=pos)
-    for h in handles:
-        h.remove()
-    return fr
 
 
 def make_model():
@@ -405,21 +321,27 @@ def logits_cached(model, ids, patches, pos, tt):
 
 
 from make_vision_ref import random_lora  # noqa: E402  (A ~ U(-0.5, 0.5), B ~ N(0, 0.1^2) in state-dict order)
+import gemma4_clip_ref as clip_ref  # noqa: E402  (the clipped linears: shared with make_gemma4_audio_ref.py)
+from gemma4_clip_ref import clipped  # noqa: E402
+
+
+def tower_run(pix, pos):
+    """A forward of a model's (or its PEFT copy's) vision tower on the patches."""
+    def run(model):
+        tower = model.get_base_model().model.vision_tower if hasattr(model, "get_base_model") else model.model.vision_tower
+        tower(pixel_values=pix, pixel_position_ids=pos)
+    return run
+
+
+def lora_model_of(model):
+    """A copy of model under PEFT LoRA at the drawn A and B."""
+    return clip_ref.lora_model_of(model, LORA_TARGETS, SEED_LORA, random_lora)
 
 
 def short(k):
     i = k.index("layers.")
     tail = k[i:].replace(".lora_A.weight", "").replace(".lora_B.weight", "")
     return ("vision." if "vision_tower" in k else "") + tail
-
-
-def lora_model_of(model):
-    """A copy of model under PEFT LoRA at the drawn A and B."""
-    lcfg = peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0, target_modules=LORA_TARGETS)
-    pm = peft.get_peft_model(copy.deepcopy(model), lcfg)
-    pm.eval()  # dropout is 0 anyway
-    random_lora(pm, SEED_LORA)
-    return pm
 
 
 def lora_run(pm, ids, patches, pos, tt, labels):
@@ -467,10 +389,10 @@ def main():
 
     model = make_model()
     lora_model = lora_model_of(model)
-    margin = set_clip_bounds([model, lora_model], patches, pos)
+    margin, _ = clip_ref.set_clip_bounds([model, lora_model], tower_run(patches, pos), SEED_CLIP)
     print(f"clip bounds: every value at least {margin:.3g} from its bound (plain and LoRA forwards)")
     assert margin > 1e-5, margin
-    fr = clip_fractions(model, patches, pos)
+    fr = clip_ref.clip_fractions(model, tower_run(patches, pos))
     for n, (fi, fo) in fr.items():
         print(f"clip {n}: input {fi:.4f}, output {fo:.4f}")
         assert 0.01 <= fi <= 0.20 and 0.01 <= fo <= 0.20, (n, fi, fo)

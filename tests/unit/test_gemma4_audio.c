@@ -156,6 +156,23 @@ static void check_tower(const gm_model *m, const fixture *f) {
     gm_audio_encoder_free(e);
 }
 
+/* Each clip length's soft tokens (gm_audio_tokens: what data sets, generate and the planner put in a
+ * prompt) against Gemma4Processor's two counts (the fixture's count_samples / count_tokens: lengths
+ * around every boundary, the real clips, the 30 s cut and the 750 cap). */
+static void check_counts(const gm_model *m) {
+    size_t n = 0, n2 = 0;
+    int32_t *len = gm_test_h5_read(gm_test_path(REF), "/audio/count_samples", 1, &n, NULL, NULL);
+    int32_t *tok = gm_test_h5_read(gm_test_path(REF), "/audio/count_tokens", 1, &n2, NULL, NULL);
+    CHECK(len && tok && n == n2 && n > 20, "/audio/count_samples and count_tokens: %zu, %zu", n, n2);
+    int bad = 0;
+    for (size_t i = 0; len && tok && i < n && i < n2; i++)
+        if (gm_audio_tokens(&m->cfg, len[i]) != tok[i] && bad++ < 3)
+            CHECK(false, "%lld samples: %lld soft tokens, Gemma4Processor %d", (long long)len[i],
+                  (long long)gm_audio_tokens(&m->cfg, len[i]), tok[i]);
+    CHECK(bad == 0, "soft tokens of %zu clip lengths as Gemma4Processor counts them (%d differ)", n, bad);
+    gm_free(len), gm_free(tok);
+}
+
 /* ---- the prompts through the trainer --------------------------------------------------------- */
 
 static void check_logits(const gm_model *m, const fixture *f) {
@@ -227,22 +244,13 @@ static void check_logits(const gm_model *m, const fixture *f) {
 
 /* ---- LoRA against PEFT ------------------------------------------------------------------------- */
 
-/* "layers.3.self_attn.q_proj.A" / "audio.layers.0.self_attn.q_proj.linear.B" of a PEFT name. */
-static const char *at_key(const char *peft_name, char *buf, size_t cap) {
-    const char *p = strstr(peft_name, "layers."), *e = strstr(peft_name, ".lora_");
-    snprintf(buf, cap, "%s%.*s.%s", strstr(peft_name, "audio_tower") ? "audio." : "", p && e ? (int)(e - p) : 0, p ? p : "",
-             strstr(peft_name, ".lora_A.") ? "A" : "B");
-    return buf;
-}
-
 static void check_lora(const gm_model *m, const fixture *f, bool checkpointing) {
     size_t n = 0;
     int32_t *labels = gm_test_h5_read(gm_test_path(REF), "/lora_at/labels", 1, &n, NULL, NULL);
     double *loss_ref = gm_test_h5_read(gm_test_path(REF), "/lora_at/loss", 2, &n, NULL, NULL);
-    char *peft_keys = gm_test_h5_attr_string(gm_test_path(REF), "/lora_at", "peft_keys");
-    if (!labels || !loss_ref || !peft_keys) {
+    if (!labels || !loss_ref) {
         CHECK(false, "fixture /lora_at incomplete");
-        gm_free(labels), gm_free(loss_ref), gm_free(peft_keys);
+        gm_free(labels), gm_free(loss_ref);
         return;
     }
     int64_t B = f->B, T = f->S, n_sup = 0;
@@ -264,23 +272,10 @@ static void check_lora(const gm_model *m, const fixture *f, bool checkpointing) 
     CHECK_OK(gm_trainer_new(m, &o, &tr, &err), &err);
     if (tr) {
         int np = 0;
-        const gm_train_param *pp = gm_trainer_params(tr, &np);
+        gm_trainer_params(tr, &np);
         CHECK(np == 2 * (38 + 20), "%d trained tensors (38 text + 20 audio-tower modules, A and B each)", np);
-        char key[400], name[256];
-        int unnamed = 0;
-        for (int i = 0; i < np; i++) {
-            const char *hit = strstr(peft_keys, pp[i].name);
-            size_t ln = strlen(pp[i].name);
-            if (!hit || (hit != peft_keys && hit[-1] != '\n') || (hit[ln] != '\n' && hit[ln] != '\0'))
-                if (unnamed++ < 3) CHECK(false, "%s is not one of PEFT's keys", pp[i].name);
-            snprintf(name, sizeof name, "%s", pp[i].name);
-            snprintf(key, sizeof key, "/lora_at/%s", at_key(name, key + 200, 200));
-            float *v = gm_test_h5_read(gm_test_path(REF), key, 0, &n, NULL, NULL);
-            CHECK(v && (int64_t)n == pp[i].n, "%s: %zu values for %lld", key, n, (long long)pp[i].n);
-            if (v && (int64_t)n == pp[i].n) gm_backend_upload(gm_trainer_backend(tr), pp[i].p, v, n * sizeof(float));
-            gm_free(v);
-        }
-        CHECK(unnamed == 0, "%d trained tensors named unlike PEFT", unnamed);
+        CHECK(gm_test_peft_load(tr, gm_test_path(REF), "/lora_at", "audio_tower", "audio") == np,
+              "every trained tensor loaded from PEFT's");
         gm_batch bt = {.B = B, .T = T, .ids = f->ids, .targets = tg, .audio_features = f->feat, .audio_valid = f->valid,
                        .n_audio = B, .audio_frames = f->T};
         double loss_sum = 0;
@@ -290,25 +285,9 @@ static void check_lora(const gm_model *m, const fixture *f, bool checkpointing) 
         CHECK(fabs(loss - loss_ref[0]) <= TOL_PEFT_LOSS_REL * fabs(loss_ref[0]), "loss %.9g vs PEFT %.9g", loss, loss_ref[0]);
         printf("LoRA on the language model and the audio tower%s: loss %.7f vs PEFT %.7f\n",
                checkpointing ? " (checkpointing)" : "", loss, loss_ref[0]);
-        double worst[2][2] = {{0, 0}, {0, 0}};
-        int seen[2] = {0, 0};
-        for (int i = 0; i < np; i++) {
-            snprintf(name, sizeof name, "%s", pp[i].name);
-            int part = strstr(name, "audio_tower") != NULL;
-            for (int f64 = 0; f64 < 2; f64++) {
-                snprintf(key, sizeof key, "/lora_at/%s_grad%s", at_key(name, key + 200, 200), f64 ? "64" : "");
-                float *want = f64 ? NULL : gm_test_h5_read(gm_test_path(REF), key, 0, &n, NULL, NULL);
-                double *w64 = f64 ? gm_test_h5_read(gm_test_path(REF), key, 2, &n, NULL, NULL) : NULL;
-                if (w64 && (int64_t)n == pp[i].n) {
-                    want = gm_malloc(n * sizeof(float));
-                    for (size_t j = 0; want && j < n; j++) want[j] = (float)w64[j];
-                }
-                if (want && (int64_t)n == pp[i].n) worst[f64][part] = fmax(worst[f64][part], gm_test_rel_err(pp[i].d, want, n));
-                else CHECK(false, "%s: missing or %zu values", key, n);
-                seen[part] += !f64;
-                gm_free(want), gm_free(w64);
-            }
-        }
+        double worst[2][2];
+        int seen[2];
+        gm_test_peft_grads(tr, gm_test_path(REF), "/lora_at", "audio_tower", "audio", worst, seen);
         static const char *const part_name[2] = {"language-model LoRA", "audio-tower LoRA (inside the clamps)"};
         for (int k = 0; k < 2; k++)
             for (int f64 = 0; f64 < 2; f64++) {
@@ -327,7 +306,7 @@ static void check_lora(const gm_model *m, const fixture *f, bool checkpointing) 
               "audio_targets q_proj on Gemma 4's audio tower: %s", err.msg);
         gm_trainer_free(tr);
     }
-    gm_free(labels), gm_free(loss_ref), gm_free(peft_keys), gm_free(tg);
+    gm_free(labels), gm_free(loss_ref), gm_free(tg);
 }
 
 int main(void) {
@@ -341,6 +320,7 @@ int main(void) {
                   m->cfg.audio.audio_token_id == 508 && m->cfg.audio.boa_id == 506 && m->cfg.audio.eoa_id == 507,
               "audio_config read: output_proj_dims %lld, clipped %d, ids %d %d %d", (long long)m->cfg.audio.out_dims,
               m->cfg.audio.clipped, m->cfg.audio.audio_token_id, m->cfg.audio.boa_id, m->cfg.audio.eoa_id);
+        check_counts(m);
         check_tower(m, &f);
         check_logits(m, &f);
         check_lora(m, &f, false);

@@ -359,14 +359,6 @@ static void check_cached(const gm_model *m) {
     gm_free(ids), gm_free(ref), gm_free(pix), gm_free(soft);
 }
 
-/* "layers.3.self_attn.q_proj.A" / "vision.layers.0.self_attn.q_proj.linear.B" of a PEFT name. */
-static const char *vt_key(const char *peft_name, char *buf, size_t cap) {
-    const char *p = strstr(peft_name, "layers."), *e = strstr(peft_name, ".lora_");
-    snprintf(buf, cap, "%s%.*s.%s", strstr(peft_name, "vision_tower") ? "vision." : "", p && e ? (int)(e - p) : 0, p ? p : "",
-             strstr(peft_name, ".lora_A.") ? "A" : "B");
-    return buf;
-}
-
 static void check_lora(const gm_model *m) {
     size_t n = 0;
     int64_t dims[4];
@@ -374,11 +366,10 @@ static void check_lora(const gm_model *m) {
     int32_t *ids = gm_test_h5_read(gm_test_path(REF), "/mm/input_ids", 1, &n, dims, &nd);
     int32_t *labels = gm_test_h5_read(gm_test_path(REF), "/lora_vt/labels", 1, &n, NULL, NULL);
     double *loss_ref = gm_test_h5_read(gm_test_path(REF), "/lora_vt/loss", 2, &n, NULL, NULL);
-    char *peft_keys = gm_test_h5_attr_string(gm_test_path(REF), "/lora_vt", "peft_keys");
     float *pix = pixels();
-    if (!ids || !labels || !loss_ref || !peft_keys || !pix) {
+    if (!ids || !labels || !loss_ref || !pix) {
         CHECK(false, "fixture /lora_vt incomplete");
-        gm_free(ids), gm_free(labels), gm_free(loss_ref), gm_free(peft_keys), gm_free(pix);
+        gm_free(ids), gm_free(labels), gm_free(loss_ref), gm_free(pix);
         return;
     }
     int64_t B = dims[0], T = dims[1], n_sup = 0;
@@ -399,23 +390,10 @@ static void check_lora(const gm_model *m) {
     CHECK_OK(gm_trainer_new(m, &o, &tr, &err), &err);
     if (tr) {
         int np = 0;
-        const gm_train_param *pp = gm_trainer_params(tr, &np);
+        gm_trainer_params(tr, &np);
         CHECK(np == 2 * (38 + 14), "%d trained tensors (38 text + 14 tower modules, A and B each)", np);
-        char key[400], name[256];
-        int unnamed = 0;
-        for (int i = 0; i < np; i++) {
-            const char *hit = strstr(peft_keys, pp[i].name);
-            size_t ln = strlen(pp[i].name);
-            if (!hit || (hit != peft_keys && hit[-1] != '\n') || (hit[ln] != '\n' && hit[ln] != '\0'))
-                if (unnamed++ < 3) CHECK(false, "%s is not one of PEFT's keys", pp[i].name);
-            snprintf(name, sizeof name, "%s", pp[i].name);
-            snprintf(key, sizeof key, "/lora_vt/%s", vt_key(name, key + 200, 200));
-            float *v = gm_test_h5_read(gm_test_path(REF), key, 0, &n, NULL, NULL);
-            CHECK(v && (int64_t)n == pp[i].n, "%s: %zu values for %lld", key, n, (long long)pp[i].n);
-            if (v && (int64_t)n == pp[i].n) gm_backend_upload(gm_trainer_backend(tr), pp[i].p, v, n * sizeof(float));
-            gm_free(v);
-        }
-        CHECK(unnamed == 0, "%d trained tensors named unlike PEFT", unnamed);
+        CHECK(gm_test_peft_load(tr, gm_test_path(REF), "/lora_vt", "vision_tower", "vision") == np,
+              "every trained tensor loaded from PEFT's");
         gm_batch bt = {.B = B, .T = T, .ids = ids, .targets = tg, .pixels = pix, .n_images = 2};
         double loss_sum = 0;
         gm_trainer_zero_grad(tr);
@@ -424,25 +402,9 @@ static void check_lora(const gm_model *m) {
         CHECK(fabs(loss - loss_ref[0]) <= TOL_PEFT_LOSS_REL * fabs(loss_ref[0]), "loss %.9g vs PEFT %.9g", loss, loss_ref[0]);
         printf("LoRA on the language model and the tower: loss %.7f vs PEFT %.7f\n", loss, loss_ref[0]);
         /* against PEFT's f32 gradients and its .double() run's (f64 = 1) */
-        double worst[2][2] = {{0, 0}, {0, 0}};
-        int seen[2] = {0, 0};
-        for (int i = 0; i < np; i++) {
-            snprintf(name, sizeof name, "%s", pp[i].name);
-            int part = strstr(name, "vision_tower") != NULL;
-            for (int f64 = 0; f64 < 2; f64++) {
-                snprintf(key, sizeof key, "/lora_vt/%s_grad%s", vt_key(name, key + 200, 200), f64 ? "64" : "");
-                float *want = f64 ? NULL : gm_test_h5_read(gm_test_path(REF), key, 0, &n, NULL, NULL);
-                double *w64 = f64 ? gm_test_h5_read(gm_test_path(REF), key, 2, &n, NULL, NULL) : NULL;
-                if (w64 && (int64_t)n == pp[i].n) { /* as f32: the error to resolve is far above its rounding */
-                    want = gm_malloc(n * sizeof(float));
-                    for (size_t j = 0; want && j < n; j++) want[j] = (float)w64[j];
-                }
-                if (want && (int64_t)n == pp[i].n) worst[f64][part] = fmax(worst[f64][part], gm_test_rel_err(pp[i].d, want, n));
-                else CHECK(false, "%s: missing or %zu values", key, n);
-                seen[part] += !f64;
-                gm_free(want), gm_free(w64);
-            }
-        }
+        double worst[2][2];
+        int seen[2];
+        gm_test_peft_grads(tr, gm_test_path(REF), "/lora_vt", "vision_tower", "vision", worst, seen);
         static const char *const part_name[2] = {"language-model LoRA", "tower LoRA (inside the clamps)"};
         for (int k = 0; k < 2; k++)
             for (int f64 = 0; f64 < 2; f64++) {
@@ -460,7 +422,7 @@ static void check_lora(const gm_model *m) {
               gm_test_contains(err.msg, "q_proj.linear"),
           "vision_targets q_proj on Gemma 4's tower: %s", err.msg);
     gm_trainer_free(tr);
-    gm_free(ids), gm_free(labels), gm_free(loss_ref), gm_free(peft_keys), gm_free(pix), gm_free(tg);
+    gm_free(ids), gm_free(labels), gm_free(loss_ref), gm_free(pix), gm_free(tg);
 }
 
 int main(void) {

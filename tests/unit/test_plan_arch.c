@@ -389,7 +389,8 @@ static void test_inputs_and_errors(void) {
               strstr(err.msg, "leaves no room for text beside 2 audio clips"),
           "max_length 380 with 2 clips of 190 positions: %s", err.msg);
     /* Gemma 4 trains: the trainer's layout, with images its vision tower as an item (its matrices
-     * read in place, the forward's buffers for the micro-batch's images); with audio the estimate */
+     * read in place, the forward's buffers for the micro-batch's images); with audio its audio tower
+     * likewise */
     CHECK_OK(gm_plan_training(&g4, &o, GM_BF16, GM_BF16, NULL, &q, &err), &err);
     CHECK(q.exact, "gm_plan_training: Gemma 4 text -> the trainer's layout");
     gm_plan text4 = q;
@@ -397,9 +398,19 @@ static void test_inputs_and_errors(void) {
     CHECK_OK(gm_plan_training(&g4, &o, GM_BF16, GM_BF16, &img4, &q, &err), &err);
     CHECK(q.exact && q.vision.total > 0 && q.vision.max_images == 1 && q.total > text4.total + q.vision.total / 2,
           "gm_plan_training: Gemma 4 with an image -> exact, the tower %.2f GiB", (double)q.vision.total / 1073741824.0);
-    CHECK_OK(gm_plan_training(&g4, &o, GM_BF16, GM_BF16, &au, &q, &err), &err);
-    CHECK_OK(gm_plan_estimate(&g4, &o, GM_BF16, GM_BF16, &au, &p, &err), &err);
-    CHECK(q.total == p.total && !q.exact, "gm_plan_training: Gemma 4 with audio -> estimate");
+    /* 45 s: two clips, the longest 30 s (2999 of Gemma 4's feature frames, 750 soft tokens); the
+     * tower's matrices read in place (12 blocks of 24 D^2 + its sub-sampling and output_proj at bf16,
+     * D = 1024: 0.57 GiB) */
+    gm_train_opts o4 = opts(16, 2048, 1, false, GM_QUANT_NF4);
+    CHECK_OK(gm_plan_training(&g4, &o4, GM_BF16, GM_BF16, &au, &q, &err), &err);
+    CHECK(q.exact && q.audio.max_images == 2 && q.audio.frames == 2999 && q.audio.trained == 0 &&
+              q.audio.weights > ((size_t)1 << 29) && q.audio.weights < ((size_t)5 << 27),
+          "gm_plan_training: Gemma 4 with 45 s of audio -> exact, 2 clips of %lld frames, tower %.2f GiB (weights %.2f)",
+          (long long)q.audio.frames, (double)q.audio.total / 1073741824.0, (double)q.audio.weights / 1073741824.0);
+    o4 = opts(16, 1504, 1, false, GM_QUANT_NF4);
+    CHECK(gm_plan_training(&g4, &o4, GM_BF16, GM_BF16, &au, &q, &err) == GM_ERR_INVALID &&
+              strstr(err.msg, "leaves no room for text beside 2 audio clips (750 soft tokens + 2 markers each = 1504"),
+          "max_length 1504 with 2 clips of 752 positions on Gemma 4: %s", err.msg);
     /* Gemma 4's images have their own grids: a square photo's 256 soft tokens do not bound a
      * max_length (a thin image may take one), only the least any image takes does */
     gm_train_opts short4 = opts(16, 200, 1, false, GM_QUANT_NF4);

@@ -4,6 +4,8 @@
 #include "test_util.h"
 
 #include "gm_decoder.h"
+#include "gm_train.h"
+#include <math.h>
 
 #include <errno.h>
 #include <signal.h>
@@ -254,6 +256,64 @@ void gm_test_cached_logits(const gm_model *m, gm_backend *be, const gm_lora *lor
         memcpy(out + t * V, st->logits, (size_t)V * sizeof(float));
     }
     gm_infer_free(st);
+}
+
+/* "<group>/layers.3.self_attn.q_proj.A" / "<group>/<word>.layers.0.self_attn.q_proj.linear.B" of a PEFT name. */
+static const char *peft_key(const char *group, const char *peft_name, const char *tower, const char *word, char *buf,
+                            size_t cap) {
+    const char *p = strstr(peft_name, "layers."), *e = strstr(peft_name, ".lora_");
+    bool t = strstr(peft_name, tower) != NULL;
+    snprintf(buf, cap, "%s/%s%s%.*s.%s", group, t ? word : "", t ? "." : "", p && e ? (int)(e - p) : 0, p ? p : "",
+             strstr(peft_name, ".lora_A.") ? "A" : "B");
+    return buf;
+}
+
+int gm_test_peft_load(gm_trainer *tr, const char *file, const char *group, const char *tower, const char *word) {
+    char *keys = gm_test_h5_attr_string(file, group, "peft_keys");
+    CHECK(keys != NULL, "%s: %s has peft_keys", file, group);
+    int np = 0, loaded = 0, unnamed = 0;
+    const gm_train_param *pp = gm_trainer_params(tr, &np);
+    for (int i = 0; keys && i < np; i++) {
+        const char *hit = strstr(keys, pp[i].name);
+        size_t ln = strlen(pp[i].name);
+        if (!hit || (hit != keys && hit[-1] != '\n') || (hit[ln] != '\n' && hit[ln] != '\0'))
+            if (unnamed++ < 3) CHECK(false, "%s is not one of PEFT's keys", pp[i].name);
+        char key[400];
+        size_t n = 0;
+        float *v = gm_test_h5_read(file, peft_key(group, pp[i].name, tower, word, key, sizeof key), 0, &n, NULL, NULL);
+        CHECK(v && (int64_t)n == pp[i].n, "%s: %zu values for %lld", key, n, (long long)pp[i].n);
+        if (v && (int64_t)n == pp[i].n) gm_backend_upload(gm_trainer_backend(tr), pp[i].p, v, n * sizeof(float)), loaded++;
+        gm_free(v);
+    }
+    CHECK(unnamed == 0, "%d trained tensors named unlike PEFT", unnamed);
+    gm_free(keys);
+    return loaded;
+}
+
+void gm_test_peft_grads(gm_trainer *tr, const char *file, const char *group, const char *tower, const char *word,
+                        double worst[2][2], int seen[2]) {
+    int np = 0;
+    const gm_train_param *pp = gm_trainer_params(tr, &np);
+    memset(worst, 0, 4 * sizeof(double));
+    seen[0] = seen[1] = 0;
+    for (int i = 0; i < np; i++) {
+        int part = strstr(pp[i].name, tower) != NULL;
+        for (int f64 = 0; f64 < 2; f64++) {
+            char key[400];
+            size_t n = 0, kl = strlen(peft_key(group, pp[i].name, tower, word, key, sizeof key));
+            snprintf(key + kl, sizeof key - kl, "_grad%s", f64 ? "64" : "");
+            float *want = f64 ? NULL : gm_test_h5_read(file, key, 0, &n, NULL, NULL);
+            double *w64 = f64 ? gm_test_h5_read(file, key, 2, &n, NULL, NULL) : NULL;
+            if (w64 && (int64_t)n == pp[i].n) { /* as f32: the error to resolve is far above its rounding */
+                want = gm_malloc(n * sizeof(float));
+                for (size_t j = 0; want && j < n; j++) want[j] = (float)w64[j];
+            }
+            if (want && (int64_t)n == pp[i].n) worst[f64][part] = fmax(worst[f64][part], gm_test_rel_err(pp[i].d, want, n));
+            else CHECK(false, "%s: missing or %zu values", key, n);
+            seen[part] += !f64;
+            gm_free(want), gm_free(w64);
+        }
+    }
 }
 
 bool gm_test_make_tmpdir(const char *name, char *buf, size_t cap) {

@@ -405,6 +405,19 @@ struct gm_lora;
 void gm_test_cached_logits(const struct gm_model *m, struct gm_backend *be, const struct gm_lora *lora, const int32_t *ids,
                            int64_t T, float *out);
 
+struct gm_trainer;
+/* PEFT fixtures of a multimodal model's LoRA (make_gemma4_vision_ref.py /lora_vt,
+ * make_gemma4_audio_ref.py /lora_at): each adapter tensor under "<group>/<key>", key
+ * "layers.3.self_attn.q_proj.A" for the language model's and "<word>.layers.0.<module>.B" for the
+ * tower's (a PEFT name holding `tower`, e.g. "vision_tower" / "vision"). gm_test_peft_load uploads
+ * every trained tensor of tr from the fixture, checking that each is named as one of the group's
+ * peft_keys (one a line) and sized as PEFT's; returns how many it loaded. gm_test_peft_grads compares
+ * each gradient with "<key>_grad" (f32) and "<key>_grad64" (float64): worst[f64][part] the worst
+ * relative error (gm_test_rel_err), part 1 the tower's; seen[part] the tensors of each part. */
+int gm_test_peft_load(struct gm_trainer *tr, const char *file, const char *group, const char *tower, const char *word);
+void gm_test_peft_grads(struct gm_trainer *tr, const char *file, const char *group, const char *tower, const char *word,
+                        double worst[2][2], int seen[2]);
+
 /* The tiny Gemma 3 that tests/ref/make_lora_ref.py ran PEFT on (lora_ref.h5). */
 #define GM_TEST_LORA_MODEL "tests/ref/tiny_gemma3_lora"
 
