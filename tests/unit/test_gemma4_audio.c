@@ -6,7 +6,8 @@
  * two real speech clips' Gemma 4 log-mel features, 140 and 86 valid frames -> 35 and 22 soft tokens):
  *   - the sub-sampling, each block, the tower's output and the packed soft tokens (per clip as many
  *     as its valid frames: the processor's count);
- *   - the logits of two prompts with a clip each (the trainer's audio path) and the summed loss;
+ *   - the logits of two prompts with a clip each (the trainer's audio path) and the summed loss; the
+ *     first through the KV cache (its prompt with the clip in one call, then single tokens);
  *   - PEFT LoRA on the language model and on the tower's inner linears (inside the clamps): loss and
  *     every gradient, with and without activation checkpointing; a target on the clamping wrapper
  *     refused; a prompt whose audio run disagrees with its clip refused.
@@ -16,6 +17,7 @@
 #include "gm_alloc.h"
 #include "gm_audio_encoder.h"
 #include "gm_backend.h"
+#include "gm_decoder.h"
 #include "gm_model.h"
 #include "gm_train.h"
 
@@ -242,6 +244,47 @@ static void check_logits(const gm_model *m, const fixture *f) {
     gm_trainer_free(tr);
 }
 
+/* Generation's path: prompt 0 with its clip's soft tokens (the encoder run on clip 0 alone) through
+ * the KV cache in one call up to 4 tokens before its end, then one token at a time: every position's
+ * logits those of transformers' one call (cache and no cache alike, with audio). */
+static void check_cached(const gm_model *m, const fixture *f) {
+    size_t n = 0;
+    float *ref = gm_test_h5_read(gm_test_path(REF), "/mm/logits", 0, &n, NULL, NULL);
+    if (!ref) return;
+    int64_t T = f->S, V = m->cfg.vocab_size, C = m->cfg.hidden_size, P = T - 4;
+    gm_error err = {0};
+    gm_audio_encoder *e = NULL;
+    gm_infer *st = NULL;
+    gm_infer_opts io = {.batch = 1, .max_tokens = P, .ctx = T, .logit_rows = P, .n_threads = 2};
+    CHECK_OK(gm_audio_encoder_new(m, NULL, 1, f->T, 2, NULL, &e, &err), &err);
+    CHECK_OK(gm_infer_new(m, &io, &st, &err), &err);
+    if (e && st && gm_audio_encoder_run(e, f->feat, f->valid, 1, f->T, NULL, NULL, &err) == GM_OK) {
+        float *soft = gm_malloc((size_t)(e->n_soft * C) * sizeof(float));
+        gm_backend_download(e->be, soft, e->soft, (size_t)(e->n_soft * C) * sizeof(float));
+        int64_t *rows = gm_malloc((size_t)P * sizeof(int64_t)), n_soft = 0;
+        for (int64_t t = 0; t < P; t++)
+            if (f->ids[t] == m->cfg.audio.audio_token_id) rows[n_soft++] = t;
+        CHECK(n_soft == e->n_soft, "prompt 0: %lld audio tokens, its clip %lld soft tokens", (long long)n_soft,
+              (long long)e->n_soft);
+        gm_graph_input in = {.B = 1, .T = P, .ids = f->ids, .embeds = soft, .embed_rows = rows, .n_embeds = n_soft};
+        CHECK_OK(gm_decoder_forward_input(st, &in, true, &err), &err);
+        double worst = 0;
+        for (int64_t t = 0; t < P; t++)
+            for (int64_t j = 0; j < V; j++) worst = fmax(worst, fabs((double)st->logits[t * V + j] - ref[t * V + j]));
+        for (int64_t t = P; t < T; t++) {
+            CHECK_OK(gm_decoder_forward(st, f->ids + t, 1, false, &err), &err);
+            for (int64_t j = 0; j < V; j++) worst = fmax(worst, fabs((double)st->logits[j] - ref[t * V + j]));
+        }
+        CHECK(worst <= TOL_GEMMA4_AUDIO_LOGITS_ABS, "prompt with a clip, then 4 cached steps: max |diff| %.3g to the "
+              "one-call reference", worst);
+        printf("through the KV cache (prompt with a clip + 4 steps) vs transformers' one call: max |diff| %.2e\n", worst);
+        gm_free(soft), gm_free(rows);
+    }
+    gm_infer_free(st);
+    gm_audio_encoder_free(e);
+    gm_free(ref);
+}
+
 /* ---- LoRA against PEFT ------------------------------------------------------------------------- */
 
 static void check_lora(const gm_model *m, const fixture *f, bool checkpointing) {
@@ -323,6 +366,7 @@ int main(void) {
         check_counts(m);
         check_tower(m, &f);
         check_logits(m, &f);
+        check_cached(m, &f);
         check_lora(m, &f, false);
         check_lora(m, &f, true);
         free_fixture(&f);
