@@ -619,7 +619,8 @@ static int l_save_merged(lua_State *L) {
     if (s == GM_OK && adapter && lm->ad->audio_lora.n > 0)
         s = gm_error_set(&err, GM_ERR_UNSUPPORTED, "%s trained the audio encoder (LoRA on %d of its modules), which a merged "
                          "export does not merge yet\n  hint: export it with --format peft (PeftModel applies it to the "
-                         "base Gemma3nForConditionalGeneration)", lm->ad->source, lm->ad->audio_lora.n);
+                         "base %sForConditionalGeneration)", lm->ad->source, lm->ad->audio_lora.n,
+                         lm->m->cfg.arch == GM_ARCH_GEMMA4 ? "Gemma4" : "Gemma3n");
     gm_merged_info info;
     if (s == GM_OK) {
         s = gm_model_save_merged(lm->m, adapter ? &lm->ad->lora : NULL, adapter ? &lm->ad->vision : NULL, lm->be,

@@ -296,7 +296,8 @@ static int l_ds_add_chat(lua_State *L) {
 #ifdef GM_HAVE_AUDIO
             char sha[65];
             int64_t frames = 0;
-            if (gm_audio_check(audio[i], NULL, &audio_samples[i], &frames, sha, &err) != GM_OK) {
+            gm_audio_limits lim = {0, GM_AUDIO4_MIN_SAMPLES};
+            if (gm_audio_check(audio[i], &lim, &audio_samples[i], &frames, sha, &err) != GM_OK) {
                 d->ds.n_rejected++;
                 lua_pushboolean(L, 0);
                 lua_pushfstring(L, "audio clip %d (%s): %s", (int)i + 1, audio[i], err.msg);
@@ -333,12 +334,13 @@ static int l_ds_max_audio(lua_State *L) {
     return 1;
 }
 
-/* gm.audio_check(path [, max_seconds]) -> sha256 hex, frames, samples, frames4 (gm_audio_check;
- * frames: Gemma 3n's extractor's, frames4: Gemma 4's, of the clip as the extractor cuts it). */
+/* gm.audio_check(path [, max_seconds [, min_samples]]) -> sha256 hex, frames, samples, frames4
+ * (gm_audio_check; frames: Gemma 3n's extractor's, frames4: Gemma 4's, of the clip as the extractor
+ * cuts it; min_samples: gm_audio_limits', Gemma 3n's 513 by default, 161 for Gemma 4 only). */
 static int l_audio_check(lua_State *L) {
     const char *path = luaL_checkstring(L, 1);
 #ifdef GM_HAVE_AUDIO
-    gm_audio_limits lim = {luaL_optnumber(L, 2, 0)};
+    gm_audio_limits lim = {luaL_optnumber(L, 2, 0), (int64_t)luaL_optinteger(L, 3, 0)};
     char sha[65];
     int64_t samples = 0, frames = 0;
     gm_error err = {0};
@@ -1371,5 +1373,7 @@ void gm_lua_open_train(lua_State *L) {
     lua_setfield(L, -2, "clock");
     lua_pushinteger(L, GM_MAX_IMAGES_PER_EXAMPLE);
     lua_setfield(L, -2, "MAX_IMAGES_PER_EXAMPLE");
+    lua_pushinteger(L, GM_AUDIO4_MIN_SAMPLES); /* the shortest clip Gemma 4's extractor gives a frame */
+    lua_setfield(L, -2, "AUDIO4_MIN_SAMPLES");
     lua_pop(L, 1);
 }

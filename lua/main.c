@@ -91,7 +91,7 @@ static void usage(FILE *f) {
             "                    index or id; --image: a PNG / JPEG before the prompt, multimodal models;\n"
             "                    FILE#xywh=X,Y,W,H: a region of it, in pixels; --pan-and-scan: each image also\n"
             "                    as its crops, as Gemma 3's processor's do_pan_and_scan; --audio: a WAV / FLAC /\n"
-            "                    Ogg / MP3 clip before the prompt, Gemma 3n (its first 30 s); --int8-dot: decode with\n"
+            "                    Ogg / MP3 clip before the prompt, Gemma 3n / Gemma 4 E (its first 30 s); --int8-dot: decode with\n"
             "                    llama.cpp-style int8 dots on Q8_0 / Q5_0 / Q4_K / Q6_K weights: faster, not the f32 numbers)\n"
             "  gemmarun plan MODEL [key=value ...] the memory plan of a training run (loads no weights)\n"
             "  gemmarun options [--markdown]       the training options: defaults, ranges, meaning\n"
@@ -336,8 +336,7 @@ static int cmd_generate(int argc, char **argv) {
         return 2;
     }
     if (n_audio > 0 && n_images > 0) {
-        fprintf(stderr, "gemmarun generate: give --image or --audio, not both (gemmarun reads Gemma 3n's audio; its images "
-                        "are not read yet)\n");
+        fprintf(stderr, "gemmarun generate: give --image or --audio, not both (gemmarun reads one medium per prompt)\n");
         return 2;
     }
     if (pan_and_scan && n_images == 0) {

@@ -662,6 +662,7 @@ local function build_datasets(model, task, items, max_length, pan_and_scan)
   local refs = {}
   local val = items.val and gm.dataset(model) or nil
   local rejected = {}
+  local kept_audio = { frames = 0, frames4 = 0 }
   -- per split, the prompt tokens of the shortest prompt that did not fit (for the hint)
   local shortest_rejected = { [train] = math.huge, [test] = math.huge }
   if val then shortest_rejected[val] = math.huge end
@@ -686,6 +687,14 @@ local function build_datasets(model, task, items, max_length, pan_and_scan)
       images = images, image_sha = sha, crops = crops, image_sizes = sizes, audio = audio, audio_sha = asha,
       audio_samples = asamples })
     if not okc then ok, why = false, clean_msg(ok):gsub("\n.*", "") end
+    -- the clips of the examples kept: what the trainer's audio path is sized for (a clip whose
+    -- example max_length rejects is never encoded)
+    if ok and audio then
+      for _, p in ipairs(audio) do
+        kept_audio.frames = math.max(kept_audio.frames, items.audio_frames[p] or 0)
+        kept_audio.frames4 = math.max(kept_audio.frames4, items.audio_frames4 and items.audio_frames4[p] or 0)
+      end
+    end
     -- transcription: each example's reference, in the data set's order (rejections leave gaps)
     if ok and msgs.ref_words then
       refs[ds] = refs[ds] or {}
@@ -718,21 +727,24 @@ local function build_datasets(model, task, items, max_length, pan_and_scan)
     for i, m in ipairs(items.test) do add(test, m, nil, m.where or ("test " .. i), m.images, m.audio) end
     for i, m in ipairs(items.val or {}) do add(val, m, nil, m.where or ("validation " .. i), m.images, m.audio) end
   end
-  return train, test, rejected, shortest_rejected[train], shortest_rejected[test], val, refs
+  return train, test, rejected, shortest_rejected[train], shortest_rejected[test], val, refs, kept_audio
 end
 
 --- The tokenized data sets of a (model, max_length, pan & scan), built once and cached in ctx.data.
 function R.datasets(ctx, e, cfg)
   local key = cfg.model .. "|" .. cfg.max_length .. (cfg.pan_and_scan and "|pan_and_scan" or "")
   if not ctx.data[key] then
-    local train, test, rejected, shortest_train, shortest_test, val, refs = build_datasets(ctx.model, e.task, ctx.items,
-      cfg.max_length, cfg.pan_and_scan)
+    local train, test, rejected, shortest_train, shortest_test, val, refs, kept_audio = build_datasets(ctx.model, e.task,
+      ctx.items, cfg.max_length, cfg.pan_and_scan)
     ctx.data[key] = { train = train, test = test, rejected = rejected, shortest_train = shortest_train,
       shortest_test = shortest_test, val = val, test_refs = refs[test], val_refs = val and refs[val] }
     -- Gemma 3n's per-layer table is read by rows: what the data's ids touch becomes resident, not
     -- the whole table (the plan and the trainer take it as option ple_resident)
     ctx.items.ple_resident = ctx.items.ple_resident or {}
     ctx.items.ple_resident[cfg.model .. "|" .. cfg.max_length] = ctx.model:ple_resident({ train, test, val })
+    -- the longest clip the kept examples hold (the trainer's audio path; the dry run plans the data's longest)
+    ctx.items.audio_kept = ctx.items.audio_kept or {}
+    ctx.items.audio_kept[cfg.model .. "|" .. cfg.max_length] = kept_audio
   end
   return ctx.data[key]
 end
@@ -904,13 +916,23 @@ end
 --- feature extractor its audio goes through.
 local MODEL_ARCH = {}
 
+--- The feature frames a trial's micro-batch of clips is planned for: its model's extractor's, of the
+--- longest clip its data sets kept (after max_length's rejections), else the data's longest.
+local function audio_frames_of(items, cfg)
+  if not items then return 0 end
+  local g4 = MODEL_ARCH[cfg.model] == "gemma4"
+  local kept = items.audio_kept and items.audio_kept[cfg.model .. "|" .. cfg.max_length]
+  if kept and (g4 and kept.frames4 or kept.frames) > 0 then return g4 and kept.frames4 or kept.frames end
+  return (g4 and items.max_audio_frames4 or items.max_audio_frames) or 0
+end
+
 --- Training options of a trial for the trainer / planner.
 local function trainer_opts(cfg, total_steps, threads, items)
   local warmup = cfg.warmup < 1 and math.floor(cfg.warmup * total_steps + 0.5) or math.tointeger(cfg.warmup)
   return {
     max_images = images_per_example(items, cfg) * cfg.batch, pan_and_scan = cfg.pan_and_scan, compute = cfg.compute,
     max_audio = (items and items.max_audio or 0) * cfg.batch,
-    max_audio_frames = items and (MODEL_ARCH[cfg.model] == "gemma4" and items.max_audio_frames4 or items.max_audio_frames) or 0,
+    max_audio_frames = audio_frames_of(items, cfg),
     ple_resident = items and items.ple_resident and items.ple_resident[cfg.model .. "|" .. cfg.max_length] or 0,
     rank = cfg.rank, alpha = cfg.alpha, dropout = cfg.dropout, rslora = cfg.rslora, targets = cfg.targets,
     layers = cfg.layers, seed = cfg.seed, quant = cfg.quant, batch = cfg.batch, max_length = cfg.max_length,
@@ -1591,7 +1613,7 @@ end
 --- (items.audio_frames), the most clips one example has (items.max_audio), the longest clip's
 --- frames and samples (items.max_audio_frames, items.max_audio_samples). An example with an
 --- unusable clip leaves its split and is listed in items.rejected_read with the file and why.
-local function check_audio(items, splits)
+local function check_audio(items, splits, min_samples)
   items.audio_sha, items.audio_frames, items.audio_samples = items.audio_sha or {}, items.audio_frames or {}, items.audio_samples or {}
   items.max_audio = items.max_audio or 0
   items.max_audio_frames, items.max_audio_samples = items.max_audio_frames or 0, items.max_audio_samples or 0
@@ -1608,16 +1630,18 @@ local function check_audio(items, splits)
       for _, p in ipairs(why and {} or it.audio or {}) do
         if failed[p] then why = failed[p]; break end
         if not items.audio_sha[p] then
-          local ok, sha, frames, samples, frames4 = pcall(gm.audio_check, p)
+          local ok, sha, frames, samples, frames4 = pcall(gm.audio_check, p, nil, min_samples)
           if not ok then why = clean_msg(sha); failed[p] = why; break end
           items.audio_sha[p], items.audio_frames[p], items.audio_samples[p] = sha, frames, samples
+          items.audio_frames4 = items.audio_frames4 or {}
+          items.audio_frames4[p] = frames4
           items.max_audio_frames = math.max(items.max_audio_frames, frames)
           items.max_audio_frames4 = math.max(items.max_audio_frames4 or 0, frames4) -- Gemma 4's extractor
           items.max_audio_samples = math.max(items.max_audio_samples, samples)
           if samples > 480000 then
             items.audio_cut = (items.audio_cut or 0) + 1
             if items.audio_cut <= 3 then
-              say("warning: %s is %.1f s long; Gemma 3n's feature extractor keeps its first 30 s (split it to use the rest)", p,
+              say("warning: %s is %.1f s long; the feature extractor keeps its first 30 s (split it to use the rest)", p,
                 samples / 16000)
             end
           end
@@ -1698,7 +1722,11 @@ local function preflight(e, selected, dry_run, no_device)
     P.usage(d._where or e.task._where, "%s", clean_msg(items))
   end
   check_images(items, { "train", "test" })
-  check_audio(items, { "train", "test" })
+  -- Gemma 4's extractor gives a frame to clips from 161 samples, Gemma 3n's from 513: the shorter
+  -- floor only when every model of the experiment is a Gemma 4
+  local all4 = #selected > 0
+  for _, t in ipairs(selected) do all4 = all4 and MODEL_ARCH[t.config.model] == "gemma4" end
+  check_audio(items, { "train", "test" }, all4 and gm.AUDIO4_MIN_SAMPLES or nil)
   -- audio needs a model with an audio encoder (known from its config, before any weights load)
   if (items.max_audio or 0) > 0 then
     for _, t in ipairs(selected) do

@@ -450,14 +450,14 @@ gm_status gm_audio_check(const char *path, const gm_audio_limits *limits, int64_
                          char sha[65], gm_error *err) {
     gm_audio a = {0};
     GM_TRY(gm_audio_load(path, limits, &a, err));
-    int64_t n = a.n, T = 0;
+    int64_t n = a.n, T = 0, min = limits && limits->min_samples > 0 ? limits->min_samples : GM_AUDIO_MIN_SAMPLES;
     gm_audio_free(&a);
     gm_audio_frames(n, NULL, &T);
-    if (T < 1)
+    if (n < min)
         return gm_error_set(err, GM_ERR_FORMAT, "%s: %lld samples at 16 kHz (%.1f ms) is shorter than the feature extractor's "
-                            "first frame (513 samples: a 32 ms window and the next sample)\n  hint: leave the clip out, or pad "
-                            "it with silence",
-                            path, (long long)n, 1000.0 * (double)n / GM_AUDIO_RATE);
+                            "first frame (%lld samples: %s)\n  hint: leave the clip out, or pad it with silence",
+                            path, (long long)n, 1000.0 * (double)n / GM_AUDIO_RATE, (long long)min,
+                            min == GM_AUDIO_MIN_SAMPLES ? "a 32 ms window and the next sample" : "Gemma 4's, after its 10 ms of padding");
     GM_TRY(gm_sha256_file(path, sha, err));
     *samples = n, *frames = T;
     return GM_OK;

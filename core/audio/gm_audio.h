@@ -67,6 +67,7 @@ extern "C" {
 /* What a decoder may read. */
 typedef struct gm_audio_limits {
     double max_seconds; /* longer than this is GM_ERR_LIMIT; <= 0 means GM_AUDIO_MAX_SECONDS */
+    int64_t min_samples; /* gm_audio_check: shorter is GM_ERR_FORMAT; <= 0 means GM_AUDIO_MIN_SAMPLES */
 } gm_audio_limits;
 
 /* Mono audio at GM_AUDIO_RATE. Owns `samples` (n floats, gm_malloc'd; NULL when n = 0). */
@@ -112,7 +113,8 @@ gm_status gm_audio_decode(const void *data, size_t n, const char *name, const gm
  * length at 16 kHz (*samples), the feature frames the extractor gives it alone (*frames,
  * gm_audio_frames: 30 s at most) and the file's sha256 (hex, 64 digits and a NUL), part of the data
  * set's identity. limits may be NULL. Errors: gm_audio_load's, and GM_ERR_FORMAT for a clip under
- * one 32 ms frame (513 samples at 16 kHz: the extractor gives it no frame), naming the file. */
+ * limits->min_samples at 16 kHz (default GM_AUDIO_MIN_SAMPLES: Gemma 3n's extractor gives it no
+ * frame; GM_AUDIO4_MIN_SAMPLES for Gemma 4's, under which it takes no soft token), naming the file. */
 gm_status gm_audio_check(const char *path, const gm_audio_limits *limits, int64_t *samples, int64_t *frames,
                          char sha[65], gm_error *err);
 
@@ -141,6 +143,11 @@ const char *gm_audio_sniff(const void *head, size_t n);
 #define GM_AUDIO4_HOP 160      /* hop_length: 10 ms */
 #define GM_AUDIO4_FFT 512      /* 2^ceil(log2(320)), no overdrive */
 #define GM_AUDIO4_LEFT_PAD 160 /* frame_length // 2 zeros before the clip ("semicausal" padding) */
+/* The shortest clips that give a frame: Gemma 3n's 513 samples (a 32 ms window and the next
+ * sample); Gemma 4's 161 (its first 321-sample window, 160 of them its left padding: one valid
+ * frame, one soft token). */
+#define GM_AUDIO_MIN_SAMPLES (GM_AUDIO_FRAME + 1)
+#define GM_AUDIO4_MIN_SAMPLES (GM_AUDIO4_FRAME + 1 - GM_AUDIO4_LEFT_PAD)
 
 /* Which transformers extractor a gm_audio_fe reproduces (each with its defaults). */
 typedef enum gm_audio_fe_kind {

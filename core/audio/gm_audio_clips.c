@@ -26,16 +26,24 @@ gm_status gm_audio_encode_files(const gm_model *m, const gm_mm_hard *hard, const
     gm_audio_features f = {0};
     gm_audio_encoder *enc = NULL;
     gm_status s = GM_OK;
+    bool g4 = m->cfg.arch == GM_ARCH_GEMMA4;
     for (int i = 0; s == GM_OK && i < n; i++) {
         s = gm_audio_load(paths[i], NULL, &clips[i], err);
         ptr[i] = clips[i].samples, lens[i] = clips[i].n;
         if (s == GM_OK && samples) samples[i] = clips[i].n;
+        /* Gemma 4: a clip under its extractor's first frame would take no soft token (each clip its
+         * own count, checked per clip; Gemma 3n's fill 188 positions whatever their length) */
+        if (s == GM_OK && g4 && clips[i].n < GM_AUDIO4_MIN_SAMPLES)
+            s = gm_error_set(err, GM_ERR_INVALID, "%s: %lld samples at 16 kHz (%.1f ms) is shorter than the feature extractor's "
+                             "first frame (%d samples): it would take no soft token\n  hint: leave the clip out, or pad it "
+                             "with silence", paths[i], (long long)clips[i].n, 1000.0 * (double)clips[i].n / GM_AUDIO_RATE,
+                             GM_AUDIO4_MIN_SAMPLES);
     }
     if (s == GM_OK)
         s = gm_audio_fe_new_kind(m->cfg.arch == GM_ARCH_GEMMA4 ? GM_AUDIO_FE_GEMMA4 : GM_AUDIO_FE_GEMMA3N, &fe, err);
     if (s == GM_OK) s = gm_audio_features_compute(fe, ptr, lens, n, &f, err);
     if (s == GM_OK && f.T < 1)
-        s = gm_error_set(err, GM_ERR_INVALID, "%s: shorter than one frame of the feature extractor (32 ms on Gemma 3n, 20 ms on Gemma 4)", paths[0]);
+        s = gm_error_set(err, GM_ERR_INVALID, "%s: shorter than the feature extractor's first frame (513 samples at 16 kHz: 32 ms)", paths[0]);
     if (s == GM_OK) s = gm_audio_encoder_new_adapted(m, hard, n, f.T, n_threads, be, ad, &enc, err);
     if (s == GM_OK) s = gm_audio_encoder_run(enc, f.data, f.mask, n, f.T, NULL, NULL, err);
     if (s == GM_OK)

@@ -391,7 +391,7 @@ gm_status gm_batch_audio(const gm_dataset *ds, const int64_t *idx, int64_t B, co
     int64_t *lens = gm_calloc((size_t)n, sizeof *lens);
     const char **names = gm_calloc((size_t)n, sizeof *names);
     gm_status s = clips && ptr && lens && names ? GM_OK : gm_error_set(err, GM_ERR_NOMEM, "out of memory");
-    gm_audio_limits lim = {max_seconds};
+    gm_audio_limits lim = {max_seconds, 0};
     int64_t k = 0;
     for (int64_t b = 0; b < B && s == GM_OK; b++) {
         const gm_example *e = &ds->ex[idx[b]];

@@ -573,7 +573,8 @@ const char *gm_model_no_images(const gm_model *m) {
         return "Gemma 3n's vision encoder (MobileNet-V5) is not in gemmarun yet: its text decoder runs, its images are not read";
     if (m->cfg.arch == GM_ARCH_GEMMA4 && m->cfg.vision.hidden_size > 0)
         return "its files hold no vision tower (no model.vision_tower.*: a text-only export of a Gemma 4)";
-    return "it has no vision tower (a text-only model cannot read images)";
+    return gm_config_has_audio(&m->cfg) ? "it has no vision tower (its config has an audio tower only)"
+                                        : "it has no vision tower (a text-only model cannot read images)";
 }
 
 const char *gm_model_no_audio(const gm_model *m) {

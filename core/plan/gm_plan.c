@@ -181,6 +181,9 @@ gm_status gm_plan_max_audio(const gm_config *cfg, const gm_train_opts *o, const 
         int64_t samples = (int64_t)ceil(longest * GM_AUDIO_RATE), tokens = gm_audio_tokens(cfg, samples);
         gm_audio_frames_kind(cfg->arch == GM_ARCH_GEMMA4 ? GM_AUDIO_FE_GEMMA4 : GM_AUDIO_FE_GEMMA3N, samples, NULL, &T);
         int64_t positions = n * (tokens + 2);
+        if (tokens < 1)
+            return gm_error_set(err, GM_ERR_INVALID, "audio_seconds = %g is shorter than the feature extractor's first frame "
+                                "(10 ms on Gemma 4): a clip that short takes no soft token", seconds);
         if (positions >= o->max_length)
             return gm_error_set(err, GM_ERR_INVALID,
                                 "max_length = %lld leaves no room for text beside %lld audio clip%s (%lld soft tokens + 2 "

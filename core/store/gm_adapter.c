@@ -757,7 +757,10 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
         /* only the text decoder's modules, in one of its layouts, with canonical layer numbers:
          * PEFT would load nothing else onto this model (a vision tower's layers.0 is not ours) */
         const char *mod = name + strlen(PEFT_PREFIX), *tail = NULL;
-        if (strncmp(mod, GM_AUDIO_TOWER_PREFIX "conformer.", strlen(GM_AUDIO_TOWER_PREFIX "conformer.")) == 0) {
+        /* the audio tower's blocks: Gemma 3n's "conformer.N.", Gemma 4's "layers.N." */
+        char aud[64];
+        snprintf(aud, sizeof aud, "%s%s", GM_AUDIO_TOWER_PREFIX, m->cfg.arch == GM_ARCH_GEMMA4 ? "layers." : "conformer.");
+        if (strncmp(mod, aud, strlen(aud)) == 0) {
             if (is_a) { /* the audio encoder's (its model and layer range checked below) */
                 snprintf(akeys[na], sizeof akeys[na], "%.*s", (int)(strlen(name) - strlen(A_SUFFIX)), name);
                 amodules[na] = akeys[na] + strlen(PEFT_PREFIX);
@@ -767,7 +770,7 @@ static gm_status read_peft(const gm_model *m, gm_backend *be, const char *dir, g
         }
         if (strstr(mod, "audio_tower.")) {
             s = gm_error_set(err, GM_ERR_UNSUPPORTED, "%s: tensor '%s' is LoRA on the audio encoder in another module layout than "
-                             "transformers 5's (%sconformer.<N>...)", w_path, name, GM_AUDIO_TOWER_PREFIX);
+                             "transformers 5's for %s (%s<N>...)", w_path, name, m->path, aud);
             break;
         }
         static const char *const layouts[] = {"model.", "model.language_model.", "language_model.model."};

@@ -226,23 +226,27 @@ bool gm_lora_targets_is_regex(const char *targets) { return strcmp(targets, "all
 /* ---- description -------------------------------------------------------------------------- */
 
 /* The distinct short names of the targetable modules ("q_proj, k_proj, ..."), for messages. */
+/* The short module name of weight name hf: its last component before ".weight" (two when it is
+ * ".linear": Gemma 4's towers' inner linear, "q_proj.linear"), [*start, *end). */
+static void short_name(const char *hf, const char **start, const char **end) {
+    const char *dot = strrchr(hf, '.'), *s = hf;
+    for (const char *p = hf; p < dot; p++)
+        if (*p == '.' && strncmp(p + 1, "linear.", 7) != 0) s = p + 1;
+    *start = s, *end = dot;
+}
+
 static void module_names(const gm_arch_def *arch, char *buf, size_t cap) {
     size_t k = 0;
     buf[0] = '\0';
     for (int s = 0; s < arch->n_layer && k < cap; s++) {
         if (arch->layer[s].lora_id < 0) continue;
-        const char *hf = arch->layer[s].hf, *dot = strrchr(hf, '.');
-        const char *start = hf;
-        /* the last component before ".weight" (two when it is ".linear": Gemma 4's tower's inner
-         * linear, "q_proj.linear") */
-        for (const char *p = hf; p < dot; p++)
-            if (*p == '.' && strncmp(p + 1, "linear.", 7) != 0) start = p + 1;
-        /* once each (Gemma 3n's audio blocks have two ffw_layer_1) */
+        const char *start, *dot;
+        short_name(arch->layer[s].hf, &start, &dot);
+        /* once each (the audio blocks have two ffw_layer_1) */
         bool seen = false;
         for (int t = 0; t < s && !seen; t++) {
-            const char *h2 = arch->layer[t].hf, *d2 = strrchr(h2, '.'), *s2 = h2;
-            for (const char *p = h2; p < d2; p++)
-                if (*p == '.') s2 = p + 1;
+            const char *s2, *d2;
+            short_name(arch->layer[t].hf, &s2, &d2);
             seen = arch->layer[t].lora_id >= 0 && d2 - s2 == dot - start && strncmp(s2, start, (size_t)(dot - start)) == 0;
         }
         if (seen) continue;

@@ -223,9 +223,16 @@ gm_status gm_train_opt_targets_check(const gm_opt_spec *s, const char *text, gm_
                                          vision ? GM_VISION_TOWER_PREFIX : audio ? GM_AUDIO_TOWER_PREFIX : NULL, err);
     /* the model is not known yet: a vision target may name Gemma 4's tower's modules instead
      * (q_proj.linear); the trainer checks them against the model's own tower */
-    if (st != GM_OK && audio) { /* or Gemma 4's audio tower's (q_proj.linear, lconv1d.linear_start.linear, ...) */
+    if (st != GM_OK && audio) { /* or Gemma 4's audio tower's (q_proj.linear, linear_start.linear, ...) */
         gm_error e4 = {0};
         if (gm_lora_targets_check(text, gm_arch_get(GM_ARCH_GEMMA4_AUDIO), GM_AUDIO_TOWER_PREFIX, &e4) == GM_OK) st = GM_OK;
+        else if (strstr(err->msg, "unknown target module")) { /* name both towers' modules */
+            gm_error e3 = *err;
+            gm_error_set(err, GM_ERR_INVALID, "%s (Gemma 3n's audio encoder); on Gemma 4's: ffw_layer_1.linear, "
+                         "ffw_layer_2.linear, q_proj.linear, k_proj.linear, v_proj.linear, post.linear, "
+                         "linear_start.linear, linear_end.linear (its linears sit inside clamping wrappers: target the "
+                         "inner one)", e3.msg);
+        }
     }
     if (st != GM_OK && vision) {
         gm_error e4 = {0};

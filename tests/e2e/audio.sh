@@ -147,7 +147,7 @@ w.writeframes(b'\\x00\\x01' * (8000 * 31)); w.close()"
 printf '{"messages": [{"role": "user", "content": [{"type": "audio", "path": "long31.wav"}, {"type": "text", "text": "T"}]}, {"role": "assistant", "content": "x"}]}\n' >> train2.jsonl
 sed -e 's/name = "au"/name = "au2"/' -e 's/train.jsonl/train2.jsonl/' au.lua > au2.lua
 expect_run "audio in a model turn: its example refused, named; a 31 s clip: said that its first 30 s are used" 0 \
-  "long31.wav is 31.0 s long; Gemma 3n's feature extractor keeps its first 30 s.*train2.jsonl:1: message 2: an assistant turn holds an audio part; images and audio are read in user and system turns only" \
+  "long31.wav is 31.0 s long; the feature extractor keeps its first 30 s.*train2.jsonl:1: message 2: an assistant turn holds an audio part; images and audio are read in user and system turns only" \
   -- "$GM" au2.lua --dry-run
 
 sed -e 's/name = "au"/name = "au4"/' -e 's/max_length = 320/max_length = 150/' au.lua > au4.lua

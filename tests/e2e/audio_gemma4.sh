@@ -11,6 +11,9 @@
 #   - exported as a PEFT folder that PeftModel applies to transformers' Gemma4ForConditionalGeneration
 #     with the same logits for a prompt with a real clip (TOL_ADAPTER_PEER_TINY_ABS), the tower's
 #     adapters moving them;
+#   - generate with the trained adapter, from the trial and from its PEFT folder;
+#   - the shortest clips: one under Gemma 4's first frame refused by name, one just over it kept; a
+#     31 s clip whose example max_length rejects does not size the trial's audio path;
 #   - audio_targets naming a clipped linear's wrapper (q_proj): refused, naming q_proj.linear;
 #   - `gemmarun plan` of the E2B preset with audio_seconds: exact, with its audio tower item.
 set -u
@@ -77,6 +80,31 @@ else
 fi
 expect_run "generate --audio with the trained adapter: its tower's adapters run" 0 "audio encoder's included.*46 prompt tokens .* [1-4] new tokens" \
   -- "$GM" generate "$M" --adapter results/g4a --audio "$A/hello-world.wav" "Transcribe." --max-tokens 4
+expect_run "... and with its PEFT export read back (the tower's layers.N modules)" 0 "58 modules \(audio encoder's included\).*46 prompt tokens" \
+  -- "$GM" generate "$M" --adapter g4a_peft --audio "$A/hello-world.wav" "Transcribe." --max-tokens 1
+# the shortest clips: Gemma 4's extractor gives 161 samples (10 ms) a frame and a soft token, 160 none
+"${PY:-python3}" -c "
+import struct, wave
+for n in (100, 200):
+    o = wave.open('s%d.wav' % n, 'wb'); o.setnchannels(1); o.setsampwidth(2); o.setframerate(16000)
+    o.writeframes(struct.pack('<%dh' % n, *[(k * 997) % 8000 for k in range(n)])); o.close()"
+expect_run "a 100-sample clip beside a real one: refused by name (it would take no soft token), not dropped" 2 \
+  "s100.wav: 100 samples at 16 kHz .*shorter than the feature extractor's first frame \(161 samples\)" \
+  -- "$GM" generate "$M" --audio "$A/hello-world.wav" --audio s100.wav "x"
+(head -1 test.jsonl; printf '{"messages": [{"role": "user", "content": [{"type": "audio", "path": "s200.wav"}, {"type": "text", "text": "T."}]}, {"role": "assistant", "content": "hi"}]}\n') > test2.jsonl
+sed -e 's/name = "g4a"/name = "g4s"/' -e 's/test = "test.jsonl"/test = "test2.jsonl"/' g4a.lua > g4s.lua
+expect_run "a 200-sample clip (12.5 ms: one soft token on Gemma 4, none on Gemma 3n) kept in a Gemma 4 data set" 0 \
+  "data: 8 training and 2 test examples" -- "$GM" g4s.lua --dry-run
+# a 31 s clip whose example max_length rejects: the run goes on, and its trial's audio path is sized for
+# the clips it kept (2-digit MiB; sized for the 31 s clip it planned about 260)
+"${PY:-python3}" -c "
+import struct, wave
+o = wave.open('long31.wav', 'wb'); o.setnchannels(1); o.setsampwidth(2); o.setframerate(16000)
+o.writeframes(struct.pack('<%dh' % (31 * 16000), *[(k * 997) % 8000 for k in range(31 * 16000)])); o.close()"
+(cat train.jsonl; printf '{"messages": [{"role": "user", "content": [{"type": "audio", "path": "long31.wav"}, {"type": "text", "text": "T."}]}, {"role": "assistant", "content": "hi"}]}\n') > train3.jsonl
+sed -e 's/name = "g4a"/name = "g4l"/' -e 's/train = "train.jsonl"/train = "train3.jsonl"/' -e 's/epochs = 4/epochs = 1/' g4a.lua > g4l.lua
+expect_run "a clip max_length rejects: named, the run goes on, the trial's audio path sized for the clips kept" 0 \
+  "1 examples rejected .*train3.jsonl:9: max_length = 128 cuts into audio clip 1.*fine-tuned +[0-9]{2} / [0-9]{2} " -- "$GM" g4l.lua
 sed -e 's/name = "g4a"/name = "g4q"/' -e 's/audio_targets = "all-linear"/audio_targets = "q_proj"/' g4a.lua > g4q.lua
 expect_run "audio_targets naming a clipped linear's wrapper: refused, naming the inner module" 2 \
   "q_proj.*bypass the clamps.*q_proj.linear" -- "$GM" g4q.lua --dry-run
