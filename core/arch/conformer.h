@@ -29,6 +29,8 @@ enum {
     CF_W_NORM, CF_W_CLIP0, CF_W_COUNT = CF_W_CLIP0 + 4 * CF_N_LIN
 };
 
+_Static_assert((int)CF_W_COUNT <= GM_MAX_LAYER_WEIGHTS, "the conformer's slots fit GM_MAX_LAYER_WEIGHTS");
+
 /* The block's record and backward workspace (gemma3n_audio.c's tables; their sizes checked there). */
 enum { CF_N_ACTS = 33 + 2 * CF_N_LIN, CF_N_GRADS = 12 };
 extern const gm_act_spec gm_conformer_acts[CF_N_ACTS];

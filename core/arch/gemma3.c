@@ -158,6 +158,8 @@ static void layer_bwd(gm_graph *g, int64_t l) {
     k->rmsnorm_bwd(kc, gr, NULL, d[G_DXN], g->X[l], gm_graph_norm(g, l, W_ATTN_NORM), a[A_RSTD1], N, C, 1.0f);
 }
 
+_Static_assert((int)W_COUNT <= GM_MAX_LAYER_WEIGHTS, "its slots fit GM_MAX_LAYER_WEIGHTS (gm_arch.h)");
+
 const gm_arch_def gm_arch_gemma3 = {
     .id = GM_ARCH_GEMMA3,
     .name = "gemma3",

@@ -461,6 +461,8 @@ static void layer_bwd(gm_graph *g, int64_t l) {
     router_bwd(g, l, gy, d[G_DC2], a[A_RN], a[A_RSTDR], a[A_MOD], x);
 }
 
+_Static_assert((int)W_COUNT <= GM_MAX_LAYER_WEIGHTS, "its slots fit GM_MAX_LAYER_WEIGHTS (gm_arch.h)");
+
 const gm_arch_def gm_arch_gemma3n = {
     .id = GM_ARCH_GEMMA3N,
     .name = "gemma3n",

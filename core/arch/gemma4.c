@@ -414,6 +414,8 @@ static void layer_bwd(gm_graph *g, int64_t l) {
     k->rmsnorm_bwd(kc, gy, NULL, d[G_DXN], g->X[l], gm_graph_norm(g, l, W_ATTN_NORM), a[A_RSTD1], N, C, 1.0f);
 }
 
+_Static_assert((int)W_COUNT <= GM_MAX_LAYER_WEIGHTS, "its slots fit GM_MAX_LAYER_WEIGHTS (gm_arch.h)");
+
 const gm_arch_def gm_arch_gemma4 = {
     .id = GM_ARCH_GEMMA4,
     .name = "gemma4",

@@ -321,6 +321,8 @@ void gm_gemma4_vision_head_bwd(gm_graph *g, const gm_siglip_head_bufs *b) {
     g->k->pool_gather_bwd(kc, g->g, b->dpooled, b->pool_src, R, kk, g->N, C, 1.0f / (float)kk);
 }
 
+_Static_assert((int)W_COUNT <= GM_MAX_LAYER_WEIGHTS, "its slots fit GM_MAX_LAYER_WEIGHTS (gm_arch.h)");
+
 const gm_arch_def gm_arch_gemma4_vision = {
     .id = GM_ARCH_GEMMA4_VISION,
     .name = "gemma4_vision",

@@ -140,7 +140,8 @@ typedef struct gm_act_spec {
  * tied "head" that is never read). */
 enum { GM_GLOBAL_EMBED = 0, GM_GLOBAL_FINAL_NORM = 1, GM_GLOBAL_LM_HEAD = 2 };
 #define GM_MAX_GLOBALS 16 /* SigLIP has 8, Gemma 3n 12 */
-#define GM_MAX_LAYER_WEIGHTS 48 /* Gemma 4's vision tower: 13 + 28 clip bounds */
+#define GM_MAX_LAYER_WEIGHTS 64 /* the audio conformer: 22 + 40 clip bounds (Gemma 4's; each arch
+                                   file asserts its count fits) */
 
 struct gm_graph;
 

@@ -223,6 +223,8 @@ void gm_siglip_head_bwd(gm_graph *g, const gm_siglip_head_bufs *b, bool into_tow
                         b->mean, b->rstd, N, C, 0.0f);
 }
 
+_Static_assert((int)W_COUNT <= GM_MAX_LAYER_WEIGHTS, "its slots fit GM_MAX_LAYER_WEIGHTS (gm_arch.h)");
+
 const gm_arch_def gm_arch_siglip = {
     .id = GM_ARCH_SIGLIP,
     .name = "siglip",
