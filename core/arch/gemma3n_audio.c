@@ -165,43 +165,21 @@ static const float *vec(const gm_graph *g, int64_t l, int slot) { return gm_grap
 
 static bool clipped(const gm_graph *g) { return g->cfg->arch == GM_ARCH_GEMMA4_AUDIO && g->cfg->audio.clipped; }
 
-static const float *bound(const gm_graph *g, int64_t l, int lin, int which) {
-    return vec(g, l, CF_W_CLIP0 + 4 * lin + which);
-}
-
 /* out (N, n_out) = lin(in (N, n_in)) of clipped linear `lin` (see the top; W^T alone unclipped). */
 static void lin_fwd(gm_graph *g, int64_t l, int lin, float *out, const float *in, int64_t n_in, int64_t n_out) {
-    if (!clipped(g)) {
-        gm_graph_linear(g, l, CL_SLOT[lin], out, in);
-        return;
-    }
-    const gm_kernel_table *k = g->k;
-    const gm_kctx *kc = &g->kc;
-    float **a = gm_graph_record(g, l), *cin = a[A_CIN0 + lin], *raw = a[A_CRAW0 + lin];
-    int64_t N = g->N;
-    k->clip_fwd(kc, cin, in, N * n_in, bound(g, l, lin, 0), bound(g, l, lin, 1));
-    gm_graph_linear(g, l, CL_SLOT[lin], out, cin);
-    if (raw) k->scale_fwd(kc, raw, out, N * n_out, 1.0f); /* training: the output before its clamp */
-    k->clip_fwd(kc, out, out, N * n_out, bound(g, l, lin, 2), bound(g, l, lin, 3));
+    float **a = gm_graph_record(g, l);
+    if (!clipped(g)) gm_graph_linear(g, l, CL_SLOT[lin], out, in);
+    else gm_graph_linear_clipped(g, l, CL_SLOT[lin], CF_W_CLIP0 + 4 * lin, out, a[A_CRAW0 + lin], a[A_CIN0 + lin], in, n_in, n_out);
 }
 
 /* Backward of lin_fwd: dy (N, n_out) = dL/dout (left as it is); dx (N, n_in) = beta dx + dL/din,
  * in the forward's input; the adapter's gradients accumulate. */
 static void lin_bwd(gm_graph *g, int64_t l, int lin, float *dx, const float *dy, const float *in, int64_t n_in,
                     int64_t n_out, float beta) {
-    if (!clipped(g)) {
-        gm_graph_linear_bwd(g, l, CL_SLOT[lin], dx, dy, in, beta);
-        return;
-    }
-    const gm_kernel_table *k = g->k;
-    const gm_kctx *kc = &g->kc;
     float **a = gm_graph_record(g, l), **d = g->grad;
-    int64_t N = g->N;
-    k->clip_bwd(kc, d[G_COUT], dy, a[A_CRAW0 + lin], N * n_out, bound(g, l, lin, 2), bound(g, l, lin, 3));
-    gm_graph_linear_bwd(g, l, CL_SLOT[lin], d[G_CIN], d[G_COUT], a[A_CIN0 + lin], 0.0f);
-    k->clip_bwd(kc, d[G_CIN], d[G_CIN], in, N * n_in, bound(g, l, lin, 0), bound(g, l, lin, 1));
-    if (beta == 0.0f) k->scale_fwd(kc, dx, d[G_CIN], N * n_in, 1.0f);
-    else k->add_fwd(kc, dx, d[G_CIN], N * n_in);
+    if (!clipped(g)) gm_graph_linear_bwd(g, l, CL_SLOT[lin], dx, dy, in, beta);
+    else gm_graph_linear_clipped_bwd(g, l, CL_SLOT[lin], CF_W_CLIP0 + 4 * lin, dx, dy, d[G_COUT], a[A_CRAW0 + lin],
+                                     a[A_CIN0 + lin], in, d[G_CIN], n_in, n_out, beta);
 }
 
 /* Gemma4AudioAttention.k_scale = log(1 + e) / log(2) (f32); 1 on Gemma 3n */

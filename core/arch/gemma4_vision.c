@@ -163,43 +163,20 @@ static const gm_act_spec grads[G_COUNT] = {
 
 /* ---- the clipped linear -------------------------------------------------------------------- */
 
-static const float *bound(const gm_graph *g, int64_t l, int lin, int which) {
-    return gm_graph_norm(g, l, W_CLIP0 + 4 * lin + which);
-}
-
 /* out (N, n_out) = clin(in (N, n_in)) of linear `lin` (see the top). Clipped: cin (N, n_in) keeps
  * the clamped input, raw (training: the output before its clamp; NULL at inference). */
 static void clin_fwd(gm_graph *g, int64_t l, int lin, float *out, float *raw, float *cin, const float *in, int64_t n_in,
                      int64_t n_out) {
-    const gm_kernel_table *k = g->k;
-    const gm_kctx *kc = &g->kc;
-    int64_t N = g->N;
-    if (!g->cfg->vision.clipped) {
-        gm_graph_linear(g, l, LIN_SLOT[lin], out, in);
-        return;
-    }
-    k->clip_fwd(kc, cin, in, N * n_in, bound(g, l, lin, 0), bound(g, l, lin, 1));
-    gm_graph_linear(g, l, LIN_SLOT[lin], out, cin);
-    if (raw) k->scale_fwd(kc, raw, out, N * n_out, 1.0f);
-    k->clip_fwd(kc, out, out, N * n_out, bound(g, l, lin, 2), bound(g, l, lin, 3));
+    if (!g->cfg->vision.clipped) gm_graph_linear(g, l, LIN_SLOT[lin], out, in);
+    else gm_graph_linear_clipped(g, l, LIN_SLOT[lin], W_CLIP0 + 4 * lin, out, raw, cin, in, n_in, n_out);
 }
 
 /* Backward of clin_fwd: dy (N, n_out) = dL/dout in (overwritten: masked by the output clamp);
  * dx (N, n_in) = beta dx + dL/din; the adapter's gradients accumulate. tmp (N, n_in) workspace. */
 static void clin_bwd(gm_graph *g, int64_t l, int lin, float *dx, float *dy, const float *raw, const float *cin,
                      const float *in, float *tmp, int64_t n_in, int64_t n_out, float beta) {
-    const gm_kernel_table *k = g->k;
-    const gm_kctx *kc = &g->kc;
-    int64_t N = g->N;
-    if (!g->cfg->vision.clipped) {
-        gm_graph_linear_bwd(g, l, LIN_SLOT[lin], dx, dy, in, beta);
-        return;
-    }
-    k->clip_bwd(kc, dy, dy, raw, N * n_out, bound(g, l, lin, 2), bound(g, l, lin, 3));
-    gm_graph_linear_bwd(g, l, LIN_SLOT[lin], tmp, dy, cin, 0.0f);
-    k->clip_bwd(kc, tmp, tmp, in, N * n_in, bound(g, l, lin, 0), bound(g, l, lin, 1));
-    if (beta == 0.0f) k->scale_fwd(kc, dx, tmp, N * n_in, 1.0f);
-    else k->add_fwd(kc, dx, tmp, N * n_in);
+    if (!g->cfg->vision.clipped) gm_graph_linear_bwd(g, l, LIN_SLOT[lin], dx, dy, in, beta);
+    else gm_graph_linear_clipped_bwd(g, l, LIN_SLOT[lin], W_CLIP0 + 4 * lin, dx, dy, dy, raw, cin, in, tmp, n_in, n_out, beta);
 }
 
 /* ---- layer -------------------------------------------------------------------------------- */

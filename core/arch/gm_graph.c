@@ -392,6 +392,28 @@ void gm_graph_linear_bwd(gm_graph *g, int64_t l, int slot, float *dx, const floa
     }
 }
 
+void gm_graph_linear_clipped(gm_graph *g, int64_t l, int slot, int clip0, float *out, float *raw, float *cin,
+                             const float *in, int64_t n_in, int64_t n_out) {
+    const gm_kctx *kc = &g->kc;
+    int64_t N = g->N;
+    g->k->clip_fwd(kc, cin, in, N * n_in, gm_graph_norm(g, l, clip0), gm_graph_norm(g, l, clip0 + 1));
+    gm_graph_linear(g, l, slot, out, cin);
+    if (raw) g->k->scale_fwd(kc, raw, out, N * n_out, 1.0f);
+    g->k->clip_fwd(kc, out, out, N * n_out, gm_graph_norm(g, l, clip0 + 2), gm_graph_norm(g, l, clip0 + 3));
+}
+
+void gm_graph_linear_clipped_bwd(gm_graph *g, int64_t l, int slot, int clip0, float *dx, const float *dy, float *dyc,
+                                 const float *raw, const float *cin, const float *in, float *tmp, int64_t n_in,
+                                 int64_t n_out, float beta) {
+    const gm_kctx *kc = &g->kc;
+    int64_t N = g->N;
+    g->k->clip_bwd(kc, dyc, dy, raw, N * n_out, gm_graph_norm(g, l, clip0 + 2), gm_graph_norm(g, l, clip0 + 3));
+    gm_graph_linear_bwd(g, l, slot, tmp, dyc, cin, 0.0f);
+    g->k->clip_bwd(kc, tmp, tmp, in, N * n_in, gm_graph_norm(g, l, clip0), gm_graph_norm(g, l, clip0 + 1));
+    if (beta == 0.0f) g->k->scale_fwd(kc, dx, tmp, N * n_in, 1.0f);
+    else g->k->add_fwd(kc, dx, tmp, N * n_in);
+}
+
 /* ---- attention ---------------------------------------------------------------------------- */
 
 const int32_t *gm_graph_kv_end(const gm_graph *g, int64_t l) {

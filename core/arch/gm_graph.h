@@ -197,6 +197,21 @@ void gm_graph_linear(gm_graph *g, int64_t l, int slot, float *y, const float *x)
  * the adapter's dA, dB accumulate. x is the forward input. */
 void gm_graph_linear_bwd(gm_graph *g, int64_t l, int slot, float *dx, const float *dy, const float *x, float beta);
 
+/* Gemma 4's clipped linear (transformers' Gemma4ClippableLinear, both towers): out (N, n_out) =
+ * clamp(clamp(in, lo_in, hi_in) W^T, lo_out, hi_out), W the slot's linear with its adapter (LoRA
+ * inside the clamps), the four bounds the layer's weight slots clip0 .. clip0 + 3 (input min, input
+ * max, output min, output max; read on the device). cin (N, n_in) receives the clamped input (what
+ * W multiplied), raw (N, n_out; NULL at inference) the output before its clamp. */
+void gm_graph_linear_clipped(gm_graph *g, int64_t l, int slot, int clip0, float *out, float *raw, float *cin,
+                             const float *in, int64_t n_in, int64_t n_out);
+
+/* Its backward: dy (N, n_out) = dL/dout; dyc (N, n_out) receives dy masked by the output clamp (dyc
+ * may be dy: then dy is overwritten); dx (N, n_in) = beta dx + dL/din, in the forward's input; tmp
+ * (N, n_in) workspace; the adapter's gradients accumulate. */
+void gm_graph_linear_clipped_bwd(gm_graph *g, int64_t l, int slot, int clip0, float *dx, const float *dy, float *dyc,
+                                 const float *raw, const float *cin, const float *in, float *tmp, int64_t n_in,
+                                 int64_t n_out, float beta);
+
 /* The key ends layer l's attention uses: the call's kv_end (gm_graph_input) where the config lets
  * an image's tokens see each other on this layer (gm_config.image_mask; an encoder: always), else
  * NULL (causal). */
