@@ -20,6 +20,7 @@ packages=(
   liblua5.4-dev libhdf5-dev hdf5-tools libopenblas-dev libcjson-dev
   libpng-dev libjpeg62-turbo-dev libexif-dev libsndfile1-dev libsamplerate0-dev libfftw3-dev
   libplplot-dev plplot-driver-cairo libcairo2-dev libzip-dev libssl-dev libopenblas-openmp-dev
+  libdnnl-dev                                    # oneDNN: bf16 GEMMs on CPUs with AVX512-BF16 (kernels/cpu/gemm_bf16.c)
   clang libclang-rt-14-dev
   openmpi-bin libopenmpi-dev                    # data-parallel training of one trial (mpirun; core/dist)
   python3 python3-pip

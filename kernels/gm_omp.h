@@ -50,30 +50,7 @@
         }                                                                         \
     } while (0)
 
-/*
- * gm_omp_passive_wait_by_default(argv) - first thing in an executable's main(): OpenMP threads that
- * wait at a barrier sleep (futex) instead of spinning, unless the user set OMP_WAIT_POLICY or
- * GOMP_SPINCOUNT. Returns only if nothing had to change or the re-execution failed (then waits
- * spin as before: slower beside busy processes, never wrong).
- *
- * Why: libgomp's default spins up to 300,000 iterations before sleeping. When another process
- * holds a core, the thread that finished its share spins on the CPU the unfinished one needs,
- * every parallel region waits for a descheduled thread, and a training step of the 270M went from
- * 4.75 s to 18.0 s beside one busy process (3.8x); with passive waits 3.99 s to 8.80 s (2.2x; the
- * fair share of 2 cores among 3 busy threads is 1.5x), and the quiet machine is no slower
- * (tests/bench/bench_busy.sh, one run, 2026-12-04; docs/benchmarks.md).
- * How: libgomp reads its environment once, in its constructor, before main() runs, and has no
- * call to change the policy later. Setting the variable from the executable's .preinit_array does
- * not work with glibc (libc's own start-up then resets environ to the original block), so the
- * process sets it and re-executes itself (/proc/self/exe, same argv: one more exec at start-up). Children (sbatch,
- * MPI ranks) inherit it.
- */
-#include <stdlib.h>
-#include <unistd.h>
-static inline void gm_omp_passive_wait_by_default(char **argv) {
-    if (getenv("OMP_WAIT_POLICY") || getenv("GOMP_SPINCOUNT")) return;
-    if (setenv("OMP_WAIT_POLICY", "passive", 0) != 0) return;
-    execv("/proc/self/exe", argv);
-}
+/* The OpenMP wait policy gemmarun starts with (passive: threads sleep at barriers) is set by
+ * gm_kernels_startup (kernels.h), with OpenBLAS's core type, in one re-execution. */
 
 #endif /* GM_OMP_H */

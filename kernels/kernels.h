@@ -292,17 +292,77 @@ typedef struct gm_kctx {
                              quantized to int8 blocks once and the dots are integer, as llama.cpp's
                              (gm_dot_rows_q8) - faster, and NOT the f32 result: opt-in
                              (gm_infer_opts.int8_dot, `generate --int8-dot`); false everywhere else */
-    bool bf16_gemm;       /* CUDA, matmul_fwd / matmul_bwd_input on a non-f32 weight (a bf16, NF4, int8 or GGUF
-                             base): the weight (its panels dequantized) and x / dy in bf16, products
-                             accumulated in f32 into f32 outputs (cublasGemmEx, CUBLAS_COMPUTE_32F) - the
-                             mixed precision of PEFT + bitsandbytes on a GPU, rounding x to 8 significant
-                             bits: NOT the f32 result. From gm_backend.bf16_gemm (the CUDA backend's
-                             default: on); f32 weights (adapters, an f32 base) and the CPU: always f32 */
+    bool bf16_gemm;       /* matmul_fwd / matmul_bwd_input on a non-f32 weight (a bf16, NF4, int8 or GGUF base):
+                             the weight (its panels dequantized) and x / dy in bf16, products accumulated
+                             in f32 into f32 outputs - the mixed precision of PEFT with bf16 autocast
+                             (torch.autocast on the CPU, TrainingArguments.bf16 on a GPU), rounding x to 8
+                             significant bits: NOT the f32 result. CUDA: cublasGemmEx, CUBLAS_COMPUTE_32F,
+                             from gm_backend.bf16_gemm (on by default). CPU: oneDNN's matmul
+                             (kernels/cpu/gemm_bf16.c) in bf16_staging, set by the trainer where the CPU
+                             multiplies bf16 natively (gm_k_cpu_bf16_native) and compute is not "f32";
+                             without staging room, f32. f32 weights (adapters, an f32 base): always f32 */
+    uint16_t *bf16_staging; /* CPU bf16 GEMMs: x / dy and one dequantized weight panel in bf16 */
+    size_t bf16_staging_elems; /* its size in bf16 elements (GM_CPU_BF16_STAGING_BYTES / 2) */
 } gm_kctx;
+
+/*
+ * gm_kernels_startup(argv) - first thing in an executable's main(): the environment the CPU kernels'
+ * libraries read once, in their constructors, before main() runs. Unless the user set them:
+ *   - OMP_WAIT_POLICY=passive: OpenMP threads that wait at a barrier sleep (futex) instead of
+ *     spinning. libgomp's default spins up to 300,000 iterations; when another process holds a core,
+ *     the thread that finished its share spins on the CPU the unfinished one needs, and a training
+ *     step of the 270M went from 4.75 s to 18.0 s beside one busy process (3.8x); with passive waits
+ *     3.99 s to 8.80 s (2.2x; 1.5x is the fair share of 2 cores among 3 busy threads), the quiet
+ *     machine no slower (tests/bench/bench_busy.sh, 2026-12-04; docs/benchmarks.md). Not set when
+ *     the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT.
+ *   - OPENBLAS_CORETYPE: OpenBLAS's runtime CPU detection (0.3.21, Debian 12) does not know newer
+ *     CPUs and falls back to its SSE3 "Prescott" kernels: on a 2-core AVX-512 Xeon sgemm ran at 63
+ *     GFLOP/s instead of 265-309 with its SkylakeX kernels, and a LoRA step of the 270M took 7.04 s
+ *     instead of 2.76 s (docs/benchmarks.md, "OpenBLAS's core type"). Where the core OpenBLAS picked
+ *     predates AVX2 (gm_blas_core_fallback) but the CPU has AVX-512 (F, BW, DQ, VL, CD) it is set to
+ *     SkylakeX, with AVX2 and FMA to Haswell.
+ * How: the libraries read their environment once, before main(); setting a variable from the
+ * executable's .preinit_array does not work with glibc (libc's start-up then resets environ), so
+ * the process sets them and re-executes itself (/proc/self/exe, same argv: one more exec at start).
+ * Children (sbatch, MPI ranks) inherit them. Returns only if nothing had to change or the
+ * re-execution failed (then the libraries' defaults stand: slower, never wrong).
+ */
+void gm_kernels_startup(char **argv);
+/* The OpenBLAS core type gm_kernels_startup would set ("SkylakeX", "Haswell"), or NULL where
+ * OpenBLAS's own choice stands: it was set by the user, is AVX2 or newer, or the CPU has no AVX2. */
+const char *gm_blas_core_fallback(void);
+/* OpenBLAS's build and core, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64"
+ * (openblas_get_config, whose core is the one in use), for `gemmarun --version`. Static storage. */
+const char *gm_blas_info(void);
+
+/* Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16, as oneDNN reports it:
+ * dnnl_get_effective_cpu_isa, which honours DNNL_MAX_CPU_ISA; false in a build without oneDNN).
+ * Where false, compute = "auto" trains in f32 and "bf16" is refused (gm_trainer_new_on). */
+bool gm_k_cpu_bf16_native(void);
+/* Whether compute = "auto" picks bf16 on this CPU: where its bf16 GEMMs are faster than f32 ones -
+ * AMX-BF16 (tile multiplies), or an AMD CPU with AVX512-BF16 (Zen 4 and later: bf16 dot products at
+ * twice the f32 FMA rate; measured through torch on a 2-core EPYC, 350-375 GFLOP/s bf16 against
+ * 200-230 f32). Not an Intel CPU with AVX512-BF16 alone: VDPBF16PS issues on one port where FMAs
+ * issue on two, so it multiplies no faster than f32, plus the rounding - measured on a 2-core Xeon,
+ * oneDNN's bf16 matmul 166-175 GFLOP/s (torch's 171) against OpenBLAS sgemm's 265-309, a LoRA step of
+ * the 270M 4.44 s in bf16 against 2.76 s in f32 (docs/benchmarks.md, "bf16 GEMM rates").
+ * GEMMARUN_BF16_AUTO=1 / =0 overrides the rule on a native CPU (to measure the other choice). */
+bool gm_k_cpu_bf16_auto(void);
+/* The CPU's bf16 staging (gm_kctx.bf16_staging) is planned in the trainer's arena when it computes in
+ * bf16: what its largest GEMM needs at once (gm_k_matmul_bf16_staging_elems), at most this - a
+ * 512-row weight panel of up to 16,384 columns and the activations beside it; larger ones go in row
+ * chunks. */
+#define GM_CPU_BF16_STAGING_BYTES ((size_t)32 << 20)
 
 /* Workspace (floats) that matmul_fwd / matmul_bwd_input need for a weight of N rows by K
  * columns of `type` (0 for f32). Callers size gm_kctx.scratch as the max over their weights. */
 size_t gm_k_matmul_scratch_floats(gm_dtype w_type, int64_t N, int64_t K, int n_threads);
+
+/* bf16 staging (elements, gm_kctx.bf16_staging) with which matmul_fwd / matmul_bwd_input on the CPU
+ * multiply M rows by a weight of N x K of `type` in bf16 at once: a dequantized panel (none for a
+ * bf16 weight, which is multiplied as stored) and M activation rows of the wider side; 0 for f32
+ * weights. A smaller staging takes the rows in chunks (at least one row beside the panel). */
+size_t gm_k_matmul_bf16_staging_elems(gm_dtype w_type, int64_t N, int64_t K, int64_t M);
 
 /* Workspace (floats) attention_train_fwd / attention_bwd need for these sizes. */
 size_t gm_k_attention_scratch_floats(int64_t B, int64_t T, int64_t H, int64_t D, int n_threads);

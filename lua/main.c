@@ -38,7 +38,7 @@
 #include "gm_lua.h"
 #include "gm_lora.h"
 #include "gm_model.h"
-#include "gm_omp.h"
+#include "kernels.h"
 #include "gm_plan.h"
 #include "gm_quant.h"
 #include "gm_tokenizer.h"
@@ -1400,7 +1400,7 @@ static int cmd_export(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    gm_omp_passive_wait_by_default(argv); /* OpenMP waits sleep, not spin: kernels/gm_omp.h */
+    gm_kernels_startup(argv); /* OpenMP waits sleep, OpenBLAS on its AVX kernels: kernels/kernels.h */
     record_command_line(argc, argv);
     /* Large buffers (arenas, checkpoint and results images) get their own mappings and go back
      * to the system when freed. Left alone, glibc raises its mmap threshold after the first such
@@ -1421,7 +1421,9 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (strcmp(cmd, "--version") == 0) {
-        printf("gemmarun %s (git %s)\n", GM_VERSION, gm_git_commit);
+        printf("gemmarun %s (git %s)\nBLAS: %s\nbf16 GEMMs on this CPU: %s; compute = \"auto\" trains in %s\n", GM_VERSION,
+               gm_git_commit, gm_blas_info(), gm_k_cpu_bf16_native() ? "native (oneDNN)" : "no",
+               gm_compute_effective(GM_COMPUTE_AUTO, "cpu"));
         return 0;
     }
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc - 2, argv + 2);

@@ -196,6 +196,27 @@ gm_status gm_weights_layout(gm_weights *w, const gm_model *m, gm_dtype stored, g
     return st;
 }
 
+size_t gm_weights_bf16_staging_elems(const gm_weights *w, int64_t M, int64_t lm_vocab, int64_t lm_m) {
+    const gm_config *c = w->cfg;
+    const gm_wview *E = &w->global[GM_GLOBAL_LM_HEAD];
+    int64_t vc = lm_vocab < c->vocab_size ? lm_vocab : c->vocab_size;
+    size_t s = lm_m > 0 && E->rows > 0 ? gm_k_matmul_bf16_staging_elems(E->type, vc, c->hidden_size, lm_m) : 0, t;
+    for (int gi = 0; gi < w->arch->n_globals; gi++) {
+        const gm_wview *v = &w->global[gi];
+        if (gi == GM_GLOBAL_LM_HEAD || w->arch->globals[gi].kind != GM_W_LINEAR || v->rows == 0) continue;
+        t = gm_k_matmul_bf16_staging_elems(v->type, v->rows, v->cols, M);
+        if (t > s) s = t;
+    }
+    for (int64_t l = 0; l < w->n_layers; l++)
+        for (int k = 0; k < w->n_slots; k++) {
+            const gm_wview *v = gm_weights_at(w, l, k);
+            if (w->arch->layer[k].kind != GM_W_LINEAR || v->rows == 0) continue;
+            t = gm_k_matmul_bf16_staging_elems(v->type, v->rows, v->cols, M);
+            if (t > s) s = t;
+        }
+    return s;
+}
+
 size_t gm_weights_scratch_floats(const gm_weights *w, int64_t lm_rows, int n_threads) {
     const gm_config *c = w->cfg;
     const gm_wview *E = &w->global[GM_GLOBAL_LM_HEAD];

@@ -80,6 +80,9 @@ gm_status gm_weights_layout(gm_weights *w, const struct gm_model *m, gm_dtype st
 /* Workspace (floats) the matmul kernels need for every matrix of w (kernels.h
  * gm_k_matmul_scratch_floats), the LM head read in row chunks of `lm_rows`. */
 size_t gm_weights_scratch_floats(const gm_weights *w, int64_t lm_rows, int n_threads);
+/* bf16 staging (elements) for the CPU's bf16 GEMMs on these weights (gm_k_matmul_bf16_staging_elems):
+ * every linear with M rows, the LM head as lm_vocab rows of the embedding with lm_m rows (0: none). */
+size_t gm_weights_bf16_staging_elems(const gm_weights *w, int64_t M, int64_t lm_vocab, int64_t lm_m);
 
 #ifdef __cplusplus
 }

@@ -27,6 +27,11 @@
  * its per-thread buffers. Fitted on measurements (docs/memory.md, "Runtime"): 12.5 MiB before
  * any model is loaded, 14.5 MiB for a whole tiny training run; a property of the build. */
 #define RUNTIME_BASE_BYTES ((size_t)14848 << 10)
+/* ... and with the CPU's bf16 GEMMs (compute, kernels/cpu/gemm_bf16.c) what oneDNN adds: loaded
+ * (dlopen: its relocated pages), and once its matmul runs, the code it touches, its JIT-generated
+ * kernels, primitive cache and scratchpads. Fitted (docs/memory.md, "Runtime"). */
+#define GM_PLAN_DNNL_LOAD_BYTES ((size_t)5376 << 10)
+#define GM_PLAN_DNNL_GEMM_BYTES ((size_t)8 << 20)
 /* Per vocabulary entry: the tokenizer's copy of the token text, its hash-table slot, score and
  * type, and the GGUF reader's string index and file pages (fitted: a 262,144-entry vocabulary
  * adds ~18 MiB to a training run of the 270M model). */
@@ -280,7 +285,8 @@ gm_status gm_plan_training(const gm_config *cfg, const gm_train_opts *o, gm_dtyp
             out->by_kind[k] -= out->audio.by_kind[k];
         }
     }
-    out->runtime = gm_plan_runtime_bytes(cfg);
+    out->runtime = gm_plan_runtime_bytes(cfg) + (tp.cpu_bf16 ? GM_PLAN_DNNL_LOAD_BYTES : 0) +
+                   (tp.cpu_bf16_gemms ? GM_PLAN_DNNL_GEMM_BYTES : 0);
     out->host_only = out->runtime + tp.host_bytes + gm_plan_checkpoint_bytes(out->n_trainable) + out->vision.staging +
                      out->audio.staging;
     out->total = out->runtime + out->vision.total + out->audio.total;

@@ -109,7 +109,8 @@ const char *gm_compute_effective(gm_compute c, const char *device) {
     int index = -1;
     gm_error err = {0};
     bool gpu = device && gm_backend_parse_device(device, &index, &err) == GM_OK && index >= 0;
-    return c != GM_COMPUTE_F32 && gpu ? "bf16" : "f32";
+    bool bf16 = c == GM_COMPUTE_BF16 ? gpu || gm_k_cpu_bf16_native() : c == GM_COMPUTE_AUTO && (gpu || gm_k_cpu_bf16_auto());
+    return bf16 ? "bf16" : "f32";
 }
 
 /* ---- the options' schema (gm_train_opts.def) ------------------------------------------------ */
@@ -446,6 +447,15 @@ static void collect_params(gm_trainer *tr) {
     }
 }
 
+/* Whether a trainer with option c on backend be (NULL: a plan, the CPU) multiplies its base weights
+ * in bf16: CUDA as its backend's bf16_gemm says (on unless a test turned it off) unless c is F32;
+ * the CPU where native (BF16) or native and faster (AUTO; kernels.h, gm_k_cpu_bf16_auto). */
+static bool trainer_bf16(const gm_backend *be, gm_compute c) {
+    if (c == GM_COMPUTE_F32) return false;
+    if (be && be->device != GM_DEVICE_CPU) return be->bf16_gemm;
+    return c == GM_COMPUTE_BF16 ? gm_k_cpu_bf16_native() : gm_k_cpu_bf16_auto();
+}
+
 /* Reserves (or, on committed arenas, hands out) every buffer. m == NULL: a plan. */
 static gm_status layout(gm_trainer *tr, const gm_model *m, gm_dtype stored, gm_dtype stored_embed, gm_error *err) {
     const gm_config *c = tr->cfg;
@@ -454,16 +464,30 @@ static gm_status layout(gm_trainer *tr, const gm_model *m, gm_dtype stored, gm_d
     GM_TRY(gm_weights_layout(&tr->w, m, stored, stored_embed, tr->be, a, tr->o.n_threads, err));
     gm_lora_layout(&tr->lora, a, true);
     gm_graph_layout(&tr->g, a, h);
-    tr->g.kc.bf16_gemm = tr->g.kc.bf16_gemm && tr->o.compute != GM_COMPUTE_F32; /* compute (CUDA: bf16 unless f32) */
+    bool bf16 = trainer_bf16(tr->be, tr->o.compute);
+    tr->g.kc.bf16_gemm = bf16;
     if (tr->has_vis) {
         GM_TRY(gm_vision_layout(&tr->vis, a, h, err));
-        tr->vis.g.kc.bf16_gemm = tr->vis.g.kc.bf16_gemm && tr->o.compute != GM_COMPUTE_F32;
+        tr->vis.g.kc.bf16_gemm = bf16;
         tr->img_rows = (int32_t *)gm_arena_alloc(a, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
         tr->h_img_rows = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
         tr->h_ids = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
         tr->h_kv_end = (int32_t *)gm_arena_alloc(h, (size_t)N * sizeof(int32_t), GM_MEM_WORKSPACE);
         tr->h_uniq = (int64_t *)gm_arena_alloc(h, (size_t)tr->o.max_images * sizeof(int64_t), GM_MEM_WORKSPACE);
         tr->h_of = (int64_t *)gm_arena_alloc(h, (size_t)tr->o.max_images * sizeof(int64_t), GM_MEM_WORKSPACE);
+    }
+    /* compute: the CPU's bf16 GEMMs go through a staging buffer of their own (kernels.h), shared by
+     * the decoder's and the vision tower's graphs, which run one after the other: what their largest
+     * GEMM needs (the LM head's chunk: GM_LM_ROWS rows by GM_LM_VOCAB), at most
+     * GM_CPU_BF16_STAGING_BYTES (larger ones go in row chunks) */
+    if (bf16 && (!tr->be || tr->be->device == GM_DEVICE_CPU)) { /* a plan (no backend): the CPU's layout */
+        size_t elems = gm_weights_bf16_staging_elems(&tr->w, N, GM_LM_VOCAB, N < GM_LM_ROWS ? N : GM_LM_ROWS), t;
+        if (tr->has_vis && (t = gm_weights_bf16_staging_elems(tr->vis.g.w, tr->vis.g.o.batch * tr->vis.g.o.max_tokens, 0, 0)) > elems)
+            elems = t;
+        if (elems > GM_CPU_BF16_STAGING_BYTES / 2) elems = GM_CPU_BF16_STAGING_BYTES / 2;
+        uint16_t *staging = elems ? (uint16_t *)gm_arena_alloc(a, elems * sizeof(uint16_t), GM_MEM_WORKSPACE) : NULL;
+        tr->g.kc.bf16_staging = staging, tr->g.kc.bf16_staging_elems = staging ? elems : 0;
+        tr->vis.g.kc.bf16_staging = staging, tr->vis.g.kc.bf16_staging_elems = staging ? elems : 0;
     }
     if (tr->has_aud) {
         GM_TRY(gm_audio_encoder_layout(&tr->aud, a, h, err));
@@ -561,6 +585,8 @@ gm_status gm_train_plan(const gm_config *cfg, const gm_train_opts *o, gm_dtype s
         out->n_trainable = 0;
         for (int i = 0; i < tr->n_params; i++) out->n_trainable += tr->params[i].n;
         out->scratch_floats = tr->g.scratch_floats;
+        out->cpu_bf16 = tr->g.kc.bf16_gemm;
+        out->cpu_bf16_gemms = tr->g.kc.bf16_staging_elems > 0;
     }
     trainer_release(tr);
     gm_free(tr);
@@ -586,9 +612,13 @@ gm_status gm_trainer_new_on(const gm_model *m, const gm_train_opts *o, gm_backen
     gm_status s = GM_OK;
     if (be) tr->be = be;
     else s = gm_backend_cpu_new(o->n_threads, &tr->owned_be, err), tr->be = tr->owned_be;
-    if (s == GM_OK && o->compute == GM_COMPUTE_BF16 && !tr->be->bf16_gemm)
-        s = gm_error_set(err, GM_ERR_UNSUPPORTED, "compute = \"bf16\": the %s backend computes in f32 only (bf16 GEMMs run on "
-                         "a GPU)\n  hint: use compute = \"auto\" (bf16 where native) or \"f32\"", tr->be->name);
+    /* compute = "bf16" where the backend has no bf16 GEMMs (CUDA has; a CPU where native - asked
+     * only here, so that an f32 run never loads oneDNN: kernels/cpu/gemm_bf16.c) */
+    if (s == GM_OK && o->compute == GM_COMPUTE_BF16 &&
+        !(tr->be->device == GM_DEVICE_CPU ? gm_k_cpu_bf16_native() : tr->be->device == GM_DEVICE_CUDA))
+        s = gm_error_set(err, GM_ERR_UNSUPPORTED, "compute = \"bf16\": the %s backend computes in f32 only here (bf16 GEMMs run "
+                         "on a GPU, or on a CPU with AVX512-BF16 / AMX and oneDNN)\n  hint: use compute = \"auto\" (bf16 "
+                         "where native) or \"f32\"", tr->be->name);
     /* Gemma 3n's hard multimodal tokens (<end_of_audio>, ...): their embedders' tables */
     if (s == GM_OK && c->arch == GM_ARCH_GEMMA3N) s = gm_mm_hard_load(m, &tr->hard, err);
     if (s == GM_OK) s = setup(tr, c, m->peft_prefix, err);

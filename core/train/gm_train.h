@@ -61,14 +61,17 @@ const char *gm_schedule_name(gm_schedule s);
 bool gm_schedule_from_name(const char *name, gm_schedule *out);
 
 /* Precision of the base weights' GEMMs (the `compute` option). AUTO: bf16 where the backend
- * multiplies bf16 natively (CUDA: gm_backend.bf16_gemm), f32 elsewhere; BF16: bf16 inputs with f32
- * accumulation, refused by gm_trainer_new_on on a backend without it (this release's CPU kernels
- * compute in f32 only); F32: f32 everywhere (the CPU's numbers on a GPU too). */
+ * multiplies bf16 natively and faster than f32 (CUDA, a CPU with AMX or an AMD
+ * CPU with AVX512-BF16: kernels.h, gm_k_cpu_bf16_auto), f32 elsewhere; BF16: bf16 inputs with f32
+ * accumulation where native (CUDA; a CPU with AVX512-BF16 / AMX, gm_k_cpu_bf16_native), refused by
+ * gm_trainer_new_on on a backend without it;
+ * F32: f32 everywhere (parity with PEFT in f32; the same numbers on every device). */
 typedef enum gm_compute { GM_COMPUTE_AUTO = 0, GM_COMPUTE_BF16, GM_COMPUTE_F32 } gm_compute;
 bool gm_compute_from_name(const char *name, gm_compute *out);
 /* "bf16" or "f32": what a trainer with option c computes its base GEMMs in on a device named
- * `device` ("cpu", "cuda", "cuda:N"; gm_backend_parse_device): bf16 where native - a CUDA
- * device, whose backend's bf16_gemm is on - unless c is F32. Recorded with each trial. */
+ * `device` ("cpu", "cuda", "cuda:N"; gm_backend_parse_device): AUTO: bf16 on a CUDA device, or
+ * the CPU where gm_k_cpu_bf16_auto; BF16: bf16 (where not native the trainer refuses it); F32:
+ * f32. Recorded with each trial. */
 const char *gm_compute_effective(gm_compute c, const char *device);
 
 /* The options of a training run. The user-facing ones are listed, with their defaults and
@@ -343,6 +346,9 @@ typedef struct gm_train_plan_info {
     int64_t n_trainable;               /* trained parameters: LoRA (language model and vision
                                           tower) and the projector when it is trained */
     size_t scratch_floats;             /* the kernels' workspace (part of the transient item) */
+    bool cpu_bf16;                     /* it computes in bf16 on the CPU: oneDNN is loaded (its memory
+                                          is planned beside ours: gm_plan.c) */
+    bool cpu_bf16_gemms;               /* ... and some base weights are not f32: oneDNN multiplies */
 } gm_train_plan_info;
 
 /* Whether a trainer of config c could run with options o: sizes, rates, the LoRA config, and what

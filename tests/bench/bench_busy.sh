@@ -4,7 +4,7 @@
 # "A busy machine"). LoRA rank 16 all-linear on the real Gemma 3 270M (stored Q4_K_M base for
 # gemmarun, f32 for the peer as transformers loads the GGUF), batch 1, every token supervised.
 #   tests/bench/bench_busy.sh [MAX_LEN] [STEPS]
-# Rows: gemmarun as shipped (OpenMP waits sleep: kernels/gm_omp.h), gemmarun with libgomp's own
+# Rows: gemmarun as shipped (OpenMP waits sleep: kernels/kernels.h, gm_kernels_startup), gemmarun with libgomp's own
 # default restored (GOMP_SPINCOUNT=300000: waits spin), the peer in f32 / sdpa and with bf16
 # autocast / sdpa. The peer needs a Python with torch + transformers + peft: the peers venv
 # (tests/peers/setup.sh) or GEMMARUN_REF_PY.

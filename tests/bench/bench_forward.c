@@ -15,7 +15,7 @@
 #include "gm_decoder.h"
 #include "gm_fetch.h"
 #include "gm_model.h"
-#include "gm_omp.h"
+#include "kernels.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,7 +29,7 @@ static double now_s(void) {
 }
 
 int main(int argc, char **argv) {
-    gm_omp_passive_wait_by_default(argv); /* as gemmarun itself (kernels/gm_omp.h) */
+    gm_kernels_startup(argv); /* as gemmarun itself (kernels/kernels.h) */
     if (argc < 2) {
         fprintf(stderr, "usage: bench_forward MODEL [--tokens T] [--threads N] [--repeat R] [--decode D] [--int8-dot 0|1]\n");
         return 2;

@@ -13,6 +13,20 @@ expect_run "help" 0 "usage:" -- "$GM" --help
 expect_run "OpenMP waits are passive by default" 0 "GOMP_SPINCOUNT = '0'" -- env -u OMP_WAIT_POLICY -u GOMP_SPINCOUNT OMP_DISPLAY_ENV=verbose "$GM" --version
 expect_run "OMP_WAIT_POLICY set by the user is kept" 0 "OMP_WAIT_POLICY = 'ACTIVE'" -- env -u GOMP_SPINCOUNT OMP_WAIT_POLICY=active OMP_DISPLAY_ENV=true "$GM" --version
 expect_run "GOMP_SPINCOUNT set by the user is kept" 0 "GOMP_SPINCOUNT = '1234'" -- env -u OMP_WAIT_POLICY GOMP_SPINCOUNT=1234 OMP_DISPLAY_ENV=verbose "$GM" --version
+# OpenBLAS on its AVX2 / AVX-512 kernels where the CPU has them (kernels.h, gm_kernels_startup: Debian's
+# OpenBLAS 0.3.21 took a 2023 Xeon for a "Prescott" and ran sgemm 4x slower); the user's choice kept
+old_cores='Prescott|Core2|Penryn|Dunnington|Nehalem|Sandybridge|Atom|Katmai|Coppermine|Northwood|Banias|Opteron|Barcelona|Bobcat|Bulldozer|Piledriver|Steamroller|Excavator|Unknown'
+if grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo; then
+  expect_run "OpenBLAS runs an AVX2 or newer core on this AVX2 CPU" 0 "BLAS: OpenBLAS .*(Haswell|SkylakeX|Cooperlake|SapphireRapids|Zen)" -- env -u OPENBLAS_CORETYPE "$GM" --version
+  if env -u OPENBLAS_CORETYPE "$GM" --version | grep -Eqw "$old_cores"; then
+    fail=$((fail + 1)); echo "FAIL  OpenBLAS fell back to a pre-AVX2 core: $(env -u OPENBLAS_CORETYPE "$GM" --version | grep BLAS)"
+  else
+    pass=$((pass + 1)); echo "ok    OpenBLAS's core is not a pre-AVX2 fallback"
+  fi
+else
+  expect_run "OpenBLAS's own core choice on a CPU without AVX2" 0 "BLAS: OpenBLAS" -- env -u OPENBLAS_CORETYPE "$GM" --version
+fi
+expect_run "OPENBLAS_CORETYPE set by the user is kept" 0 "BLAS: OpenBLAS .* Prescott " -- env OPENBLAS_CORETYPE=Prescott "$GM" --version
 expect_run "inspect: missing file" 2 "/no/such/model.gguf: no such file" -- "$GM" inspect /no/such/model.gguf
 expect_run "inspect: missing config key" 2 "config.json: missing key 'head_dim'" -- "$GM" inspect tests/ref/bad/missing_key
 expect_run "inspect: weights do not match config" 2 "tensor 'model.layers.0.mlp.gate_proj.weight' has shape \[128, 64\], but the config implies \[100, 64\]" -- "$GM" inspect tests/ref/bad/shape_mismatch
@@ -111,10 +125,19 @@ fi
 expect_run "experiment: a dry run plans for a GPU without one" 0 "trial  1 .* on cuda: GPU [0-9.]+ GiB \(arenas [0-9.]+ MiB, CUDA context 512\.0 MiB, estimate\), host" -- env CUDA_VISIBLE_DEVICES= bash -c "cd '$TMP/dev' && '$GM_ABS' --dry-run --device cuda"
 expect_run "experiment: unknown device" 2 'experiment.device = "gpu": must be "cpu", "cuda" or "cuda:N"' -- bash -c "cd '$TMP/dev' && '$GM_ABS' --set device=gpu"
 expect_run "experiment: --device with a bad value" 2 "bad value for --device: cuda:x" -- bash -c "cd '$TMP/dev' && '$GM_ABS' --device cuda:x"
-# compute = "bf16" needs bf16 GEMMs (a GPU): on the CPU refused before any trial, in the dry run
-# too; on cuda the dry run plans it (the GPU is not opened)
-expect_run "experiment: compute = bf16 on the CPU: refused, naming the field" 2 \
-  'set compute=bf16: train.compute = "bf16": device cpu computes in f32 only.*hint: use compute = "auto"' -- bash -c "cd '$TMP/dev' && '$GM_ABS' --set compute=bf16 --dry-run"
+# compute = "bf16" needs bf16 GEMMs (a GPU, or a CPU with AVX512-BF16 / AMX): on a CPU without them
+# refused before any trial, in the dry run too (DNNL_MAX_CPU_ISA caps what oneDNN may use: a CPU
+# without bf16 on any machine); where the CPU has them, planned; on cuda the dry run plans it
+expect_run "experiment: compute = bf16 on a CPU without bf16: refused, naming the field" 2 \
+  'set compute=bf16: train.compute = "bf16": device cpu computes in f32 only.*hint: use compute = "auto"' -- \
+  env DNNL_MAX_CPU_ISA=AVX512_CORE_VNNI bash -c "cd '$TMP/dev' && '$GM_ABS' --set compute=bf16 --dry-run"
+if "$GM" --version | grep -q "bf16 GEMMs on this CPU: native"; then
+  expect_run "experiment: compute = bf16 on a CPU with AVX512-BF16: planned" 0 "trial  1 .* plan [0-9.]+ MiB" -- \
+    bash -c "cd '$TMP/dev' && '$GM_ABS' --set compute=bf16 --dry-run"
+else
+  expect_run "experiment: compute = bf16 on this CPU (no AVX512-BF16): refused" 2 'device cpu computes in f32 only' -- \
+    bash -c "cd '$TMP/dev' && '$GM_ABS' --set compute=bf16 --dry-run"
+fi
 expect_run "experiment: compute = bf16 on cuda: planned" 0 "trial  1 .* on cuda: GPU" -- \
   env CUDA_VISIBLE_DEVICES= bash -c "cd '$TMP/dev' && '$GM_ABS' --set compute=bf16 --dry-run --device cuda"
 expect_run "experiment: compute = fp8: not a value" 2 'compute.*auto, bf16, f32' -- bash -c "cd '$TMP/dev' && '$GM_ABS' --set compute=fp8 --dry-run"

@@ -1177,6 +1177,94 @@ static const struct {
 #undef GM_KERNEL
 };
 
+/* ---- the CPU's bf16 GEMMs (gm_kctx.bf16_gemm with bf16_staging) ---------------------------------
+ * Against the products of bf16-rounded x (dy) and bf16-rounded dequantized weights summed in double
+ * (TOL_CPU_BF16_GEMM_REL), for a bf16 base multiplied as stored (contiguous and strided) and panels
+ * of other types; with the full staging and with one that fits 4 activation rows (M in chunks).
+ * Where the CPU has no native bf16, oneDNN may still run bf16 (AVX-512) or refuse and the kernel
+ * computes in f32 (in the same row chunks): then the result must be the f32 one, within the same
+ * tolerance. */
+static void cpu_bf16_case(dev *d, const weight *w, int64_t M, bool fwd, float beta, size_t staging_elems,
+                          uint16_t *staging) {
+    int64_t N = w->host.rows, K = w->host.cols, in = fwd ? K : N, outw = fwd ? N : K;
+    float *x = host_rand((size_t)(M * in), 1), *init = host_rand((size_t)(M * outw), 1);
+    float *got = gm_malloc((size_t)(M * outw) * 4), *f32 = gm_malloc((size_t)(M * outw) * 4);
+    double *ref = gm_malloc((size_t)(M * outw) * sizeof(double));
+    float *wrow = gm_malloc((size_t)K * 4), *wr = gm_malloc((size_t)(N * K) * 4);
+    for (int64_t n = 0; n < N; n++) {
+        gm_dequant_wrow(&w->host, n, wrow);
+        for (int64_t k = 0; k < K; k++) wr[n * K + k] = gm_round_bf16(wrow[k]);
+    }
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t o = 0; o < outw; o++) {
+            double s = beta != 0.0f ? init[m * outw + o] : 0.0;
+            for (int64_t i = 0; i < in; i++) {
+                double xv = gm_round_bf16(x[m * in + i]);
+                s += xv * (fwd ? wr[o * K + i] : wr[i * K + o]);
+            }
+            ref[m * outw + o] = s;
+        }
+    gm_kctx c = d->ctx;
+    memcpy(got, init, (size_t)(M * outw) * 4), memcpy(f32, init, (size_t)(M * outw) * 4);
+    c.bf16_gemm = false;
+    if (fwd) cpu->matmul_fwd(&c, f32, x, &w->host, M, beta);
+    else cpu->matmul_bwd_input(&c, f32, x, &w->host, M, beta);
+    c.bf16_gemm = true, c.bf16_staging = staging, c.bf16_staging_elems = staging_elems;
+    if (fwd) cpu->matmul_fwd(&c, got, x, &w->host, M, beta);
+    else cpu->matmul_bwd_input(&c, got, x, &w->host, M, beta);
+    double amax = 0, err = 0, err_f32 = 0, got_vs_f32 = 0;
+    for (int64_t i = 0; i < M * outw; i++) {
+        amax = fmax(amax, fabs(ref[i]));
+        err = fmax(err, fabs(got[i] - ref[i]));
+        err_f32 = fmax(err_f32, fabs(f32[i] - ref[i]));
+        got_vs_f32 = fmax(got_vs_f32, fabs(got[i] - f32[i]));
+    }
+    char what[128];
+    snprintf(what, sizeof what, "cpu bf16 %s %s%s M=%lld beta=%g staging %zu", fwd ? "matmul_fwd" : "matmul_bwd_input",
+             gm_dtype_name(w->host.type), w->host.row_bytes != (size_t)K * gm_dtype_get(w->host.type)->type_size ? " strided" : "",
+             (long long)M, beta, staging_elems);
+    CHECK(err_f32 > TOL_CPU_BF16_GEMM_DISTINCT * amax, "%s: the f32 GEMM is within %.2g of the bf16 reference: saturated fixture",
+          what, err_f32 / amax);
+    if (gm_k_cpu_bf16_native())
+        CHECK(err <= TOL_CPU_BF16_GEMM_REL * amax, "%s: %.3g of the largest output off the bf16 reference (tolerance %g)", what,
+              err / amax, TOL_CPU_BF16_GEMM_REL);
+    else
+        CHECK(err <= TOL_CPU_BF16_GEMM_REL * amax || got_vs_f32 <= TOL_CPU_BF16_GEMM_REL * amax,
+              "%s: neither bf16 (%.3g off) nor the f32 result (no native bf16 here)", what, err / amax);
+    gm_free(x), gm_free(init), gm_free(got), gm_free(f32), gm_free(ref), gm_free(wrow), gm_free(wr);
+}
+
+static void cpu_bf16_gemms(void) {
+    gm_error err = {0};
+    gm_backend *be = NULL;
+    CHECK_OK(gm_backend_cpu_new(2, &be, &err), &err);
+    if (!be) return;
+    dev d = {be, {0}, false};
+    float *scratch = gm_malloc(SCRATCH_FLOATS * sizeof(float));
+    d.ctx = gm_backend_kctx(be, scratch, SCRATCH_FLOATS);
+    int64_t N = 700, K = 512;
+    size_t full = GM_CPU_BF16_STAGING_BYTES / 2;
+    uint16_t *staging = gm_malloc(full * 2);
+    const gm_dtype types[] = {GM_BF16, GM_BF16, GM_F16, GM_Q8_0, GM_Q4_K, GM_NF4};
+    int before = gm_test_failed;
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        weight w;
+        weight_make(&d, &w, types[t], N, K, t == 1 ? 32 : 0);
+        int64_t prow = types[t] == GM_BF16 ? 0 : GM_MATMUL_PANEL_ROWS;
+        for (int fwd = 0; fwd <= 1; fwd++)
+            for (int beta = 0; beta <= 1; beta++) {
+                size_t small = (size_t)(prow * K + 4 * (fwd ? K : N)); /* 4 activation rows: M = 9 in 3 chunks */
+                cpu_bf16_case(&d, &w, 9, fwd, (float)beta, full, staging);
+                cpu_bf16_case(&d, &w, 9, fwd, (float)beta, small, staging);
+            }
+        weight_free(&d, &w);
+    }
+    printf("%-4s cpu bf16 GEMMs (%s)\n", gm_test_failed == before ? "ok" : "FAIL",
+           gm_k_cpu_bf16_native() ? "native" : "no native bf16 on this CPU");
+    gm_free(staging), gm_free(scratch);
+    gm_backend_free(be);
+}
+
 static void run_all(gm_backend *be, bool exact) {
     dev d = {be, {0}, exact};
     float *scratch = dalloc(&d, SCRATCH_FLOATS * sizeof(float));
@@ -1231,6 +1319,7 @@ int main(int argc, char **argv) {
         run_all(be, strcmp(which, "strict") == 0);
         gm_backend_free(be);
     }
+    if (strcmp(which, "strict") == 0) cpu_bf16_gemms();
     gm_free(hc.scratch);
     return gm_test_finish();
 }

@@ -19,6 +19,7 @@
 #include "gm_model.h"
 #include "gm_quant.h"
 #include "gm_train.h"
+#include "kernels.h"
 #include "test_util.h"
 
 #include <math.h>
@@ -80,6 +81,7 @@ static gm_train_opts ref_opts(gm_quant q, int64_t batch_size) {
     o.warmup_steps = 2;
     o.total_steps = 10;
     o.n_threads = 2;
+    o.compute = GM_COMPUTE_F32; /* PEFT's f32 numbers (compute = "auto" may be bf16 on this CPU) */
     return o;
 }
 
@@ -295,6 +297,55 @@ static void test_steps(gm_model *m, gm_quant q, const char *base) {
     CHECK(d <= TOL_ACCUM_EQUIV_REL, "%s: batch 2 x accumulation 2 vs batch 4: loss differs by %.3g", base, d);
     gm_trainer_free(tr);
     gm_free(loss), gm_free(lr), gm_free(gn);
+}
+
+/* compute on the CPU (gm_train.h, gm_compute): 3 steps on the PEFT fixture's batch with a bf16 base
+ * (multiplied as stored) and an NF4 one (panels dequantized, rounded to bf16). Where the CPU has native
+ * bf16: compute = "bf16" losses within TOL_BF16_LOSS_REL of f32's and not equal (the bf16 GEMMs
+ * ran), "auto" bit for bit the run gm_k_cpu_bf16_auto picks. Elsewhere: "bf16" refused, naming the
+ * option, and "auto" bit for bit f32. */
+static void test_compute(gm_model *m) {
+    const gm_quant qs[2] = {GM_QUANT_BF16, GM_QUANT_NF4};
+    for (int qi = 0; qi < 2; qi++) {
+        double loss[3][3] = {{0}}; /* [f32, bf16, auto][step] */
+        bool ran[3] = {false, false, false};
+        for (int c = 0; c < 3; c++) {
+            gm_error err = {0};
+            gm_train_opts o = ref_opts(qs[qi], 4);
+            o.compute = c == 0 ? GM_COMPUTE_F32 : c == 1 ? GM_COMPUTE_BF16 : GM_COMPUTE_AUTO;
+            gm_trainer *tr = NULL;
+            gm_status s = gm_trainer_new(m, &o, &tr, &err);
+            if (c == 1 && !gm_k_cpu_bf16_native()) {
+                CHECK(s == GM_ERR_UNSUPPORTED && strstr(err.msg, "compute = \"bf16\"") && strstr(err.msg, "hint"),
+                      "compute = bf16 on a CPU without bf16: status %d, %s", (int)s, err.msg);
+                gm_trainer_free(tr);
+                continue;
+            }
+            CHECK_OK(s, &err);
+            if (!tr) continue;
+            set_adapters(tr, qs[qi] == GM_QUANT_NF4 ? "/nf4/init" : "/f32/init");
+            gm_batch b = batch(0, 4);
+            for (int st = 0; st < 3; st++) {
+                gm_step_stats ss;
+                CHECK_OK(gm_trainer_step(tr, &b, 1, &ss, &err), &err);
+                loss[c][st] = ss.loss;
+            }
+            ran[c] = true;
+            gm_trainer_free(tr);
+        }
+        const char *q = qs[qi] == GM_QUANT_NF4 ? "nf4" : "bf16";
+        if (ran[0] && ran[1])
+            for (int st = 0; st < 3; st++)
+                CHECK(fabs(loss[1][st] - loss[0][st]) <= TOL_BF16_LOSS_REL * fabs(loss[0][st]) && loss[1][st] != loss[0][st],
+                      "%s base, step %d: loss with bf16 GEMMs %.9g, with f32 ones %.9g (want close, not equal)", q, st + 1,
+                      loss[1][st], loss[0][st]);
+        int pick = gm_k_cpu_bf16_auto() ? 1 : 0;
+        if (ran[0] && ran[2] && ran[pick])
+            CHECK(memcmp(loss[2], loss[pick], sizeof loss[2]) == 0, "%s base: compute = auto did not run as %s", q,
+                  pick ? "bf16" : "f32");
+        printf("compute on the CPU, %s base, 3 steps: f32 %.6f %.6f %.6f, bf16 %.6f %.6f %.6f, auto = %s\n", q, loss[0][0],
+               loss[0][1], loss[0][2], loss[1][0], loss[1][1], loss[1][2], pick ? "bf16" : "f32");
+    }
 }
 
 static void test_properties(gm_model *m) {
@@ -530,6 +581,7 @@ int main(void) {
     test_steps(m, GM_QUANT_STORED, "f32");
     test_steps(m, GM_QUANT_NF4, "nf4");
     test_properties(m);
+    test_compute(m);
     gm_model_free(m);
     test_multichunk();
     return gm_test_finish();

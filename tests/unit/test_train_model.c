@@ -132,6 +132,7 @@ static void run_checked(const gm_model *m, gm_quant q, bool ckpt, int steps, dou
     o.lora.alpha = 16;
     o.lora.seed = 7;
     o.quant = q;
+    o.compute = GM_COMPUTE_F32; /* checked against the f32 / f64 forward (compute = "auto" may be bf16 here) */
     o.batch = BATCH;
     o.max_length = MAX_LEN;
     o.lr = 2e-3f;
