@@ -3,8 +3,9 @@
  * CPU kernels as training calls them (gm_k_matmul_fwd_cpu / gm_k_matmul_bwd_input_cpu):
  *   f32     an f32 weight: OpenBLAS sgemm on the core it runs (printed; kernels.h, gm_kernels_startup)
  *   bf16    a bf16 weight multiplied as stored, x rounded to bf16 (gm_kctx.bf16_gemm, oneDNN)
- *   q4k>f32 a Q4_K weight, panels dequantized to f32, sgemm (the stored Q4_K_M base in f32)
- *   q4k>bf16 the same panels rounded to bf16, oneDNN (the stored base with compute = "bf16")
+ *   q8>f32  a Q8_0 weight, panels dequantized to f32, sgemm (the 270M's Q4_K_M file stores its
+ *           640-wide linears as Q5_0 / Q8_0: 640 is no multiple of Q4_K's 256-wide blocks)
+ *   q8>bf16 the same panels rounded to bf16, oneDNN (the stored base with compute = "bf16")
  * in GFLOP/s (2 M N K per GEMM), best of --repeat. The rates model FLOP utilisation is measured
  * against (docs/benchmarks.md). Peers' rates at the same shapes: tests/bench/peer_gemm.py.
  *
@@ -38,7 +39,7 @@ typedef struct bench_w {
     void *data;
 } bench_w;
 
-/* A weight (N, K) of `type` (f32, bf16 or Q4_K: random blocks with small f16 scales). */
+/* A weight (N, K) of `type` (f32, bf16 or Q8_0: random int8 blocks with a small f16 scale). */
 static bench_w make_weight(gm_dtype type, int64_t N, int64_t K) {
     bench_w w;
     memset(&w, 0, sizeof w);
@@ -53,8 +54,8 @@ static bench_w make_weight(gm_dtype type, int64_t N, int64_t K) {
     else
         for (size_t i = 0; i < row * (size_t)N; i += ti->type_size) {
             for (size_t b = 0; b < ti->type_size; b++) p[i + b] = (unsigned char)(frand() * 256.0f + 128.0f);
-            uint16_t d = gm_f32_to_f16(0.01f), dmin = gm_f32_to_f16(0.001f); /* Q4_K: d, dmin first */
-            memcpy(p + i, &d, 2), memcpy(p + i + 2, &dmin, 2);
+            uint16_t d = gm_f32_to_f16(0.01f); /* Q8_0: the block's scale first */
+            memcpy(p + i, &d, 2);
         }
     w.v = (gm_wview){type, w.data, row, N, K, NULL, NULL, 0.0f, NULL};
     return w;
@@ -82,7 +83,7 @@ int main(int argc, char **argv) {
     static const int64_t shapes[][2] = {{1024, 640}, {256, 640}, {640, 1024}, {2048, 640}, {640, 2048}, {8192, 640}};
     size_t staging_elems = GM_CPU_BF16_STAGING_BYTES / 2;
     uint16_t *staging = gm_malloc(staging_elems * 2);
-    size_t scratch_floats = gm_k_matmul_scratch_floats(GM_Q4_K, 8192, 2048, (int)threads);
+    size_t scratch_floats = gm_k_matmul_scratch_floats(GM_Q8_0, 8192, 2048, (int)threads);
     float *scratch = gm_malloc(scratch_floats * sizeof(float));
     gm_kctx f32c = {.n_threads = (int)threads, .scratch = scratch, .scratch_floats = scratch_floats};
     gm_kctx bfc = f32c;
@@ -90,7 +91,7 @@ int main(int argc, char **argv) {
     gm_kernels_set_threads((int)threads);
     printf("%s\nbf16 native: %s; M = %ld rows, %ld threads, best of %ld, GFLOP/s\n\n", gm_blas_info(),
            gm_k_cpu_bf16_native() ? "yes" : "no", M, threads, repeat);
-    printf("| GEMM | N x K | f32 | bf16 | q4k>f32 | q4k>bf16 |\n|---|---|---|---|---|---|\n");
+    printf("| GEMM | N x K | f32 | bf16 | q8>f32 | q8>bf16 |\n|---|---|---|---|---|---|\n");
     double sum[4] = {0}, flops_all = 0;
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (int bwd = 0; bwd <= 1; bwd++) {
@@ -98,7 +99,7 @@ int main(int argc, char **argv) {
             int64_t in = bwd ? N : K, out = bwd ? K : N;
             float *x = gm_malloc((size_t)(M * in) * 4), *y = gm_malloc((size_t)(M * out) * 4);
             for (int64_t i = 0; i < M * in; i++) x[i] = frand();
-            bench_w w[3] = {make_weight(GM_F32, N, K), make_weight(GM_BF16, N, K), make_weight(GM_Q4_K, N, K)};
+            bench_w w[3] = {make_weight(GM_F32, N, K), make_weight(GM_BF16, N, K), make_weight(GM_Q8_0, N, K)};
             const struct {
                 const gm_kctx *c;
                 int w;
