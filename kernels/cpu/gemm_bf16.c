@@ -18,8 +18,8 @@
  * DNNL_MAX_CPU_ISA). Primitives are cached by shape (creating one costs about a millisecond); the
  * cache holds GEMM_CACHE entries and never evicts (a shape beyond it gets a primitive for that call
  * only), so a primitive in use on another thread is never destroyed. Without oneDNN (a build
- * without its header, or libdnnl.so.2 not found at run time) or on any oneDNN failure,
- * gm_cpu_gemm_bf16 returns false and the caller computes in f32.
+ * without its header, libdnnl.so.2 not found at run time, or GEMMARUN_ONEDNN=0 in the environment)
+ * or on any oneDNN failure, gm_cpu_gemm_bf16 returns false and the caller computes in f32.
  */
 #include "kernels.h"
 
@@ -101,6 +101,9 @@ static pthread_once_t api_once = PTHREAD_ONCE_INIT;
 static bool api_ok;
 
 static void dnnl_api_load(void) {
+    /* GEMMARUN_ONEDNN=0: never load it (f32 only; the sanitizer run, tests/sanitizers/run.sh) */
+    const char *off = getenv("GEMMARUN_ONEDNN");
+    if (off && strcmp(off, "0") == 0) return;
     void *h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
     if (!h) return;
     bool ok = true;
