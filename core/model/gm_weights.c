@@ -196,44 +196,37 @@ gm_status gm_weights_layout(gm_weights *w, const gm_model *m, gm_dtype stored, g
     return st;
 }
 
+/* The largest of what each linear weight but the LM head needs (the model-level ones, e.g. Gemma
+ * 3n's projections, and every layer's): `bf16` ? bf16 staging elements for M rows
+ * (gm_k_matmul_bf16_staging_elems) : matmul scratch floats with n threads. */
+static size_t max_over_linears(const gm_weights *w, bool bf16, int64_t n) {
+    size_t s = 0, t;
+    for (int64_t l = -1; l < w->n_layers; l++)
+        for (int k = 0; k < (l < 0 ? w->arch->n_globals : w->n_slots); k++) {
+            const gm_wview *v = l < 0 ? &w->global[k] : gm_weights_at(w, l, k);
+            gm_wkind kind = l < 0 ? w->arch->globals[k].kind : w->arch->layer[k].kind;
+            if ((l < 0 && k == GM_GLOBAL_LM_HEAD) || kind != GM_W_LINEAR || v->rows == 0) continue;
+            t = bf16 ? gm_k_matmul_bf16_staging_elems(v->type, v->rows, v->cols, n)
+                     : gm_k_matmul_scratch_floats(v->type, v->rows, v->cols, (int)n);
+            if (t > s) s = t;
+        }
+    return s;
+}
+
 size_t gm_weights_bf16_staging_elems(const gm_weights *w, int64_t M, int64_t lm_vocab, int64_t lm_m) {
     const gm_config *c = w->cfg;
     const gm_wview *E = &w->global[GM_GLOBAL_LM_HEAD];
     int64_t vc = lm_vocab < c->vocab_size ? lm_vocab : c->vocab_size;
-    size_t s = lm_m > 0 && E->rows > 0 ? gm_k_matmul_bf16_staging_elems(E->type, vc, c->hidden_size, lm_m) : 0, t;
-    for (int gi = 0; gi < w->arch->n_globals; gi++) {
-        const gm_wview *v = &w->global[gi];
-        if (gi == GM_GLOBAL_LM_HEAD || w->arch->globals[gi].kind != GM_W_LINEAR || v->rows == 0) continue;
-        t = gm_k_matmul_bf16_staging_elems(v->type, v->rows, v->cols, M);
-        if (t > s) s = t;
-    }
-    for (int64_t l = 0; l < w->n_layers; l++)
-        for (int k = 0; k < w->n_slots; k++) {
-            const gm_wview *v = gm_weights_at(w, l, k);
-            if (w->arch->layer[k].kind != GM_W_LINEAR || v->rows == 0) continue;
-            t = gm_k_matmul_bf16_staging_elems(v->type, v->rows, v->cols, M);
-            if (t > s) s = t;
-        }
-    return s;
+    size_t s = lm_m > 0 && E->rows > 0 ? gm_k_matmul_bf16_staging_elems(E->type, vc, c->hidden_size, lm_m) : 0;
+    size_t t = max_over_linears(w, true, M);
+    return t > s ? t : s;
 }
 
 size_t gm_weights_scratch_floats(const gm_weights *w, int64_t lm_rows, int n_threads) {
     const gm_config *c = w->cfg;
     const gm_wview *E = &w->global[GM_GLOBAL_LM_HEAD];
     int64_t rows = lm_rows < c->vocab_size ? lm_rows : c->vocab_size;
-    size_t s = gm_k_matmul_scratch_floats(E->type, rows, c->hidden_size, n_threads), t;
-    for (int gi = 0; gi < w->arch->n_globals; gi++) { /* model-level linears (Gemma 3n's projections) */
-        const gm_wview *v = &w->global[gi];
-        if (gi == GM_GLOBAL_LM_HEAD || w->arch->globals[gi].kind != GM_W_LINEAR || v->rows == 0) continue;
-        t = gm_k_matmul_scratch_floats(v->type, v->rows, v->cols, n_threads);
-        if (t > s) s = t;
-    }
-    for (int64_t l = 0; l < w->n_layers; l++)
-        for (int k = 0; k < w->n_slots; k++) {
-            const gm_wview *v = gm_weights_at(w, l, k);
-            if (w->arch->layer[k].kind != GM_W_LINEAR || v->rows == 0) continue;
-            t = gm_k_matmul_scratch_floats(v->type, v->rows, v->cols, n_threads);
-            if (t > s) s = t;
-        }
-    return s;
+    size_t s = gm_k_matmul_scratch_floats(E->type, rows, c->hidden_size, n_threads);
+    size_t t = max_over_linears(w, false, n_threads);
+    return t > s ? t : s;
 }
