@@ -298,11 +298,12 @@ typedef struct gm_kctx {
                              (torch.autocast on the CPU, TrainingArguments.bf16 on a GPU), rounding x to 8
                              significant bits: NOT the f32 result. CUDA: cublasGemmEx, CUBLAS_COMPUTE_32F,
                              from gm_backend.bf16_gemm (on by default). CPU: oneDNN's matmul
-                             (kernels/cpu/gemm_bf16.c) in bf16_staging, set by the trainer where the CPU
-                             multiplies bf16 natively (gm_k_cpu_bf16_native) and compute is not "f32";
-                             without staging room, f32. f32 weights (adapters, an f32 base): always f32 */
+                             (kernels/cpu/gemm_bf16.c) in bf16_staging, both set by the trainer as its
+                             compute option says (gm_train.h, gm_compute: "bf16" where native, "auto"
+                             where faster than f32); without staging room, f32. f32 weights (adapters, an
+                             f32 base): always f32 */
     uint16_t *bf16_staging; /* CPU bf16 GEMMs: x / dy and one dequantized weight panel in bf16 */
-    size_t bf16_staging_elems; /* its size in bf16 elements (GM_CPU_BF16_STAGING_BYTES / 2) */
+    size_t bf16_staging_elems; /* its size in bf16 elements (at most GM_CPU_BF16_STAGING_BYTES / 2) */
 } gm_kctx;
 
 /*
