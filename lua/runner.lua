@@ -1672,7 +1672,9 @@ local function preflight(e, selected, dry_run, no_device)
     if t.config.compute == "bf16" and gm.compute_dtype("bf16", e.device or "cpu") ~= "bf16" then
       P.usage((e.sweep and e.sweep.compute) and e.sweep._where or P.where_of("compute"),
         "train.compute = \"bf16\": device %s computes in f32 only (bf16 GEMMs run on a GPU: device = \"cuda\", " ..
-        "or on a CPU with AVX512-BF16 / AMX)\n  hint: use compute = \"auto\" (bf16 where native and faster) or \"f32\"",
+        "or on a CPU with AVX512-BF16 / AMX through oneDNN - libdnnl.so.2, not turned off by GEMMARUN_ONEDNN=0 " ..
+        "or capped by DNNL_MAX_CPU_ISA; `gemmarun --version` says what this one has)\n" ..
+        "  hint: use compute = \"auto\" (bf16 where native and faster) or \"f32\"",
         e.device or "cpu")
     end
   end

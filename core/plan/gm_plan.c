@@ -31,7 +31,7 @@
  * (dlopen: its relocated pages), and once its matmul runs, the code it touches, its JIT-generated
  * kernels, primitive cache and scratchpads. Fitted (docs/memory.md, "Runtime"). */
 #define GM_PLAN_DNNL_LOAD_BYTES ((size_t)5376 << 10)
-#define GM_PLAN_DNNL_GEMM_BYTES ((size_t)8 << 20)
+#define GM_PLAN_DNNL_GEMM_BYTES ((size_t)2560 << 10)
 /* Per vocabulary entry: the tokenizer's copy of the token text, its hash-table slot, score and
  * type, and the GGUF reader's string index and file pages (fitted: a 262,144-entry vocabulary
  * adds ~18 MiB to a training run of the 270M model). */

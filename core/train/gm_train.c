@@ -486,8 +486,9 @@ static gm_status layout(gm_trainer *tr, const gm_model *m, gm_dtype stored, gm_d
             elems = t;
         if (elems > GM_CPU_BF16_STAGING_BYTES / 2) elems = GM_CPU_BF16_STAGING_BYTES / 2;
         uint16_t *staging = elems ? (uint16_t *)gm_arena_alloc(a, elems * sizeof(uint16_t), GM_MEM_WORKSPACE) : NULL;
-        tr->g.kc.bf16_staging = staging, tr->g.kc.bf16_staging_elems = staging ? elems : 0;
-        tr->vis.g.kc.bf16_staging = staging, tr->vis.g.kc.bf16_staging_elems = staging ? elems : 0;
+        /* the size also in a plan, whose measuring arena hands out no memory (cpu_bf16_gemms) */
+        tr->g.kc.bf16_staging = staging, tr->g.kc.bf16_staging_elems = elems;
+        tr->vis.g.kc.bf16_staging = staging, tr->vis.g.kc.bf16_staging_elems = elems;
     }
     if (tr->has_aud) {
         GM_TRY(gm_audio_encoder_layout(&tr->aud, a, h, err));
