@@ -179,8 +179,18 @@
  *                  R rows, update the running max / sum of exp (online log-sum-exp) with the
  *                  (optionally soft-capped) logits, and record the target's logit when the
  *                  target falls in this chunk. Full (R x V) logits never exist.
- *   xent_grad      dlogits (R, Vc) in place = grad_scale * (softmax - onehot(target)) for this
- *                  chunk, times d(softcap)/dlogit when soft-capped. Rows with target < 0 get 0.
+ *   xent_grad_update  one chunk of the one-pass cross-entropy with its gradient (the LM head
+ *                  multiplies once forward and once back per chunk, never recomputing logits):
+ *                  as xent_lse_update for run_max / run_sum / tgt_logit, and, with m the row's
+ *                  new running max and z the (soft-capped) logits: the row's accumulated
+ *                  gradient dh (R, C) is rescaled by exp(old max - m) (set to 0 on the first
+ *                  chunk, run_max = -inf), and logits become the weights exp(z - m) dz/dl
+ *                  (dz/dl = 1 - (z/c)^2 when soft-capped, else 1), which the caller multiplies
+ *                  into dh (dh += weights . E_chunk). After the last chunk dh = sum_v
+ *                  exp(z_v - m) dz_v/dl_v E_v, the softmax part of dL/dh times run_sum.
+ *   xent_grad_finish  dh (R, C) = grad_scale (dh / run_sum - dz/dl(tgt_logit) e_tgt), e_tgt
+ *                  (R, C) the target's row of the head (embed_fwd): dL/dh of the token loss
+ *                  lse - z_target. Rows with target < 0 get 0.
  *   adamw          PyTorch AdamW (decoupled weight decay, Loshchilov & Hutter 2019), in the
  *                  order torch's single-tensor implementation evaluates it:
  *                  p *= decay (= 1 - lr wd); m += (1-b1) (g - m); v = b2 v + (1-b2) g g;

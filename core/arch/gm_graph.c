@@ -455,20 +455,7 @@ void gm_graph_final_norm(gm_graph *g, float *out, float *rstd, const float *x, i
                       c->rms_norm_eps);
 }
 
-static gm_wview head_rows(const gm_graph *g, int64_t v0, int64_t Vc) {
-    const gm_wview *E = &g->w->global[GM_GLOBAL_LM_HEAD];
-    gm_wview Ec = *E;
-    Ec.data = (const uint8_t *)E->data + (size_t)v0 * E->row_bytes;
-    Ec.rows = Vc;
-    return Ec;
-}
-
 void gm_graph_lm_head(gm_graph *g, float *out, const float *h, int64_t R, int64_t v0, int64_t Vc) {
-    gm_wview Ec = head_rows(g, v0, Vc);
+    gm_wview Ec = gm_wview_rows(&g->w->global[GM_GLOBAL_LM_HEAD], v0, Vc);
     g->k->matmul_fwd(&g->kc, out, h, &Ec, R, 0.0f);
-}
-
-void gm_graph_lm_head_bwd(gm_graph *g, float *dh, const float *dlogits, int64_t R, int64_t v0, int64_t Vc, float beta) {
-    gm_wview Ec = head_rows(g, v0, Vc);
-    g->k->matmul_bwd_input(&g->kc, dh, dlogits, &Ec, R, beta);
 }

@@ -247,9 +247,6 @@ void gm_graph_backward(gm_graph *g);
 void gm_graph_final_norm(gm_graph *g, float *out, float *rstd, const float *x, int64_t R);
 /* out (R, Vc) = h (R, C) E[v0 : v0 + Vc]^T, the LM head's vocabulary rows v0.. (no soft-cap). */
 void gm_graph_lm_head(gm_graph *g, float *out, const float *h, int64_t R, int64_t v0, int64_t Vc);
-/* Backward of gm_graph_lm_head: dh (R, C) = beta * dh + dlogits (R, Vc) E[v0 : v0 + Vc]. */
-void gm_graph_lm_head_bwd(gm_graph *g, float *dh, const float *dlogits, int64_t R, int64_t v0, int64_t Vc,
-                          float beta);
 
 /* The weight view (kernels.h) of layer l's weight in `slot` on the graph's backend. */
 const gm_wview *gm_graph_weight(const gm_graph *g, int64_t l, int slot);

@@ -62,6 +62,9 @@ struct gm_trainer {
     int32_t *sup_rows, *sup_tgt; /* (N): supervised row indices and their targets */
     float *xs, *hs, *rstd_s, *dhs; /* (N, C), (N, C), (N), (N, C) gathered rows */
     float *logits;            /* (GM_LM_ROWS, GM_LM_VOCAB) */
+    float *head_f32;          /* (GM_LM_VOCAB, C): a chunk of a non-f32 LM head dequantized once for its
+                                 two GEMMs (f32 compute); NULL: the GEMMs read the head as stored */
+    float *e_tgt;             /* (GM_LM_ROWS, C): the targets' rows of the LM head */
     float *run_max, *run_sum, *tgt_logit, *lse; /* (N) */
     double *sumsq, *h_sumsq;  /* (cap_params): each trained tensor's squared gradient norm, backend
                                  and host (one download a step) */
@@ -506,6 +509,8 @@ static gm_status layout(gm_trainer *tr, const gm_model *m, gm_dtype stored, gm_d
     tr->dhs = F32(N * C, GM_MEM_WORKSPACE), tr->rstd_s = F32(N, GM_MEM_WORKSPACE);
     int64_t rows = N < GM_LM_ROWS ? N : GM_LM_ROWS, vc = c->vocab_size < GM_LM_VOCAB ? c->vocab_size : GM_LM_VOCAB;
     tr->logits = F32(rows * vc, GM_MEM_TRANSIENT);
+    tr->e_tgt = F32(rows * C, GM_MEM_WORKSPACE);
+    tr->head_f32 = tr->w.global[GM_GLOBAL_LM_HEAD].type != GM_F32 && !bf16 ? F32(vc * C, GM_MEM_TRANSIENT) : NULL;
     tr->run_max = F32(N, GM_MEM_WORKSPACE), tr->run_sum = F32(N, GM_MEM_WORKSPACE);
     tr->tgt_logit = F32(N, GM_MEM_WORKSPACE), tr->lse = F32(N, GM_MEM_WORKSPACE);
     tr->sumsq = (double *)gm_arena_alloc(a, (size_t)tr->cap_params * sizeof(double), GM_MEM_WORKSPACE);
@@ -707,7 +712,10 @@ void gm_trainer_zero_grad(gm_trainer *tr) {
 /* Chunked cross-entropy of the final residual X[L] at the n_sup supervised rows (tr->sup_rows,
  * uploaded). Returns the sum of token losses (per-row losses into row_loss when not NULL); with
  * want_grad, writes grad_scale * dL/dX[L] into the graph's residual gradient (zero on other
- * rows). */
+ * rows). With the gradient it is one pass over the vocabulary: each chunk's logits are computed
+ * once, folded into the online log-sum-exp and multiplied back into dh as softmax weights
+ * relative to the running max (kernels.h: xent_grad_update); transformers computes the full
+ * logits once forward and once back, as this does, chunk by chunk. */
 static double lm_loss(gm_trainer *tr, int64_t N, int64_t n_sup, bool want_grad, float grad_scale, double *row_loss) {
     const gm_config *c = tr->cfg;
     gm_graph *g = &tr->g;
@@ -715,18 +723,32 @@ static double lm_loss(gm_trainer *tr, int64_t N, int64_t n_sup, bool want_grad, 
     const gm_kctx *kc = &g->kc;
     int64_t C = c->hidden_size, V = c->vocab_size;
     float cap = c->final_logit_softcap;
+    const gm_wview *E = &tr->w.global[GM_GLOBAL_LM_HEAD];
     gm_graph_hidden_rows(g, tr->xs, tr->sup_rows, n_sup);
     gm_graph_final_norm(g, tr->hs, tr->rstd_s, tr->xs, n_sup);
     double total = 0;
     for (int64_t r0 = 0; r0 < n_sup; r0 += GM_LM_ROWS) {
         int64_t R = n_sup - r0 < GM_LM_ROWS ? n_sup - r0 : GM_LM_ROWS;
         const int32_t *tg = tr->sup_tgt + r0;
+        const float *h = tr->hs + r0 * C;
+        float *dh = tr->dhs + r0 * C;
         k->fill(kc, tr->run_max, R, -INFINITY);
         k->fill(kc, tr->run_sum, R, 0.0f);
-        for (int64_t v0 = 0; v0 < V; v0 += GM_LM_VOCAB) { /* pass 1: log-sum-exp */
+        for (int64_t v0 = 0; v0 < V; v0 += GM_LM_VOCAB) {
             int64_t vc = V - v0 < GM_LM_VOCAB ? V - v0 : GM_LM_VOCAB;
-            gm_graph_lm_head(g, tr->logits, tr->hs + r0 * C, R, v0, vc);
-            k->xent_lse_update(kc, tr->run_max, tr->run_sum, tr->tgt_logit, tr->logits, tg, R, vc, v0, cap);
+            if (!want_grad) {
+                gm_graph_lm_head(g, tr->logits, h, R, v0, vc);
+                k->xent_lse_update(kc, tr->run_max, tr->run_sum, tr->tgt_logit, tr->logits, tg, R, vc, v0, cap);
+                continue;
+            }
+            gm_wview Ec = gm_wview_rows(E, v0, vc); /* dequantized once for both GEMMs where planned */
+            if (tr->head_f32) {
+                k->dequant_rows(kc, tr->head_f32, E, v0, vc);
+                Ec = gm_wview_f32(tr->head_f32, vc, C);
+            }
+            k->matmul_fwd(kc, tr->logits, h, &Ec, R, 0.0f);
+            k->xent_grad_update(kc, tr->run_max, tr->run_sum, tr->tgt_logit, tr->logits, dh, tg, R, vc, v0, C, cap);
+            k->matmul_bwd_input(kc, dh, tr->logits, &Ec, R, 1.0f);
         }
         k->xent_lse_finish(kc, tr->lse, tr->run_max, tr->run_sum, R);
         gm_backend_download(tr->be, tr->h_lse, tr->lse, (size_t)R * sizeof(float));
@@ -737,12 +759,9 @@ static double lm_loss(gm_trainer *tr, int64_t N, int64_t n_sup, bool want_grad, 
             if (row_loss) row_loss[r0 + i] = li;
         }
         if (!want_grad) continue;
-        for (int64_t v0 = 0; v0 < V; v0 += GM_LM_VOCAB) { /* pass 2: gradient, dh += dlogits E */
-            int64_t vc = V - v0 < GM_LM_VOCAB ? V - v0 : GM_LM_VOCAB;
-            gm_graph_lm_head(g, tr->logits, tr->hs + r0 * C, R, v0, vc);
-            k->xent_grad(kc, tr->logits, tr->lse, tg, R, vc, v0, cap, grad_scale);
-            gm_graph_lm_head_bwd(g, tr->dhs + r0 * C, tr->logits, R, v0, vc, v0 == 0 ? 0.0f : 1.0f);
-        }
+        /* the target's term; supervised rows' targets are >= 0 (forward_all) */
+        k->embed_fwd(kc, tr->e_tgt, tg, E, R, 1.0f);
+        k->xent_grad_finish(kc, dh, tr->e_tgt, tr->run_sum, tr->tgt_logit, tg, R, C, cap, grad_scale);
     }
     if (want_grad) {
         /* final norm backward on the gathered rows (in place), scattered into g (zero elsewhere) */

@@ -2,26 +2,21 @@
  * elementwise.c - GeGLU (forward, backward), residual add, soft-capping, scaling, dropout.
  *
  * gelu_tanh(z) = 0.5 z (1 + tanh(c (z + 0.044715 z^3))), c = sqrt(2/pi)
- * (gemma_architecture.md §1.6; PyTorch gelu(approximate="tanh")).
+ * (gemma_architecture.md §1.6; PyTorch gelu(approximate="tanh")); tanh and exp: vmath.h.
  * softcap(x) = cap * tanh(x / cap) (§1.7; Gemma 3n/4 final logits).
  */
 #include "kernels.h"
 
 #include "gm_philox.h"
 #include "gm_omp.h"
+#include "vmath.h"
 
 #include <math.h>
 
-#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
-
-static inline float gelu_tanh(float z) {
-    return 0.5f * z * (1.0f + tanhf(GELU_C * (z + 0.044715f * z * z * z)));
-}
-
-void gm_k_geglu_fwd_cpu(const gm_kctx *ctx, float *out, const float *gate, const float *up,
+GM_CPU_CLONES void gm_k_geglu_fwd_cpu(const gm_kctx *ctx, float *out, const float *gate, const float *up,
                         int64_t n) {
     GM_OMP_FOR(ctx->n_threads, n > 65536, schedule(static),
-        for (int64_t i = 0; i < n; i++) out[i] = gelu_tanh(gate[i]) * up[i];
+        for (int64_t i = 0; i < n; i++) out[i] = gm_gelu_tanh(gate[i]) * up[i];
     );
 }
 
@@ -31,23 +26,20 @@ void gm_k_add_fwd_cpu(const gm_kctx *ctx, float *y, const float *x, int64_t n) {
     );
 }
 
-void gm_k_softcap_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, int64_t n, float cap) {
+GM_CPU_CLONES void gm_k_softcap_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, int64_t n, float cap) {
     GM_OMP_FOR(ctx->n_threads, n > 65536, schedule(static),
-        for (int64_t i = 0; i < n; i++) out[i] = cap * tanhf(x[i] / cap);
+        for (int64_t i = 0; i < n; i++) out[i] = cap * gm_vtanhf(x[i] / cap);
     );
 }
 
-/* d gelu_tanh / dz = 0.5 (1 + t) + 0.5 z (1 - t^2) c (1 + 3 * 0.044715 z^2), t = tanh(c (z + 0.044715 z^3))
- * (gemma_architecture.md §1.6). dgate may alias gate, dup may alias up: each element is read
- * before it is written. */
-void gm_k_geglu_bwd_cpu(const gm_kctx *ctx, float *dgate, float *dup, const float *dh, const float *gate,
+/* d gelu_tanh / dz: vmath.h. dgate may alias gate, dup may alias up: each element is read before
+ * it is written. */
+GM_CPU_CLONES void gm_k_geglu_bwd_cpu(const gm_kctx *ctx, float *dgate, float *dup, const float *dh, const float *gate,
                         const float *up, int64_t n) {
     GM_OMP_FOR(ctx->n_threads, n > 65536, schedule(static),
     for (int64_t i = 0; i < n; i++) {
         float z = gate[i], u = up[i], g = dh[i];
-        float t = tanhf(GELU_C * (z + 0.044715f * z * z * z));
-        float gelu = 0.5f * z * (1.0f + t);
-        float dgelu = 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * 0.044715f * z * z);
+        float gelu, dgelu = gm_gelu_tanh_grad(z, &gelu);
         dgate[i] = g * u * dgelu;
         dup[i] = g * gelu;
     });

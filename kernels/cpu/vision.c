@@ -10,11 +10,10 @@
 #include "kernels.h"
 
 #include "gm_omp.h"
+#include "vmath.h"
 
 #include <math.h>
 #include <string.h>
-
-#define GELU_C 0.7978845608028654f /* sqrt(2/pi) */
 
 void gm_k_layernorm_fwd_cpu(const gm_kctx *ctx, float *out, float *mean, float *rstd, const float *x, const float *w,
                             const float *b, int64_t N, int64_t C, float eps) {
@@ -77,21 +76,18 @@ void gm_k_bias_fwd_cpu(const gm_kctx *ctx, float *y, const float *b, int64_t N, 
     });
 }
 
-void gm_k_gelu_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, int64_t n) {
+GM_CPU_CLONES void gm_k_gelu_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, int64_t n) {
     GM_OMP_FOR(ctx->n_threads, n > 65536, schedule(static),
     for (int64_t i = 0; i < n; i++) {
-        float z = x[i];
-        out[i] = 0.5f * z * (1.0f + tanhf(GELU_C * (z + 0.044715f * z * z * z)));
+        out[i] = gm_gelu_tanh(x[i]);
     });
 }
 
-/* d gelu_tanh / dz as in elementwise.c's geglu_bwd. */
-void gm_k_gelu_bwd_cpu(const gm_kctx *ctx, float *dx, const float *dy, const float *x, int64_t n) {
+/* d gelu_tanh / dz: vmath.h. */
+GM_CPU_CLONES void gm_k_gelu_bwd_cpu(const gm_kctx *ctx, float *dx, const float *dy, const float *x, int64_t n) {
     GM_OMP_FOR(ctx->n_threads, n > 65536, schedule(static),
     for (int64_t i = 0; i < n; i++) {
-        float z = x[i];
-        float t = tanhf(GELU_C * (z + 0.044715f * z * z * z));
-        float d = 0.5f * (1.0f + t) + 0.5f * z * (1.0f - t * t) * GELU_C * (1.0f + 3.0f * 0.044715f * z * z);
+        float gelu, d = gm_gelu_tanh_grad(x[i], &gelu);
         dx[i] = dy[i] * d;
     });
 }

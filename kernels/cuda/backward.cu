@@ -109,27 +109,66 @@ extern "C" void gm_k_xent_lse_update_cuda(const gm_kctx *ctx, float *run_max, fl
                                                                 softcap);
 }
 
-__global__ static void xent_grad_k(float *dlogits, const float *lse, const int32_t *targets, int64_t R, int64_t Vc,
-                                   int64_t v0, float softcap, float grad_scale) {
-    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= R * Vc) return;
-    int64_t r = i / Vc, j = i % Vc;
+/* One block per row: xent_lse_k's statistics, then the row's weights and dh rescaled. */
+__global__ static void xent_grad_update_k(float *run_max, float *run_sum, float *tgt_logit, float *logits, float *dh,
+                                          const int32_t *targets, int64_t Vc, int64_t v0, int64_t C, float softcap) {
+    int64_t r = blockIdx.x;
+    float *row = logits + r * Vc, *d = dh + r * C;
+    float mx = -INFINITY;
+    for (int64_t j = threadIdx.x; j < Vc; j += blockDim.x) mx = fmaxf(mx, capped(row[j], softcap));
+    __shared__ float s_alpha;
+    float old = run_max[r];
+    mx = fmaxf(old, gm_block_max(mx));
     int32_t t = targets[r];
-    if (t < 0) {
-        dlogits[i] = 0.0f;
-        return;
+    float zt = 0.0f;
+    if (threadIdx.x == 0 && t >= v0 && t < v0 + Vc) zt = capped(row[t - v0], softcap); /* before row is overwritten */
+    __syncthreads();
+    float s = 0.0f;
+    for (int64_t j = threadIdx.x; j < Vc; j += blockDim.x) {
+        float z = capped(row[j], softcap), e = expf(z - mx);
+        s += e;
+        row[j] = softcap > 0.0f ? e * (1.0f - (z / softcap) * (z / softcap)) : e;
     }
-    float z = capped(dlogits[i], softcap);
-    float g = expf(z - lse[r]) - (v0 + j == t ? 1.0f : 0.0f);
-    if (softcap > 0.0f) g *= 1.0f - (z / softcap) * (z / softcap);
-    dlogits[i] = grad_scale * g;
+    s = gm_block_sum(s);
+    if (threadIdx.x == 0) {
+        float alpha = old == -INFINITY ? 0.0f : expf(old - mx);
+        run_max[r] = mx;
+        run_sum[r] = run_sum[r] * alpha + s;
+        if (t >= v0 && t < v0 + Vc) tgt_logit[r] = zt;
+        s_alpha = alpha;
+    }
+    __syncthreads();
+    float alpha = s_alpha;
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) d[c] = alpha == 0.0f ? 0.0f : d[c] * alpha;
 }
 
-extern "C" void gm_k_xent_grad_cuda(const gm_kctx *ctx, float *dlogits, const float *lse, const int32_t *targets,
-                                    int64_t R, int64_t Vc, int64_t v0, float softcap, float grad_scale) {
-    int64_t n = R * Vc;
-    if (n) xent_grad_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(dlogits, lse, targets, R, Vc, v0, softcap,
-                                                                     grad_scale);
+extern "C" void gm_k_xent_grad_update_cuda(const gm_kctx *ctx, float *run_max, float *run_sum, float *tgt_logit,
+                                           float *logits, float *dh, const int32_t *targets, int64_t R, int64_t Vc,
+                                           int64_t v0, int64_t C, float softcap) {
+    if (R) xent_grad_update_k<<<(unsigned)R, 256, 0, gm_stream(ctx)>>>(run_max, run_sum, tgt_logit, logits, dh, targets,
+                                                                        Vc, v0, C, softcap);
+}
+
+__global__ static void xent_grad_finish_k(float *dh, const float *e_tgt, const float *run_sum, const float *tgt_logit,
+                                          const int32_t *targets, int64_t R, int64_t C, float softcap,
+                                          float grad_scale) {
+    int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= R * C) return;
+    int64_t r = i / C;
+    if (targets[r] < 0) {
+        dh[i] = 0.0f;
+        return;
+    }
+    float z = tgt_logit[r], dz = softcap > 0.0f ? 1.0f - (z / softcap) * (z / softcap) : 1.0f;
+    dh[i] = grad_scale / run_sum[r] * dh[i] - grad_scale * dz * e_tgt[i];
+}
+
+extern "C" void gm_k_xent_grad_finish_cuda(const gm_kctx *ctx, float *dh, const float *e_tgt, const float *run_sum,
+                                           const float *tgt_logit, const int32_t *targets, int64_t R, int64_t C,
+                                           float softcap, float grad_scale) {
+    int64_t n = R * C;
+    if (n) xent_grad_finish_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(dh, e_tgt, run_sum, tgt_logit, targets, R, C,
+                                                                             softcap, grad_scale);
 }
 
 __global__ static void adamw_k(float *p, const float *g, float *m, float *v, int64_t n, float beta1, float beta2,

@@ -374,8 +374,15 @@ static void test_matmul(void) {
     gm_free(q), gm_free(wd), gm_free(dy), gm_free(r1), gm_free(r2), gm_free(kq.scratch);
 }
 
-/* ---- chunked cross-entropy ---------------------------------------------------------------- */
-typedef struct { int64_t R, V; double *logits; int32_t *t; float cap, scale; } xent_case;
+/* ---- chunked cross-entropy through the LM head ------------------------------------------- */
+/* loss(h) = scale * sum over rows with a target of lse(z) - z_t, z = softcap(h E^T), in double. */
+typedef struct { int64_t R, V, C; double *h, *E; int32_t *t; float cap, scale; } xent_case;
+
+static double xent_logit(const xent_case *c, int64_t r, int64_t j) {
+    double l = 0;
+    for (int64_t k = 0; k < c->C; k++) l += c->h[r * c->C + k] * c->E[j * c->C + k];
+    return c->cap > 0 ? c->cap * tanh(l / c->cap) : l;
+}
 
 static double xent_loss(void *u) {
     xent_case *c = u;
@@ -383,51 +390,53 @@ static double xent_loss(void *u) {
     for (int64_t r = 0; r < c->R; r++) {
         if (c->t[r] < 0) continue;
         double mx = -1e300, z = 0;
-        for (int64_t j = 0; j < c->V; j++) {
-            double v = c->cap > 0 ? c->cap * tanh(c->logits[r * c->V + j] / c->cap) : c->logits[r * c->V + j];
-            mx = fmax(mx, v);
-        }
-        for (int64_t j = 0; j < c->V; j++) {
-            double v = c->cap > 0 ? c->cap * tanh(c->logits[r * c->V + j] / c->cap) : c->logits[r * c->V + j];
-            z += exp(v - mx);
-        }
-        double tv = c->logits[r * c->V + c->t[r]];
-        if (c->cap > 0) tv = c->cap * tanh(tv / c->cap);
-        L += c->scale * (mx + log(z) - tv);
+        for (int64_t j = 0; j < c->V; j++) mx = fmax(mx, xent_logit(c, r, j));
+        for (int64_t j = 0; j < c->V; j++) z += exp(xent_logit(c, r, j) - mx);
+        L += c->scale * (mx + log(z) - xent_logit(c, r, c->t[r]));
     }
     return L;
 }
 
+/* The trainer's one pass (gm_train.c lm_loss): per chunk, logits = h E_chunk^T, xent_grad_update,
+ * dh += weights E_chunk; then xent_grad_finish with the targets' rows. The loss from its running
+ * statistics and from xent_lse_update's (the pass without a gradient) against double; dL/dh
+ * against finite differences. Logits up to ~30 apart and a later chunk holding a row's max, so
+ * dh is rescaled mid-way (row 2's larger logits sit in the last chunk). */
 static void test_xent(float cap) {
-    int64_t R = 4, V = 50, Vc = 16;
+    int64_t R = 4, V = 50, Vc = 16, C = 8;
     int32_t t[4] = {3, -1, 49, 17};
-    xent_case c = {R, V, NULL, t, cap, 1.0f / 3.0f};
-    float *logits = rnd2(R * V, 8.0f, &c.logits);
-    float mx[4], sm[4], tl[4] = {0}, lse[4];
-    for (int i = 0; i < 4; i++) mx[i] = -INFINITY, sm[i] = 0;
+    xent_case c = {R, V, C, NULL, NULL, t, cap, 1.0f / 3.0f};
+    float *h = rnd2(R * C, 2.0f, &c.h), *E = rnd2(V * C, 1.0f, &c.E);
+    for (int64_t k = 0; k < C; k++) E[(V - 1) * C + k] *= 4.0f, c.E[(V - 1) * C + k] = E[(V - 1) * C + k];
+    float mx[4], sm[4], tl[4] = {0}, mx2[4], sm2[4], tl2[4] = {0}, lse[4];
+    for (int i = 0; i < 4; i++) mx[i] = mx2[i] = -INFINITY, sm[i] = sm2[i] = 0;
     gm_kctx k = ctx_with(0);
-    float *chunk = gm_malloc((size_t)(R * Vc) * 4), *grad = gm_calloc((size_t)(R * V), 4);
-    for (int64_t v0 = 0; v0 < V; v0 += Vc) { /* pass 1: online log-sum-exp over chunks (last one short) */
+    float *chunk = gm_malloc((size_t)(R * Vc) * 4), *dh = gm_malloc((size_t)(R * C) * 4);
+    float *et = gm_calloc((size_t)(R * C), 4);
+    for (int64_t i = 0; i < R * C; i++) dh[i] = NAN; /* the first chunk must not read it */
+    for (int64_t v0 = 0; v0 < V; v0 += Vc) { /* last chunk short */
         int64_t n = V - v0 < Vc ? V - v0 : Vc;
-        for (int64_t r = 0; r < R; r++) memcpy(chunk + r * n, logits + r * V + v0, (size_t)n * 4);
-        gm_k_xent_lse_update_cpu(&k, mx, sm, tl, chunk, t, R, n, v0, cap);
+        gm_wview Ec = gm_wview_f32(E + v0 * C, n, C);
+        gm_k_matmul_fwd_cpu(&k, chunk, h, &Ec, R, 0.0f);
+        gm_k_xent_lse_update_cpu(&k, mx2, sm2, tl2, chunk, t, R, n, v0, cap);
+        gm_k_xent_grad_update_cpu(&k, mx, sm, tl, chunk, dh, t, R, n, v0, C, cap);
+        gm_k_matmul_bwd_input_cpu(&k, dh, chunk, &Ec, R, 1.0f);
     }
-    double Lk = 0;
-    for (int r = 0; r < 4; r++) {
-        lse[r] = mx[r] + logf(sm[r]);
-        if (t[r] >= 0) Lk += c.scale * (lse[r] - tl[r]);
-    }
+    gm_k_xent_lse_finish_cpu(&k, lse, mx, sm, R);
+    double Lk = 0, Lk2 = 0;
+    for (int r = 0; r < 4; r++)
+        if (t[r] >= 0) {
+            Lk += c.scale * (lse[r] - tl[r]);
+            Lk2 += c.scale * (mx2[r] + log(sm2[r]) - tl2[r]);
+            memcpy(et + r * C, E + t[r] * C, (size_t)C * 4);
+        }
     double Lr = xent_loss(&c);
     CHECK(fabs(Lk - Lr) < TOL_GRAD_XENT_LOSS_REL * fmax(1.0, fabs(Lr)), "xent loss %.9g vs %.9g (cap %g)", Lk, Lr, (double)cap);
-    for (int64_t v0 = 0; v0 < V; v0 += Vc) { /* pass 2: gradient per chunk */
-        int64_t n = V - v0 < Vc ? V - v0 : Vc;
-        for (int64_t r = 0; r < R; r++) memcpy(chunk + r * n, logits + r * V + v0, (size_t)n * 4);
-        gm_k_xent_grad_cpu(&k, chunk, lse, t, R, n, v0, cap, c.scale);
-        for (int64_t r = 0; r < R; r++) memcpy(grad + r * V + v0, chunk + r * n, (size_t)n * 4);
-    }
-    fd_check(cap > 0 ? "cross-entropy dlogits (soft-cap 30)" : "cross-entropy dlogits", c.logits, R * V, grad,
-             xent_loss, &c);
-    gm_free(c.logits), gm_free(logits), gm_free(chunk), gm_free(grad);
+    CHECK(fabs(Lk2 - Lr) < TOL_GRAD_XENT_LOSS_REL * fmax(1.0, fabs(Lr)), "xent loss without gradient %.9g vs %.9g (cap %g)",
+          Lk2, Lr, (double)cap);
+    gm_k_xent_grad_finish_cpu(&k, dh, et, sm, tl, t, R, C, cap, c.scale);
+    fd_check(cap > 0 ? "cross-entropy dL/dh (soft-cap 30)" : "cross-entropy dL/dh", c.h, R * C, dh, xent_loss, &c);
+    gm_free(c.h), gm_free(c.E), gm_free(h), gm_free(E), gm_free(chunk), gm_free(dh), gm_free(et);
 }
 
 /* ---- AdamW vs torch.optim.AdamW (single tensor) transcribed in double ---------------------- */

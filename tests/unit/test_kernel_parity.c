@@ -967,7 +967,8 @@ static void parity_pool_gather_bwd(dev *d) { pool_gather_case(d, true); }
 /* ---- loss and optimizer --------------------------------------------------------------------- */
 
 /* the chunked cross-entropy over two vocabulary chunks, soft-capped and not: running statistics,
- * the target logits, the finished log-sum-exp and the gradient (a row without a target gets 0) */
+ * the target logits, the finished log-sum-exp, the one-pass gradient's weights and rescaled dh,
+ * and its finish (a row without a target gets 0) */
 static void xent_case(dev *d, int which) {
     int64_t R = 9, Vc = 1000, V = 2 * Vc;
     int32_t tg[9] = {5, 1500, -1, 999, 1000, 0, 1999, 77, 1234};
@@ -1000,17 +1001,48 @@ static void xent_case(dev *d, int which) {
         } else if (which == 1) {
             snprintf(what, sizeof what, "xent_lse_finish%s", cap ? " softcap" : "");
             cmp(d, what, dlse, lse, (size_t)R);
+        } else if (which == 2) {
+            /* the one-pass gradient: both chunks again from the start; dh is garbage before the
+             * first (which zeroes it) and a random accumulation before the second (rescaled) */
+            int64_t C = 64;
+            float *dh = host_rand((size_t)(R * C), 1), *ddh = up(d, dh, (size_t)(R * C) * 4);
+            for (int i = 0; i < R; i++) mx[i] = -INFINITY, sm[i] = 0, tl[i] = 0;
+            gm_backend_upload(d->be, dmx, mx, sizeof mx), gm_backend_upload(d->be, dsm, sm, sizeof sm);
+            gm_backend_upload(d->be, dtl, tl, sizeof tl);
+            for (int64_t c = 0; c < 2; c++) {
+                float *chunk = gm_malloc((size_t)(R * Vc) * 4);
+                for (int64_t r = 0; r < R; r++) memcpy(chunk + r * Vc, logits + r * V + c * Vc, (size_t)Vc * 4);
+                float *dchunk = up(d, chunk, (size_t)(R * Vc) * 4);
+                if (c == 1) {
+                    gm_free(dh), dh = host_rand((size_t)(R * C), 1);
+                    gm_backend_upload(d->be, ddh, dh, (size_t)(R * C) * 4);
+                }
+                cpu->xent_grad_update(&hc, mx, sm, tl, chunk, dh, tg, R, Vc, c * Vc, C, softcap);
+                d->be->k->xent_grad_update(&d->ctx, dmx, dsm, dtl, dchunk, ddh, dtg, R, Vc, c * Vc, C, softcap);
+                snprintf(what, sizeof what, "xent_grad_update chunk %lld weights%s", (long long)c, cap ? " softcap" : "");
+                cmp(d, what, dchunk, chunk, (size_t)(R * Vc));
+                snprintf(what, sizeof what, "xent_grad_update chunk %lld dh%s", (long long)c, cap ? " softcap" : "");
+                cmp(d, what, ddh, dh, (size_t)(R * C));
+                gm_free(chunk), dfree(d, dchunk);
+            }
+            snprintf(what, sizeof what, "xent_grad_update max%s", cap ? " softcap" : "");
+            cmp(d, what, dmx, mx, (size_t)R);
+            snprintf(what, sizeof what, "xent_grad_update sum%s", cap ? " softcap" : "");
+            cmp(d, what, dsm, sm, (size_t)R);
+            snprintf(what, sizeof what, "xent_grad_update target%s", cap ? " softcap" : "");
+            cmp(d, what, dtl, tl, (size_t)R);
+            gm_free(dh), dfree(d, ddh);
         } else {
-            /* the gradient of the second chunk from the CPU's lse (only the gradient differs) */
-            gm_backend_upload(d->be, dlse, lse, sizeof lse);
-            float *chunk = gm_malloc((size_t)(R * Vc) * 4);
-            for (int64_t r = 0; r < R; r++) memcpy(chunk + r * Vc, logits + r * V + Vc, (size_t)Vc * 4);
-            float *dchunk = up(d, chunk, (size_t)(R * Vc) * 4);
-            cpu->xent_grad(&hc, chunk, lse, tg, R, Vc, Vc, softcap, 1.0f / 8);
-            d->be->k->xent_grad(&d->ctx, dchunk, dlse, dtg, R, Vc, Vc, softcap, 1.0f / 8);
-            snprintf(what, sizeof what, "xent_grad%s", cap ? " softcap" : "");
-            cmp(d, what, dchunk, chunk, (size_t)(R * Vc));
-            gm_free(chunk), dfree(d, dchunk);
+            /* finish from the CPU's statistics: dh and the targets' rows random */
+            int64_t C = 64;
+            float *dh = host_rand((size_t)(R * C), 1), *et = host_rand((size_t)(R * C), 1);
+            float *ddh = up(d, dh, (size_t)(R * C) * 4), *det = up(d, et, (size_t)(R * C) * 4);
+            gm_backend_upload(d->be, dsm, sm, sizeof sm), gm_backend_upload(d->be, dtl, tl, sizeof tl);
+            cpu->xent_grad_finish(&hc, dh, et, sm, tl, tg, R, C, softcap, 1.0f / 8);
+            d->be->k->xent_grad_finish(&d->ctx, ddh, det, dsm, dtl, dtg, R, C, softcap, 1.0f / 8);
+            snprintf(what, sizeof what, "xent_grad_finish%s", cap ? " softcap" : "");
+            cmp(d, what, ddh, dh, (size_t)(R * C));
+            gm_free(dh), gm_free(et), dfree(d, ddh), dfree(d, det);
         }
         dfree(d, dmx), dfree(d, dsm), dfree(d, dtl), dfree(d, dlse);
     }
@@ -1018,7 +1050,8 @@ static void xent_case(dev *d, int which) {
 }
 static void parity_xent_lse_update(dev *d) { xent_case(d, 0); }
 static void parity_xent_lse_finish(dev *d) { xent_case(d, 1); }
-static void parity_xent_grad(dev *d) { xent_case(d, 2); }
+static void parity_xent_grad_update(dev *d) { xent_case(d, 2); }
+static void parity_xent_grad_finish(dev *d) { xent_case(d, 3); }
 
 static void parity_adamw(dev *d) {
     float *p = host_rand(EW_N, 0.1f), *g = host_rand(EW_N, 0.01f), *m = host_rand(EW_N, 0.001f), *v = host_rand(EW_N, 0.001f);
