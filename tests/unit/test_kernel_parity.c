@@ -969,6 +969,17 @@ static void parity_pool_gather_bwd(dev *d) { pool_gather_case(d, true); }
 /* the chunked cross-entropy over two vocabulary chunks, soft-capped and not: running statistics,
  * the target logits, the finished log-sum-exp, the one-pass gradient's weights and rescaled dh,
  * and its finish (a row without a target gets 0) */
+static void xent_cmp_stats(dev *d, const char *kernel, int cap, const float *dmx, const float *mx, const float *dsm,
+                           const float *sm, const float *dtl, const float *tl, int64_t R) {
+    const char *part[3] = {"max", "sum", "target"};
+    const float *got[3] = {dmx, dsm, dtl}, *want[3] = {mx, sm, tl};
+    for (int i = 0; i < 3; i++) {
+        char what[64];
+        snprintf(what, sizeof what, "%s %s%s", kernel, part[i], cap ? " softcap" : "");
+        cmp(d, what, got[i], want[i], (size_t)R);
+    }
+}
+
 static void xent_case(dev *d, int which) {
     int64_t R = 9, Vc = 1000, V = 2 * Vc;
     int32_t tg[9] = {5, 1500, -1, 999, 1000, 0, 1999, 77, 1234};
@@ -992,12 +1003,7 @@ static void xent_case(dev *d, int which) {
         d->be->k->xent_lse_finish(&d->ctx, dlse, dmx, dsm, R);
         char what[64];
         if (which == 0) {
-            snprintf(what, sizeof what, "xent_lse_update max%s", cap ? " softcap" : "");
-            cmp(d, what, dmx, mx, (size_t)R);
-            snprintf(what, sizeof what, "xent_lse_update sum%s", cap ? " softcap" : "");
-            cmp(d, what, dsm, sm, (size_t)R);
-            snprintf(what, sizeof what, "xent_lse_update target%s", cap ? " softcap" : "");
-            cmp(d, what, dtl, tl, (size_t)R);
+            xent_cmp_stats(d, "xent_lse_update", cap, dmx, mx, dsm, sm, dtl, tl, R);
         } else if (which == 1) {
             snprintf(what, sizeof what, "xent_lse_finish%s", cap ? " softcap" : "");
             cmp(d, what, dlse, lse, (size_t)R);
@@ -1025,12 +1031,7 @@ static void xent_case(dev *d, int which) {
                 cmp(d, what, ddh, dh, (size_t)(R * C));
                 gm_free(chunk), dfree(d, dchunk);
             }
-            snprintf(what, sizeof what, "xent_grad_update max%s", cap ? " softcap" : "");
-            cmp(d, what, dmx, mx, (size_t)R);
-            snprintf(what, sizeof what, "xent_grad_update sum%s", cap ? " softcap" : "");
-            cmp(d, what, dsm, sm, (size_t)R);
-            snprintf(what, sizeof what, "xent_grad_update target%s", cap ? " softcap" : "");
-            cmp(d, what, dtl, tl, (size_t)R);
+            xent_cmp_stats(d, "xent_grad_update", cap, dmx, mx, dsm, sm, dtl, tl, R);
             gm_free(dh), dfree(d, ddh);
         } else {
             /* finish from the CPU's statistics: dh and the targets' rows random */
