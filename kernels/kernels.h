@@ -185,12 +185,16 @@
  *                  new running max and z the (soft-capped) logits: the row's accumulated
  *                  gradient dh (R, C) is rescaled by exp(old max - m) (set to 0 on the first
  *                  chunk, run_max = -inf), and logits become the weights exp(z - m) dz/dl
- *                  (dz/dl = 1 - (z/c)^2 when soft-capped, else 1), which the caller multiplies
- *                  into dh (dh += weights . E_chunk). After the last chunk dh = sum_v
- *                  exp(z_v - m) dz_v/dl_v E_v, the softmax part of dL/dh times run_sum.
- *   xent_grad_finish  dh (R, C) = grad_scale (dh / run_sum - dz/dl(tgt_logit) e_tgt), e_tgt
- *                  (R, C) the target's row of the head (embed_fwd): dL/dh of the token loss
- *                  lse - z_target. Rows with target < 0 get 0.
+ *                  (dz/dl = 1 - (z/c)^2 when soft-capped, else 1), the target's own weight 0,
+ *                  which the caller multiplies into dh (dh += weights . E_chunk). After the last
+ *                  chunk dh = sum_{v != target} exp(z_v - m) dz_v/dl_v E_v, the softmax part of
+ *                  dL/dh off the target times run_sum.
+ *   xent_grad_finish  dh (R, C) = grad_scale (dh / run_sum + (exp(z_t - lse) - 1) dz/dl(z_t)
+ *                  e_tgt), z_t = tgt_logit, e_tgt (R, C) the target's row of the head
+ *                  (embed_fwd): dL/dh of the token loss lse - z_t. The target's p_t - 1 is formed
+ *                  here in f32, not as p_t through the GEMM minus 1 after it: a bf16 GEMM rounds
+ *                  its weights, and p_t - 1 near p_t = 1 would lose its digits. Rows with target
+ *                  < 0 get 0.
  *   adamw          PyTorch AdamW (decoupled weight decay, Loshchilov & Hutter 2019), in the
  *                  order torch's single-tensor implementation evaluates it:
  *                  p *= decay (= 1 - lr wd); m += (1-b1) (g - m); v = b2 v + (1-b2) g g;

@@ -761,7 +761,7 @@ static double lm_loss(gm_trainer *tr, int64_t N, int64_t n_sup, bool want_grad, 
         if (!want_grad) continue;
         /* the target's term; supervised rows' targets are >= 0 (forward_all) */
         k->embed_fwd(kc, tr->e_tgt, tg, E, R, 1.0f);
-        k->xent_grad_finish(kc, dh, tr->e_tgt, tr->run_sum, tr->tgt_logit, tg, R, C, cap, grad_scale);
+        k->xent_grad_finish(kc, dh, tr->e_tgt, tr->run_sum, tr->lse, tr->tgt_logit, tg, R, C, cap, grad_scale);
     }
     if (want_grad) {
         /* final norm backward on the gathered rows (in place), scattered into g (zero elsewhere) */

@@ -19,9 +19,10 @@
 #include <stdint.h>
 #include <string.h>
 
-/* e^x for x in [-87.3, 88.7]: below, 0 (where expf goes subnormal); above, clamped at 88.7. */
+/* e^x for x in [-87.3, 88.3]: below, 0 (where expf goes subnormal); above, e^88.3 (2^n must stay
+ * a finite float: n <= 127). */
 static inline float gm_vexpf(float x) {
-    float xc = x < -87.3f ? -87.3f : x > 88.7f ? 88.7f : x;
+    float xc = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
     float t = xc * 1.44269504088896341f + 12582912.0f; /* round to nearest through 1.5 * 2^23 */
     float n = t - 12582912.0f;
     float r = xc - n * 0.693359375f;
@@ -39,11 +40,12 @@ static inline float gm_vexpf(float x) {
     return x < -87.3f ? 0.0f : p * two_n;
 }
 
-/* tanh(x); +-1 beyond |x| = 9 (1 - tanh(9) is below half a float ulp of 1). */
+/* tanh(x); exactly +-1 from |x| = 9.1 (where 1 - tanh is under half a float ulp of 1, as libm's
+ * tanhf rounds it; the GELU's gradient needs 1 - t^2 = 0 there). */
 static inline float gm_vtanhf(float x) {
     float a = x < 0.0f ? -x : x;
-    a = a > 9.0f ? 9.0f : a;
-    float big = 1.0f - 2.0f / (gm_vexpf(a + a) + 1.0f);
+    float ac = a > 9.1f ? 9.1f : a;
+    float big = a >= 9.1f ? 1.0f : 1.0f - 2.0f / (gm_vexpf(ac + ac) + 1.0f);
     float z = x * x;
     float p = -5.70498872745e-3f;
     p = p * z + 2.06390887954e-2f;

@@ -105,7 +105,9 @@ void gm_k_xent_grad_update_cpu(const gm_kctx *ctx, float *run_max, float *run_su
     GM_OMP_FOR(ctx->n_threads, 1, schedule(static),
     for (int64_t r = 0; r < R; r++) {
         float *row = logits + r * Vc, *d = dh + r * C;
-        float alpha = row_update(&run_max[r], &run_sum[r], &tgt_logit[r], row, row, targets[r], Vc, v0, softcap);
+        int32_t t = targets[r];
+        float alpha = row_update(&run_max[r], &run_sum[r], &tgt_logit[r], row, row, t, Vc, v0, softcap);
+        if (t >= v0 && t < v0 + Vc) row[t - v0] = 0.0f; /* the target's p_t - 1 is added whole at the finish */
         if (alpha == 0.0f) memset(d, 0, (size_t)C * sizeof(float)); /* the first chunk, or a max that jumped */
         else if (alpha != 1.0f)
             for (int64_t c = 0; c < C; c++) d[c] *= alpha;
@@ -113,8 +115,8 @@ void gm_k_xent_grad_update_cpu(const gm_kctx *ctx, float *run_max, float *run_su
 }
 
 void gm_k_xent_grad_finish_cpu(const gm_kctx *ctx, float *dh, const float *e_tgt, const float *run_sum,
-                               const float *tgt_logit, const int32_t *targets, int64_t R, int64_t C, float softcap,
-                               float grad_scale) {
+                               const float *lse, const float *tgt_logit, const int32_t *targets, int64_t R, int64_t C,
+                               float softcap, float grad_scale) {
     GM_OMP_FOR(ctx->n_threads, 1, schedule(static),
     for (int64_t r = 0; r < R; r++) {
         float *d = dh + r * C;
@@ -124,7 +126,7 @@ void gm_k_xent_grad_finish_cpu(const gm_kctx *ctx, float *dh, const float *e_tgt
             continue;
         }
         float z = tgt_logit[r], dz = softcap > 0.0f ? 1.0f - (z / softcap) * (z / softcap) : 1.0f;
-        float inv = grad_scale / run_sum[r], te = grad_scale * dz;
-        for (int64_t c = 0; c < C; c++) d[c] = inv * d[c] - te * e[c];
+        float inv = grad_scale / run_sum[r], te = grad_scale * dz * (expf(z - lse[r]) - 1.0f);
+        for (int64_t c = 0; c < C; c++) d[c] = inv * d[c] + te * e[c];
     });
 }

@@ -127,7 +127,7 @@ __global__ static void xent_grad_update_k(float *run_max, float *run_sum, float 
     for (int64_t j = threadIdx.x; j < Vc; j += blockDim.x) {
         float z = capped(row[j], softcap), e = expf(z - mx);
         s += e;
-        row[j] = softcap > 0.0f ? e * (1.0f - (z / softcap) * (z / softcap)) : e;
+        row[j] = v0 + j == t ? 0.0f : softcap > 0.0f ? e * (1.0f - (z / softcap) * (z / softcap)) : e;
     }
     s = gm_block_sum(s);
     if (threadIdx.x == 0) {
@@ -149,9 +149,9 @@ extern "C" void gm_k_xent_grad_update_cuda(const gm_kctx *ctx, float *run_max, f
                                                                         Vc, v0, C, softcap);
 }
 
-__global__ static void xent_grad_finish_k(float *dh, const float *e_tgt, const float *run_sum, const float *tgt_logit,
-                                          const int32_t *targets, int64_t R, int64_t C, float softcap,
-                                          float grad_scale) {
+__global__ static void xent_grad_finish_k(float *dh, const float *e_tgt, const float *run_sum, const float *lse,
+                                          const float *tgt_logit, const int32_t *targets, int64_t R, int64_t C,
+                                          float softcap, float grad_scale) {
     int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= R * C) return;
     int64_t r = i / C;
@@ -160,15 +160,15 @@ __global__ static void xent_grad_finish_k(float *dh, const float *e_tgt, const f
         return;
     }
     float z = tgt_logit[r], dz = softcap > 0.0f ? 1.0f - (z / softcap) * (z / softcap) : 1.0f;
-    dh[i] = grad_scale / run_sum[r] * dh[i] - grad_scale * dz * e_tgt[i];
+    dh[i] = grad_scale / run_sum[r] * dh[i] + grad_scale * dz * (expf(z - lse[r]) - 1.0f) * e_tgt[i];
 }
 
 extern "C" void gm_k_xent_grad_finish_cuda(const gm_kctx *ctx, float *dh, const float *e_tgt, const float *run_sum,
-                                           const float *tgt_logit, const int32_t *targets, int64_t R, int64_t C,
-                                           float softcap, float grad_scale) {
+                                           const float *lse, const float *tgt_logit, const int32_t *targets, int64_t R,
+                                           int64_t C, float softcap, float grad_scale) {
     int64_t n = R * C;
-    if (n) xent_grad_finish_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(dh, e_tgt, run_sum, tgt_logit, targets, R, C,
-                                                                             softcap, grad_scale);
+    if (n) xent_grad_finish_k<<<gm_blocks(n, 256), 256, 0, gm_stream(ctx)>>>(dh, e_tgt, run_sum, lse, tgt_logit, targets,
+                                                                             R, C, softcap, grad_scale);
 }
 
 __global__ static void adamw_k(float *p, const float *g, float *m, float *v, int64_t n, float beta1, float beta2,

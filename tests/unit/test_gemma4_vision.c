@@ -366,10 +366,11 @@ static void check_lora(const gm_model *m) {
     int32_t *ids = gm_test_h5_read(gm_test_path(REF), "/mm/input_ids", 1, &n, dims, &nd);
     int32_t *labels = gm_test_h5_read(gm_test_path(REF), "/lora_vt/labels", 1, &n, NULL, NULL);
     double *loss_ref = gm_test_h5_read(gm_test_path(REF), "/lora_vt/loss", 2, &n, NULL, NULL);
+    double *loss64 = gm_test_h5_read(gm_test_path(REF), "/lora_vt/loss64", 2, &n, NULL, NULL);
     float *pix = pixels();
     if (!ids || !labels || !loss_ref || !pix) {
         CHECK(false, "fixture /lora_vt incomplete");
-        gm_free(ids), gm_free(labels), gm_free(loss_ref), gm_free(pix);
+        gm_free(ids), gm_free(labels), gm_free(loss_ref), gm_free(loss64), gm_free(pix);
         return;
     }
     int64_t B = dims[0], T = dims[1], n_sup = 0;
@@ -399,8 +400,13 @@ static void check_lora(const gm_model *m) {
         gm_trainer_zero_grad(tr);
         CHECK_OK(gm_trainer_forward_backward(tr, &bt, (float)(1.0 / (double)n_sup), &loss_sum, &err), &err);
         double loss = loss_sum / (double)n_sup;
-        CHECK(fabs(loss - loss_ref[0]) <= TOL_PEFT_LOSS_REL * fabs(loss_ref[0]), "loss %.9g vs PEFT %.9g", loss, loss_ref[0]);
-        printf("LoRA on the language model and the tower: loss %.7f vs PEFT %.7f\n", loss, loss_ref[0]);
+        /* against PEFT's float64 run: its own f32 loss is 5.9e-7 (relative) from it, ours 4.5e-7
+         * (2026-12-06, tanh GELU through kernels/cpu/vmath.h; 2.6e-7 with libm's tanhf, which then
+         * was also within 1e-6 of PEFT's f32, vmath's not: 1.0e-6) */
+        CHECK(loss64 && fabs(loss - loss64[0]) <= TOL_PEFT_LOSS_REL * fabs(loss64[0]), "loss %.9g vs PEFT's float64 %.9g",
+              loss, loss64 ? loss64[0] : NAN);
+        printf("LoRA on the language model and the tower: loss %.7f vs PEFT %.7f (float64 %.7f)\n", loss, loss_ref[0],
+               loss64 ? loss64[0] : NAN);
         /* against PEFT's f32 gradients and its .double() run's (f64 = 1) */
         double worst[2][2];
         int seen[2];
@@ -422,7 +428,7 @@ static void check_lora(const gm_model *m) {
               gm_test_contains(err.msg, "q_proj.linear"),
           "vision_targets q_proj on Gemma 4's tower: %s", err.msg);
     gm_trainer_free(tr);
-    gm_free(ids), gm_free(labels), gm_free(loss_ref), gm_free(pix), gm_free(tg);
+    gm_free(ids), gm_free(labels), gm_free(loss_ref), gm_free(loss64), gm_free(pix), gm_free(tg);
 }
 
 int main(void) {

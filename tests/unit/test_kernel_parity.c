@@ -1011,7 +1011,9 @@ static void xent_case(dev *d, int which) {
             /* the one-pass gradient: both chunks again from the start; dh is garbage before the
              * first (which zeroes it) and a random accumulation before the second (rescaled) */
             int64_t C = 64;
-            float *dh = host_rand((size_t)(R * C), 1), *ddh = up(d, dh, (size_t)(R * C) * 4);
+            float *dh = host_rand((size_t)(R * C), 1);
+            for (int64_t i = 0; i < R * C; i++) dh[i] = NAN; /* never read before the first chunk */
+            float *ddh = up(d, dh, (size_t)(R * C) * 4);
             for (int i = 0; i < R; i++) mx[i] = -INFINITY, sm[i] = 0, tl[i] = 0;
             gm_backend_upload(d->be, dmx, mx, sizeof mx), gm_backend_upload(d->be, dsm, sm, sizeof sm);
             gm_backend_upload(d->be, dtl, tl, sizeof tl);
@@ -1039,8 +1041,9 @@ static void xent_case(dev *d, int which) {
             float *dh = host_rand((size_t)(R * C), 1), *et = host_rand((size_t)(R * C), 1);
             float *ddh = up(d, dh, (size_t)(R * C) * 4), *det = up(d, et, (size_t)(R * C) * 4);
             gm_backend_upload(d->be, dsm, sm, sizeof sm), gm_backend_upload(d->be, dtl, tl, sizeof tl);
-            cpu->xent_grad_finish(&hc, dh, et, sm, tl, tg, R, C, softcap, 1.0f / 8);
-            d->be->k->xent_grad_finish(&d->ctx, ddh, det, dsm, dtl, dtg, R, C, softcap, 1.0f / 8);
+            gm_backend_upload(d->be, dlse, lse, sizeof lse);
+            cpu->xent_grad_finish(&hc, dh, et, sm, lse, tl, tg, R, C, softcap, 1.0f / 8);
+            d->be->k->xent_grad_finish(&d->ctx, ddh, det, dsm, dlse, dtl, dtg, R, C, softcap, 1.0f / 8);
             snprintf(what, sizeof what, "xent_grad_finish%s", cap ? " softcap" : "");
             cmp(d, what, ddh, dh, (size_t)(R * C));
             gm_free(dh), gm_free(et), dfree(d, ddh), dfree(d, det);

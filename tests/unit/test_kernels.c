@@ -4,6 +4,7 @@
  * GQA, sliding windows, ring-buffered caches and every weight dtype of the matmul.
  */
 #include "kernels.h"
+#include "cpu/vmath.h"
 #include "test_util.h"
 
 #include "gm_alloc.h"
@@ -147,6 +148,30 @@ static void test_attention(void) {
     check_attention("attention image blocks (kv_end), batch 2", 2, 80, 4, 2, 16, 0, 0, 80, ends);
     int32_t chunk[6] = {11, 16, 16, 16, 16, 16};
     check_attention("attention image block at pos 10, W=3", 1, 6, 2, 1, 16, 10, 3, 8, chunk);
+}
+
+/* vmath.h's exp and tanh against libm in double over their ranges; tanh exactly +-1 and the tanh
+ * GELU's gradient exactly 0 / 1 far out (libm's rounding, which 1 - t^2 relies on). */
+static void test_vmath(void) {
+    double we = 0, wt = 0;
+    float xe = 0, xt = 0;
+    for (int i = 0; i <= 2000000; i++) {
+        float x = -87.0f + 175.3f * (float)i / 2000000.0f, y = -20.0f + 40.0f * (float)i / 2000000.0f;
+        double re = exp((double)x), rt = tanh((double)y);
+        double ee = fabs(gm_vexpf(x) - re) / re, et = rt != 0.0 ? fabs(gm_vtanhf(y) - rt) / fabs(rt) : fabs(gm_vtanhf(y));
+        if (ee > we) we = ee, xe = x;
+        if (et > wt) wt = et, xt = y;
+    }
+    CHECK(we < TOL_VMATH_EXP_REL, "gm_vexpf: relative error %.3g at %.7g", we, (double)xe);
+    CHECK(wt < TOL_VMATH_TANH_REL, "gm_vtanhf: relative error %.3g at %.7g", wt, (double)xt);
+    CHECK(gm_vexpf(-90.0f) == 0.0f && isfinite(gm_vexpf(1000.0f)), "gm_vexpf's clamps: %g, %g", (double)gm_vexpf(-90.0f),
+          (double)gm_vexpf(1000.0f));
+    float g;
+    CHECK(gm_vtanhf(9.5f) == 1.0f && gm_vtanhf(-9.5f) == -1.0f, "gm_vtanhf(+-9.5) = %.9g, %.9g", (double)gm_vtanhf(9.5f),
+          (double)gm_vtanhf(-9.5f));
+    CHECK(gm_gelu_tanh_grad(100.0f, &g) == 1.0f && gm_gelu_tanh_grad(-100.0f, &g) == 0.0f,
+          "gelu_tanh'(+-100) = %.9g, %.9g", (double)gm_gelu_tanh_grad(100.0f, &g), (double)gm_gelu_tanh_grad(-100.0f, &g));
+    printf("vmath: exp %.2e, tanh %.2e relative (worst)\n", we, wt);
 }
 
 static void test_geglu_add_softcap(void) {
@@ -789,6 +814,7 @@ int main(void) {
     test_rmsnorm();
     test_rope();
     test_attention();
+    test_vmath();
     test_geglu_add_softcap();
     test_matmul();
     test_embed();
