@@ -302,8 +302,13 @@ for _ in $(seq 1 2400); do
   ls results/tiny/trial-*.ckpt.h5 > /dev/null 2>&1 && break
   sleep 0.05
 done
+# the first is paused while the second looks (it holds its lock stopped as running): the tiny trial
+# can otherwise finish before the second process has loaded the model (it did, once training got
+# faster, 2026-12-06)
+kill -STOP $pid 2> /dev/null
 expect_run "a second process on a running trial leaves it to the first" 1 \
   "trial 1/4  [0-9a-f]+  lr=0.01 seed=1: running in another process \(pid $pid on [^)]*\): left to it" -- "$GM" tiny.lua --trial 1 --threads 1
+kill -CONT $pid 2> /dev/null
 wait $pid
 check "the first finishes its trial, equal to the local run's" \
   bash -c "[ \"\$(ls results/tiny/trial-*.h5 | grep -vc ckpt)\" = 1 ] && f=\$(ls results/tiny/trial-*.h5 | grep -v ckpt) && h5diff -q ../straight/results/tiny/\$(basename \$f) \$f /adapter /adapter"
