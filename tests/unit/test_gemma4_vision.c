@@ -400,10 +400,9 @@ static void check_lora(const gm_model *m) {
         gm_trainer_zero_grad(tr);
         CHECK_OK(gm_trainer_forward_backward(tr, &bt, (float)(1.0 / (double)n_sup), &loss_sum, &err), &err);
         double loss = loss_sum / (double)n_sup;
-        /* against PEFT's float64 run: its own f32 loss is 5.9e-7 (relative) from it, ours 4.5e-7
-         * (2026-12-06, tanh GELU through kernels/cpu/vmath.h; 2.6e-7 with libm's tanhf, which then
-         * was also within 1e-6 of PEFT's f32, vmath's not: 1.0e-6) */
-        CHECK(loss64 && fabs(loss - loss64[0]) <= TOL_PEFT_LOSS_REL * fabs(loss64[0]), "loss %.9g vs PEFT's float64 %.9g",
+        /* against PEFT's float64 run (test_util.h: what each machine measured; on the Xeon 2.6e-7
+         * with libm's tanhf before kernels/cpu/vmath.h) */
+        CHECK(loss64 && fabs(loss - loss64[0]) <= TOL_GEMMA4_VISION_LOSS_REL * fabs(loss64[0]), "loss %.9g vs PEFT's float64 %.9g",
               loss, loss64 ? loss64[0] : NAN);
         printf("LoRA on the language model and the tower: loss %.7f vs PEFT %.7f (float64 %.7f)\n", loss, loss_ref[0],
                loss64 ? loss64[0] : NAN);
