@@ -50,7 +50,7 @@
         }                                                                         \
     } while (0)
 
-/* The OpenMP wait policy gemmarun starts with (passive: threads sleep at barriers) is set by
+/* The OpenMP wait policy gemmarun starts with (a short spin, then threads sleep) is set by
  * gm_kernels_startup (kernels.h), with OpenBLAS's core type, in one re-execution. */
 
 #endif /* GM_OMP_H */

@@ -323,13 +323,17 @@ typedef struct gm_kctx {
 /*
  * gm_kernels_startup(argv) - first thing in an executable's main(): the environment the CPU kernels'
  * libraries read once, in their constructors, before main() runs. Unless the user set them:
- *   - OMP_WAIT_POLICY=passive: OpenMP threads that wait at a barrier sleep (futex) instead of
- *     spinning. libgomp's default spins up to 300,000 iterations; when another process holds a core,
- *     the thread that finished its share spins on the CPU the unfinished one needs, and a training
- *     step of the 270M went from 4.75 s to 18.0 s beside one busy process (3.8x); with passive waits
- *     3.99 s to 8.80 s (2.2x; 1.5x is the fair share of 2 cores among 3 busy threads), the quiet
- *     machine no slower (tests/bench/bench_busy.sh, 2026-12-04; docs/benchmarks.md). Not set when
- *     the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT.
+ *   - GOMP_SPINCOUNT=GM_OMP_SPINCOUNT (3000): an OpenMP thread that waits at a barrier or for the
+ *     next parallel region spins about 30 us (libgomp counts ~100,000 spins a millisecond), then
+ *     sleeps (futex). libgomp's default spins up to 300,000 iterations; when another process holds
+ *     a core, the thread that finished its share spins on the CPU the unfinished one needs, and a
+ *     training step of the 270M went from 4.75 s to 18.0 s beside one busy process (3.8x); never
+ *     spinning (OMP_WAIT_POLICY=passive, the default from 2026-12-04 to 12-06) kept it at 2.2x
+ *     (1.5x is the fair share of 2 cores among 3 busy threads) but each of decoding's ~130 parallel
+ *     regions a token paid a futex wake-up: 31-35 tokens/s against 54-59 with the short spin (int8
+ *     dots, 128-token prompt, 2-core EPYC; llama.cpp 60-61); the step beside a busy process 2.34x
+ *     with it, 2.51x at 10,000 spins (tests/bench/bench_busy.sh, bench_forward.sh;
+ *     docs/benchmarks.md, "Short spins"). Not set when the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT.
  *   - OPENBLAS_CORETYPE: OpenBLAS's runtime CPU detection (0.3.21, Debian 12) does not know newer
  *     CPUs and falls back to its SSE3 "Prescott" kernels: on a 2-core AVX-512 Xeon sgemm ran at 63
  *     GFLOP/s instead of 265-309 with its SkylakeX kernels, and a LoRA step of the 270M took 7.04 s
@@ -343,6 +347,7 @@ typedef struct gm_kctx {
  * re-execution failed (then the libraries' defaults stand: slower, never wrong).
  */
 void gm_kernels_startup(char **argv);
+#define GM_OMP_SPINCOUNT "3000" /* the spin count gm_kernels_startup sets (above: why this value) */
 /* The OpenBLAS core type gm_kernels_startup would set ("SkylakeX", "Haswell"), or NULL where
  * OpenBLAS's own choice stands: it was set by the user, is AVX2 or newer, or the CPU has no AVX2. */
 const char *gm_blas_core_fallback(void);

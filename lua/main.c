@@ -1400,7 +1400,7 @@ static int cmd_export(int argc, char **argv) {
 }
 
 int main(int argc, char **argv) {
-    gm_kernels_startup(argv); /* OpenMP waits sleep, OpenBLAS on its AVX kernels: kernels/kernels.h */
+    gm_kernels_startup(argv); /* OpenMP waits spin briefly then sleep, OpenBLAS on its AVX kernels: kernels/kernels.h */
     record_command_line(argc, argv);
     /* Large buffers (arenas, checkpoint and results images) get their own mappings and go back
      * to the system when freed. Left alone, glibc raises its mmap threshold after the first such

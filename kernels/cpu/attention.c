@@ -40,7 +40,12 @@ void gm_k_attention_fwd_cpu(const gm_kctx *ctx, float *out, const float *q, cons
                             int64_t KVH, int64_t D, int64_t S, int64_t pos0, int64_t window, float scale) {
     GM_ASSERT(H % KVH == 0 && D <= MAX_HEAD_DIM);
     int64_t group = H / KVH;
-    GM_OMP_FOR(ctx->n_threads, 1, collapse(3) schedule(static),
+    /* Decoding one token (T = 1) over a short context is a few hundred thousand multiply-adds,
+     * less than waking the other threads costs (a parallel region per layer and token; kernels.h,
+     * gm_kernels_startup: their waits sleep after a short spin): such calls run on the calling thread. The bound is
+     * on B * T * H * keys * D multiply-adds of q k (as many again for p v): 2^20, ~0.1 ms here. */
+    int64_t work = B * T * H * (pos0 + T) * D;
+    GM_OMP_FOR(ctx->n_threads, work > ((int64_t)1 << 20), collapse(3) schedule(static),
     for (int64_t b = 0; b < B; b++) {
         for (int64_t t = 0; t < T; t++) {
             for (int64_t h = 0; h < H; h++) {

@@ -73,7 +73,7 @@ const char *gm_blas_info(void) {
 void gm_kernels_startup(char **argv) {
     bool changed = false;
     if (!getenv("OMP_WAIT_POLICY") && !getenv("GOMP_SPINCOUNT"))
-        changed = setenv("OMP_WAIT_POLICY", "passive", 0) == 0 || changed;
+        changed = setenv("GOMP_SPINCOUNT", GM_OMP_SPINCOUNT, 0) == 0 || changed;
     const char *core = gm_blas_core_fallback();
     if (core) changed = setenv("OPENBLAS_CORETYPE", core, 0) == 0 || changed;
     if (changed) execv("/proc/self/exe", argv);

@@ -4,8 +4,9 @@
 # "A busy machine"). LoRA rank 16 all-linear on the real Gemma 3 270M (stored Q4_K_M base for
 # gemmarun, f32 for the peer as transformers loads the GGUF), batch 1, every token supervised.
 #   tests/bench/bench_busy.sh [MAX_LEN] [STEPS]
-# Rows: gemmarun as shipped (OpenMP waits sleep: kernels/kernels.h, gm_kernels_startup), gemmarun with libgomp's own
-# default restored (GOMP_SPINCOUNT=300000: waits spin), the peer in f32 / sdpa and with bf16
+# Rows: gemmarun as shipped (OpenMP waits spin 3000 iterations, then sleep: kernels/kernels.h,
+# gm_kernels_startup), gemmarun never spinning (GOMP_SPINCOUNT=0, as OMP_WAIT_POLICY=passive), with
+# 10000 spins, with libgomp's own default (GOMP_SPINCOUNT=300000), the peer in f32 / sdpa and with bf16
 # autocast / sdpa. The peer needs a Python with torch + transformers + peft: the peers venv
 # (tests/peers/setup.sh) or GEMMARUN_REF_PY.
 set -euo pipefail
@@ -35,6 +36,8 @@ declare -A Q B
 run_all() { # KEY: fills $KEY[...] in the current condition
   local k=$1
   eval "$k[gm]=\$(gm_step X=shipped)"
+  eval "$k[passive]=\$(gm_step GOMP_SPINCOUNT=0)"
+  eval "$k[spin10k]=\$(gm_step GOMP_SPINCOUNT=10000)"
   eval "$k[spin]=\$(gm_step GOMP_SPINCOUNT=300000)"
   if [ -x "$PY" ]; then
     eval "$k[f32]=\$(peer_step --attn sdpa)"
@@ -47,7 +50,9 @@ run_all Q
 start_busy
 run_all B
 stop_busy
-row "gemmarun (OpenMP waits sleep, as shipped)" "${Q[gm]}" "${B[gm]}"
+row "gemmarun (OpenMP waits spin 3000 iterations then sleep, as shipped)" "${Q[gm]}" "${B[gm]}"
+row "gemmarun, waits that never spin (GOMP_SPINCOUNT=0)" "${Q[passive]}" "${B[passive]}"
+row "gemmarun, 10000 spins (GOMP_SPINCOUNT=10000)" "${Q[spin10k]}" "${B[spin10k]}"
 row "gemmarun, libgomp's default spinning waits (GOMP_SPINCOUNT=300000)" "${Q[spin]}" "${B[spin]}"
 if [ -x "$PY" ]; then
   V=$("$PY" -c 'import transformers, peft; print(f"transformers {transformers.__version__} + PEFT {peft.__version__}")')

@@ -14,6 +14,8 @@ echo "# prompt $T tokens, $N threads, model $MODEL"
 build/tests/bench/bench_forward "$MODEL" --tokens "$T" --threads "$N" --repeat 3 --decode 32
 # the opt-in int8 dots of decoding (generate --int8-dot): llama.cpp's scheme, not the f32 numbers
 build/tests/bench/bench_forward "$MODEL" --tokens "$T" --threads "$N" --repeat 3 --decode 32 --int8-dot 1 | grep decode
+# the same with OpenMP waits that never spin (gemmarun's default before 2026-12-06: kernels.h, gm_kernels_startup)
+echo "GOMP_SPINCOUNT=0: $(GOMP_SPINCOUNT=0 build/tests/bench/bench_forward "$MODEL" --tokens "$T" --threads "$N" --repeat 3 --decode 32 --int8-dot 1 | grep decode)"
 if [ -x "$PY" ]; then
   OMP_NUM_THREADS=$N "$PY" tests/bench/peer_forward.py "$MODEL" --tokens "$T" --threads "$N" --peer transformers
   "$PY" tests/bench/peer_forward.py "$MODEL" --tokens "$T" --threads "$N" --peer llamacpp
