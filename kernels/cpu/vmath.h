@@ -20,9 +20,11 @@
 #include <string.h>
 
 /* e^x for x in [-87.3, 88.3]: below, 0 (where expf goes subnormal); above, e^88.3 (2^n must stay
- * a finite float: n <= 127). */
+ * a finite float: n <= 127); NaN stays NaN. The clamp is written so that NaN clamps too (every
+ * comparison with NaN is false): the integer exponent below is then always in range, as C requires
+ * of a float-to-int conversion and a shift (UBSan caught (int)NaN << 23 in a diverging run). */
 static inline float gm_vexpf(float x) {
-    float xc = x < -87.3f ? -87.3f : x > 88.3f ? 88.3f : x;
+    float xc = x > -87.3f ? (x < 88.3f ? x : 88.3f) : -87.3f;
     float t = xc * 1.44269504088896341f + 12582912.0f; /* round to nearest through 1.5 * 2^23 */
     float n = t - 12582912.0f;
     float r = xc - n * 0.693359375f;
@@ -34,10 +36,10 @@ static inline float gm_vexpf(float x) {
     p = p * r + 1.6666665459e-1f;
     p = p * r + 5.0000001201e-1f;
     p = p * r * r + r + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* n in [-126, 127] */
     float two_n;
     memcpy(&two_n, &bits, sizeof two_n);
-    return x < -87.3f ? 0.0f : p * two_n;
+    return x < -87.3f ? 0.0f : x == x ? p * two_n : x;
 }
 
 /* tanh(x); exactly +-1 from |x| = 9.1 (where 1 - tanh is under half a float ulp of 1, as libm's

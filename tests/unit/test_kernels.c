@@ -166,6 +166,11 @@ static void test_vmath(void) {
     CHECK(wt < TOL_VMATH_TANH_REL, "gm_vtanhf: relative error %.3g at %.7g", wt, (double)xt);
     CHECK(gm_vexpf(-90.0f) == 0.0f && isfinite(gm_vexpf(1000.0f)), "gm_vexpf's clamps: %g, %g", (double)gm_vexpf(-90.0f),
           (double)gm_vexpf(1000.0f));
+    /* a diverging run's NaN / inf: NaN stays NaN (no integer conversion of it: UBSan), inf clamps */
+    CHECK(isnan(gm_vexpf(NAN)) && isnan(gm_vtanhf(NAN)) && gm_vexpf(-INFINITY) == 0.0f && isfinite(gm_vexpf(INFINITY)) &&
+              gm_vtanhf(INFINITY) == 1.0f && gm_vtanhf(-INFINITY) == -1.0f,
+          "vmath on NaN / inf: exp %g %g %g, tanh %g %g %g", (double)gm_vexpf(NAN), (double)gm_vexpf(-INFINITY),
+          (double)gm_vexpf(INFINITY), (double)gm_vtanhf(NAN), (double)gm_vtanhf(INFINITY), (double)gm_vtanhf(-INFINITY));
     float g;
     CHECK(gm_vtanhf(9.5f) == 1.0f && gm_vtanhf(-9.5f) == -1.0f, "gm_vtanhf(+-9.5) = %.9g, %.9g", (double)gm_vtanhf(9.5f),
           (double)gm_vtanhf(-9.5f));
