@@ -1011,7 +1011,7 @@ static void xent_case(dev *d, int which) {
             /* the one-pass gradient: both chunks again from the start; dh is garbage before the
              * first (which zeroes it) and a random accumulation before the second (rescaled) */
             int64_t C = 64;
-            float *dh = host_rand((size_t)(R * C), 1);
+            float *dh = gm_malloc((size_t)(R * C) * sizeof(float));
             for (int64_t i = 0; i < R * C; i++) dh[i] = NAN; /* never read before the first chunk */
             float *ddh = up(d, dh, (size_t)(R * C) * 4);
             for (int i = 0; i < R; i++) mx[i] = -INFINITY, sm[i] = 0, tl[i] = 0;
