@@ -15,6 +15,12 @@
  *   matmul_fwd     out (M, N) = beta*out + x (M, K) . W^T for a weight view W (N, K) of any
  *                  storage. beta is 0 or 1 (1 accumulates, used for LoRA and residual paths).
  *                  Quantized W is dequantized panel by panel (never whole).
+ *   matmul_fwd_multi  out[i] (M, N_i) = x (M, K) . W_i^T for the n <= GM_MATMUL_MULTI_MAX weight
+ *                  views w[i] (N_i, K) that read the same x (q / k / v; gate / up): the same bits as
+ *                  n calls of matmul_fwd with beta 0. Why: decoding (M <= 4) on the CPU takes one
+ *                  parallel region for all of them, and x is quantized once for the int8 dots, where
+ *                  each call was a region with its own fork and join (docs/benchmarks.md "Fused
+ *                  projections"). The CUDA twin makes the n calls.
  *   embed_fwd      out (N, C) = table[ids[n]] * scale; table (V, C) a weight view.
  *   rmsnorm_fwd    out (N, C) = x / sqrt(mean(x^2) + eps) * w; w is the *effective* scale
  *                  (Gemma's 1 + weight, already added at load); w NULL: a weightless norm
@@ -389,6 +395,9 @@ size_t gm_k_attention_scratch_floats(int64_t B, int64_t T, int64_t H, int64_t D,
 
 /* Rows of W dequantized at once by matmul_fwd (the panel height). */
 #define GM_MATMUL_PANEL_ROWS 512
+
+/* Most weights one matmul_fwd_multi call takes (q / k / v is 3). */
+#define GM_MATMUL_MULTI_MAX 4
 
 /* Row dequantizer shared by the CPU kernels: dst (n) f32 <- one row of `type` whose bytes start at
  * src (self-contained formats: f32/f16/bf16/f64 and the GGUF blocks). */

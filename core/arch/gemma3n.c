@@ -324,13 +324,14 @@ static void layer_fwd(gm_graph *g, int64_t l) {
     k->rmsnorm_fwd(kc, a[A_LAUREL], a[A_RSTDL], a[A_LRT], gm_graph_norm(g, l, W_LAUREL_NORM), N, C, eps);
     k->add_fwd(kc, a[A_LAUREL], a[A_XN1], N * C);
     /* attention: scale 1, v normed without weight */
-    gm_graph_linear(g, l, W_Q, a[A_QPRE], a[A_XN1]);
+    /* q, k, v read the same normed x: one call (one parallel region when decoding) */
+    bool own_kv = c->kv_source[l] == l;
+    const int qkv[3] = {W_Q, W_K, W_V};
+    gm_graph_linear_multi(g, l, own_kv ? 3 : 1, qkv, (float *const[]){a[A_QPRE], a[A_KPRE], a[A_VPRE]}, a[A_XN1]);
     k->rmsnorm_fwd(kc, a[A_Q], a[A_RSTDQ], a[A_QPRE], gm_graph_norm(g, l, W_Q_NORM), N * H, D, eps);
     k->rope_fwd(kc, a[A_Q], a[A_Q], g->pos, N, H, D, gm_config_rope_pairs(c, l), theta, pscale);
     const float *kk = NULL, *vv = NULL;
-    if (c->kv_source[l] == l) {
-        gm_graph_linear(g, l, W_K, a[A_KPRE], a[A_XN1]);
-        gm_graph_linear(g, l, W_V, a[A_VPRE], a[A_XN1]);
+    if (own_kv) {
         k->rmsnorm_fwd(kc, a[A_K], a[A_RSTDK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), N * KVH, D, eps);
         k->rope_fwd(kc, a[A_K], a[A_K], g->pos, N, KVH, D, gm_config_rope_pairs(c, l), theta, pscale);
         k->rmsnorm_fwd(kc, a[A_V], a[A_RSTDV], a[A_VPRE], NULL, N * KVH, D, eps);

@@ -306,17 +306,16 @@ static void layer_fwd(gm_graph *g, int64_t l) {
     float *y = g->X[l + 1]; /* at inference the same buffer as x, read no more once x_mid is formed */
     /* attention: scale 1, v normed without weight */
     k->rmsnorm_fwd(kc, a[A_XN1], a[A_RSTD1], x, gm_graph_norm(g, l, W_ATTN_NORM), N, C, eps);
-    gm_graph_linear(g, l, W_Q, a[A_QPRE], a[A_XN1]);
+    /* q, k and v (none where k is v) read the same normed x: one call */
+    bool own_kv = c->kv_source[l] == l;
+    const int qkv[3] = {W_Q, W_K, W_V};
+    gm_graph_linear_multi(g, l, own_kv ? (k_eq_v(c, l) ? 2 : 3) : 1, qkv, (float *const[]){a[A_QPRE], a[A_KPRE], a[A_VPRE]},
+                          a[A_XN1]);
     k->rmsnorm_fwd(kc, a[A_Q], a[A_RSTDQ], a[A_QPRE], gm_graph_norm(g, l, W_Q_NORM), N * H, D, eps);
     k->rope_fwd(kc, a[A_Q], a[A_Q], g->pos, N, H, D, rot, theta, pscale);
     const float *kk = NULL, *vv = NULL;
-    if (c->kv_source[l] == l) {
-        gm_graph_linear(g, l, W_K, a[A_KPRE], a[A_XN1]);
-        const float *vpre = a[A_KPRE];
-        if (!k_eq_v(c, l)) {
-            gm_graph_linear(g, l, W_V, a[A_VPRE], a[A_XN1]);
-            vpre = a[A_VPRE];
-        }
+    if (own_kv) {
+        const float *vpre = k_eq_v(c, l) ? a[A_KPRE] : a[A_VPRE];
         k->rmsnorm_fwd(kc, a[A_V], a[A_RSTDV], vpre, NULL, N * KVH, D, eps);
         k->rmsnorm_fwd(kc, a[A_K], a[A_RSTDK], a[A_KPRE], gm_graph_norm(g, l, W_K_NORM), N * KVH, D, eps);
         k->rope_fwd(kc, a[A_K], a[A_K], g->pos, N, KVH, D, rot, theta, pscale);
@@ -333,8 +332,8 @@ static void layer_fwd(gm_graph *g, int64_t l) {
     k->add_fwd(kc, a[A_XMID], x, N * C);
     /* MLP */
     k->rmsnorm_fwd(kc, a[A_XN2], a[A_RSTD2], a[A_XMID], gm_graph_norm(g, l, W_FFN_NORM), N, C, eps);
-    gm_graph_linear(g, l, W_GATE, a[A_GATE], a[A_XN2]);
-    gm_graph_linear(g, l, W_UP, a[A_UP], a[A_XN2]);
+    const int gate_up[2] = {W_GATE, W_UP};
+    gm_graph_linear_multi(g, l, 2, gate_up, (float *const[]){a[A_GATE], a[A_UP]}, a[A_XN2]);
     k->geglu_fwd(kc, a[A_H], a[A_GATE], a[A_UP], N * F);
     gm_graph_linear(g, l, W_DOWN, a[A_DPRE], a[A_H]);
     const float *ffw = a[A_DPRE];

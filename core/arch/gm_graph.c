@@ -347,10 +347,10 @@ static uint64_t dropout_key(const gm_graph *g, int layer, int lora_id) {
     return gm_rng_seed(g->lora->cfg.seed ^ 0x6c6f7261ull, stream).key;
 }
 
-void gm_graph_linear(gm_graph *g, int64_t l, int slot, float *y, const float *x) {
+/* y += the adapter's scaling * B (A dropout(x)) for layer l's linear in `slot`, if one is attached. */
+static void lora_fwd(gm_graph *g, int64_t l, int slot, float *y, const float *x) {
     const gm_kctx *kc = &g->kc;
     int64_t N = g->N;
-    g->k->matmul_fwd(kc, y, x, gm_weights_at(g->w, l, slot), N, 0.0f);
     gm_lora_adapter *ad = gm_lora_at(g->lora, l, slot);
     if (!ad) return;
     int64_t r = g->lora->cfg.rank;
@@ -364,6 +364,19 @@ void gm_graph_linear(gm_graph *g, int64_t l, int slot, float *y, const float *x)
     g->k->matmul_fwd(kc, u, xin, &A, N, 0.0f);
     g->k->scale_fwd(kc, u, u, N * r, g->lora->scaling);
     g->k->matmul_fwd(kc, y, u, &Bv, N, 1.0f);
+}
+
+void gm_graph_linear(gm_graph *g, int64_t l, int slot, float *y, const float *x) {
+    g->k->matmul_fwd(&g->kc, y, x, gm_weights_at(g->w, l, slot), g->N, 0.0f);
+    lora_fwd(g, l, slot, y, x);
+}
+
+void gm_graph_linear_multi(gm_graph *g, int64_t l, int n, const int *slots, float *const *y, const float *x) {
+    const gm_wview *w[GM_MATMUL_MULTI_MAX];
+    GM_ASSERT(n >= 1 && n <= GM_MATMUL_MULTI_MAX);
+    for (int i = 0; i < n; i++) w[i] = gm_weights_at(g->w, l, slots[i]);
+    g->k->matmul_fwd_multi(&g->kc, y, x, w, n, g->N);
+    for (int i = 0; i < n; i++) lora_fwd(g, l, slots[i], y[i], x);
 }
 
 void gm_graph_linear_bwd(gm_graph *g, int64_t l, int slot, float *dx, const float *dy, const float *x, float beta) {

@@ -193,6 +193,11 @@ float **gm_graph_record(const gm_graph *g, int64_t l);
  * the record for the backward. */
 void gm_graph_linear(gm_graph *g, int64_t l, int slot, float *y, const float *x);
 
+/* gm_graph_linear for the n <= GM_MATMUL_MULTI_MAX linears of layer l in slots[i] that read the same
+ * x (q / k / v, gate / up): y[i] (N, out_i), the same numbers as n gm_graph_linear calls; their base
+ * weights in one matmul_fwd_multi (one parallel region when decoding on the CPU), then each adapter. */
+void gm_graph_linear_multi(gm_graph *g, int64_t l, int n, const int *slots, float *const *y, const float *x);
+
 /* Backward of gm_graph_linear: dx (N, in) = beta * dx + dy W (+ the adapter's input gradient);
  * the adapter's dA, dB accumulate. x is the forward input. */
 void gm_graph_linear_bwd(gm_graph *g, int64_t l, int slot, float *dx, const float *dy, const float *x, float beta);

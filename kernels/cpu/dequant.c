@@ -485,8 +485,51 @@ typedef struct xq8_block {
     int8_t q[32];
 } xq8_block;
 
+#ifdef GM_HAVE_AVX2_DOTS
+/* The same blocks as the scalar loop below, bit for bit: max is exact in any order (and
+ * max_ps(|v|, amax) keeps amax for a NaN |v|, as fmaxf does), the same 1/d and products, and
+ * cvtps_epi32 rounds by MXCSR, to nearest with ties to even as nearbyintf does. Scalar, this ran on
+ * the calling thread before each decoding GEMV, calling fmaxf and nearbyintf per element. */
+AVX2_F16C static void quantize_x_q8_avx2(const float *x, int64_t K, xq8_block *xb) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t b = 0; b < K / 32; b++) {
+        const float *v = x + 32 * b;
+        __m256 x4[4], m = _mm256_setzero_ps();
+        for (int j = 0; j < 4; j++) {
+            x4[j] = _mm256_loadu_ps(v + 8 * j);
+            m = _mm256_max_ps(_mm256_and_ps(x4[j], absmask), m);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_shuffle_ps(m4, m4, 1));
+        float amax = _mm_cvtss_f32(m4);
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        __m256 idv = _mm256_set1_ps(id);
+        __m256i q[4];
+        for (int j = 0; j < 4; j++) q[j] = _mm256_cvtps_epi32(_mm256_mul_ps(x4[j], idv));
+        /* int32 -> int8 in element order: packs interleave 128-bit lanes, the permute undoes it */
+        __m256i q16a = _mm256_packs_epi32(q[0], q[1]), q16b = _mm256_packs_epi32(q[2], q[3]);
+        __m256i q8 = _mm256_packs_epi16(q16a, q16b);
+        q8 = _mm256_permutevar8x32_epi32(q8, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        xb[b].d = d;
+        xb[b].sum = _mm_cvtsi128_si32(s4);
+        _mm256_storeu_si256((__m256i *)xb[b].q, q8);
+    }
+}
+#endif
+
 void gm_quantize_x_q8(const float *x, int64_t K, void *out) {
     xq8_block *xb = out;
+#ifdef GM_HAVE_AVX2_DOTS
+    if (gm_cpu_simd && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) {
+        quantize_x_q8_avx2(x, K, xb);
+        return;
+    }
+#endif
     for (int64_t b = 0; b < K / 32; b++) {
         const float *v = x + 32 * b;
         float amax = 0.0f;

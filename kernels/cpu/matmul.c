@@ -203,6 +203,62 @@ static bool matmul_bwd_input_bf16(const gm_kctx *ctx, float *dx, const float *dy
     return true;
 }
 
+/* Does the GEMV of weight w take the int8 dots (gm_kctx.int8_dot, kernels.h)? */
+static bool gemv_int8(const gm_kctx *ctx, const gm_wview *w, int64_t M) {
+    return M == 1 && ctx->int8_dot && gm_int8_dot_supports(w->type) && w->cols % gm_dtype_get(w->type)->block_size == 0;
+}
+
+/* The GEMV path (M <= GEMV_MAX_M: decoding) of n non-f32 weights W_i (N_i, K) sharing x (M, K):
+ * out_i = beta*out_i + x . W_i^T in one parallel region, the work split in units over the weights in
+ * turn - runs of 64 rows, one gm_dot_rows_q8 call each, for the int8 dots (x quantized once, after
+ * the threads' rows in scratch), single rows otherwise. Each row's value is the same whichever
+ * weights share the region and whichever thread computes it. */
+static void gemv(const gm_kctx *ctx, int n, float *const *outs, const float *x, const gm_wview *const *ws, int64_t M,
+                 float beta) {
+    int64_t K = ws[0]->cols, units[GM_MATMUL_MULTI_MAX + 1] = {0}; /* units[i]: the first unit of weight i */
+    bool any_q8 = false;
+    for (int i = 0; i < n; i++) {
+        bool q8 = gemv_int8(ctx, ws[i], M);
+        any_q8 = any_q8 || q8;
+        units[i + 1] = units[i] + (q8 ? (ws[i]->rows + 63) / 64 : ws[i]->rows);
+    }
+    void *xq = NULL;
+    if (any_q8) {
+        xq = ctx->scratch + (size_t)ctx->n_threads * (size_t)K;
+        gm_quantize_x_q8(x, K, xq);
+    }
+    int chunk = any_q8 ? 1 : 16;
+    GM_OMP_PARALLEL(ctx->n_threads, 1, {
+        float *row = ctx->scratch + (size_t)omp_get_thread_num() * (size_t)K;
+        GM_PRAGMA(omp for schedule(dynamic, chunk))
+        for (int64_t u = 0; u < units[n]; u++) {
+            int i = 0;
+            while (u >= units[i + 1]) i++;
+            const gm_wview *w = ws[i];
+            float *out = outs[i];
+            int64_t N = w->rows;
+            if (xq && gemv_int8(ctx, w, M)) { /* rows in runs of 64, one call each */
+                int64_t n0 = (u - units[i]) * 64, nr = N - n0 < 64 ? N - n0 : 64;
+                float v[64];
+                gm_dot_rows_q8(w, n0, nr, xq, v);
+                for (int64_t r = 0; r < nr; r++) out[n0 + r] = beta != 0.0f ? out[n0 + r] + v[r] : v[r];
+                continue;
+            }
+            int64_t r = u - units[i];
+            float v1;
+            if (M == 1 && gm_dot_wrow(w, r, x, &v1)) { /* decoding: fused, same bits */
+                out[r] = beta != 0.0f ? out[r] + v1 : v1;
+                continue;
+            }
+            gm_dequant_wrow(w, r, row);
+            for (int64_t m = 0; m < M; m++) {
+                float v = dot(x + m * K, row, K);
+                out[m * N + r] = beta != 0.0f ? out[m * N + r] + v : v;
+            }
+        }
+    });
+}
+
 void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const gm_wview *w, int64_t M,
                          float beta) {
     GM_ASSERT(beta == 0.0f || beta == 1.0f);
@@ -216,38 +272,7 @@ void gm_k_matmul_fwd_cpu(const gm_kctx *ctx, float *out, const float *x, const g
     }
     GM_ASSERT(ctx->scratch && ctx->scratch_floats >= gm_k_matmul_scratch_floats(w->type, N, K, ctx->n_threads));
     if (M <= GEMV_MAX_M) {
-        /* opt-in int8 dots (kernels.h): x quantized once, after the threads' rows */
-        void *xq = NULL;
-        if (M == 1 && ctx->int8_dot && gm_int8_dot_supports(w->type) && K % gm_dtype_get(w->type)->block_size == 0) {
-            xq = ctx->scratch + (size_t)ctx->n_threads * (size_t)K;
-            gm_quantize_x_q8(x, K, xq);
-        }
-        GM_OMP_PARALLEL(ctx->n_threads, 1, {
-            float *row = ctx->scratch + (size_t)omp_get_thread_num() * (size_t)K;
-            if (xq) { /* rows in runs of 64, one call each */
-            GM_PRAGMA(omp for schedule(static))
-                for (int64_t n0 = 0; n0 < N; n0 += 64) {
-                    int64_t nr = N - n0 < 64 ? N - n0 : 64;
-                    float v[64];
-                    gm_dot_rows_q8(w, n0, nr, xq, v);
-                    for (int64_t i = 0; i < nr; i++) out[n0 + i] = beta != 0.0f ? out[n0 + i] + v[i] : v[i];
-                }
-            } else {
-            GM_PRAGMA(omp for schedule(static))
-                for (int64_t n = 0; n < N; n++) {
-                    float v1;
-                    if (M == 1 && gm_dot_wrow(w, n, x, &v1)) { /* decoding: fused, same bits */
-                        out[n] = beta != 0.0f ? out[n] + v1 : v1;
-                        continue;
-                    }
-                    gm_dequant_wrow(w, n, row);
-                    for (int64_t m = 0; m < M; m++) {
-                        float v = dot(x + m * K, row, K);
-                        out[m * N + n] = beta != 0.0f ? out[m * N + n] + v : v;
-                    }
-                }
-            }
-        });
+        gemv(ctx, 1, &out, x, &w, M, beta);
         return;
     }
     if (matmul_fwd_bf16(ctx, out, x, w, M, beta)) return;
@@ -274,4 +299,23 @@ void gm_k_matmul_bwd_weight_cpu(const gm_kctx *ctx, float *dw, const float *dy, 
     gm_kernels_set_threads(ctx->n_threads);
     cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)N, (int)K, (int)M, 1.0f, dy, (int)N, x, (int)K, beta,
                 dw, (int)K);
+}
+
+void gm_k_matmul_fwd_multi_cpu(const gm_kctx *ctx, float *const *out, const float *x, const gm_wview *const *w, int n,
+                               int64_t M) {
+    GM_ASSERT(n >= 1 && n <= GM_MATMUL_MULTI_MAX);
+    bool gemv_all = M <= GEMV_MAX_M;
+    for (int i = 0; i < n; i++) {
+        GM_ASSERT(w[i]->cols == w[0]->cols);
+        gemv_all = gemv_all && w[i]->type != GM_F32;
+    }
+    if (!gemv_all) { /* GEMMs (or f32 weights): one call each, nothing to share */
+        for (int i = 0; i < n; i++) gm_k_matmul_fwd_cpu(ctx, out[i], x, w[i], M, 0.0f);
+        return;
+    }
+    gm_kernels_set_threads(ctx->n_threads);
+    for (int i = 0; i < n; i++)
+        GM_ASSERT(ctx->scratch &&
+                  ctx->scratch_floats >= gm_k_matmul_scratch_floats(w[i]->type, w[i]->rows, w[i]->cols, ctx->n_threads));
+    gemv(ctx, n, out, x, w, M, 0.0f);
 }

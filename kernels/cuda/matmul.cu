@@ -187,6 +187,12 @@ extern "C" void gm_k_matmul_fwd_cuda(const gm_kctx *ctx, float *out, const float
     }
 }
 
+/* One call each: a GPU has no fork / join to share (kernels.h, matmul_fwd_multi). */
+extern "C" void gm_k_matmul_fwd_multi_cuda(const gm_kctx *ctx, float *const *out, const float *x,
+                                           const gm_wview *const *w, int n, int64_t M) {
+    for (int i = 0; i < n; i++) gm_k_matmul_fwd_cuda(ctx, out[i], x, w[i], M, 0.0f);
+}
+
 void gm_cuda_sgemm_rm(cudaStream_t s, bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                       const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C, int64_t ldc) {
     cublasHandle_t h = gm_cuda_blas(s);

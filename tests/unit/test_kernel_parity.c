@@ -229,6 +229,34 @@ static void parity_dequant_rows(dev *d) {
         }
 }
 
+/* q / k / v-like weights of three types sharing x, M = 1 (the CPU's one-region GEMV) and 9 (GEMMs):
+ * each output as the CPU computes it, f32 GEMMs. */
+static void parity_matmul_fwd_multi(dev *d) {
+    int64_t K = 512, Ns[3] = {700, 256, 128}, Ms[2] = {1, 9};
+    gm_dtype types[3] = {GM_Q5_0, GM_Q8_0, GM_Q4_K};
+    weight w[3];
+    const gm_wview *hw[3], *dw[3];
+    for (int i = 0; i < 3; i++) {
+        weight_make(d, &w[i], types[i], Ns[i], K, 0);
+        hw[i] = &w[i].host, dw[i] = &w[i].dev;
+    }
+    for (int mi = 0; mi < 2; mi++) {
+        int64_t M = Ms[mi];
+        float *x = host_rand((size_t)(M * K), 1), *dx = up(d, x, (size_t)(M * K) * 4), *r[3], *o[3];
+        for (int i = 0; i < 3; i++) r[i] = gm_malloc((size_t)(M * Ns[i]) * 4), o[i] = dalloc(d, (size_t)(M * Ns[i]) * 4);
+        cpu->matmul_fwd_multi(&hc, r, x, hw, 3, M);
+        d->be->k->matmul_fwd_multi(&d->ctx, o, dx, dw, 3, M);
+        for (int i = 0; i < 3; i++) {
+            char what[96];
+            snprintf(what, sizeof what, "matmul_fwd_multi %s (%d of 3) M=%lld", gm_dtype_name(types[i]), i, (long long)M);
+            cmp_tol(d, what, o[i], r[i], (size_t)(M * Ns[i]), TOL_CUDA_VS_CPU_GEMM_ABS);
+            gm_free(r[i]), dfree(d, o[i]);
+        }
+        gm_free(x), dfree(d, dx);
+    }
+    for (int i = 0; i < 3; i++) weight_free(d, &w[i]);
+}
+
 /* M = 1 and 3 take the CPU's GEMV path (fused row dots for Q8_0 / Q5_0 / Q4_K / Q6_K at M = 1),
  * M = 9 its GEMM path; beta = 1 accumulates onto what out held. Each case twice: f32 GEMMs
  * (gm_kctx.bf16_gemm off: the CPU's numbers) and bf16 ones (on; TOL_CUDA_BF16_GEMM_REL_MAX). N =

@@ -372,6 +372,78 @@ static void test_fused_gemv(void) {
         }
 }
 
+/* matmul_fwd_multi: three weights sharing x (q / k / v-like: 3 dtypes, 3 heights, and an f32 weight
+ * among them once) give, each, the bits of its own matmul_fwd call, at M = 1 (the one-region GEMV,
+ * with and without the int8 dots), 3 (GEMV, no fused dot) and 9 (GEMMs), on 1 and 3 threads. */
+static void test_matmul_fwd_multi(void) {
+    int64_t K = 512, Ns[3] = {200, 64, 37}, Ms[3] = {1, 3, 9};
+    gm_dtype sets[2][3] = {{GM_Q5_0, GM_Q8_0, GM_Q4_K}, {GM_Q6_K, GM_F32, GM_BF16}};
+    for (int set = 0; set < 2; set++)
+        for (int nt = 1; nt <= 3; nt += 2) {
+            void *wd[3];
+            gm_wview wv[3];
+            const gm_wview *wp[3];
+            size_t scratch = 0;
+            for (int i = 0; i < 3; i++) {
+                float *wf = rnd(Ns[i] * K, 0.5f);
+                size_t rb;
+                wd[i] = encode_weight(sets[set][i], wf, Ns[i], K, &rb);
+                wv[i] = (gm_wview){sets[set][i], wd[i], rb, Ns[i], K, 0, 0, 0.0f, 0};
+                wp[i] = &wv[i];
+                size_t f = gm_k_matmul_scratch_floats(sets[set][i], Ns[i], K, nt);
+                scratch = f > scratch ? f : scratch;
+                gm_free(wf);
+            }
+            gm_kctx k = make_ctx(nt, scratch);
+            for (int mi = 0; mi < 3; mi++)
+                for (int q8 = 0; q8 <= 1; q8++) {
+                    int64_t M = Ms[mi];
+                    k.int8_dot = q8;
+                    float *x = rnd(M * K, 1.0f), *one[3], *multi[3];
+                    for (int i = 0; i < 3; i++) {
+                        one[i] = gm_malloc((size_t)(M * Ns[i]) * 4), multi[i] = gm_malloc((size_t)(M * Ns[i]) * 4);
+                        gm_k_matmul_fwd_cpu(&k, one[i], x, wp[i], M, 0.0f);
+                    }
+                    gm_k_matmul_fwd_multi_cpu(&k, multi, x, wp, 3, M);
+                    for (int i = 0; i < 3; i++) {
+                        CHECK(memcmp(one[i], multi[i], (size_t)(M * Ns[i]) * 4) == 0,
+                              "matmul_fwd_multi %s (%d of 3) M=%lld threads %d int8 %d: not matmul_fwd's bits",
+                              gm_dtype_name(sets[set][i]), i, (long long)M, nt, q8);
+                        gm_free(one[i]), gm_free(multi[i]);
+                    }
+                    gm_free(x);
+                }
+            for (int i = 0; i < 3; i++) gm_free(wd[i]);
+            gm_free(k.scratch);
+        }
+}
+
+/* x quantized for the int8 dots (gm_quantize_x_q8): the AVX2 and baseline twins give the same bytes,
+ * on random blocks and on blocks built to hit every edge: amax 127 so that 1/d is 1 and halves are
+ * exact ties (to even: 2.5 -> 2, -3.5 -> -4), -0.0, a block of zeros, subnormals, a lone maximum. */
+static void test_quantize_x_q8(void) {
+    enum { K = 32 * 8 };
+    float *x = rnd(K, 3.0f);
+    for (int e = 0; e < 32; e++) x[e] = (float)(e - 16) + 0.5f; /* ties; amax 15.5 */
+    x[31] = 127.0f;                                              /* now amax 127: 1/d = 1 */
+    for (int e = 0; e < 32; e++) x[32 + e] = e % 2 ? -0.0f : 0.0f;
+    for (int e = 0; e < 32; e++) x[64 + e] = (e % 3 ? 1.0f : -1.0f) * 1e-40f;
+    for (int e = 0; e < 32; e++) x[96 + e] = e == 7 ? -4.0f : 0.0f;
+    uint8_t q[2][GM_XQ8_BYTES(K)];
+    for (int simd = 0; simd < 2; simd++) {
+        gm_cpu_simd = simd != 0;
+        gm_quantize_x_q8(x, K, q[simd]);
+    }
+    gm_cpu_simd = true;
+    size_t bad = 0;
+    for (size_t i = 0; i < sizeof q[0]; i++) bad += q[0][i] != q[1][i];
+    CHECK(bad == 0, "quantize_x_q8: the AVX2 and baseline twins differ in %zu bytes", bad);
+    int8_t ties[4] = {(int8_t)q[1][8 + 2 + 16], (int8_t)q[1][8 + 3 + 16], (int8_t)q[1][8 + 16 - 4], (int8_t)q[1][8 + 16 - 3]};
+    CHECK(ties[0] == 2 && ties[1] == 4 && ties[2] == -4 && ties[3] == -2,
+          "quantize_x_q8: halves round to even: 2.5 3.5 -3.5 -2.5 -> %d %d %d %d", ties[0], ties[1], ties[2], ties[3]);
+    gm_free(x);
+}
+
 /* The opt-in int8 dots of decoding (gm_kctx.int8_dot): for Q8_0, Q5_0, Q4_K and Q6_K weights the AVX2 and
  * baseline twins give the same bits (with and without accumulation); against the f32 dot each row
  * is within the quantization bound of kernels.h (TOL_INT8_DOT_STEPS), which the worst row nears
@@ -825,6 +897,8 @@ int main(void) {
     test_embed();
     test_threads_deterministic();
     test_fused_gemv();
+    test_quantize_x_q8();
+    test_matmul_fwd_multi();
     test_int8_gemv();
     return gm_test_finish();
 }
