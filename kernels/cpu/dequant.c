@@ -352,10 +352,20 @@ static float dot_q6_k(const uint8_t *row, const float *x, int64_t K) {
 #define GM_HAVE_AVX2_DOTS 1
 #define AVX2_F16C __attribute__((target("avx2,f16c")))
 /* the 32 lanes as four 8-wide accumulators, reduced in gm_lanes_sum32's order */
+/* w = 4, 2, 1 of gm_lanes_sum32 on 8 lanes: s[k] += s[k + w] for k < w, lane by lane */
+AVX2_F16C static inline float hsum8_avx2(__m256 s8) {
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
 AVX2_F16C static inline float lanes_sum_avx2(const __m256 acc[4]) {
-    float s[32];
-    for (int j = 0; j < 4; j++) _mm256_storeu_ps(s + 8 * j, acc[j]);
-    return gm_lanes_sum32(s);
+    /* acc[j] lane i is s[8j + i]. Each step adds the same pairs as gm_lanes_sum32, a vector at a time
+     * (one rounding per sum either way, so the same bits): w = 16: s[k] + s[k + 16] for k < 16 is
+     * acc[0] + acc[2], acc[1] + acc[3]; w = 8: those two; w = 4, 2, 1 within the 8 lanes. Stored and
+     * summed one by one, the 31 adds cost a quarter of a 640-wide row's dot. */
+    __m256 s8 = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
+    return hsum8_avx2(s8);
 }
 
 /* f16 -> f32 in one instruction (F16C; every AVX2 CPU has it): exact, as gm_f16_to_f32 */
@@ -664,9 +674,7 @@ AVX2_F16C static inline __attribute__((always_inline)) float dot_q8_avx2(gm_dtyp
         acc1 = _mm256_add_ps(acc1, q8_block_avx2(type, row + bytes * (size_t)(b + 1), xb + b + 1));
     }
     if (b < nb) acc0 = _mm256_add_ps(acc0, q8_block_avx2(type, row + bytes * (size_t)b, xb + b));
-    float a[2][8];
-    _mm256_storeu_ps(a[0], acc0), _mm256_storeu_ps(a[1], acc1);
-    return q8_lanes_sum(a);
+    return hsum8_avx2(_mm256_add_ps(acc0, acc1)); /* q8_lanes_sum's adds */
 }
 
 /* Q4_K: per chunk c of a super-block, its 32 bytes are sub-block 2c (low nibbles, even: acc0) and
@@ -690,9 +698,7 @@ AVX2_F16C static float dot_q4_k_q8_avx2(const uint8_t *row, const xq8_block *xb,
             macc += (f[3] * x1->d) * (float)x1->sum;
         }
     }
-    float a[2][8];
-    _mm256_storeu_ps(a[0], acc0), _mm256_storeu_ps(a[1], acc1);
-    return q8_lanes_sum(a) - macc;
+    return hsum8_avx2(_mm256_add_ps(acc0, acc1)) - macc; /* q8_lanes_sum's adds */
 }
 
 /* Q6_K: sub-block (h, k) of a super-block is global block 8s + 4h + k (parity k's); its 6-bit
@@ -720,9 +726,7 @@ AVX2_F16C static float dot_q6_k_q8_avx2(const uint8_t *row, const xq8_block *xb,
             }
         }
     }
-    float a[2][8];
-    _mm256_storeu_ps(a[0], acc[0]), _mm256_storeu_ps(a[1], acc[1]);
-    return q8_lanes_sum(a);
+    return hsum8_avx2(_mm256_add_ps(acc[0], acc[1])); /* q8_lanes_sum's adds */
 }
 
 /* one loop per weight type, the type a constant inside (a per-block branch cost a third) */

@@ -227,7 +227,16 @@ static void gemv(const gm_kctx *ctx, int n, float *const *outs, const float *x, 
         xq = ctx->scratch + (size_t)ctx->n_threads * (size_t)K;
         gm_quantize_x_q8(x, K, xq);
     }
-    int chunk = any_q8 ? 1 : 16;
+    /* Taken dynamically, so that a thread slowed by another process leaves its share to the others
+     * (decoding beside a busy process: docs/benchmarks.md "Fused projections"), in chunks of about
+     * 256 rows: smaller ones cost a tenth of the quiet speed (each thread's stream of weight rows
+     * restarts the hardware prefetcher at every chunk), larger ones leave a thread idle at the end
+     * of q / k / v. At least 4 chunks a thread, at least 64 rows. */
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) rows += ws[i]->rows;
+    int64_t span = rows / (4 * (int64_t)ctx->n_threads);
+    span = span > 256 ? 256 : span < 64 ? 64 : span / 64 * 64;
+    int chunk = (int)(any_q8 ? span / 64 : span);
     GM_OMP_PARALLEL(ctx->n_threads, 1, {
         float *row = ctx->scratch + (size_t)omp_get_thread_num() * (size_t)K;
         GM_PRAGMA(omp for schedule(dynamic, chunk))

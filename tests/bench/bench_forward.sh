@@ -22,3 +22,13 @@ if [ -x "$PY" ]; then
 else
   echo "peers skipped: no Python at $PY (set GEMMARUN_REF_PY)"
 fi
+# decoding beside one competing busy process (a shell loop that keeps one core busy), gemmarun and
+# llama.cpp in the same minutes (docs/benchmarks.md "Fused projections")
+sh -c 'while :; do :; done' &
+BUSY=$!
+trap 'kill $BUSY 2>/dev/null || true' EXIT
+echo "beside a busy process: $(build/tests/bench/bench_forward "$MODEL" --tokens "$T" --threads "$N" --repeat 3 --decode 32 --int8-dot 1 | grep decode)"
+echo "beside a busy process: $(build/tests/bench/bench_forward "$MODEL" --tokens "$T" --threads "$N" --repeat 3 --decode 32 | grep decode)"
+if [ -x "$PY" ]; then
+  echo "beside a busy process: $("$PY" tests/bench/peer_forward.py "$MODEL" --tokens "$T" --threads "$N" --peer llamacpp)"
+fi
