@@ -335,9 +335,9 @@ typedef struct gm_kctx {
  *     a core, the thread that finished its share spins on the CPU the unfinished one needs, and a
  *     training step of the 270M went from 4.75 s to 18.0 s beside one busy process (3.8x); never
  *     spinning (OMP_WAIT_POLICY=passive, the default from 2026-12-04 to 12-06) kept it at 2.2x
- *     (1.5x is the fair share of 2 cores among 3 busy threads) but each of decoding's ~130 parallel
- *     regions a token paid a futex wake-up: 31-35 tokens/s against 54-59 with the short spin (int8
- *     dots, 128-token prompt, 2-core EPYC; llama.cpp 60-61); the step beside a busy process 2.34x
+ *     (1.5x is the fair share of 2 cores among 3 busy threads) but each of decoding's parallel regions
+ *     (~130 a token then, 73 since matmul_fwd_multi) paid a futex wake-up: 31-35 tokens/s against
+ *     54-59 with the short spin (int8 dots, 128-token prompt, 2-core EPYC; llama.cpp 60-61); the step beside a busy process 2.34x
  *     with it, 2.51x at 10,000 spins (tests/bench/bench_busy.sh, bench_forward.sh;
  *     docs/benchmarks.md, "Short spins"). Not set when the user set OMP_WAIT_POLICY or GOMP_SPINCOUNT.
  *   - OPENBLAS_CORETYPE: OpenBLAS's runtime CPU detection (0.3.21, Debian 12) does not know newer
