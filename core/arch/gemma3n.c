@@ -350,13 +350,13 @@ static void layer_fwd(gm_graph *g, int64_t l) {
     k->scale_fwd(kc, a[A_XL], a[A_XL], N * C, 1.0f / sqrtf(2.0f));
     /* MLP, with the gaussian top-k on the sparse layers */
     k->rmsnorm_fwd(kc, a[A_XN2], a[A_RSTD2], a[A_XL], gm_graph_norm(g, l, W_FFN_NORM), N, C, eps);
-    gm_graph_linear(g, l, W_GATE, a[A_GATE], a[A_XN2]);
+    const int gate_up[2] = {W_GATE, W_UP}; /* up does not read the sparse gate: one call */
+    gm_graph_linear_multi(g, l, 2, gate_up, (float *const[]){a[A_GATE], a[A_UP]}, a[A_XN2]);
     const float *gate = a[A_GATE];
     if (c->act_sparsity[l] > 0.0f) {
         k->gaussian_topk_fwd(kc, a[A_GSP], a[A_GATE], N, F, normal_quantile(c->act_sparsity[l]));
         gate = a[A_GSP];
     }
-    gm_graph_linear(g, l, W_UP, a[A_UP], a[A_XN2]);
     k->geglu_fwd(kc, a[A_H], gate, a[A_UP], N * F);
     gm_graph_linear(g, l, W_DOWN, a[A_DPRE], a[A_H]);
     k->rmsnorm_fwd(kc, a[A_ACT], a[A_RSTDPF], a[A_DPRE], gm_graph_norm(g, l, W_POST_FFW_NORM), N, C, eps);
