@@ -351,7 +351,6 @@ static float dot_q6_k(const uint8_t *row, const float *x, int64_t K) {
 #include <immintrin.h>
 #define GM_HAVE_AVX2_DOTS 1
 #define AVX2_F16C __attribute__((target("avx2,f16c")))
-/* the 32 lanes as four 8-wide accumulators, reduced in gm_lanes_sum32's order */
 /* w = 4, 2, 1 of gm_lanes_sum32 on 8 lanes: s[k] += s[k + w] for k < w, lane by lane */
 AVX2_F16C static inline float hsum8_avx2(__m256 s8) {
     __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
@@ -359,11 +358,12 @@ AVX2_F16C static inline float hsum8_avx2(__m256 s8) {
     return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
 }
 
+/* the 32 lanes as four 8-wide accumulators, reduced in gm_lanes_sum32's order */
 AVX2_F16C static inline float lanes_sum_avx2(const __m256 acc[4]) {
     /* acc[j] lane i is s[8j + i]. Each step adds the same pairs as gm_lanes_sum32, a vector at a time
      * (one rounding per sum either way, so the same bits): w = 16: s[k] + s[k + 16] for k < 16 is
-     * acc[0] + acc[2], acc[1] + acc[3]; w = 8: those two; w = 4, 2, 1 within the 8 lanes. Stored and
-     * summed one by one, the 31 adds cost a quarter of a 640-wide row's dot. */
+     * acc[0] + acc[2], acc[1] + acc[3]; w = 8: those two; w = 4, 2, 1 within the 8 lanes; in
+     * registers rather than stored and summed one by one (once per row of every decoding GEMV). */
     __m256 s8 = _mm256_add_ps(_mm256_add_ps(acc[0], acc[2]), _mm256_add_ps(acc[1], acc[3]));
     return hsum8_avx2(s8);
 }

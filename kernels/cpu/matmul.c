@@ -216,11 +216,11 @@ static bool gemv_int8(const gm_kctx *ctx, const gm_wview *w, int64_t M) {
 static void gemv(const gm_kctx *ctx, int n, float *const *outs, const float *x, const gm_wview *const *ws, int64_t M,
                  float beta) {
     int64_t K = ws[0]->cols, units[GM_MATMUL_MULTI_MAX + 1] = {0}; /* units[i]: the first unit of weight i */
-    bool any_q8 = false;
+    bool q8[GM_MATMUL_MULTI_MAX], any_q8 = false; /* q8[i]: weight i takes the int8 dots */
     for (int i = 0; i < n; i++) {
-        bool q8 = gemv_int8(ctx, ws[i], M);
-        any_q8 = any_q8 || q8;
-        units[i + 1] = units[i] + (q8 ? (ws[i]->rows + 63) / 64 : ws[i]->rows);
+        q8[i] = gemv_int8(ctx, ws[i], M);
+        any_q8 = any_q8 || q8[i];
+        units[i + 1] = units[i] + (q8[i] ? (ws[i]->rows + 63) / 64 : ws[i]->rows);
     }
     void *xq = NULL;
     if (any_q8) {
@@ -229,7 +229,7 @@ static void gemv(const gm_kctx *ctx, int n, float *const *outs, const float *x, 
     }
     /* Taken dynamically, so that a thread slowed by another process leaves its share to the others
      * (decoding beside a busy process: docs/benchmarks.md "Fused projections"), in chunks of about
-     * 256 rows: smaller ones cost a tenth of the quiet speed (each thread's stream of weight rows
+     * 256 rows: 16-row ones cost a fifth of the quiet speed (each thread's stream of weight rows
      * restarts the hardware prefetcher at every chunk), larger ones leave a thread idle at the end
      * of q / k / v. At least 4 chunks a thread, at least 64 rows. */
     int64_t rows = 0;
@@ -246,7 +246,7 @@ static void gemv(const gm_kctx *ctx, int n, float *const *outs, const float *x, 
             const gm_wview *w = ws[i];
             float *out = outs[i];
             int64_t N = w->rows;
-            if (xq && gemv_int8(ctx, w, M)) { /* rows in runs of 64, one call each */
+            if (q8[i]) { /* rows in runs of 64, one call each */
                 int64_t n0 = (u - units[i]) * 64, nr = N - n0 < 64 ? N - n0 : 64;
                 float v[64];
                 gm_dot_rows_q8(w, n0, nr, xq, v);
