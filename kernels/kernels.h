@@ -310,8 +310,9 @@ typedef struct gm_kctx {
     void *blas;           /* cublasHandle_t bound to the stream on CUDA (NULL: the process's own) */
     bool int8_dot;        /* CPU, matmul_fwd with M = 1 on Q8_0 / Q5_0 / Q4_K / Q6_K weights (decoding): x is
                              quantized to int8 blocks once and the dots are integer, as llama.cpp's
-                             (gm_dot_rows_q8) - faster, and NOT the f32 result: opt-in
-                             (gm_infer_opts.int8_dot, `generate --int8-dot`); false everywhere else */
+                             (gm_dot_rows_q8) - faster, and NOT the f32 result: generation's default
+                             (GM_GENERATE_DOT_DEFAULT, gm_decoder.h; `generate --dot f32` turns it off);
+                             false everywhere else (training, evaluation, logits) */
     bool bf16_gemm;       /* matmul_fwd / matmul_bwd_input on a non-f32 weight (a bf16, NF4, int8 or GGUF base):
                              the weight (its panels dequantized) and x / dy in bf16, products accumulated
                              in f32 into f32 outputs - the mixed precision of PEFT with bf16 autocast

@@ -21,11 +21,13 @@
  *   model:tokenize(text [, {bos = true, special = false}]) -> {ids...}
  *   model:detokenize(ids [, {special = false, skip_unknown = false}]) -> string
  *   model:generate(prompt [, opts])                   -> text, {prompt_tokens, new_tokens,
- *        prefill_tokens_per_s, decode_tokens_per_s}
+ *        prefill_tokens_per_s, decode_tokens_per_s, dot ("int8" | "f32": what decoding took)}
  *        opts: max_tokens (64), temperature (0 = greedy), top_k (0), top_p (1), seed (0),
  *              chat (false: wrap the prompt in Gemma's chat template), stop_at_eos (true),
  *              adapter (a results folder, trial file, merged results file, checkpoint or PEFT folder:
- *              core/store/gm_adapter.h), trial (the trial's index or id within it)
+ *              core/store/gm_adapter.h), trial (the trial's index or id within it),
+ *              dot ("int8": llama.cpp's int8 dots on quantized weights, the default; "f32": the f32
+ *              numbers; GM_GENERATE_DOT_DEFAULT, gm_decoder.h)
  *   model:logits(ids_or_text [, {adapter =, trial =, all = false, pixels =}]) -> floats: the logits
  *        after the last token (vocab_size), or after every token (all = true, T * vocab_size,
  *        position-major); pixels: preprocessed images for the ids' runs of image tokens
@@ -785,7 +787,7 @@ static int l_generate(lua_State *L) {
     size_t prompt_len;
     const char *prompt = luaL_checklstring(L, 2, &prompt_len);
     static const char *const allowed[] = {"max_tokens", "temperature", "top_k", "top_p", "seed", "chat",
-                                          "stop_at_eos", "adapter", "trial", NULL};
+                                          "stop_at_eos", "adapter", "trial", "dot", NULL};
     gm_bind_check_opts(L, 3, "generate", allowed);
     lua_Integer max_tokens = gm_bind_opt_int(L, 3, "max_tokens", 64);
     lua_Number temp = gm_bind_opt_num(L, 3, "temperature", 0.0);
@@ -794,10 +796,13 @@ static int l_generate(lua_State *L) {
     lua_Integer seed = gm_bind_opt_int(L, 3, "seed", 0);
     bool chat = gm_bind_opt_bool(L, 3, "chat", false), stop_eos = gm_bind_opt_bool(L, 3, "stop_at_eos", true);
     const char *adapter = gm_bind_opt_str(L, 3, "adapter", NULL);
+    const char *dot = gm_bind_opt_str(L, 3, "dot", GM_GENERATE_DOT_DEFAULT);
+    bool int8_dot = false;
     char trial_buf[64];
     const char *trial = opt_trial(L, 3, "generate", adapter, trial_buf, sizeof trial_buf);
     if (max_tokens < 1 || max_tokens > (1 << 24))
         return luaL_error(L, "generate: max_tokens must be in 1..%d (got %I)", 1 << 24, max_tokens);
+    if (!gm_dot_from_name(dot, &int8_dot)) return luaL_error(L, "generate: dot must be \"int8\" or \"f32\" (got \"%s\")", dot);
     if (!(temp >= 0) || !isfinite(temp)) return luaL_error(L, "generate: temperature must be a finite number >= 0");
     if (!(top_p > 0 && top_p <= 1)) return luaL_error(L, "generate: top_p must be in (0, 1]");
     if (top_k < 0) return luaL_error(L, "generate: top_k must be >= 0 (0 = off)");
@@ -852,6 +857,7 @@ static int l_generate(lua_State *L) {
     }
     int64_t n_out = 0;
     gm_generate_stats stats = {0};
+    gm_infer_set_int8_dot(lm->st, int8_dot); /* the state is kept between calls; the dots are this call's */
     gm_status s = gm_generate(lm->st, ids, n_prompt, &so, NULL, NULL, out, &n_out, &stats, &err);
     gm_free(ids);
     if (s != GM_OK) {
@@ -868,7 +874,7 @@ static int l_generate(lua_State *L) {
     if (s != GM_OK) return gm_bind_raise(L, &err);
     lua_pushstring(L, text);
     gm_free(text);
-    lua_createtable(L, 0, 4);
+    lua_createtable(L, 0, 5);
     lua_pushinteger(L, stats.n_prompt);
     lua_setfield(L, -2, "prompt_tokens");
     lua_pushinteger(L, stats.n_generated);
@@ -878,6 +884,8 @@ static int l_generate(lua_State *L) {
     double dec_tokens = (double)(stats.n_generated > 1 ? stats.n_generated - 1 : 0);
     lua_pushnumber(L, stats.decode_seconds > 0 ? dec_tokens / stats.decode_seconds : 0);
     lua_setfield(L, -2, "decode_tokens_per_s");
+    lua_pushstring(L, gm_infer_int8_dots(lm->st) ? "int8" : "f32"); /* what decoding took (an f32 model: f32) */
+    lua_setfield(L, -2, "dot");
     return 2;
 }
 

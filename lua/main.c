@@ -85,14 +85,16 @@ static void usage(FILE *f) {
             "  gemmarun generate MODEL [--adapter RESULTS_OR_CHECKPOINT [--trial ID]] \"prompt\"\n"
             "                    [--max-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S] [--chat]\n"
             "                    [--image FILE ...] [--pan-and-scan] [--audio FILE ...] [--threads N]\n"
-            "                    [--device cpu|cuda|cuda:N] [--int8-dot]\n"
+            "                    [--device cpu|cuda|cuda:N] [--dot int8|f32]\n"
             "                    (--adapter: results/EXP/, a trial file, a\n"
             "                    merged results file, a checkpoint or a PEFT adapter folder; --trial: the trial's\n"
             "                    index or id; --image: a PNG / JPEG before the prompt, multimodal models;\n"
             "                    FILE#xywh=X,Y,W,H: a region of it, in pixels; --pan-and-scan: each image also\n"
             "                    as its crops, as Gemma 3's processor's do_pan_and_scan; --audio: a WAV / FLAC /\n"
-            "                    Ogg / MP3 clip before the prompt, Gemma 3n / Gemma 4 E (its first 30 s); --int8-dot: decode with\n"
-            "                    llama.cpp-style int8 dots on Q8_0 / Q5_0 / Q4_K / Q6_K weights: faster, not the f32 numbers)\n"
+            "                    Ogg / MP3 clip before the prompt, Gemma 3n / Gemma 4 E (its first 30 s); --dot: what\n"
+            "                    decoding multiplies in on the CPU: int8 (the default, llama.cpp's int8 dots on Q8_0 / Q5_0 /\n"
+            "                    Q4_K / Q6_K weights) or f32 (slower: the f32 numbers transformers computes); --int8-dot:\n"
+            "                    --dot int8)\n"
             "  gemmarun plan MODEL [key=value ...] the memory plan of a training run (loads no weights)\n"
             "  gemmarun options [--markdown]       the training options: defaults, ranges, meaning\n"
             "  gemmarun fetch NAME                (known: gemma3-270m)\n"
@@ -256,6 +258,7 @@ static int cmd_generate(int argc, char **argv) {
     long long max_tokens = 64, top_k = 0, seed = 0, threads = 2;
     double temperature = 0, top_p = 1;
     bool chat = false, options_done = false, int8_dot = false, pan_and_scan = false;
+    gm_dot_from_name(GM_GENERATE_DOT_DEFAULT, &int8_dot);
     const char *images[16], *audio[16];
     int n_images = 0, n_audio = 0;
     char opt_buf[64];
@@ -299,6 +302,7 @@ static int cmd_generate(int argc, char **argv) {
         else if (strcmp(a, "--device") == 0 && v) ok = gm_backend_parse_device(v, NULL, NULL) == GM_OK, device = v, i += step;
         else if (strcmp(a, "--chat") == 0 && !inline_value) chat = true;
         else if (strcmp(a, "--int8-dot") == 0 && !inline_value) int8_dot = true;
+        else if (strcmp(a, "--dot") == 0 && v) ok = gm_dot_from_name(v, &int8_dot), i += step;
         else if (strcmp(a, "--pan-and-scan") == 0 && !inline_value) pan_and_scan = true;
         else if (strcmp(a, "--adapter") == 0 && v) adapter = v, i += step;
         else if (strcmp(a, "--trial") == 0 && v) trial = v, i += step;
@@ -322,7 +326,7 @@ static int cmd_generate(int argc, char **argv) {
         }
         if (!ok) {
             fprintf(stderr, "gemmarun generate: bad value for %s: %s%s\n", a, v,
-                    strcmp(a, "--device") == 0 ? " (cpu, cuda or cuda:N)" : "");
+                    strcmp(a, "--device") == 0 ? " (cpu, cuda or cuda:N)" : strcmp(a, "--dot") == 0 ? " (int8 or f32)" : "");
             return 2;
         }
     }
@@ -547,10 +551,11 @@ static int cmd_generate(int argc, char **argv) {
         if (s == GM_OK) {
             double dec = stats.n_generated > 1 ? (double)(stats.n_generated - 1) / stats.decode_seconds : 0;
             fprintf(stderr,
-                    "gemmarun: %lld prompt tokens at %.1f tokens/s, %lld new tokens at %.1f tokens/s (%d thread%s), "
+                    "gemmarun: %lld prompt tokens at %.1f tokens/s, %lld new tokens at %.1f tokens/s (%d thread%s, %s dots), "
                     "peak memory %.0f MiB\n",
                     (long long)stats.n_prompt, (double)stats.n_prompt / stats.prefill_seconds,
                     (long long)stats.n_generated, dec, (int)threads, threads == 1 ? "" : "s",
+                    gm_infer_int8_dots(st) ? "int8" : "f32",
                     (double)gm_process_peak_rss() / 1048576.0);
         }
     }

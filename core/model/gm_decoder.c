@@ -121,6 +121,23 @@ void gm_infer_free(gm_infer *st) {
     gm_free(st);
 }
 
+bool gm_dot_from_name(const char *name, bool *int8_dot) {
+    if (!name || (strcmp(name, "int8") != 0 && strcmp(name, "f32") != 0)) return false;
+    *int8_dot = strcmp(name, "int8") == 0;
+    return true;
+}
+
+void gm_infer_set_int8_dot(gm_infer *st, bool int8_dot) { st->g.kc.int8_dot = int8_dot; }
+
+bool gm_infer_int8_dots(const gm_infer *st) {
+    if (!st->g.kc.int8_dot || st->be->device != GM_DEVICE_CPU) return false;
+    const gm_weights *w = &st->w;
+    if (gm_int8_dot_supports(w->global[GM_GLOBAL_LM_HEAD].type)) return true;
+    for (int64_t i = 0; i < w->n_layers * w->n_slots; i++)
+        if (w->layer[i].rows > 0 && gm_int8_dot_supports(w->layer[i].type)) return true;
+    return false;
+}
+
 void gm_infer_reset(gm_infer *st) { st->n_past = 0; }
 
 gm_status gm_decoder_forward_input(gm_infer *st, const gm_graph_input *in_arg, bool all_logits, gm_error *err) {

@@ -53,8 +53,22 @@ typedef struct gm_infer_opts {
     gm_backend *backend;  /* where to run (NULL: a CPU backend of the infer's own) */
     bool int8_dot;        /* one-token steps on Q8_0 / Q5_0 / Q4_K / Q6_K weights with llama.cpp-style int8 dots
                              (gm_kctx.int8_dot, kernels.h): faster decoding, but not the f32
-                             numbers (within the bound kernels.h states). CPU kernels; off by default */
+                             numbers (within the bound kernels.h states). CPU kernels; off here (the
+                             library computes the f32 numbers unless asked); generation's front ends
+                             take GM_GENERATE_DOT_DEFAULT */
 } gm_infer_opts;
+
+/* The dots generation's front ends (`gemmarun generate --dot`, model:generate{dot =}) decode with
+ * unless told: "int8", llama.cpp's scheme (x quantized to Q8_0 per 32 values, integer dots on the
+ * stored blocks: 1.2x llama.cpp's decoding speed here, docs/benchmarks.md), or "f32" (each stored
+ * weight block dequantized and multiplied in f32: the numbers transformers computes on the same
+ * GGUF, which the parity tests check; 0.8x llama.cpp's speed). Training, evaluation and
+ * model:logits always compute in f32 (or bf16 where `compute` says): this is decoding only. */
+#define GM_GENERATE_DOT_DEFAULT "int8"
+
+/* Parses a dot name ("int8" | "f32") into gm_infer_opts.int8_dot. Returns false (and leaves
+ * *int8_dot unchanged) for any other name; the caller names the option in its error. */
+bool gm_dot_from_name(const char *name, bool *int8_dot);
 
 typedef struct gm_infer {
     const gm_model *model;
@@ -79,6 +93,15 @@ typedef struct gm_infer {
 /* Plans and allocates the state; opts may be NULL only if defaults suffice (ctx must be set). */
 gm_status gm_infer_new(const gm_model *m, const gm_infer_opts *opts, gm_infer **out, gm_error *err);
 void gm_infer_free(gm_infer *st);
+
+/* Whether the state's one-token steps take the int8 dots at all: int8_dot was asked for, the
+ * backend is the CPU's, and the LM head or a layer's linear is stored in a type the int8 dots read
+ * (an f32 or bf16 model decodes in f32 whatever was asked). What generation reports. */
+bool gm_infer_int8_dots(const gm_infer *st);
+
+/* Switches the int8 dots of later one-token steps on or off (gm_infer_opts.int8_dot) on a state
+ * kept between calls (model:generate's). */
+void gm_infer_set_int8_dot(gm_infer *st, bool int8_dot);
 
 /* Bytes gm_infer_new would allocate for these options (no allocation): the plan. */
 size_t gm_infer_plan_bytes(const gm_config *cfg, const gm_infer_opts *opts, gm_dtype weight_dtype,

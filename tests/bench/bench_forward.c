@@ -3,7 +3,8 @@
  * the last position only, as in generation) and token-by-token decoding, with peak memory.
  *
  *   build/tests/bench/bench_forward MODEL [--tokens 128] [--threads 2] [--repeat 3] [--decode 32] [--int8-dot 1]
- * (--int8-dot 1: decoding with the opt-in int8 dots, gm_infer_opts.int8_dot)
+ * (--int8-dot 1: decoding with the int8 dots, gm_infer_opts.int8_dot, as `gemmarun generate` does by
+ * default; 0, this bench's default: the f32 dots of `generate --dot f32`)
  *
  * The prompt is T token ids drawn deterministically from the vocabulary's ordinary range, so
  * the number does not depend on a tokenizer. Reports the best of --repeat runs (the first run

@@ -12,7 +12,7 @@ MODEL=$(build/gemmarun fetch gemma3-270m 2>/dev/null)
 echo "# $(date -u +%F) $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo "# prompt $T tokens, $N threads, model $MODEL"
 build/tests/bench/bench_forward "$MODEL" --tokens "$T" --threads "$N" --repeat 3 --decode 32
-# the opt-in int8 dots of decoding (generate --int8-dot): llama.cpp's scheme, not the f32 numbers
+# the int8 dots of decoding (what `gemmarun generate` decodes with unless --dot f32): llama.cpp's scheme, not the f32 numbers
 build/tests/bench/bench_forward "$MODEL" --tokens "$T" --threads "$N" --repeat 3 --decode 32 --int8-dot 1 | grep decode
 # the same with OpenMP waits that never spin (gemmarun's default before 2026-12-06: kernels.h, gm_kernels_startup)
 echo "GOMP_SPINCOUNT=0: $(GOMP_SPINCOUNT=0 build/tests/bench/bench_forward "$MODEL" --tokens "$T" --threads "$N" --repeat 3 --decode 32 --int8-dot 1 | grep decode)"

@@ -48,6 +48,7 @@ expect_run "junk file" 2 "junk.gguf" -- "$GM" inspect "$TMP/junk.gguf"
 expect_run "generate: --max-tokens overflow" 2 "bad value for --max-tokens" -- "$GM" generate "$MODEL" "x" --max-tokens 9223372036854775807
 expect_run "generate: past the context" 2 "exceed the model's context of 32768 positions" -- "$GM" generate "$MODEL" "x" --max-tokens 40000
 expect_run "generate: infinite temperature" 2 "bad value for --temperature" -- "$GM" generate "$MODEL" "x" --temperature inf
+expect_run "generate: unknown dots" 2 "bad value for --dot: bf16 \(int8 or f32\)" -- "$GM" generate "$MODEL" "x" --dot bf16
 expect_run "inspect: a pipe is not a model" 2 "not a regular file \(a pipe\)" -- bash -c "mkfifo '$TMP/fifo' && timeout 10 '$GM' inspect '$TMP/fifo'"
 expect_run "inspect: config.json is a folder" 2 "config.json: not a regular file \(a folder\)" -- bash -c "mkdir -p '$TMP/cj/config.json' && '$GM' inspect '$TMP/cj'"
 printf '{"model_type": "llama", "hidden_size": 64}' > "$TMP/llama.json"

@@ -4,16 +4,21 @@ set -u
 source "$(dirname "$0")/lib.bash"
 MODEL=$(real_model) || { echo "0 passed, 1 failed"; exit 1; }
 
-# Greedy text of the reference (transformers, tests/ref/gemma3_270m_ref.h5 /p0 greedy_text).
-expect_run "generate greedy" 0 "The capital of France is the capital of the country of France\. It is the largest city in France" \
+# Greedy text of the reference (transformers, tests/ref/gemma3_270m_ref.h5 /p0 greedy_text): the
+# f32 dots compute transformers' numbers, and the report says which dots decoded
+expect_run "generate --dot f32: transformers' greedy text" 0 "The capital of France is the capital of the country of France\. It is the largest city in France.*\(2 threads, f32 dots\)" \
+  -- "$GM" generate gemma3-270m "The capital of France is" --max-tokens 16 --dot f32
+# the default: llama.cpp's int8 dots (GM_GENERATE_DOT_DEFAULT, kernels.h): other numbers, the same
+# first ten greedy words (the AVX2 and baseline int8 twins agree bit for bit, test_kernels; where the
+# margin is thin the 11th word moves: " capital of the country of" replaces " largest city in France"
+# on an AVX-512 Xeon, 2026-12-05, and on an AMD EPYC, 2026-12-06), and it says how fast
+expect_run "generate (int8 dots, the default): the same first ten greedy words" 0 "The capital of France is the capital of the country of France\. It is the .*new tokens at [0-9.]+ tokens/s \(2 threads, int8 dots\)" \
   -- "$GM" generate gemma3-270m "The capital of France is" --max-tokens 16
-# the opt-in int8 dots (kernels.h): other numbers, the same first ten greedy words (the AVX2 and
-# baseline int8 twins agree bit for bit, test_kernels; the f32 GEMMs around them run in OpenBLAS,
-# which picks its kernels for the CPU at run time, and their rounding moves the 11th word where the
-# margin is thin: all 16 words agree on AMD EPYC (AVX2), " capital of the country of" replaces
-# " largest city in France" on an AVX-512 Xeon, 2026-12-05), and it says how fast
-expect_run "generate --int8-dot: the same first ten greedy words" 0 "The capital of France is the capital of the country of France\. It is the .*new tokens at [0-9.]+ tokens/s" \
-  -- "$GM" generate gemma3-270m "The capital of France is" --max-tokens 16 --int8-dot
+expect_run "generate --int8-dot: the default's int8 dots, by their older name" 0 "new tokens at [0-9.]+ tokens/s \(2 threads, int8 dots\)" \
+  -- "$GM" generate gemma3-270m "The capital of France is" --max-tokens 2 --int8-dot
+# a model stored in f32 has no blocks for the int8 dots: it decodes in f32 whatever was asked, and says so
+expect_run "generate on an f32 model: f32 dots, as the report says" 0 "new tokens at [0-9.]+ tokens/s \(2 threads, f32 dots\)" \
+  -- "$GM" generate "$(pwd)/tests/ref/tiny_gemma3_chat" "hi" --max-tokens 2 --dot int8
 # sampled generation: the text (stdout) and the report (stderr) apart; the text is the prompt and
 # a continuation of the requested 12 tokens, the same for the same seed (with 2 threads or 1),
 # another for another seed; the report counts the 12 tokens and nothing else is said

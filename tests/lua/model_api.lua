@@ -14,6 +14,13 @@ assert(m:detokenize(m:tokenize("naïve café 🙂", { bos = false })) == "naïve
 local text, info = m:generate("The capital of France is", { max_tokens = 8 })
 assert(text:find("^ the capital of the country of France"), "greedy text: " .. text)
 assert(info.prompt_tokens == 6 and info.new_tokens == 8, "generate info")
+assert(info.dot == "int8", "decoding takes llama.cpp's int8 dots by default: " .. tostring(info.dot))
+-- the f32 dots: transformers' greedy text (tests/ref/gemma3_270m_ref.h5 /p0), on the state kept from the call above
+local text32, info32 = m:generate("The capital of France is", { max_tokens = 16, dot = "f32" })
+assert(text32:find("^ the capital of the country of France%. It is the largest city in France"), "f32 greedy text: " .. text32)
+assert(info32.dot == "f32", "dot = f32: " .. tostring(info32.dot))
+local okd, errd = pcall(m.generate, m, "x", { dot = "bf16" })
+assert(not okd and tostring(errd):find('dot must be "int8" or "f32"'), "bad dot: " .. tostring(errd))
 
 local ok, err = pcall(m.tokenize, m, {})
 assert(not ok and tostring(err):find("string expected"), "type check: " .. tostring(err))

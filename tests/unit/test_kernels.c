@@ -444,7 +444,7 @@ static void test_quantize_x_q8(void) {
     gm_free(x);
 }
 
-/* The opt-in int8 dots of decoding (gm_kctx.int8_dot): for Q8_0, Q5_0, Q4_K and Q6_K weights the AVX2 and
+/* The int8 dots of decoding (gm_kctx.int8_dot, generation's default): for Q8_0, Q5_0, Q4_K and Q6_K weights the AVX2 and
  * baseline twins give the same bits (with and without accumulation); against the f32 dot each row
  * is within the quantization bound of kernels.h (TOL_INT8_DOT_STEPS), which the worst row nears
  * (printed: the bound is not loose); other types, and K not a multiple of 32, fall back to the f32
