@@ -14,7 +14,9 @@ measured against: model FLOPs a step / step time / the rate of the dtype the eng
 multiply-add): base linears forward and dX (4 T P, P = the 18 layers' linear weights), LoRA
 forward and backward (6 T r (in + out) per adapter), attention's four causal matmuls forward and
 eight backward (12 B H D L (L + 1) / 2 per layer), the LM head forward and dX on the supervised
-positions S (4 S V C). T = B L tokens.
+positions S (4 S V C). T = B L tokens. The peer's bf16 autocast is skipped (said in its row) where
+this run measured torch's bf16 GEMMs under a fifth of its f32 rate: emulated bf16 (a 2-core AVX2
+EPYC: 2 against 151 GFLOP/s, one 128 x 1 step 139.7 s) cannot be the strongest setting.
 
     python3 tests/bench/bench_speed.py [--rows 128x1,512x1,128x4,512x4] [--steps 3] [--threads 2]
 
@@ -65,6 +67,12 @@ def run(cmd, env=None):
     return r.stdout
 
 
+def slow_bf16(peer_rate):
+    """Whether the peer's bf16 autocast cannot be its strongest setting on this CPU: torch's bf16 GEMM
+    rate, measured in this run, under a fifth of its f32 rate (the step is mostly GEMMs)."""
+    return bool(peer_rate.get("bf16") and peer_rate.get("f32")) and peer_rate["bf16"] < peer_rate["f32"] / 5
+
+
 def total_rate(text, col):
     """The time-weighted rate column `col` of a bench_gemm / peer_gemm table's **all** row."""
     for line in text.splitlines():
@@ -105,7 +113,7 @@ def main():
     print("|---|---|---|---|---|---|---|---|")
     for row in a.rows.split(","):
         length, batch = (int(x) for x in row.split("x"))
-        results = []
+        results, skipped = [], []
         computes = ["f32"] + (["bf16"] if bf16_native else [])
         for comp in computes:
             out = run([GM, "tests/bench/train_step.lua", "--threads", threads],
@@ -121,6 +129,13 @@ def main():
             results.append((f"gemmarun, Q4_K_M base, compute {comp}", step, peak, flops / step / 1e9 / rate[comp], False))
         if py:
             for auto in ("none", "bf16"):
+                if auto == "bf16" and slow_bf16(peer_rate):
+                    # torch's bf16 GEMMs are emulated on this CPU: the setting cannot be the strongest
+                    # (2 against 151 GFLOP/s on a 2-core AVX2 EPYC, where one 128 x 1 step took 139.7 s)
+                    skipped.append(f"| {length} | {batch} | transformers + PEFT, sdpa, bf16 autocast | skipped: torch's bf16 "
+                                   f"GEMM rate {peer_rate['bf16']:.0f} GFLOP/s here, under a fifth of its f32 "
+                                   f"{peer_rate['f32']:.0f} | | | | |")
+                    continue
                 out = run([py, "tests/bench/peer_train.py", model, "--rank", str(a.rank), "--max-len", str(length),
                            "--batch", str(batch), "--steps", str(a.steps), "--threads", threads, "--attn", "sdpa",
                            "--autocast", auto], {"OMP_NUM_THREADS": threads})
@@ -140,6 +155,8 @@ def main():
             vs = f"{best_peer / step:.2f}x" if best_peer else "-"
             m = f"{100 * mfu:.0f}%" if mfu else "-"
             print(f"| {length} | {batch} | {name} | {step:.2f} | {tps:.0f} | {vs} | {m} | {peak:,.0f} |")
+        for line in skipped:
+            print(line)
     return 0
 
 
