@@ -122,8 +122,9 @@ void gm_infer_free(gm_infer *st) {
 }
 
 bool gm_dot_from_name(const char *name, bool *int8_dot) {
-    if (!name || (strcmp(name, "int8") != 0 && strcmp(name, "f32") != 0)) return false;
-    *int8_dot = strcmp(name, "int8") == 0;
+    bool int8 = name && strcmp(name, "int8") == 0;
+    if (!int8 && !(name && strcmp(name, "f32") == 0)) return false;
+    *int8_dot = int8;
     return true;
 }
 

@@ -60,9 +60,9 @@ typedef struct gm_infer_opts {
 
 /* The dots generation's front ends (`gemmarun generate --dot`, model:generate{dot =}) decode with
  * unless told: "int8", llama.cpp's scheme (x quantized to Q8_0 per 32 values, integer dots on the
- * stored blocks: 1.2x llama.cpp's decoding speed here, docs/benchmarks.md), or "f32" (each stored
- * weight block dequantized and multiplied in f32: the numbers transformers computes on the same
- * GGUF, which the parity tests check; 0.8x llama.cpp's speed). Training, evaluation and
+ * stored blocks: 1.08-1.22x llama.cpp's decoding speed on a 2-core EPYC, docs/benchmarks.md), or
+ * "f32" (each stored weight block dequantized and multiplied in f32: the numbers transformers
+ * computes on the same GGUF, which the parity tests check; 0.73-0.80x llama.cpp's speed there). Training, evaluation and
  * model:logits always compute in f32 (or bf16 where `compute` says): this is decoding only. */
 #define GM_GENERATE_DOT_DEFAULT "int8"
 
